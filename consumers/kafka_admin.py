@@ -1,0 +1,109 @@
+"""Offsets as Kafka reports them: topic creation, watermarks, last stable offsets, group commits."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Iterable, TypeVar
+
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+
+from wavepipe.config import Settings
+
+log = logging.getLogger(__name__)
+TIMEOUT_S = 30.0
+T = TypeVar("T")
+
+
+def retrying(call: Callable[[], T], what: str, attempts: int = 20, pause_s: float = 0.5) -> T:
+    """``call()``, retried while Kafka reports a retriable error (a coordinator still loading,
+    a leader moving); any other error, or the last attempt's, is raised."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return call()
+        except KafkaException as exc:
+            err = exc.args[0]
+            if attempt == attempts or not (err.retriable() or err.code() in _TRANSIENT):
+                raise
+            log.info("%s: %s (attempt %d/%d), retrying", what, err.str(), attempt, attempts)
+            time.sleep(pause_s)
+    raise AssertionError("unreachable")
+
+
+def admin_client(settings: Settings) -> AdminClient:
+    return AdminClient(settings.kafka_config())
+
+
+def group_consumer(settings: Settings, group: str, **extra) -> Consumer:
+    """A consumer that never joins the group (assign only) and never commits on its own."""
+    return Consumer(settings.kafka_config(**{
+        "group.id": group,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "isolation.level": "read_committed",
+        "auto.offset.reset": "error",
+        **extra,
+    }))
+
+
+def ensure_topic(settings: Settings, topic: str | None = None, partitions: int | None = None) -> None:
+    """Create the topic if it does not exist (idempotent)."""
+    topic = topic or settings.topic
+    admin = admin_client(settings)
+    if topic in admin.list_topics(timeout=TIMEOUT_S).topics:
+        return
+    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions or settings.partitions)])
+    try:
+        futures[topic].result(timeout=TIMEOUT_S)
+    except KafkaException as exc:
+        if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+            raise
+
+
+def partitions_of(settings: Settings, topic: str) -> list[int]:
+    meta = admin_client(settings).list_topics(topic, timeout=TIMEOUT_S)
+    info = meta.topics.get(topic)
+    if info is None or info.error is not None or not info.partitions:
+        raise LookupError(f"topic {topic!r} does not exist on {settings.bootstrap_servers}")
+    return sorted(info.partitions)
+
+
+def list_offsets(settings: Settings, topic: str, partitions: Iterable[int], spec: OffsetSpec,
+                 isolation: IsolationLevel = IsolationLevel.READ_COMMITTED) -> dict[int, int]:
+    """Per partition, the offset ``spec`` names (earliest, latest = last stable offset, ...)."""
+    request = {TopicPartition(topic, p): spec for p in partitions}
+
+    def fetch() -> dict[int, int]:
+        admin = admin_client(settings)  # keep it alive until the futures resolve
+        futures = admin.list_offsets(request, isolation_level=isolation, request_timeout=TIMEOUT_S)
+        return {tp.partition: fut.result(timeout=TIMEOUT_S + 5).offset for tp, fut in futures.items()}
+
+    return retrying(fetch, f"offsets of {topic}")
+
+
+def committed_offsets(settings: Settings, group: str, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:
+    """The group's committed offset per partition (None where it has none)."""
+    partitions = list(partitions)
+
+    def fetch() -> dict[int, int | None]:
+        consumer = group_consumer(settings, group)
+        try:
+            result = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=TIMEOUT_S)
+        finally:
+            consumer.close()
+        out: dict[int, int | None] = {}
+        for tp in result:
+            if tp.error is not None:
+                raise KafkaException(tp.error)
+            out[tp.partition] = tp.offset if tp.offset >= 0 else None
+        return out
+
+    return retrying(fetch, f"committed offsets of group {group!r}")
+
+
+_TRANSIENT = {
+    KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError._TIMED_OUT,
+    KafkaError.REQUEST_TIMED_OUT, KafkaError._TRANSPORT,
+}

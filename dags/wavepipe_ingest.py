@@ -1,0 +1,38 @@
+"""wavepipe_ingest: one bounded run of the chunked-waveform ingest (wiring only).
+
+plan -> consume (one mapped task per partition) -> reassemble (Spark) -> commit.
+"""
+
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG, Param, TriggerRule
+
+from wavepipe.airflow.operators import CommitOperator, ConsumeOperator, PlanOperator, ReassembleOperator
+
+with DAG(
+    dag_id="wavepipe_ingest",
+    description="Bounded run: frozen offset ranges -> staged chunks -> reassembled waveforms -> committed offsets",
+    schedule=timedelta(minutes=15),
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=15)},
+    params={
+        "topic": Param(None, type=["null", "string"], description="Topic to read (default: wavepipe config `topic`)"),
+        "group": Param(None, type=["null", "string"], description="Consumer group whose offsets are the progress (default: config `group`)"),
+        "max_records": Param(None, type=["null", "integer"], minimum=1, description="Cap: records per partition in this run"),
+        "max_bytes": Param(None, type=["null", "integer"], minimum=1, description="Cap: payload bytes per partition in this run"),
+    },
+    tags=["wavepipe"],
+) as dag:
+    plan = PlanOperator(
+        task_id="plan",
+        topic="{{ params.topic or '' }}",
+        group="{{ params.group or '' }}",
+        max_records="{{ params.max_records or '' }}",
+        max_bytes="{{ params.max_bytes or '' }}",
+    )
+    consume = ConsumeOperator.partial(task_id="consume").expand(partition=plan.output)
+    reassemble = ReassembleOperator(task_id="reassemble", trigger_rule=TriggerRule.NONE_FAILED)
+    commit = CommitOperator(task_id="commit", trigger_rule=TriggerRule.NONE_FAILED)
+    plan >> consume >> reassemble >> commit

@@ -1,0 +1,1 @@
+"""Airflow operators and hooks that wrap the wavepipe library (the DAG files only wire them)."""

@@ -1,0 +1,82 @@
+"""Thin operators over wavepipe.pipeline: each is one step of a run, keyed by the DAG run id.
+
+Retries are safe: the plan step reuses the run's frozen plan, consume overwrites the range's
+staged files, reassemble appends only waveforms not yet in the output, and commit is a
+compare-and-set on the group's offsets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from wavepipe import pipeline
+from wavepipe.airflow.hooks import WavepipeHook
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value in (None, "", "None") else int(value)
+
+
+class _WavepipeOperator(BaseOperator):
+    def __init__(self, *, wavepipe_conn_id: str = WavepipeHook.default_conn_name, **kwargs):
+        super().__init__(**kwargs)
+        self.wavepipe_conn_id = wavepipe_conn_id
+
+    def settings(self):
+        return WavepipeHook(self.wavepipe_conn_id).get_settings()
+
+
+class PlanOperator(_WavepipeOperator):
+    """Freeze the run's offset ranges; returns the partitions to read (for the mapped consume)."""
+
+    template_fields = ("topic", "group", "max_records", "max_bytes")
+
+    def __init__(self, *, topic: str | None = None, group: str | None = None,
+                 max_records: Any = None, max_bytes: Any = None, **kwargs):
+        super().__init__(**kwargs)
+        self.topic, self.group, self.max_records, self.max_bytes = topic, group, max_records, max_bytes
+
+    def execute(self, context) -> list[int]:
+        plan = pipeline.plan_step(
+            self.settings(), context["run_id"], topic=self.topic or None, group=self.group or None,
+            max_records=_int_or_none(self.max_records), max_bytes=_int_or_none(self.max_bytes),
+        )
+        for r in plan.ranges:
+            self.log.info("%s[%d]: [%d, %d) = %d offsets", r.topic, r.partition, r.start, r.end, r.size)
+        partitions = pipeline.partitions_to_read(plan)
+        if not partitions:
+            self.log.info("nothing new to read since the last run")
+        return partitions
+
+
+class ConsumeOperator(_WavepipeOperator):
+    """Read and stage one partition's planned range (mapped over the plan's partitions)."""
+
+    def __init__(self, *, partition: int, **kwargs):
+        super().__init__(**kwargs)
+        self.partition = partition
+
+    def execute(self, context) -> dict:
+        return pipeline.consume_step(self.settings(), context["run_id"], int(self.partition))
+
+
+class ReassembleOperator(_WavepipeOperator):
+    """Run the Spark reassembly app on the run's staged chunks."""
+
+    def execute(self, context) -> dict | None:
+        result = pipeline.reassemble_step(self.settings(), context["run_id"])
+        if result:
+            self.log.info("waveforms: %s", result["waveforms"])
+        return None if result is None else result["waveforms"]
+
+
+class CommitOperator(_WavepipeOperator):
+    """Commit the safe offsets once the output is durable, and publish the run report."""
+
+    def execute(self, context) -> str:
+        report = pipeline.commit_step(self.settings(), context["run_id"])
+        self.log.info("run report: %s", report["report_path"])
+        self.log.info("totals: %s", report["totals"])
+        return report["report_path"]

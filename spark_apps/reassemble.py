@@ -1,0 +1,331 @@
+"""Reassembly: one run's staged chunks in, whole checked waveforms out.
+
+Transformations are pure ``DataFrame -> DataFrame`` functions; ``main()`` only parses arguments
+and does I/O. Guarantees:
+
+* a waveform is written once: ids already in the output table are never appended again, so a
+  retried run, a re-read after a rewind, or pending chunks read a second time add no rows;
+* each table is changed by one atomic Delta commit; a crash leaves the previous version visible;
+* every staged record ends in one place: an output waveform, pending (incomplete, re-read next
+  run from the partition's safe offset), quarantine (with a reason) or dead letter (with a reason).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from wavepipe.config import load_settings
+from wavepipe.plan import RunPlan, RunStore, utc_now
+from wavepipe.protocol import checksum
+
+log = logging.getLogger("wavepipe.reassemble")
+
+PENDING = "pending"
+CANDIDATE = "candidate"
+QUARANTINED = "quarantined"
+OUTPUT = "output"
+
+OUTPUT_SCHEMA = T.StructType([
+    T.StructField("waveform_id", T.StringType(), False),
+    T.StructField("source", T.StringType(), False),
+    T.StructField("start_time", T.TimestampType(), False),
+    T.StructField("date", T.DateType(), False),
+    T.StructField("dtype", T.StringType(), False),
+    T.StructField("channels", T.IntegerType(), False),
+    T.StructField("sample_rate", T.DoubleType(), False),
+    T.StructField("n_samples", T.LongType(), False),
+    T.StructField("duration_s", T.DoubleType(), False),
+    T.StructField("size_bytes", T.LongType(), False),
+    T.StructField("n_chunks", T.IntegerType(), False),
+    T.StructField("checksum", T.StringType(), False),
+    T.StructField("payload", T.BinaryType(), True),
+    T.StructField("topic", T.StringType(), False),
+    T.StructField("partition", T.IntegerType(), False),
+    T.StructField("first_offset", T.LongType(), False),
+    T.StructField("last_offset", T.LongType(), False),
+    T.StructField("checksum_ok", T.BooleanType(), False),
+])
+META_COLUMNS = [
+    "topic", "partition", "offset", "waveform_id", "seq", "chunk_count", "total_size", "checksum",
+    "dtype", "channels", "sample_rate", "start_ns", "source", "chunk_len",
+]
+
+
+# --- pure transformations ------------------------------------------------------------------------
+
+def classify(meta: DataFrame) -> DataFrame:
+    """Per waveform, from chunk metadata only (no payload is read): its status and reason.
+
+    ``candidate``: every chunk present, chunks agree, sizes add up (checksum still to verify);
+    ``pending``: chunks missing; ``quarantined``: chunks disagree or sizes do not add up.
+    Duplicate chunks (same waveform and sequence number) count once: the lowest offset wins.
+    """
+    first_copy = Window.partitionBy("waveform_id", "seq").orderBy("partition", "offset")
+    ranked = meta.withColumn("copy_rank", F.row_number().over(first_copy))
+    unique = F.col("copy_rank") == 1
+    per = ranked.groupBy("waveform_id").agg(
+        F.count(F.lit(1)).alias("records"),
+        F.sum(F.when(unique, 1).otherwise(0)).alias("distinct_chunks"),
+        F.countDistinct("chunk_count").alias("n_counts"),
+        F.max("chunk_count").alias("chunk_count"),
+        F.countDistinct("total_size", "checksum").alias("n_sizes"),
+        F.countDistinct("dtype", "channels", "sample_rate", "start_ns", "source").alias("n_metas"),
+        F.sum(F.when(unique, F.col("chunk_len")).otherwise(0)).alias("unique_bytes"),
+        F.max("total_size").alias("total_size"),
+    )
+    return per.select(
+        "waveform_id", "records", "distinct_chunks", "chunk_count", "total_size", "unique_bytes",
+        F.when(F.col("n_counts") > 1, F.lit(QUARANTINED))
+        .when((F.col("n_sizes") > 1) | (F.col("n_metas") > 1), F.lit(QUARANTINED))
+        .when(F.col("distinct_chunks") < F.col("chunk_count"), F.lit(PENDING))
+        .when(F.col("unique_bytes") != F.col("total_size"), F.lit(QUARANTINED))
+        .otherwise(F.lit(CANDIDATE)).alias("status"),
+        F.when(F.col("n_counts") > 1, F.lit("chunk_count_mismatch"))
+        .when((F.col("n_sizes") > 1) | (F.col("n_metas") > 1), F.lit("metadata_mismatch"))
+        .when(F.col("distinct_chunks") < F.col("chunk_count"), F.lit(None))
+        .when(F.col("unique_bytes") != F.col("total_size"), F.lit("size_mismatch"))
+        .otherwise(F.lit(None)).cast("string").alias("reason"),
+    )
+
+
+def assemble_arrow(table: pa.Table) -> pa.Table:
+    """One waveform's chunk rows -> one output row: chunks in sequence order (first copy of each),
+    payload joined, checksum verified. Runs in the Python workers; holds one waveform at a time."""
+    order = sorted(range(table.num_rows), key=lambda i: (
+        table["seq"][i].as_py(), table["partition"][i].as_py(), table["offset"][i].as_py()))
+    seqs = table["seq"].to_pylist()
+    payloads = table["payload"]
+    picked, seen = [], set()
+    for i in order:
+        if seqs[i] not in seen:
+            seen.add(seqs[i])
+            picked.append(i)
+    payload = b"".join(payloads[i].as_py() for i in picked)
+    first = picked[0]
+    row = {name: table[name][first].as_py() for name in
+           ("waveform_id", "source", "dtype", "channels", "sample_rate", "start_ns", "checksum", "topic")}
+    ok = checksum(payload) == row["checksum"]
+    offsets = table["offset"].to_pylist()
+    partitions = table["partition"].to_pylist()
+    first_chunk = min(range(table.num_rows), key=lambda i: (partitions[i], offsets[i]))
+    itemsize = np.dtype(row["dtype"]).itemsize
+    n_samples = len(payload) // (itemsize * row["channels"])
+    start_us = row["start_ns"] // 1000
+    out = {
+        "waveform_id": [row["waveform_id"]],
+        "source": [row["source"]],
+        "start_time": pa.array([start_us], pa.timestamp("us", tz="UTC")),
+        "date": pa.array([start_us // 86_400_000_000], pa.int32()).cast(pa.date32()),
+        "dtype": [row["dtype"]],
+        "channels": pa.array([row["channels"]], pa.int32()),
+        "sample_rate": [row["sample_rate"]],
+        "n_samples": pa.array([n_samples], pa.int64()),
+        "duration_s": [n_samples / row["sample_rate"]],
+        "size_bytes": pa.array([len(payload)], pa.int64()),
+        "n_chunks": pa.array([len(picked)], pa.int32()),
+        "checksum": [row["checksum"]],
+        "payload": pa.array([payload if ok else None], pa.binary()),
+        "topic": [row["topic"]],
+        "partition": pa.array([partitions[first_chunk]], pa.int32()),
+        "first_offset": pa.array([offsets[first_chunk]], pa.int64()),
+        "last_offset": pa.array([max(offsets)], pa.int64()),
+        "checksum_ok": [ok],
+    }
+    return pa.table({k: (v if isinstance(v, pa.Array) else pa.array(v)) for k, v in out.items()})
+
+
+def assemble(chunks: DataFrame, candidates: DataFrame) -> DataFrame:
+    """Whole waveforms for the candidate ids (one row each; payload null where the checksum fails)."""
+    wanted = chunks.join(candidates.select("waveform_id"), "waveform_id", "left_semi")
+    return wanted.groupBy("waveform_id").applyInArrow(assemble_arrow, OUTPUT_SCHEMA)
+
+
+def final_status(classified: DataFrame, before_ids: DataFrame, after_ids: DataFrame) -> DataFrame:
+    """Per waveform, where it ended: ``output`` (written now or already before), ``pending``, or
+    ``quarantined`` with a reason. A candidate absent from the output after the write failed its
+    checksum (the write appends every verified candidate that was not there before)."""
+    before = before_ids.select("waveform_id", F.lit(True).alias("was_there"))
+    after = after_ids.select("waveform_id", F.lit(True).alias("is_there"))
+    joined = classified.join(before, "waveform_id", "left").join(after, "waveform_id", "left")
+    is_candidate = F.col("status") == CANDIDATE
+    return joined.select(
+        "waveform_id",
+        F.when(is_candidate & F.col("is_there").isNotNull(), F.lit(OUTPUT))
+        .when(is_candidate, F.lit(QUARANTINED)).otherwise(F.col("status")).alias("status"),
+        F.when(is_candidate & F.col("is_there").isNull(), F.lit("checksum_mismatch"))
+        .otherwise(F.col("reason")).alias("reason"),
+        F.coalesce(F.col("was_there"), F.lit(False)).alias("already_written"),
+    )
+
+
+def accounting(meta: DataFrame, status: DataFrame) -> DataFrame:
+    """Per partition and final status: records, payload bytes, and first offset."""
+    return (meta.join(status, "waveform_id", "left")
+            .groupBy("partition", "status", "reason", "already_written")
+            .agg(F.count(F.lit(1)).alias("records"), F.sum("chunk_len").alias("bytes"),
+                 F.min("offset").alias("min_offset")))
+
+
+# --- I/O -------------------------------------------------------------------------------------------
+
+def _delta_ids(spark: SparkSession, path: Path, version: int | None) -> DataFrame:
+    empty = spark.createDataFrame([], "waveform_id string")
+    if version is None:
+        return empty
+    return spark.read.format("delta").option("versionAsOf", version).load(str(path)).select("waveform_id")
+
+
+def _delta_version(spark: SparkSession, path: Path) -> int | None:
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, str(path)):
+        return None
+    return DeltaTable.forPath(spark, str(path)).history(1).select("version").first()[0]
+
+
+def _append_new(df: DataFrame, path: Path, keys: list[str], partition_by: list[str] | None = None) -> None:
+    """Append the rows of ``df`` whose ``keys`` are not in the table yet, in one atomic commit."""
+    spark = df.sparkSession
+    version = _delta_version(spark, path)
+    if version is not None:
+        existing = spark.read.format("delta").load(str(path)).select(*keys)
+        df = df.join(existing, keys, "left_anti")
+    writer = df.write.format("delta").mode("append")
+    if partition_by:
+        writer = writer.partitionBy(*partition_by)
+    writer.save(str(path))
+
+
+def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
+    """Reassemble run ``plan``'s staged chunks into the tables; return the accounting."""
+    store = RunStore(settings)
+    staging = store.staging_dir(plan.run_id)
+    chunk_files = sorted((staging / "chunks").glob("*.parquet"))
+    dead_files = sorted((staging / "dead_letter").glob("*.parquet"))
+    staged = {p.stem for p in chunk_files}
+    missing = [r.name for r in plan.ranges if r.size and r.name not in staged]
+    if missing:
+        raise RuntimeError(f"run {plan.run_id}: ranges not staged yet: {', '.join(missing)}; run their consume step")
+    timings: dict[str, float] = {}
+    t = time.monotonic()
+    chunks = spark.read.parquet(*map(str, chunk_files))
+    meta = chunks.select(*META_COLUMNS)
+    classified = classify(meta).persist()
+    out_path = settings.output_table
+    v0 = _delta_version(spark, out_path)
+    before = _delta_ids(spark, out_path, v0)
+    new_candidates = classified.where(F.col("status") == CANDIDATE).join(before, "waveform_id", "left_anti")
+    assembled = assemble(chunks, new_candidates)
+    verified = assembled.where("checksum_ok").drop("checksum_ok").withColumn("run_id", F.lit(plan.run_id))
+    _append_new(verified, out_path, ["waveform_id"], ["source", "date"])
+    timings["reassemble_write_s"] = time.monotonic() - t
+
+    t = time.monotonic()
+    after = _delta_ids(spark, out_path, _delta_version(spark, out_path))
+    status = final_status(classified, before, after).persist()
+    quarantine = (
+        meta.join(status.where(F.col("status") == QUARANTINED), "waveform_id")
+        .groupBy("waveform_id", "reason")
+        .agg(F.first("topic").alias("topic"), F.min(F.struct("partition", "offset")).alias("first"),
+             F.max("offset").alias("last_offset"), F.count(F.lit(1)).alias("records"),
+             F.max("chunk_count").alias("chunk_count"), F.max("total_size").alias("total_size"),
+             F.first("source").alias("source"))
+        .select("waveform_id", "reason", "topic", F.col("first.partition").alias("partition"),
+                F.col("first.offset").alias("first_offset"), "last_offset", "records", "chunk_count",
+                "total_size", "source", F.lit(plan.run_id).alias("run_id"),
+                F.current_timestamp().alias("quarantined_at"))
+    )
+    _append_new(quarantine, settings.quarantine_table, ["topic", "partition", "first_offset", "waveform_id"])
+    if dead_files:
+        dead = spark.read.parquet(*map(str, dead_files)).withColumn("run_id", F.lit(plan.run_id))
+        _append_new(dead, settings.dead_letter_table, ["topic", "partition", "offset"])
+        dead_counts = {r["partition"]: (r["n"], r["bytes"] or 0) for r in dead.groupBy("partition").agg(
+            F.count(F.lit(1)).alias("n"), F.sum(F.length("value")).alias("bytes")).collect()}
+    else:
+        dead_counts = {}
+    rows = accounting(meta, status).collect()
+    waveforms = status.groupBy("status", "reason", "already_written").count().collect()
+    timings["accounting_s"] = time.monotonic() - t
+    classified.unpersist()
+    status.unpersist()
+    return summarize(plan, rows, waveforms, dead_counts, timings, output_version=_delta_version(spark, out_path))
+
+
+def summarize(plan: RunPlan, rows, waveforms, dead_counts: dict, timings: dict, output_version) -> dict:
+    """Collected aggregates -> per-partition accounting and safe offsets (plain dicts)."""
+    partitions = {}
+    for r in plan.ranges:
+        partitions[r.partition] = {
+            "output": 0, "output_already_written": 0, "pending": 0, "quarantined": 0,
+            "dead_letter": dead_counts.get(r.partition, (0, 0))[0],
+            "output_bytes": 0, "pending_bytes": 0, "quarantined_bytes": 0,
+            "dead_letter_bytes": dead_counts.get(r.partition, (0, 0))[1],
+            "quarantine_reasons": {}, "safe_offset": r.end,
+        }
+    for row in rows:
+        part = partitions[row["partition"]]
+        status, n, nbytes = row["status"], row["records"], row["bytes"] or 0
+        if status == OUTPUT:
+            part["output"] += n
+            part["output_bytes"] += nbytes
+            if row["already_written"]:
+                part["output_already_written"] += n
+        elif status == PENDING:
+            part["pending"] += n
+            part["pending_bytes"] += nbytes
+            part["safe_offset"] = min(part["safe_offset"], row["min_offset"])
+        elif status == QUARANTINED:
+            part["quarantined"] += n
+            part["quarantined_bytes"] += nbytes
+            reasons = part["quarantine_reasons"]
+            reasons[row["reason"]] = reasons.get(row["reason"], 0) + n
+        else:
+            raise RuntimeError(f"chunk rows of partition {row['partition']} have no status: {row}")
+    counts: dict[str, int] = {}
+    for w in waveforms:
+        key = w["status"] if w["status"] != OUTPUT else ("output_already_written" if w["already_written"] else "output_new")
+        if w["status"] == QUARANTINED:
+            key = f"quarantined:{w['reason']}"
+        counts[key] = counts.get(key, 0) + w["count"]
+    return {
+        "run_id": plan.run_id, "finished_at": utc_now(), "partitions": {str(k): v for k, v in partitions.items()},
+        "waveforms": counts, "timings": {k: round(v, 3) for k, v in timings.items()},
+        "output_table_version": output_version,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Reassemble one wavepipe run's staged chunks.")
+    parser.add_argument("--run-id", required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = load_settings()
+    store = RunStore(settings)
+    plan = store.load_plan(args.run_id)
+    if plan is None:
+        log.error("run %s has no plan under %s", args.run_id, settings.runs_dir)
+        return 2
+    spark = SparkSession.builder.appName(f"wavepipe-reassemble-{plan.run_id}").getOrCreate()
+    try:
+        began = time.monotonic()
+        result = reassemble_run(spark, settings, plan)
+        result["timings"]["spark_app_s"] = round(time.monotonic() - began, 3)
+    finally:
+        spark.stop()
+    store.save_step(plan.run_id, "reassemble", result)
+    log.info("run %s reassembled: %s", plan.run_id, result["waveforms"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""``wavepipe``: one CLI over the same code paths the DAGs use."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from datetime import datetime, timezone
+
+from wavepipe.config import Settings, load_settings
+from wavepipe.jars import SetupError
+
+
+def _settings(args) -> Settings:
+    return load_settings(home=args.home, bootstrap_servers=args.bootstrap_servers)
+
+
+def cmd_kafka(args) -> int:
+    from wavepipe.localkafka import LocalKafka
+
+    kafka = LocalKafka.from_settings(_settings(args))
+    print({"up": kafka.up, "down": kafka.down, "status": kafka.status}[args.action]())
+    return 0 if args.action != "status" or kafka.pid() else 1
+
+
+def cmd_produce(args) -> int:
+    from wavepipe.consumers.kafka_admin import ensure_topic
+    from wavepipe.consumers.producer import manifest_lines, produce_demo
+
+    settings = _settings(args)
+    if not args.demo:
+        print("only --demo is available from the command line; use wavepipe.consumers.producer.ChunkProducer "
+              "in Python to produce your own arrays", file=sys.stderr)
+        return 2
+    ensure_topic(settings, args.topic)
+    if args.topic:
+        settings = settings.replace(topic=args.topic)
+    began = time.monotonic()
+    sent = produce_demo(settings, count=args.count, target_bytes=args.waveform_bytes)
+    seconds = time.monotonic() - began
+    total = sum(s.size for s in sent)
+    manifest = settings.home / "produced" / f"{sent[0].waveform_id.rsplit('-', 2)[0]}.jsonl"
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    manifest.write_text("".join(json.dumps(line) + "\n" for line in manifest_lines(sent)))
+    print(f"produced {len(sent)} waveforms ({sum(s.chunks for s in sent)} chunks, {total / 1e6:.1f} MB) "
+          f"to {settings.topic} in {seconds:.1f}s; manifest: {manifest}")
+    return 0
+
+
+def _print_report(report: dict) -> None:
+    t = report["totals"]
+    if report.get("skipped"):
+        print(f"run {report['run_id']}: {report['skipped']}; nothing read, nothing written")
+    else:
+        print(f"run {report['run_id']}: {t['records_read']} records read, {t['output']} chunks into "
+              f"{report['waveforms'].get('output_new', 0)} new waveforms, {t['pending']} pending, "
+              f"{t['quarantined']} quarantined, {t['dead_letter']} dead-lettered, {t['gap']} gap offsets")
+    for p, part in sorted(report["partitions"].items(), key=lambda kv: int(kv[0])):
+        commit = report.get("commit", {}).get(p, {})
+        print(f"  {part['topic']}[{p}] [{part['start']}, {part['end']}) committed "
+              f"{commit.get('before')} -> {commit.get('after')}")
+    print(f"report: {report.get('report_path')}")
+
+
+def cmd_run(args) -> int:
+    from wavepipe.pipeline import run_once
+
+    report = run_once(_settings(args), run_id=args.run_id, topic=args.topic, group=args.group,
+                      max_records=args.max_records, max_bytes=args.max_bytes)
+    _print_report(report)
+    return 0
+
+
+def cmd_abandon(args) -> int:
+    from wavepipe.plan import RunStore
+
+    settings = _settings(args)
+    store = RunStore(settings)
+    group = args.group or settings.group
+    active = store.active_run(group)
+    if active is None:
+        print(f"group {group!r} has no active run")
+        return 0
+    store.release_group(group, active)
+    print(f"released run {active} of group {group!r}; its offsets were not committed, the next run re-reads them")
+    return 0
+
+
+def cmd_status(args) -> int:
+    from confluent_kafka.admin import OffsetSpec
+
+    from wavepipe.consumers.kafka_admin import committed_offsets, list_offsets, partitions_of
+    from wavepipe.plan import RunStore
+
+    settings = _settings(args)
+    topic, group = args.topic or settings.topic, args.group or settings.group
+    parts = partitions_of(settings, topic)
+    committed = committed_offsets(settings, group, topic, parts)
+    ends = list_offsets(settings, topic, parts, OffsetSpec.latest())
+    print(f"group {group!r} on {topic} ({settings.bootstrap_servers})")
+    for p in parts:
+        lag = ends[p] - (committed[p] or 0)
+        print(f"  partition {p}: committed {committed[p]}, end {ends[p]}, lag {lag}")
+    store = RunStore(settings)
+    active = store.active_run(group)
+    print(f"active run: {active or 'none'}")
+    reports = sorted(settings.reports_dir.glob("*.json"), key=lambda p: p.stat().st_mtime)[-5:]
+    for path in reports:
+        rep = json.loads(path.read_text())
+        print(f"  {rep['run_id']}: {rep['totals']['output']} chunks out, {rep['totals']['pending']} pending; {path}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    from wavepipe.airflow.local import dags_test
+    from wavepipe.demo import run_demo
+
+    return run_demo(_settings(args), count=args.count, waveform_bytes=args.waveform_bytes, dags_test=dags_test)
+
+
+def cmd_config(args) -> int:
+    print(json.dumps(_settings(args).as_dict(), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="wavepipe", description=__doc__)
+    parser.add_argument("--home", help="state folder (default: WAVEPIPE_HOME or <project>/.wavepipe)")
+    parser.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (default: config)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    k = sub.add_parser("kafka", help="the local Apache Kafka broker (KRaft, one node)")
+    k.add_argument("action", choices=["up", "down", "status"])
+    k.set_defaults(func=cmd_kafka)
+
+    p = sub.add_parser("produce", help="produce chunked waveforms")
+    p.add_argument("--demo", action="store_true", help="synthetic seismic, ECG and audio recordings")
+    p.add_argument("--count", type=int, default=24)
+    p.add_argument("--waveform-bytes", type=int, default=512 * 1024)
+    p.add_argument("--topic")
+    p.set_defaults(func=cmd_produce)
+
+    r = sub.add_parser("run", help="one bounded run without Airflow (plan, consume, reassemble, commit)")
+    r.add_argument("--run-id", help="resume or repeat this run id (default: the active run, else a new one)")
+    r.add_argument("--topic")
+    r.add_argument("--group")
+    r.add_argument("--max-records", type=int)
+    r.add_argument("--max-bytes", type=int)
+    r.set_defaults(func=cmd_run)
+
+    a = sub.add_parser("abandon", help="release a group's unfinished run without committing it")
+    a.add_argument("--group")
+    a.set_defaults(func=cmd_abandon)
+
+    s = sub.add_parser("status", help="committed offsets, lag and recent runs of a group")
+    s.add_argument("--topic")
+    s.add_argument("--group")
+    s.set_defaults(func=cmd_status)
+
+    d = sub.add_parser("demo", help="the main job end to end: Kafka up, demo data, the DAG through Airflow, checks")
+    d.add_argument("--count", type=int, default=24)
+    d.add_argument("--waveform-bytes", type=int, default=512 * 1024)
+    d.set_defaults(func=cmd_demo)
+
+    c = sub.add_parser("config", help="print the effective settings")
+    c.set_defaults(func=cmd_config)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        return args.func(args)
+    except SetupError as exc:
+        print(f"wavepipe: {exc}", file=sys.stderr)
+        return 3
+    except Exception as exc:  # noqa: BLE001 - one clear line, then the traceback with -v
+        if args.verbose:
+            raise
+        print(f"wavepipe {args.command} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Jars resolved from Maven Central by Maven, from the poms in wavepipe/resources/.
+
+Resolution runs once per pom content: the jars land in ``<jars_dir>/<name>-<pom hash>/`` with a
+``.complete`` marker, so a second call is instant and a changed pom resolves afresh.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+RESOURCES = Path(__file__).resolve().parent / "resources"
+
+
+class SetupError(RuntimeError):
+    """Something the machine must provide is missing; the message says what to do."""
+
+
+def require_tool(name: str, hint: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise SetupError(f"`{name}` was not found on PATH. {hint}")
+    return path
+
+
+def resolve_jars(pom_name: str, jars_dir: Path, *, include_group_ids: str | None = None) -> Path:
+    """Copy the dependencies of ``resources/<pom_name>`` into a cache folder and return it."""
+    pom = RESOURCES / pom_name
+    digest = hashlib.sha256(pom.read_bytes() + (include_group_ids or "").encode()).hexdigest()[:12]
+    target = jars_dir / f"{pom.stem}-{digest}"
+    if (target / ".complete").exists():
+        return target
+    mvn = require_tool("mvn", "Install Maven (apt-get install maven); it resolves the jars from Maven Central.")
+    require_tool("java", "Install Java 17 (apt-get install openjdk-17-jre-headless).")
+    print(f"resolving jars of {pom_name} from Maven Central into {target} ...", file=sys.stderr, flush=True)
+    cmd = [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={target}"]
+    if include_group_ids:
+        cmd.append(f"-DincludeGroupIds={include_group_ids}")
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SetupError(
+            f"Maven could not resolve {pom}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}\n"
+            "Check that Maven Central is reachable (or a mirror in ~/.m2/settings.xml), then retry."
+        )
+    (target / ".complete").write_text("ok\n")
+    return target
+
+
+def kafka_jars(jars_dir: Path) -> Path:
+    return resolve_jars("kafka-pom.xml", jars_dir)
+
+
+def spark_jars(jars_dir: Path) -> list[Path]:
+    """Delta Lake jars for the pinned Spark (only io.delta artifacts: Spark ships the rest)."""
+    folder = resolve_jars("spark-pom.xml", jars_dir, include_group_ids="io.delta")
+    return sorted(folder.glob("*.jar"))

@@ -1,0 +1,142 @@
+"""The steps of one run, shared by the DAG's operators and the ``wavepipe`` CLI.
+
+plan -> consume (per partition) -> reassemble -> commit. Each step is safe to retry: the plan is
+frozen, staged files are overwritten, the output is append-if-absent, and the commit is a
+compare-and-set on the group's offsets.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from wavepipe import spark
+from wavepipe.config import Settings
+from wavepipe.plan import RunPlan, RunStore, new_run_id, safe_run_id, write_json_atomic
+from wavepipe.report import build_report
+
+log = logging.getLogger(__name__)
+REASSEMBLE_APP = Path(__file__).resolve().parent.parent / "spark_apps" / "reassemble.py"
+
+
+class AccountingError(RuntimeError):
+    pass
+
+
+def _timed(store: RunStore, run_id: str, step: str, began: float) -> None:
+    timings = store.load_step(run_id, "timings") or {}
+    timings[step] = round(time.monotonic() - began, 3)
+    store.save_step(run_id, "timings", timings)
+
+
+def plan_step(settings: Settings, run_id: str, *, topic: str | None = None, group: str | None = None,
+              max_records: int | None = None, max_bytes: int | None = None) -> RunPlan:
+    from wavepipe.consumers.planner import plan_run
+
+    began = time.monotonic()
+    run_id = safe_run_id(run_id)
+    plan = plan_run(settings, run_id, topic=topic, group=group, max_records=max_records, max_bytes=max_bytes)
+    _timed(RunStore(settings), run_id, "plan", began)
+    return plan
+
+
+def partitions_to_read(plan: RunPlan) -> list[int]:
+    """Partitions whose range is not empty, or [] when nothing new arrived since the last run."""
+    if not plan.has_new_data:
+        return []
+    return [r.partition for r in plan.ranges if r.size]
+
+
+def consume_step(settings: Settings, run_id: str, partition: int) -> dict:
+    from wavepipe.consumers.reader import read_range
+
+    stats = read_range(settings, safe_run_id(run_id), partition)  # records its own timing
+    return {"partition": partition, "records": stats.records, "chunks": stats.chunks,
+            "dead_letters": stats.dead_letters, "bytes": stats.payload_bytes}
+
+
+def reassemble_step(settings: Settings, run_id: str) -> dict | None:
+    """Run the Spark app on the run's staged chunks (nothing when the run read nothing)."""
+    run_id = safe_run_id(run_id)
+    store = RunStore(settings)
+    plan = _require_plan(store, run_id)
+    if not partitions_to_read(plan):
+        log.info("run %s read nothing new: no Spark job", run_id)
+        return None
+    began = time.monotonic()
+    spark.submit(settings, REASSEMBLE_APP, "--run-id", run_id)
+    _timed(store, run_id, "reassemble", began)
+    result = store.load_step(run_id, "reassemble")
+    if result is None:
+        raise RuntimeError(f"the Spark app finished but left no result for run {run_id}")
+    return result
+
+
+def commit_step(settings: Settings, run_id: str) -> dict:
+    """Check the accounting, commit the safe offsets, release the group, publish the report."""
+    from wavepipe.consumers.committer import commit_safe_offsets
+
+    run_id = safe_run_id(run_id)
+    store = RunStore(settings)
+    plan = _require_plan(store, run_id)
+    began = time.monotonic()
+    to_read = partitions_to_read(plan)
+    consumed = {}
+    for r in plan.ranges:
+        step = store.load_step(run_id, f"consume-{r.topic}-{r.partition}")
+        if r.partition in to_read and step is None:
+            raise RuntimeError(f"run {run_id}: partition {r.partition} was never consumed; run its consume step")
+        if step is not None and r.partition in to_read:
+            consumed[r.partition] = step
+    reassembled = store.load_step(run_id, "reassemble") if to_read else None
+    if to_read and reassembled is None:
+        raise RuntimeError(f"run {run_id}: no reassembly result; run the reassemble step")
+    skipped = None if to_read else ("no new records since the last run" if plan.total_offsets else "no records")
+    report = build_report(plan, consumed, reassembled, store.load_step(run_id, "timings") or {}, skipped_reason=skipped)
+    if report["balance_errors"]:
+        store.save_step(run_id, "report", report)
+        raise AccountingError(
+            f"run {run_id}: the counts do not add up, so no offset was committed: "
+            + "; ".join(report["balance_errors"]) + f". Report: {store.step_path(run_id, 'report')}"
+        )
+    if to_read:
+        safe = {int(p): part["safe_offset"] for p, part in report["partitions"].items()}
+        report["commit"] = {str(p): v for p, v in commit_safe_offsets(settings, plan, safe).items()}
+        store.save_last_ends(plan.group, plan.topic, {r.partition: r.end for r in plan.ranges})
+    else:  # nothing new was read: the group's offsets (and their run metadata) stay as they are
+        report["commit"] = {str(r.partition): {"before": r.start, "after": r.start} for r in plan.ranges}
+    _timed(store, run_id, "commit", began)
+    report["timings_s"].update(store.load_step(run_id, "timings") or {})
+    report_path = settings.reports_dir / f"{run_id}.json"
+    store.save_step(run_id, "report", report)
+    write_json_atomic(report_path, report)
+    store.release_group(plan.group, run_id)
+    report["report_path"] = str(report_path)
+    return report
+
+
+def run_once(settings: Settings, *, run_id: str | None = None, topic: str | None = None,
+             group: str | None = None, max_records: int | None = None, max_bytes: int | None = None) -> dict:
+    """All steps in this process; resumes the group's active run if one was left unfinished."""
+    store = RunStore(settings)
+    group = group or settings.group
+    if run_id is None:
+        active = store.active_run(group)
+        if active is not None and store.load_plan(active) is not None:
+            log.info("resuming unfinished run %s of group %s", active, group)
+            run_id = active
+        else:
+            run_id = new_run_id()
+    plan = plan_step(settings, run_id, topic=topic, group=group, max_records=max_records, max_bytes=max_bytes)
+    for partition in partitions_to_read(plan):
+        consume_step(settings, plan.run_id, partition)
+    reassemble_step(settings, plan.run_id)
+    return commit_step(settings, plan.run_id)
+
+
+def _require_plan(store: RunStore, run_id: str) -> RunPlan:
+    plan = store.load_plan(run_id)
+    if plan is None:
+        raise RuntimeError(f"run {run_id} has no plan under {store.settings.runs_dir}; run the plan step first")
+    return plan

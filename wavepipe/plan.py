@@ -1,0 +1,207 @@
+"""Frozen run plans: the offset ranges a run reads, decided once and stored before any read.
+
+A plan is written atomically to ``<home>/runs/<run_id>/plan.json`` and every retry of that run
+reads it back instead of planning again. A group has at most one active (planned, not yet
+committed) run, recorded in ``<home>/groups/<group>/active.json``; a second run for the same
+group is refused until the first commits or is abandoned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from wavepipe.config import Settings
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    """Offsets ``[start, end)`` of one partition; ``end`` is exclusive."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def size(self) -> int:
+        return max(0, self.end - self.start)
+
+    @property
+    def name(self) -> str:
+        """File-safe name of the range, used for staged files so a retry overwrites them."""
+        return f"{self.topic}-p{self.partition:05d}-{self.start:020d}-{self.end:020d}"
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    run_id: str
+    topic: str
+    group: str
+    created_at: str
+    ranges: tuple[OffsetRange, ...]
+    #: Where the previous committed run of this group stopped reading, per partition; a range
+    #: that ends there holds nothing that run did not see already.
+    previous_ends: dict[int, int] = field(default_factory=dict)
+    caps: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def total_offsets(self) -> int:
+        return sum(r.size for r in self.ranges)
+
+    @property
+    def has_new_data(self) -> bool:
+        """False when every range ends where the previous run ended: nothing new can complete."""
+        return any(r.end > self.previous_ends.get(r.partition, -1) for r in self.ranges if r.size)
+
+    def range_for(self, partition: int) -> OffsetRange:
+        for r in self.ranges:
+            if r.partition == partition:
+                return r
+        raise KeyError(f"partition {partition} is not in plan {self.run_id}")
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["previous_ends"] = {str(k): v for k, v in self.previous_ends.items()}
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "RunPlan":
+        return cls(
+            run_id=data["run_id"],
+            topic=data["topic"],
+            group=data["group"],
+            created_at=data["created_at"],
+            ranges=tuple(OffsetRange(**r) for r in data["ranges"]),
+            previous_ends={int(k): int(v) for k, v in data.get("previous_ends", {}).items()},
+            caps=dict(data.get("caps", {})),
+        )
+
+
+class ActiveRunError(RuntimeError):
+    """Another run of the same group is planned and not committed yet."""
+
+
+def safe_run_id(raw: str) -> str:
+    """A run id usable as a folder name (Airflow run ids contain ':' and '+')."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", raw).strip("._")
+    if not cleaned:
+        raise ValueError(f"run id {raw!r} has no usable characters")
+    return cleaned
+
+
+def new_run_id() -> str:
+    return "run_" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """Write JSON so that readers see the old file or the new one, never a part (fsync + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=2, sort_keys=True)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> Any:
+    with path.open() as fh:
+        return json.load(fh)
+
+
+class RunStore:
+    """Where a run's durable state lives: plan, per-step results, the group's active marker."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.settings.runs_dir / run_id
+
+    def plan_path(self, run_id: str) -> Path:
+        return self.run_dir(run_id) / "plan.json"
+
+    def step_path(self, run_id: str, step: str) -> Path:
+        return self.run_dir(run_id) / f"{step}.json"
+
+    def staging_dir(self, run_id: str) -> Path:
+        return self.settings.staging_dir / run_id
+
+    def group_dir(self, group: str) -> Path:
+        return self.settings.groups_dir / safe_run_id(group)
+
+    def active_path(self, group: str) -> Path:
+        return self.group_dir(group) / "active.json"
+
+    def load_plan(self, run_id: str) -> RunPlan | None:
+        path = self.plan_path(run_id)
+        return RunPlan.from_json(read_json(path)) if path.exists() else None
+
+    def save_plan(self, plan: RunPlan) -> None:
+        write_json_atomic(self.plan_path(plan.run_id), plan.to_json())
+
+    def active_run(self, group: str) -> str | None:
+        path = self.active_path(group)
+        return read_json(path)["run_id"] if path.exists() else None
+
+    def claim_group(self, group: str, run_id: str) -> None:
+        """Mark ``run_id`` as the group's one active run (atomic create; refused if taken)."""
+        path = self.active_path(group)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            holder = self.active_run(group)
+            if holder == run_id:
+                return
+            raise ActiveRunError(
+                f"run {holder} of group {group!r} is planned but not committed; retry it "
+                f"(wavepipe run resumes it) or abandon it (wavepipe abandon --group {group})"
+            ) from None
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"run_id": run_id, "since": utc_now()}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def release_group(self, group: str, run_id: str) -> None:
+        if self.active_run(group) == run_id:
+            self.active_path(group).unlink()
+
+    def _last_ends_path(self, group: str, topic: str) -> Path:
+        return self.group_dir(group) / f"last-ends-{safe_run_id(topic)}.json"
+
+    def last_ends(self, group: str, topic: str) -> dict[int, int]:
+        """Per partition, where the group's last committed run of ``topic`` stopped reading."""
+        path = self._last_ends_path(group, topic)
+        return {int(k): v for k, v in read_json(path).items()} if path.exists() else {}
+
+    def save_last_ends(self, group: str, topic: str, ends: dict[int, int]) -> None:
+        write_json_atomic(self._last_ends_path(group, topic), {str(k): v for k, v in ends.items()})
+
+    def save_step(self, run_id: str, step: str, data: dict[str, Any]) -> None:
+        write_json_atomic(self.step_path(run_id, step), data)
+
+    def load_step(self, run_id: str, step: str) -> dict[str, Any] | None:
+        path = self.step_path(run_id, step)
+        return read_json(path) if path.exists() else None

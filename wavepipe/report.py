@@ -1,0 +1,87 @@
+"""The run report (JSON, one per run): where every offset of the run's ranges ended.
+
+Per partition: ``output + pending + quarantined + dead_letter + gap == end - start``, where
+``gap`` counts offsets Kafka delivered no record for (transaction markers, aborted or compacted
+records). ``check_balance`` states every way the numbers fail to add up; the commit refuses to
+move offsets while the list is not empty.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from wavepipe.plan import RunPlan, utc_now
+
+REPORT_VERSION = 1
+
+
+def empty_partition(start: int, end: int) -> dict[str, Any]:
+    return {
+        "output": 0, "output_already_written": 0, "pending": 0, "quarantined": 0, "dead_letter": 0,
+        "output_bytes": 0, "pending_bytes": 0, "quarantined_bytes": 0, "dead_letter_bytes": 0,
+        "quarantine_reasons": {}, "safe_offset": end,
+    }
+
+
+def build_report(plan: RunPlan, consumed: dict[int, dict], reassembled: dict | None,
+                 timings: dict[str, float], *, skipped_reason: str | None = None) -> dict[str, Any]:
+    """Merge what each step recorded into one report (commit fields are added by the commit)."""
+    parts_out = (reassembled or {}).get("partitions", {})
+    partitions = {}
+    for r in plan.ranges:
+        read = consumed.get(r.partition, {})
+        acc = parts_out.get(str(r.partition)) or empty_partition(r.start, r.end)
+        records = read.get("records", 0)
+        partitions[str(r.partition)] = {
+            "topic": r.topic, "start": r.start, "end": r.end, "offsets": r.size,
+            "records_read": records, "chunks_read": read.get("chunks", 0),
+            "payload_bytes_read": read.get("payload_bytes", 0),
+            "gap": r.size - records if read else 0,
+            "read_seconds": read.get("seconds", 0.0),
+            **acc,
+        }
+    totals: dict[str, int] = {}
+    for part in partitions.values():
+        for key in ("offsets", "records_read", "output", "output_already_written", "pending", "quarantined",
+                    "dead_letter", "gap", "payload_bytes_read", "output_bytes"):
+            totals[key] = totals.get(key, 0) + part[key]
+    report = {
+        "report_version": REPORT_VERSION,
+        "run_id": plan.run_id, "topic": plan.topic, "group": plan.group,
+        "planned_at": plan.created_at, "reported_at": utc_now(),
+        "skipped": skipped_reason,
+        "partitions": partitions, "totals": totals,
+        "waveforms": (reassembled or {}).get("waveforms", {}),
+        "output_table_version": (reassembled or {}).get("output_table_version"),
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+    }
+    # Readers may run in parallel (one mapped task each): report their sum and their maximum.
+    read_seconds = [part["read_seconds"] for part in partitions.values()]
+    report["timings_s"]["consume_sum"] = round(sum(read_seconds), 3)
+    report["timings_s"]["consume_max"] = round(max(read_seconds, default=0.0), 3)
+    report["timings_s"].update({f"spark_{k}": v for k, v in (reassembled or {}).get("timings", {}).items()})
+    wall = sum(timings.get(k, 0.0) for k in ("plan", "reassemble")) + report["timings_s"]["consume_sum"]
+    report["throughput_mb_s"] = round(totals["payload_bytes_read"] / 1e6 / wall, 2) if wall > 0 else None
+    report["balance_errors"] = check_balance(report)
+    return report
+
+
+def check_balance(report: dict[str, Any]) -> list[str]:
+    """Every way the report's counts fail to add up (empty when they do)."""
+    errors = []
+    for p, part in report["partitions"].items():
+        placed = part["output"] + part["pending"] + part["quarantined"] + part["dead_letter"] + part["gap"]
+        if placed != part["offsets"]:
+            errors.append(
+                f"partition {p}: output {part['output']} + pending {part['pending']} + quarantined "
+                f"{part['quarantined']} + dead letter {part['dead_letter']} + gap {part['gap']} = {placed}, "
+                f"but the range [{part['start']}, {part['end']}) holds {part['offsets']} offsets"
+            )
+        if part["output"] + part["pending"] + part["quarantined"] != part["chunks_read"]:
+            errors.append(f"partition {p}: {part['chunks_read']} chunks read but "
+                          f"{part['output'] + part['pending'] + part['quarantined']} placed")
+        if not part["start"] <= part["safe_offset"] <= part["end"]:
+            errors.append(f"partition {p}: safe offset {part['safe_offset']} outside [{part['start']}, {part['end']}]")
+        if part["gap"] < 0:
+            errors.append(f"partition {p}: read {part['records_read']} records from {part['offsets']} offsets")
+    return errors

@@ -1,0 +1,76 @@
+"""How wavepipe starts Spark: one set of settings for spark-submit and for in-process sessions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from wavepipe.config import Settings
+from wavepipe.jars import RESOURCES, spark_jars
+
+
+def spark_conf(settings: Settings) -> dict[str, str]:
+    """Spark properties every wavepipe Spark app runs with (Delta Lake, low parallelism)."""
+    conf: dict[str, Any] = {
+        "spark.jars": ",".join(str(j) for j in spark_jars(settings.jars_dir)),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.shuffle.partitions": "8",
+        "spark.sql.adaptive.enabled": "true",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.memory": settings.spark_driver_memory,
+        "spark.sql.parquet.compression.codec": "zstd",
+        "spark.databricks.delta.snapshotPartitions": "2",
+        "spark.pyspark.python": sys.executable,
+        "spark.pyspark.driver.python": sys.executable,
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={RESOURCES / 'spark-log4j2.properties'}",
+    }
+    conf.update(settings.spark_conf)
+    return {k: str(v) for k, v in conf.items()}
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that makes a child process load exactly ``settings``."""
+    return {
+        f"WAVEPIPE_{name.upper()}": json.dumps(value) if isinstance(value, dict) else str(value)
+        for name, value in settings.as_dict().items()
+    }
+
+
+def spark_submit_command(settings: Settings, app: Path, *args: str) -> list[str]:
+    import pyspark
+
+    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    cmd = [str(submit), "--master", settings.spark_master]
+    for key, value in spark_conf(settings).items():
+        cmd += ["--conf", f"{key}={value}"]
+    return cmd + [str(app), *args]
+
+
+def submit(settings: Settings, app: Path, *args: str) -> None:
+    """Run a Spark app through spark-submit, streaming its output; raise if it fails."""
+    env = {**os.environ, **settings_env(settings), "PYSPARK_PYTHON": sys.executable,
+           "PYSPARK_DRIVER_PYTHON": sys.executable}
+    cmd = spark_submit_command(settings, app, *args)
+    proc = subprocess.run(cmd, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"Spark app {app.name} failed with exit code {proc.returncode}; its log is above. "
+            "The run's plan and staged files are kept: fix the cause and retry the step."
+        )
+
+
+def local_session(settings: Settings, app_name: str = "wavepipe"):
+    """An in-process Spark session with the same configuration (tests, notebooks)."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(settings.spark_master).appName(app_name)
+    for key, value in spark_conf(settings).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
