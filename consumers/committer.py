@@ -13,7 +13,7 @@ import logging
 from confluent_kafka import TopicPartition
 
 from wavepipe.config import Settings
-from wavepipe.consumers.kafka_admin import TIMEOUT_S, committed_offsets, group_consumer
+from wavepipe.consumers.kafka_admin import committed_offsets, group_consumer
 from wavepipe.plan import RunPlan
 
 log = logging.getLogger(__name__)
@@ -30,10 +30,7 @@ def commit_safe_offsets(settings: Settings, plan: RunPlan, safe: dict[int, int])
     moved = []
     for r in plan.ranges:
         now = current[r.partition]
-        allowed = {r.start, safe[r.partition]}
-        if now is None and r.start == safe[r.partition]:
-            continue  # nothing read, nothing committed before: leave the group without an offset
-        if now is not None and now not in allowed:
+        if now is not None and now not in (r.start, safe[r.partition]):
             moved.append(f"{r.topic}[{r.partition}] is at {now}, plan started at {r.start}")
     if moved:
         raise OffsetsMovedError(
@@ -44,23 +41,20 @@ def commit_safe_offsets(settings: Settings, plan: RunPlan, safe: dict[int, int])
         TopicPartition(plan.topic, r.partition, safe[r.partition],
                        metadata=json.dumps({"run_id": plan.run_id, "planned_end": r.end}, separators=(",", ":")))
         for r in plan.ranges
-        if not (current[r.partition] is None and r.start == safe[r.partition])
     ]
-    if to_commit:
-        consumer = group_consumer(settings, plan.group)
-        try:
-            result = consumer.commit(offsets=to_commit, asynchronous=False)
-        finally:
-            consumer.close()
-        failed = [f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in result or [] if tp.error is not None]
-        if failed:
-            raise OffsetsMovedError(f"commit of run {plan.run_id} failed for {', '.join(failed)}")
+    consumer = group_consumer(settings, plan.group)
+    try:
+        result = consumer.commit(offsets=to_commit, asynchronous=False)
+    finally:
+        consumer.close()
+    failed = [f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in result or [] if tp.error is not None]
+    if failed:
+        raise OffsetsMovedError(f"commit of run {plan.run_id} failed for {', '.join(failed)}")
     after = committed_offsets(settings, plan.group, plan.topic, partitions)
     for r in plan.ranges:
-        expected = safe[r.partition] if (current[r.partition] is not None or r.start != safe[r.partition]) else None
-        if after[r.partition] != expected:
+        if after[r.partition] != safe[r.partition]:
             raise OffsetsMovedError(
-                f"{r.topic}[{r.partition}]: committed {after[r.partition]} but wanted {expected} (timeout {TIMEOUT_S}s)"
+                f"{r.topic}[{r.partition}]: committed {after[r.partition]} but wanted {safe[r.partition]}"
             )
     log.info("run %s committed %s", plan.run_id, {p: after[p] for p in partitions})
     return {r.partition: {"before": current[r.partition], "after": after[r.partition]} for r in plan.ranges}

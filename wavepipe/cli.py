@@ -120,6 +120,16 @@ def cmd_demo(args) -> int:
     return run_demo(_settings(args), count=args.count, waveform_bytes=args.waveform_bytes, dags_test=dags_test)
 
 
+def cmd_setup(args) -> int:
+    """Resolve everything that is not a Python package: the Kafka and Delta Lake jars."""
+    from wavepipe.jars import kafka_jars, spark_jars
+
+    settings = _settings(args)
+    print(f"Kafka jars: {kafka_jars(settings.jars_dir)}")
+    print(f"Spark jars: {', '.join(p.name for p in spark_jars(settings.jars_dir))}")
+    return 0
+
+
 def cmd_config(args) -> int:
     print(json.dumps(_settings(args).as_dict(), indent=2))
     return 0
@@ -164,6 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--count", type=int, default=24)
     d.add_argument("--waveform-bytes", type=int, default=512 * 1024)
     d.set_defaults(func=cmd_demo)
+
+    st = sub.add_parser("setup", help="resolve the Kafka and Delta Lake jars from Maven Central (idempotent)")
+    st.set_defaults(func=cmd_setup)
 
     c = sub.add_parser("config", help="print the effective settings")
     c.set_defaults(func=cmd_config)

@@ -145,6 +145,8 @@ class LocalKafka:
             self.wait_ready()
             return f"Kafka already running at {self.bootstrap} (pid {self.pid()})"
         if not port_is_free(self.host, self.port):
+            if self._answers():
+                return f"a Kafka broker not started from {self.folder} already answers at {self.bootstrap}; using it"
             raise SetupError(
                 f"port {self.port} on {self.host} is in use by another process. Stop it, or set "
                 f"WAVEPIPE_BOOTSTRAP_SERVERS=127.0.0.1:<free port> to run the local broker elsewhere."
@@ -171,6 +173,13 @@ class LocalKafka:
             self.down()
             raise
         return f"Kafka {self.bootstrap} started (pid {proc.pid}, data in {self.data_dir})"
+
+    def _answers(self) -> bool:
+        try:
+            self.wait_ready(timeout=5)
+            return True
+        except SetupError:
+            return False
 
     def wait_ready(self, proc: subprocess.Popen | None = None, timeout: float = READY_TIMEOUT_S) -> None:
         from confluent_kafka.admin import AdminClient

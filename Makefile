@@ -1,0 +1,34 @@
+# The two commands of the README:  make demo  and  make test.  Both set up what they need first
+# and are quick on a second run (the virtualenv is rebuilt only when the pins change).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-12)
+
+.PHONY: setup demo test kafka-down clean
+
+$(STAMP): pyproject.toml requirements.lock
+	@command -v java >/dev/null || { echo "Java 17 is required (apt-get install openjdk-17-jre-headless)"; exit 1; }
+	@command -v mvn >/dev/null || { echo "Maven is required (apt-get install maven)"; exit 1; }
+	@$(PYTHON) -c 'import sys; assert (3, 11) <= sys.version_info[:2] < (3, 14), "Python 3.11-3.13 is required"'
+	rm -f $(VENV)/.installed-*
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c requirements.lock -e ".[test]"
+	$(BIN)/pip check
+	touch $@
+
+setup: $(STAMP)
+	$(BIN)/wavepipe setup
+
+demo: setup
+	$(BIN)/wavepipe demo
+
+test: setup
+	$(BIN)/python -m pytest
+
+kafka-down:
+	$(BIN)/wavepipe kafka down
+
+clean: kafka-down
+	rm -rf .wavepipe

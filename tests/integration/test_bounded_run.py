@@ -1,0 +1,137 @@
+"""A bounded run on the real broker and a real Spark (spark-submit, local mode)."""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow.parquet as pq
+import pytest
+from confluent_kafka import Producer
+
+from tests.helpers import output_rows, produce_in_order, waveform_records
+from wavepipe import pipeline
+from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
+from wavepipe.consumers.producer import produce_demo
+from wavepipe.consumers.reader import read_range, staged_paths
+from wavepipe.plan import ActiveRunError, RunStore
+
+pytestmark = pytest.mark.integration
+
+
+def _staged_offsets(settings, run_id, partition):
+    store = RunStore(settings)
+    plan = store.load_plan(run_id)
+    chunk_path, dead_path = staged_paths(store, run_id, plan.range_for(partition))
+    offsets = pq.read_table(chunk_path, columns=["offset"])["offset"].to_pylist()
+    offsets += pq.read_table(dead_path, columns=["offset"])["offset"].to_pylist()
+    return sorted(offsets)
+
+
+def test_plan_is_frozen_and_reused_by_a_retry(settings):
+    ensure_topic(settings)
+    produce_demo(settings, count=4, target_bytes=8 * 1024)
+    first = pipeline.plan_step(settings, "run-a")
+    assert first.total_offsets > 0
+    produce_demo(settings, count=4, target_bytes=8 * 1024)  # more data arrives before the retry
+    again = pipeline.plan_step(settings, "run-a")
+    assert again == first, "a retry must reuse the stored plan, not plan again"
+    assert RunStore(settings).plan_path("run-a").exists()
+    with pytest.raises(ActiveRunError, match="run-a"):
+        pipeline.plan_step(settings, "run-b")  # the group has an active run
+
+
+def test_reader_stops_exactly_at_end_and_a_retry_overwrites(settings):
+    ensure_topic(settings, partitions=1)
+    records, _ = waveform_records("w", 10)
+    produce_in_order(settings, records)
+    plan = pipeline.plan_step(settings, "cap", max_records=4)
+    assert (plan.ranges[0].start, plan.ranges[0].end) == (0, 4)
+    stats = read_range(settings, "cap", 0)
+    assert (stats.records, stats.first_offset, stats.last_offset) == (4, 0, 3)
+    assert _staged_offsets(settings, "cap", 0) == [0, 1, 2, 3]
+    read_range(settings, "cap", 0)  # a retried consume task
+    files = list((RunStore(settings).staging_dir("cap") / "chunks").iterdir())
+    assert len(files) == 1, files
+    assert _staged_offsets(settings, "cap", 0) == [0, 1, 2, 3]
+
+
+def test_transaction_markers_and_aborted_records_are_gaps_not_stalls(settings, spark):
+    ensure_topic(settings, partitions=1)
+    a, a_sum = waveform_records("txn-a", 5, seed=1)
+    b, _ = waveform_records("txn-b", 3, seed=2)
+    c, c_sum = waveform_records("txn-c", 2, seed=3)
+    producer = Producer(settings.kafka_config(**{"transactional.id": f"tx-{settings.topic}"}))
+    producer.init_transactions(30)
+    for records, commit in ((a, True), (b, False), (c, True)):
+        producer.begin_transaction()
+        produce_in_order(settings, records, producer=producer)
+        producer.flush(30)
+        (producer.commit_transaction if commit else producer.abort_transaction)(30)
+    # offsets: a 0-4, commit marker 5, b 6-8 (aborted), abort marker 9, c 10-11, commit marker 12
+    plan = pipeline.plan_step(settings, "tx-capped", max_records=6)
+    assert (plan.ranges[0].start, plan.ranges[0].end) == (0, 6)
+    began = time.monotonic()
+    stats = read_range(settings, "tx-capped", 0)
+    assert time.monotonic() - began < 15, "the reader must not wait for a record that is a marker"
+    assert (stats.records, stats.gap_offsets) == (5, 1)
+    RunStore(settings).release_group(settings.group, "tx-capped")
+
+    report = pipeline.run_once(settings, run_id="tx-full")
+    part = report["partitions"]["0"]
+    assert (part["start"], part["end"]) == (0, 13)
+    assert (part["records_read"], part["gap"], part["output"]) == (7, 6, 7)
+    assert report["balance_errors"] == []
+    rows = output_rows(spark, settings)
+    assert [(r[0], r[1] == r[2]) for r in rows] == [("txn-a", True), ("txn-c", True)]
+    assert {r[0]: r[1] for r in rows} == {"txn-a": a_sum, "txn-c": c_sum}
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 13}
+
+
+def test_waveform_split_across_run_end_is_emitted_once_in_the_next_run(settings, spark):
+    ensure_topic(settings, partitions=1)
+    w, w_sum = waveform_records("split-w", 4, seed=4)
+    x, x_sum = waveform_records("whole-x", 3, seed=5)
+    produce_in_order(settings, [w[0], w[1], x[0], x[1], x[2], w[2], w[3]])
+
+    first = pipeline.run_once(settings, run_id="first", max_records=5)
+    p0 = first["partitions"]["0"]
+    assert (p0["output"], p0["pending"], p0["safe_offset"]) == (3, 2, 0)
+    assert first["waveforms"] == {"output_new": 1, "pending": 1}
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 0}
+    assert [r[0] for r in output_rows(spark, settings)] == ["whole-x"]
+
+    second = pipeline.run_once(settings, run_id="second")
+    p0 = second["partitions"]["0"]
+    assert (p0["start"], p0["end"], p0["output"], p0["output_already_written"], p0["pending"]) == (0, 7, 7, 3, 0)
+    assert second["waveforms"] == {"output_new": 1, "output_already_written": 1}
+    rows = output_rows(spark, settings)
+    assert [(r[0], r[3]) for r in rows] == [("split-w", "second"), ("whole-x", "first")]
+    assert {r[0]: r[1] for r in rows} == {"split-w": w_sum, "whole-x": x_sum}
+    assert all(r[1] == r[2] for r in rows), "payloads must be bit-exact"
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 7}
+
+
+def test_rerunning_the_same_plan_gives_identical_output(settings, spark):
+    ensure_topic(settings)
+    sent = produce_demo(settings, count=6, target_bytes=16 * 1024)
+    report = pipeline.run_once(settings, run_id="same")
+    before = output_rows(spark, settings)
+    assert sorted((r[0], r[1]) for r in before) == sorted((s.waveform_id, s.checksum) for s in sent)
+    assert all(r[1] == r[2] for r in before)
+
+    # every step again for the same run id: the plan is reused, nothing new is written
+    plan = pipeline.plan_step(settings, "same")
+    for partition in pipeline.partitions_to_read(plan):
+        pipeline.consume_step(settings, "same", partition)
+    again = pipeline.reassemble_step(settings, "same")
+    assert again["waveforms"] == {"output_already_written": len(sent)}
+    assert output_rows(spark, settings) == before
+    repeat = pipeline.commit_step(settings, "same")
+    assert repeat["balance_errors"] == []
+    ends = {int(p): part["end"] for p, part in report["partitions"].items()}
+    assert committed_offsets(settings, settings.group, settings.topic, list(ends)) == ends
+
+    # and a new run with nothing new reads nothing and writes nothing
+    idle = pipeline.run_once(settings)
+    assert idle["skipped"] and idle["totals"]["records_read"] == 0
+    assert output_rows(spark, settings) == before

@@ -1,0 +1,51 @@
+from wavepipe.consumers.planner import record_cap
+from wavepipe.config import load_settings
+from wavepipe.plan import OffsetRange, RunPlan
+from wavepipe.report import build_report
+
+PLAN = RunPlan("r1", "t", "g", "now", (OffsetRange("t", 0, 10, 20), OffsetRange("t", 1, 0, 5)))
+
+
+def _reassembled(**p0):
+    part0 = {"output": 6, "output_already_written": 0, "pending": 2, "quarantined": 1, "dead_letter": 0,
+             "output_bytes": 60, "pending_bytes": 20, "quarantined_bytes": 10, "dead_letter_bytes": 0,
+             "quarantine_reasons": {"size_mismatch": 1}, "safe_offset": 14}
+    part0.update(p0)
+    part1 = dict(part0, output=5, pending=0, quarantined=0, dead_letter=0, safe_offset=5, quarantine_reasons={})
+    return {"partitions": {"0": part0, "1": part1}, "waveforms": {}, "timings": {}}
+
+
+CONSUMED = {0: {"records": 10, "chunks": 9, "dead_letters": 1, "payload_bytes": 90, "seconds": 1.0},
+            1: {"records": 5, "chunks": 5, "dead_letters": 0, "payload_bytes": 50, "seconds": 1.0}}
+
+
+def test_counts_that_add_up_balance():
+    report = build_report(PLAN, CONSUMED, _reassembled(dead_letter=1), {"plan": 0.1})
+    assert report["balance_errors"] == []
+    assert report["totals"]["offsets"] == 15
+    assert report["partitions"]["0"]["gap"] == 0
+
+
+def test_a_lost_record_is_reported():
+    report = build_report(PLAN, CONSUMED, _reassembled(dead_letter=0), {})
+    assert any("partition 0" in e for e in report["balance_errors"])
+
+
+def test_gap_offsets_count_as_placed():
+    consumed = {**CONSUMED, 0: dict(CONSUMED[0], records=9, chunks=9, dead_letters=0)}
+    report = build_report(PLAN, consumed, _reassembled(), {})
+    assert report["partitions"]["0"]["gap"] == 1
+    assert report["balance_errors"] == []
+
+
+def test_safe_offset_outside_range_is_an_error():
+    report = build_report(PLAN, CONSUMED, _reassembled(dead_letter=1, safe_offset=25), {})
+    assert any("safe offset" in e for e in report["balance_errors"])
+
+
+def test_record_cap_combines_records_and_bytes():
+    s = load_settings(chunk_size=1000)
+    assert record_cap(s, None, None) == 0
+    assert record_cap(s, 50, None) == 50
+    assert record_cap(s, 50, 20_000) == 20
+    assert record_cap(s, None, 500) == 1
