@@ -3,7 +3,13 @@ local Spark session for reading the Delta tables back."""
 
 from __future__ import annotations
 
+import os
+import tempfile
 import uuid
+
+# Airflow reads its home at import: keep the test process away from ~/airflow.
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="wavepipe-test-airflow-"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 import pytest
 
