@@ -67,7 +67,7 @@ def plan_run(settings: Settings, run_id: str, *, topic: str | None = None, group
             ranges.append(OffsetRange(topic, p, start, end))
         plan = RunPlan(
             run_id=run_id, topic=topic, group=group, created_at=utc_now(), ranges=tuple(ranges),
-            previous_ends=store.last_ends(group, topic), caps={"records_per_partition": cap},
+            previous=store.previous_ranges(group, topic), caps={"records_per_partition": cap},
         )
         store.save_plan(plan)
     except BaseException:

@@ -100,7 +100,10 @@ def _consume(settings: Settings, group: str, rng: OffsetRange, stats: ReadStats,
     done = False
     try:
         while not done:
-            messages = consumer.consume(num_messages=2000, timeout=1.0)
+            # Ask for no more than the range still holds, so a short range does not wait out the
+            # timeout for a full batch (EOF events count as messages too).
+            want = max(1, min(1000, rng.end - (stats.last_offset + 1 if stats.last_offset is not None else rng.start)))
+            messages = consumer.consume(num_messages=want, timeout=0.5)
             now = time.monotonic()
             if not messages:
                 if _position(consumer, tp) >= rng.end:

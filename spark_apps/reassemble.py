@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -225,40 +226,43 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     v0 = _delta_version(spark, out_path)
     before = _delta_ids(spark, out_path, v0)
     new_candidates = classified.where(F.col("status") == CANDIDATE).join(before, "waveform_id", "left_anti")
-    assembled = assemble(chunks, new_candidates)
-    verified = assembled.where("checksum_ok").drop("checksum_ok").withColumn("run_id", F.lit(plan.run_id))
-    _append_new(verified, out_path, ["waveform_id"], ["source", "date"])
+    if new_candidates.limit(1).count():  # else: no new rows, no empty commit
+        assembled = assemble(chunks, new_candidates)
+        verified = assembled.where("checksum_ok").drop("checksum_ok").withColumn("run_id", F.lit(plan.run_id))
+        _append_new(verified, out_path, ["waveform_id"], ["source", "date"])
     timings["reassemble_write_s"] = time.monotonic() - t
 
     t = time.monotonic()
-    after = _delta_ids(spark, out_path, _delta_version(spark, out_path))
+    v1 = _delta_version(spark, out_path)
+    after = _delta_ids(spark, out_path, v1) if v1 != v0 else before
     status = final_status(classified, before, after).persist()
-    quarantine = (
-        meta.join(status.where(F.col("status") == QUARANTINED), "waveform_id")
-        .groupBy("waveform_id", "reason")
-        .agg(F.first("topic").alias("topic"), F.min(F.struct("partition", "offset")).alias("first"),
-             F.max("offset").alias("last_offset"), F.count(F.lit(1)).alias("records"),
-             F.max("chunk_count").alias("chunk_count"), F.max("total_size").alias("total_size"),
-             F.first("source").alias("source"))
-        .select("waveform_id", "reason", "topic", F.col("first.partition").alias("partition"),
-                F.col("first.offset").alias("first_offset"), "last_offset", "records", "chunk_count",
-                "total_size", "source", F.lit(plan.run_id).alias("run_id"),
-                F.current_timestamp().alias("quarantined_at"))
-    )
-    _append_new(quarantine, settings.quarantine_table, ["topic", "partition", "first_offset", "waveform_id"])
+    waveforms = status.groupBy("status", "reason", "already_written").count().collect()
+    if any(w["status"] == QUARANTINED for w in waveforms):
+        quarantine = (
+            meta.join(status.where(F.col("status") == QUARANTINED), "waveform_id")
+            .groupBy("waveform_id", "reason")
+            .agg(F.first("topic").alias("topic"), F.min(F.struct("partition", "offset")).alias("first"),
+                 F.max("offset").alias("last_offset"), F.count(F.lit(1)).alias("records"),
+                 F.max("chunk_count").alias("chunk_count"), F.max("total_size").alias("total_size"),
+                 F.first("source").alias("source"))
+            .select("waveform_id", "reason", "topic", F.col("first.partition").alias("partition"),
+                    F.col("first.offset").alias("first_offset"), "last_offset", "records", "chunk_count",
+                    "total_size", "source", F.lit(plan.run_id).alias("run_id"),
+                    F.current_timestamp().alias("quarantined_at"))
+        )
+        _append_new(quarantine, settings.quarantine_table, ["topic", "partition", "first_offset", "waveform_id"])
+    dead_files = [f for f in dead_files if pq.ParquetFile(f).metadata.num_rows]
+    dead_counts: dict[int, tuple[int, int]] = {}
     if dead_files:
         dead = spark.read.parquet(*map(str, dead_files)).withColumn("run_id", F.lit(plan.run_id))
         _append_new(dead, settings.dead_letter_table, ["topic", "partition", "offset"])
         dead_counts = {r["partition"]: (r["n"], r["bytes"] or 0) for r in dead.groupBy("partition").agg(
             F.count(F.lit(1)).alias("n"), F.sum(F.length("value")).alias("bytes")).collect()}
-    else:
-        dead_counts = {}
     rows = accounting(meta, status).collect()
-    waveforms = status.groupBy("status", "reason", "already_written").count().collect()
     timings["accounting_s"] = time.monotonic() - t
     classified.unpersist()
     status.unpersist()
-    return summarize(plan, rows, waveforms, dead_counts, timings, output_version=_delta_version(spark, out_path))
+    return summarize(plan, rows, waveforms, dead_counts, timings, output_version=v1)
 
 
 def summarize(plan: RunPlan, rows, waveforms, dead_counts: dict, timings: dict, output_version) -> dict:

@@ -103,7 +103,7 @@ def commit_step(settings: Settings, run_id: str) -> dict:
     if to_read:
         safe = {int(p): part["safe_offset"] for p, part in report["partitions"].items()}
         report["commit"] = {str(p): v for p, v in commit_safe_offsets(settings, plan, safe).items()}
-        store.save_last_ends(plan.group, plan.topic, {r.partition: r.end for r in plan.ranges})
+        store.save_previous_ranges(plan.group, plan.topic, {r.partition: [safe[r.partition], r.end] for r in plan.ranges})
     else:  # nothing new was read: the group's offsets (and their run metadata) stay as they are
         report["commit"] = {str(r.partition): {"before": r.start, "after": r.start} for r in plan.ranges}
     _timed(store, run_id, "commit", began)

@@ -46,9 +46,9 @@ class RunPlan:
     group: str
     created_at: str
     ranges: tuple[OffsetRange, ...]
-    #: Where the previous committed run of this group stopped reading, per partition; a range
-    #: that ends there holds nothing that run did not see already.
-    previous_ends: dict[int, int] = field(default_factory=dict)
+    #: The previous committed run of this group, per partition: ``[safe offset, end]``. A range
+    #: equal to it holds nothing that run did not see already (only still-pending chunks).
+    previous: dict[int, list[int]] = field(default_factory=dict)
     caps: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -57,8 +57,9 @@ class RunPlan:
 
     @property
     def has_new_data(self) -> bool:
-        """False when every range ends where the previous run ended: nothing new can complete."""
-        return any(r.end > self.previous_ends.get(r.partition, -1) for r in self.ranges if r.size)
+        """False when every range repeats the previous run's (from its safe offset to its end):
+        nothing new can complete. A rewind or new records make it True."""
+        return any(r.size and [r.start, r.end] != self.previous.get(r.partition) for r in self.ranges)
 
     def range_for(self, partition: int) -> OffsetRange:
         for r in self.ranges:
@@ -68,7 +69,7 @@ class RunPlan:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        data["previous_ends"] = {str(k): v for k, v in self.previous_ends.items()}
+        data["previous"] = {str(k): v for k, v in self.previous.items()}
         return data
 
     @classmethod
@@ -79,7 +80,7 @@ class RunPlan:
             group=data["group"],
             created_at=data["created_at"],
             ranges=tuple(OffsetRange(**r) for r in data["ranges"]),
-            previous_ends={int(k): int(v) for k, v in data.get("previous_ends", {}).items()},
+            previous={int(k): list(v) for k, v in data.get("previous", {}).items()},
             caps=dict(data.get("caps", {})),
         )
 
@@ -188,16 +189,16 @@ class RunStore:
         if self.active_run(group) == run_id:
             self.active_path(group).unlink()
 
-    def _last_ends_path(self, group: str, topic: str) -> Path:
-        return self.group_dir(group) / f"last-ends-{safe_run_id(topic)}.json"
+    def _previous_path(self, group: str, topic: str) -> Path:
+        return self.group_dir(group) / f"last-run-{safe_run_id(topic)}.json"
 
-    def last_ends(self, group: str, topic: str) -> dict[int, int]:
-        """Per partition, where the group's last committed run of ``topic`` stopped reading."""
-        path = self._last_ends_path(group, topic)
+    def previous_ranges(self, group: str, topic: str) -> dict[int, list[int]]:
+        """Per partition, ``[safe offset, end]`` of the group's last committed run of ``topic``."""
+        path = self._previous_path(group, topic)
         return {int(k): v for k, v in read_json(path).items()} if path.exists() else {}
 
-    def save_last_ends(self, group: str, topic: str, ends: dict[int, int]) -> None:
-        write_json_atomic(self._last_ends_path(group, topic), {str(k): v for k, v in ends.items()})
+    def save_previous_ranges(self, group: str, topic: str, ranges: dict[int, list[int]]) -> None:
+        write_json_atomic(self._previous_path(group, topic), {str(k): v for k, v in ranges.items()})
 
     def save_step(self, run_id: str, step: str, data: dict[str, Any]) -> None:
         write_json_atomic(self.step_path(run_id, step), data)
