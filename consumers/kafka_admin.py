@@ -17,14 +17,14 @@ T = TypeVar("T")
 
 
 def retrying(call: Callable[[], T], what: str, attempts: int = 20, pause_s: float = 0.5) -> T:
-    """``call()``, retried while Kafka reports a retriable error (a coordinator still loading,
-    a leader moving); any other error, or the last attempt's, is raised."""
+    """``call()``, retried while Kafka reports a quick transient error (a coordinator still
+    loading, a leader moving); any other error, or the last attempt's, is raised."""
     for attempt in range(1, attempts + 1):
         try:
             return call()
         except KafkaException as exc:
             err = exc.args[0]
-            if attempt == attempts or not (err.retriable() or err.code() in _TRANSIENT):
+            if attempt == attempts or err.code() not in _TRANSIENT:
                 raise
             log.info("%s: %s (attempt %d/%d), retrying", what, err.str(), attempt, attempts)
             time.sleep(pause_s)
@@ -62,7 +62,13 @@ def ensure_topic(settings: Settings, topic: str | None = None, partitions: int |
 
 
 def partitions_of(settings: Settings, topic: str) -> list[int]:
-    meta = admin_client(settings).list_topics(topic, timeout=TIMEOUT_S)
+    try:
+        meta = admin_client(settings).list_topics(topic, timeout=TIMEOUT_S)
+    except KafkaException as exc:
+        raise ConnectionError(
+            f"Kafka at {settings.bootstrap_servers} did not answer ({exc.args[0].str()}). Is it running? "
+            "`wavepipe kafka status` / `wavepipe kafka up` for the local broker."
+        ) from exc
     info = meta.topics.get(topic)
     if info is None or info.error is not None or not info.partitions:
         raise LookupError(f"topic {topic!r} does not exist on {settings.bootstrap_servers}")
@@ -104,6 +110,5 @@ def committed_offsets(settings: Settings, group: str, topic: str, partitions: It
 
 _TRANSIENT = {
     KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
-    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError._TIMED_OUT,
-    KafkaError.REQUEST_TIMED_OUT, KafkaError._TRANSPORT,
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
 }

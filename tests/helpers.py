@@ -44,3 +44,19 @@ def output_rows(spark, settings: Settings):
         for r in df.select("waveform_id", "checksum", F.concat(F.lit("sha256:"), F.sha2("payload", 256)).alias("payload_sha"),
                            "run_id").collect()
     )
+
+
+def committed_metadata(settings: Settings, partition: int = 0) -> dict:
+    """The metadata wavepipe stored with the group's committed offset (run id, planned end)."""
+    import json
+
+    from confluent_kafka import TopicPartition
+
+    from wavepipe.consumers.kafka_admin import group_consumer
+
+    consumer = group_consumer(settings, settings.group)
+    try:
+        [tp] = consumer.committed([TopicPartition(settings.topic, partition)], timeout=30)
+    finally:
+        consumer.close()
+    return json.loads(tp.metadata)

@@ -8,6 +8,7 @@ compare-and-set on the group's offsets.
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from pathlib import Path
 
@@ -112,6 +113,8 @@ def commit_step(settings: Settings, run_id: str) -> dict:
     store.save_step(run_id, "report", report)
     write_json_atomic(report_path, report)
     store.release_group(plan.group, run_id)
+    # The staged copies served their purpose: the data is in the tables and still in Kafka.
+    shutil.rmtree(store.staging_dir(run_id), ignore_errors=True)
     report["report_path"] = str(report_path)
     return report
 

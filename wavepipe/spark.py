@@ -53,9 +53,14 @@ def spark_submit_command(settings: Settings, app: Path, *args: str) -> list[str]
     return cmd + [str(app), *args]
 
 
+def _local_env(settings: Settings) -> dict[str, str]:
+    """In local mode Spark binds to loopback only (it would pick the first interface otherwise)."""
+    return {"SPARK_LOCAL_IP": "127.0.0.1"} if settings.spark_master.startswith("local") else {}
+
+
 def submit(settings: Settings, app: Path, *args: str) -> None:
     """Run a Spark app through spark-submit, streaming its output; raise if it fails."""
-    env = {**os.environ, **settings_env(settings), "PYSPARK_PYTHON": sys.executable,
+    env = {**os.environ, **settings_env(settings), **_local_env(settings), "PYSPARK_PYTHON": sys.executable,
            "PYSPARK_DRIVER_PYTHON": sys.executable}
     cmd = spark_submit_command(settings, app, *args)
     proc = subprocess.run(cmd, env=env)
@@ -70,6 +75,9 @@ def local_session(settings: Settings, app_name: str = "wavepipe"):
     """An in-process Spark session with the same configuration (tests, notebooks)."""
     from pyspark.sql import SparkSession
 
+    # Python workers must run this interpreter (the virtualenv's), not the first python on PATH.
+    for key, value in {**_local_env(settings), "PYSPARK_PYTHON": sys.executable}.items():
+        os.environ.setdefault(key, value)
     builder = SparkSession.builder.master(settings.spark_master).appName(app_name)
     for key, value in spark_conf(settings).items():
         builder = builder.config(key, value)

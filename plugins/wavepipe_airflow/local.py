@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -47,14 +48,13 @@ def ensure_db(settings: Settings) -> None:
     """Create or upgrade Airflow's metadata database (idempotent; quick when up to date)."""
     settings.airflow_home.mkdir(parents=True, exist_ok=True)
     marker = settings.airflow_home / ".migrated"
-    import airflow
-
-    if marker.exists() and marker.read_text().strip() == airflow.__version__:
+    version = importlib.metadata.version("apache-airflow")  # not `import airflow`: it reads ~/airflow
+    if marker.exists() and marker.read_text().strip() == version:
         return
     result = _airflow(settings, "db", "migrate", capture=True)
     if result.returncode != 0:
         raise RuntimeError(f"`airflow db migrate` failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
-    marker.write_text(airflow.__version__ + "\n")
+    marker.write_text(version + "\n")
 
 
 def dags_test(settings: Settings, dag_id: str, conf: dict | None = None) -> None:

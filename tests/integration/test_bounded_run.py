@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Producer
 
-from tests.helpers import output_rows, produce_in_order, waveform_records
+from tests.helpers import committed_metadata, output_rows, produce_in_order, waveform_records
 from wavepipe import pipeline
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
@@ -109,12 +109,14 @@ def test_waveform_split_across_run_end_is_emitted_once_in_the_next_run(settings,
     assert {r[0]: r[1] for r in rows} == {"split-w": w_sum, "whole-x": x_sum}
     assert all(r[1] == r[2] for r in rows), "payloads must be bit-exact"
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 7}
+    assert committed_metadata(settings) == {"run_id": "second", "planned_end": 7}
 
 
 def test_rerunning_the_same_plan_gives_identical_output(settings, spark):
     ensure_topic(settings)
     sent = produce_demo(settings, count=6, target_bytes=16 * 1024)
     report = pipeline.run_once(settings, run_id="same")
+    assert not RunStore(settings).staging_dir("same").exists(), "staged copies are removed once committed"
     before = output_rows(spark, settings)
     assert sorted((r[0], r[1]) for r in before) == sorted((s.waveform_id, s.checksum) for s in sent)
     assert all(r[1] == r[2] for r in before)
