@@ -3,6 +3,7 @@ local Spark session for reading the Delta tables back."""
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import uuid
@@ -10,6 +11,8 @@ import uuid
 # Airflow reads its home at import: keep the test process away from ~/airflow.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="wavepipe-test-airflow-"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+# py4j logs "closing connection" from finalizers after pytest closed its streams
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 import pytest
 

@@ -170,8 +170,13 @@ class RunStore:
         """Mark ``run_id`` as the group's one active run (atomic create; refused if taken)."""
         path = self.active_path(group)
         path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".active.", dir=path.parent)
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(fd, "w") as fh:
+                json.dump({"run_id": run_id, "since": utc_now()}, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.link(tmp, path)  # fails if the marker exists; readers never see a half-written one
         except FileExistsError:
             holder = self.active_run(group)
             if holder == run_id:
@@ -180,10 +185,8 @@ class RunStore:
                 f"run {holder} of group {group!r} is planned but not committed; retry it "
                 f"(wavepipe run resumes it) or abandon it (wavepipe abandon --group {group})"
             ) from None
-        with os.fdopen(fd, "w") as fh:
-            json.dump({"run_id": run_id, "since": utc_now()}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
+        finally:
+            os.unlink(tmp)
 
     def release_group(self, group: str, run_id: str) -> None:
         if self.active_run(group) == run_id:

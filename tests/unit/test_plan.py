@@ -1,0 +1,41 @@
+import pytest
+
+from wavepipe.config import load_settings
+from wavepipe.plan import ActiveRunError, OffsetRange, RunPlan, RunStore, safe_run_id
+
+
+def test_plan_round_trips_through_its_file(tmp_path):
+    store = RunStore(load_settings(home=tmp_path))
+    plan = RunPlan("r1", "t", "g", "2026-11-22T00:00:00Z", (OffsetRange("t", 0, 5, 9), OffsetRange("t", 1, 0, 0)),
+                   previous={0: [5, 5]}, caps={"records_per_partition": 4})
+    store.save_plan(plan)
+    assert store.load_plan("r1") == plan
+    assert store.load_plan("other") is None
+
+
+def test_new_data_means_a_range_differs_from_the_previous_run():
+    ranges = (OffsetRange("t", 0, 5, 9),)
+    assert not RunPlan("r", "t", "g", "", ranges, previous={0: [5, 9]}).has_new_data  # pending re-read only
+    assert RunPlan("r", "t", "g", "", ranges, previous={0: [5, 8]}).has_new_data  # new records
+    assert RunPlan("r", "t", "g", "", ranges, previous={0: [7, 9]}).has_new_data  # rewound
+    assert not RunPlan("r", "t", "g", "", (OffsetRange("t", 0, 9, 9),)).has_new_data  # empty
+
+
+def test_one_active_run_per_group(tmp_path):
+    store = RunStore(load_settings(home=tmp_path))
+    store.claim_group("g", "a")
+    store.claim_group("g", "a")  # the same run again: a retry
+    store.claim_group("h", "b")  # another group is independent
+    with pytest.raises(ActiveRunError, match="run a of group 'g'"):
+        store.claim_group("g", "b")
+    store.release_group("g", "b")  # not the holder: no effect
+    assert store.active_run("g") == "a"
+    store.release_group("g", "a")
+    store.claim_group("g", "b")
+    assert store.active_run("g") == "b"
+
+
+def test_airflow_run_ids_become_folder_names():
+    assert safe_run_id("manual__2026-11-22T07:13:54.306853+00:00") == "manual__2026-11-22T07_13_54.306853_00_00"
+    with pytest.raises(ValueError):
+        safe_run_id("///")
