@@ -1,0 +1,67 @@
+"""The pure reassembly transformations on a real local Spark session."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from tests.helpers import waveform_records
+from wavepipe.consumers.staging import CHUNK_SCHEMA, chunk_row
+from wavepipe.protocol import parse_chunk
+from wavepipe.spark_apps.reassemble import META_COLUMNS, assemble, assemble_arrow, classify
+
+pytestmark = pytest.mark.integration
+
+
+def _rows(records, partition=0, first_offset=0, overrides=None):
+    overrides = overrides or {}
+    rows = []
+    for i, (_, headers, value) in enumerate(records):
+        row = chunk_row("t", partition, first_offset + i, 0, parse_chunk(headers, value))
+        row.update(overrides.get(i, {}))
+        rows.append(row)
+    return rows
+
+
+def _frame(spark, rows):
+    return spark.createDataFrame(pa.Table.from_pylist(rows, schema=CHUNK_SCHEMA))
+
+
+def test_classify_names_each_case(spark):
+    ok, _ = waveform_records("ok", 3, seed=1)
+    dup, _ = waveform_records("dup", 2, seed=2)
+    part, _ = waveform_records("partial", 3, seed=3)
+    count, _ = waveform_records("count", 2, seed=4)
+    meta, _ = waveform_records("meta", 2, seed=5)
+    rows = (_rows(ok) + _rows(dup + [dup[0]], first_offset=10) + _rows(part[:2], first_offset=20)
+            + _rows(count, first_offset=30, overrides={1: {"chunk_count": 3}})
+            + _rows(meta, first_offset=40, overrides={1: {"sample_rate": 99.0}}))
+    got = {r["waveform_id"]: (r["status"], r["reason"], r["records"], r["distinct_chunks"])
+           for r in classify(_frame(spark, rows).select(*META_COLUMNS)).collect()}
+    assert got == {
+        "ok": ("candidate", None, 3, 3),
+        "dup": ("candidate", None, 3, 2),
+        "partial": ("pending", None, 2, 2),
+        "count": ("quarantined", "chunk_count_mismatch", 2, 2),
+        "meta": ("quarantined", "metadata_mismatch", 2, 2),
+    }
+
+
+def test_assemble_orders_by_sequence_and_verifies(spark):
+    records, expected = waveform_records("w", 4, seed=9)
+    shuffled = [records[2], records[0], records[3], records[1], records[0]]  # out of order, one duplicate
+    rows = _rows(shuffled, first_offset=100)
+    out = assemble(_frame(spark, rows), spark.createDataFrame([("w",)], "waveform_id string")).collect()
+    assert len(out) == 1
+    row = out[0]
+    assert row["checksum_ok"] and row["checksum"] == expected
+    assert (row["n_chunks"], row["first_offset"], row["last_offset"]) == (4, 100, 104)
+    assert bytes(row["payload"]) == b"".join(v for _, _, v in records)
+
+
+def test_assemble_arrow_flags_a_corrupt_payload_without_spark():
+    records, _ = waveform_records("w", 2, seed=3)
+    rows = _rows(records)
+    rows[1]["payload"] = bytes(len(rows[1]["payload"]))
+    out = assemble_arrow(pa.Table.from_pylist(rows, schema=CHUNK_SCHEMA)).to_pylist()[0]
+    assert out["checksum_ok"] is False and out["payload"] is None
