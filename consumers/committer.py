@@ -35,7 +35,7 @@ def commit_safe_offsets(settings: Settings, plan: RunPlan, safe: dict[int, int])
     if moved:
         raise OffsetsMovedError(
             f"group {plan.group!r} moved during run {plan.run_id}: {'; '.join(moved)}. Nothing was committed; "
-            "the output is idempotent, so start a new run to continue from the group's offsets."
+            "the group is released and the output is idempotent, so start a new run to continue from the group's offsets."
         )
     to_commit = [
         TopicPartition(plan.topic, r.partition, safe[r.partition],

@@ -11,6 +11,8 @@ from wavepipe.config import Settings
 from wavepipe.plan import OffsetRange, RunPlan, RunStore, utc_now
 
 log = logging.getLogger(__name__)
+#: A claim without a stored plan is taken over only after this long (its planner may be mid-way).
+PLANNING_GRACE_S = 300.0
 
 
 class RetentionGapError(RuntimeError):
@@ -42,11 +44,13 @@ def plan_run(settings: Settings, run_id: str, *, topic: str | None = None, group
     topic = topic or settings.topic
     group = group or settings.group
     holder = store.active_run(group)
-    if holder is not None and holder != run_id and store.load_plan(holder) is None:
-        store.release_group(group, holder)  # claimed but never planned: nothing was read
+    if holder is not None and holder != run_id and store.load_plan(holder) is None \
+            and store.claim_age_s(group) > PLANNING_GRACE_S:
+        store.release_group(group, holder)  # claimed long ago but never planned: nothing was read
     store.claim_group(group, run_id)
     try:
         cap = record_cap(settings, max_records, max_bytes)
+        previous = store.previous_ranges(group, topic)
         partitions = partitions_of(settings, topic)
         committed = committed_offsets(settings, group, topic, partitions)
         earliest = list_offsets(settings, topic, partitions, OffsetSpec.earliest())
@@ -63,11 +67,15 @@ def plan_run(settings: Settings, run_id: str, *, topic: str | None = None, group
                 )
             end = max(start, stable[p])
             if cap:
-                end = min(end, start + cap)
+                # The cap bounds the records new to this run. When the last run ended with the
+                # same safe offset (a waveform longer than the cap is still pending there), the
+                # range grows past that run's end instead of repeating it.
+                seen_end = previous.get(p, [None, None])[1] if previous.get(p, [None])[0] == start else None
+                end = min(end, max(start, seen_end or start) + cap)
             ranges.append(OffsetRange(topic, p, start, end))
         plan = RunPlan(
             run_id=run_id, topic=topic, group=group, created_at=utc_now(), ranges=tuple(ranges),
-            previous=store.previous_ranges(group, topic), caps={"records_per_partition": cap},
+            previous=previous, caps={"records_per_partition": cap},
         )
         store.save_plan(plan)
     except BaseException:

@@ -164,9 +164,10 @@ def _stage(msg, rng: OffsetRange, stats: ReadStats, chunks: StagedFile, dead: St
     stats.last_offset = offset
     try:
         chunk = parse_chunk(headers, value)
-    except ProtocolError as exc:
+    except Exception as exc:  # noqa: BLE001 - one bad record never stops the range
+        reason, detail = (exc.reason, exc.detail) if isinstance(exc, ProtocolError) else ("unparseable", repr(exc))
         dead.add(dead_letter_row(rng.topic, rng.partition, offset, timestamp_ms, msg.key(), headers,
-                                 value, exc.reason, exc.detail), len(value or b""))
+                                 value, reason, detail), len(value or b""))
         stats.dead_letters += 1
         return
     chunks.add(chunk_row(rng.topic, rng.partition, offset, timestamp_ms, chunk), len(chunk.payload))

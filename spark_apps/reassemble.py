@@ -152,19 +152,32 @@ def assemble(chunks: DataFrame, candidates: DataFrame) -> DataFrame:
     return wanted.groupBy("waveform_id").applyInArrow(assemble_arrow, OUTPUT_SCHEMA)
 
 
-def final_status(classified: DataFrame, before_ids: DataFrame, after_ids: DataFrame) -> DataFrame:
+def final_status(classified: DataFrame, before_ids: DataFrame, after_ids: DataFrame,
+                 quarantined_ids: DataFrame) -> DataFrame:
     """Per waveform, where it ended: ``output`` (written now or already before), ``pending``, or
-    ``quarantined`` with a reason. A candidate absent from the output after the write failed its
-    checksum (the write appends every verified candidate that was not there before)."""
+    ``quarantined`` with a reason.
+
+    A candidate absent from the output after the write failed its checksum (the write appends
+    every verified candidate that was not there before). An incomplete set of chunks of a
+    waveform that is already in the output (or already quarantined) is a leftover of a run that
+    started inside it: it is accounted with that waveform and does not hold the commit back.
+    """
     before = before_ids.select("waveform_id", F.lit(True).alias("was_there"))
     after = after_ids.select("waveform_id", F.lit(True).alias("is_there"))
-    joined = classified.join(before, "waveform_id", "left").join(after, "waveform_id", "left")
+    quarantined = quarantined_ids.groupBy("waveform_id").agg(F.first("reason").alias("q_reason"))
+    joined = (classified.join(before, "waveform_id", "left").join(after, "waveform_id", "left")
+              .join(quarantined, "waveform_id", "left"))
     is_candidate = F.col("status") == CANDIDATE
+    stale = F.col("status") == PENDING
     return joined.select(
         "waveform_id",
         F.when(is_candidate & F.col("is_there").isNotNull(), F.lit(OUTPUT))
-        .when(is_candidate, F.lit(QUARANTINED)).otherwise(F.col("status")).alias("status"),
+        .when(is_candidate, F.lit(QUARANTINED))
+        .when(stale & F.col("was_there").isNotNull(), F.lit(OUTPUT))
+        .when(stale & F.col("q_reason").isNotNull(), F.lit(QUARANTINED))
+        .otherwise(F.col("status")).alias("status"),
         F.when(is_candidate & F.col("is_there").isNull(), F.lit("checksum_mismatch"))
+        .when(stale & F.col("was_there").isNull() & F.col("q_reason").isNotNull(), F.col("q_reason"))
         .otherwise(F.col("reason")).alias("reason"),
         F.coalesce(F.col("was_there"), F.lit(False)).alias("already_written"),
     )
@@ -236,7 +249,11 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     t = time.monotonic()
     v1 = _delta_version(spark, out_path)
     after = _delta_ids(spark, out_path, v1) if v1 != v0 else before
-    status = final_status(classified, before, after).persist()
+    q_version = _delta_version(spark, settings.quarantine_table)
+    q_before = (spark.read.format("delta").option("versionAsOf", q_version).load(str(settings.quarantine_table))
+                .select("waveform_id", "reason") if q_version is not None
+                else spark.createDataFrame([], "waveform_id string, reason string"))
+    status = final_status(classified, before, after, q_before).persist()
     waveforms = status.groupBy("status", "reason", "already_written").count().collect()
     if any(w["status"] == QUARANTINED for w in waveforms):
         quarantine = (
@@ -251,7 +268,7 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
                     "total_size", "source", F.lit(plan.run_id).alias("run_id"),
                     F.current_timestamp().alias("quarantined_at"))
         )
-        _append_new(quarantine, settings.quarantine_table, ["topic", "partition", "first_offset", "waveform_id"])
+        _append_new(quarantine, settings.quarantine_table, ["waveform_id", "reason"])
     dead_files = [f for f in dead_files if pq.ParquetFile(f).metadata.num_rows]
     dead_counts: dict[int, tuple[int, int]] = {}
     if dead_files:

@@ -37,8 +37,9 @@ class Settings:
     partitions: int = 4
     #: Consumer group whose committed offsets are the progress of the ingest.
     group: str = "wavepipe-ingest"
-    #: Caps per partition per run. 0 means no cap. ``max_bytes_per_partition`` is converted to a
-    #: record cap at ``chunk_size`` bytes per record (chunks are never larger than that).
+    #: Caps on the records new to a run, per partition. 0 means no cap. ``max_bytes_per_partition``
+    #: is converted to a record cap at ``chunk_size`` bytes per record. When a waveform longer
+    #: than the cap is pending, the next run's range grows by the cap beyond the last run's end.
     max_records_per_partition: int = 0
     max_bytes_per_partition: int = 0
     #: Payload bytes per chunk produced by the chunking producer.

@@ -76,11 +76,20 @@ def reassemble_step(settings: Settings, run_id: str) -> dict | None:
 
 def commit_step(settings: Settings, run_id: str) -> dict:
     """Check the accounting, commit the safe offsets, release the group, publish the report."""
-    from wavepipe.consumers.committer import commit_safe_offsets
+    from wavepipe.consumers.committer import OffsetsMovedError, commit_safe_offsets
 
     run_id = safe_run_id(run_id)
     store = RunStore(settings)
     plan = _require_plan(store, run_id)
+    holder = store.active_run(plan.group)
+    if holder != run_id:
+        done = store.load_step(run_id, "report")
+        if done is not None and "commit" in done:  # a retry of a commit that went through
+            return {**done, "report_path": str(settings.reports_dir / f"{run_id}.json")}
+        raise RuntimeError(
+            f"run {run_id} no longer holds group {plan.group!r} (active: {holder or 'none'}); it was "
+            "abandoned or superseded, so it must not commit. Start a new run."
+        )
     began = time.monotonic()
     to_read = partitions_to_read(plan)
     consumed = {}
@@ -103,7 +112,12 @@ def commit_step(settings: Settings, run_id: str) -> dict:
         )
     if to_read:
         safe = {int(p): part["safe_offset"] for p, part in report["partitions"].items()}
-        report["commit"] = {str(p): v for p, v in commit_safe_offsets(settings, plan, safe).items()}
+        try:
+            committed = commit_safe_offsets(settings, plan, safe)
+        except OffsetsMovedError:
+            store.release_group(plan.group, run_id)  # this run can never commit: free the group
+            raise
+        report["commit"] = {str(p): v for p, v in committed.items()}
         store.save_previous_ranges(plan.group, plan.topic, {r.partition: [safe[r.partition], r.end] for r in plan.ranges})
     else:  # nothing new was read: the group's offsets (and their run metadata) stay as they are
         report["commit"] = {str(r.partition): {"before": r.start, "after": r.start} for r in plan.ranges}

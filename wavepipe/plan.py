@@ -188,6 +188,14 @@ class RunStore:
         finally:
             os.unlink(tmp)
 
+    def claim_age_s(self, group: str) -> float:
+        """Seconds since the group's active claim was made (0 when there is none)."""
+        path = self.active_path(group)
+        if not path.exists():
+            return 0.0
+        since = datetime.fromisoformat(read_json(path)["since"])
+        return (datetime.now(timezone.utc) - since).total_seconds()
+
     def release_group(self, group: str, run_id: str) -> None:
         if self.active_run(group) == run_id:
             self.active_path(group).unlink()

@@ -9,6 +9,7 @@ the waveform id, so all chunks of a waveform share a partition.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Iterable, Sequence
@@ -132,13 +133,18 @@ def split_waveform(
     ]
 
 
-def _int_header(headers: dict[str, bytes], name: str, minimum: int) -> int:
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+_CHECKSUM_RE = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def _int_header(headers: dict[str, bytes], name: str, minimum: int, maximum: int) -> int:
     try:
         value = int(headers[name])
     except ValueError:
         raise ProtocolError("malformed_header", f"{name}={headers[name]!r} is not an integer") from None
-    if value < minimum:
-        raise ProtocolError("malformed_header", f"{name}={value} is below {minimum}")
+    if not minimum <= value <= maximum:
+        raise ProtocolError("malformed_header", f"{name}={value} is outside [{minimum}, {maximum}]")
     return value
 
 
@@ -177,17 +183,17 @@ def parse_chunk(headers: Sequence[tuple[str, bytes | None]] | None, value: bytes
         raise ProtocolError("malformed_header", f"{H_ID} must be 1..{MAX_ID_BYTES} bytes")
     try:
         dtype = np.dtype(dtype_str)
-    except TypeError:
+    except (TypeError, ValueError):
         raise ProtocolError("malformed_header", f"{H_DTYPE}={dtype_str!r} is not a dtype") from None
-    if dtype.kind not in NUMERIC_KINDS:
-        raise ProtocolError("malformed_header", f"{H_DTYPE}={dtype_str!r} is not numeric")
-    if not check.startswith(CHECKSUM_PREFIX) or len(check) != len(CHECKSUM_PREFIX) + 64:
-        raise ProtocolError("malformed_header", f"{H_CHECKSUM} must be sha256:<64 hex digits>")
-    seq = _int_header(h, H_SEQ, 0)
-    count = _int_header(h, H_COUNT, 1)
-    size = _int_header(h, H_SIZE, 1)
-    channels = _int_header(h, H_CHANNELS, 1)
-    start_ns = _int_header(h, H_START, -(2**62))
+    if dtype.kind not in NUMERIC_KINDS or dtype.shape or dtype.names:
+        raise ProtocolError("malformed_header", f"{H_DTYPE}={dtype_str!r} is not a numeric scalar type")
+    if not _CHECKSUM_RE.fullmatch(check):
+        raise ProtocolError("malformed_header", f"{H_CHECKSUM} must be sha256:<64 lowercase hex digits>")
+    seq = _int_header(h, H_SEQ, 0, INT32_MAX)
+    count = _int_header(h, H_COUNT, 1, INT32_MAX)
+    size = _int_header(h, H_SIZE, 1, INT64_MAX)
+    channels = _int_header(h, H_CHANNELS, 1, INT32_MAX)
+    start_ns = _int_header(h, H_START, -INT64_MAX, INT64_MAX)
     try:
         rate = float(h[H_RATE])
     except ValueError:

@@ -91,18 +91,25 @@ def test_waveform_split_across_run_end_is_emitted_once_in_the_next_run(settings,
     ensure_topic(settings, partitions=1)
     w, w_sum = waveform_records("split-w", 4, seed=4)
     x, x_sum = waveform_records("whole-x", 3, seed=5)
-    produce_in_order(settings, [w[0], w[1], x[0], x[1], x[2], w[2], w[3]])
+    produce_in_order(settings, [x[0], w[0], x[1], x[2]])  # w's other chunks are not sent yet
 
-    first = pipeline.run_once(settings, run_id="first", max_records=5)
+    first = pipeline.run_once(settings, run_id="first")
     p0 = first["partitions"]["0"]
-    assert (p0["output"], p0["pending"], p0["safe_offset"]) == (3, 2, 0)
+    assert (p0["output"], p0["pending"], p0["safe_offset"]) == (3, 1, 1)
     assert first["waveforms"] == {"output_new": 1, "pending": 1}
-    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 0}
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 1}
     assert [r[0] for r in output_rows(spark, settings)] == ["whole-x"]
 
+    idle = pipeline.run_once(settings, run_id="idle")  # only the pending chunk is there to re-read
+    assert idle["skipped"] and idle["balance_errors"] == []
+    assert RunStore(settings).active_run(settings.group) is None
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 1}
+
+    produce_in_order(settings, w[1:])
     second = pipeline.run_once(settings, run_id="second")
     p0 = second["partitions"]["0"]
-    assert (p0["start"], p0["end"], p0["output"], p0["output_already_written"], p0["pending"]) == (0, 7, 7, 3, 0)
+    # reads [1, 7): all of w, and x's last two chunks, a leftover of a waveform already written
+    assert (p0["start"], p0["end"], p0["output"], p0["output_already_written"], p0["pending"]) == (1, 7, 6, 2, 0)
     assert second["waveforms"] == {"output_new": 1, "output_already_written": 1}
     rows = output_rows(spark, settings)
     assert [(r[0], r[3]) for r in rows] == [("split-w", "second"), ("whole-x", "first")]
@@ -110,6 +117,19 @@ def test_waveform_split_across_run_end_is_emitted_once_in_the_next_run(settings,
     assert all(r[1] == r[2] for r in rows), "payloads must be bit-exact"
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 7}
     assert committed_metadata(settings) == {"run_id": "second", "planned_end": 7}
+
+
+def test_a_waveform_longer_than_the_cap_still_completes(settings):
+    ensure_topic(settings, partitions=1)
+    records, _ = waveform_records("long", 6, seed=11)
+    produce_in_order(settings, records)
+    first = pipeline.run_once(settings, run_id="cap-1", max_records=4)
+    assert (first["partitions"]["0"]["pending"], first["partitions"]["0"]["safe_offset"]) == (4, 0)
+    plan = pipeline.plan_step(settings, "cap-2", max_records=4)
+    assert (plan.ranges[0].start, plan.ranges[0].end) == (0, 6), "the range grows past the last run's end"
+    second = pipeline.run_once(settings, run_id="cap-2", max_records=4)
+    assert second["waveforms"] == {"output_new": 1}
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 6}
 
 
 def test_rerunning_the_same_plan_gives_identical_output(settings, spark):

@@ -89,3 +89,15 @@ def test_split_rejects_what_the_protocol_cannot_carry():
                          start_time=datetime(2026, 1, 1), source="s", chunk_size=8)
     with pytest.raises(ValueError):
         p.split_waveform(np.zeros((2, 2, 2)), waveform_id="w", sample_rate=1.0, start_time=START, source="s", chunk_size=8)
+
+
+@pytest.mark.parametrize("changes", [
+    {"wp_dtype": b"(-1,)f4"}, {"wp_dtype": b"(2,)f4"}, {"wp_count": b"3000000000"},
+    {"wp_channels": b"3000000000"}, {"wp_start_ns": str(2**63).encode()},
+    {"wp_checksum": ("sha256:" + "A" * 64).encode()}, {"wp_checksum": ("sha256:" + "g" * 64).encode()},
+])
+def test_values_the_staging_columns_cannot_hold_are_malformed(changes):
+    headers, value = _headers(**changes)
+    with pytest.raises(p.ProtocolError) as err:
+        p.parse_chunk(headers, value)
+    assert err.value.reason == "malformed_header"
