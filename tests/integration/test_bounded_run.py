@@ -182,3 +182,25 @@ def test_bad_records_are_dead_lettered_or_quarantined_and_accounted(settings, sp
     dead = sorted((r["offset"], r["reason"], bytes(r["value"])) for r in
                   spark.read.format("delta").load(str(settings.dead_letter_table)).collect())
     assert dead == [(6, "missing_header", b"not a chunk"), (7, "unknown_version", b"x")]
+
+
+def test_commit_is_refused_when_the_group_moved_or_the_run_lost_its_claim(settings):
+    from confluent_kafka import TopicPartition
+
+    from wavepipe.consumers.committer import OffsetsMovedError, commit_safe_offsets
+    from wavepipe.consumers.kafka_admin import group_consumer
+
+    ensure_topic(settings, partitions=1)
+    records, _ = waveform_records("m", 3)
+    produce_in_order(settings, records)
+    plan = pipeline.plan_step(settings, "moved")
+    mover = group_consumer(settings, settings.group)  # someone resets the group during the run
+    mover.commit(offsets=[TopicPartition(settings.topic, 0, 2)], asynchronous=False)
+    mover.close()
+    with pytest.raises(OffsetsMovedError, match="is at 2, plan started at 0"):
+        commit_safe_offsets(settings, plan, {0: 3})
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 2}
+
+    RunStore(settings).release_group(settings.group, "moved")  # as `wavepipe abandon` does
+    with pytest.raises(RuntimeError, match="no longer holds group"):
+        pipeline.commit_step(settings, "moved")
