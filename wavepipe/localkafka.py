@@ -154,7 +154,9 @@ class LocalKafka:
         controller_port = self.port + 1 if port_is_free(self.host, self.port + 1) else free_port()
         self._write_config(controller_port)
         if not (self.data_dir / "meta.properties").exists():
-            cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            cid = "-"
+            while cid.startswith("-"):  # like Kafka's own Uuid.randomUuid: a leading '-' reads as an option
+                cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             result = subprocess.run(
                 self._java("kafka.tools.StorageTool", "format", "-t", cid, "-c", str(self.config_file)),
                 capture_output=True, text=True,
