@@ -87,7 +87,7 @@ def test_transaction_markers_and_aborted_records_are_gaps_not_stalls(settings, s
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 13}
 
 
-def test_waveform_split_across_run_end_is_emitted_once_in_the_next_run(settings, spark):
+def test_waveform_split_across_run_end_is_emitted_once_in_the_next_run(settings, spark, kafka):
     ensure_topic(settings, partitions=1)
     w, w_sum = waveform_records("split-w", 4, seed=4)
     x, x_sum = waveform_records("whole-x", 3, seed=5)
@@ -117,6 +117,14 @@ def test_waveform_split_across_run_end_is_emitted_once_in_the_next_run(settings,
     assert all(r[1] == r[2] for r in rows), "payloads must be bit-exact"
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 7}
     assert committed_metadata(settings) == {"run_id": "second", "planned_end": 7}
+    # and Kafka's own tool sees the same progress
+    from wavepipe.localkafka import CONSUMER_GROUPS_TOOL
+
+    described = kafka.tool(CONSUMER_GROUPS_TOOL, "--bootstrap-server", kafka.bootstrap, "--describe",
+                           "--group", settings.group)
+    assert described.returncode == 0, described.stderr[-2000:]
+    row = next(line.split() for line in described.stdout.splitlines() if settings.topic in line)
+    assert row[:4] == [settings.group, settings.topic, "0", "7"], described.stdout  # group topic partition offset
 
 
 def test_a_waveform_longer_than_the_cap_still_completes(settings):
