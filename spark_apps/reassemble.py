@@ -28,6 +28,7 @@ from pyspark.sql import types as T
 from wavepipe.config import load_settings
 from wavepipe.plan import RunPlan, RunStore, utc_now
 from wavepipe.protocol import checksum
+from wavepipe.report import empty_partition
 
 log = logging.getLogger("wavepipe.reassemble")
 
@@ -287,13 +288,8 @@ def summarize(plan: RunPlan, rows, waveforms, dead_counts: dict, timings: dict, 
     """Collected aggregates -> per-partition accounting and safe offsets (plain dicts)."""
     partitions = {}
     for r in plan.ranges:
-        partitions[r.partition] = {
-            "output": 0, "output_already_written": 0, "pending": 0, "quarantined": 0,
-            "dead_letter": dead_counts.get(r.partition, (0, 0))[0],
-            "output_bytes": 0, "pending_bytes": 0, "quarantined_bytes": 0,
-            "dead_letter_bytes": dead_counts.get(r.partition, (0, 0))[1],
-            "quarantine_reasons": {}, "safe_offset": r.end,
-        }
+        part = partitions[r.partition] = empty_partition(r.start, r.end)
+        part["dead_letter"], part["dead_letter_bytes"] = dead_counts.get(r.partition, (0, 0))
     for row in rows:
         part = partitions[row["partition"]]
         status, n, nbytes = row["status"], row["records"], row["bytes"] or 0

@@ -94,11 +94,12 @@ def commit_step(settings: Settings, run_id: str) -> dict:
     to_read = partitions_to_read(plan)
     consumed = {}
     for r in plan.ranges:
+        if r.partition not in to_read:
+            continue
         step = store.load_step(run_id, f"consume-{r.topic}-{r.partition}")
-        if r.partition in to_read and step is None:
+        if step is None:
             raise RuntimeError(f"run {run_id}: partition {r.partition} was never consumed; run its consume step")
-        if step is not None and r.partition in to_read:
-            consumed[r.partition] = step
+        consumed[r.partition] = step
     reassembled = store.load_step(run_id, "reassemble") if to_read else None
     if to_read and reassembled is None:
         raise RuntimeError(f"run {run_id}: no reassembly result; run the reassemble step")

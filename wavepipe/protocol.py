@@ -12,7 +12,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -212,6 +212,3 @@ def rebuild(payload: bytes, dtype: str, channels: int) -> np.ndarray:
     """The (samples, channels) array a reassembled payload stands for."""
     return np.frombuffer(payload, dtype=np.dtype(dtype)).reshape(-1, channels)
 
-
-def join_payload(chunks: Iterable[bytes]) -> bytes:
-    return b"".join(chunks)

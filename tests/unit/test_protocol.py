@@ -24,7 +24,7 @@ def test_split_then_parse_round_trips(dtype, channels):
     meta = chunks[0].meta
     assert (meta.dtype, meta.channels, meta.sample_rate, meta.source) == (np.dtype(dtype).str, channels, 250.0, "st-01")
     assert meta.start_time == START
-    payload = p.join_payload(c.payload for c in chunks)
+    payload = b"".join(c.payload for c in chunks)
     assert p.checksum(payload) == chunks[0].checksum
     np.testing.assert_array_equal(p.rebuild(payload, meta.dtype, meta.channels), samples)
 
