@@ -55,6 +55,9 @@ class Settings:
     staging_flush_bytes: int = 64 * 1024 * 1024
     #: Seconds a reader may see no progress before it gives up with an error.
     reader_stall_timeout_s: float = 60.0
+    #: Partitions read at once by ``wavepipe run`` (one process each). In the DAG, Airflow's own
+    #: parallelism decides how many mapped consume tasks run together.
+    consume_parallelism: int = 2
 
     # --- derived locations -------------------------------------------------------------------
     @property
