@@ -17,6 +17,7 @@ import logging
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +25,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from wavepipe.config import load_settings
 from wavepipe.plan import RunPlan, RunStore, utc_now
@@ -85,9 +87,12 @@ def classify(meta: DataFrame) -> DataFrame:
         (F.min(facts) != F.max(facts)).alias("facts_differ"),
         F.sum(F.when(unique, F.col("chunk_len")).otherwise(0)).alias("unique_bytes"),
         F.max("total_size").alias("total_size"),
+        F.min("partition").alias("partition"),
+        (F.min("partition") == F.max("partition")).alias("one_partition"),
     )
     return per.select(
         "waveform_id", "records", "distinct_chunks", "chunk_count", "total_size", "unique_bytes",
+        "partition", "one_partition",
         F.when(F.col("counts_differ"), F.lit(QUARANTINED))
         .when(F.col("facts_differ"), F.lit(QUARANTINED))
         .when(F.col("distinct_chunks") < F.col("chunk_count"), F.lit(PENDING))
@@ -99,6 +104,42 @@ def classify(meta: DataFrame) -> DataFrame:
         .when(F.col("unique_bytes") != F.col("total_size"), F.lit("size_mismatch"))
         .otherwise(F.lit(None)).cast("string").alias("reason"),
     )
+
+
+ARROW_OUTPUT_SCHEMA = to_arrow_schema(OUTPUT_SCHEMA, timezone="UTC")
+_FACTS = ("waveform_id", "source", "dtype", "channels", "sample_rate", "start_ns", "checksum", "topic")
+_BATCH_BYTES = 32 * 1024 * 1024  # payload bytes per Arrow batch handed back to Spark
+
+
+def output_row(facts: dict, payload: bytes, n_chunks: int, partition: int, first_offset: int,
+               last_offset: int) -> dict:
+    """One output row (a dict in OUTPUT_SCHEMA's order) for a joined payload; checksum verified,
+    payload dropped (None) when it does not match."""
+    ok = checksum(payload) == facts["checksum"]
+    n_samples = len(payload) // (np.dtype(facts["dtype"]).itemsize * facts["channels"])
+    start_us = facts["start_ns"] // 1000
+    return {
+        "waveform_id": facts["waveform_id"], "source": facts["source"],
+        "start_time": start_us, "date": start_us // 86_400_000_000, "dtype": facts["dtype"],
+        "channels": facts["channels"], "sample_rate": facts["sample_rate"], "n_samples": n_samples,
+        "duration_s": n_samples / facts["sample_rate"], "size_bytes": len(payload), "n_chunks": n_chunks,
+        "checksum": facts["checksum"], "payload": payload if ok else None, "topic": facts["topic"],
+        "partition": partition, "first_offset": first_offset, "last_offset": last_offset, "checksum_ok": ok,
+    }
+
+
+def _batch(rows: list[dict]) -> pa.RecordBatch:
+    columns = {name: [r[name] for r in rows] for name in ARROW_OUTPUT_SCHEMA.names}
+    arrays = []
+    for f in ARROW_OUTPUT_SCHEMA:
+        values = columns[f.name]
+        if pa.types.is_timestamp(f.type):
+            arrays.append(pa.array(values, pa.int64()).cast(f.type))
+        elif pa.types.is_date32(f.type):
+            arrays.append(pa.array(values, pa.int32()).cast(f.type))
+        else:
+            arrays.append(pa.array(values, f.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=ARROW_OUTPUT_SCHEMA)
 
 
 def assemble_arrow(table: pa.Table) -> pa.Table:
@@ -114,41 +155,70 @@ def assemble_arrow(table: pa.Table) -> pa.Table:
             seen.add(seqs[i])
             picked.append(i)
     payload = b"".join(payloads[i].as_py() for i in picked)
-    first = picked[0]
-    row = {name: table[name][first].as_py() for name in
-           ("waveform_id", "source", "dtype", "channels", "sample_rate", "start_ns", "checksum", "topic")}
-    ok = checksum(payload) == row["checksum"]
+    facts = {name: table[name][picked[0]].as_py() for name in _FACTS}
     offsets = table["offset"].to_pylist()
     partitions = table["partition"].to_pylist()
     first_chunk = min(range(table.num_rows), key=lambda i: (partitions[i], offsets[i]))
-    itemsize = np.dtype(row["dtype"]).itemsize
-    n_samples = len(payload) // (itemsize * row["channels"])
-    start_us = row["start_ns"] // 1000
-    out = {
-        "waveform_id": [row["waveform_id"]],
-        "source": [row["source"]],
-        "start_time": pa.array([start_us], pa.timestamp("us", tz="UTC")),
-        "date": pa.array([start_us // 86_400_000_000], pa.int32()).cast(pa.date32()),
-        "dtype": [row["dtype"]],
-        "channels": pa.array([row["channels"]], pa.int32()),
-        "sample_rate": [row["sample_rate"]],
-        "n_samples": pa.array([n_samples], pa.int64()),
-        "duration_s": [n_samples / row["sample_rate"]],
-        "size_bytes": pa.array([len(payload)], pa.int64()),
-        "n_chunks": pa.array([len(picked)], pa.int32()),
-        "checksum": [row["checksum"]],
-        "payload": pa.array([payload if ok else None], pa.binary()),
-        "topic": [row["topic"]],
-        "partition": pa.array([partitions[first_chunk]], pa.int32()),
-        "first_offset": pa.array([offsets[first_chunk]], pa.int64()),
-        "last_offset": pa.array([max(offsets)], pa.int64()),
-        "checksum_ok": [ok],
-    }
-    return pa.table({k: (v if isinstance(v, pa.Array) else pa.array(v)) for k, v in out.items()})
+    row = output_row(facts, payload, len(picked), partitions[first_chunk], offsets[first_chunk], max(offsets))
+    return pa.Table.from_batches([_batch([row])])
+
+
+def assemble_file(path: str, wanted: set[str]) -> Iterator[pa.RecordBatch]:
+    """Whole waveforms from one staged file, streamed: the ``wanted`` ids must have every chunk,
+    once, in this file (one Kafka partition). Holds only the waveforms whose chunks are still
+    arriving (with keyed producers, one or two) and one batch of output."""
+    open_: dict[str, dict] = {}
+    rows: list[dict] = []
+    buffered = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
+        ids = batch.column("waveform_id").to_pylist()
+        if not wanted.intersection(ids):
+            continue
+        seqs = batch.column("seq").to_pylist()
+        counts = batch.column("chunk_count").to_pylist()
+        offsets = batch.column("offset").to_pylist()
+        payloads = batch.column("payload")
+        for i, wid in enumerate(ids):
+            if wid not in wanted:
+                continue
+            w = open_.get(wid)
+            if w is None:
+                facts = {name: batch.column(name)[i].as_py() for name in _FACTS}
+                w = open_[wid] = {"facts": facts, "parts": {}, "partition": batch.column("partition")[i].as_py(),
+                                  "first": offsets[i]}
+            w["parts"][seqs[i]] = payloads[i].as_py()
+            if len(w["parts"]) == counts[i]:
+                del open_[wid]
+                payload = b"".join(w["parts"][k] for k in sorted(w["parts"]))
+                rows.append(output_row(w["facts"], payload, counts[i], w["partition"], w["first"], offsets[i]))
+                buffered += len(payload)
+                if buffered >= _BATCH_BYTES:
+                    yield _batch(rows)
+                    rows, buffered = [], 0
+    if open_:  # classify said these were complete in this file: the file changed under us
+        raise RuntimeError(f"{path}: {len(open_)} waveforms expected complete are not, e.g. {next(iter(open_))}")
+    if rows:
+        yield _batch(rows)
+
+
+def _assemble_tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    for batch in batches:
+        for path, ids in zip(batch.column("path").to_pylist(), batch.column("ids").to_pylist()):
+            yield from assemble_file(path, set(ids))
+
+
+def assemble_local(spark: SparkSession, files: dict[int, str], candidates: DataFrame) -> DataFrame:
+    """Whole waveforms for candidates whose chunks are all in one partition's staged file, each
+    file streamed by one task: no shuffle of payloads (the common case with keyed producers)."""
+    paths = spark.createDataFrame(sorted(files.items()), "partition int, path string")
+    tasks = (candidates.groupBy("partition").agg(F.collect_list("waveform_id").alias("ids"))
+             .join(paths, "partition").select("path", "ids"))
+    return tasks.repartition(max(1, len(files))).mapInArrow(_assemble_tasks, OUTPUT_SCHEMA)
 
 
 def assemble(chunks: DataFrame, candidates: DataFrame) -> DataFrame:
-    """Whole waveforms for the candidate ids (one row each; payload null where the checksum fails)."""
+    """Whole waveforms for the candidate ids (one row each; payload null where the checksum fails),
+    grouped by a shuffle: for waveforms spread over partitions or with duplicate chunks."""
     wanted = chunks.join(candidates.select("waveform_id"), "waveform_id", "left_semi")
     return wanted.groupBy("waveform_id").applyInArrow(assemble_arrow, OUTPUT_SCHEMA)
 
@@ -201,19 +271,31 @@ def _delta_ids(spark: SparkSession, path: Path, version: int | None) -> DataFram
     return spark.read.format("delta").option("versionAsOf", version).load(str(path)).select("waveform_id")
 
 
-def _delta_version(spark: SparkSession, path: Path) -> int | None:
-    from delta.tables import DeltaTable
+def _delta_version(path: Path) -> int | None:
+    """The table's latest committed version, from its log's file names (None: no table yet).
 
-    if not DeltaTable.isDeltaTable(spark, str(path)):
+    Every Delta commit is the file ``_delta_log/<version>.json`` (zero-padded), written atomically;
+    reading the names costs a directory listing, where asking Delta costs a Spark job (and, the
+    first time in a JVM, several seconds of Delta's start-up).
+    """
+    log_dir = Path(path) / "_delta_log"
+    if not log_dir.is_dir():
         return None
-    return DeltaTable.forPath(spark, str(path)).history(1).select("version").first()[0]
+    versions = [int(f.name[:-5]) for f in log_dir.iterdir() if f.name.endswith(".json") and f.name[:-5].isdigit()]
+    return max(versions) if versions else None
 
 
-def _append_new(df: DataFrame, path: Path, keys: list[str], partition_by: list[str] | None = None) -> None:
-    """Append the rows of ``df`` whose ``keys`` are not in the table yet, in one atomic commit."""
+def _append_new(df: DataFrame, path: Path, keys: list[str], partition_by: list[str] | None = None,
+                checked_version: int | None = None) -> None:
+    """Append the rows of ``df`` whose ``keys`` are not in the table yet, in one atomic commit.
+
+    ``checked_version``: ``df`` already excludes the keys of that version of the table; they are
+    only compared again if the table has moved since (another writer), so the payload rows are not
+    joined against the table's keys in the common case.
+    """
     spark = df.sparkSession
-    version = _delta_version(spark, path)
-    if version is not None:
+    version = _delta_version(path)
+    if version is not None and version != checked_version:
         existing = spark.read.format("delta").load(str(path)).select(*keys)
         df = df.join(existing, keys, "left_anti")
     writer = df.write.format("delta").mode("append")
@@ -235,22 +317,35 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     timings: dict[str, float] = {}
     t = time.monotonic()
     chunks = spark.read.parquet(*map(str, chunk_files))
+    files = {r.partition: str(staging / "chunks" / f"{r.name}.parquet") for r in plan.ranges if r.size}
     meta = chunks.select(*META_COLUMNS)
     classified = classify(meta).persist()
     out_path = settings.output_table
-    v0 = _delta_version(spark, out_path)
+    v0 = _delta_version(out_path)
     before = _delta_ids(spark, out_path, v0)
-    new_candidates = classified.where(F.col("status") == CANDIDATE).join(before, "waveform_id", "left_anti")
-    if new_candidates.limit(1).count():  # else: no new rows, no empty commit
-        assembled = assemble(chunks, new_candidates)
+    new_candidates = classified.where(F.col("status") == CANDIDATE)
+    if v0 is not None:
+        new_candidates = new_candidates.join(before, "waveform_id", "left_anti")
+    # chunks all in one partition, each once: streamed per staged file; the rest: by a shuffle
+    simple = F.col("one_partition") & (F.col("records") == F.col("distinct_chunks"))
+    kinds = {r["simple"]: r["count"] for r in new_candidates.groupBy(simple.alias("simple")).count().collect()}
+    timings["classify_s"] = time.monotonic() - t
+    t = time.monotonic()
+    if kinds:  # else: no new rows, no empty commit
+        parts = []
+        if kinds.get(True):
+            parts.append(assemble_local(spark, files, new_candidates.where(simple)))
+        if kinds.get(False):
+            parts.append(assemble(chunks, new_candidates.where(~simple)))
+        assembled = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         verified = assembled.where("checksum_ok").drop("checksum_ok").withColumn("run_id", F.lit(plan.run_id))
-        _append_new(verified, out_path, ["waveform_id"], ["source", "date"])
-    timings["reassemble_write_s"] = time.monotonic() - t
+        _append_new(verified, out_path, ["waveform_id"], ["source", "date"], checked_version=v0)
+    timings["assemble_write_s"] = time.monotonic() - t
 
     t = time.monotonic()
-    v1 = _delta_version(spark, out_path)
+    v1 = _delta_version(out_path)
     after = _delta_ids(spark, out_path, v1) if v1 != v0 else before
-    q_version = _delta_version(spark, settings.quarantine_table)
+    q_version = _delta_version(settings.quarantine_table)
     q_before = (spark.read.format("delta").option("versionAsOf", q_version).load(str(settings.quarantine_table))
                 .select("waveform_id", "reason") if q_version is not None
                 else spark.createDataFrame([], "waveform_id string, reason string"))
@@ -334,13 +429,18 @@ def main(argv: list[str] | None = None) -> int:
     if plan is None:
         log.error("run %s has no plan under %s", args.run_id, settings.runs_dir)
         return 2
+    began = time.monotonic()
     spark = SparkSession.builder.appName(f"wavepipe-reassemble-{plan.run_id}").getOrCreate()
+    session_s = time.monotonic() - began
     try:
         began = time.monotonic()
         result = reassemble_run(spark, settings, plan)
         result["timings"]["spark_app_s"] = round(time.monotonic() - began, 3)
+        result["timings"]["session_start_s"] = round(session_s, 3)
     finally:
+        began = time.monotonic()
         spark.stop()
+    result["timings"]["session_stop_s"] = round(time.monotonic() - began, 3)
     store.save_step(plan.run_id, "reassemble", result)
     log.info("run %s reassembled: %s", plan.run_id, result["waveforms"])
     return 0

@@ -26,6 +26,11 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.ui.showConsoleProgress": "false",
         "spark.driver.memory": settings.spark_driver_memory,
         "spark.sql.parquet.compression.codec": "zstd",
+        # Output rows are large (whole waveforms): write up to 4 table partitions at once per task
+        # instead of sorting the rows by partition first, and keep Parquet's in-memory row groups
+        # small, which Spark's memory manager does not count (128 MiB each by default).
+        "spark.sql.maxConcurrentOutputFileWriters": "4",
+        "spark.hadoop.parquet.block.size": str(32 * 1024 * 1024),
         "spark.databricks.delta.snapshotPartitions": "2",
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
