@@ -121,12 +121,55 @@ def cmd_demo(args) -> int:
 
 
 def cmd_setup(args) -> int:
-    """Resolve everything that is not a Python package: the Kafka and Delta Lake jars."""
+    """Resolve everything that is not a Python package: the Kafka, Delta Lake and benchmark jars."""
     from wavepipe.jars import kafka_jars, spark_jars
 
     settings = _settings(args)
     print(f"Kafka jars: {kafka_jars(settings.jars_dir)}")
     print(f"Spark jars: {', '.join(p.name for p in spark_jars(settings.jars_dir))}")
+    from wavepipe.bench.systems import resolve_spark_kafka_jars
+
+    print(f"Benchmark jars (Spark's Kafka source): {resolve_spark_kafka_jars(settings)}")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from pathlib import Path
+
+    from wavepipe.bench.runner import BenchOptions, run_bench, save
+    from wavepipe.bench.systems import SYSTEMS
+
+    settings = _settings(args)
+    changes = {"parallelism": args.parallelism, "partitions": args.partitions, "scale": args.scale,
+               "keep": args.keep, "command": "wavepipe bench " + " ".join(sys.argv[2:]).strip()}
+    if args.large_mib is not None:
+        changes["large_bytes"] = args.large_mib * 2**20
+    if args.small_mib is not None:
+        changes["small_bytes"] = args.small_mib * 2**20
+    if args.systems:
+        changes["systems"] = tuple(args.systems.split(","))
+    if args.scale_systems:
+        changes["scale_systems"] = tuple(args.scale_systems.split(","))
+    unknown = set(changes.get("systems", ()) + changes.get("scale_systems", ())) - set(SYSTEMS)
+    if unknown:
+        print(f"wavepipe bench: unknown systems {sorted(unknown)}; known: {', '.join(SYSTEMS)}", file=sys.stderr)
+        return 2
+    changes = {k: v for k, v in changes.items() if v is not None}
+    options = BenchOptions.quick_options(**changes) if args.quick else BenchOptions(**changes)
+    options.out_dir = Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else options.out_dir)
+    results = run_bench(settings, options)
+    paths = save(results, options.out_dir)
+    failed = [m for m in results["measurements"] if m["error"]]
+    from wavepipe.bench.results import goals
+
+    print()
+    for name, met, numbers in goals(results):
+        print(f"  {'n/a ' if met is None else ('met ' if met else 'MISS')} {name}: {numbers}")
+    print(f"results: {', '.join(map(str, paths))}")
+    if failed:
+        print(f"{len(failed)} measurement(s) failed: " + "; ".join(f"{m['system']} {m['workload']} x{m['scale']}: "
+                                                                   f"{m['error']}" for m in failed), file=sys.stderr)
+        return 1
     return 0
 
 
@@ -177,6 +220,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("setup", help="resolve the Kafka and Delta Lake jars from Maven Central (idempotent)")
     st.set_defaults(func=cmd_setup)
+
+    b = sub.add_parser("bench", help="throughput and memory against the read ceiling and two alternatives")
+    b.add_argument("--quick", action="store_true", help="small sizes (a smoke test): 8 + 2 MiB, scaling x2 for wavepipe")
+    b.add_argument("--large-mib", type=int, help="backlog of the large workload, MiB (default 1024)")
+    b.add_argument("--small-mib", type=int, help="backlog of the small workload, MiB (default 1024)")
+    b.add_argument("--scale", type=int, help="the scaling pass's multiple of the backlog (default 4; 1 skips it)")
+    b.add_argument("--partitions", type=int, help="partitions of the benchmark topics (default 4)")
+    b.add_argument("--parallelism", type=int, help="readers at once, and Spark's local[N] (default 2)")
+    b.add_argument("--systems", help="comma-separated subset of: ceiling_kcat, ceiling_confluent, wavepipe, "
+                                     "python_consumer, spark_kafka_source")
+    b.add_argument("--scale-systems", help="systems that also run the scaling pass (default: all)")
+    b.add_argument("--out", help="results folder (default docs/benchmarks, or <home>/bench/quick with --quick)")
+    b.add_argument("--keep", action="store_true", help="keep the topics and outputs (they are deleted by default)")
+    b.set_defaults(func=cmd_bench)
 
     c = sub.add_parser("config", help="print the effective settings")
     c.set_defaults(func=cmd_config)

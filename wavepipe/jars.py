@@ -26,10 +26,13 @@ def require_tool(name: str, hint: str) -> str:
     return path
 
 
-def resolve_jars(pom_name: str, jars_dir: Path, *, include_group_ids: str | None = None) -> Path:
-    """Copy the dependencies of ``resources/<pom_name>`` into a cache folder and return it."""
-    pom = RESOURCES / pom_name
-    digest = hashlib.sha256(pom.read_bytes() + (include_group_ids or "").encode()).hexdigest()[:12]
+def resolve_jars(pom_name: str | Path, jars_dir: Path, *, include_group_ids: str | None = None,
+                 include_artifact_ids: str | None = None) -> Path:
+    """Copy the dependencies of ``pom_name`` (a file name in resources/, or a path) into a cache
+    folder and return it."""
+    pom = RESOURCES / pom_name if isinstance(pom_name, str) else pom_name
+    filters = (include_group_ids or "") + (f"|{include_artifact_ids}" if include_artifact_ids else "")
+    digest = hashlib.sha256(pom.read_bytes() + filters.encode()).hexdigest()[:12]
     target = jars_dir / f"{pom.stem}-{digest}"
     if (target / ".complete").exists():
         return target
@@ -39,6 +42,8 @@ def resolve_jars(pom_name: str, jars_dir: Path, *, include_group_ids: str | None
     cmd = [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={target}"]
     if include_group_ids:
         cmd.append(f"-DincludeGroupIds={include_group_ids}")
+    if include_artifact_ids:
+        cmd.append(f"-DincludeArtifactIds={include_artifact_ids}")
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
         raise SetupError(

@@ -212,3 +212,20 @@ def test_commit_is_refused_when_the_group_moved_or_the_run_lost_its_claim(settin
     RunStore(settings).release_group(settings.group, "moved")  # as `wavepipe abandon` does
     with pytest.raises(RuntimeError, match="no longer holds group"):
         pipeline.commit_step(settings, "moved")
+
+
+def test_one_run_assembles_streamed_and_shuffled_waveforms_together(settings, spark):
+    """Waveforms whose chunks sit in one partition take the shuffle-free path; one spread over two
+    partitions and one with a duplicated chunk take the shuffle; all land once and bit-exact."""
+    ensure_topic(settings)
+    local, local_sum = waveform_records("local", 4, seed=11)
+    spread, spread_sum = waveform_records("spread", 4, seed=12)
+    dup, dup_sum = waveform_records("dup", 3, seed=13)
+    produce_in_order(settings, [*local, spread[0], spread[1], dup[0], dup[0], dup[1], dup[2]], partition=0)
+    produce_in_order(settings, [spread[2], spread[3]], partition=1)
+    report = pipeline.run_once(settings)
+    assert report["balance_errors"] == [] and report["waveforms"] == {"output_new": 3}
+    rows = output_rows(spark, settings)
+    assert [(r[0], r[1]) for r in rows] == sorted([("dup", dup_sum), ("local", local_sum), ("spread", spread_sum)])
+    assert all(r[1] == r[2] for r in rows)
+    assert {int(p): part["safe_offset"] for p, part in report["partitions"].items()} == {0: 10, 1: 2}

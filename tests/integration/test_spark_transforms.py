@@ -65,3 +65,37 @@ def test_assemble_arrow_flags_a_corrupt_payload_without_spark():
     rows[1]["payload"] = bytes(len(rows[1]["payload"]))
     out = assemble_arrow(pa.Table.from_pylist(rows, schema=CHUNK_SCHEMA)).to_pylist()[0]
     assert out["checksum_ok"] is False and out["payload"] is None
+
+
+def test_assemble_file_streams_interleaved_waveforms_without_spark(tmp_path):
+    """The shuffle-free path: waveforms interleaved in one staged file, only the wanted ones."""
+    import pyarrow.parquet as pq
+
+    from wavepipe.spark_apps.reassemble import assemble_file
+
+    a, a_sum = waveform_records("a", 3, seed=1)
+    b, b_sum = waveform_records("b", 2, seed=2)
+    c, _ = waveform_records("c", 2, seed=3)
+    order = [a[0], b[0], c[0], a[1], b[1], c[1], a[2]]
+    rows = _rows(order, partition=1, first_offset=10)
+    rows[5]["payload"] = bytes(len(rows[5]["payload"]))  # c is corrupt but not wanted here
+    path = tmp_path / "staged.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=CHUNK_SCHEMA), path)
+    out = {r["waveform_id"]: r for batch in assemble_file(str(path), {"a", "b"}) for r in batch.to_pylist()}
+    assert set(out) == {"a", "b"}
+    assert out["a"]["payload"] == b"".join(v for _, _, v in a) and out["a"]["checksum"] == a_sum
+    assert out["b"]["payload"] == b"".join(v for _, _, v in b) and out["b"]["checksum"] == b_sum
+    assert (out["a"]["partition"], out["a"]["first_offset"], out["a"]["last_offset"], out["a"]["n_chunks"]) == (1, 10, 16, 3)
+    assert all(r["checksum_ok"] for r in out.values())
+
+
+def test_assemble_file_refuses_a_wanted_waveform_that_is_not_complete_in_the_file(tmp_path):
+    import pyarrow.parquet as pq
+
+    from wavepipe.spark_apps.reassemble import assemble_file
+
+    a, _ = waveform_records("a", 3, seed=1)
+    path = tmp_path / "staged.parquet"
+    pq.write_table(pa.Table.from_pylist(_rows(a[:2]), schema=CHUNK_SCHEMA), path)
+    with pytest.raises(RuntimeError, match="expected complete are not"):
+        list(assemble_file(str(path), {"a"}))

@@ -1,0 +1,190 @@
+"""Benchmark results as a markdown page and a chart; the goals are evaluated from the numbers."""
+
+from __future__ import annotations
+
+from wavepipe.bench.monitor import ROLES
+from wavepipe.bench.systems import LABELS
+
+CEILINGS = ("ceiling_kcat", "ceiling_confluent")
+MEMORY_GROWTH_LIMIT = 0.20
+DRIVER_ROLES = ("spark_jvm", "spark_python_driver")
+
+
+def _by(results: dict, **match) -> list[dict]:
+    return [m for m in results["measurements"] if all(m[k] == v for k, v in match.items())]
+
+
+def _one(results: dict, **match) -> dict | None:
+    found = [m for m in _by(results, **match) if not m["error"]]
+    return found[0] if found else None
+
+
+def _peak(m: dict | None, role: str) -> float | None:
+    if not m or role not in m["memory"]:
+        return None
+    return m["memory"][role]["max_process_rss_mb"]
+
+
+def goals(results: dict) -> list[tuple[str, bool | None, str]]:
+    """(goal, met?, the numbers) for each goal of the benchmark; None where it was not measured."""
+    out = []
+    scale = results["options"]["scale"]
+    large = _one(results, system="wavepipe", workload="large", scale=1)
+    out.append(("wavepipe end to end >= 50% of the ceiling (large)",
+                None if not large or large["of_ceiling"] is None else large["of_ceiling"] >= 0.5,
+                f"{large['of_ceiling']:.0%} of the ceiling" if large and large["of_ceiling"] else "not measured"))
+    for workload in ("large", "small"):
+        wp = _one(results, system="wavepipe", workload=workload, scale=1)
+        for alt, need in (("python_consumer", 1.0), ("spark_kafka_source", 1.5)):
+            other = _one(results, system=alt, workload=workload, scale=1)
+            if not wp or not other:
+                out.append((f"wavepipe >= {need}x {LABELS[alt]} ({workload})", None, "not measured"))
+                continue
+            speedup = other["wall_s"] / wp["wall_s"]
+            out.append((f"wavepipe {'ahead of' if need == 1.0 else f'>= {need}x'} {LABELS[alt]} ({workload})",
+                        speedup >= need if need > 1.0 else speedup > 1.0, f"{speedup:.2f}x"))
+    if scale > 1:
+        for workload in ("large", "small"):
+            one = _one(results, system="wavepipe", workload=workload, scale=1)
+            many = _one(results, system="wavepipe", workload=workload, scale=scale)
+            for role in ("consumer", *DRIVER_ROLES):
+                a, b = _peak(one, role), _peak(many, role)
+                name = f"wavepipe {ROLES[role].split(' (')[0]} peak RSS grows < 20% at {scale}x ({workload})"
+                if a is None or b is None:
+                    out.append((name, None, "not measured"))
+                else:
+                    growth = b / a - 1
+                    out.append((name, growth < MEMORY_GROWTH_LIMIT, f"{a:.0f} -> {b:.0f} MB ({growth:+.0%})"))
+    return out
+
+
+def _fmt(value, spec: str = ".1f", none: str = "-") -> str:
+    return none if value is None else format(value, spec)
+
+
+def markdown(results: dict, chart_name: str) -> str:
+    m = results["machine"]
+    o = results["options"]
+    lines = [
+        "# wavepipe benchmark",
+        "",
+        f"`{results['command']}` at wavepipe commit {m.get('wavepipe_commit') or '?'}, started "
+        f"{results['started_at']} UTC, {results['seconds']:.0f} s in all.",
+        "",
+        f"**Machine:** {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; {m['os']}; Python {m['python']}; "
+        f"Kafka {m['kafka']} (local KRaft broker); pyspark {m['pyspark']} (local[{o['parallelism']}]), "
+        f"delta-spark {m['delta_spark']}; confluent-kafka {m['confluent_kafka']} (librdkafka {m['librdkafka']})"
+        + (f"; {m['kcat']}" if m.get("kcat") else "; kcat not installed") + ".",
+        "",
+        f"All systems read the same offset ranges of one topic ({o['partitions']} partitions) right after it was "
+        "produced, so the broker serves them from the page cache for everyone. Readers that run per partition "
+        f"run {o['parallelism']} at a time. MB/s is payload megabytes (10^6) per second of wall time; "
+        "\"of ceiling\" is the ceiling's wall time over the system's. Every output is checked: each produced "
+        "waveform once, its sha256 as produced, a sample re-hashed.",
+        "",
+        f"![throughput]({chart_name})",
+        "",
+        "## Goals",
+        "",
+    ]
+    for name, met, numbers in goals(results):
+        mark = "not measured" if met is None else ("**met**" if met else "**missed**")
+        lines.append(f"- {name}: {mark} ({numbers})")
+    for workload in ("large", "small"):
+        for scale in sorted({1, o["scale"]}):
+            rows = _by(results, workload=workload, scale=scale)
+            if not rows:
+                continue
+            first = rows[0]
+            lines += ["", f"## {workload} x{scale}: {first['waveforms']} waveforms, {first['chunks']} chunks, "
+                          f"{first['payload_bytes'] / 2**20:.0f} MiB", "",
+                      "| system | wall s | MB/s | chunks/s | of ceiling | peak RSS MB: consumer | Spark JVM "
+                      "| Spark Python driver | Spark Python workers | broker | CPU s (all roles) |",
+                      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            for r in rows:
+                if r["error"]:
+                    lines.append(f"| {LABELS[r['system']]} | failed: {r['error'][:120]} |||||||||||")
+                    continue
+                mem = r["memory"]
+                cpu = sum(v["cpu_s"] for k, v in mem.items() if k not in ("broker", "harness"))
+                cpu += mem.get("harness", {}).get("cpu_s", 0) if r["system"] == "wavepipe" else 0
+                lines.append(
+                    f"| {LABELS[r['system']]} | {_fmt(r['wall_s'])} | {_fmt(r['mb_s'])} | {_fmt(r['chunks_s'], ',.0f')} "
+                    f"| {_fmt(r['of_ceiling'], '.0%')} | {_fmt(_peak(r, 'consumer'), '.0f')} "
+                    f"| {_fmt(_peak(r, 'spark_jvm'), '.0f')} | {_fmt(_peak(r, 'spark_python_driver'), '.0f')} "
+                    f"| {_fmt(mem.get('spark_python_workers', {}).get('peak_rss_mb'), '.0f')} "
+                    f"| {_fmt(_peak(r, 'broker'), '.0f')} | {cpu:.0f} |")
+    lines += ["", "## Where wavepipe's time goes", "",
+              "| workload | stage | seconds | share of wall |", "|---|---|---:|---:|"]
+    for r in _by(results, system="wavepipe"):
+        if r["error"]:
+            continue
+        for stage, seconds in r["stages"].items():
+            lines.append(f"| {r['workload']} x{r['scale']} | {stage} | {seconds:.1f} | {seconds / r['wall_s']:.0%} |")
+    lines += ["", "## Scaling: the same systems at {}x the backlog".format(o["scale"]), "",
+              "| system | workload | wall 1x s | wall {0}x s | time ratio (ideal {0}) | peak RSS 1x -> {0}x MB "
+              "(largest process) |".format(o["scale"]), "|---|---|---:|---:|---:|---|"]
+    for r in _by(results, scale=o["scale"]):
+        base = _one(results, system=r["system"], workload=r["workload"], scale=1)
+        if r["error"] or not base or o["scale"] == 1:
+            continue
+        biggest = max((k for k in r["memory"] if k not in ("broker", "harness")),
+                      key=lambda k: r["memory"][k]["max_process_rss_mb"], default=None)
+        mem = "-" if biggest is None else (f"{biggest}: {_peak(base, biggest) or 0:.0f} -> "
+                                           f"{_peak(r, biggest):.0f}")
+        lines.append(f"| {LABELS[r['system']]} | {r['workload']} | {base['wall_s']:.1f} | {r['wall_s']:.1f} "
+                     f"| {r['wall_s'] / base['wall_s']:.2f} | {mem} |")
+    lines += ["", "Roles: " + "; ".join(f"*{k}*: {v}" for k, v in ROLES.items()) + ". Peak RSS is each process's "
+              "kernel high-water mark (VmHWM); for Spark's Python workers it is the largest sum of the workers "
+              "alive at one sample.", ""]
+    if results.get("skipped"):
+        lines += [f"Not run: {', '.join(results['skipped'])} (kcat is not installed).", ""]
+    return "\n".join(lines)
+
+
+def chart(results: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    o = results["options"]
+    systems = [s for s in LABELS if _by(results, system=s)]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+    ax = axes[0]
+    width = 0.8 / max(1, len(systems))
+    for i, system in enumerate(systems):
+        values = []
+        for workload in ("large", "small"):
+            m = _one(results, system=system, workload=workload, scale=1)
+            values.append(m["mb_s"] if m else 0)
+        bars = ax.bar([x + i * width for x in range(2)], values, width, label=LABELS[system])
+        ax.bar_label(bars, fmt="%.0f", fontsize=7)
+    ax.set_xticks([x + width * (len(systems) - 1) / 2 for x in range(2)], ["large (1 MiB / 64 KiB)", "small (16 KiB / 4 KiB)"])
+    ax.set_ylabel("MB/s (payload, wall time)")
+    ax.set_title("Throughput on the same ranges (x1)")
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    if o["scale"] > 1:
+        labels, before, after = [], [], []
+        for workload in ("large", "small"):
+            one = _one(results, system="wavepipe", workload=workload, scale=1)
+            many = _one(results, system="wavepipe", workload=workload, scale=o["scale"])
+            for role in ("consumer", "spark_jvm", "spark_python_driver", "spark_python_workers"):
+                a, b = _peak(one, role), _peak(many, role)
+                if a is not None and b is not None:
+                    labels.append(f"{workload}\n{role.replace('spark_', '').replace('_', ' ')}")
+                    before.append(a)
+                    after.append(b)
+        xs = range(len(labels))
+        ax.bar([x - 0.2 for x in xs], before, 0.4, label="x1")
+        ax.bar([x + 0.2 for x in xs], after, 0.4, label=f"x{o['scale']}")
+        ax.set_xticks(list(xs), labels, fontsize=7)
+        ax.set_ylabel("peak RSS of the largest process, MB")
+        ax.set_title(f"wavepipe memory at x1 and x{o['scale']} the backlog")
+        ax.legend(fontsize=7)
+    m = results["machine"]
+    fig.suptitle(f"wavepipe bench, {results['started_at']} - {m['cpu']}, {m['cores']} cores", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

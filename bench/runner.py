@@ -1,0 +1,249 @@
+"""One benchmark invocation: backlog per workload, every system on the same ranges, results."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import random
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from wavepipe.bench.monitor import Monitor
+from wavepipe.bench.systems import LABELS, SYSTEMS, Ranges, resolve_spark_kafka_jars
+from wavepipe.bench.workloads import MiB, SignalPool, Workload, default_workloads, produce_backlog
+from wavepipe.config import PROJECT_ROOT, Settings
+
+log = logging.getLogger("wavepipe.bench")
+CEILINGS = ("ceiling_kcat", "ceiling_confluent")
+
+
+@dataclass
+class BenchOptions:
+    large_bytes: int = 1024 * MiB
+    small_bytes: int = 1024 * MiB
+    scale: int = 4
+    partitions: int = 4
+    parallelism: int = 2
+    systems: tuple[str, ...] = tuple(SYSTEMS)
+    scale_systems: tuple[str, ...] = tuple(SYSTEMS)
+    out_dir: Path = PROJECT_ROOT / "docs" / "benchmarks"
+    keep: bool = False
+    quick: bool = False
+    command: str = "wavepipe bench"
+
+    @classmethod
+    def quick_options(cls, **changes) -> "BenchOptions":
+        """Small sizes for a smoke test: every system once, the scaling pass for wavepipe only."""
+        return cls(**{"large_bytes": 8 * MiB, "small_bytes": 2 * MiB, "scale": 2,
+                      "scale_systems": ("ceiling_confluent", "wavepipe"), "quick": True, **changes})
+
+
+@dataclass
+class Measurement:
+    system: str
+    workload: str
+    scale: int
+    waveforms: int
+    chunks: int
+    payload_bytes: int
+    wall_s: float | None = None
+    mb_s: float | None = None
+    chunks_s: float | None = None
+    of_ceiling: float | None = None
+    stages: dict[str, float] = field(default_factory=dict)
+    memory: dict[str, dict] = field(default_factory=dict)
+    check: str = ""
+    error: str | None = None
+    info: dict = field(default_factory=dict)
+
+
+def run_bench(settings: Settings, options: BenchOptions) -> dict:
+    from wavepipe.consumers.kafka_admin import ensure_topic
+    from wavepipe.localkafka import LocalKafka
+
+    systems = [s for s in options.systems if s != "ceiling_kcat" or shutil.which("kcat")]
+    skipped = sorted(set(options.systems) - set(systems))
+    if skipped:
+        log.warning("skipping %s: kcat is not installed (apt-get install kcat)", ", ".join(skipped))
+    broker = LocalKafka.from_settings(settings)
+    log.info("%s", broker.up())
+    if "spark_kafka_source" in systems:
+        resolve_spark_kafka_jars(settings)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    work = settings.home / "bench" / stamp
+    pool = SignalPool()
+    measurements: list[Measurement] = []
+    began = time.monotonic()
+    for workload in default_workloads(options.large_bytes, options.small_bytes):
+        topic = f"bench-{workload.name}-{stamp}"
+        ensure_topic(settings, topic, options.partitions)
+        manifest: dict[str, str] = {}
+        produced = 0
+        try:
+            for scale in sorted({1, options.scale}):
+                target = workload.scaled(scale)
+                log.info("workload %s (x%d)", target.describe(), scale)
+                manifest.update(produce_backlog(settings, topic, workload, first_index=produced,
+                                                count=target.waveforms - produced, pool=pool))
+                produced = target.waveforms
+                ranges = _ranges(settings, topic, options.partitions)
+                wanted = systems if scale == 1 else [s for s in systems if s in options.scale_systems]
+                for system in wanted:
+                    m = _measure(settings, system, workload, target, scale, topic, ranges, manifest,
+                                 work / f"{workload.name}-x{scale}" / system, broker.pid(), options)
+                    measurements.append(m)
+                _ratios([m for m in measurements if m.workload == workload.name and m.scale == scale])
+        finally:
+            if not options.keep:
+                _delete_topic(settings, topic)
+    if not options.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return {
+        "wavepipe_bench": 1,
+        "started_at": stamp,
+        "seconds": round(time.monotonic() - began, 1),
+        "command": options.command,
+        "machine": machine_info(),
+        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()},
+        "skipped": skipped,
+        "measurements": [asdict(m) for m in measurements],
+    }
+
+
+def _measure(settings: Settings, system: str, workload: Workload, target: Workload, scale: int, topic: str,
+             ranges: Ranges, manifest: dict[str, str], workdir: Path, broker_pid: int | None,
+             options: BenchOptions) -> Measurement:
+    m = Measurement(system, workload.name, scale, target.waveforms, target.chunks, target.payload_bytes)
+    log.info("  %-34s x%d on %s ...", LABELS[system], scale, _describe_ranges(ranges))
+    try:
+        with Monitor(broker_pid) as monitor:
+            outcome = SYSTEMS[system](settings, topic, ranges, workdir, options.parallelism)
+        m.memory = monitor.stats()
+        m.wall_s = round(outcome.wall_s, 3)
+        m.mb_s = round(target.payload_bytes / 1e6 / outcome.wall_s, 3)
+        m.chunks_s = round(target.chunks / outcome.wall_s)
+        m.stages = {k: round(v, 3) for k, v in outcome.stages.items()}
+        m.info = outcome.info
+        m.check = _check(system, outcome, target, manifest)
+        log.info("  %-34s x%d: %.1fs, %.1f MB/s, %d chunks/s; %s", LABELS[system], scale, m.wall_s, m.mb_s,
+                 m.chunks_s, m.check)
+    except Exception as exc:  # noqa: BLE001 - one failed system does not stop the others
+        m.error = f"{type(exc).__name__}: {exc}"
+        log.error("  %s failed: %s", LABELS[system], m.error)
+    finally:
+        if not options.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return m
+
+
+def _check(system: str, outcome, target: Workload, manifest: dict[str, str]) -> str:
+    """The output holds every produced waveform once with its checksum (some bit-exact by sha256)."""
+    if system in CEILINGS:
+        got = outcome.info.get("bytes")
+        if got != target.payload_bytes:
+            raise AssertionError(f"read {got} bytes, the ranges hold {target.payload_bytes}")
+        return f"{got} bytes written"
+    import pyarrow.dataset as ds
+
+    # the files alone (no partition columns from the folder names): only id, checksum and payload are read
+    dataset = ds.dataset(str(outcome.output), format="parquet")
+    table = dataset.to_table(columns=["waveform_id", "checksum"])
+    ids = table["waveform_id"].to_pylist()
+    if len(ids) != len(set(ids)):
+        raise AssertionError(f"{len(ids) - len(set(ids))} waveforms appear more than once")
+    got = dict(zip(ids, table["checksum"].to_pylist()))
+    if got.keys() != manifest.keys():
+        missing, extra = len(manifest.keys() - got.keys()), len(got.keys() - manifest.keys())
+        raise AssertionError(f"output has {len(got)} waveforms, expected {len(manifest)} ({missing} missing, {extra} unknown)")
+    wrong = [w for w, c in got.items() if manifest[w] != c]
+    if wrong:
+        raise AssertionError(f"{len(wrong)} waveforms carry the wrong checksum, e.g. {wrong[0]}")
+    sample = random.Random(0).sample(sorted(got), min(8, len(got)))
+    rows = dataset.to_table(columns=["waveform_id", "payload"], filter=ds.field("waveform_id").isin(sample))
+    for wid, payload in zip(rows["waveform_id"].to_pylist(), rows["payload"].to_pylist()):
+        if "sha256:" + hashlib.sha256(payload).hexdigest() != manifest[wid]:
+            raise AssertionError(f"waveform {wid} is not bit-exact")
+    return f"{len(got)} waveforms once each, checksums match, {len(sample)} re-hashed bit-exact"
+
+
+def _ratios(group: list[Measurement]) -> None:
+    ceiling = min((m.wall_s for m in group if m.system in CEILINGS and m.wall_s), default=None)
+    for m in group:
+        if ceiling and m.wall_s:
+            m.of_ceiling = round(ceiling / m.wall_s, 3)
+
+
+def _ranges(settings: Settings, topic: str, partitions: int) -> Ranges:
+    from confluent_kafka.admin import OffsetSpec
+    from wavepipe.consumers.kafka_admin import list_offsets
+
+    low = list_offsets(settings, topic, range(partitions), OffsetSpec.earliest())
+    high = list_offsets(settings, topic, range(partitions), OffsetSpec.latest())
+    return {p: (low[p], high[p]) for p in range(partitions)}
+
+
+def _describe_ranges(ranges: Ranges) -> str:
+    return ", ".join(f"p{p}[{s},{e})" for p, (s, e) in sorted(ranges.items()))
+
+
+def _delete_topic(settings: Settings, topic: str) -> None:
+    from wavepipe.consumers.kafka_admin import admin_client
+
+    try:
+        admin = admin_client(settings)
+        admin.delete_topics([topic])[topic].result(timeout=30)
+    except Exception as exc:  # noqa: BLE001 - leftover topic is a disk cost, not a failure
+        log.warning("could not delete topic %s (%s); delete it by hand to free disk", topic, exc)
+
+
+def machine_info() -> dict:
+    from importlib.metadata import version
+
+    import confluent_kafka
+
+    cpu = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    mem_kb = 0
+    try:
+        mem_kb = int(next(line.split()[1] for line in open("/proc/meminfo") if line.startswith("MemTotal")))
+    except (OSError, StopIteration):
+        pass
+    kcat = shutil.which("kcat")
+    kafka_pom = (Path(__file__).resolve().parent.parent / "wavepipe" / "resources" / "kafka-pom.xml")
+    kafka_version = ""
+    if kafka_pom.exists():
+        found = re.search(r"<kafka.version>([^<]+)<", kafka_pom.read_text())
+        kafka_version = found.group(1) if found else ""
+    commit = subprocess.run(["git", "-C", str(PROJECT_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip() or None
+    return {
+        "wavepipe_commit": commit,
+        "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_kb / 1024 / 1024, 1),
+        "os": f"{platform.system()} {platform.release()}", "python": platform.python_version(),
+        "kafka": kafka_version, "pyspark": version("pyspark"), "delta_spark": version("delta-spark"),
+        "confluent_kafka": confluent_kafka.version()[0], "librdkafka": confluent_kafka.libversion()[0],
+        "kcat": (subprocess.run([kcat, "-V"], capture_output=True, text=True).stdout.splitlines() or [""])[0]
+        if kcat else None,
+    }
+
+
+def save(results: dict, out_dir: Path) -> list[Path]:
+    from wavepipe.bench.results import chart, markdown
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / "results.json", out_dir / "results.md", out_dir / "throughput.png"]
+    paths[0].write_text(json.dumps(results, indent=2) + "\n")
+    paths[1].write_text(markdown(results, chart_name=paths[2].name))
+    chart(results, paths[2])
+    return paths

@@ -1,0 +1,191 @@
+"""The systems under test. Each reads exactly the given offset ranges and returns its timings;
+the runner wraps each call in a ``Monitor`` and checks its output against the producer's manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from wavepipe.config import Settings
+
+log = logging.getLogger(__name__)
+HERE = Path(__file__).resolve().parent
+SPARK_KAFKA_ARTIFACTS = "spark-sql-kafka-0-10_2.13,spark-token-provider-kafka-0-10_2.13,kafka-clients,commons-pool2"
+
+Ranges = dict[int, tuple[int, int]]
+
+
+@dataclass
+class Outcome:
+    """What one system did: wall time, stage timings, and where its output is (if any)."""
+
+    wall_s: float
+    stages: dict[str, float] = field(default_factory=dict)
+    output: Path | None = None
+    info: dict = field(default_factory=dict)
+
+
+def _client(*args: str) -> list[str]:
+    return [sys.executable, "-m", "wavepipe.bench.clients", *args]
+
+
+def _run_parallel(commands: list[list[str]], parallelism: int, outputs: list[Path] | None = None) -> list[str]:
+    """Run commands, ``parallelism`` at a time; return each one's stdout, or write it to the
+    matching file of ``outputs`` (fsynced). Raise on the first failure, stopping the others."""
+    queue = list(zip(commands, outputs or [None] * len(commands)))
+    running, results = [], []
+    while queue or running:
+        while queue and len(running) < parallelism:
+            cmd, out = queue.pop(0)
+            sink = open(out, "wb") if out else None
+            running.append((cmd, sink, subprocess.Popen(cmd, stdout=sink or subprocess.PIPE)))
+        time.sleep(0.02)
+        for item in list(running):
+            cmd, sink, proc = item
+            if proc.poll() is None:
+                continue
+            running.remove(item)
+            if sink:
+                sink.flush()
+                os.fsync(sink.fileno())
+                sink.close()
+            if proc.returncode != 0:
+                for _, _, other in running:
+                    other.kill()
+                raise RuntimeError(f"{' '.join(cmd[:6])} ... failed with exit code {proc.returncode}")
+            results.append("" if sink else proc.stdout.read().decode())
+    return results
+
+
+def _json_lines(outputs: list[str]) -> list[dict]:
+    return [json.loads(out.strip().splitlines()[-1]) for out in outputs]
+
+
+def ceiling_confluent(settings: Settings, topic: str, ranges: Ranges, workdir: Path, parallelism: int) -> Outcome:
+    """A minimal confluent-kafka loop per partition, values appended to one file each."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    commands = [_client("ceiling", "--bootstrap", settings.bootstrap_servers, "--topic", topic,
+                        "--partition", str(p), "--start", str(s), "--end", str(e), "--out", str(workdir / f"p{p}.bin"))
+                for p, (s, e) in sorted(ranges.items()) if e > s]
+    results = _json_lines(_run_parallel(commands, parallelism))
+    wall = time.monotonic() - began
+    return Outcome(wall, info={"records": sum(r["records"] for r in results), "bytes": sum(r["bytes"] for r in results)})
+
+
+def ceiling_kcat(settings: Settings, topic: str, ranges: Ranges, workdir: Path, parallelism: int) -> Outcome:
+    """kcat (librdkafka's C client) per partition, values written raw to one file each."""
+    kcat = shutil.which("kcat") or shutil.which("kafkacat")
+    if kcat is None:
+        raise FileNotFoundError("kcat is not installed (apt-get install kcat)")
+    workdir.mkdir(parents=True, exist_ok=True)
+    todo = [(p, s, e) for p, (s, e) in sorted(ranges.items()) if e > s]
+    commands = [[kcat, "-C", "-q", "-b", settings.bootstrap_servers, "-t", topic, "-p", str(p), "-o", str(s),
+                 "-c", str(e - s), "-e", "-f", "%s", "-X", "fetch.max.bytes=67108864",
+                 "-X", "max.partition.fetch.bytes=16777216", "-X", "queued.max.messages.kbytes=131072"]
+                for p, s, e in todo]
+    began = time.monotonic()
+    _run_parallel(commands, parallelism, [workdir / f"p{p}.bin" for p, _, _ in todo])
+    wall = time.monotonic() - began
+    nbytes = sum(f.stat().st_size for f in workdir.glob("p*.bin"))
+    return Outcome(wall, info={"bytes": nbytes})
+
+
+def wavepipe_run(settings: Settings, topic: str, ranges: Ranges, workdir: Path, parallelism: int) -> Outcome:
+    """wavepipe end to end, the same steps the DAG's tasks call: plan, consume, reassemble, commit."""
+    from wavepipe.pipeline import commit_step, consume_all, partitions_to_read, plan_step, reassemble_step
+    from wavepipe.plan import new_run_id
+
+    group = f"bench-{uuid.uuid4().hex[:10]}"
+    s = settings.replace(home=workdir / "home", topic=topic, group=group, max_records_per_partition=0,
+                         max_bytes_per_partition=0, consume_parallelism=parallelism)
+    stages: dict[str, float] = {}
+    began = t = time.monotonic()
+    plan = plan_step(s, new_run_id(), topic=topic, group=group)
+    planned = {r.partition: (r.start, r.end) for r in plan.ranges}
+    if planned != {p: tuple(r) for p, r in ranges.items()}:
+        raise RuntimeError(f"wavepipe planned {planned}, the benchmark expected {ranges}: did something else "
+                           f"write to topic {topic}?")
+    stages["plan"], t = time.monotonic() - t, time.monotonic()
+    consume_all(s, plan.run_id, partitions_to_read(plan))
+    stages["consume"], t = time.monotonic() - t, time.monotonic()
+    result = reassemble_step(s, plan.run_id) or {}
+    stages["reassemble"], t = time.monotonic() - t, time.monotonic()
+    report = commit_step(s, plan.run_id)
+    stages["commit"] = time.monotonic() - t
+    wall = time.monotonic() - began
+    inner = result.get("timings", {})
+    if "spark_app_s" in inner:  # the rest of the spark-submit wall is the JVM and Python start and exit
+        known = sum(inner.get(k, 0.0) for k in ("spark_app_s", "session_start_s", "session_stop_s"))
+        stages["reassemble: JVM and Python start and exit"] = stages["reassemble"] - known
+        for key, label in (("session_start_s", "reassemble: Spark session start"),
+                           ("classify_s", "reassemble: classify (metadata only)"),
+                           ("assemble_write_s", "reassemble: assemble, verify, write Delta"),
+                           ("accounting_s", "reassemble: final status and accounting"),
+                           ("session_stop_s", "reassemble: Spark session stop")):
+            if key in inner:
+                stages[label] = inner[key]
+    return Outcome(wall, stages, s.output_table, info={"waveforms": report["waveforms"],
+                                                       "balance_errors": report["balance_errors"]})
+
+
+def python_consumer(settings: Settings, topic: str, ranges: Ranges, workdir: Path, parallelism: int) -> Outcome:
+    """The hand-written alternative: one Python process, reassembly in memory, Parquet out."""
+    out = workdir / "output"
+    out.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    [result] = _json_lines(_run_parallel([_client("pyconsumer", "--bootstrap", settings.bootstrap_servers, "--topic", topic,
+                                      "--ranges", json.dumps({str(p): list(r) for p, r in ranges.items()}),
+                                      "--out", str(out / "part-0.parquet"))], 1))
+    return Outcome(time.monotonic() - began, output=out, info=result)
+
+
+def spark_kafka_source(settings: Settings, topic: str, ranges: Ranges, workdir: Path, parallelism: int) -> Outcome:
+    """Spark's own Kafka batch source with a group-by reassembly, through spark-submit."""
+    from wavepipe import spark
+    from wavepipe.jars import spark_jars
+
+    kafka_jars = sorted(resolve_spark_kafka_jars(settings).glob("*.jar"))
+    jars = ",".join(str(j) for j in [*spark_jars(settings.jars_dir), *kafka_jars])
+    s = settings.replace(spark_conf={**settings.spark_conf, "spark.jars": jars})
+    workdir.mkdir(parents=True, exist_ok=True)
+    out, result_file = workdir / "output", workdir / "result.json"
+    began = time.monotonic()
+    spark.submit(s, HERE / "spark_kafka_app.py", "--bootstrap", settings.bootstrap_servers, "--topic", topic,
+                 "--ranges", json.dumps({str(p): list(r) for p, r in ranges.items()}), "--out", str(out),
+                 "--result", str(result_file))
+    wall = time.monotonic() - began
+    info = json.loads(result_file.read_text())
+    stages = {"spark-submit start and stop": wall - info["spark_app_s"], "read, reassemble, write": info["spark_app_s"]}
+    return Outcome(wall, stages, out, info)
+
+
+def resolve_spark_kafka_jars(settings: Settings) -> Path:
+    from wavepipe.jars import resolve_jars
+
+    return resolve_jars(HERE / "spark-kafka-pom.xml", settings.jars_dir, include_artifact_ids=SPARK_KAFKA_ARTIFACTS)
+
+
+SYSTEMS = {
+    "ceiling_kcat": ceiling_kcat,
+    "ceiling_confluent": ceiling_confluent,
+    "wavepipe": wavepipe_run,
+    "python_consumer": python_consumer,
+    "spark_kafka_source": spark_kafka_source,
+}
+LABELS = {
+    "ceiling_kcat": "ceiling: kcat",
+    "ceiling_confluent": "ceiling: confluent-kafka loop",
+    "wavepipe": "wavepipe (end to end)",
+    "python_consumer": "hand-written Python consumer",
+    "spark_kafka_source": "Spark Kafka source + group-by",
+}

@@ -1,0 +1,49 @@
+"""`wavepipe bench --quick` as a smoke test: every system runs on the real broker and Spark, every
+output is checked against what was produced, and the three result files agree. No timing is
+asserted: speed lives in the benchmark's own report (docs/benchmarks/)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from wavepipe.bench.results import goals
+from wavepipe.bench.runner import BenchOptions, run_bench, save
+
+pytestmark = pytest.mark.integration
+
+
+def test_quick_bench_runs_every_system_and_checks_every_output(settings, tmp_path):
+    options = BenchOptions.quick_options(large_bytes=4 * 2**20, small_bytes=1 * 2**20, out_dir=tmp_path / "out",
+                                         systems=("ceiling_confluent", "wavepipe", "python_consumer",
+                                                  "spark_kafka_source"))
+    results = run_bench(settings, options)
+    measured = {(m["system"], m["workload"], m["scale"]): m for m in results["measurements"]}
+    assert [m["error"] for m in measured.values() if m["error"]] == []
+    expected = {(s, w, 1) for s in options.systems for w in ("large", "small")}
+    expected |= {(s, w, 2) for s in options.scale_systems for w in ("large", "small")}
+    assert set(measured) == expected
+    for key, m in measured.items():
+        assert m["wall_s"] > 0 and m["mb_s"] > 0, key
+        if key[0] == "ceiling_confluent":
+            assert m["check"] == f"{m['payload_bytes']} bytes written"
+            assert m["of_ceiling"] == 1.0
+        else:
+            assert m["check"].startswith(f"{m['waveforms']} waveforms once each"), (key, m["check"])
+            assert 0 < m["of_ceiling"]
+    wavepipe = measured[("wavepipe", "large", 2)]
+    assert wavepipe["waveforms"] == 2 * measured[("wavepipe", "large", 1)]["waveforms"]
+    assert {"plan", "consume", "reassemble", "commit"} <= set(wavepipe["stages"])
+    assert wavepipe["memory"]["consumer"]["processes"] >= 1
+    assert wavepipe["memory"]["spark_jvm"]["max_process_rss_mb"] > 100
+    assert measured[("spark_kafka_source", "small", 1)]["memory"]["spark_jvm"]["max_process_rss_mb"] > 100
+
+    paths = save(results, options.out_dir)
+    assert [p.name for p in paths] == ["results.json", "results.md", "throughput.png"]
+    assert json.loads(paths[0].read_text())["measurements"] == results["measurements"]
+    page = paths[1].read_text()
+    assert f"| wavepipe (end to end) | {wavepipe['wall_s']:.1f} |" in page
+    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    verdicts = {name: met for name, met, _ in goals(results)}
+    assert None not in verdicts.values(), verdicts  # every goal had its numbers

@@ -1,0 +1,55 @@
+"""The benchmark's pure parts: which process is which, and how goals follow from numbers."""
+
+from __future__ import annotations
+
+from wavepipe.bench.monitor import role_of
+from wavepipe.bench.results import goals, markdown
+
+
+def test_processes_are_filed_under_their_role():
+    assert role_of(["/usr/lib/jvm/bin/java", "-cp", "x", "org.apache.spark.deploy.SparkSubmit", "app.py"]) == "spark_jvm"
+    assert role_of(["/venv/bin/python", "-m", "pyspark.daemon"]) == "spark_python_workers"
+    assert role_of(["/venv/bin/python3", "/repo/spark_apps/reassemble.py", "--run-id", "r"]) == "spark_python_driver"
+    assert role_of(["/venv/bin/python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()"]) == "consumer"
+    assert role_of(["/venv/bin/python", "-c", "from multiprocessing.resource_tracker import main;main(5)"]) is None
+    assert role_of(["/usr/bin/kcat", "-C"]) == "consumer"
+    assert role_of(["/bin/bash", "spark-submit"]) is None
+
+
+def _m(system, workload, scale, wall, consumer=None, jvm=None, of_ceiling=None):
+    memory = {}
+    if consumer:
+        memory["consumer"] = {"peak_rss_mb": consumer, "max_process_rss_mb": consumer, "cpu_s": 1.0, "processes": 2}
+    if jvm:
+        memory["spark_jvm"] = {"peak_rss_mb": jvm, "max_process_rss_mb": jvm, "cpu_s": 1.0, "processes": 1}
+    return {"system": system, "workload": workload, "scale": scale, "waveforms": 10, "chunks": 160,
+            "payload_bytes": 10 * 2**20, "wall_s": wall, "mb_s": 10.0, "chunks_s": 100, "of_ceiling": of_ceiling,
+            "stages": {"consume": wall / 2}, "memory": memory, "check": "ok", "error": None, "info": {}}
+
+
+def _results(measurements):
+    machine = {"cpu": "cpu", "cores": 2, "memory_gib": 24, "os": "Linux", "python": "3.11", "kafka": "4.2.0",
+               "pyspark": "4.2.0", "delta_spark": "4.4.0", "confluent_kafka": "2", "librdkafka": "2", "kcat": None}
+    return {"command": "wavepipe bench", "started_at": "t", "seconds": 1.0, "machine": machine,
+            "options": {"scale": 4, "partitions": 4, "parallelism": 2}, "skipped": [], "measurements": measurements}
+
+
+def test_goals_follow_from_the_numbers():
+    results = _results([
+        _m("ceiling_confluent", "large", 1, 2.0, of_ceiling=1.0),
+        _m("wavepipe", "large", 1, 5.0, consumer=100, jvm=1000, of_ceiling=0.4),
+        _m("python_consumer", "large", 1, 10.0),
+        _m("spark_kafka_source", "large", 1, 6.0),
+        _m("wavepipe", "large", 4, 18.0, consumer=110, jvm=1300),
+    ])
+    verdicts = {name: (met, numbers) for name, met, numbers in goals(results)}
+    assert verdicts["wavepipe end to end >= 50% of the ceiling (large)"] == (False, "40% of the ceiling")
+    assert verdicts["wavepipe ahead of hand-written Python consumer (large)"] == (True, "2.00x")
+    assert verdicts["wavepipe >= 1.5x Spark Kafka source + group-by (large)"] == (False, "1.20x")
+    growth = {k: v for k, v in verdicts.items() if "grows" in k and "(large)" in k}
+    assert growth["wavepipe Kafka reader / consumer processes peak RSS grows < 20% at 4x (large)"] == (True, "100 -> 110 MB (+10%)")
+    assert growth["wavepipe Spark JVM peak RSS grows < 20% at 4x (large)"] == (False, "1000 -> 1300 MB (+30%)")
+    assert all(met is None for name, (met, _) in verdicts.items() if "(small)" in name)  # nothing measured there
+    page = markdown(results, "chart.png")
+    assert "- wavepipe Spark JVM peak RSS grows < 20% at 4x (large): **missed** (1000 -> 1300 MB (+30%))" in page
+    assert "| wavepipe (end to end) | large | 5.0 | 18.0 | 3.60 | spark_jvm: 1000 -> 1300 |" in page
