@@ -170,7 +170,8 @@ def assemble_file(path: str, wanted: set[str]) -> Iterator[pa.RecordBatch]:
     open_: dict[str, dict] = {}
     rows: list[dict] = []
     buffered = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
+    staged = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering would read the whole file ahead
+    for batch in _row_group_batches(staged):
         ids = batch.column("waveform_id").to_pylist()
         if not wanted.intersection(ids):
             continue
@@ -199,6 +200,12 @@ def assemble_file(path: str, wanted: set[str]) -> Iterator[pa.RecordBatch]:
         raise RuntimeError(f"{path}: {len(open_)} waveforms expected complete are not, e.g. {next(iter(open_))}")
     if rows:
         yield _batch(rows)
+
+
+def _row_group_batches(staged: pq.ParquetFile, rows: int = 256) -> Iterator[pa.RecordBatch]:
+    """One row group in memory at a time (the reader wrote them ``staging_flush_bytes`` big)."""
+    for index in range(staged.num_row_groups):
+        yield from staged.read_row_group(index).to_batches(max_chunksize=rows)
 
 
 def _assemble_tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -141,7 +141,7 @@ def cmd_bench(args) -> int:
 
     settings = _settings(args)
     changes = {"parallelism": args.parallelism, "partitions": args.partitions, "scale": args.scale,
-               "keep": args.keep, "command": "wavepipe bench " + " ".join(sys.argv[2:]).strip()}
+               "keep": args.keep, "command": " ".join(["wavepipe", "bench", *sys.argv[2:]])}
     if args.large_mib is not None:
         changes["large_bytes"] = args.large_mib * 2**20
     if args.small_mib is not None:

@@ -36,6 +36,9 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.hadoop.parquet.block.size.row.check.min": "1",
         "spark.hadoop.parquet.page.size.row.check.min": "1",
         "spark.databricks.delta.snapshotPartitions": "2",
+        # Arrow's default allocator (mimalloc) keeps freed memory: a Python worker streaming 1 GiB
+        # peaked at 699 MB with it and 445 MB with the system allocator.
+        "spark.executorEnv.ARROW_DEFAULT_MEMORY_POOL": "system",
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={RESOURCES / 'spark-log4j2.properties'}",
@@ -70,7 +73,7 @@ def _local_env(settings: Settings) -> dict[str, str]:
 def submit(settings: Settings, app: Path, *args: str) -> None:
     """Run a Spark app through spark-submit, streaming its output; raise if it fails."""
     env = {**os.environ, **settings_env(settings), **_local_env(settings), "PYSPARK_PYTHON": sys.executable,
-           "PYSPARK_DRIVER_PYTHON": sys.executable}
+           "PYSPARK_DRIVER_PYTHON": sys.executable, "ARROW_DEFAULT_MEMORY_POOL": "system"}
     cmd = spark_submit_command(settings, app, *args)
     proc = subprocess.run(cmd, env=env)
     if proc.returncode != 0:
