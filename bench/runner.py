@@ -20,6 +20,7 @@ from wavepipe.bench.monitor import Monitor
 from wavepipe.bench.systems import LABELS, SYSTEMS, Ranges, resolve_spark_kafka_jars
 from wavepipe.bench.workloads import MiB, SignalPool, Workload, default_workloads, produce_backlog
 from wavepipe.config import PROJECT_ROOT, Settings
+from wavepipe.jars import RESOURCES
 
 log = logging.getLogger("wavepipe.bench")
 CEILINGS = ("ceiling_kcat", "ceiling_confluent")
@@ -153,7 +154,8 @@ def _check(system: str, outcome, target: Workload, manifest: dict[str, str]) -> 
         return f"{got} bytes written"
     import pyarrow.dataset as ds
 
-    # the files alone (no partition columns from the folder names): only id, checksum and payload are read
+    # The Parquet files alone (no partition columns from folder names; only id, checksum and a few
+    # payloads are read). For wavepipe's Delta table that is its content: a fresh table, appends only.
     dataset = ds.dataset(str(outcome.output), format="parquet")
     table = dataset.to_table(columns=["waveform_id", "checksum"])
     ids = table["waveform_id"].to_pylist()
@@ -220,7 +222,7 @@ def machine_info() -> dict:
     except (OSError, StopIteration):
         pass
     kcat = shutil.which("kcat")
-    kafka_pom = (Path(__file__).resolve().parent.parent / "wavepipe" / "resources" / "kafka-pom.xml")
+    kafka_pom = RESOURCES / "kafka-pom.xml"
     kafka_version = ""
     if kafka_pom.exists():
         found = re.search(r"<kafka.version>([^<]+)<", kafka_pom.read_text())

@@ -331,8 +331,8 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     v0 = _delta_version(out_path)
     before = _delta_ids(spark, out_path, v0)
     new_candidates = classified.where(F.col("status") == CANDIDATE)
-    if v0 is not None:
-        new_candidates = new_candidates.join(before, "waveform_id", "left_anti")
+    if v0 is not None:  # kept: counted below, then assembled (the table's ids are read once)
+        new_candidates = new_candidates.join(before, "waveform_id", "left_anti").persist()
     # chunks all in one partition, each once: streamed per staged file; the rest: by a shuffle
     simple = F.col("one_partition") & (F.col("records") == F.col("distinct_chunks"))
     kinds = {r["simple"]: r["count"] for r in new_candidates.groupBy(simple.alias("simple")).count().collect()}
@@ -382,6 +382,7 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     rows = accounting(meta, status).collect()
     timings["accounting_s"] = time.monotonic() - t
     classified.unpersist()
+    new_candidates.unpersist()
     status.unpersist()
     return summarize(plan, rows, waveforms, dead_counts, timings, output_version=v1)
 

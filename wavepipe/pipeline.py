@@ -61,8 +61,9 @@ def consume_all(settings: Settings, run_id: str, partitions: list[int]) -> list[
     """The consume step of each partition, ``settings.consume_parallelism`` processes at a time.
 
     Each partition is read in a process of its own (the reader is CPU-bound in Python), started
-    with ``spawn`` so no Kafka client threads of this process are forked. One failed partition
-    fails the call after the others finish; their staged files stay valid for the retry.
+    with ``spawn`` so no Kafka client threads of this process are forked (so, as with any
+    ``spawn``, a script calling this needs an ``if __name__ == "__main__":`` guard). One failed
+    partition fails the call after the others finish; their staged files stay valid for the retry.
     """
     workers = max(1, min(settings.consume_parallelism, len(partitions)))
     if workers == 1:
