@@ -1,60 +1,124 @@
 """Committing a run's safe offsets to the consumer group, with the run id in the metadata.
 
-Compare-and-set per partition: the group must still be where the plan started (or already at
-the safe offset, when a retry repeats a commit that went through). Anything else means someone
-moved the group during the run (a rewind, another consumer), and the commit is refused.
+Compare-and-set per partition: the group must still be where it was when the run was planned
+(or already at the safe offset, when a retry repeats a commit that went through). Anything else
+means someone moved the group during the run (a rewind, another consumer), and the commit is
+refused.
+
+With a dead-letter topic configured, the run's dead letters are produced and the offsets are
+committed in one Kafka transaction (``send_offsets_to_transaction``): both happen or neither,
+and a retry after a commit that went through publishes nothing twice.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from typing import Iterable
 
-from confluent_kafka import TopicPartition
+from confluent_kafka import Producer, TopicPartition
 
 from wavepipe.config import Settings
-from wavepipe.consumers.kafka_admin import committed_offsets, group_consumer
+from wavepipe.consumers.kafka_admin import committed_positions, group_consumer
 from wavepipe.plan import RunPlan
 
 log = logging.getLogger(__name__)
+TIMEOUT_S = 60.0
 
 
 class OffsetsMovedError(RuntimeError):
     pass
 
 
-def commit_safe_offsets(settings: Settings, plan: RunPlan, safe: dict[int, int]) -> dict[int, dict]:
-    """Commit ``safe[partition]`` for every planned partition; return before/after per partition."""
+def commit_metadata(plan: RunPlan, partition: int) -> str:
+    return json.dumps({"run_id": plan.run_id, "planned_end": plan.range_for(partition).end}, separators=(",", ":"))
+
+
+def commit_safe_offsets(settings: Settings, plan: RunPlan, safe: dict[int, int],
+                        dead_letters: Iterable[dict] = ()) -> dict[int, dict]:
+    """Commit ``safe[partition]`` for every planned partition; return before/after per partition.
+
+    ``dead_letters`` (staged dead-letter rows) are published to ``settings.dead_letter_topic`` in
+    the same transaction when that topic is set.
+    """
     partitions = [r.partition for r in plan.ranges]
-    current = committed_offsets(settings, plan.group, plan.topic, partitions)
+    current = committed_positions(settings, plan.group, plan.topic, partitions)
+    before = {p: offset for p, (offset, _) in current.items()}
+    if all(current[p] == (safe[p], commit_metadata(plan, p)) for p in partitions):
+        log.info("run %s: its offsets are already committed (a retry); nothing to do", plan.run_id)
+        return {p: {"before": plan.expected_committed(p), "after": safe[p]} for p in partitions}
     moved = []
     for r in plan.ranges:
-        now = current[r.partition]
-        if now is not None and now not in (r.start, safe[r.partition]):
-            moved.append(f"{r.topic}[{r.partition}] is at {now}, plan started at {r.start}")
+        now, expected = before[r.partition], plan.expected_committed(r.partition)
+        if now != expected and now != safe[r.partition]:
+            was = "no committed offset" if expected is None else expected
+            moved.append(f"{r.topic}[{r.partition}] is at {now}, but was at {was} when the run was planned")
     if moved:
         raise OffsetsMovedError(
             f"group {plan.group!r} moved during run {plan.run_id}: {'; '.join(moved)}. Nothing was committed; "
             "the group is released and the output is idempotent, so start a new run to continue from the group's offsets."
         )
-    to_commit = [
-        TopicPartition(plan.topic, r.partition, safe[r.partition],
-                       metadata=json.dumps({"run_id": plan.run_id, "planned_end": r.end}, separators=(",", ":")))
-        for r in plan.ranges
+    to_commit = [TopicPartition(plan.topic, p, safe[p], metadata=commit_metadata(plan, p)) for p in partitions]
+    if settings.dead_letter_topic:
+        published = _commit_in_transaction(settings, plan, to_commit, dead_letters)
+        log.info("run %s: %d dead letters published to %s with the offsets", plan.run_id, published,
+                 settings.dead_letter_topic)
+    else:
+        consumer = group_consumer(settings, plan.group)
+        try:
+            result = consumer.commit(offsets=to_commit, asynchronous=False)
+        finally:
+            consumer.close()
+        failed = [f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in result or [] if tp.error is not None]
+        if failed:
+            raise OffsetsMovedError(f"commit of run {plan.run_id} failed for {', '.join(failed)}")
+    after = {p: offset for p, (offset, _) in committed_positions(settings, plan.group, plan.topic, partitions).items()}
+    for p in partitions:
+        if after[p] != safe[p]:
+            raise OffsetsMovedError(f"{plan.topic}[{p}]: committed {after[p]} but wanted {safe[p]}")
+    log.info("run %s committed %s", plan.run_id, after)
+    return {p: {"before": before[p], "after": after[p]} for p in partitions}
+
+
+def dead_letter_record(row: dict) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
+    """(key, value, headers) of a dead letter on the topic: the original record, plus where it
+    came from and why it was dead-lettered."""
+    headers = [(h["key"], h["value"]) for h in row["headers"] or ()]
+    headers += [
+        ("wp-dlq-reason", row["reason"].encode()),
+        ("wp-dlq-detail", row["detail"].encode()),
+        ("wp-dlq-origin", f"{row['topic']}/{row['partition']}/{row['offset']}".encode()),
+        ("wp-dlq-timestamp-ms", str(row["timestamp_ms"]).encode()),
     ]
+    return row["key"], row["value"], headers
+
+
+def _commit_in_transaction(settings: Settings, plan: RunPlan, offsets: list[TopicPartition],
+                           dead_letters: Iterable[dict]) -> int:
+    errors: list[str] = []
+
+    def delivered(err, msg) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    # One transactional id per group: a second committer of the same group fences the first.
+    producer = Producer(settings.kafka_config(**{"transactional.id": f"wavepipe-commit-{plan.group}"}))
     consumer = group_consumer(settings, plan.group)
     try:
-        result = consumer.commit(offsets=to_commit, asynchronous=False)
+        producer.init_transactions(TIMEOUT_S)
+        producer.begin_transaction()
+        count = 0
+        for row in dead_letters:
+            key, value, headers = dead_letter_record(row)
+            producer.produce(settings.dead_letter_topic, value=value, key=key, headers=headers, on_delivery=delivered)
+            producer.poll(0)
+            count += 1
+        producer.flush(TIMEOUT_S)
+        if errors:
+            producer.abort_transaction(TIMEOUT_S)
+            raise OffsetsMovedError(f"run {plan.run_id}: dead letters not delivered ({errors[0]}); nothing committed")
+        producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), TIMEOUT_S)
+        producer.commit_transaction(TIMEOUT_S)
+        return count
     finally:
         consumer.close()
-    failed = [f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in result or [] if tp.error is not None]
-    if failed:
-        raise OffsetsMovedError(f"commit of run {plan.run_id} failed for {', '.join(failed)}")
-    after = committed_offsets(settings, plan.group, plan.topic, partitions)
-    for r in plan.ranges:
-        if after[r.partition] != safe[r.partition]:
-            raise OffsetsMovedError(
-                f"{r.topic}[{r.partition}]: committed {after[r.partition]} but wanted {safe[r.partition]}"
-            )
-    log.info("run %s committed %s", plan.run_id, {p: after[p] for p in partitions})
-    return {r.partition: {"before": current[r.partition], "after": after[r.partition]} for r in plan.ranges}

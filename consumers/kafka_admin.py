@@ -90,19 +90,25 @@ def list_offsets(settings: Settings, topic: str, partitions: Iterable[int], spec
 
 def committed_offsets(settings: Settings, group: str, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:
     """The group's committed offset per partition (None where it has none)."""
+    return {p: offset for p, (offset, _) in committed_positions(settings, group, topic, partitions).items()}
+
+
+def committed_positions(settings: Settings, group: str, topic: str,
+                        partitions: Iterable[int]) -> dict[int, tuple[int | None, str | None]]:
+    """The group's committed offset and its metadata string per partition (None where none)."""
     partitions = list(partitions)
 
-    def fetch() -> dict[int, int | None]:
+    def fetch() -> dict[int, tuple[int | None, str | None]]:
         consumer = group_consumer(settings, group)
         try:
             result = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=TIMEOUT_S)
         finally:
             consumer.close()
-        out: dict[int, int | None] = {}
+        out: dict[int, tuple[int | None, str | None]] = {}
         for tp in result:
             if tp.error is not None:
                 raise KafkaException(tp.error)
-            out[tp.partition] = tp.offset if tp.offset >= 0 else None
+            out[tp.partition] = (tp.offset if tp.offset >= 0 else None, tp.metadata or None)
         return out
 
     return retrying(fetch, f"committed offsets of group {group!r}")

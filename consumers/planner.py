@@ -28,12 +28,17 @@ def record_cap(settings: Settings, max_records: int | None, max_bytes: int | Non
 
 
 def plan_run(settings: Settings, run_id: str, *, topic: str | None = None, group: str | None = None,
-             max_records: int | None = None, max_bytes: int | None = None) -> RunPlan:
+             max_records: int | None = None, max_bytes: int | None = None,
+             skip_lost_offsets: bool = False) -> RunPlan:
     """The frozen plan of ``run_id``: loaded if it exists, else planned now and stored first.
 
     Per partition, ``start`` is the group's committed offset (the earliest retained offset when it
     has none) and ``end`` is the last stable offset now (what a read_committed reader can reach),
     capped per partition. Claims the group, so a second run of the group is refused meanwhile.
+
+    A committed offset the topic no longer retains raises ``RetentionGapError`` naming the lost
+    range, unless ``skip_lost_offsets``: then the range starts at the earliest retained offset and
+    the plan (and so the report) records what was skipped.
     """
     store = RunStore(settings)
     existing = store.load_plan(run_id)
@@ -55,16 +60,13 @@ def plan_run(settings: Settings, run_id: str, *, topic: str | None = None, group
         committed = committed_offsets(settings, group, topic, partitions)
         earliest = list_offsets(settings, topic, partitions, OffsetSpec.earliest())
         stable = list_offsets(settings, topic, partitions, OffsetSpec.latest())
-        ranges = []
+        ranges, lost, gaps = [], {}, []
         for p in partitions:
             start = committed[p] if committed[p] is not None else earliest[p]
             if start < earliest[p]:
-                raise RetentionGapError(
-                    f"group {group!r} is at offset {start} of {topic}[{p}], but the topic only retains "
-                    f"offsets from {earliest[p]}: offsets [{start}, {earliest[p]}) were deleted before "
-                    f"they were read. Reset the group past the gap (wavepipe rewind / kafka-consumer-groups "
-                    f"--reset-offsets) once you accept the loss."
-                )
+                gaps.append(f"{topic}[{p}] [{start}, {earliest[p]})")
+                lost[p] = [start, earliest[p]]
+                start = earliest[p]
             end = max(start, stable[p])
             if cap:
                 # The cap bounds the records new to this run. When the last run ended with the
@@ -73,9 +75,18 @@ def plan_run(settings: Settings, run_id: str, *, topic: str | None = None, group
                 seen_end = previous.get(p, [None, None])[1] if previous.get(p, [None])[0] == start else None
                 end = min(end, max(start, seen_end or start) + cap)
             ranges.append(OffsetRange(topic, p, start, end))
+        if gaps and not skip_lost_offsets:
+            raise RetentionGapError(
+                f"group {group!r} is behind what {topic} still retains: offsets {', '.join(gaps)} were "
+                f"deleted before they were read. Nothing was read. To accept the loss and go on from the "
+                f"earliest retained offsets, run with --skip-lost-offsets (DAG param skip_lost_offsets); "
+                f"the run's report records the skipped ranges."
+            )
+        if gaps:
+            log.warning("run %s: skipping offsets the topic no longer retains: %s", run_id, ", ".join(gaps))
         plan = RunPlan(
             run_id=run_id, topic=topic, group=group, created_at=utc_now(), ranges=tuple(ranges),
-            previous=previous, caps={"records_per_partition": cap},
+            previous=previous, caps={"records_per_partition": cap}, committed=committed, lost=lost,
         )
         store.save_plan(plan)
     except BaseException:

@@ -19,6 +19,7 @@ from wavepipe.consumers.kafka_admin import group_consumer
 from wavepipe.consumers.staging import (
     CHUNK_SCHEMA, DEAD_LETTER_SCHEMA, StagedFile, chunk_row, dead_letter_row,
 )
+from wavepipe.faults import failpoint
 from wavepipe.plan import OffsetRange, RunStore
 from wavepipe.protocol import ProtocolError, parse_chunk
 
@@ -42,6 +43,8 @@ class ReadStats:
     payload_bytes: int = 0
     first_offset: int | None = None
     last_offset: int | None = None
+    #: Newest record timestamp read (ms): how far the partition's record time has moved.
+    max_timestamp_ms: int | None = None
     seconds: float = 0.0
 
     @property
@@ -162,6 +165,8 @@ def _stage(msg, rng: OffsetRange, stats: ReadStats, chunks: StagedFile, dead: St
     stats.records += 1
     stats.first_offset = offset if stats.first_offset is None else stats.first_offset
     stats.last_offset = offset
+    if timestamp_ms >= 0:
+        stats.max_timestamp_ms = max(timestamp_ms, stats.max_timestamp_ms or timestamp_ms)
     try:
         chunk = parse_chunk(headers, value)
     except Exception as exc:  # noqa: BLE001 - one bad record never stops the range
@@ -169,7 +174,9 @@ def _stage(msg, rng: OffsetRange, stats: ReadStats, chunks: StagedFile, dead: St
         dead.add(dead_letter_row(rng.topic, rng.partition, offset, timestamp_ms, msg.key(), headers,
                                  value, reason, detail), len(value or b""))
         stats.dead_letters += 1
+        failpoint("consume.record")
         return
     chunks.add(chunk_row(rng.topic, rng.partition, offset, timestamp_ms, chunk), len(chunk.payload))
     stats.chunks += 1
     stats.payload_bytes += len(chunk.payload)
+    failpoint("consume.record")

@@ -40,6 +40,7 @@ DEAD_LETTER_SCHEMA = pa.schema([
     ("offset", pa.int64()),
     ("timestamp_ms", pa.int64()),
     ("key", pa.binary()),
+    ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
     ("headers_json", pa.string()),
     ("value", pa.binary()),
     ("reason", pa.string()),
@@ -63,7 +64,8 @@ def dead_letter_row(topic: str, partition: int, offset: int, timestamp_ms: int, 
     printable = [[k, v.decode("utf-8", "backslashreplace") if v is not None else None] for k, v in headers or ()]
     return {
         "topic": topic, "partition": partition, "offset": offset, "timestamp_ms": timestamp_ms,
-        "key": key, "headers_json": json.dumps(printable), "value": value, "reason": reason, "detail": detail,
+        "key": key, "headers": [{"key": k, "value": v} for k, v in headers or ()],
+        "headers_json": json.dumps(printable), "value": value, "reason": reason, "detail": detail,
     }
 
 

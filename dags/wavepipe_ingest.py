@@ -22,6 +22,7 @@ with DAG(
         "group": Param(None, type=["null", "string"], description="Consumer group whose offsets are the progress (default: config `group`)"),
         "max_records": Param(None, type=["null", "integer"], minimum=1, description="Cap: records per partition in this run"),
         "max_bytes": Param(None, type=["null", "integer"], minimum=1, description="Cap: payload bytes per partition in this run"),
+        "skip_lost_offsets": Param(False, type="boolean", description="If the group is behind what the topic still retains, go on from the earliest retained offsets and record the lost range in the report (default: fail and name it)"),
     },
     tags=["wavepipe"],
 ) as dag:
@@ -31,6 +32,7 @@ with DAG(
         group="{{ params.group or '' }}",
         max_records="{{ params.max_records or '' }}",
         max_bytes="{{ params.max_bytes or '' }}",
+        skip_lost_offsets="{{ params.skip_lost_offsets }}",
     )
     consume = ConsumeOperator.partial(task_id="consume").expand(partition=plan.output)
     reassemble = ReassembleOperator(task_id="reassemble", trigger_rule=TriggerRule.NONE_FAILED)

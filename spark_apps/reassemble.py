@@ -28,6 +28,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from wavepipe.config import load_settings
+from wavepipe.faults import failpoint
 from wavepipe.plan import RunPlan, RunStore, utc_now
 from wavepipe.protocol import checksum
 from wavepipe.report import empty_partition
@@ -60,19 +61,28 @@ OUTPUT_SCHEMA = T.StructType([
     T.StructField("checksum_ok", T.BooleanType(), False),
 ])
 META_COLUMNS = [
-    "topic", "partition", "offset", "waveform_id", "seq", "chunk_count", "total_size", "checksum",
+    "topic", "partition", "offset", "timestamp_ms", "waveform_id", "seq", "chunk_count", "total_size", "checksum",
     "dtype", "channels", "sample_rate", "start_ns", "source", "chunk_len",
 ]
 
 
 # --- pure transformations ------------------------------------------------------------------------
 
-def classify(meta: DataFrame) -> DataFrame:
+def classify(meta: DataFrame, *, max_waveform_bytes: int = 0, ends: dict[int, int] | None = None,
+             newest_ms: dict[int, int] | None = None, incomplete_after_offsets: int = 0,
+             incomplete_after_ms: int = 0) -> DataFrame:
     """Per waveform, from chunk metadata only (no payload is read): its status and reason.
 
     ``candidate``: every chunk present, chunks agree, sizes add up (checksum still to verify);
-    ``pending``: chunks missing; ``quarantined``: chunks disagree or sizes do not add up.
+    ``pending``: chunks missing; ``quarantined``: chunks disagree (``chunk_count_mismatch``,
+    ``metadata_mismatch``), sizes do not add up (``size_mismatch``) or the waveform is larger
+    than ``max_waveform_bytes`` by its header or its chunks (``too_large``, at any completeness).
     Duplicate chunks (same waveform and sequence number) count once: the lowest offset wins.
+
+    ``expired`` marks a pending waveform no chunk of which arrived in the last
+    ``incomplete_after_offsets`` offsets (before ``ends[partition]``) or ``incomplete_after_ms``
+    of record time (before ``newest_ms[partition]``) of its partition: it is no longer expected
+    to complete (``final_status`` quarantines it as ``incomplete`` unless it is a leftover).
     """
     first_copy = Window.partitionBy("waveform_id", "seq").orderBy("partition", "offset")
     ranked = meta.withColumn("copy_rank", F.row_number().over(first_copy))
@@ -89,24 +99,58 @@ def classify(meta: DataFrame) -> DataFrame:
         F.max("total_size").alias("total_size"),
         F.min("partition").alias("partition"),
         (F.min("partition") == F.max("partition")).alias("one_partition"),
+        F.min(_per_partition(ends) - F.col("offset")).alias("offsets_since"),
+        F.min(_per_partition(newest_ms) - F.col("timestamp_ms")).alias("ms_since"),
     )
+    too_large = F.lit(False)
+    if max_waveform_bytes:
+        too_large = (F.col("total_size") > max_waveform_bytes) | (F.col("unique_bytes") > max_waveform_bytes)
+    missing = F.col("distinct_chunks") < F.col("chunk_count")
+    stalled = F.lit(False)
+    if incomplete_after_offsets:
+        stalled = stalled | (F.col("offsets_since") > incomplete_after_offsets)
+    if incomplete_after_ms:
+        stalled = stalled | (F.col("ms_since") > incomplete_after_ms)
     return per.select(
         "waveform_id", "records", "distinct_chunks", "chunk_count", "total_size", "unique_bytes",
         "partition", "one_partition",
         F.when(F.col("counts_differ"), F.lit(QUARANTINED))
         .when(F.col("facts_differ"), F.lit(QUARANTINED))
-        .when(F.col("distinct_chunks") < F.col("chunk_count"), F.lit(PENDING))
+        .when(too_large, F.lit(QUARANTINED))
+        .when(missing, F.lit(PENDING))
         .when(F.col("unique_bytes") != F.col("total_size"), F.lit(QUARANTINED))
         .otherwise(F.lit(CANDIDATE)).alias("status"),
         F.when(F.col("counts_differ"), F.lit("chunk_count_mismatch"))
         .when(F.col("facts_differ"), F.lit("metadata_mismatch"))
-        .when(F.col("distinct_chunks") < F.col("chunk_count"), F.lit(None))
+        .when(too_large, F.lit("too_large"))
+        .when(missing, F.lit(None))
         .when(F.col("unique_bytes") != F.col("total_size"), F.lit("size_mismatch"))
         .otherwise(F.lit(None)).cast("string").alias("reason"),
+        F.when(F.col("counts_differ"), F.lit("chunks disagree on wp-count"))
+        .when(F.col("facts_differ"), F.lit("chunks disagree on wp-size, wp-checksum or the waveform's metadata"))
+        .when(too_large, F.format_string("%d bytes by header, %d in chunks; the maximum is %d",
+                                         "total_size", "unique_bytes", F.lit(max_waveform_bytes)))
+        .when(missing, F.format_string("%d of %d chunks; none in the last %d offsets (%d s) of its partition",
+                                       "distinct_chunks", "chunk_count", "offsets_since",
+                                       (F.col("ms_since") / 1000).cast("long")))
+        .when(F.col("unique_bytes") != F.col("total_size"),
+              F.format_string("chunks hold %d bytes, wp-size says %d", "unique_bytes", "total_size"))
+        .otherwise(F.lit(None)).alias("detail"),
+        (missing & ~too_large & stalled).alias("expired"),
     )
 
 
+def _per_partition(values: dict[int, int] | None):
+    """A column: ``values[partition]`` of each row (null where not given)."""
+    if not values:
+        return F.lit(None).cast("long")
+    pairs = [x for p, v in sorted(values.items()) for x in (F.lit(int(p)), F.lit(int(v)).cast("long"))]
+    return F.element_at(F.create_map(*pairs), F.col("partition"))
+
+
 ARROW_OUTPUT_SCHEMA = to_arrow_schema(OUTPUT_SCHEMA, timezone="UTC")
+#: A waveform is one binary cell of one row: Spark and Arrow cap those near 2 GiB; keep margin.
+MAX_WAVEFORM_BYTES_LIMIT = 1024 * 1024 * 1024
 _FACTS = ("waveform_id", "source", "dtype", "channels", "sample_rate", "start_ns", "checksum", "topic")
 _BATCH_BYTES = 32 * 1024 * 1024  # payload bytes per Arrow batch handed back to Spark
 
@@ -160,6 +204,7 @@ def assemble_arrow(table: pa.Table) -> pa.Table:
     partitions = table["partition"].to_pylist()
     first_chunk = min(range(table.num_rows), key=lambda i: (partitions[i], offsets[i]))
     row = output_row(facts, payload, len(picked), partitions[first_chunk], offsets[first_chunk], max(offsets))
+    failpoint("reassemble.batch")
     return pa.Table.from_batches([_batch([row])])
 
 
@@ -211,7 +256,9 @@ def _row_group_batches(staged: pq.ParquetFile, rows: int = 256) -> Iterator[pa.R
 def _assemble_tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     for batch in batches:
         for path, ids in zip(batch.column("path").to_pylist(), batch.column("ids").to_pylist()):
-            yield from assemble_file(path, set(ids))
+            for out in assemble_file(path, set(ids)):
+                yield out
+                failpoint("reassemble.batch")
 
 
 def assemble_local(spark: SparkSession, files: dict[int, str], candidates: DataFrame) -> DataFrame:
@@ -239,6 +286,8 @@ def final_status(classified: DataFrame, before_ids: DataFrame, after_ids: DataFr
     every verified candidate that was not there before). An incomplete set of chunks of a
     waveform that is already in the output (or already quarantined) is a leftover of a run that
     started inside it: it is accounted with that waveform and does not hold the commit back.
+    Any other incomplete waveform stays pending until ``expired``, then is quarantined as
+    ``incomplete``.
     """
     before = before_ids.select("waveform_id", F.lit(True).alias("was_there"))
     after = after_ids.select("waveform_id", F.lit(True).alias("is_there"))
@@ -253,10 +302,18 @@ def final_status(classified: DataFrame, before_ids: DataFrame, after_ids: DataFr
         .when(is_candidate, F.lit(QUARANTINED))
         .when(stale & F.col("was_there").isNotNull(), F.lit(OUTPUT))
         .when(stale & F.col("q_reason").isNotNull(), F.lit(QUARANTINED))
+        .when(stale & F.col("expired"), F.lit(QUARANTINED))
         .otherwise(F.col("status")).alias("status"),
         F.when(is_candidate & F.col("is_there").isNull(), F.lit("checksum_mismatch"))
-        .when(stale & F.col("was_there").isNull() & F.col("q_reason").isNotNull(), F.col("q_reason"))
+        .when(stale & F.col("was_there").isNotNull(), F.lit(None))
+        .when(stale & F.col("q_reason").isNotNull(), F.col("q_reason"))
+        .when(stale & F.col("expired"), F.lit("incomplete"))
         .otherwise(F.col("reason")).alias("reason"),
+        F.when(is_candidate & F.col("is_there").isNull(),
+               F.lit("the joined chunks' sha256 differs from wp-checksum"))
+        .when(stale & F.col("was_there").isNull() & F.col("q_reason").isNotNull(),
+              F.lit("leftover chunks of a waveform quarantined earlier"))
+        .otherwise(F.col("detail")).alias("detail"),
         F.coalesce(F.col("was_there"), F.lit(False)).alias("already_written"),
     )
 
@@ -293,7 +350,7 @@ def _delta_version(path: Path) -> int | None:
 
 
 def _append_new(df: DataFrame, path: Path, keys: list[str], partition_by: list[str] | None = None,
-                checked_version: int | None = None) -> None:
+                checked_version: int | None = None, merge_schema: bool = False) -> None:
     """Append the rows of ``df`` whose ``keys`` are not in the table yet, in one atomic commit.
 
     ``checked_version``: ``df`` already excludes the keys of that version of the table; they are
@@ -306,6 +363,8 @@ def _append_new(df: DataFrame, path: Path, keys: list[str], partition_by: list[s
         existing = spark.read.format("delta").load(str(path)).select(*keys)
         df = df.join(existing, keys, "left_anti")
     writer = df.write.format("delta").mode("append")
+    if merge_schema:  # columns added since the table was created (e.g. ``detail``) are added to it
+        writer = writer.option("mergeSchema", "true")
     if partition_by:
         writer = writer.partitionBy(*partition_by)
     writer.save(str(path))
@@ -326,7 +385,18 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     chunks = spark.read.parquet(*map(str, chunk_files))
     files = {r.partition: str(staging / "chunks" / f"{r.name}.parquet") for r in plan.ranges if r.size}
     meta = chunks.select(*META_COLUMNS)
-    classified = classify(meta).persist()
+    newest = {}
+    for r in plan.ranges:
+        read = store.load_step(plan.run_id, f"consume-{r.topic}-{r.partition}") or {}
+        if read.get("max_timestamp_ms") is not None:
+            newest[r.partition] = read["max_timestamp_ms"]
+    if not 0 < settings.max_waveform_bytes <= MAX_WAVEFORM_BYTES_LIMIT:
+        raise ValueError(f"max_waveform_bytes must be in 1..{MAX_WAVEFORM_BYTES_LIMIT} (a waveform is one Spark row)")
+    classified = classify(
+        meta, max_waveform_bytes=settings.max_waveform_bytes, ends={r.partition: r.end for r in plan.ranges},
+        newest_ms=newest, incomplete_after_offsets=settings.incomplete_after_offsets,
+        incomplete_after_ms=int(settings.incomplete_after_s * 1000),
+    ).persist()
     out_path = settings.output_table
     v0 = _delta_version(out_path)
     before = _delta_ids(spark, out_path, v0)
@@ -347,6 +417,7 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
         assembled = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         verified = assembled.where("checksum_ok").drop("checksum_ok").withColumn("run_id", F.lit(plan.run_id))
         _append_new(verified, out_path, ["waveform_id"], ["source", "date"], checked_version=v0)
+        failpoint("reassemble.after_write")
     timings["assemble_write_s"] = time.monotonic() - t
 
     t = time.monotonic()
@@ -362,21 +433,21 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
         quarantine = (
             meta.join(status.where(F.col("status") == QUARANTINED), "waveform_id")
             .groupBy("waveform_id", "reason")
-            .agg(F.first("topic").alias("topic"), F.min(F.struct("partition", "offset")).alias("first"),
+            .agg(F.first("detail").alias("detail"), F.first("topic").alias("topic"), F.min(F.struct("partition", "offset")).alias("first"),
                  F.max("offset").alias("last_offset"), F.count(F.lit(1)).alias("records"),
                  F.max("chunk_count").alias("chunk_count"), F.max("total_size").alias("total_size"),
                  F.first("source").alias("source"))
-            .select("waveform_id", "reason", "topic", F.col("first.partition").alias("partition"),
+            .select("waveform_id", "reason", "detail", "topic", F.col("first.partition").alias("partition"),
                     F.col("first.offset").alias("first_offset"), "last_offset", "records", "chunk_count",
                     "total_size", "source", F.lit(plan.run_id).alias("run_id"),
                     F.current_timestamp().alias("quarantined_at"))
         )
-        _append_new(quarantine, settings.quarantine_table, ["waveform_id", "reason"])
+        _append_new(quarantine, settings.quarantine_table, ["waveform_id", "reason"], merge_schema=True)
     dead_files = [f for f in dead_files if pq.ParquetFile(f).metadata.num_rows]
     dead_counts: dict[int, tuple[int, int]] = {}
     if dead_files:
         dead = spark.read.parquet(*map(str, dead_files)).withColumn("run_id", F.lit(plan.run_id))
-        _append_new(dead, settings.dead_letter_table, ["topic", "partition", "offset"])
+        _append_new(dead, settings.dead_letter_table, ["topic", "partition", "offset"], merge_schema=True)
         dead_counts = {r["partition"]: (r["n"], r["bytes"] or 0) for r in dead.groupBy("partition").agg(
             F.count(F.lit(1)).alias("n"), F.sum(F.length("value")).alias("bytes")).collect()}
     rows = accounting(meta, status).collect()

@@ -57,6 +57,8 @@ def _print_report(report: dict) -> None:
         print(f"run {report['run_id']}: {t['records_read']} records read, {t['output']} chunks into "
               f"{report['waveforms'].get('output_new', 0)} new waveforms, {t['pending']} pending, "
               f"{t['quarantined']} quarantined, {t['dead_letter']} dead-lettered, {t['gap']} gap offsets")
+    if t.get("lost"):
+        print(f"  {t['lost']} offsets were no longer retained and were skipped (--skip-lost-offsets)")
     for p, part in sorted(report["partitions"].items(), key=lambda kv: int(kv[0])):
         commit = report.get("commit", {}).get(p, {})
         print(f"  {part['topic']}[{p}] [{part['start']}, {part['end']}) committed "
@@ -68,7 +70,8 @@ def cmd_run(args) -> int:
     from wavepipe.pipeline import run_once
 
     report = run_once(_settings(args), run_id=args.run_id, topic=args.topic, group=args.group,
-                      max_records=args.max_records, max_bytes=args.max_bytes)
+                      max_records=args.max_records, max_bytes=args.max_bytes,
+                      skip_lost_offsets=args.skip_lost_offsets)
     _print_report(report)
     return 0
 
@@ -202,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--group")
     r.add_argument("--max-records", type=int)
     r.add_argument("--max-bytes", type=int)
+    r.add_argument("--skip-lost-offsets", action="store_true",
+                   help="if the group is behind what the topic retains, start at the earliest retained offsets "
+                        "and record the lost range in the report (default: fail, naming the range)")
     r.set_defaults(func=cmd_run)
 
     a = sub.add_parser("abandon", help="release a group's unfinished run without committing it")

@@ -58,6 +58,18 @@ class Settings:
     #: Partitions read at once by ``wavepipe run`` (one process each). In the DAG, Airflow's own
     #: parallelism decides how many mapped consume tasks run together.
     consume_parallelism: int = 2
+    #: A waveform still missing chunks is quarantined as ``incomplete`` once its partition has
+    #: moved this many offsets, or this many seconds of record time, past its newest chunk (so it
+    #: cannot hold the partition's commit back forever). 0 turns a limit off.
+    incomplete_after_offsets: int = 100_000
+    incomplete_after_s: float = 3600.0
+    #: Waveforms larger than this (by their header or by their chunks) are quarantined as
+    #: ``too_large`` from their metadata alone, never assembled. At most 1 GiB (a Spark row).
+    max_waveform_bytes: int = 256 * 1024 * 1024
+    #: Also publish each run's dead letters to this Kafka topic (original key, value and headers,
+    #: plus ``wp-dlq-*`` headers with the reason), in one transaction with the run's offset commit.
+    #: Empty: the dead-letter Delta table only (which is always written).
+    dead_letter_topic: str = ""
 
     # --- derived locations -------------------------------------------------------------------
     @property

@@ -32,12 +32,14 @@ def _timed(store: RunStore, run_id: str, step: str, began: float) -> None:
 
 
 def plan_step(settings: Settings, run_id: str, *, topic: str | None = None, group: str | None = None,
-              max_records: int | None = None, max_bytes: int | None = None) -> RunPlan:
+              max_records: int | None = None, max_bytes: int | None = None,
+              skip_lost_offsets: bool = False) -> RunPlan:
     from wavepipe.consumers.planner import plan_run
 
     began = time.monotonic()
     run_id = safe_run_id(run_id)
-    plan = plan_run(settings, run_id, topic=topic, group=group, max_records=max_records, max_bytes=max_bytes)
+    plan = plan_run(settings, run_id, topic=topic, group=group, max_records=max_records, max_bytes=max_bytes,
+                    skip_lost_offsets=skip_lost_offsets)
     _timed(RunStore(settings), run_id, "plan", began)
     return plan
 
@@ -52,7 +54,9 @@ def partitions_to_read(plan: RunPlan) -> list[int]:
 def consume_step(settings: Settings, run_id: str, partition: int) -> dict:
     from wavepipe.consumers.reader import read_range
 
-    stats = read_range(settings, safe_run_id(run_id), partition)  # records its own timing
+    run_id = safe_run_id(run_id)
+    with RunStore(settings).step_lock(run_id, f"consume-{partition}"):
+        stats = read_range(settings, run_id, partition)  # records its own timing
     return {"partition": partition, "records": stats.records, "chunks": stats.chunks,
             "dead_letters": stats.dead_letters, "bytes": stats.payload_bytes}
 
@@ -100,7 +104,8 @@ def reassemble_step(settings: Settings, run_id: str) -> dict | None:
         log.info("run %s read nothing new: no Spark job", run_id)
         return None
     began = time.monotonic()
-    spark.submit(settings, REASSEMBLE_APP, "--run-id", run_id)
+    with store.step_lock(run_id, "run"):
+        spark.submit(settings, REASSEMBLE_APP, "--run-id", run_id)
     _timed(store, run_id, "reassemble", began)
     result = store.load_step(run_id, "reassemble")
     if result is None:
@@ -110,10 +115,27 @@ def reassemble_step(settings: Settings, run_id: str) -> dict | None:
 
 def commit_step(settings: Settings, run_id: str) -> dict:
     """Check the accounting, commit the safe offsets, release the group, publish the report."""
-    from wavepipe.consumers.committer import OffsetsMovedError, commit_safe_offsets
-
     run_id = safe_run_id(run_id)
     store = RunStore(settings)
+    with store.step_lock(run_id, "run"):
+        return _commit(settings, store, run_id)
+
+
+def _staged_dead_letters(store: RunStore, plan: RunPlan):
+    """The run's staged dead-letter rows, one row group in memory at a time."""
+    import pyarrow.parquet as pq
+
+    for r in plan.ranges:
+        path = store.staging_dir(plan.run_id) / "dead_letter" / f"{r.name}.parquet"
+        if path.exists():
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
+                yield from batch.to_pylist()
+
+
+def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
+    from wavepipe.consumers.committer import OffsetsMovedError, commit_safe_offsets
+    from wavepipe.faults import failpoint
+
     plan = _require_plan(store, run_id)
     holder = store.active_run(plan.group)
     if holder != run_id:
@@ -147,11 +169,13 @@ def commit_step(settings: Settings, run_id: str) -> dict:
         )
     if to_read:
         safe = {int(p): part["safe_offset"] for p, part in report["partitions"].items()}
+        failpoint("commit.before_offsets")
         try:
-            committed = commit_safe_offsets(settings, plan, safe)
+            committed = commit_safe_offsets(settings, plan, safe, _staged_dead_letters(store, plan))
         except OffsetsMovedError:
             store.release_group(plan.group, run_id)  # this run can never commit: free the group
             raise
+        failpoint("commit.after_offsets")
         report["commit"] = {str(p): v for p, v in committed.items()}
         store.save_previous_ranges(plan.group, plan.topic, {r.partition: [safe[r.partition], r.end] for r in plan.ranges})
     else:  # nothing new was read: the group's offsets (and their run metadata) stay as they are
@@ -169,8 +193,12 @@ def commit_step(settings: Settings, run_id: str) -> dict:
 
 
 def run_once(settings: Settings, *, run_id: str | None = None, topic: str | None = None,
-             group: str | None = None, max_records: int | None = None, max_bytes: int | None = None) -> dict:
-    """All steps in this process; resumes the group's active run if one was left unfinished."""
+             group: str | None = None, max_records: int | None = None, max_bytes: int | None = None,
+             skip_lost_offsets: bool = False) -> dict:
+    """All steps in this process; resumes the group's active run if one was left unfinished.
+
+    Holds the run's lock throughout, so a second process resuming the same run at the same time
+    fails at once (``StepBusyError``) instead of running it twice."""
     store = RunStore(settings)
     group = group or settings.group
     if run_id is None:
@@ -180,10 +208,13 @@ def run_once(settings: Settings, *, run_id: str | None = None, topic: str | None
             run_id = active
         else:
             run_id = new_run_id()
-    plan = plan_step(settings, run_id, topic=topic, group=group, max_records=max_records, max_bytes=max_bytes)
-    consume_all(settings, plan.run_id, partitions_to_read(plan))
-    reassemble_step(settings, plan.run_id)
-    return commit_step(settings, plan.run_id)
+    run_id = safe_run_id(run_id)
+    with store.step_lock(run_id, "run"):
+        plan = plan_step(settings, run_id, topic=topic, group=group, max_records=max_records, max_bytes=max_bytes,
+                         skip_lost_offsets=skip_lost_offsets)
+        consume_all(settings, plan.run_id, partitions_to_read(plan))
+        reassemble_step(settings, plan.run_id)
+        return commit_step(settings, plan.run_id)
 
 
 def _require_plan(store: RunStore, run_id: str) -> RunPlan:

@@ -8,14 +8,16 @@ group is refused until the first commits or is abandoned.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import tempfile
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from wavepipe.config import Settings
 
@@ -50,6 +52,12 @@ class RunPlan:
     #: equal to it holds nothing that run did not see already (only still-pending chunks).
     previous: dict[int, list[int]] = field(default_factory=dict)
     caps: dict[str, int] = field(default_factory=dict)
+    #: The group's committed offset per partition when planned (None: it had none). The commit
+    #: is a compare-and-set against these.
+    committed: dict[int, int | None] = field(default_factory=dict)
+    #: Per partition, ``[from, to)`` offsets the topic no longer retained when planned, skipped
+    #: on request (``skip_lost_offsets``): never read, recorded in the report.
+    lost: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def total_offsets(self) -> int:
@@ -69,7 +77,8 @@ class RunPlan:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        data["previous"] = {str(k): v for k, v in self.previous.items()}
+        for name in ("previous", "committed", "lost"):
+            data[name] = {str(k): v for k, v in getattr(self, name).items()}
         return data
 
     @classmethod
@@ -82,11 +91,27 @@ class RunPlan:
             ranges=tuple(OffsetRange(**r) for r in data["ranges"]),
             previous={int(k): list(v) for k, v in data.get("previous", {}).items()},
             caps=dict(data.get("caps", {})),
+            committed={int(k): v for k, v in data.get("committed", {}).items()},
+            lost={int(k): list(v) for k, v in data.get("lost", {}).items()},
         )
+
+    def expected_committed(self, partition: int) -> int | None:
+        """Where the group's offset must still be for this run to commit."""
+        if partition in self.committed:
+            return self.committed[partition]
+        return self.range_for(partition).start
 
 
 class ActiveRunError(RuntimeError):
     """Another run of the same group is planned and not committed yet."""
+
+
+class StepBusyError(RuntimeError):
+    """The same step of the same run is executing in another process right now."""
+
+
+#: Step locks this process holds, so a step called inside ``run_once`` does not wait on itself.
+_held_locks: dict[Path, int] = {}
 
 
 def safe_run_id(raw: str) -> str:
@@ -210,6 +235,39 @@ class RunStore:
 
     def save_previous_ranges(self, group: str, topic: str, ranges: dict[int, list[int]]) -> None:
         write_json_atomic(self._previous_path(group, topic), {str(k): v for k, v in ranges.items()})
+
+    @contextmanager
+    def step_lock(self, run_id: str, name: str) -> Iterator[None]:
+        """Hold ``name`` of ``run_id`` exclusively, or raise ``StepBusyError`` at once.
+
+        An OS file lock (``flock``): the kernel drops it when the holder exits, also on SIGKILL,
+        so a crashed step never blocks its retry. It serialises processes on one machine or on a
+        shared filesystem with working ``flock`` (local disks; not every NFS).
+        """
+        path = self.run_dir(run_id) / f".{name}.lock"
+        if path in _held_locks:
+            yield
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+                raise StepBusyError(
+                    f"run {run_id}: '{name}' is running in another process right now (pid {holder}); "
+                    "two executions of one run must not overlap. Wait for it, or stop it and retry."
+                ) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            _held_locks[path] = fd
+            try:
+                yield
+            finally:
+                del _held_locks[path]
+        finally:
+            os.close(fd)  # releases the lock
 
     def save_step(self, run_id: str, step: str, data: dict[str, Any]) -> None:
         write_json_atomic(self.step_path(run_id, step), data)

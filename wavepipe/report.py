@@ -39,6 +39,8 @@ def build_report(plan: RunPlan, consumed: dict[int, dict], reassembled: dict | N
             "payload_bytes_read": read.get("payload_bytes", 0),
             "gap": r.size - records if read else 0,
             "read_seconds": read.get("seconds", 0.0),
+            # offsets before ``start`` the topic no longer retained, skipped on request: [from, to)
+            "lost": plan.lost.get(r.partition),
             **acc,
         }
     totals: dict[str, int] = {}
@@ -46,6 +48,7 @@ def build_report(plan: RunPlan, consumed: dict[int, dict], reassembled: dict | N
         for key in ("offsets", "records_read", "output", "output_already_written", "pending", "quarantined",
                     "dead_letter", "gap", "payload_bytes_read", "output_bytes"):
             totals[key] = totals.get(key, 0) + part[key]
+    totals["lost"] = sum(to - start for start, to in plan.lost.values())
     report = {
         "report_version": REPORT_VERSION,
         "run_id": plan.run_id, "topic": plan.topic, "group": plan.group,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -75,12 +76,31 @@ def submit(settings: Settings, app: Path, *args: str) -> None:
     env = {**os.environ, **settings_env(settings), **_local_env(settings), "PYSPARK_PYTHON": sys.executable,
            "PYSPARK_DRIVER_PYTHON": sys.executable, "ARROW_DEFAULT_MEMORY_POOL": "system"}
     cmd = spark_submit_command(settings, app, *args)
-    proc = subprocess.run(cmd, env=env)
+    # Its own session, so the app's processes (JVM, Python driver, Python workers) can be stopped
+    # together: here when this step is interrupted (Airflow stopping the task), and by a
+    # ``kill-app`` failpoint in tests.
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    try:
+        proc.wait()
+    except BaseException:
+        _stop_session(proc)
+        raise
     if proc.returncode != 0:
         raise RuntimeError(
             f"Spark app {app.name} failed with exit code {proc.returncode}; its log is above. "
             "The run's plan and staged files are kept: fix the cause and retry the step."
         )
+
+
+def _stop_session(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    except ProcessLookupError:
+        pass
 
 
 def local_session(settings: Settings, app_name: str = "wavepipe"):

@@ -31,18 +31,23 @@ class _WavepipeOperator(BaseOperator):
 class PlanOperator(_WavepipeOperator):
     """Freeze the run's offset ranges; returns the partitions to read (for the mapped consume)."""
 
-    template_fields = ("topic", "group", "max_records", "max_bytes")
+    template_fields = ("topic", "group", "max_records", "max_bytes", "skip_lost_offsets")
 
     def __init__(self, *, topic: str | None = None, group: str | None = None,
-                 max_records: Any = None, max_bytes: Any = None, **kwargs):
+                 max_records: Any = None, max_bytes: Any = None, skip_lost_offsets: Any = False, **kwargs):
         super().__init__(**kwargs)
         self.topic, self.group, self.max_records, self.max_bytes = topic, group, max_records, max_bytes
+        self.skip_lost_offsets = skip_lost_offsets
 
     def execute(self, context) -> list[int]:
         plan = pipeline.plan_step(
             self.settings(), context["run_id"], topic=self.topic or None, group=self.group or None,
             max_records=_int_or_none(self.max_records), max_bytes=_int_or_none(self.max_bytes),
+            skip_lost_offsets=str(self.skip_lost_offsets).lower() in ("true", "1"),
         )
+        for p, (lost_from, lost_to) in plan.lost.items():
+            self.log.warning("%s[%d]: offsets [%d, %d) were no longer retained and are skipped",
+                             plan.topic, p, lost_from, lost_to)
         for r in plan.ranges:
             self.log.info("%s[%d]: [%d, %d) = %d offsets", r.topic, r.partition, r.start, r.end, r.size)
         partitions = pipeline.partitions_to_read(plan)
