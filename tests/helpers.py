@@ -60,3 +60,56 @@ def committed_metadata(settings: Settings, partition: int = 0) -> dict:
     finally:
         consumer.close()
     return json.loads(tp.metadata)
+
+
+def run_cli(settings: Settings, *args: str, failpoints: str | None = None, timeout: float = 600):
+    """``wavepipe <args>`` in a child process on ``settings``, optionally with failpoints armed
+    (``wavepipe.faults``); returns the finished process (``returncode`` -9 when a failpoint killed it)."""
+    import os
+    import subprocess
+    import sys
+
+    from wavepipe.spark import settings_env
+
+    env = {**os.environ, **settings_env(settings)}
+    env.pop("WAVEPIPE_FAILPOINTS", None)
+    if failpoints:
+        env["WAVEPIPE_FAILPOINTS"] = failpoints
+    return subprocess.run([sys.executable, "-m", "wavepipe.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def assert_accounted(spark, settings: Settings, report: dict) -> None:
+    """DESIGN contract 5 for one run, checked against the tables, not only the report's own sums:
+    per partition output + pending + quarantined + dead letter (+ offsets Kafka delivered no record
+    for) = the range's offsets; the dead-letter table holds the run's dead letters; every waveform
+    is in the output once."""
+    from pyspark.sql import functions as F
+
+    assert report["balance_errors"] == [], report["balance_errors"]
+    for p, part in report["partitions"].items():
+        if not part["read"]:
+            continue
+        placed = part["output"] + part["pending"] + part["quarantined"] + part["dead_letter"] + part["gap"]
+        assert placed == part["end"] - part["start"], (p, part)
+        assert part["start"] <= part["safe_offset"] <= part["end"], (p, part)
+    if report["totals"]["dead_letter"]:
+        dead = spark.read.format("delta").load(str(settings.dead_letter_table)).where(F.col("run_id") == report["run_id"])
+        per = {r["partition"]: r["count"] for r in dead.groupBy("partition").count().collect()}
+        assert per == {int(p): part["dead_letter"] for p, part in report["partitions"].items() if part["dead_letter"]}
+    assert_output_unique(spark, settings)
+
+
+def assert_output_unique(spark, settings: Settings) -> None:
+    if not (settings.output_table / "_delta_log").exists():
+        return
+    df = spark.read.format("delta").load(str(settings.output_table))
+    total, distinct = df.count(), df.select("waveform_id").distinct().count()
+    assert total == distinct, f"{total - distinct} duplicate output rows"
+
+
+def quarantine_reasons(spark, settings: Settings) -> dict[str, str]:
+    if not (settings.quarantine_table / "_delta_log").exists():
+        return {}
+    return {r["waveform_id"]: r["reason"] for r in
+            spark.read.format("delta").load(str(settings.quarantine_table)).select("waveform_id", "reason").collect()}

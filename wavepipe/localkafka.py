@@ -127,6 +127,9 @@ class LocalKafka:
             "message.max.bytes": str(16 * 1024 * 1024),
             "replica.fetch.max.bytes": str(16 * 1024 * 1024),
             "log.retention.hours": "168",
+            # Abort transactions of producers that died within ~1 s of their timeout (default 10 s),
+            # so a crashed transactional producer holds the last stable offset back briefly.
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
         }
         self.config_file.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
 

@@ -167,31 +167,6 @@ def test_rerunning_the_same_plan_gives_identical_output(settings, spark):
     assert output_rows(spark, settings) == before
 
 
-def test_bad_records_are_dead_lettered_or_quarantined_and_accounted(settings, spark):
-    ensure_topic(settings, partitions=1)
-    good, good_sum = waveform_records("good", 2, seed=6)
-    corrupt, _ = waveform_records("corrupt", 2, seed=7)
-    corrupt[1] = (corrupt[1][0], corrupt[1][1], bytes(len(corrupt[1][2])))  # payload flipped to zeros
-    short, _ = waveform_records("short", 2, seed=8)
-    short[1] = (short[1][0], short[1][1], short[1][2][:-8])  # chunk shorter than wp-size says
-    junk = [(b"k", None, b"not a chunk"), (b"k", [("wp-version", b"9")], b"x")]
-    produce_in_order(settings, good + corrupt + short + junk)
-
-    report = pipeline.run_once(settings, run_id="bad")
-    p0 = report["partitions"]["0"]
-    assert report["balance_errors"] == []
-    assert (p0["output"], p0["quarantined"], p0["dead_letter"], p0["pending"]) == (2, 4, 2, 0)
-    assert p0["quarantine_reasons"] == {"checksum_mismatch": 2, "size_mismatch": 2}
-    assert p0["safe_offset"] == 8, "quarantined and dead-lettered records do not hold the commit back"
-    assert [(r[0], r[1]) for r in output_rows(spark, settings)] == [("good", good_sum)]
-    quarantine = {r["waveform_id"]: r["reason"] for r in
-                  spark.read.format("delta").load(str(settings.quarantine_table)).collect()}
-    assert quarantine == {"corrupt": "checksum_mismatch", "short": "size_mismatch"}
-    dead = sorted((r["offset"], r["reason"], bytes(r["value"])) for r in
-                  spark.read.format("delta").load(str(settings.dead_letter_table)).collect())
-    assert dead == [(6, "missing_header", b"not a chunk"), (7, "unknown_version", b"x")]
-
-
 def test_commit_is_refused_when_the_group_moved_or_the_run_lost_its_claim(settings):
     from confluent_kafka import TopicPartition
 
