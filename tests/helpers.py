@@ -62,21 +62,36 @@ def committed_metadata(settings: Settings, partition: int = 0) -> dict:
     return json.loads(tp.metadata)
 
 
-def run_cli(settings: Settings, *args: str, failpoints: str | None = None, timeout: float = 600):
-    """``wavepipe <args>`` in a child process on ``settings``, optionally with failpoints armed
-    (``wavepipe.faults``); returns the finished process (``returncode`` -9 when a failpoint killed it)."""
+def start_python(settings: Settings, code: str, failpoints: str | None = None, **popen):
+    """``python -c code`` in a child process that loads exactly ``settings``, optionally with
+    failpoints armed (``wavepipe.faults``); ``returncode`` is -9 when a failpoint killed it."""
     import os
     import subprocess
     import sys
 
+    from wavepipe.config import PROJECT_ROOT
     from wavepipe.spark import settings_env
 
     env = {**os.environ, **settings_env(settings)}
     env.pop("WAVEPIPE_FAILPOINTS", None)
     if failpoints:
         env["WAVEPIPE_FAILPOINTS"] = failpoints
-    return subprocess.run([sys.executable, "-m", "wavepipe.cli", *args], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.Popen([sys.executable, "-c", code], env=env, cwd=PROJECT_ROOT, **popen)
+
+
+def start_cli(settings: Settings, *args: str, failpoints: str | None = None):
+    """``wavepipe <args>`` in a child process (see ``start_python``); output in ``stdout``."""
+    import subprocess
+
+    code = f"import sys; from wavepipe.cli import main; sys.exit(main({list(args)!r}))"
+    return start_python(settings, code, failpoints, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def run_cli(settings: Settings, *args: str, failpoints: str | None = None, timeout: float = 600) -> tuple[int, str]:
+    """``start_cli`` to the end: (return code, output)."""
+    proc = start_cli(settings, *args, failpoints=failpoints)
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
 
 
 def assert_accounted(spark, settings: Settings, report: dict) -> None:

@@ -1,0 +1,259 @@
+"""Faults on the real broker and a real Spark: killed steps, a restarted broker, racing runs,
+retention, open transactions. After each, the output and the committed offsets are correct."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+
+import pytest
+from confluent_kafka import Producer, TopicPartition
+from confluent_kafka.admin import OffsetSpec
+
+from tests.helpers import (
+    assert_accounted, output_rows, produce_in_order, quarantine_reasons, run_cli, start_cli, start_python,
+    waveform_records,
+)
+from wavepipe import pipeline
+from wavepipe.config import load_settings
+from wavepipe.consumers.kafka_admin import admin_client, committed_offsets, ensure_topic, list_offsets
+from wavepipe.consumers.planner import RetentionGapError
+from wavepipe.plan import RunStore
+from wavepipe.spark_apps.reassemble import _delta_version
+
+pytestmark = pytest.mark.integration
+
+
+def _produce(settings, count: int, partitions=(0,), chunks: int = 4, prefix: str = "w",
+             chunk_size: int = 256) -> dict[str, str]:
+    """``count`` waveforms of ``chunks`` chunks, round-robin over ``partitions``; id -> checksum."""
+    expected = {}
+    for i in range(count):
+        records, digest = waveform_records(f"{prefix}{i:03d}", chunks, chunk_size=chunk_size, seed=i)
+        produce_in_order(settings, records, partition=partitions[i % len(partitions)])
+        expected[records[0][0].decode()] = digest
+    return expected
+
+
+def _assert_output(spark, settings, expected: dict[str, str]) -> None:
+    rows = output_rows(spark, settings)
+    assert {r[0]: r[1] for r in rows} == expected
+    assert all(r[1] == r[2] for r in rows), "payloads must be bit-exact"
+
+
+def _ends(settings, partitions) -> dict[int, int]:
+    return list_offsets(settings, settings.topic, partitions, OffsetSpec.latest())
+
+
+def _report(settings, run_id: str) -> dict:
+    return json.loads((settings.reports_dir / f"{run_id}.json").read_text())
+
+
+def test_consume_killed_mid_range_then_retried(settings, spark):
+    ensure_topic(settings, partitions=1)
+    expected = _produce(settings, 12)
+    pipeline.plan_step(settings, "kill-consume")
+    child = start_python(settings, "from wavepipe import pipeline; from wavepipe.config import load_settings; "
+                             "pipeline.consume_step(load_settings(), 'kill-consume', 0)",
+                   failpoints="consume.record@20=kill")
+    assert child.wait(120) == -signal.SIGKILL
+    chunks_dir = RunStore(settings).staging_dir("kill-consume") / "chunks"
+    assert [p.name for p in chunks_dir.iterdir() if p.suffix == ".parquet"] == [], "no half-staged file under its final name"
+    assert any(p.name.endswith(".tmp") for p in chunks_dir.iterdir()), "the reader was killed while staging"
+
+    read = pipeline.consume_step(settings, "kill-consume", 0)  # the retry
+    assert read["records"] == 48
+    pipeline.reassemble_step(settings, "kill-consume")
+    report = pipeline.commit_step(settings, "kill-consume")
+    assert_accounted(spark, settings, report)
+    _assert_output(spark, settings, expected)
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 48}
+
+
+def test_spark_app_killed_mid_write_leaves_nothing_visible_then_retried(settings, spark, monkeypatch):
+    ensure_topic(settings)
+    # 40 MiB a partition: more than one 32 MiB batch of output rows per task
+    expected = _produce(settings, 40, partitions=(0, 1), chunks=32, chunk_size=64 * 1024)
+    plan = pipeline.plan_step(settings, "kill-spark")
+    for p in pipeline.partitions_to_read(plan):
+        pipeline.consume_step(settings, "kill-spark", p)
+    # a Python worker pauses after its second batch, then the whole app is SIGKILLed. (The second:
+    # the tail of a batch stays in the worker's socket buffer until the next one pushes it out.)
+    monkeypatch.setenv("WAVEPIPE_FAILPOINTS", "reassemble.batch@2=sleep:4+kill-app")
+    with pytest.raises(RuntimeError, match="exit code -9"):
+        pipeline.reassemble_step(settings, "kill-spark")
+    monkeypatch.delenv("WAVEPIPE_FAILPOINTS")
+    written = list(settings.output_table.rglob("*.parquet"))
+    assert written, "the app was killed while it wrote data files"
+    assert _delta_version(settings.output_table) is None, "but none of them is committed, so none is visible"
+
+    pipeline.reassemble_step(settings, "kill-spark")
+    report = pipeline.commit_step(settings, "kill-spark")
+    assert_accounted(spark, settings, report)
+    assert report["waveforms"] == {"output_new": 40}
+    _assert_output(spark, settings, expected)
+    assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: 640, 1: 640}
+
+
+@pytest.mark.parametrize("failpoint", ["commit.before_offsets=kill", "reassemble.after_write=kill-app"])
+def test_crash_after_the_output_is_durable_then_a_rerun_adds_nothing_twice(settings, spark, failpoint):
+    ensure_topic(settings)
+    expected = _produce(settings, 6, partitions=(0, 1))
+    crashed = start_cli(settings, "run", "--run-id", "crash", failpoints=failpoint)
+    out, _ = crashed.communicate(timeout=600)
+    assert crashed.returncode != 0, out[-3000:]
+    _assert_output(spark, settings, expected)  # durable before the crash
+    assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: None, 1: None}
+
+    report = pipeline.run_once(settings)  # resumes the group's unfinished run
+    assert report["run_id"] == "crash"
+    assert report["waveforms"] == {"output_already_written": 6}
+    assert_accounted(spark, settings, report)
+    _assert_output(spark, settings, expected)
+    assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: 12, 1: 12}
+
+
+@pytest.fixture
+def own_kafka(tmp_path):
+    """A broker of this test's own, so restarting it disturbs no other test."""
+    from wavepipe.localkafka import LocalKafka, free_port
+
+    broker = LocalKafka(tmp_path / "own-kafka", "127.0.0.1", free_port(), load_settings().jars_dir)
+    broker.up()
+    yield broker
+    broker.down()
+
+
+def test_broker_restarted_during_a_run(settings, spark, own_kafka):
+    settings = settings.replace(bootstrap_servers=own_kafka.bootstrap)
+    ensure_topic(settings)
+    expected = _produce(settings, 10, partitions=(0, 1))
+    # each reader pauses at its 5th record, long enough for a restart under it
+    run = start_cli(settings, "run", "--run-id", "restart", failpoints="consume.record@5=sleep:6")
+    staging = RunStore(settings).staging_dir("restart") / "chunks"
+    deadline = time.monotonic() + 120
+    while not (staging.exists() and any(staging.iterdir())):
+        assert time.monotonic() < deadline and run.poll() is None, "the run never started reading"
+        time.sleep(0.2)
+    time.sleep(1)
+    own_kafka.down()
+    own_kafka.up()
+    out, _ = run.communicate(timeout=600)
+    if run.returncode != 0:  # allowed: a clean failure, then the retry completes
+        assert "failed" in out, out[-3000:]
+        retry = start_cli(settings, "run")
+        out, _ = retry.communicate(timeout=600)
+        assert retry.returncode == 0, out[-3000:]
+    report = _report(settings, "restart")
+    assert_accounted(spark, settings, report)
+    _assert_output(spark, settings, expected)
+    assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: 20, 1: 20}
+
+
+@pytest.mark.parametrize("same_run", [False, True], ids=["two-run-ids", "one-run-id-twice"])
+def test_two_runs_of_a_group_started_at_once_only_one_consumes_and_commits(settings, spark, same_run):
+    ensure_topic(settings)
+    expected = _produce(settings, 6, partitions=(0, 1))
+    ids = ["race", "race"] if same_run else ["race-a", "race-b"]
+    runs = [start_cli(settings, "run", "--run-id", run_id, failpoints="consume.record@2=sleep:3") for run_id in ids]
+    outs = [run.communicate(timeout=600)[0] for run in runs]
+    codes = [run.returncode for run in runs]
+    assert sorted(codes) == [0, 1], outs
+    loser = outs[codes.index(1)]
+    assert ("StepBusyError" if same_run else "ActiveRunError") in loser, loser[-2000:]
+    winner = ids[codes.index(0)]
+    report = _report(settings, winner)
+    assert_accounted(spark, settings, report)
+    assert report["waveforms"] == {"output_new": 6}
+    _assert_output(spark, settings, expected)
+    assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: 12, 1: 12}
+
+
+def test_start_older_than_retention_fails_loudly_or_skips_on_request(settings, spark):
+    ensure_topic(settings, partitions=1)
+    first = _produce(settings, 1, chunks=3, prefix="kept")  # offsets 0-2
+    pipeline.run_once(settings, run_id="before")
+    lost = _produce(settings, 1, chunks=3, prefix="lost")  # 3-5, deleted before they are read
+    after = _produce(settings, 1, chunks=3, prefix="after")  # 6-8
+    admin = admin_client(settings)  # kept alive until its futures resolve
+    futures = admin.delete_records([TopicPartition(settings.topic, 0, 6)])
+    for future in futures.values():
+        future.result(timeout=30)
+
+    with pytest.raises(RetentionGapError, match=r"\[0\] \[3, 6\)"):
+        pipeline.plan_step(settings, "gap")
+    assert RunStore(settings).active_run(settings.group) is None, "a refused plan leaves the group free"
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 3}
+
+    code, out = run_cli(settings, "run")
+    assert code == 1 and "--skip-lost-offsets" in out, out[-2000:]
+    report = pipeline.run_once(settings, run_id="skip", skip_lost_offsets=True)
+    assert_accounted(spark, settings, report)
+    p0 = report["partitions"]["0"]
+    assert (p0["lost"], p0["start"], p0["end"], report["totals"]["lost"]) == ([3, 6], 6, 9, 3)
+    assert _report(settings, "skip")["partitions"]["0"]["lost"] == [3, 6]
+    _assert_output(spark, settings, {**first, **after})
+    assert "lost000" not in quarantine_reasons(spark, settings)
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 9}
+    assert lost  # produced, and never seen by wavepipe
+
+
+_CRASHING_PRODUCER = """
+import os, signal
+from confluent_kafka import Producer
+from tests.helpers import produce_in_order, waveform_records
+from wavepipe.config import load_settings
+settings = load_settings()
+producer = Producer(settings.kafka_config(**{"transactional.id": "crashing-" + settings.topic,
+                                             "transaction.timeout.ms": 3000}))
+producer.init_transactions(30)
+producer.begin_transaction()
+records, _ = waveform_records("in-crashed-txn", 2, seed=9)
+produce_in_order(settings, records, producer=producer)
+producer.flush(30)
+os.kill(os.getpid(), signal.SIGKILL)  # dies inside its transaction
+"""
+
+
+def test_open_and_abandoned_transactions_do_not_stall_runs(settings, spark):
+    ensure_topic(settings, partitions=1)
+    a, a_sum = waveform_records("before-txn", 2, seed=1)
+    t, t_sum = waveform_records("in-txn", 3, seed=2)
+    b, b_sum = waveform_records("after-txn", 2, seed=3)
+    produce_in_order(settings, a)  # 0-1
+    tx = Producer(settings.kafka_config(**{"transactional.id": f"open-{settings.topic}"}))
+    tx.init_transactions(30)
+    tx.begin_transaction()
+    produce_in_order(settings, t, producer=tx)  # 2-4, not committed yet
+    tx.flush(30)
+    produce_in_order(settings, b)  # 5-6, committed, but behind the open transaction
+
+    while_open = pipeline.run_once(settings, run_id="while-open")
+    p0 = while_open["partitions"]["0"]
+    assert (p0["start"], p0["end"]) == (0, 2), "the plan ends at the last stable offset"
+    assert_accounted(spark, settings, while_open)
+
+    tx.commit_transaction(30)  # marker at 7
+    resolved = pipeline.run_once(settings, run_id="resolved")
+    p0 = resolved["partitions"]["0"]
+    assert (p0["start"], p0["end"], p0["output"], p0["gap"]) == (2, 8, 5, 1)
+    assert_accounted(spark, settings, resolved)
+
+    crashed = start_python(settings, _CRASHING_PRODUCER)  # 8-9 in a transaction nobody will finish
+    assert crashed.wait(120) == -signal.SIGKILL
+    d, d_sum = waveform_records("after-crash", 2, seed=4)
+    produce_in_order(settings, d)  # 10-11
+    stuck = pipeline.run_once(settings, run_id="stuck")
+    assert (stuck["partitions"]["0"]["start"], stuck["partitions"]["0"]["end"]) == (8, 8)
+
+    deadline = time.monotonic() + 60  # the broker aborts it after transaction.timeout.ms
+    while _ends(settings, [0])[0] <= 10:
+        assert time.monotonic() < deadline, "the broker never aborted the crashed producer's transaction"
+        time.sleep(0.5)
+    after = pipeline.run_once(settings, run_id="after-abort")
+    p0 = after["partitions"]["0"]
+    assert (p0["start"], p0["output"], p0["gap"]) == (8, 2, p0["end"] - 8 - 2)
+    assert_accounted(spark, settings, after)
+    _assert_output(spark, settings, {"before-txn": a_sum, "in-txn": t_sum, "after-txn": b_sum, "after-crash": d_sum})
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: p0["end"]}
