@@ -7,7 +7,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tests.helpers import (
-    START, assert_accounted, output_rows, produce_in_order, quarantine_reasons, waveform_records,
+    START, assert_accounted, output_rows, produce_in_order, quarantine_reasons, waveform_records, with_headers,
 )
 from wavepipe import pipeline
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
@@ -47,14 +47,6 @@ def test_reordered_duplicated_interleaved_and_spread_chunks_each_land_once(setti
     assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: 21, 1: 2}
 
 
-def _headers(records, index, **changes):
-    """Record ``index`` of ``records`` with some headers replaced (None drops a header)."""
-    key, headers, value = records[index]
-    out = [(k, v) for k, v in headers if k not in changes]
-    out += [(k, v) for k, v in changes.items() if v is not None]
-    return key, out, value
-
-
 def test_broken_waveforms_are_quarantined_and_junk_is_dead_lettered_with_reasons(settings, spark):
     settings = settings.replace(dead_letter_topic=f"{settings.topic}-dlq")
     ensure_topic(settings, partitions=1)
@@ -65,14 +57,14 @@ def test_broken_waveforms_are_quarantined_and_junk_is_dead_lettered_with_reasons
     short, _ = waveform_records("short", 2, seed=8)
     short[1] = (short[1][0], short[1][1], short[1][2][:-8])  # chunks hold fewer bytes than wp-size
     count, _ = waveform_records("count", 2, seed=9)
-    count[1] = _headers(count, 1, **{"wp-count": b"3"})  # chunks disagree on the chunk count
+    count[1] = with_headers(count, 1, **{"wp-count": b"3"})  # chunks disagree on the chunk count
     meta, _ = waveform_records("meta", 2, seed=10)
-    meta[1] = _headers(meta, 1, **{"wp-sample-rate": b"250.0"})  # chunks disagree on metadata
+    meta[1] = with_headers(meta, 1, **{"wp-sample-rate": b"250.0"})  # chunks disagree on metadata
     junk = [
         (b"k1", None, b"not a chunk"),                                   # no headers at all
-        _headers(good, 0, **{"wp-version": b"9"}),                       # unknown protocol version
-        _headers(good, 0, **{"wp-seq": b"two"}),                         # malformed header
-        _headers(good, 0, **{"wp-checksum": None}),                      # missing header
+        with_headers(good, 0, **{"wp-version": b"9"}),                       # unknown protocol version
+        with_headers(good, 0, **{"wp-seq": b"two"}),                         # malformed header
+        with_headers(good, 0, **{"wp-checksum": None}),                      # missing header
         (good[0][0], good[0][1], b""),                                   # empty value
     ]
     produce_in_order(settings, good + corrupt + short + count + meta + junk)
