@@ -508,19 +508,22 @@ def main(argv: list[str] | None = None) -> int:
     if plan is None:
         log.error("run %s has no plan under %s", args.run_id, settings.runs_dir)
         return 2
-    began = time.monotonic()
-    spark = SparkSession.builder.appName(f"wavepipe-reassemble-{plan.run_id}").getOrCreate()
-    session_s = time.monotonic() - began
-    try:
+    # Held for the app's life: if the step that launched it died and its retry launches another
+    # app while this one still runs, the second stops here instead of writing beside it.
+    with store.step_lock(plan.run_id, "spark-app"):
         began = time.monotonic()
-        result = reassemble_run(spark, settings, plan)
-        result["timings"]["spark_app_s"] = round(time.monotonic() - began, 3)
-        result["timings"]["session_start_s"] = round(session_s, 3)
-    finally:
-        began = time.monotonic()
-        spark.stop()
-    result["timings"]["session_stop_s"] = round(time.monotonic() - began, 3)
-    store.save_step(plan.run_id, "reassemble", result)
+        spark = SparkSession.builder.appName(f"wavepipe-reassemble-{plan.run_id}").getOrCreate()
+        session_s = time.monotonic() - began
+        try:
+            began = time.monotonic()
+            result = reassemble_run(spark, settings, plan)
+            result["timings"]["spark_app_s"] = round(time.monotonic() - began, 3)
+            result["timings"]["session_start_s"] = round(session_s, 3)
+        finally:
+            began = time.monotonic()
+            spark.stop()
+        result["timings"]["session_stop_s"] = round(time.monotonic() - began, 3)
+        store.save_step(plan.run_id, "reassemble", result)
     log.info("run %s reassembled: %s", plan.run_id, result["waveforms"])
     return 0
 

@@ -212,9 +212,22 @@ def run_once(settings: Settings, *, run_id: str | None = None, topic: str | None
     with store.step_lock(run_id, "run"):
         plan = plan_step(settings, run_id, topic=topic, group=group, max_records=max_records, max_bytes=max_bytes,
                          skip_lost_offsets=skip_lost_offsets)
-        consume_all(settings, plan.run_id, partitions_to_read(plan))
+        staged = [p for p in partitions_to_read(plan) if _is_staged(store, plan, p)]
+        if staged:
+            log.info("run %s: partitions %s were staged by an earlier attempt; not read again", run_id, staged)
+        consume_all(settings, plan.run_id, [p for p in partitions_to_read(plan) if p not in staged])
         reassemble_step(settings, plan.run_id)
         return commit_step(settings, plan.run_id)
+
+
+def _is_staged(store: RunStore, plan: RunPlan, partition: int) -> bool:
+    """The partition's range was read completely by an earlier attempt (its result is recorded
+    only after its staged files are in place, and they stay until the run commits)."""
+    from wavepipe.consumers.reader import staged_paths
+
+    r = plan.range_for(partition)
+    chunks, dead = staged_paths(store, plan.run_id, r)
+    return store.load_step(plan.run_id, f"consume-{r.topic}-{partition}") is not None and chunks.exists() and dead.exists()
 
 
 def _require_plan(store: RunStore, run_id: str) -> RunPlan:
