@@ -138,3 +138,25 @@ def quarantine_reasons(spark, settings: Settings) -> dict[str, str]:
         return {}
     return {r["waveform_id"]: r["reason"] for r in
             spark.read.format("delta").load(str(settings.quarantine_table)).select("waveform_id", "reason").collect()}
+
+
+def read_topic(settings: Settings, topic: str, partition: int = 0) -> list[tuple[bytes, dict[str, bytes]]]:
+    """Every committed record of one partition, as (value, headers), read until it goes quiet."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(settings.kafka_config(**{"group.id": "test-reader", "isolation.level": "read_committed",
+                                                 "enable.auto.commit": False}))
+    consumer.assign([TopicPartition(topic, partition, 0)])
+    out, idle = [], 0
+    try:
+        while idle < 6:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                idle += 1
+                continue
+            if msg.error():
+                raise AssertionError(msg.error())
+            out.append((msg.value() or b"", dict(msg.headers() or [])))
+    finally:
+        consumer.close()
+    return out

@@ -121,15 +121,23 @@ def commit_step(settings: Settings, run_id: str) -> dict:
         return _commit(settings, store, run_id)
 
 
-def _staged_dead_letters(store: RunStore, plan: RunPlan):
-    """The run's staged dead-letter rows, one row group in memory at a time."""
+def _new_dead_letters(store: RunStore, plan: RunPlan):
+    """The run's staged dead-letter rows that the group's previous run did not publish already,
+    one row group in memory at a time. A run that continues from the previous run's safe offset
+    re-reads ``[safe, previous end)`` (a pending waveform held the commit back there); after a
+    rewind everything in the range is published again, as the reprocessing it is."""
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    from wavepipe.consumers.reader import staged_paths
+
     for r in plan.ranges:
-        path = store.staging_dir(plan.run_id) / "dead_letter" / f"{r.name}.parquet"
+        _, path = staged_paths(store, plan.run_id, r)
+        previous = plan.previous.get(r.partition)
+        seen_end = previous[1] if previous and previous[0] == r.start else r.start
         if path.exists():
             for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
-                yield from batch.to_pylist()
+                yield from batch.filter(pc.greater_equal(batch.column("offset"), seen_end)).to_pylist()
 
 
 def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
@@ -171,7 +179,7 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
         safe = {int(p): part["safe_offset"] for p, part in report["partitions"].items()}
         failpoint("commit.before_offsets")
         try:
-            committed = commit_safe_offsets(settings, plan, safe, _staged_dead_letters(store, plan))
+            committed = commit_safe_offsets(settings, plan, safe, _new_dead_letters(store, plan))
         except OffsetsMovedError:
             store.release_group(plan.group, run_id)  # this run can never commit: free the group
             raise

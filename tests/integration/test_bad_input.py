@@ -4,10 +4,11 @@ reason where it is not an output waveform, and nothing stops the run."""
 from __future__ import annotations
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 
 from tests.helpers import (
-    START, assert_accounted, output_rows, produce_in_order, quarantine_reasons, waveform_records, with_headers,
+    START, assert_accounted, output_rows, produce_in_order, quarantine_reasons, read_topic, waveform_records,
+    with_headers,
 )
 from wavepipe import pipeline
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
@@ -86,29 +87,12 @@ def test_broken_waveforms_are_quarantined_and_junk_is_dead_lettered_with_reasons
                     (14, "empty_value", b"")]
 
     # the dead-letter topic got the same records, original bytes and headers, once
-    published = _read_all(settings, settings.dead_letter_topic)
+    published = read_topic(settings, settings.dead_letter_topic)
     assert [(h["wp-dlq-origin"], h["wp-dlq-reason"], v) for v, h in published] == [
         (f"{settings.topic}/0/{offset}".encode(), reason.encode(), value) for offset, reason, value in dead]
     assert published[1][1]["wp-version"] == b"9" and published[1][1]["wp-id"] == b"good"
     pipeline.commit_step(settings, "bad")  # a retried commit publishes nothing twice
-    assert len(_read_all(settings, settings.dead_letter_topic)) == 5
-
-
-def _read_all(settings, topic: str) -> list[tuple[bytes, dict[str, bytes]]]:
-    consumer = Consumer(settings.kafka_config(**{"group.id": "dlq-reader", "auto.offset.reset": "earliest",
-                                                 "isolation.level": "read_committed", "enable.auto.commit": False}))
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    out, idle = [], 0
-    while idle < 6:
-        msg = consumer.poll(0.5)
-        if msg is None:
-            idle += 1
-            continue
-        if msg.error():
-            raise AssertionError(msg.error())
-        out.append((msg.value() or b"", dict(msg.headers() or [])))
-    consumer.close()
-    return out
+    assert len(read_topic(settings, settings.dead_letter_topic)) == 5
 
 
 def test_a_waveform_that_never_completes_is_pending_then_quarantined_as_incomplete(settings, spark):

@@ -19,7 +19,8 @@ from confluent_kafka.admin import OffsetSpec
 from pyspark.sql import functions as F
 
 from tests.helpers import (
-    assert_accounted, output_rows, produce_in_order, quarantine_reasons, run_cli, waveform_records, with_headers,
+    assert_accounted, output_rows, produce_in_order, quarantine_reasons, read_topic, run_cli, waveform_records,
+    with_headers,
 )
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets
 
@@ -116,8 +117,10 @@ def test_chaos_rounds_end_exactly_once(settings, spark):
     seed = int(os.environ.get("WAVEPIPE_CHAOS_SEED", time.time_ns() % 2**32))
     rounds = int(os.environ.get("WAVEPIPE_CHAOS_ROUNDS", 3))
     rng = random.Random(seed)
-    settings = settings.replace(incomplete_after_offsets=30, incomplete_after_s=0)
+    settings = settings.replace(incomplete_after_offsets=30, incomplete_after_s=0,
+                                dead_letter_topic=f"{settings.topic}-dlq")
     ensure_topic(settings)
+    ensure_topic(settings, settings.dead_letter_topic, partitions=1)
     expected = Expected()
     faults = rng.sample(FAULTS, len(FAULTS))
     log = [f"WAVEPIPE_CHAOS_SEED={seed}"]
@@ -146,5 +149,8 @@ def test_chaos_rounds_end_exactly_once(settings, spark):
     assert {r["reason"]: r["count"] for r in dead.groupBy("reason").count().collect()} == expected.dead, context
     assert dead.select("partition", "offset").distinct().count() == dead.count(), context
     assert dead.where(F.col("value").isNull()).count() == 0, context
+    # the dead-letter topic holds the same records, each once, although runs re-read some of them
+    published = sorted(h["wp-dlq-origin"].decode() for _, h in read_topic(settings, settings.dead_letter_topic))
+    assert published == sorted(f"{r['topic']}/{r['partition']}/{r['offset']}" for r in dead.collect()), context
     ends = list_offsets(settings, settings.topic, [0, 1], OffsetSpec.latest())
     assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == ends, context
