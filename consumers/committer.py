@@ -27,7 +27,11 @@ TIMEOUT_S = 60.0
 
 
 class OffsetsMovedError(RuntimeError):
-    pass
+    """The group is not where this run can commit from: the run can never commit."""
+
+
+class DeadLetterPublishError(RuntimeError):
+    """Dead letters could not be published; nothing was committed and a retry may succeed."""
 
 
 def commit_metadata(plan: RunPlan, partition: int) -> str:
@@ -102,7 +106,9 @@ def _commit_in_transaction(settings: Settings, plan: RunPlan, offsets: list[Topi
             errors.append(str(err))
 
     # One transactional id per group: a second committer of the same group fences the first.
-    producer = Producer(settings.kafka_config(**{"transactional.id": f"wavepipe-commit-{plan.group}"}))
+    # Dead letters can be as large as anything the readers fetch (16 MiB a partition).
+    producer = Producer(settings.kafka_config(**{"transactional.id": f"wavepipe-commit-{plan.group}",
+                                                 "message.max.bytes": 20 * 1024 * 1024}))
     consumer = group_consumer(settings, plan.group)
     try:
         producer.init_transactions(TIMEOUT_S)
@@ -110,13 +116,23 @@ def _commit_in_transaction(settings: Settings, plan: RunPlan, offsets: list[Topi
         count = 0
         for row in dead_letters:
             key, value, headers = dead_letter_record(row)
-            producer.produce(settings.dead_letter_topic, value=value, key=key, headers=headers, on_delivery=delivered)
+            while True:
+                try:
+                    producer.produce(settings.dead_letter_topic, value=value, key=key, headers=headers,
+                                     on_delivery=delivered)
+                    break
+                except BufferError:  # the local queue is full: let deliveries drain
+                    producer.poll(1)
             producer.poll(0)
             count += 1
-        producer.flush(TIMEOUT_S)
-        if errors:
+        remaining = producer.flush(TIMEOUT_S)
+        if errors or remaining:
             producer.abort_transaction(TIMEOUT_S)
-            raise OffsetsMovedError(f"run {plan.run_id}: dead letters not delivered ({errors[0]}); nothing committed")
+            raise DeadLetterPublishError(
+                f"run {plan.run_id}: {len(errors) + remaining} dead letters were not delivered to "
+                f"{settings.dead_letter_topic} ({errors[0] if errors else 'timed out'}); nothing was committed. "
+                "Check the topic (does it exist? is its max.message.bytes large enough?) and retry the commit."
+            )
         producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), TIMEOUT_S)
         producer.commit_transaction(TIMEOUT_S)
         return count

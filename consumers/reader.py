@@ -132,7 +132,10 @@ def _consume(settings: Settings, group: str, rng: OffsetRange, stats: ReadStats,
                         break
                     if err.code() == KafkaError._AUTO_OFFSET_RESET:
                         raise ReaderError(
-                            f"{rng.topic}[{rng.partition}]: offset {rng.start} is no longer retained ({err.str()})"
+                            f"{rng.topic}[{rng.partition}]: offset {rng.start} was deleted (retention) after this "
+                            f"run was planned ({err.str()}); retries of this plan cannot succeed. Release it with "
+                            f"`wavepipe abandon` and start a new run: it names the lost range, and "
+                            f"--skip-lost-offsets goes on past it."
                         )
                     raise KafkaException(err)
                 offset = msg.offset()
@@ -165,8 +168,6 @@ def _stage(msg, rng: OffsetRange, stats: ReadStats, chunks: StagedFile, dead: St
     stats.records += 1
     stats.first_offset = offset if stats.first_offset is None else stats.first_offset
     stats.last_offset = offset
-    if timestamp_ms >= 0:
-        stats.max_timestamp_ms = max(timestamp_ms, stats.max_timestamp_ms or timestamp_ms)
     try:
         chunk = parse_chunk(headers, value)
     except Exception as exc:  # noqa: BLE001 - one bad record never stops the range
@@ -177,6 +178,8 @@ def _stage(msg, rng: OffsetRange, stats: ReadStats, chunks: StagedFile, dead: St
         failpoint("consume.record")
         return
     chunks.add(chunk_row(rng.topic, rng.partition, offset, timestamp_ms, chunk), len(chunk.payload))
+    if timestamp_ms >= 0:  # chunks only: a junk record's timestamp must not age the waveforms
+        stats.max_timestamp_ms = max(timestamp_ms, stats.max_timestamp_ms or timestamp_ms)
     stats.chunks += 1
     stats.payload_bytes += len(chunk.payload)
     failpoint("consume.record")

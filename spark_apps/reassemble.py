@@ -282,12 +282,13 @@ def final_status(classified: DataFrame, before_ids: DataFrame, after_ids: DataFr
     """Per waveform, where it ended: ``output`` (written now or already before), ``pending``, or
     ``quarantined`` with a reason.
 
-    A candidate absent from the output after the write failed its checksum (the write appends
-    every verified candidate that was not there before). An incomplete set of chunks of a
-    waveform that is already in the output (or already quarantined) is a leftover of a run that
-    started inside it: it is accounted with that waveform and does not hold the commit back.
-    Any other incomplete waveform stays pending until ``expired``, then is quarantined as
-    ``incomplete``.
+    A waveform quarantined earlier (and not in the output) stays quarantined with its reason,
+    whatever chunks arrive later, also a complete set. A candidate absent from the output after
+    the write failed its checksum (the write appends every verified candidate that was neither
+    written nor quarantined before). An incomplete set of chunks of a waveform that is already in
+    the output is a leftover of a run that started inside it: it is accounted with that waveform
+    and does not hold the commit back. Any other incomplete waveform stays pending until
+    ``expired``, then is quarantined as ``incomplete``.
     """
     before = before_ids.select("waveform_id", F.lit(True).alias("was_there"))
     after = after_ids.select("waveform_id", F.lit(True).alias("is_there"))
@@ -296,23 +297,23 @@ def final_status(classified: DataFrame, before_ids: DataFrame, after_ids: DataFr
               .join(quarantined, "waveform_id", "left"))
     is_candidate = F.col("status") == CANDIDATE
     stale = F.col("status") == PENDING
+    earlier = (is_candidate | stale) & F.col("was_there").isNull() & F.col("q_reason").isNotNull()
     return joined.select(
         "waveform_id",
-        F.when(is_candidate & F.col("is_there").isNotNull(), F.lit(OUTPUT))
+        F.when(earlier, F.lit(QUARANTINED))
+        .when(is_candidate & F.col("is_there").isNotNull(), F.lit(OUTPUT))
         .when(is_candidate, F.lit(QUARANTINED))
         .when(stale & F.col("was_there").isNotNull(), F.lit(OUTPUT))
-        .when(stale & F.col("q_reason").isNotNull(), F.lit(QUARANTINED))
         .when(stale & F.col("expired"), F.lit(QUARANTINED))
         .otherwise(F.col("status")).alias("status"),
-        F.when(is_candidate & F.col("is_there").isNull(), F.lit("checksum_mismatch"))
+        F.when(earlier, F.col("q_reason"))
+        .when(is_candidate & F.col("is_there").isNull(), F.lit("checksum_mismatch"))
         .when(stale & F.col("was_there").isNotNull(), F.lit(None))
-        .when(stale & F.col("q_reason").isNotNull(), F.col("q_reason"))
         .when(stale & F.col("expired"), F.lit("incomplete"))
         .otherwise(F.col("reason")).alias("reason"),
-        F.when(is_candidate & F.col("is_there").isNull(),
+        F.when(earlier, F.lit("chunks of a waveform quarantined earlier"))
+        .when(is_candidate & F.col("is_there").isNull(),
                F.lit("the joined chunks' sha256 differs from wp-checksum"))
-        .when(stale & F.col("was_there").isNull() & F.col("q_reason").isNotNull(),
-              F.lit("leftover chunks of a waveform quarantined earlier"))
         .otherwise(F.col("detail")).alias("detail"),
         F.coalesce(F.col("was_there"), F.lit(False)).alias("already_written"),
     )
@@ -400,7 +401,13 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     out_path = settings.output_table
     v0 = _delta_version(out_path)
     before = _delta_ids(spark, out_path, v0)
+    q_version = _delta_version(settings.quarantine_table)
+    q_before = (spark.read.format("delta").option("versionAsOf", q_version).load(str(settings.quarantine_table))
+                .select("waveform_id", "reason") if q_version is not None
+                else spark.createDataFrame([], "waveform_id string, reason string"))
     new_candidates = classified.where(F.col("status") == CANDIDATE)
+    if q_version is not None:  # quarantined once, quarantined for good (e.g. late chunks of an incomplete one)
+        new_candidates = new_candidates.join(q_before.select("waveform_id"), "waveform_id", "left_anti")
     if v0 is not None:  # kept: counted below, then assembled (the table's ids are read once)
         new_candidates = new_candidates.join(before, "waveform_id", "left_anti").persist()
     # chunks all in one partition, each once: streamed per staged file; the rest: by a shuffle
@@ -423,10 +430,6 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     t = time.monotonic()
     v1 = _delta_version(out_path)
     after = _delta_ids(spark, out_path, v1) if v1 != v0 else before
-    q_version = _delta_version(settings.quarantine_table)
-    q_before = (spark.read.format("delta").option("versionAsOf", q_version).load(str(settings.quarantine_table))
-                .select("waveform_id", "reason") if q_version is not None
-                else spark.createDataFrame([], "waveform_id string, reason string"))
     status = final_status(classified, before, after, q_before).persist()
     waveforms = status.groupBy("status", "reason", "already_written").count().collect()
     if any(w["status"] == QUARANTINED for w in waveforms):
@@ -508,9 +511,10 @@ def main(argv: list[str] | None = None) -> int:
     if plan is None:
         log.error("run %s has no plan under %s", args.run_id, settings.runs_dir)
         return 2
-    # Held for the app's life: if the step that launched it died and its retry launches another
-    # app while this one still runs, the second stops here instead of writing beside it.
-    with store.step_lock(plan.run_id, "spark-app"):
+    # Held for the app's life, per output table: an app whose launching step died keeps running
+    # (it has its own session); a retry, or a new run after `wavepipe abandon`, stops here
+    # instead of appending the same waveforms beside it.
+    with store.lock(settings.tables_dir / ".reassemble.lock", f"a reassembly into {settings.tables_dir}"):
         began = time.monotonic()
         spark = SparkSession.builder.appName(f"wavepipe-reassemble-{plan.run_id}").getOrCreate()
         session_s = time.monotonic() - began

@@ -103,11 +103,12 @@ def run_cli(settings: Settings, *args: str, failpoints: str | None = None, timeo
     return proc.returncode, out
 
 
-def assert_accounted(spark, settings: Settings, report: dict) -> None:
+def assert_accounted(spark, settings: Settings, report: dict, gaps: bool = False) -> None:
     """DESIGN contract 5 for one run, checked against the tables, not only the report's own sums:
     per partition output + pending + quarantined + dead letter (+ offsets Kafka delivered no record
     for) = the range's offsets; the dead-letter table holds the run's dead letters; every waveform
-    is in the output once."""
+    is in the output once. ``gaps``: offsets without a record are expected (transactions); else
+    every offset must have been delivered, so a reader that skipped records cannot hide them."""
     from pyspark.sql import functions as F
 
     assert report["balance_errors"] == [], report["balance_errors"]
@@ -117,6 +118,7 @@ def assert_accounted(spark, settings: Settings, report: dict) -> None:
         placed = part["output"] + part["pending"] + part["quarantined"] + part["dead_letter"] + part["gap"]
         assert placed == part["end"] - part["start"], (p, part)
         assert part["start"] <= part["safe_offset"] <= part["end"], (p, part)
+        assert gaps or part["gap"] == 0, (p, part)
     if report["totals"]["dead_letter"]:  # each once, also when an earlier run dead-lettered it first
         dead = spark.read.format("delta").load(str(settings.dead_letter_table)).where(F.col("topic") == report["topic"])
         for p, part in report["partitions"].items():

@@ -7,7 +7,6 @@ import json
 import logging
 import sys
 import time
-from datetime import datetime, timezone
 
 from wavepipe.config import Settings, load_settings
 from wavepipe.jars import SetupError
@@ -86,9 +85,31 @@ def cmd_abandon(args) -> int:
     if active is None:
         print(f"group {group!r} has no active run")
         return 0
+    if store.is_locked(active, "run"):
+        print(f"run {active} of group {group!r} is executing right now; stop it first", file=sys.stderr)
+        return 1
+    plan = store.load_plan(active)
+    if plan is not None and _committed_by(settings, plan):
+        print(f"run {active} already committed its offsets; finish it with `wavepipe run` (it resumes the run "
+              "and only writes its report)", file=sys.stderr)
+        return 1
     store.release_group(group, active)
     print(f"released run {active} of group {group!r}; its offsets were not committed, the next run re-reads them")
     return 0
+
+
+def _committed_by(settings: Settings, plan) -> bool:
+    """Whether the group's committed offsets carry ``plan``'s run id (its commit went through)."""
+    from wavepipe.consumers.kafka_admin import committed_positions
+
+    positions = committed_positions(settings, plan.group, plan.topic, [r.partition for r in plan.ranges])
+    def run_id_of(meta: str | None) -> str | None:
+        try:
+            return json.loads(meta).get("run_id") if meta else None
+        except (ValueError, AttributeError):  # metadata written by another tool
+            return None
+
+    return any(run_id_of(meta) == plan.run_id for _, meta in positions.values())
 
 
 def cmd_status(args) -> int:

@@ -60,9 +60,12 @@ class Settings:
     consume_parallelism: int = 2
     #: A waveform still missing chunks is quarantined as ``incomplete`` once its partition has
     #: moved this many offsets, or this many seconds of record time, past its newest chunk (so it
-    #: cannot hold the partition's commit back forever). 0 turns a limit off.
+    #: cannot hold the partition's commit back forever). 0 turns a limit off. Record time is what
+    #: producers stamp (CreateTime) unless the topic uses LogAppendTime: a producer replaying old
+    #: recordings with their own timestamps would age its waveforms at once, so the time limit
+    #: is off by default; turn it on where timestamps are send times.
     incomplete_after_offsets: int = 100_000
-    incomplete_after_s: float = 3600.0
+    incomplete_after_s: float = 0.0
     #: Waveforms larger than this (by their header or by their chunks) are quarantined as
     #: ``too_large`` from their metadata alone, never assembled. At most 1 GiB (a Spark row).
     max_waveform_bytes: int = 256 * 1024 * 1024

@@ -38,8 +38,9 @@ def plan_step(settings: Settings, run_id: str, *, topic: str | None = None, grou
 
     began = time.monotonic()
     run_id = safe_run_id(run_id)
-    plan = plan_run(settings, run_id, topic=topic, group=group, max_records=max_records, max_bytes=max_bytes,
-                    skip_lost_offsets=skip_lost_offsets)
+    with RunStore(settings).step_lock(run_id, "run"):  # two first attempts must not plan twice
+        plan = plan_run(settings, run_id, topic=topic, group=group, max_records=max_records, max_bytes=max_bytes,
+                        skip_lost_offsets=skip_lost_offsets)
     _timed(RunStore(settings), run_id, "plan", began)
     return plan
 

@@ -236,15 +236,26 @@ class RunStore:
     def save_previous_ranges(self, group: str, topic: str, ranges: dict[int, list[int]]) -> None:
         write_json_atomic(self._previous_path(group, topic), {str(k): v for k, v in ranges.items()})
 
+    def step_lock(self, run_id: str, name: str):
+        """Hold step ``name`` of ``run_id`` exclusively, or raise ``StepBusyError`` at once."""
+        return self.lock(self.run_dir(run_id) / f".{name}.lock", f"run {run_id}: '{name}'")
+
+    def is_locked(self, run_id: str, name: str) -> bool:
+        """Whether some process holds step ``name`` of ``run_id`` right now."""
+        try:
+            with self.step_lock(run_id, name):
+                return False
+        except StepBusyError:
+            return True
+
     @contextmanager
-    def step_lock(self, run_id: str, name: str) -> Iterator[None]:
-        """Hold ``name`` of ``run_id`` exclusively, or raise ``StepBusyError`` at once.
+    def lock(self, path: Path, what: str) -> Iterator[None]:
+        """Hold the lock file ``path`` exclusively, or raise ``StepBusyError`` at once.
 
         An OS file lock (``flock``): the kernel drops it when the holder exits, also on SIGKILL,
         so a crashed step never blocks its retry. It serialises processes on one machine or on a
         shared filesystem with working ``flock`` (local disks; not every NFS).
         """
-        path = self.run_dir(run_id) / f".{name}.lock"
         if path in _held_locks:
             yield
             return
@@ -256,8 +267,8 @@ class RunStore:
             except BlockingIOError:
                 holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
                 raise StepBusyError(
-                    f"run {run_id}: '{name}' is running in another process right now (pid {holder}); "
-                    "two executions of one run must not overlap. Wait for it, or stop it and retry."
+                    f"{what} is running in another process right now (pid {holder}); two of them must "
+                    "not overlap. Wait for it, or stop it and retry."
                 ) from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)

@@ -4,14 +4,15 @@ reason where it is not an output waveform, and nothing stops the run."""
 from __future__ import annotations
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Producer, TopicPartition
 
 from tests.helpers import (
     START, assert_accounted, output_rows, produce_in_order, quarantine_reasons, read_topic, waveform_records,
     with_headers,
 )
 from wavepipe import pipeline
-from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
+from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, group_consumer
+from wavepipe.faults import InjectedFault
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +49,7 @@ def test_reordered_duplicated_interleaved_and_spread_chunks_each_land_once(setti
     assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: 21, 1: 2}
 
 
-def test_broken_waveforms_are_quarantined_and_junk_is_dead_lettered_with_reasons(settings, spark):
+def test_broken_waveforms_are_quarantined_and_junk_is_dead_lettered_with_reasons(settings, spark, monkeypatch):
     settings = settings.replace(dead_letter_topic=f"{settings.topic}-dlq")
     ensure_topic(settings, partitions=1)
     ensure_topic(settings, settings.dead_letter_topic, partitions=1)
@@ -70,7 +71,12 @@ def test_broken_waveforms_are_quarantined_and_junk_is_dead_lettered_with_reasons
     ]
     produce_in_order(settings, good + corrupt + short + count + meta + junk)
 
-    report = pipeline.run_once(settings, run_id="bad")
+    # the commit dies right after its transaction (dead letters + offsets) went through ...
+    monkeypatch.setenv("WAVEPIPE_FAILPOINTS", "commit.after_offsets=raise")
+    with pytest.raises(InjectedFault):
+        pipeline.run_once(settings, run_id="bad")
+    monkeypatch.delenv("WAVEPIPE_FAILPOINTS")
+    report = pipeline.commit_step(settings, "bad")  # ... and its retry must not publish them again
     assert_accounted(spark, settings, report)
     p0 = report["partitions"]["0"]
     assert (p0["output"], p0["quarantined"], p0["dead_letter"], p0["pending"]) == (2, 8, 5, 0)
@@ -91,8 +97,6 @@ def test_broken_waveforms_are_quarantined_and_junk_is_dead_lettered_with_reasons
     assert [(h["wp-dlq-origin"], h["wp-dlq-reason"], v) for v, h in published] == [
         (f"{settings.topic}/0/{offset}".encode(), reason.encode(), value) for offset, reason, value in dead]
     assert published[1][1]["wp-version"] == b"9" and published[1][1]["wp-id"] == b"good"
-    pipeline.commit_step(settings, "bad")  # a retried commit publishes nothing twice
-    assert len(read_topic(settings, settings.dead_letter_topic)) == 5
 
 
 def test_a_waveform_that_never_completes_is_pending_then_quarantined_as_incomplete(settings, spark):
@@ -122,6 +126,15 @@ def test_a_waveform_that_never_completes_is_pending_then_quarantined_as_incomple
     third = pipeline.run_once(settings, run_id="third")
     assert_accounted(spark, settings, third)
     assert third["partitions"]["0"]["quarantine_reasons"] == {"incomplete": 2}
+
+    rewind = group_consumer(settings, settings.group)  # reprocess all: now every chunk of it is read
+    rewind.commit(offsets=[TopicPartition(settings.topic, 0, 0)], asynchronous=False)
+    rewind.close()
+    again = pipeline.run_once(settings, run_id="again")
+    assert_accounted(spark, settings, again)
+    assert again["waveforms"] == {"output_already_written": 2, "quarantined:incomplete": 1}, \
+        "complete now, but quarantined once is quarantined for good"
+    assert again["partitions"]["0"]["quarantine_reasons"] == {"incomplete": 4}
     assert sorted(r[0] for r in output_rows(spark, settings)) == ["x", "y"]
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 9}
 
