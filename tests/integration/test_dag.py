@@ -27,7 +27,7 @@ def test_dag_parses_with_its_wiring():
     dag = bag.dags["wavepipe_ingest"]
     assert [t.task_id for t in dag.topological_sort()] == ["plan", "consume", "reassemble", "commit"]
     assert dag.max_active_runs == 1 and not dag.catchup
-    assert set(dag.params) == {"topic", "group", "max_records", "max_bytes"}
+    assert set(dag.params) == {"topic", "group", "max_records", "max_bytes", "skip_lost_offsets"}
 
 
 def test_dag_run_ingests_then_an_idle_run_reads_nothing(settings, spark):
