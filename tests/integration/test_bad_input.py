@@ -7,7 +7,7 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 
 from tests.helpers import (
-    START, assert_accounted, output_rows, produce_in_order, quarantine_reasons, read_topic, waveform_records,
+    START, assert_accounted, output_rows, produce_in_order, quarantine_reasons, read_topic, run_cli, waveform_records,
     with_headers,
 )
 from wavepipe import pipeline
@@ -76,6 +76,8 @@ def test_broken_waveforms_are_quarantined_and_junk_is_dead_lettered_with_reasons
     with pytest.raises(InjectedFault):
         pipeline.run_once(settings, run_id="bad")
     monkeypatch.delenv("WAVEPIPE_FAILPOINTS")
+    code, out = run_cli(settings, "abandon")  # its offsets went through: it must be finished, not dropped
+    assert code == 1 and "already committed its offsets" in out, out[-2000:]
     report = pipeline.commit_step(settings, "bad")  # ... and its retry must not publish them again
     assert_accounted(spark, settings, report)
     p0 = report["partitions"]["0"]
