@@ -38,6 +38,14 @@ def commit_metadata(plan: RunPlan, partition: int) -> str:
     return json.dumps({"run_id": plan.run_id, "planned_end": plan.range_for(partition).end}, separators=(",", ":"))
 
 
+def committed_run_id(metadata: str | None) -> str | None:
+    """The run id in a committed offset's metadata (None if another tool committed it)."""
+    try:
+        return json.loads(metadata).get("run_id") if metadata else None
+    except (ValueError, AttributeError):
+        return None
+
+
 def commit_safe_offsets(settings: Settings, plan: RunPlan, safe: dict[int, int],
                         dead_letters: Iterable[dict] = ()) -> dict[int, dict]:
     """Commit ``safe[partition]`` for every planned partition; return before/after per partition.

@@ -100,17 +100,11 @@ def cmd_abandon(args) -> int:
 
 def _committed_by(settings: Settings, plan) -> bool:
     """Whether the group's committed offsets carry ``plan``'s run id (its commit went through)."""
+    from wavepipe.consumers.committer import committed_run_id
     from wavepipe.consumers.kafka_admin import committed_positions
 
     positions = committed_positions(settings, plan.group, plan.topic, [r.partition for r in plan.ranges])
-    def run_id_of(meta: str | None) -> str | None:
-        try:
-            return json.loads(meta).get("run_id") if meta else None
-        except (ValueError, AttributeError):  # metadata written by another tool
-            return None
-
-    return any(run_id_of(meta) == plan.run_id for _, meta in positions.values())
-
+    return any(committed_run_id(meta) == plan.run_id for _, meta in positions.values())
 
 def cmd_status(args) -> int:
     from confluent_kafka.admin import OffsetSpec
