@@ -101,7 +101,8 @@ def ceiling_kcat(settings: Settings, topic: str, ranges: Ranges, workdir: Path, 
 
 
 def wavepipe_run(settings: Settings, topic: str, ranges: Ranges, workdir: Path, parallelism: int) -> Outcome:
-    """wavepipe end to end, the same steps the DAG's tasks call: plan, consume, reassemble, commit."""
+    """wavepipe end to end, the steps ``wavepipe run`` takes: plan, consume, reassemble with validation and
+    publishing in the same Spark app, commit."""
     from wavepipe.pipeline import commit_step, consume_all, partitions_to_read, plan_step, reassemble_step
     from wavepipe.plan import new_run_id
 
@@ -118,22 +119,29 @@ def wavepipe_run(settings: Settings, topic: str, ranges: Ranges, workdir: Path, 
     stages["plan"], t = time.monotonic() - t, time.monotonic()
     consume_all(s, plan.run_id, partitions_to_read(plan))
     stages["consume"], t = time.monotonic() - t, time.monotonic()
-    result = reassemble_step(s, plan.run_id) or {}
-    stages["reassemble"], t = time.monotonic() - t, time.monotonic()
+    result = reassemble_step(s, plan.run_id, validate=True) or {}
+    stages["reassemble + validate"], t = time.monotonic() - t, time.monotonic()
     report = commit_step(s, plan.run_id)
     stages["commit"] = time.monotonic() - t
     wall = time.monotonic() - began
     inner = result.get("timings", {})
+    checked = {k: v for k, v in report.get("timings_s", {}).items() if k.startswith("validate_")}
     if "spark_app_s" in inner:  # the rest of the spark-submit wall is the JVM and Python start and exit
-        known = sum(inner.get(k, 0.0) for k in ("spark_app_s", "session_start_s", "session_stop_s"))
-        stages["reassemble: JVM and Python start and exit"] = stages["reassemble"] - known
+        known = sum(inner.get(k, 0.0) for k in ("spark_app_s", "session_start_s", "session_stop_s")) + sum(checked.values())
+        stages["reassemble: JVM and Python start and exit"] = stages["reassemble + validate"] - known
         for key, label in (("session_start_s", "reassemble: Spark session start"),
                            ("classify_s", "reassemble: classify (metadata only)"),
-                           ("assemble_write_s", "reassemble: assemble, verify, write Delta"),
+                           ("assemble_write_s", "reassemble: assemble, verify, write the run's candidates"),
                            ("accounting_s", "reassemble: final status and accounting"),
                            ("session_stop_s", "reassemble: Spark session stop")):
             if key in inner:
                 stages[label] = inner[key]
+        for key, label in (("validate_prepare_s", "validate: checked columns (payload re-hashed)"),
+                           ("validate_expectations_s", "validate: Great Expectations suites, Data Docs"),
+                           ("validate_plot_s", "validate: waveform plot"),
+                           ("validate_publish_s", "validate: publish to the Delta tables")):
+            if key in checked:
+                stages[label] = checked[key]
     return Outcome(wall, stages, s.output_table, info={"waveforms": report["waveforms"],
                                                        "balance_errors": report["balance_errors"]})
 

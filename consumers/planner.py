@@ -87,6 +87,7 @@ def plan_run(settings: Settings, run_id: str, *, topic: str | None = None, group
         plan = RunPlan(
             run_id=run_id, topic=topic, group=group, created_at=utc_now(), ranges=tuple(ranges),
             previous=previous, caps={"records_per_partition": cap}, committed=committed, lost=lost,
+            latest={p: stable[p] for p in partitions},
         )
         store.save_plan(plan)
     except BaseException:

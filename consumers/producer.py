@@ -104,7 +104,7 @@ def demo_waveforms(count: int, *, seed: int, batch: str, target_bytes: int = 512
     arrival, 12-lead ECGs (int16, 500 Hz), and stereo audio (int16, 16 kHz) with a chirp.
     ``target_bytes`` sets the approximate size of each; ``batch`` makes the ids unique."""
     rng = np.random.default_rng(seed)
-    t0 = datetime(2026, 11, 1, tzinfo=timezone.utc) + timedelta(minutes=int(rng.integers(0, 60 * 24 * 14)))
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(minutes=int(rng.integers(0, 60 * 24 * 14)))
     kinds = ("seismic", "ecg", "audio")
     for i in range(count):
         kind = kinds[i % len(kinds)]

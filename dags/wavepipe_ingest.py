@@ -1,17 +1,20 @@
 """wavepipe_ingest: one bounded run of the chunked-waveform ingest (wiring only).
 
-plan -> consume (one mapped task per partition) -> reassemble (Spark) -> commit.
+plan -> consume (one mapped task per partition) -> reassemble (Spark) -> validate (Great Expectations,
+then publish) -> commit.
 """
 
 from datetime import datetime, timedelta
 
 from airflow.sdk import DAG, Param, TriggerRule
 
-from wavepipe.airflow.operators import CommitOperator, ConsumeOperator, PlanOperator, ReassembleOperator
+from wavepipe.airflow.operators import (
+    CommitOperator, ConsumeOperator, PlanOperator, ReassembleOperator, ValidateOperator,
+)
 
 with DAG(
     dag_id="wavepipe_ingest",
-    description="Bounded run: frozen offset ranges -> staged chunks -> reassembled waveforms -> committed offsets",
+    description="Bounded run: frozen offset ranges -> staged chunks -> reassembled waveforms -> validated -> committed offsets",
     schedule=timedelta(minutes=15),
     start_date=datetime(2026, 1, 1),
     catchup=False,
@@ -36,5 +39,6 @@ with DAG(
     )
     consume = ConsumeOperator.partial(task_id="consume").expand(partition=plan.output)
     reassemble = ReassembleOperator(task_id="reassemble", trigger_rule=TriggerRule.NONE_FAILED)
+    validate = ValidateOperator(task_id="validate", trigger_rule=TriggerRule.NONE_FAILED)
     commit = CommitOperator(task_id="commit", trigger_rule=TriggerRule.NONE_FAILED)
-    plan >> consume >> reassemble >> commit
+    plan >> consume >> reassemble >> validate >> commit

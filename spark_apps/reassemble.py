@@ -3,9 +3,10 @@
 Transformations are pure ``DataFrame -> DataFrame`` functions; ``main()`` only parses arguments
 and does I/O. Guarantees:
 
-* a waveform is written once: ids already in the output table are never appended again, so a
+* a waveform is written once: ids already in the output table are never candidates again, so a
   retried run, a re-read after a rewind, or pending chunks read a second time add no rows;
-* each table is changed by one atomic Delta commit; a crash leaves the previous version visible;
+* nothing is published here: the new waveforms, quarantine and dead-letter rows go to the run's
+  candidate tables (``spark_apps/tables.py``), which the validate step checks and publishes;
 * every staged record ends in one place: an output waveform, pending (incomplete, re-read next
   run from the partition's safe offset), quarantine (with a reason) or dead letter (with a reason).
 """
@@ -14,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import sys
 import time
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -32,6 +33,7 @@ from wavepipe.faults import failpoint
 from wavepipe.plan import RunPlan, RunStore, utc_now
 from wavepipe.protocol import checksum
 from wavepipe.report import empty_partition
+from wavepipe.spark_apps.tables import delta_ids, delta_version, read_delta, write_candidate
 
 log = logging.getLogger("wavepipe.reassemble")
 
@@ -99,8 +101,8 @@ def classify(meta: DataFrame, *, max_waveform_bytes: int = 0, ends: dict[int, in
         F.max("total_size").alias("total_size"),
         F.min("partition").alias("partition"),
         (F.min("partition") == F.max("partition")).alias("one_partition"),
-        F.min(_per_partition(ends) - F.col("offset")).alias("offsets_since"),
-        F.min(_per_partition(newest_ms) - F.col("timestamp_ms")).alias("ms_since"),
+        F.min(per_partition(ends) - F.col("offset")).alias("offsets_since"),
+        F.min(per_partition(newest_ms) - F.col("timestamp_ms")).alias("ms_since"),
     )
     too_large = F.lit(False)
     if max_waveform_bytes:
@@ -140,7 +142,7 @@ def classify(meta: DataFrame, *, max_waveform_bytes: int = 0, ends: dict[int, in
     )
 
 
-def _per_partition(values: dict[int, int] | None):
+def per_partition(values: dict[int, int] | None):
     """A column: ``values[partition]`` of each row (null where not given)."""
     if not values:
         return F.lit(None).cast("long")
@@ -329,48 +331,6 @@ def accounting(meta: DataFrame, status: DataFrame) -> DataFrame:
 
 # --- I/O -------------------------------------------------------------------------------------------
 
-def _delta_ids(spark: SparkSession, path: Path, version: int | None) -> DataFrame:
-    empty = spark.createDataFrame([], "waveform_id string")
-    if version is None:
-        return empty
-    return spark.read.format("delta").option("versionAsOf", version).load(str(path)).select("waveform_id")
-
-
-def _delta_version(path: Path) -> int | None:
-    """The table's latest committed version, from its log's file names (None: no table yet).
-
-    Every Delta commit is the file ``_delta_log/<version>.json`` (zero-padded), written atomically;
-    reading the names costs a directory listing, where asking Delta costs a Spark job (and, the
-    first time in a JVM, several seconds of Delta's start-up).
-    """
-    log_dir = Path(path) / "_delta_log"
-    if not log_dir.is_dir():
-        return None
-    versions = [int(f.name[:-5]) for f in log_dir.iterdir() if f.name.endswith(".json") and f.name[:-5].isdigit()]
-    return max(versions) if versions else None
-
-
-def _append_new(df: DataFrame, path: Path, keys: list[str], partition_by: list[str] | None = None,
-                checked_version: int | None = None, merge_schema: bool = False) -> None:
-    """Append the rows of ``df`` whose ``keys`` are not in the table yet, in one atomic commit.
-
-    ``checked_version``: ``df`` already excludes the keys of that version of the table; they are
-    only compared again if the table has moved since (another writer), so the payload rows are not
-    joined against the table's keys in the common case.
-    """
-    spark = df.sparkSession
-    version = _delta_version(path)
-    if version is not None and version != checked_version:
-        existing = spark.read.format("delta").load(str(path)).select(*keys)
-        df = df.join(existing, keys, "left_anti")
-    writer = df.write.format("delta").mode("append")
-    if merge_schema:  # columns added since the table was created (e.g. ``detail``) are added to it
-        writer = writer.option("mergeSchema", "true")
-    if partition_by:
-        writer = writer.partitionBy(*partition_by)
-    writer.save(str(path))
-
-
 def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     """Reassemble run ``plan``'s staged chunks into the tables; return the accounting."""
     store = RunStore(settings)
@@ -381,6 +341,9 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     missing = [r.name for r in plan.ranges if r.size and r.name not in staged]
     if missing:
         raise RuntimeError(f"run {plan.run_id}: ranges not staged yet: {', '.join(missing)}; run their consume step")
+    # the candidates are made again from the staged chunks: any earlier validation of them is void
+    store.clear_step(plan.run_id, "validate")
+    shutil.rmtree(store.candidate_dir(plan.run_id), ignore_errors=True)
     timings: dict[str, float] = {}
     t = time.monotonic()
     chunks = spark.read.parquet(*map(str, chunk_files))
@@ -399,12 +362,12 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
         incomplete_after_ms=int(settings.incomplete_after_s * 1000),
     ).persist()
     out_path = settings.output_table
-    v0 = _delta_version(out_path)
-    before = _delta_ids(spark, out_path, v0)
-    q_version = _delta_version(settings.quarantine_table)
-    q_before = (spark.read.format("delta").option("versionAsOf", q_version).load(str(settings.quarantine_table))
-                .select("waveform_id", "reason") if q_version is not None
-                else spark.createDataFrame([], "waveform_id string, reason string"))
+    candidates = store.candidate_dir(plan.run_id)
+    v0 = delta_version(out_path)
+    before = delta_ids(spark, out_path, v0)
+    q_version = delta_version(settings.quarantine_table)
+    q_before = (read_delta(spark, settings.quarantine_table, q_version).select("waveform_id", "reason")
+                if q_version is not None else spark.createDataFrame([], "waveform_id string, reason string"))
     new_candidates = classified.where(F.col("status") == CANDIDATE)
     if q_version is not None:  # quarantined once, quarantined for good (e.g. late chunks of an incomplete one)
         new_candidates = new_candidates.join(q_before.select("waveform_id"), "waveform_id", "left_anti")
@@ -415,7 +378,8 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     kinds = {r["simple"]: r["count"] for r in new_candidates.groupBy(simple.alias("simple")).count().collect()}
     timings["classify_s"] = time.monotonic() - t
     t = time.monotonic()
-    if kinds:  # else: no new rows, no empty commit
+    after = before
+    if kinds:  # else: no new rows, no candidate table
         parts = []
         if kinds.get(True):
             parts.append(assemble_local(spark, files, new_candidates.where(simple)))
@@ -423,13 +387,12 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
             parts.append(assemble(chunks, new_candidates.where(~simple)))
         assembled = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         verified = assembled.where("checksum_ok").drop("checksum_ok").withColumn("run_id", F.lit(plan.run_id))
-        _append_new(verified, out_path, ["waveform_id"], ["source", "date"], checked_version=v0)
+        write_candidate(verified, candidates / "waveforms")
         failpoint("reassemble.after_write")
+        after = before.unionByName(read_delta(spark, candidates / "waveforms").select("waveform_id"))
     timings["assemble_write_s"] = time.monotonic() - t
 
     t = time.monotonic()
-    v1 = _delta_version(out_path)
-    after = _delta_ids(spark, out_path, v1) if v1 != v0 else before
     status = final_status(classified, before, after, q_before).persist()
     waveforms = status.groupBy("status", "reason", "already_written").count().collect()
     if any(w["status"] == QUARANTINED for w in waveforms):
@@ -445,12 +408,12 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
                     "total_size", "source", F.lit(plan.run_id).alias("run_id"),
                     F.current_timestamp().alias("quarantined_at"))
         )
-        _append_new(quarantine, settings.quarantine_table, ["waveform_id", "reason"], merge_schema=True)
+        write_candidate(quarantine, candidates / "quarantine")
     dead_files = [f for f in dead_files if pq.ParquetFile(f).metadata.num_rows]
     dead_counts: dict[int, tuple[int, int]] = {}
     if dead_files:
         dead = spark.read.parquet(*map(str, dead_files)).withColumn("run_id", F.lit(plan.run_id))
-        _append_new(dead, settings.dead_letter_table, ["topic", "partition", "offset"], merge_schema=True)
+        write_candidate(dead, candidates / "dead_letter")
         dead_counts = {r["partition"]: (r["n"], r["bytes"] or 0) for r in dead.groupBy("partition").agg(
             F.count(F.lit(1)).alias("n"), F.sum(F.length("value")).alias("bytes")).collect()}
     rows = accounting(meta, status).collect()
@@ -458,10 +421,10 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     classified.unpersist()
     new_candidates.unpersist()
     status.unpersist()
-    return summarize(plan, rows, waveforms, dead_counts, timings, output_version=v1)
+    return summarize(plan, rows, waveforms, dead_counts, timings)
 
 
-def summarize(plan: RunPlan, rows, waveforms, dead_counts: dict, timings: dict, output_version) -> dict:
+def summarize(plan: RunPlan, rows, waveforms, dead_counts: dict, timings: dict) -> dict:
     """Collected aggregates -> per-partition accounting and safe offsets (plain dicts)."""
     partitions = {}
     for r in plan.ranges:
@@ -495,13 +458,14 @@ def summarize(plan: RunPlan, rows, waveforms, dead_counts: dict, timings: dict, 
     return {
         "run_id": plan.run_id, "finished_at": utc_now(), "partitions": {str(k): v for k, v in partitions.items()},
         "waveforms": counts, "timings": {k: round(v, 3) for k, v in timings.items()},
-        "output_table_version": output_version,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Reassemble one wavepipe run's staged chunks.")
     parser.add_argument("--run-id", required=True)
+    parser.add_argument("--validate", action="store_true",
+                        help="then validate and publish in the same Spark session (what `wavepipe run` does)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
@@ -513,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # Held for the app's life, per output table: an app whose launching step died keeps running
     # (it has its own session); a retry, or a new run after `wavepipe abandon`, stops here
-    # instead of appending the same waveforms beside it.
+    # instead of writing beside it.
     with store.lock(settings.tables_dir / ".reassemble.lock", f"a reassembly into {settings.tables_dir}"):
         began = time.monotonic()
         spark = SparkSession.builder.appName(f"wavepipe-reassemble-{plan.run_id}").getOrCreate()
@@ -523,12 +487,18 @@ def main(argv: list[str] | None = None) -> int:
             result = reassemble_run(spark, settings, plan)
             result["timings"]["spark_app_s"] = round(time.monotonic() - began, 3)
             result["timings"]["session_start_s"] = round(session_s, 3)
+            store.save_step(plan.run_id, "reassemble", result)
+            log.info("run %s reassembled: %s", plan.run_id, result["waveforms"])
+            if args.validate:
+                from wavepipe.spark_apps.validate import quiet_loggers, validate_and_publish
+
+                quiet_loggers()
+                validate_and_publish(spark, settings, plan)
         finally:
             began = time.monotonic()
             spark.stop()
         result["timings"]["session_stop_s"] = round(time.monotonic() - began, 3)
         store.save_step(plan.run_id, "reassemble", result)
-    log.info("run %s reassembled: %s", plan.run_id, result["waveforms"])
     return 0
 
 

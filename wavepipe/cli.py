@@ -62,15 +62,23 @@ def _print_report(report: dict) -> None:
         commit = report.get("commit", {}).get(p, {})
         print(f"  {part['topic']}[{p}] [{part['start']}, {part['end']}) committed "
               f"{commit.get('before')} -> {commit.get('after')}")
-    print(f"report: {report.get('report_path')}")
+    if report.get("validation"):
+        v = report["validation"]
+        print(f"validation: {'passed' if v['success'] else 'FAILED'} ({sum(s['evaluated'] for s in v['suites'])} "
+              f"expectations, suite v{v['suite_version']}); Data Docs: {v['data_docs_index']}")
+    print(f"report: file://{report.get('report_html')}  (JSON: {report.get('report_path')})")
 
 
 def cmd_run(args) -> int:
-    from wavepipe.pipeline import run_once
+    from wavepipe.pipeline import ValidationFailedError, run_once
 
-    report = run_once(_settings(args), run_id=args.run_id, topic=args.topic, group=args.group,
-                      max_records=args.max_records, max_bytes=args.max_bytes,
-                      skip_lost_offsets=args.skip_lost_offsets)
+    try:
+        report = run_once(_settings(args), run_id=args.run_id, topic=args.topic, group=args.group,
+                          max_records=args.max_records, max_bytes=args.max_bytes,
+                          skip_lost_offsets=args.skip_lost_offsets)
+    except ValidationFailedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
     _print_report(report)
     return 0
 
@@ -111,6 +119,7 @@ def cmd_status(args) -> int:
 
     from wavepipe.consumers.kafka_admin import committed_offsets, list_offsets, partitions_of
     from wavepipe.plan import RunStore
+    from wavepipe.report import validation_trend
 
     settings = _settings(args)
     topic, group = args.topic or settings.topic, args.group or settings.group
@@ -124,10 +133,25 @@ def cmd_status(args) -> int:
     store = RunStore(settings)
     active = store.active_run(group)
     print(f"active run: {active or 'none'}")
-    reports = sorted(settings.reports_dir.glob("*.json"), key=lambda p: p.stat().st_mtime)[-5:]
+    reports = sorted(settings.reports_dir.glob("*.json"), key=lambda p: p.stat().st_mtime)
+    reports = [p for p in reports if json.loads(p.read_text()).get("group") == group][-5:]
+    if reports:
+        print("last runs:")
     for path in reports:
         rep = json.loads(path.read_text())
-        print(f"  {rep['run_id']}: {rep['totals']['output']} chunks out, {rep['totals']['pending']} pending; {path}")
+        outcome = rep.get("status") or ("committed" if rep.get("commit") else "?")
+        print(f"  {rep['run_id']}: {outcome}; {rep['totals']['output']} chunks out, {rep['totals']['pending']} pending, "
+              f"{rep['totals']['quarantined']} quarantined, {rep['totals']['dead_letter']} dead-lettered; "
+              f"file://{path.with_suffix('.html')}")
+    trend = validation_trend(settings, group=group)
+    if trend:
+        passed = sum(1 for e in trend if e["success"])
+        print(f"validation, last {len(trend)} attempts: {passed} passed, {len(trend) - passed} failed "
+              f"(oldest first: {''.join('+' if e['success'] else 'x' for e in trend)})")
+        for e in trend[-5:]:
+            failed = f"; failed: {', '.join(e['failed_expectations'])}" if e["failed_expectations"] else ""
+            print(f"  {e['checked_at']} {e['run_id']}: {'passed' if e['success'] else 'FAILED'}, "
+                  f"{e['waveforms']} waveforms, {e['evaluated']} expectations{failed}")
     return 0
 
 

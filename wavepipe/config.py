@@ -73,6 +73,23 @@ class Settings:
     #: plus ``wp-dlq-*`` headers with the reason), in one transaction with the run's offset commit.
     #: Empty: the dead-letter Delta table only (which is always written).
     dead_letter_topic: str = ""
+    #: Thresholds of the validation gate (the suites are code: ``wavepipe/expectations.py``). A run
+    #: whose output breaks one is not published and commits nothing until it passes (after the data
+    #: is fixed, or a threshold here is relaxed, the validate step is retried).
+    #: Sample rate bounds in Hz, inclusive.
+    validate_sample_rate_min: float = 1e-3
+    validate_sample_rate_max: float = 1e9
+    #: Start-time bounds: not before this ISO-8601 UTC instant, and not more than this many seconds
+    #: after the moment of validation (clock skew of the producers).
+    validate_start_time_min: str = "1900-01-01T00:00:00Z"
+    validate_start_time_max_ahead_s: float = 86_400.0
+    #: |duration_s - n_samples / sample_rate| allowed, in seconds.
+    validate_duration_tolerance_s: float = 1e-6
+    #: Fraction of rows that must meet each row-level expectation (1.0: every row). Uniqueness,
+    #: checksums and planned offset ranges are always required of every row.
+    validate_mostly: float = 1.0
+    #: Runs shown in the validation trend (report page and ``wavepipe status``).
+    report_trend_runs: int = 20
 
     # --- derived locations -------------------------------------------------------------------
     @property
@@ -110,6 +127,11 @@ class Settings:
     @property
     def reports_dir(self) -> Path:
         return self.home / "reports"
+
+    @property
+    def gx_dir(self) -> Path:
+        """Great Expectations' file context: suites as stored by GX, results, Data Docs."""
+        return self.home / "gx"
 
     @property
     def airflow_home(self) -> Path:

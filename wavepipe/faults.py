@@ -25,8 +25,9 @@ ENV = "WAVEPIPE_FAILPOINTS"
 POINTS = {
     "consume.record": "a reader, after staging a record",
     "reassemble.batch": "a Spark Python worker, after the writer took a batch of output rows",
-    "reassemble.after_write": "the Spark app's driver, after the output table's commit, before quarantine "
-                              "and dead letters are written and the result is saved",
+    "reassemble.after_write": "the Spark app's driver, after the run's candidate waveforms are written, before "
+                              "its candidate quarantine and dead letters are written and the result is saved",
+    "publish.after_write": "the validate step, after the validated waveforms are published, before that is recorded",
     "commit.before_offsets": "the commit step, after the counts were checked, before offsets are committed",
     "commit.after_offsets": "the commit step, after offsets are committed, before the report and release",
 }

@@ -1,8 +1,9 @@
 """The steps of one run, shared by the DAG's operators and the ``wavepipe`` CLI.
 
-plan -> consume (per partition) -> reassemble -> commit. Each step is safe to retry: the plan is
-frozen, staged files are overwritten, the output is append-if-absent, and the commit is a
-compare-and-set on the group's offsets.
+plan -> consume (per partition) -> reassemble -> validate -> commit. Each step is safe to retry: the
+plan is frozen, staged files are overwritten, the reassembly replaces the run's candidate tables,
+validation publishes them only when every expectation holds (append-if-absent), and the commit is a
+compare-and-set on the group's offsets that refuses a run whose output was not validated.
 """
 
 from __future__ import annotations
@@ -15,14 +16,21 @@ from pathlib import Path
 from wavepipe import spark
 from wavepipe.config import Settings
 from wavepipe.plan import RunPlan, RunStore, new_run_id, safe_run_id, write_json_atomic
-from wavepipe.report import build_report
+from wavepipe import report_html
+from wavepipe.report import build_report, failed_expectations, html_path, json_path, plot_path, validation_trend
 
 log = logging.getLogger(__name__)
-REASSEMBLE_APP = Path(__file__).resolve().parent.parent / "spark_apps" / "reassemble.py"
+SPARK_APPS = Path(__file__).resolve().parent.parent / "spark_apps"
+REASSEMBLE_APP = SPARK_APPS / "reassemble.py"
+VALIDATE_APP = SPARK_APPS / "validate.py"
 
 
 class AccountingError(RuntimeError):
     pass
+
+
+class ValidationFailedError(RuntimeError):
+    """The run's output broke an expectation: nothing was published and no offset moved."""
 
 
 def _timed(store: RunStore, run_id: str, step: str, began: float) -> None:
@@ -96,8 +104,10 @@ def _worker_logging(level: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def reassemble_step(settings: Settings, run_id: str) -> dict | None:
-    """Run the Spark app on the run's staged chunks (nothing when the run read nothing)."""
+def reassemble_step(settings: Settings, run_id: str, *, validate: bool = False) -> dict | None:
+    """Run the Spark app on the run's staged chunks (nothing when the run read nothing); it writes
+    the run's candidate tables. ``validate``: then validate and publish in the same Spark session
+    (as ``validate_step`` would, without starting a second one)."""
     run_id = safe_run_id(run_id)
     store = RunStore(settings)
     plan = _require_plan(store, run_id)
@@ -106,12 +116,69 @@ def reassemble_step(settings: Settings, run_id: str) -> dict | None:
         return None
     began = time.monotonic()
     with store.step_lock(run_id, "run"):
-        spark.submit(settings, REASSEMBLE_APP, "--run-id", run_id)
+        spark.submit(settings, REASSEMBLE_APP, "--run-id", run_id, *(["--validate"] if validate else []))
     _timed(store, run_id, "reassemble", began)
     result = store.load_step(run_id, "reassemble")
     if result is None:
         raise RuntimeError(f"the Spark app finished but left no result for run {run_id}")
+    if validate:
+        _check_validation(settings, store, plan)
     return result
+
+
+def validate_step(settings: Settings, run_id: str) -> dict | None:
+    """Run the expectation suites on the run's candidate output and staged chunks; publish the
+    output if all hold, else raise ``ValidationFailedError`` naming the failed expectations (the
+    run stays unpublished and uncommitted; retry this step after fixing the data or the config)."""
+    run_id = safe_run_id(run_id)
+    store = RunStore(settings)
+    plan = _require_plan(store, run_id)
+    if not partitions_to_read(plan):
+        log.info("run %s read nothing new: nothing to validate", run_id)
+        return None
+    if store.load_step(run_id, "reassemble") is None:
+        raise RuntimeError(f"run {run_id}: no reassembly result; run the reassemble step first")
+    began = time.monotonic()
+    with store.step_lock(run_id, "run"):
+        spark.submit(settings, VALIDATE_APP, "--run-id", run_id)
+    _timed(store, run_id, "validate", began)
+    return _check_validation(settings, store, plan)
+
+
+def _check_validation(settings: Settings, store: RunStore, plan: RunPlan) -> dict:
+    validation = store.load_step(plan.run_id, "validate")
+    if validation is None:
+        raise RuntimeError(f"run {plan.run_id}: the validation app finished but left no result")
+    if validation["success"]:
+        return validation
+    report = _report(store, plan, validation=validation)
+    report["status"] = "validation_failed"
+    page = _write_report(settings, report)
+    lines = failed_expectations(validation)
+    raise ValidationFailedError(
+        f"run {plan.run_id} failed validation ({len(lines)} expectation(s)); nothing was published and no "
+        f"offset moved:\n  " + "\n  ".join(lines) + f"\nReport: {page}\nData Docs: {validation.get('data_docs_index')}\n"
+        "Fix the data and run reassemble and validate again, or relax the threshold (validate_* settings) "
+        "and retry the validate step (`wavepipe run` resumes the run); `wavepipe abandon` gives the run up."
+    )
+
+
+def _write_report(settings: Settings, report: dict) -> Path:
+    """The run's JSON report and its HTML page beside it; returns the page."""
+    write_json_atomic(json_path(settings, report["run_id"]), report)
+    return report_html.write(report, html_path(settings, report["run_id"]),
+                             trend=validation_trend(settings, group=report["group"]),
+                             plot_png=plot_path(settings, report["run_id"]))
+
+
+def _report(store: RunStore, plan: RunPlan, *, validation: dict | None, skipped: str | None = None) -> dict:
+    consumed = {}
+    for r in plan.ranges:
+        step = store.load_step(plan.run_id, f"consume-{r.topic}-{r.partition}")
+        if step is not None:
+            consumed[r.partition] = step
+    return build_report(plan, consumed, store.load_step(plan.run_id, "reassemble"),
+                        store.load_step(plan.run_id, "timings") or {}, skipped_reason=skipped, validation=validation)
 
 
 def commit_step(settings: Settings, run_id: str) -> dict:
@@ -150,7 +217,7 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
     if holder != run_id:
         done = store.load_step(run_id, "report")
         if done is not None and "commit" in done:  # a retry of a commit that went through
-            return {**done, "report_path": str(settings.reports_dir / f"{run_id}.json")}
+            return {**done, "report_path": str(json_path(settings, run_id)), "report_html": str(html_path(settings, run_id))}
         raise RuntimeError(
             f"run {run_id} no longer holds group {plan.group!r} (active: {holder or 'none'}); it was "
             "abandoned or superseded, so it must not commit. Start a new run."
@@ -168,8 +235,13 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
     reassembled = store.load_step(run_id, "reassemble") if to_read else None
     if to_read and reassembled is None:
         raise RuntimeError(f"run {run_id}: no reassembly result; run the reassemble step")
+    validation = store.load_step(run_id, "validate") if to_read else None
+    if to_read and not (validation and validation["success"] and validation["published"]):
+        raise RuntimeError(f"run {run_id}: its output was not validated and published"
+                           + (" (validation failed)" if validation else "") + "; run the validate step first. "
+                           "No offset was committed.")
     skipped = None if to_read else ("no new records since the last run" if plan.total_offsets else "no records")
-    report = build_report(plan, consumed, reassembled, store.load_step(run_id, "timings") or {}, skipped_reason=skipped)
+    report = _report(store, plan, validation=validation, skipped=skipped)
     if report["balance_errors"]:
         store.save_step(run_id, "report", report)
         raise AccountingError(
@@ -189,16 +261,34 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
         store.save_previous_ranges(plan.group, plan.topic, {r.partition: [safe[r.partition], r.end] for r in plan.ranges})
     else:  # nothing new was read: the group's offsets (and their run metadata) stay as they are
         report["commit"] = {str(r.partition): {"before": r.start, "after": r.start} for r in plan.ranges}
+    _lag_after(settings, plan, report)
     _timed(store, run_id, "commit", began)
     report["timings_s"].update(store.load_step(run_id, "timings") or {})
-    report_path = settings.reports_dir / f"{run_id}.json"
+    report["status"] = "committed"
     store.save_step(run_id, "report", report)
-    write_json_atomic(report_path, report)
+    page = _write_report(settings, report)
     store.release_group(plan.group, run_id)
     # The staged copies served their purpose: the data is in the tables and still in Kafka.
     shutil.rmtree(store.staging_dir(run_id), ignore_errors=True)
-    report["report_path"] = str(report_path)
+    report["report_path"] = str(json_path(settings, run_id))
+    report["report_html"] = str(page)
     return report
+
+
+def _lag_after(settings: Settings, plan: RunPlan, report: dict) -> None:
+    """Per partition, the records after the committed offset at commit time (None if unknown)."""
+    from confluent_kafka.admin import OffsetSpec
+
+    from wavepipe.consumers.kafka_admin import list_offsets
+
+    try:
+        latest = list_offsets(settings, plan.topic, [r.partition for r in plan.ranges], OffsetSpec.latest())
+    except Exception as exc:  # noqa: BLE001 - the commit went through; only the figure is missing
+        log.warning("run %s: could not read the end offsets for the lag after the commit: %s", plan.run_id, exc)
+        latest = {}
+    for p, part in report["partitions"].items():
+        after = report["commit"].get(p, {}).get("after")
+        part["lag_after"] = latest[int(p)] - after if int(p) in latest and after is not None else None
 
 
 def run_once(settings: Settings, *, run_id: str | None = None, topic: str | None = None,
@@ -225,7 +315,7 @@ def run_once(settings: Settings, *, run_id: str | None = None, topic: str | None
         if staged:
             log.info("run %s: partitions %s were staged by an earlier attempt; not read again", run_id, staged)
         consume_all(settings, plan.run_id, [p for p in partitions_to_read(plan) if p not in staged])
-        reassemble_step(settings, plan.run_id)
+        reassemble_step(settings, plan.run_id, validate=True)
         return commit_step(settings, plan.run_id)
 
 

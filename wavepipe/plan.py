@@ -58,6 +58,9 @@ class RunPlan:
     #: Per partition, ``[from, to)`` offsets the topic no longer retained when planned, skipped
     #: on request (``skip_lost_offsets``): never read, recorded in the report.
     lost: dict[int, list[int]] = field(default_factory=dict)
+    #: Per partition, the last stable offset when planned (before any cap): the lag before the
+    #: run is ``latest - start``.
+    latest: dict[int, int] = field(default_factory=dict)
 
     @property
     def total_offsets(self) -> int:
@@ -77,7 +80,7 @@ class RunPlan:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        for name in ("previous", "committed", "lost"):
+        for name in ("previous", "committed", "lost", "latest"):
             data[name] = {str(k): v for k, v in getattr(self, name).items()}
         return data
 
@@ -93,6 +96,7 @@ class RunPlan:
             caps=dict(data.get("caps", {})),
             committed={int(k): v for k, v in data.get("committed", {}).items()},
             lost={int(k): list(v) for k, v in data.get("lost", {}).items()},
+            latest={int(k): int(v) for k, v in data.get("latest", {}).items()},
         )
 
     def expected_committed(self, partition: int) -> int | None:
@@ -132,12 +136,16 @@ def utc_now() -> str:
 
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON so that readers see the old file or the new one, never a part (fsync + rename)."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` so that readers see the old file or the new one, never a part (fsync + rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=2, sort_keys=True)
-            fh.write("\n")
+            fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -173,6 +181,11 @@ class RunStore:
 
     def staging_dir(self, run_id: str) -> Path:
         return self.settings.staging_dir / run_id
+
+    def candidate_dir(self, run_id: str) -> Path:
+        """The run's candidate tables (waveforms, quarantine, dead_letter): written by the
+        reassembly, read by validation, published only if it passes; removed with the staging."""
+        return self.staging_dir(run_id) / "candidate"
 
     def group_dir(self, group: str) -> Path:
         return self.settings.groups_dir / safe_run_id(group)
@@ -286,3 +299,7 @@ class RunStore:
     def load_step(self, run_id: str, step: str) -> dict[str, Any] | None:
         path = self.step_path(run_id, step)
         return read_json(path) if path.exists() else None
+
+    def clear_step(self, run_id: str, step: str) -> None:
+        """Forget a step's result (its inputs are about to change)."""
+        self.step_path(run_id, step).unlink(missing_ok=True)

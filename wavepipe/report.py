@@ -8,8 +8,11 @@ move offsets while the list is not empty.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+from wavepipe.config import Settings
 from wavepipe.plan import RunPlan, utc_now
 
 REPORT_VERSION = 1
@@ -23,8 +26,75 @@ def empty_partition(start: int, end: int) -> dict[str, Any]:
     }
 
 
+def json_path(settings: Settings, run_id: str) -> Path:
+    return settings.reports_dir / f"{run_id}.json"
+
+
+def html_path(settings: Settings, run_id: str) -> Path:
+    """The run's page (its JSON twin is ``json_path``)."""
+    return settings.reports_dir / f"{run_id}.html"
+
+
+def plot_path(settings: Settings, run_id: str) -> Path:
+    return settings.reports_dir / run_id / "waveforms.png"
+
+
+def history_path(settings: Settings) -> Path:
+    return settings.reports_dir / "validation_history.jsonl"
+
+
+def append_validation_history(settings: Settings, validation: dict) -> None:
+    """One line per validation attempt: the trend of pass/fail and counts over runs."""
+    entry = {
+        "run_id": validation["run_id"], "group": validation.get("group"), "topic": validation.get("topic"),
+        "checked_at": validation["checked_at"], "success": validation["success"],
+        "suite_version": validation["suite_version"], "waveforms": validation["rows"]["waveforms"],
+        "staged_records": validation["rows"]["staged_records"],
+        "evaluated": sum(s["evaluated"] for s in validation["suites"]),
+        "failed": sum(s["failed_count"] for s in validation["suites"]),
+        "failed_expectations": sorted({f"{f['expectation']}:{f.get('column') or f.get('column_A') or ''}"
+                                       for s in validation["suites"] for f in s["failed"]}),
+    }
+    path = history_path(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:  # one short write per line: appends from two runs do not interleave
+        fh.write(json.dumps(entry) + "\n")
+
+
+def validation_trend(settings: Settings, last: int | None = None, group: str | None = None) -> list[dict]:
+    """The last ``last`` validation attempts (default ``report_trend_runs``) of ``group`` (default
+    all), oldest first."""
+    path = history_path(settings)
+    if not path.exists():
+        return []
+    entries = []
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a crash
+        if group is None or entry.get("group") == group:
+            entries.append(entry)
+    return entries[-(last or settings.report_trend_runs):]
+
+
+def failed_expectations(validation: dict) -> list[str]:
+    """Each failed expectation, one line: what, on which column, how many rows, an example."""
+    lines = []
+    for suite in validation.get("suites", []):
+        for f in suite["failed"]:
+            where = f.get("column") or (f"{f['column_A']} = {f['column_B']}" if f.get("column_A") else None) \
+                or ", ".join(f.get("column_list") or [])
+            count = f"{f['unexpected_count']} rows ({f['unexpected_percent']}%)" if f.get("unexpected_count") is not None \
+                else (f"error: {f['error']}" if f.get("error") else "failed")
+            example = f"; e.g. {f['examples'][:2]}" if f.get("examples") else ""
+            lines.append(f"{suite['suite']}: {f['expectation']} on {where}: {count}{example}")
+    return lines
+
+
 def build_report(plan: RunPlan, consumed: dict[int, dict], reassembled: dict | None,
-                 timings: dict[str, float], *, skipped_reason: str | None = None) -> dict[str, Any]:
+                 timings: dict[str, float], *, skipped_reason: str | None = None,
+                 validation: dict | None = None) -> dict[str, Any]:
     """Merge what each step recorded into one report (commit fields are added by the commit)."""
     parts_out = (reassembled or {}).get("partitions", {})
     partitions = {}
@@ -41,6 +111,9 @@ def build_report(plan: RunPlan, consumed: dict[int, dict], reassembled: dict | N
             "read_seconds": read.get("seconds", 0.0),
             # offsets before ``start`` the topic no longer retained, skipped on request: [from, to)
             "lost": plan.lost.get(r.partition),
+            # records between the run's start and the partition's last stable offset when planned
+            "lag_before": max(0, plan.latest[r.partition] - r.start) if r.partition in plan.latest else None,
+            "lag_after": None,  # set by the commit: records after the committed offset then
             **acc,
         }
     totals: dict[str, int] = {}
@@ -56,7 +129,10 @@ def build_report(plan: RunPlan, consumed: dict[int, dict], reassembled: dict | N
         "skipped": skipped_reason,
         "partitions": partitions, "totals": totals,
         "waveforms": (reassembled or {}).get("waveforms", {}),
-        "output_table_version": (reassembled or {}).get("output_table_version"),
+        "output_table_version": (validation or {}).get("output_table_version"),
+        "validation": None if validation is None else {
+            k: validation.get(k) for k in ("success", "suite_version", "checked_at", "suites", "rows",
+                                            "data_docs_index", "published", "plot", "thresholds")},
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
     }
     # Readers may run in parallel (one mapped task each): report their sum and their maximum.
@@ -64,7 +140,8 @@ def build_report(plan: RunPlan, consumed: dict[int, dict], reassembled: dict | N
     report["timings_s"]["consume_sum"] = round(sum(read_seconds), 3)
     report["timings_s"]["consume_max"] = round(max(read_seconds, default=0.0), 3)
     report["timings_s"].update({f"spark_{k}": v for k, v in (reassembled or {}).get("timings", {}).items()})
-    wall = sum(timings.get(k, 0.0) for k in ("plan", "reassemble")) + report["timings_s"]["consume_sum"]
+    report["timings_s"].update({f"validate_{k}": v for k, v in (validation or {}).get("timings", {}).items()})
+    wall = sum(timings.get(k, 0.0) for k in ("plan", "reassemble", "validate")) + report["timings_s"]["consume_sum"]
     report["throughput_mb_s"] = round(totals["payload_bytes_read"] / 1e6 / wall, 2) if wall > 0 else None
     report["balance_errors"] = check_balance(report)
     return report

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow.sdk.exceptions import AirflowFailException
 from airflow.sdk import BaseOperator
 
 from wavepipe import pipeline
@@ -77,11 +78,29 @@ class ReassembleOperator(_WavepipeOperator):
         return None if result is None else result["waveforms"]
 
 
+class ValidateOperator(_WavepipeOperator):
+    """Run the expectation suites on the run's output; publish it only if every one holds.
+
+    A failed validation fails the task at once (no automatic retry: the data or the thresholds
+    must change first); the log names the failed expectations and links the run's report page.
+    Clear the task to retry after a fix."""
+
+    def execute(self, context) -> dict | None:
+        try:
+            result = pipeline.validate_step(self.settings(), context["run_id"])
+        except pipeline.ValidationFailedError as exc:
+            raise AirflowFailException(str(exc)) from exc
+        if result:
+            self.log.info("validation passed (%d expectations) and the output is published; Data Docs: %s",
+                          sum(s["evaluated"] for s in result["suites"]), result["data_docs_index"])
+        return None if result is None else {"success": result["success"], "rows": result["rows"]}
+
+
 class CommitOperator(_WavepipeOperator):
-    """Commit the safe offsets once the output is durable, and publish the run report."""
+    """Commit the safe offsets once the output is validated and published, and write the run report."""
 
     def execute(self, context) -> str:
         report = pipeline.commit_step(self.settings(), context["run_id"])
-        self.log.info("run report: %s", report["report_path"])
+        self.log.info("run report: file://%s (JSON twin: %s)", report["report_html"], report["report_path"])
         self.log.info("totals: %s", report["totals"])
-        return report["report_path"]
+        return report["report_html"]

@@ -25,7 +25,7 @@ def test_dag_parses_with_its_wiring():
     bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags"))
     assert bag.import_errors == {}
     dag = bag.dags["wavepipe_ingest"]
-    assert [t.task_id for t in dag.topological_sort()] == ["plan", "consume", "reassemble", "commit"]
+    assert [t.task_id for t in dag.topological_sort()] == ["plan", "consume", "reassemble", "validate", "commit"]
     assert dag.max_active_runs == 1 and not dag.catchup
     assert set(dag.params) == {"topic", "group", "max_records", "max_bytes", "skip_lost_offsets"}
 

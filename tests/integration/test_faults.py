@@ -20,7 +20,7 @@ from wavepipe.config import load_settings
 from wavepipe.consumers.kafka_admin import admin_client, committed_offsets, ensure_topic, list_offsets
 from wavepipe.consumers.planner import RetentionGapError
 from wavepipe.plan import RunStore
-from wavepipe.spark_apps.reassemble import _delta_version
+from wavepipe.spark_apps.tables import delta_version
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +64,7 @@ def test_consume_killed_mid_range_then_retried(settings, spark):
 
     read = pipeline.consume_step(settings, "kill-consume", 0)  # the retry
     assert read["records"] == 48
-    pipeline.reassemble_step(settings, "kill-consume")
+    pipeline.reassemble_step(settings, "kill-consume", validate=True)
     report = pipeline.commit_step(settings, "kill-consume")
     assert_accounted(spark, settings, report)
     _assert_output(spark, settings, expected)
@@ -84,11 +84,14 @@ def test_spark_app_killed_mid_write_leaves_nothing_visible_then_retried(settings
     with pytest.raises(RuntimeError, match="exit code -9"):
         pipeline.reassemble_step(settings, "kill-spark")
     monkeypatch.delenv("WAVEPIPE_FAILPOINTS")
-    written = list(settings.output_table.rglob("*.parquet"))
+    candidate = RunStore(settings).candidate_dir("kill-spark") / "waveforms"
+    written = list(candidate.rglob("*.parquet"))
     assert written, "the app was killed while it wrote data files"
-    assert _delta_version(settings.output_table) is None, "but none of them is committed, so none is visible"
+    assert delta_version(candidate) is None, "but none of them is committed, so none is visible"
+    assert delta_version(settings.output_table) is None, "and nothing was published"
 
     pipeline.reassemble_step(settings, "kill-spark")
+    pipeline.validate_step(settings, "kill-spark")
     report = pipeline.commit_step(settings, "kill-spark")
     assert_accounted(spark, settings, report)
     assert report["waveforms"] == {"output_new": 40}
@@ -96,7 +99,7 @@ def test_spark_app_killed_mid_write_leaves_nothing_visible_then_retried(settings
     assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: 640, 1: 640}
 
 
-@pytest.mark.parametrize("failpoint", ["commit.before_offsets=kill", "reassemble.after_write=kill-app"])
+@pytest.mark.parametrize("failpoint", ["commit.before_offsets=kill", "publish.after_write=kill-app"])
 def test_crash_after_the_output_is_durable_then_a_rerun_adds_nothing_twice(settings, spark, failpoint):
     ensure_topic(settings)
     expected = _produce(settings, 6, partitions=(0, 1))

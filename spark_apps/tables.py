@@ -1,0 +1,75 @@
+"""The Delta tables a run writes: its candidate output (private to the run) and the published tables.
+
+A run's reassembly writes its new waveforms, quarantine and dead-letter rows into candidate tables
+under the run's staging folder (``RunStore.candidate_dir``), each replaced whole by one atomic Delta
+commit, so a retry of the reassembly starts over. Readers never see them. Only a run whose
+candidates passed validation appends them to the published tables (``publish_run``), adding only
+keys not there yet, so a retried publish adds nothing twice.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+
+#: Candidate table name -> (keys that identify a row, partition columns).
+TABLE_KEYS = {
+    "quarantine": (["waveform_id", "reason"], None),
+    "dead_letter": (["topic", "partition", "offset"], None),
+    "waveforms": (["waveform_id"], ["source", "date"]),
+}
+
+
+def delta_version(path: Path) -> int | None:
+    """The table's latest committed version, from its log's file names (None: no table yet).
+
+    Every Delta commit is the file ``_delta_log/<version>.json`` (zero-padded), written atomically;
+    reading the names costs a directory listing, where asking Delta costs a Spark job (and, the
+    first time in a JVM, several seconds of Delta's start-up).
+    """
+    log_dir = Path(path) / "_delta_log"
+    if not log_dir.is_dir():
+        return None
+    versions = [int(f.name[:-5]) for f in log_dir.iterdir() if f.name.endswith(".json") and f.name[:-5].isdigit()]
+    return max(versions) if versions else None
+
+
+def read_delta(spark: SparkSession, path: Path, version: int | None = None) -> DataFrame:
+    reader = spark.read.format("delta")
+    if version is not None:
+        reader = reader.option("versionAsOf", version)
+    return reader.load(str(path))
+
+
+def delta_ids(spark: SparkSession, path: Path, version: int | None) -> DataFrame:
+    if version is None:
+        return spark.createDataFrame([], "waveform_id string")
+    return read_delta(spark, path, version).select("waveform_id")
+
+
+def append_new(df: DataFrame, path: Path, keys: list[str], partition_by: list[str] | None = None,
+               checked_version: int | None = None, merge_schema: bool = False) -> None:
+    """Append the rows of ``df`` whose ``keys`` are not in the table yet, in one atomic commit.
+
+    ``checked_version``: ``df`` already excludes the keys of that version of the table; they are
+    only compared again if the table has moved since (another writer), so the payload rows are not
+    joined against the table's keys in the common case.
+    """
+    version = delta_version(path)
+    if version is not None and version != checked_version:
+        existing = read_delta(df.sparkSession, path).select(*keys)
+        df = df.join(existing, keys, "left_anti")
+    writer = df.write.format("delta").mode("append")
+    if merge_schema:  # columns added since the table was created (e.g. ``detail``) are added to it
+        writer = writer.option("mergeSchema", "true")
+    if partition_by:
+        writer = writer.partitionBy(*partition_by)
+    writer.save(str(path))
+
+
+def write_candidate(df: DataFrame, path: Path) -> None:
+    """Replace the run's candidate table ``path`` with ``df`` (one atomic commit). Uncompressed:
+    it is read once or twice and then deleted; the published tables are compressed when written."""
+    (df.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+     .option("compression", "uncompressed").save(str(path)))

@@ -1,0 +1,307 @@
+"""Validation gate: the run's candidate output and staged records through Great Expectations, then
+publish the candidates if (and only if) every expectation holds.
+
+Guarantees: a run whose validation fails changes no published table and records which
+expectations failed, with counts and examples, in its ``validate`` step and in the validation
+history; the step can be retried (after the data is fixed, or a threshold relaxed) and then
+publishes. Publishing appends only keys not yet in each table, so a retry adds nothing twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from wavepipe import expectations
+from wavepipe.config import Settings, load_settings
+from wavepipe.faults import failpoint
+from wavepipe.plan import RunPlan, RunStore, utc_now
+from wavepipe.report import append_validation_history, plot_path
+from wavepipe.spark_apps.reassemble import OUTPUT_SCHEMA, per_partition
+from wavepipe.spark_apps.tables import TABLE_KEYS, append_new, delta_version, read_delta
+
+log = logging.getLogger("wavepipe.validate")
+
+CANDIDATE_SCHEMA = T.StructType(OUTPUT_SCHEMA.fields[:-1] + [T.StructField("run_id", T.StringType(), False)])
+_PLOT_MAX_BYTES = 16 * 1024 * 1024
+
+
+# --- pure transformations ------------------------------------------------------------------------
+
+def output_checks(candidates: DataFrame, published: DataFrame, run_id: str) -> DataFrame:
+    """The run's candidate waveforms with the columns the output suite checks (payload dropped,
+    its sha256 kept). ``published``: (waveform_id, run_id) of the output table."""
+    itemsize = F.regexp_extract("dtype", r"(\d+)$", 1).cast("long")  # numpy dtype.str: "<f4", "|u1"
+    seen = published.groupBy("waveform_id").agg(
+        F.max(F.col("run_id") != F.lit(run_id)).alias("published_by_other_run"),
+        F.lit(True).alias("in_table"))
+    hashed = candidates.select(  # the payload is hashed where it is read, never shuffled
+        *expectations.METADATA_COLUMNS,
+        F.when(F.col("payload").isNotNull(), F.concat(F.lit("sha256:"), F.sha2("payload", 256))).alias("payload_sha256"))
+    return hashed.join(seen, "waveform_id", "left").select(
+        *expectations.METADATA_COLUMNS,
+        (F.col("n_samples") * itemsize * F.col("channels")).alias("expected_size_bytes"),
+        F.abs(F.col("duration_s") - F.col("n_samples") / F.col("sample_rate")).alias("duration_error_s"),
+        "payload_sha256",
+        F.coalesce("published_by_other_run", F.lit(False)).alias("published_by_other_run"),
+        F.coalesce("in_table", F.lit(False)).alias("in_table"),
+    )
+
+
+def chunk_checks(staged: DataFrame, plan: RunPlan) -> DataFrame:
+    """Every staged record (chunk or dead letter) by offset, and whether it lies in its planned range."""
+    starts = per_partition({r.partition: r.start for r in plan.ranges})
+    ends = per_partition({r.partition: r.end for r in plan.ranges})
+    in_range = (F.col("topic") == F.lit(plan.topic)) & (F.col("offset") >= starts) & (F.col("offset") < ends)
+    return staged.select("topic", "partition", "offset", F.coalesce(in_range, F.lit(False)).alias("in_planned_range"))
+
+
+# --- Great Expectations ----------------------------------------------------------------------------
+
+def _jsonable(value):
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return str(value)
+
+
+def _summarize_result(name: str, result, docs_url: str | None) -> dict:
+    failed = []
+    for r in result.results:
+        if r.success:
+            continue
+        config = r.expectation_config
+        kwargs = {k: v for k, v in config.kwargs.items() if k in ("column", "column_A", "column_B", "column_list")}
+        res = r.result or {}
+        info = r.exception_info or {}
+        failed.append({
+            "expectation": config.type, **_jsonable(kwargs), "description": config.description,
+            "unexpected_count": res.get("unexpected_count"),
+            "unexpected_percent": None if res.get("unexpected_percent") is None else round(res["unexpected_percent"], 4),
+            "examples": _jsonable((res.get("partial_unexpected_list") or [])[:3]),
+            "error": info.get("exception_message") if info.get("raised_exception") else None,
+        })
+    stats = result.statistics
+    return {"suite": name, "success": bool(result.success), "evaluated": stats["evaluated_expectations"],
+            "failed_count": stats["unsuccessful_expectations"], "failed": failed, "data_docs": docs_url}
+
+
+def run_suites(settings: Settings, run_id: str, frames: dict[str, DataFrame], now: datetime) -> tuple[list[dict], str]:
+    """Each suite on its frame through a GX checkpoint (results stored, Data Docs updated).
+    Returns the per-suite summaries and the Data Docs index URL."""
+    import great_expectations as gx
+    from great_expectations.core.run_identifier import RunIdentifier
+
+    context = gx.get_context(mode="file", project_root_dir=str(settings.gx_dir.parent))  # GX adds "gx/"
+    context.variables.progress_bars = {"globally": False}
+    try:
+        source = context.data_sources.get("wavepipe")
+    except (KeyError, ValueError, LookupError):
+        source = context.data_sources.add_spark(name="wavepipe")
+    summaries = []
+    for name, expectation_list in expectations.suites(settings, now).items():
+        try:
+            asset = source.get_asset(name)
+        except LookupError:
+            asset = source.add_dataframe_asset(name=name)
+        try:
+            batch = asset.get_batch_definition("run")
+        except (KeyError, LookupError):
+            batch = asset.add_batch_definition_whole_dataframe("run")
+        suite = context.suites.add_or_update(gx.ExpectationSuite(
+            name=name, expectations=expectation_list, meta={"wavepipe_suite_version": expectations.SUITE_VERSION}))
+        definition = context.validation_definitions.add_or_update(
+            gx.ValidationDefinition(name=name, data=batch, suite=suite))
+        # Pass/fail first: one aggregate job for all expectations. Only if one fails, again with
+        # counts and examples (a job per expectation): a failing run may take longer, a passing
+        # run should not. Each pass is stored and gets its Data Docs page.
+        for result_format in ({"result_format": "BOOLEAN_ONLY"},
+                              {"result_format": "SUMMARY", "partial_unexpected_count": 5}):
+            checkpoint = context.checkpoints.add_or_update(gx.Checkpoint(
+                name=name, validation_definitions=[definition],
+                actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs")], result_format=result_format))
+            outcome = checkpoint.run(batch_parameters={"dataframe": frames[name]},
+                                     run_id=RunIdentifier(run_name=run_id, run_time=datetime.now(timezone.utc)))
+            if outcome.success:
+                break
+        for identifier, run_result in outcome.run_results.items():
+            urls = context.get_docs_sites_urls(resource_identifier=identifier)
+            summaries.append(_summarize_result(name, run_result, urls[0]["site_url"] if urls else None))
+    index = context.get_docs_sites_urls()
+    return summaries, index[0]["site_url"] if index else ""
+
+
+# --- I/O -------------------------------------------------------------------------------------------
+
+def _candidate_output(spark: SparkSession, candidates: Path) -> DataFrame:
+    if delta_version(candidates / "waveforms") is None:
+        return spark.createDataFrame([], CANDIDATE_SCHEMA)
+    return read_delta(spark, candidates / "waveforms")
+
+
+def _staged_records(spark: SparkSession, store: RunStore, plan: RunPlan) -> DataFrame:
+    staging = store.staging_dir(plan.run_id)
+    files = [str(f) for sub in ("chunks", "dead_letter") for f in sorted((staging / sub).glob("*.parquet"))]
+    if not files:
+        return spark.createDataFrame([], "topic string, partition int, offset long")
+    return spark.read.parquet(*files).select("topic", "partition", "offset")
+
+
+def plot_waveforms(rows: list, path: Path) -> None:
+    """A small PNG of a few reassembled waveforms (decimated to about 2000 points each)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from wavepipe.protocol import rebuild
+
+    fig, axes = plt.subplots(len(rows), 1, figsize=(8, 1.7 * len(rows)), squeeze=False)
+    for ax, row in zip(axes[:, 0], rows):
+        samples = rebuild(bytes(row["payload"]), row["dtype"], row["channels"]).astype(float)
+        step = max(1, len(samples) // 2000)
+        t = [i * step / row["sample_rate"] for i in range(len(samples[::step]))]
+        for c in range(min(samples.shape[1], 4)):
+            ax.plot(t, samples[::step, c], linewidth=0.6)
+        ax.set_title(f"{row['waveform_id']}  ({row['source']}, {row['dtype']} x {row['channels']}, "
+                     f"{row['sample_rate']:g} Hz)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes[-1, 0].set_xlabel("seconds", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def _plot_sample(candidates: DataFrame, settings: Settings, run_id: str) -> str | None:
+    """Plot the first few candidate waveforms Spark reaches (a limit, not a sort: no full scan)."""
+    rows = (candidates.where(F.col("size_bytes") <= _PLOT_MAX_BYTES)
+            .select("waveform_id", "source", "dtype", "channels", "sample_rate", "payload").limit(3).collect())
+    rows = sorted((r for r in rows if r["payload"] is not None), key=lambda r: r["waveform_id"])
+    if not rows:
+        return None
+    path = plot_path(settings, run_id)
+    plot_waveforms(rows, path)
+    return str(path)
+
+
+def publish_run(spark: SparkSession, settings: Settings, plan: RunPlan, *, candidates_in_table: int,
+                candidates_total: int, checked_version: int | None) -> int | None:
+    """Append the run's candidate tables to the published ones (keys not there yet only); returns
+    the output table's version after."""
+    store = RunStore(settings)
+    targets = {"quarantine": settings.quarantine_table, "dead_letter": settings.dead_letter_table,
+               "waveforms": settings.output_table}
+    for name, target in targets.items():
+        source = store.candidate_dir(plan.run_id) / name
+        if delta_version(source) is None:
+            continue
+        keys, partition_by = TABLE_KEYS[name]
+        if name == "waveforms":
+            if candidates_total and candidates_in_table == candidates_total:
+                continue  # an earlier attempt published them all
+            append_new(read_delta(spark, source), target, keys, partition_by,
+                       checked_version=checked_version if candidates_in_table == 0 else None)
+            failpoint("publish.after_write")
+        else:
+            append_new(read_delta(spark, source), target, keys, merge_schema=True)
+    return delta_version(settings.output_table)
+
+
+def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan) -> dict:
+    """Validate run ``plan``'s candidates; publish them if every expectation holds. The outcome is
+    saved as the run's ``validate`` step (and a line of the validation history) either way."""
+    store = RunStore(settings)
+    store.clear_step(plan.run_id, "validate")
+    timings: dict[str, float] = {}
+    t = time.monotonic()
+    now = datetime.now(timezone.utc)
+    candidates = _candidate_output(spark, store.candidate_dir(plan.run_id))
+    version = delta_version(settings.output_table)
+    published = (read_delta(spark, settings.output_table, version).select("waveform_id", "run_id")
+                 if version is not None else spark.createDataFrame([], "waveform_id string, run_id string"))
+    checked = output_checks(candidates, published, plan.run_id).persist()
+    staged = chunk_checks(_staged_records(spark, store, plan), plan).persist()
+    counts = checked.agg(F.count(F.lit(1)).alias("rows"), F.sum(F.col("in_table").cast("long")).alias("in_table"),
+                         F.sum("size_bytes").alias("bytes")).first()
+    staged_rows = staged.count()
+    timings["prepare_s"] = time.monotonic() - t
+    t = time.monotonic()
+    frames = {expectations.suite_name(expectations.OUTPUT_SUITE): checked,
+              expectations.suite_name(expectations.CHUNKS_SUITE): staged}
+    suites, docs_index = run_suites(settings, plan.run_id, frames, now)
+    timings["expectations_s"] = time.monotonic() - t
+    t = time.monotonic()
+    plot = _plot_sample(candidates, settings, plan.run_id)
+    timings["plot_s"] = time.monotonic() - t
+    checked.unpersist()
+    staged.unpersist()
+    success = all(s["success"] for s in suites)
+    result = {
+        "run_id": plan.run_id, "group": plan.group, "topic": plan.topic, "checked_at": utc_now(), "suite_version": expectations.SUITE_VERSION,
+        "success": success, "suites": suites, "data_docs_index": docs_index,
+        "rows": {"waveforms": counts["rows"], "waveform_bytes": counts["bytes"] or 0, "staged_records": staged_rows},
+        "thresholds": {k: v for k, v in settings.as_dict().items() if k.startswith("validate_")},
+        "plot": plot, "published": False, "output_table_version": version, "timings": timings,
+    }
+    append_validation_history(settings, result)
+    if success:
+        t = time.monotonic()
+        result["output_table_version"] = publish_run(
+            spark, settings, plan, candidates_in_table=counts["in_table"] or 0, candidates_total=counts["rows"],
+            checked_version=version)
+        result["published"] = True
+        timings["publish_s"] = time.monotonic() - t
+    result["timings"] = {k: round(v, 3) for k, v in timings.items()}
+    store.save_step(plan.run_id, "validate", result)
+    failed = [f"{f['expectation']}({f.get('column') or f.get('column_A') or f.get('column_list')})"
+              for s in suites for f in s["failed"]]
+    log.info("run %s validation %s%s", plan.run_id, "passed; published" if success else "FAILED: ",
+             ", ".join(failed))
+    return result
+
+
+def quiet_loggers() -> None:
+    for name in ("py4j", "great_expectations"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Validate one wavepipe run's output; publish it if it passes.")
+    parser.add_argument("--run-id", required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_loggers()
+    settings = load_settings()
+    store = RunStore(settings)
+    plan = store.load_plan(args.run_id)
+    if plan is None:
+        log.error("run %s has no plan under %s", args.run_id, settings.runs_dir)
+        return 2
+    if store.load_step(plan.run_id, "reassemble") is None:
+        log.error("run %s has no reassembly result: run its reassemble step first", plan.run_id)
+        return 2
+    with store.lock(settings.tables_dir / ".reassemble.lock", f"a reassembly into {settings.tables_dir}"):
+        spark = SparkSession.builder.appName(f"wavepipe-validate-{plan.run_id}").getOrCreate()
+        try:
+            result = validate_and_publish(spark, settings, plan)
+        finally:
+            spark.stop()
+    print(json.dumps({"success": result["success"], "published": result["published"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

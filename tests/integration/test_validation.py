@@ -1,0 +1,114 @@
+"""The validation gate on the real broker, real Spark and Great Expectations: output that breaks an
+expectation is not published, no offset moves and no dead letter goes out; after the fix (the data,
+or a threshold in config) the retry passes, publishes and commits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pyspark.sql import functions as F
+
+from tests.helpers import assert_accounted, output_rows, produce_in_order, read_topic, waveform_records
+from tests.unit.test_report_html import parse_numbers
+from wavepipe import pipeline
+from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
+from wavepipe.consumers.producer import produce_demo
+from wavepipe.plan import RunStore
+from wavepipe.report import html_path, json_path, validation_trend
+from wavepipe.spark_apps.tables import delta_version
+
+pytestmark = pytest.mark.integration
+
+
+def _published_nothing(settings) -> None:
+    for table in (settings.output_table, settings.quarantine_table, settings.dead_letter_table):
+        assert delta_version(table) is None, f"{table.name} was published"
+
+
+def test_output_out_of_bounds_commits_nothing_until_the_threshold_is_relaxed(settings, spark):
+    # audio is 16 kHz, seismic 100 Hz, ECG 500 Hz: a 1 kHz ceiling fails the audio waveforms
+    settings = settings.replace(dead_letter_topic=f"{settings.topic}-dlq", validate_sample_rate_max=1000.0)
+    ensure_topic(settings, partitions=1)
+    ensure_topic(settings, settings.dead_letter_topic, partitions=1)
+    sent = produce_demo(settings, count=6, target_bytes=16 * 1024)
+    produce_in_order(settings, [(b"junk", [], b"no headers at all")], partition=0)
+
+    with pytest.raises(pipeline.ValidationFailedError) as failed:
+        pipeline.run_once(settings, run_id="gate")
+    message = str(failed.value)
+    audio = sum(1 for s in sent if "audio" in s.waveform_id)
+    assert f"expect_column_values_to_be_between on sample_rate: {audio} rows" in message, message
+    assert "16000.0" in message and str(html_path(settings, "gate")) in message
+    _published_nothing(settings)
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: None}
+    assert read_topic(settings, settings.dead_letter_topic) == [], "no dead letter went out"
+    report = json.loads(json_path(settings, "gate").read_text())
+    assert report["status"] == "validation_failed" and report["validation"]["success"] is False
+    assert "validation failed" in html_path(settings, "gate").read_text()
+    with pytest.raises(RuntimeError, match="not validated"):
+        pipeline.commit_step(settings, "gate")  # the commit refuses on its own, too
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: None}
+
+    relaxed = settings.replace(validate_sample_rate_max=20_000.0)
+    report = pipeline.run_once(relaxed)  # resumes the failed run
+    assert report["run_id"] == "gate" and report["validation"]["success"]
+    assert_accounted(spark, relaxed, report)
+    assert sorted(r[0] for r in output_rows(spark, relaxed)) == sorted(s.waveform_id for s in sent)
+    end = report["partitions"]["0"]["end"]
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: end}
+    assert len(read_topic(settings, settings.dead_letter_topic)) == 1
+    assert [(e["run_id"], e["success"]) for e in validation_trend(settings)] == [("gate", False), ("gate", True)]
+
+    # the page shows the JSON twin's numbers, and links the Data Docs that GX built
+    values, _ = parse_numbers(html_path(settings, "gate").read_text())
+    for key in ("totals.output", "totals.dead_letter", "partitions.0.end", "partitions.0.lag_before",
+                "partitions.0.lag_after", "commit.0.after"):
+        node = report
+        for part in key.split("."):
+            node = node[part]
+        assert values[key] == str(node), key
+    assert report["partitions"]["0"]["lag_after"] == 0 and report["partitions"]["0"]["lag_before"] == end
+    docs = report["validation"]["data_docs_index"]
+    assert docs.startswith("file://") and (settings.gx_dir / "uncommitted" / "data_docs").is_dir()
+    assert report["validation"]["plot"] and (settings.reports_dir / "gate" / "waveforms.png").stat().st_size > 1000
+
+
+def test_corrupted_output_fails_validation_and_a_rerun_from_the_staged_chunks_publishes(settings, spark):
+    """The DAG's separate steps: the candidate output is damaged after the reassembly (a bad disk,
+    a bad writer); validation catches it by re-hashing; reassembling again fixes it."""
+    ensure_topic(settings, partitions=1)
+    records, digests = [], {}
+    for i in range(4):
+        recs, digest = waveform_records(f"w{i}", 3, seed=10 + i)
+        records += recs
+        digests[f"w{i}"] = digest
+    produce_in_order(settings, records, partition=0)
+    plan = pipeline.plan_step(settings, "damaged")
+    for p in pipeline.partitions_to_read(plan):
+        pipeline.consume_step(settings, "damaged", p)
+    pipeline.reassemble_step(settings, "damaged")
+
+    candidate = RunStore(settings).candidate_dir("damaged") / "waveforms"
+    rows = spark.read.format("delta").load(str(candidate)).collect()
+    damaged = [r.asDict() for r in rows]
+    damaged[0]["payload"] = bytes(len(damaged[0]["payload"]))  # zeroed on the way to disk
+    schema = spark.read.format("delta").load(str(candidate)).schema
+    spark.createDataFrame(damaged, schema).write.format("delta").mode("overwrite").save(str(candidate))
+
+    with pytest.raises(pipeline.ValidationFailedError, match=r"expect_column_pair_values_to_be_equal on checksum = "
+                                                             r"payload_sha256: 1 rows"):
+        pipeline.validate_step(settings, "damaged")
+    _published_nothing(settings)
+    with pytest.raises(RuntimeError, match="not validated"):
+        pipeline.commit_step(settings, "damaged")
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: None}
+
+    pipeline.reassemble_step(settings, "damaged")  # the fix: made again from the staged chunks
+    assert pipeline.validate_step(settings, "damaged")["published"]
+    report = pipeline.commit_step(settings, "damaged")
+    assert_accounted(spark, settings, report)
+    out = spark.read.format("delta").load(str(settings.output_table))
+    assert {r[0]: r[1] for r in out.select("waveform_id", F.concat(F.lit("sha256:"), F.sha2("payload", 256))).collect()} \
+        == digests
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 12}

@@ -1,0 +1,103 @@
+"""The run page shows the numbers its JSON twin holds (parsed back out of the HTML and compared)."""
+
+from html.parser import HTMLParser
+
+from tests.unit.test_report import CONSUMED, PLAN, _reassembled
+from wavepipe import report_html
+from wavepipe.report import build_report, failed_expectations
+
+
+class _Numbers(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.values: dict[str, str] = {}
+        self.texts: dict[str, str] = {}
+        self._open: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if attrs.get("data-key"):
+            self.values[attrs["data-key"]] = attrs.get("data-value", "")
+            self._open = attrs["data-key"]
+
+    def handle_data(self, data):
+        if self._open:
+            self.texts[self._open] = self.texts.get(self._open, "") + data
+
+    def handle_endtag(self, tag):
+        self._open = None
+
+
+def _lookup(report: dict, key: str):
+    node = report
+    for part in key.split("."):
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    return node
+
+
+def parse_numbers(html: str) -> tuple[dict[str, str], dict[str, str]]:
+    parser = _Numbers()
+    parser.feed(html)
+    return parser.values, parser.texts
+
+
+VALIDATION = {
+    "success": False, "suite_version": 1, "checked_at": "2026-11-22T00:00:00Z", "data_docs_index": "file:///d/index.html",
+    "published": False, "plot": None, "thresholds": {}, "rows": {"waveforms": 11, "staged_records": 15},
+    "timings": {"expectations_s": 1.5},
+    "suites": [{"suite": "wavepipe_output.v1", "success": False, "evaluated": 24, "failed_count": 1,
+                "data_docs": "file:///d/v.html",
+                "failed": [{"expectation": "expect_column_values_to_be_between", "column": "sample_rate",
+                            "description": "sample rate within bounds", "unexpected_count": 2,
+                            "unexpected_percent": 18.18, "examples": [16000.0, 16000.0], "error": None}]},
+               {"suite": "wavepipe_staged_chunks.v1", "success": True, "evaluated": 5, "failed_count": 0,
+                "data_docs": None, "failed": []}],
+}
+
+
+def _report(validation=VALIDATION, commit=None):
+    report = build_report(PLAN, CONSUMED, _reassembled(dead_letter=1), {"plan": 0.1, "reassemble": 9.5},
+                          validation=validation)
+    if commit:
+        report["commit"] = commit
+    return report
+
+
+def test_every_number_on_the_page_is_the_reports():
+    report = _report(commit={"0": {"before": 10, "after": 14}, "1": {"before": None, "after": 5}})
+    html = report_html.render(report, trend=[])
+    values, texts = parse_numbers(html)
+    assert len(values) > 40
+    for key, raw in values.items():
+        if not key:
+            continue
+        expected = _lookup(report, key)
+        assert raw == ("" if expected is None else str(expected).lower() if isinstance(expected, bool) else str(expected)), key
+        shown = texts.get(key, "").replace(",", "")
+        if isinstance(expected, int) and not isinstance(expected, bool):
+            assert shown == str(expected), (key, shown)
+    for p, part in report["partitions"].items():  # each partition's counts are on the page
+        for field in ("start", "end", "output", "pending", "quarantined", "dead_letter", "gap", "lag_before"):
+            assert values[f"partitions.{p}.{field}"] == ("" if part[field] is None else str(part[field]))
+    for field in ("offsets", "output", "pending", "quarantined", "dead_letter"):
+        assert values[f"totals.{field}"] == str(report["totals"][field])
+    assert values["commit.0.after"] == "14"
+    assert "committed" in html
+
+
+def test_a_failed_validation_names_the_expectation_on_the_page_and_in_the_message():
+    report = _report()
+    html = report_html.render(report, trend=[{"run_id": "r0", "checked_at": "t", "success": True, "waveforms": 3,
+                                              "staged_records": 9, "failed": 0, "failed_expectations": []}])
+    assert "validation failed" in html and "expect_column_values_to_be_between" in html and "sample_rate" in html
+    assert "file:///d/index.html" in html  # Data Docs linked
+    assert '<td class="t">r0</td>' in html  # the trend
+    (line,) = failed_expectations(report["validation"])
+    assert "sample_rate" in line and "2 rows" in line and "16000.0" in line
+
+
+def test_text_from_the_data_is_escaped():
+    report = _report(validation=None)
+    report["skipped"] = "<script>alert(1)</script>"
+    html = report_html.render(report, trend=[])
+    assert "<script>" not in html and "&lt;script&gt;" in html
