@@ -480,6 +480,10 @@ def main(argv: list[str] | None = None) -> int:
     # instead of writing beside it.
     with store.lock(settings.tables_dir / ".reassemble.lock", f"a reassembly into {settings.tables_dir}"):
         began = time.monotonic()
+        if args.validate:
+            from wavepipe.spark_apps.validate import import_in_background
+
+            import_in_background()
         spark = SparkSession.builder.appName(f"wavepipe-reassemble-{plan.run_id}").getOrCreate()
         session_s = time.monotonic() - began
         try:

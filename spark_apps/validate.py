@@ -31,6 +31,8 @@ from wavepipe.spark_apps.tables import TABLE_KEYS, append_new, delta_version, re
 
 log = logging.getLogger("wavepipe.validate")
 
+#: Validation results the Data Docs index lists (newest first); older pages stay on disk.
+DATA_DOCS_INDEX_RESULTS = 200
 CANDIDATE_SCHEMA = T.StructType(OUTPUT_SCHEMA.fields[:-1] + [T.StructField("run_id", T.StringType(), False)])
 _PLOT_MAX_BYTES = 16 * 1024 * 1024
 
@@ -106,11 +108,18 @@ def run_suites(settings: Settings, run_id: str, frames: dict[str, DataFrame], no
 
     context = gx.get_context(mode="file", project_root_dir=str(settings.gx_dir.parent))  # GX adds "gx/"
     context.variables.progress_bars = {"globally": False}
+    sites = context.variables.data_docs_sites or {}
+    index = sites.get("local_site", {}).get("site_index_builder")
+    if index is not None and index.get("validation_results_limit") != DATA_DOCS_INDEX_RESULTS:
+        # the index is rebuilt after every validation from the stored results: keep that bounded
+        index["validation_results_limit"] = DATA_DOCS_INDEX_RESULTS
+        context.variables.data_docs_sites = sites
+        context.variables.save()
     try:
         source = context.data_sources.get("wavepipe")
     except (KeyError, ValueError, LookupError):
         source = context.data_sources.add_spark(name="wavepipe")
-    summaries = []
+    summaries, identifiers = [], []
     for name, expectation_list in expectations.suites(settings, now).items():
         try:
             asset = source.get_asset(name)
@@ -130,17 +139,21 @@ def run_suites(settings: Settings, run_id: str, frames: dict[str, DataFrame], no
         for result_format in ({"result_format": "BOOLEAN_ONLY"},
                               {"result_format": "SUMMARY", "partial_unexpected_count": 5}):
             checkpoint = context.checkpoints.add_or_update(gx.Checkpoint(
-                name=name, validation_definitions=[definition],
-                actions=[gx.checkpoint.UpdateDataDocsAction(name="data_docs")], result_format=result_format))
+                name=name, validation_definitions=[definition], result_format=result_format))
             outcome = checkpoint.run(batch_parameters={"dataframe": frames[name]},
                                      run_id=RunIdentifier(run_name=run_id, run_time=datetime.now(timezone.utc)))
+            identifiers += outcome.run_results
             if outcome.success:
                 break
-        for identifier, run_result in outcome.run_results.items():
-            urls = context.get_docs_sites_urls(resource_identifier=identifier)
-            summaries.append(_summarize_result(name, run_result, urls[0]["site_url"] if urls else None))
-    index = context.get_docs_sites_urls()
-    return summaries, index[0]["site_url"] if index else ""
+        (identifier, run_result), = list(outcome.run_results.items())[-1:]
+        summaries.append((name, run_result, identifier))
+    context.build_data_docs(resource_identifiers=identifiers)  # this run's pages, and the index once
+    out = []
+    for name, run_result, identifier in summaries:
+        urls = context.get_docs_sites_urls(resource_identifier=identifier)
+        out.append(_summarize_result(name, run_result, urls[0]["site_url"] if urls else None))
+    index_url = context.get_docs_sites_urls()
+    return out, index_url[0]["site_url"] if index_url else ""
 
 
 # --- I/O -------------------------------------------------------------------------------------------
@@ -273,6 +286,14 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
     return result
 
 
+def import_in_background() -> None:
+    """Start importing Great Expectations (about 3 s) while the Spark session starts, instead of after."""
+    import importlib
+    import threading
+
+    threading.Thread(target=importlib.import_module, args=("great_expectations",), daemon=True).start()
+
+
 def quiet_loggers() -> None:
     for name in ("py4j", "great_expectations"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -294,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("run %s has no reassembly result: run its reassemble step first", plan.run_id)
         return 2
     with store.lock(settings.tables_dir / ".reassemble.lock", f"a reassembly into {settings.tables_dir}"):
+        import_in_background()
         spark = SparkSession.builder.appName(f"wavepipe-validate-{plan.run_id}").getOrCreate()
         try:
             result = validate_and_publish(spark, settings, plan)

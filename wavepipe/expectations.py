@@ -43,9 +43,10 @@ def parse_utc(text: str) -> datetime:
 
 
 def start_time_bounds(settings: Settings, now: datetime) -> tuple[datetime, datetime]:
-    """Naive UTC bounds (Spark hands timestamps to GX as naive UTC in a UTC session)."""
-    low = parse_utc(settings.validate_start_time_min).astimezone(timezone.utc).replace(tzinfo=None)
-    high = (now.astimezone(timezone.utc) + timedelta(seconds=settings.validate_start_time_max_ahead_s)).replace(tzinfo=None)
+    """UTC bounds, timezone-aware: PySpark turns a naive datetime into a timestamp in the local
+    time zone of the process, an aware one exactly."""
+    low = parse_utc(settings.validate_start_time_min).astimezone(timezone.utc)
+    high = now.astimezone(timezone.utc) + timedelta(seconds=settings.validate_start_time_max_ahead_s)
     return low, high
 
 

@@ -57,12 +57,17 @@ def ensure_db(settings: Settings) -> None:
     marker.write_text(version + "\n")
 
 
-def dags_test(settings: Settings, dag_id: str, conf: dict | None = None) -> None:
-    """Run one DAG run in this machine's Airflow (``airflow dags test``); raise if it fails."""
+def dags_test(settings: Settings, dag_id: str, conf: dict | None = None, *,
+              capture: bool = False) -> subprocess.CompletedProcess:
+    """Run one DAG run in this machine's Airflow (``airflow dags test``); raise if it fails, unless
+    ``capture`` (then the caller reads the task logs from the result's output)."""
     ensure_db(settings)
     args = ["dags", "test", dag_id]
     if conf:
         args += ["-c", json.dumps(conf)]
-    result = _airflow(settings, *args)
+    result = _airflow(settings, *args, capture=capture)
+    if capture:
+        return result
     if result.returncode != 0:
         raise RuntimeError(f"`airflow dags test {dag_id}` failed (exit {result.returncode}); see the task logs above")
+    return result

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import output_rows
+from tests.helpers import output_rows, run_cli
 from wavepipe.airflow.local import dags_test
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
@@ -61,3 +61,22 @@ def test_demo_command_end_to_end(settings):
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "OK: all 4 produced waveforms" in second.stdout
     assert "'output_new': 4" in second.stdout  # only the new demo data, once
+
+
+def test_a_failed_validation_fails_the_validate_task_and_commits_nothing(settings, spark):
+    strict = settings.replace(validate_sample_rate_max=1000.0)  # the demo's audio is 16 kHz
+    ensure_topic(settings)
+    sent = produce_demo(settings, count=3, target_bytes=16 * 1024)
+    result = dags_test(strict, "wavepipe_ingest", capture=True)
+    log = result.stdout + result.stderr
+    assert "failed validation (1 expectation(s))" in log, log[-5000:]
+    assert "expect_column_values_to_be_between on sample_rate: 1 rows" in log
+    assert "Report: " in log and ".html" in log
+    assert not (settings.output_table / "_delta_log").exists(), "nothing published"
+    assert set(committed_offsets(settings, settings.group, settings.topic, [0, 1]).values()) == {None}
+
+    # the threshold is relaxed; the CLI resumes the DAG's run (it holds the group) and commits it
+    code, out = run_cli(settings.replace(validate_sample_rate_max=20_000.0), "run")
+    assert code == 0, out[-3000:]
+    assert "manual__" in out and "validation: passed" in out
+    assert sorted(r[0] for r in output_rows(spark, settings)) == sorted(s.waveform_id for s in sent)
