@@ -28,11 +28,11 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from wavepipe.config import load_settings
 from wavepipe.faults import failpoint
 from wavepipe.plan import RunPlan, RunStore, utc_now
 from wavepipe.protocol import checksum
 from wavepipe.report import empty_partition
+from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_apps.tables import delta_ids, delta_version, read_delta, write_candidate
 
 log = logging.getLogger("wavepipe.reassemble")
@@ -467,18 +467,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--validate", action="store_true",
                         help="then validate and publish in the same Spark session (what `wavepipe run` does)")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
-    settings = load_settings()
-    store = RunStore(settings)
-    plan = store.load_plan(args.run_id)
+    settings, store, plan = load_run(args.run_id, log)
     if plan is None:
-        log.error("run %s has no plan under %s", args.run_id, settings.runs_dir)
         return 2
-    # Held for the app's life, per output table: an app whose launching step died keeps running
-    # (it has its own session); a retry, or a new run after `wavepipe abandon`, stops here
-    # instead of writing beside it.
-    with store.lock(settings.tables_dir / ".reassemble.lock", f"a reassembly into {settings.tables_dir}"):
+    with output_lock(settings, store):
         began = time.monotonic()
         if args.validate:
             from wavepipe.spark_apps.validate import import_in_background
@@ -494,9 +486,8 @@ def main(argv: list[str] | None = None) -> int:
             store.save_step(plan.run_id, "reassemble", result)
             log.info("run %s reassembled: %s", plan.run_id, result["waveforms"])
             if args.validate:
-                from wavepipe.spark_apps.validate import quiet_loggers, validate_and_publish
+                from wavepipe.spark_apps.validate import validate_and_publish
 
-                quiet_loggers()
                 validate_and_publish(spark, settings, plan)
         finally:
             began = time.monotonic()

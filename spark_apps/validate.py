@@ -22,10 +22,11 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from wavepipe import expectations
-from wavepipe.config import Settings, load_settings
+from wavepipe.config import Settings
 from wavepipe.faults import failpoint
 from wavepipe.plan import RunPlan, RunStore, utc_now
 from wavepipe.report import append_validation_history, plot_path
+from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_apps.reassemble import OUTPUT_SCHEMA, per_partition
 from wavepipe.spark_apps.tables import TABLE_KEYS, append_new, delta_version, read_delta
 
@@ -294,27 +295,17 @@ def import_in_background() -> None:
     threading.Thread(target=importlib.import_module, args=("great_expectations",), daemon=True).start()
 
 
-def quiet_loggers() -> None:
-    for name in ("py4j", "great_expectations"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Validate one wavepipe run's output; publish it if it passes.")
     parser.add_argument("--run-id", required=True)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    quiet_loggers()
-    settings = load_settings()
-    store = RunStore(settings)
-    plan = store.load_plan(args.run_id)
+    settings, store, plan = load_run(args.run_id, log)
     if plan is None:
-        log.error("run %s has no plan under %s", args.run_id, settings.runs_dir)
         return 2
     if store.load_step(plan.run_id, "reassemble") is None:
         log.error("run %s has no reassembly result: run its reassemble step first", plan.run_id)
         return 2
-    with store.lock(settings.tables_dir / ".reassemble.lock", f"a reassembly into {settings.tables_dir}"):
+    with output_lock(settings, store):
         import_in_background()
         spark = SparkSession.builder.appName(f"wavepipe-validate-{plan.run_id}").getOrCreate()
         try:

@@ -108,12 +108,10 @@ def reassemble_step(settings: Settings, run_id: str, *, validate: bool = False) 
     """Run the Spark app on the run's staged chunks (nothing when the run read nothing); it writes
     the run's candidate tables. ``validate``: then validate and publish in the same Spark session
     (as ``validate_step`` would, without starting a second one)."""
-    run_id = safe_run_id(run_id)
-    store = RunStore(settings)
-    plan = _require_plan(store, run_id)
-    if not partitions_to_read(plan):
-        log.info("run %s read nothing new: no Spark job", run_id)
+    store, plan = _spark_step(settings, run_id)
+    if plan is None:
         return None
+    run_id = plan.run_id
     began = time.monotonic()
     with store.step_lock(run_id, "run"):
         spark.submit(settings, REASSEMBLE_APP, "--run-id", run_id, *(["--validate"] if validate else []))
@@ -130,12 +128,10 @@ def validate_step(settings: Settings, run_id: str) -> dict | None:
     """Run the expectation suites on the run's candidate output and staged chunks; publish the
     output if all hold, else raise ``ValidationFailedError`` naming the failed expectations (the
     run stays unpublished and uncommitted; retry this step after fixing the data or the config)."""
-    run_id = safe_run_id(run_id)
-    store = RunStore(settings)
-    plan = _require_plan(store, run_id)
-    if not partitions_to_read(plan):
-        log.info("run %s read nothing new: nothing to validate", run_id)
+    store, plan = _spark_step(settings, run_id)
+    if plan is None:
         return None
+    run_id = plan.run_id
     if store.load_step(run_id, "reassemble") is None:
         raise RuntimeError(f"run {run_id}: no reassembly result; run the reassemble step first")
     began = time.monotonic()
@@ -143,6 +139,16 @@ def validate_step(settings: Settings, run_id: str) -> dict | None:
         spark.submit(settings, VALIDATE_APP, "--run-id", run_id)
     _timed(store, run_id, "validate", began)
     return _check_validation(settings, store, plan)
+
+
+def _spark_step(settings: Settings, run_id: str) -> tuple[RunStore, RunPlan | None]:
+    """The run's store and plan; no plan when the run read nothing new (no Spark app to start)."""
+    store = RunStore(settings)
+    plan = _require_plan(store, safe_run_id(run_id))
+    if not partitions_to_read(plan):
+        log.info("run %s read nothing new: no Spark app", plan.run_id)
+        return store, None
+    return store, plan
 
 
 def _check_validation(settings: Settings, store: RunStore, plan: RunPlan) -> dict:

@@ -50,6 +50,19 @@ def test_goals_follow_from_the_numbers():
     assert growth["wavepipe Kafka reader / consumer processes peak RSS grows < 20% at 4x (large)"] == (True, "100 -> 110 MB (+10%)")
     assert growth["wavepipe Spark JVM peak RSS grows < 20% at 4x (large)"] == (False, "1000 -> 1300 MB (+30%)")
     assert all(met is None for name, (met, _) in verdicts.items() if "(small)" in name)  # nothing measured there
+    assert verdicts["the validation gate adds <= 1/3 to wavepipe's wall time (large)"][0] is None  # no gate stages
+
     page = markdown(results, "chart.png")
     assert "- wavepipe Spark JVM peak RSS grows < 20% at 4x (large): **missed** (1000 -> 1300 MB (+30%))" in page
     assert "| wavepipe (end to end) | large | 5.0 | 18.0 | 3.60 | spark_jvm: 1000 -> 1300 |" in page
+
+
+def test_the_gate_goal_follows_from_the_stages():
+    wp = _m("wavepipe", "small", 1, 40.0)
+    wp["stages"] = {"consume": 4.0, "validate: Great Expectations suites, Data Docs": 6.0,
+                    "validate: publish to the Delta tables": 4.0}
+    slow = dict(_m("wavepipe", "large", 1, 40.0), stages={"validate: publish to the Delta tables": 12.0})
+    verdicts = {name: (met, numbers) for name, met, numbers in goals(_results([wp, slow]))}
+    assert verdicts["the validation gate adds <= 1/3 to wavepipe's wall time (small)"] == (
+        True, "+10.0 s on 30.0 s (33%; publishing the output included)")
+    assert verdicts["the validation gate adds <= 1/3 to wavepipe's wall time (large)"][0] is False

@@ -1,0 +1,29 @@
+"""What every wavepipe Spark app does before its work: logging, the settings, the run's plan."""
+
+from __future__ import annotations
+
+import logging
+
+from wavepipe.config import Settings, load_settings
+from wavepipe.plan import RunPlan, RunStore
+
+
+def load_run(run_id: str, log: logging.Logger) -> tuple[Settings, RunStore, RunPlan | None]:
+    """Log as the CLI does; the settings (from the environment spark-submit passed on), the run
+    store and the run's plan (None, logged as an error, when the run has none)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in ("py4j", "great_expectations"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    settings = load_settings()
+    store = RunStore(settings)
+    plan = store.load_plan(run_id)
+    if plan is None:
+        log.error("run %s has no plan under %s", run_id, settings.runs_dir)
+    return settings, store, plan
+
+
+def output_lock(settings: Settings, store: RunStore):
+    """Held for a Spark app's life, per output table folder: an app whose launching step died
+    keeps running (it has its own session); a retry, or a new run after `wavepipe abandon`,
+    waits here instead of writing beside it."""
+    return store.lock(settings.tables_dir / ".reassemble.lock", f"a Spark app writing {settings.tables_dir}")
