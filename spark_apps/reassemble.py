@@ -341,7 +341,9 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     missing = [r.name for r in plan.ranges if r.size and r.name not in staged]
     if missing:
         raise RuntimeError(f"run {plan.run_id}: ranges not staged yet: {', '.join(missing)}; run their consume step")
-    # the candidates are made again from the staged chunks: any earlier validation of them is void
+    # the candidates are made again from the staged chunks: an earlier result, and any validation
+    # of it, is void until this one is saved (after every candidate table is written)
+    store.clear_step(plan.run_id, "reassemble")
     store.clear_step(plan.run_id, "validate")
     shutil.rmtree(store.candidate_dir(plan.run_id), ignore_errors=True)
     timings: dict[str, float] = {}
@@ -421,7 +423,14 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     classified.unpersist()
     new_candidates.unpersist()
     status.unpersist()
-    return summarize(plan, rows, waveforms, dead_counts, timings)
+    result = summarize(plan, rows, waveforms, dead_counts, timings)
+    # what validation must find in the candidate tables (anything else: they are not this result's)
+    result["candidates"] = {
+        "waveforms": result["waveforms"].get("output_new", 0),
+        "quarantine": sum(w["count"] for w in waveforms if w["status"] == QUARANTINED),
+        "dead_letter": sum(n for n, _ in dead_counts.values()),
+    }
+    return result
 
 
 def summarize(plan: RunPlan, rows, waveforms, dead_counts: dict, timings: dict) -> dict:

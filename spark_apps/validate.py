@@ -80,6 +80,16 @@ def _jsonable(value):
     return str(value)
 
 
+def _exception_message(info) -> str | None:
+    """GX puts an expectation's own error at the top level of ``exception_info``; a metric that
+    failed to compute appears as ``{metric id: {...}}`` instead."""
+    if not info:
+        return None
+    entries = [info] if "raised_exception" in info else [v for v in info.values() if isinstance(v, dict)]
+    messages = [str(e.get("exception_message")) for e in entries if e.get("raised_exception")]
+    return "; ".join(messages) or None
+
+
 def _summarize_result(name: str, result, docs_url: str | None) -> dict:
     failed = []
     for r in result.results:
@@ -88,13 +98,12 @@ def _summarize_result(name: str, result, docs_url: str | None) -> dict:
         config = r.expectation_config
         kwargs = {k: v for k, v in config.kwargs.items() if k in ("column", "column_A", "column_B", "column_list")}
         res = r.result or {}
-        info = r.exception_info or {}
         failed.append({
             "expectation": config.type, **_jsonable(kwargs), "description": config.description,
             "unexpected_count": res.get("unexpected_count"),
             "unexpected_percent": None if res.get("unexpected_percent") is None else round(res["unexpected_percent"], 4),
             "examples": _jsonable((res.get("partial_unexpected_list") or [])[:3]),
-            "error": info.get("exception_message") if info.get("raised_exception") else None,
+            "error": _exception_message(r.exception_info),
         })
     stats = result.statistics
     return {"suite": name, "success": bool(result.success), "evaluated": stats["evaluated_expectations"],
@@ -234,11 +243,31 @@ def publish_run(spark: SparkSession, settings: Settings, plan: RunPlan, *, candi
     return delta_version(settings.output_table)
 
 
+class CandidatesMismatchError(RuntimeError):
+    """The candidate tables are not what the run's reassembly result says it wrote."""
+
+
+def check_candidates(spark: SparkSession, store: RunStore, run_id: str) -> None:
+    """Refuse to validate candidates that are not the recorded reassembly's: none recorded (a
+    reassembly died before saving its result), or tables whose row counts differ from it."""
+    reassembled = store.load_step(run_id, "reassemble")
+    if reassembled is None or "candidates" not in reassembled:
+        raise CandidatesMismatchError(f"run {run_id} has no reassembly result; run its reassemble step first")
+    for name, expected in reassembled["candidates"].items():
+        path = store.candidate_dir(run_id) / name
+        found = read_delta(spark, path).count() if delta_version(path) is not None else 0
+        if found != expected:
+            raise CandidatesMismatchError(
+                f"run {run_id}: the candidate table {name} holds {found} rows, its reassembly recorded {expected}; "
+                "run the reassemble step again")
+
+
 def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan) -> dict:
     """Validate run ``plan``'s candidates; publish them if every expectation holds. The outcome is
     saved as the run's ``validate`` step (and a line of the validation history) either way."""
     store = RunStore(settings)
     store.clear_step(plan.run_id, "validate")
+    check_candidates(spark, store, plan.run_id)
     timings: dict[str, float] = {}
     t = time.monotonic()
     now = datetime.now(timezone.utc)
@@ -270,7 +299,6 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
         "thresholds": {k: v for k, v in settings.as_dict().items() if k.startswith("validate_")},
         "plot": plot, "published": False, "output_table_version": version, "timings": timings,
     }
-    append_validation_history(settings, result)
     if success:
         t = time.monotonic()
         result["output_table_version"] = publish_run(
@@ -280,6 +308,7 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
         timings["publish_s"] = time.monotonic() - t
     result["timings"] = {k: round(v, 3) for k, v in timings.items()}
     store.save_step(plan.run_id, "validate", result)
+    append_validation_history(settings, result)
     failed = [f"{f['expectation']}({f.get('column') or f.get('column_A') or f.get('column_list')})"
               for s in suites for f in s["failed"]]
     log.info("run %s validation %s%s", plan.run_id, "passed; published" if success else "FAILED: ",
@@ -302,14 +331,14 @@ def main(argv: list[str] | None = None) -> int:
     settings, store, plan = load_run(args.run_id, log)
     if plan is None:
         return 2
-    if store.load_step(plan.run_id, "reassemble") is None:
-        log.error("run %s has no reassembly result: run its reassemble step first", plan.run_id)
-        return 2
     with output_lock(settings, store):
         import_in_background()
         spark = SparkSession.builder.appName(f"wavepipe-validate-{plan.run_id}").getOrCreate()
         try:
             result = validate_and_publish(spark, settings, plan)
+        except CandidatesMismatchError as exc:
+            log.error("%s", exc)
+            return 4
         finally:
             spark.stop()
     print(json.dumps({"success": result["success"], "published": result["published"]}))

@@ -17,7 +17,7 @@ from wavepipe import spark
 from wavepipe.config import Settings
 from wavepipe.plan import RunPlan, RunStore, new_run_id, safe_run_id, write_json_atomic
 from wavepipe import report_html
-from wavepipe.report import build_report, failed_expectations, html_path, json_path, plot_path, validation_trend
+from wavepipe.report import build_report, failed_expectations, html_path, json_path, validation_trend
 
 log = logging.getLogger(__name__)
 SPARK_APPS = Path(__file__).resolve().parent.parent / "spark_apps"
@@ -64,7 +64,10 @@ def consume_step(settings: Settings, run_id: str, partition: int) -> dict:
     from wavepipe.consumers.reader import read_range
 
     run_id = safe_run_id(run_id)
-    with RunStore(settings).step_lock(run_id, f"consume-{partition}"):
+    store = RunStore(settings)
+    with store.step_lock(run_id, f"consume-{partition}"):
+        for stale in ("reassemble", "validate"):  # made from the staged files this step replaces
+            store.clear_step(run_id, stale)
         stats = read_range(settings, run_id, partition)  # records its own timing
     return {"partition": partition, "records": stats.records, "chunks": stats.chunks,
             "dead_letters": stats.dead_letters, "bytes": stats.payload_bytes}
@@ -172,9 +175,10 @@ def _check_validation(settings: Settings, store: RunStore, plan: RunPlan) -> dic
 def _write_report(settings: Settings, report: dict) -> Path:
     """The run's JSON report and its HTML page beside it; returns the page."""
     write_json_atomic(json_path(settings, report["run_id"]), report)
+    plot = (report.get("validation") or {}).get("plot")  # this attempt's, not an earlier one's
     return report_html.write(report, html_path(settings, report["run_id"]),
                              trend=validation_trend(settings, group=report["group"]),
-                             plot_png=plot_path(settings, report["run_id"]))
+                             plot_png=Path(plot) if plot else None)
 
 
 def _report(store: RunStore, plan: RunPlan, *, validation: dict | None, skipped: str | None = None) -> dict:
@@ -321,7 +325,13 @@ def run_once(settings: Settings, *, run_id: str | None = None, topic: str | None
         if staged:
             log.info("run %s: partitions %s were staged by an earlier attempt; not read again", run_id, staged)
         consume_all(settings, plan.run_id, [p for p in partitions_to_read(plan) if p not in staged])
-        reassemble_step(settings, plan.run_id, validate=True)
+        # resume at the first step without a result: a run whose validation failed is validated
+        # again (after a threshold was relaxed) without reassembling, a published one only commits
+        validated = store.load_step(plan.run_id, "validate")
+        if store.load_step(plan.run_id, "reassemble") is None:
+            reassemble_step(settings, plan.run_id, validate=True)
+        elif not (validated and validated["success"] and validated["published"]):
+            validate_step(settings, plan.run_id)
         return commit_step(settings, plan.run_id)
 
 

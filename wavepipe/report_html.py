@@ -74,7 +74,7 @@ def _cards(report: dict) -> str:
 
 PARTITION_COLUMNS = [
     ("start", "start"), ("end", "end"), ("offsets", "offsets"), ("lag_before", "lag before"),
-    ("safe_offset", "committed after"), ("lag_after", "lag after"), ("output", "output"),
+    ("safe_offset", "safe offset"), ("lag_after", "lag after"), ("output", "output"),
     ("output_already_written", "written before"), ("pending", "pending"), ("quarantined", "quarantined"),
     ("dead_letter", "dead letter"), ("gap", "gap"), ("payload_bytes_read", "bytes read"),
     ("output_bytes", "output bytes"), ("read_seconds", "read s"),
@@ -131,13 +131,14 @@ def _validation(report: dict) -> str:
                     f'<td class="t">{link}</td></tr>')
     out.append('<table><tr><th class="t">suite</th><th>expectations</th><th>failed</th><th class="t"></th></tr>'
                + "".join(rows) + "</table>")
-    failed = [(s["suite"], f) for s in v.get("suites", []) for f in s["failed"]]
+    failed = [(i, j, f) for i, s in enumerate(v.get("suites", [])) for j, f in enumerate(s["failed"])]
     if failed:
         body = "".join(
             f'<tr class="fail"><td class="t">{escape(f["expectation"])}</td>'
             f'<td class="t">{escape(str(f.get("column") or f.get("column_A") or f.get("column_list") or ""))}</td>'
-            f'{_num("", f.get("unexpected_count"))}<td class="t">{escape(str(f.get("examples") or f.get("error") or ""))}</td>'
-            f'<td class="t">{escape(f.get("description") or "")}</td></tr>' for _, f in failed)
+            f'{_num(f"validation.suites.{i}.failed.{j}.unexpected_count", f.get("unexpected_count"))}'
+            f'<td class="t">{escape(str(f.get("examples") or f.get("error") or ""))}</td>'
+            f'<td class="t">{escape(f.get("description") or "")}</td></tr>' for i, j, f in failed)
         out.append('<table><tr><th class="t">failed expectation</th><th class="t">column</th><th>rows</th>'
                    '<th class="t">examples</th><th class="t">what it checks</th></tr>' + body + "</table>")
     return "".join(out)

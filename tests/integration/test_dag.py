@@ -69,6 +69,7 @@ def test_a_failed_validation_fails_the_validate_task_and_commits_nothing(setting
     sent = produce_demo(settings, count=3, target_bytes=16 * 1024)
     result = dags_test(strict, "wavepipe_ingest", capture=True)
     log = result.stdout + result.stderr
+    assert result.returncode != 0 and "DagRun failed" in log, log[-5000:]
     assert "failed validation (1 expectation(s))" in log, log[-5000:]
     assert "expect_column_values_to_be_between on sample_rate: 1 rows" in log
     assert "Report: " in log and ".html" in log

@@ -109,9 +109,9 @@ def test_crash_after_the_output_is_durable_then_a_rerun_adds_nothing_twice(setti
     _assert_output(spark, settings, expected)  # durable before the crash
     assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: None, 1: None}
 
-    report = pipeline.run_once(settings)  # resumes the group's unfinished run
+    report = pipeline.run_once(settings)  # resumes the group's unfinished run at its first unfinished step
     assert report["run_id"] == "crash"
-    assert report["waveforms"] == {"output_already_written": 6}
+    assert report["waveforms"] == {"output_new": 6}, "its own waveforms, published once, by this run"
     assert_accounted(spark, settings, report)
     _assert_output(spark, settings, expected)
     assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: 12, 1: 12}

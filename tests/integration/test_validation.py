@@ -74,7 +74,7 @@ def test_output_out_of_bounds_commits_nothing_until_the_threshold_is_relaxed(set
     assert report["validation"]["plot"] and (settings.reports_dir / "gate" / "waveforms.png").stat().st_size > 1000
 
 
-def test_corrupted_output_fails_validation_and_a_rerun_from_the_staged_chunks_publishes(settings, spark):
+def test_corrupted_output_fails_validation_and_a_rerun_from_the_staged_chunks_publishes(settings, spark, monkeypatch):
     """The DAG's separate steps: the candidate output is damaged after the reassembly (a bad disk,
     a bad writer); validation catches it by re-hashing; reassembling again fixes it."""
     ensure_topic(settings, partitions=1)
@@ -103,6 +103,15 @@ def test_corrupted_output_fails_validation_and_a_rerun_from_the_staged_chunks_pu
     with pytest.raises(RuntimeError, match="not validated"):
         pipeline.commit_step(settings, "damaged")
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: None}
+
+    # a reassembly that dies half way leaves no result, and validation refuses what it left behind
+    monkeypatch.setenv("WAVEPIPE_FAILPOINTS", "reassemble.after_write=kill-app")
+    with pytest.raises(RuntimeError, match="exit code -9"):
+        pipeline.reassemble_step(settings, "damaged")
+    monkeypatch.delenv("WAVEPIPE_FAILPOINTS")
+    with pytest.raises(RuntimeError, match="no reassembly result"):
+        pipeline.validate_step(settings, "damaged")
+    _published_nothing(settings)
 
     pipeline.reassemble_step(settings, "damaged")  # the fix: made again from the staged chunks
     assert pipeline.validate_step(settings, "damaged")["published"]

@@ -1,5 +1,6 @@
 """The run page shows the numbers its JSON twin holds (parsed back out of the HTML and compared)."""
 
+import json
 from html.parser import HTMLParser
 
 from tests.unit.test_report import CONSUMED, PLAN, _reassembled
@@ -97,7 +98,14 @@ def test_a_failed_validation_names_the_expectation_on_the_page_and_in_the_messag
 
 
 def test_text_from_the_data_is_escaped():
-    report = _report(validation=None)
-    report["skipped"] = "<script>alert(1)</script>"
-    html = report_html.render(report, trend=[])
-    assert "<script>" not in html and "&lt;script&gt;" in html
+    evil = "<script>alert(1)</script>"
+    validation = json.loads(json.dumps(VALIDATION))
+    validation["data_docs_index"] = f'file:///d/"{evil}'
+    validation["suites"][0]["failed"][0].update(examples=[evil], column=evil, description=evil)
+    report = _report(validation=validation)
+    report["skipped"] = evil
+    report["topic"] = evil
+    report["partitions"]["0"]["quarantine_reasons"] = {evil: 1}
+    html = report_html.render(report, trend=[{"run_id": evil, "checked_at": evil, "success": False, "waveforms": 1,
+                                              "staged_records": 1, "failed": 1, "failed_expectations": [evil]}])
+    assert "<script>" not in html and html.count("&lt;script&gt;") >= 8
