@@ -28,8 +28,13 @@ def run_demo(settings: Settings, *, count: int, waveform_bytes: int, dags_test: 
         print("FAILED: the DAG run wrote no run report; see the Airflow task logs above")
         return 1
     report = json.loads(new_reports[-1].read_text())
-    print(f"[4/4] checking the output against what was produced ...", flush=True)
+    print("[4/4] checking the output against what was produced ...", flush=True)
     problems = list(report["balance_errors"])
+    if report.get("status") != "committed":
+        problems.append(f"the run ended as {report.get('status')!r}, not committed")
+    validation = report.get("validation") or {}
+    if not validation.get("success"):
+        problems.append("the run's output did not pass validation")
     problems += _check_output(settings, sent)
     partitions = [int(p) for p in report["partitions"]]
     committed = committed_offsets(settings, report["group"], report["topic"], partitions)
@@ -44,8 +49,12 @@ def run_demo(settings: Settings, *, count: int, waveform_bytes: int, dags_test: 
         print(f"  partition {p}: [{part['start']}, {part['end']}) output {part['output']}, pending "
               f"{part['pending']}, quarantined {part['quarantined']}, dead letter {part['dead_letter']}, "
               f"gap {part['gap']}; committed {committed[int(p)]}")
+    if validation:
+        print(f"validation: {'passed' if validation['success'] else 'FAILED'}, "
+              f"{sum(s['evaluated'] for s in validation['suites'])} expectations; "
+              f"Great Expectations Data Docs: {validation['data_docs_index']}")
     print(f"output table (Delta Lake): {settings.output_table}")
-    print(f"run report: {new_reports[-1]}")
+    print(f"run report: file://{new_reports[-1].with_suffix('.html')} (JSON: {new_reports[-1]})")
     if problems:
         print("FAILED checks:\n  " + "\n  ".join(problems))
         return 1
