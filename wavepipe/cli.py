@@ -66,7 +66,8 @@ def _print_report(report: dict) -> None:
         v = report["validation"]
         print(f"validation: {'passed' if v['success'] else 'FAILED'} ({sum(s['evaluated'] for s in v['suites'])} "
               f"expectations, suite v{v['suite_version']}); Data Docs: {v['data_docs_index']}")
-    print(f"report: file://{report.get('report_html')}  (JSON: {report.get('report_path')})")
+    print(f"report: {report.get('report_path')}")
+    print(f"page:   file://{report.get('report_html')}")
 
 
 def cmd_run(args) -> int:
