@@ -26,16 +26,6 @@ METADATA_COLUMNS = ("waveform_id", "source", "start_time", "date", "dtype", "cha
                     "n_samples", "duration_s", "size_bytes", "n_chunks", "checksum", "topic",
                     "partition", "first_offset", "last_offset", "run_id")
 
-#: Columns the validate app derives for the output suite (from the row and the published table).
-DERIVED_OUTPUT_COLUMNS = {
-    "expected_size_bytes": "n_samples x itemsize(dtype) x channels",
-    "duration_error_s": "|duration_s - n_samples / sample_rate|",
-    "payload_sha256": "sha256 of the stored payload, recomputed by Spark (null: no payload)",
-    "published_by_other_run": "the waveform id is already in the output table from another run",
-}
-#: Columns of the staged-records frame the chunks suite reads.
-CHUNK_COLUMNS = ("topic", "partition", "offset", "in_planned_range")
-
 
 def parse_utc(text: str) -> datetime:
     value = datetime.fromisoformat(text.replace("Z", "+00:00"))
