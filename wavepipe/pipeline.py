@@ -234,14 +234,9 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
         )
     began = time.monotonic()
     to_read = partitions_to_read(plan)
-    consumed = {}
     for r in plan.ranges:
-        if r.partition not in to_read:
-            continue
-        step = store.load_step(run_id, f"consume-{r.topic}-{r.partition}")
-        if step is None:
+        if r.partition in to_read and store.load_step(run_id, f"consume-{r.topic}-{r.partition}") is None:
             raise RuntimeError(f"run {run_id}: partition {r.partition} was never consumed; run its consume step")
-        consumed[r.partition] = step
     reassembled = store.load_step(run_id, "reassemble") if to_read else None
     if to_read and reassembled is None:
         raise RuntimeError(f"run {run_id}: no reassembly result; run the reassemble step")
