@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timezone
 
 from confluent_kafka.admin import OffsetSpec
 
@@ -94,4 +95,88 @@ def plan_run(settings: Settings, run_id: str, *, topic: str | None = None, group
         store.release_group(group, run_id)
         raise
     log.info("run %s: planned %d offsets over %d partitions", run_id, plan.total_offsets, len(ranges))
+    return plan
+
+
+class WindowError(ValueError):
+    """A time window that cannot be planned (empty, or not closed yet)."""
+
+
+def backfill_lane(group: str) -> str:
+    """The claim (and report group) of ``group``'s window runs: one at a time, and never the
+    incremental group itself, whose committed offsets a backfill must not move."""
+    return f"{group}.backfill"
+
+
+def as_utc(when: datetime) -> datetime:
+    """``when`` as an aware UTC datetime (naive ones are taken as UTC)."""
+    return when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when.astimezone(timezone.utc)
+
+
+def offsets_for_time(settings: Settings, topic: str, partitions: list[int], when: datetime,
+                     ends: dict[int, int]) -> dict[int, int]:
+    """Per partition, the first offset whose record timestamp is at or after ``when`` (Kafka's
+    offsets-for-times lookup); ``ends[p]`` where no record is that late yet."""
+    ms = int(when.timestamp() * 1000)
+    found = list_offsets(settings, topic, partitions, OffsetSpec.for_timestamp(ms))
+    return {p: ends[p] if found[p] < 0 else min(found[p], ends[p]) for p in partitions}
+
+
+def plan_window_run(settings: Settings, run_id: str, *, start: datetime, end: datetime,
+                    topic: str | None = None, group: str | None = None) -> RunPlan:
+    """The frozen plan of a time-window run (a backfill of ``[start, end)``).
+
+    Per partition the window is ``[offsets_for_time(start), offsets_for_time(end))``: adjacent
+    windows tile the partition, so every record belongs to exactly one. A waveform belongs to the
+    window holding its first chunk (``wp-seq`` 0). The range read starts at the window's first
+    offset (chunks there of a waveform begun earlier belong to the previous window and are set
+    aside) and ends past the window's end offset, where the waveforms begun inside the window
+    have all their chunks (``scan_boundaries``; at most ``incomplete_after_offsets`` further).
+
+    Claims ``backfill_lane(group)``, not the group: the incremental runs go on meanwhile, and the
+    window run never commits offsets.
+    """
+    from wavepipe.consumers.boundaries import scan_boundaries
+
+    store = RunStore(settings)
+    existing = store.load_plan(run_id)
+    if existing is not None:
+        store.claim_group(existing.group, run_id)
+        log.info("run %s: reusing its frozen window plan", run_id)
+        return existing
+    start, end = as_utc(start), as_utc(end)
+    if not start < end:
+        raise WindowError(f"window [{start.isoformat()}, {end.isoformat()}) is empty")
+    if end > datetime.now(timezone.utc):
+        raise WindowError(f"window [{start.isoformat()}, {end.isoformat()}) has not closed yet; "
+                          "backfill windows that ended (the incremental runs cover the present)")
+    topic = topic or settings.topic
+    lane = backfill_lane(group or settings.group)
+    store.claim_group(lane, run_id)
+    try:
+        partitions = partitions_of(settings, topic)
+        earliest = list_offsets(settings, topic, partitions, OffsetSpec.earliest())
+        stable = list_offsets(settings, topic, partitions, OffsetSpec.latest())
+        first = offsets_for_time(settings, topic, partitions, start, stable)
+        last = offsets_for_time(settings, topic, partitions, end, stable)
+        ranges, offsets = [], {}
+        for p in partitions:
+            a, b = first[p], max(first[p], last[p])
+            read_end = b
+            if a < b < stable[p]:  # waveforms begun in the window may go on after it
+                read_end = max(b, scan_boundaries(settings, topic, p, b, low=earliest[p], high=stable[p],
+                                                  max_scan=settings.incomplete_after_offsets).close_offset)
+            offsets[str(p)] = [a, b]
+            ranges.append(OffsetRange(topic, p, a, read_end))
+        plan = RunPlan(
+            run_id=run_id, topic=topic, group=lane, created_at=utc_now(), ranges=tuple(ranges),
+            caps={}, committed={}, latest={p: stable[p] for p in partitions},
+            window={"start": start.isoformat(), "end": end.isoformat(), "offsets": offsets},
+        )
+        store.save_plan(plan)
+    except BaseException:
+        store.release_group(lane, run_id)
+        raise
+    log.info("run %s: window [%s, %s) is offsets %s; reading %s", run_id, start.isoformat(), end.isoformat(),
+             offsets, {r.partition: [r.start, r.end] for r in plan.ranges})
     return plan

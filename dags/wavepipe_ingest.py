@@ -1,7 +1,8 @@
 """wavepipe_ingest: one bounded run of the chunked-waveform ingest (wiring only).
 
 plan -> consume (one mapped task per partition) -> reassemble (Spark) -> validate (Great Expectations,
-then publish) -> commit.
+then publish) -> commit. Scheduled and manual runs continue from the group's committed offsets;
+backfill runs (``airflow backfill create``) reprocess their data interval and replace its output.
 """
 
 from datetime import datetime, timedelta
@@ -26,6 +27,8 @@ with DAG(
         "max_records": Param(None, type=["null", "integer"], minimum=1, description="Cap: records per partition in this run"),
         "max_bytes": Param(None, type=["null", "integer"], minimum=1, description="Cap: payload bytes per partition in this run"),
         "skip_lost_offsets": Param(False, type="boolean", description="If the group is behind what the topic still retains, go on from the earliest retained offsets and record the lost range in the report (default: fail and name it)"),
+        "window_start": Param(None, type=["null", "string"], format="date-time", description="Reprocess a time window instead of continuing from the group's offsets: its start (ISO-8601). The window's output is replaced and no offset is committed. Backfill runs use their data interval without this."),
+        "window_end": Param(None, type=["null", "string"], format="date-time", description="End (exclusive) of the time window to reprocess; give it with window_start"),
     },
     tags=["wavepipe"],
 ) as dag:
@@ -36,6 +39,8 @@ with DAG(
         max_records="{{ params.max_records or '' }}",
         max_bytes="{{ params.max_bytes or '' }}",
         skip_lost_offsets="{{ params.skip_lost_offsets }}",
+        window_start="{{ params.window_start or '' }}",
+        window_end="{{ params.window_end or '' }}",
     )
     consume = ConsumeOperator.partial(task_id="consume").expand(partition=plan.output)
     reassemble = ReassembleOperator(task_id="reassemble", trigger_rule=TriggerRule.NONE_FAILED)

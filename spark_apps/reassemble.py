@@ -33,7 +33,7 @@ from wavepipe.plan import RunPlan, RunStore, utc_now
 from wavepipe.protocol import checksum
 from wavepipe.report import empty_partition
 from wavepipe.spark_apps.app import load_run, output_lock
-from wavepipe.spark_apps.tables import delta_ids, delta_version, read_delta, write_candidate
+from wavepipe.spark_apps.tables import delta_ids, delta_version, read_delta, window_predicate, write_candidate
 
 log = logging.getLogger("wavepipe.reassemble")
 
@@ -41,6 +41,8 @@ PENDING = "pending"
 CANDIDATE = "candidate"
 QUARANTINED = "quarantined"
 OUTPUT = "output"
+#: In a time-window run: a waveform whose first chunk is outside the window (another window's).
+OTHER_WINDOW = "other_window"
 
 OUTPUT_SCHEMA = T.StructType([
     T.StructField("waveform_id", T.StringType(), False),
@@ -72,7 +74,7 @@ META_COLUMNS = [
 
 def classify(meta: DataFrame, *, max_waveform_bytes: int = 0, ends: dict[int, int] | None = None,
              newest_ms: dict[int, int] | None = None, incomplete_after_offsets: int = 0,
-             incomplete_after_ms: int = 0) -> DataFrame:
+             incomplete_after_ms: int = 0, window: dict[int, tuple[int, int]] | None = None) -> DataFrame:
     """Per waveform, from chunk metadata only (no payload is read): its status and reason.
 
     ``candidate``: every chunk present, chunks agree, sizes add up (checksum still to verify);
@@ -85,6 +87,10 @@ def classify(meta: DataFrame, *, max_waveform_bytes: int = 0, ends: dict[int, in
     ``incomplete_after_offsets`` offsets (before ``ends[partition]``) or ``incomplete_after_ms``
     of record time (before ``newest_ms[partition]``) of its partition: it is no longer expected
     to complete (``final_status`` quarantines it as ``incomplete`` unless it is a leftover).
+
+    ``window`` (a time-window run: per partition ``[from, to)`` offsets): a waveform whose first
+    chunk (``seq`` 0) is not among those offsets, or not read at all, is ``other_window``: another
+    window's, set aside whatever its state.
     """
     first_copy = Window.partitionBy("waveform_id", "seq").orderBy("partition", "offset")
     ranked = meta.withColumn("copy_rank", F.row_number().over(first_copy))
@@ -103,7 +109,14 @@ def classify(meta: DataFrame, *, max_waveform_bytes: int = 0, ends: dict[int, in
         (F.min("partition") == F.max("partition")).alias("one_partition"),
         F.min(per_partition(ends) - F.col("offset")).alias("offsets_since"),
         F.min(per_partition(newest_ms) - F.col("timestamp_ms")).alias("ms_since"),
+        F.min(F.when(F.col("seq") == 0, F.struct("partition", "offset"))).alias("seq0"),
     )
+    outside = F.lit(False)
+    if window is not None:
+        seq0_partition, seq0_offset = F.col("seq0.partition"), F.col("seq0.offset")
+        starts = per_partition({p: a for p, (a, _) in window.items()}, seq0_partition)
+        ends_ = per_partition({p: b for p, (_, b) in window.items()}, seq0_partition)
+        outside = ~F.coalesce((seq0_offset >= starts) & (seq0_offset < ends_), F.lit(False))
     too_large = F.lit(False)
     if max_waveform_bytes:
         too_large = (F.col("total_size") > max_waveform_bytes) | (F.col("unique_bytes") > max_waveform_bytes)
@@ -116,19 +129,22 @@ def classify(meta: DataFrame, *, max_waveform_bytes: int = 0, ends: dict[int, in
     return per.select(
         "waveform_id", "records", "distinct_chunks", "chunk_count", "total_size", "unique_bytes",
         "partition", "one_partition",
-        F.when(F.col("counts_differ"), F.lit(QUARANTINED))
+        F.when(outside, F.lit(OTHER_WINDOW))
+        .when(F.col("counts_differ"), F.lit(QUARANTINED))
         .when(F.col("facts_differ"), F.lit(QUARANTINED))
         .when(too_large, F.lit(QUARANTINED))
         .when(missing, F.lit(PENDING))
         .when(F.col("unique_bytes") != F.col("total_size"), F.lit(QUARANTINED))
         .otherwise(F.lit(CANDIDATE)).alias("status"),
-        F.when(F.col("counts_differ"), F.lit("chunk_count_mismatch"))
+        F.when(outside, F.lit(None))
+        .when(F.col("counts_differ"), F.lit("chunk_count_mismatch"))
         .when(F.col("facts_differ"), F.lit("metadata_mismatch"))
         .when(too_large, F.lit("too_large"))
         .when(missing, F.lit(None))
         .when(F.col("unique_bytes") != F.col("total_size"), F.lit("size_mismatch"))
         .otherwise(F.lit(None)).cast("string").alias("reason"),
-        F.when(F.col("counts_differ"), F.lit("chunks disagree on wp-count"))
+        F.when(outside, F.lit("its first chunk is outside the window"))
+        .when(F.col("counts_differ"), F.lit("chunks disagree on wp-count"))
         .when(F.col("facts_differ"), F.lit("chunks disagree on wp-size, wp-checksum or the waveform's metadata"))
         .when(too_large, F.format_string("%d bytes by header, %d in chunks; the maximum is %d",
                                          "total_size", "unique_bytes", F.lit(max_waveform_bytes)))
@@ -138,16 +154,17 @@ def classify(meta: DataFrame, *, max_waveform_bytes: int = 0, ends: dict[int, in
         .when(F.col("unique_bytes") != F.col("total_size"),
               F.format_string("chunks hold %d bytes, wp-size says %d", "unique_bytes", "total_size"))
         .otherwise(F.lit(None)).alias("detail"),
-        (missing & ~too_large & stalled).alias("expired"),
+        (~outside & missing & ~too_large & stalled).alias("expired"),
     )
 
 
-def per_partition(values: dict[int, int] | None):
-    """A column: ``values[partition]`` of each row (null where not given)."""
+def per_partition(values: dict[int, int] | None, partition=None):
+    """A column: ``values[partition]`` of each row (null where not given); ``partition`` is the
+    column holding the partition (default: ``partition``)."""
     if not values:
         return F.lit(None).cast("long")
     pairs = [x for p, v in sorted(values.items()) for x in (F.lit(int(p)), F.lit(int(v)).cast("long"))]
-    return F.element_at(F.create_map(*pairs), F.col("partition"))
+    return F.element_at(F.create_map(*pairs), F.col("partition") if partition is None else partition)
 
 
 ARROW_OUTPUT_SCHEMA = to_arrow_schema(OUTPUT_SCHEMA, timezone="UTC")
@@ -362,13 +379,18 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
         meta, max_waveform_bytes=settings.max_waveform_bytes, ends={r.partition: r.end for r in plan.ranges},
         newest_ms=newest, incomplete_after_offsets=settings.incomplete_after_offsets,
         incomplete_after_ms=int(settings.incomplete_after_s * 1000),
+        window=plan.window_offsets() if plan.is_window else None,
     ).persist()
     out_path = settings.output_table
     candidates = store.candidate_dir(plan.run_id)
     v0 = delta_version(out_path)
-    before = delta_ids(spark, out_path, v0)
+    # a window run recomputes the window's rows: the tables' other rows are what was there before
+    outside = (None if not plan.is_window
+               else f"NOT ({window_predicate(plan.topic, plan.window_offsets(), 'first_offset')})")
+    before = delta_ids(spark, out_path, v0, where=outside)
     q_version = delta_version(settings.quarantine_table)
-    q_before = (read_delta(spark, settings.quarantine_table, q_version).select("waveform_id", "reason")
+    q_before = (read_delta(spark, settings.quarantine_table, q_version).where(outside or "true")
+                .select("waveform_id", "reason")
                 if q_version is not None else spark.createDataFrame([], "waveform_id string, reason string"))
     new_candidates = classified.where(F.col("status") == CANDIDATE)
     if q_version is not None:  # quarantined once, quarantined for good (e.g. late chunks of an incomplete one)
@@ -413,17 +435,22 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
         write_candidate(quarantine, candidates / "quarantine")
     dead_files = [f for f in dead_files if pq.ParquetFile(f).metadata.num_rows]
     dead_counts: dict[int, tuple[int, int]] = {}
+    other_dead: dict[int, tuple[int, int]] = {}
     if dead_files:
         dead = spark.read.parquet(*map(str, dead_files)).withColumn("run_id", F.lit(plan.run_id))
-        write_candidate(dead, candidates / "dead_letter")
-        dead_counts = {r["partition"]: (r["n"], r["bytes"] or 0) for r in dead.groupBy("partition").agg(
-            F.count(F.lit(1)).alias("n"), F.sum(F.length("value")).alias("bytes")).collect()}
+        if plan.is_window:  # dead letters past the window's end are the next window's
+            mine = F.expr(window_predicate(plan.topic, plan.window_offsets(), "offset"))
+            other_dead = _count_by_partition(dead.where(~mine))
+            dead = dead.where(mine)
+        dead_counts = _count_by_partition(dead)
+        if dead_counts:
+            write_candidate(dead, candidates / "dead_letter")
     rows = accounting(meta, status).collect()
     timings["accounting_s"] = time.monotonic() - t
     classified.unpersist()
     new_candidates.unpersist()
     status.unpersist()
-    result = summarize(plan, rows, waveforms, dead_counts, timings)
+    result = summarize(plan, rows, waveforms, dead_counts, timings, other_dead)
     # what validation must find in the candidate tables (anything else: they are not this result's)
     result["candidates"] = {
         "waveforms": result["waveforms"].get("output_new", 0),
@@ -433,12 +460,21 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     return result
 
 
-def summarize(plan: RunPlan, rows, waveforms, dead_counts: dict, timings: dict) -> dict:
-    """Collected aggregates -> per-partition accounting and safe offsets (plain dicts)."""
+def _count_by_partition(rows: DataFrame) -> dict[int, tuple[int, int]]:
+    """Per partition: (rows, value bytes) of staged dead-letter rows."""
+    return {r["partition"]: (r["n"], r["bytes"] or 0) for r in rows.groupBy("partition").agg(
+        F.count(F.lit(1)).alias("n"), F.sum(F.length("value")).alias("bytes")).collect()}
+
+
+def summarize(plan: RunPlan, rows, waveforms, dead_counts: dict, timings: dict,
+              other_dead: dict | None = None) -> dict:
+    """Collected aggregates -> per-partition accounting and safe offsets (plain dicts).
+    ``other_dead``: per partition, dead letters of a window run that are the next window's."""
     partitions = {}
     for r in plan.ranges:
         part = partitions[r.partition] = empty_partition(r.start, r.end)
         part["dead_letter"], part["dead_letter_bytes"] = dead_counts.get(r.partition, (0, 0))
+        part["other_window"], part["other_window_bytes"] = (other_dead or {}).get(r.partition, (0, 0))
     for row in rows:
         part = partitions[row["partition"]]
         status, n, nbytes = row["status"], row["records"], row["bytes"] or 0
@@ -451,6 +487,10 @@ def summarize(plan: RunPlan, rows, waveforms, dead_counts: dict, timings: dict) 
             part["pending"] += n
             part["pending_bytes"] += nbytes
             part["safe_offset"] = min(part["safe_offset"], row["min_offset"])
+        elif status == OTHER_WINDOW:
+            part["other_window"] += n
+            part["other_window_bytes"] += nbytes
+            part["other_window_chunks"] += n
         elif status == QUARANTINED:
             part["quarantined"] += n
             part["quarantined_bytes"] += nbytes

@@ -42,10 +42,22 @@ def read_delta(spark: SparkSession, path: Path, version: int | None = None) -> D
     return reader.load(str(path))
 
 
-def delta_ids(spark: SparkSession, path: Path, version: int | None) -> DataFrame:
+def delta_ids(spark: SparkSession, path: Path, version: int | None, where: str | None = None) -> DataFrame:
+    """The table's waveform ids at ``version`` (of the rows matching SQL ``where``, if given)."""
     if version is None:
         return spark.createDataFrame([], "waveform_id string")
-    return read_delta(spark, path, version).select("waveform_id")
+    return read_delta(spark, path, version).where(where or "true").select("waveform_id")
+
+
+def window_predicate(topic: str, offsets: dict[int, tuple[int, int]], offset_column: str) -> str:
+    """SQL: the rows of ``topic`` whose ``offset_column`` is inside a window's per-partition
+    ``[from, to)`` offsets. It selects a window's rows to replace (``replaceWhere``) and the rows
+    outside it; topic names are ``[a-zA-Z0-9._-]`` (Kafka's rule), so quoting is plain."""
+    if not offsets:
+        return "false"
+    parts = " OR ".join(f"(`partition` = {int(p)} AND `{offset_column}` >= {int(a)} AND `{offset_column}` < {int(b)})"
+                        for p, (a, b) in sorted(offsets.items()))
+    return f"(topic = '{topic}' AND ({parts}))"
 
 
 def append_new(df: DataFrame, path: Path, keys: list[str], partition_by: list[str] | None = None,

@@ -28,7 +28,7 @@ from wavepipe.plan import RunPlan, RunStore, utc_now
 from wavepipe.report import append_validation_history, plot_path
 from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_apps.reassemble import OUTPUT_SCHEMA, per_partition
-from wavepipe.spark_apps.tables import TABLE_KEYS, append_new, delta_version, read_delta
+from wavepipe.spark_apps.tables import TABLE_KEYS, append_new, delta_version, read_delta, window_predicate
 
 log = logging.getLogger("wavepipe.validate")
 
@@ -227,6 +227,11 @@ def publish_run(spark: SparkSession, settings: Settings, plan: RunPlan, *, candi
     store = RunStore(settings)
     targets = {"quarantine": settings.quarantine_table, "dead_letter": settings.dead_letter_table,
                "waveforms": settings.output_table}
+    if plan.is_window:
+        for name, target in targets.items():
+            replace_window(spark, store.candidate_dir(plan.run_id) / name, target, name, plan)
+        failpoint("publish.after_write")
+        return delta_version(settings.output_table)
     for name, target in targets.items():
         source = store.candidate_dir(plan.run_id) / name
         if delta_version(source) is None:
@@ -241,6 +246,27 @@ def publish_run(spark: SparkSession, settings: Settings, plan: RunPlan, *, candi
         else:
             append_new(read_delta(spark, source), target, keys, merge_schema=True)
     return delta_version(settings.output_table)
+
+
+def replace_window(spark: SparkSession, source: Path, target: Path, name: str, plan: RunPlan) -> None:
+    """Replace the rows of window run ``plan``'s window in ``target`` by the candidate table
+    ``source``, in one atomic Delta commit (``replaceWhere``): readers see the old window or the
+    new one, and a retry replaces it again with the same rows. No candidates: the window's rows
+    are deleted (the window now holds none of this table's rows)."""
+    keys, partition_by = TABLE_KEYS[name]
+    where = window_predicate(plan.topic, plan.window_offsets(), "offset" if name == "dead_letter" else "first_offset")
+    has_rows = delta_version(source) is not None
+    if delta_version(target) is None:
+        if has_rows:
+            append_new(read_delta(spark, source), target, keys, partition_by)
+        return
+    if not has_rows:
+        from delta.tables import DeltaTable
+
+        DeltaTable.forPath(spark, str(target)).delete(where)
+        return
+    (read_delta(spark, source).write.format("delta").mode("overwrite").option("replaceWhere", where)
+     .option("mergeSchema", "true").save(str(target)))
 
 
 class CandidatesMismatchError(RuntimeError):
@@ -273,7 +299,10 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
     now = datetime.now(timezone.utc)
     candidates = _candidate_output(spark, store.candidate_dir(plan.run_id))
     version = delta_version(settings.output_table)
-    published = (read_delta(spark, settings.output_table, version).select("waveform_id", "run_id")
+    # a window run replaces the window's rows: only the rows outside it stay published beside it
+    outside = (f"NOT ({window_predicate(plan.topic, plan.window_offsets(), 'first_offset')})"
+               if plan.is_window else "true")
+    published = (read_delta(spark, settings.output_table, version).where(outside).select("waveform_id", "run_id")
                  if version is not None else spark.createDataFrame([], "waveform_id string, run_id string"))
     checked = output_checks(candidates, published, plan.run_id).persist()
     staged = chunk_checks(_staged_records(spark, store, plan), plan).persist()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from datetime import datetime
 from pathlib import Path
 
 from wavepipe import spark
@@ -41,14 +42,19 @@ def _timed(store: RunStore, run_id: str, step: str, began: float) -> None:
 
 def plan_step(settings: Settings, run_id: str, *, topic: str | None = None, group: str | None = None,
               max_records: int | None = None, max_bytes: int | None = None,
-              skip_lost_offsets: bool = False) -> RunPlan:
-    from wavepipe.consumers.planner import plan_run
+              skip_lost_offsets: bool = False, window: tuple[datetime, datetime] | None = None) -> RunPlan:
+    """Freeze the run's ranges: from the group's committed offsets (incremental), or, with
+    ``window=(start, end)``, the offsets of that time window (a backfill: see ``plan_window_run``)."""
+    from wavepipe.consumers.planner import plan_run, plan_window_run
 
     began = time.monotonic()
     run_id = safe_run_id(run_id)
     with RunStore(settings).step_lock(run_id, "run"):  # two first attempts must not plan twice
-        plan = plan_run(settings, run_id, topic=topic, group=group, max_records=max_records, max_bytes=max_bytes,
-                        skip_lost_offsets=skip_lost_offsets)
+        if window is not None:
+            plan = plan_window_run(settings, run_id, start=window[0], end=window[1], topic=topic, group=group)
+        else:
+            plan = plan_run(settings, run_id, topic=topic, group=group, max_records=max_records,
+                            max_bytes=max_bytes, skip_lost_offsets=skip_lost_offsets)
     _timed(RunStore(settings), run_id, "plan", began)
     return plan
 
@@ -253,7 +259,10 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
             f"run {run_id}: the counts do not add up, so no offset was committed: "
             + "; ".join(report["balance_errors"]) + f". Report: {store.step_path(run_id, 'report')}"
         )
-    if to_read:
+    if plan.is_window:  # a backfill: the window's output was replaced; the group's offsets stay
+        report["commit"] = {}
+        report["window"] = plan.window
+    elif to_read:
         safe = {int(p): part["safe_offset"] for p, part in report["partitions"].items()}
         failpoint("commit.before_offsets")
         try:
@@ -266,10 +275,11 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
         store.save_previous_ranges(plan.group, plan.topic, {r.partition: [safe[r.partition], r.end] for r in plan.ranges})
     else:  # nothing new was read: the group's offsets (and their run metadata) stay as they are
         report["commit"] = {str(r.partition): {"before": r.start, "after": r.start} for r in plan.ranges}
-    _lag_after(settings, plan, report)
+    if not plan.is_window:
+        _lag_after(settings, plan, report)
     _timed(store, run_id, "commit", began)
     report["timings_s"].update(store.load_step(run_id, "timings") or {})
-    report["status"] = "committed"
+    report["status"] = "window_replaced" if plan.is_window else "committed"
     store.save_step(run_id, "report", report)
     page = _write_report(settings, report)
     store.release_group(plan.group, run_id)
@@ -298,16 +308,21 @@ def _lag_after(settings: Settings, plan: RunPlan, report: dict) -> None:
 
 def run_once(settings: Settings, *, run_id: str | None = None, topic: str | None = None,
              group: str | None = None, max_records: int | None = None, max_bytes: int | None = None,
-             skip_lost_offsets: bool = False) -> dict:
+             skip_lost_offsets: bool = False, window: tuple[datetime, datetime] | None = None) -> dict:
     """All steps in this process; resumes the group's active run if one was left unfinished.
+    ``window=(start, end)``: a backfill of that time window instead (it replaces the window's
+    output and commits no offsets).
 
     Holds the run's lock throughout, so a second process resuming the same run at the same time
     fails at once (``StepBusyError``) instead of running it twice."""
+    from wavepipe.consumers.planner import backfill_lane
+
     store = RunStore(settings)
     group = group or settings.group
     if run_id is None:
-        active = store.active_run(group)
-        if active is not None and store.load_plan(active) is not None:
+        active = store.active_run(backfill_lane(group) if window else group)
+        active_plan = store.load_plan(active) if active is not None else None
+        if active_plan is not None and _same_window(active_plan, window):
             log.info("resuming unfinished run %s of group %s", active, group)
             run_id = active
         else:
@@ -315,7 +330,7 @@ def run_once(settings: Settings, *, run_id: str | None = None, topic: str | None
     run_id = safe_run_id(run_id)
     with store.step_lock(run_id, "run"):
         plan = plan_step(settings, run_id, topic=topic, group=group, max_records=max_records, max_bytes=max_bytes,
-                         skip_lost_offsets=skip_lost_offsets)
+                         skip_lost_offsets=skip_lost_offsets, window=window)
         staged = [p for p in partitions_to_read(plan) if _is_staged(store, plan, p)]
         if staged:
             log.info("run %s: partitions %s were staged by an earlier attempt; not read again", run_id, staged)
@@ -328,6 +343,16 @@ def run_once(settings: Settings, *, run_id: str | None = None, topic: str | None
         elif not (validated and validated["success"] and validated["published"]):
             validate_step(settings, plan.run_id)
         return commit_step(settings, plan.run_id)
+
+
+def _same_window(plan: RunPlan, window: tuple[datetime, datetime] | None) -> bool:
+    """Whether ``plan`` is the run of ``window`` (both None: incremental). Another window's
+    unfinished run is not resumed: the new run's claim is refused, naming it."""
+    if window is None or plan.window is None:
+        return window is None and plan.window is None
+    from wavepipe.consumers.planner import as_utc
+
+    return [datetime.fromisoformat(plan.window[k]) for k in ("start", "end")] == [as_utc(t) for t in window]
 
 
 def _is_staged(store: RunStore, plan: RunPlan, partition: int) -> bool:

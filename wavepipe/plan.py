@@ -61,6 +61,19 @@ class RunPlan:
     #: Per partition, the last stable offset when planned (before any cap): the lag before the
     #: run is ``latest - start``.
     latest: dict[int, int] = field(default_factory=dict)
+    #: A time-window run (a backfill): ``{"start": iso, "end": iso, "offsets": {partition: [from, to)}}``.
+    #: The waveforms whose first chunk (``wp-seq`` 0) is in ``offsets`` are the window's; the ranges
+    #: read may go past ``to`` to complete the ones that straddle the window's end. Its output
+    #: replaces the window's rows, and it commits no offsets. None: an incremental run.
+    window: dict[str, Any] | None = None
+
+    @property
+    def is_window(self) -> bool:
+        return self.window is not None
+
+    def window_offsets(self) -> dict[int, tuple[int, int]]:
+        """Per partition, the window's ``[from, to)`` offsets (empty for an incremental run)."""
+        return {int(p): (int(a), int(b)) for p, (a, b) in (self.window or {}).get("offsets", {}).items()}
 
     @property
     def total_offsets(self) -> int:
@@ -97,6 +110,7 @@ class RunPlan:
             committed={int(k): v for k, v in data.get("committed", {}).items()},
             lost={int(k): list(v) for k, v in data.get("lost", {}).items()},
             latest={int(k): int(v) for k, v in data.get("latest", {}).items()},
+            window=data.get("window"),
         )
 
     def expected_committed(self, partition: int) -> int | None:

@@ -1,8 +1,8 @@
 """The run report (JSON, one per run): where every offset of the run's ranges ended.
 
-Per partition: ``output + pending + quarantined + dead_letter + gap == end - start``, where
-``gap`` counts offsets Kafka delivered no record for (transaction markers, aborted or compacted
-records). ``check_balance`` states every way the numbers fail to add up; the commit refuses to
+Per partition: ``output + pending + quarantined + dead_letter + gap (+ other_window) == end - start``,
+where ``gap`` counts offsets Kafka delivered no record for (transaction markers, aborted or compacted
+records) and ``other_window`` (time-window runs only) the records read that another window owns. ``check_balance`` states every way the numbers fail to add up; the commit refuses to
 move offsets while the list is not empty.
 """
 
@@ -22,6 +22,8 @@ def empty_partition(start: int, end: int) -> dict[str, Any]:
     return {
         "output": 0, "output_already_written": 0, "pending": 0, "quarantined": 0, "dead_letter": 0,
         "output_bytes": 0, "pending_bytes": 0, "quarantined_bytes": 0, "dead_letter_bytes": 0,
+        # a window run: records of waveforms (chunks) and dead letters that are another window's
+        "other_window": 0, "other_window_bytes": 0, "other_window_chunks": 0,
         "quarantine_reasons": {}, "safe_offset": end,
     }
 
@@ -119,8 +121,8 @@ def build_report(plan: RunPlan, consumed: dict[int, dict], reassembled: dict | N
     totals: dict[str, int] = {}
     for part in partitions.values():
         for key in ("offsets", "records_read", "output", "output_already_written", "pending", "quarantined",
-                    "dead_letter", "gap", "payload_bytes_read", "output_bytes"):
-            totals[key] = totals.get(key, 0) + part[key]
+                    "dead_letter", "gap", "payload_bytes_read", "output_bytes", "other_window"):
+            totals[key] = totals.get(key, 0) + part.get(key, 0)
     totals["lost"] = sum(to - start for start, to in plan.lost.values())
     report = {
         "report_version": REPORT_VERSION,
@@ -153,16 +155,18 @@ def check_balance(report: dict[str, Any]) -> list[str]:
     for p, part in report["partitions"].items():
         if not part.get("read", True):
             continue  # not read in this run (nothing new there): its offsets stay uncommitted
-        placed = part["output"] + part["pending"] + part["quarantined"] + part["dead_letter"] + part["gap"]
+        other = part.get("other_window", 0)
+        placed = part["output"] + part["pending"] + part["quarantined"] + part["dead_letter"] + part["gap"] + other
         if placed != part["offsets"]:
             errors.append(
                 f"partition {p}: output {part['output']} + pending {part['pending']} + quarantined "
-                f"{part['quarantined']} + dead letter {part['dead_letter']} + gap {part['gap']} = {placed}, "
+                f"{part['quarantined']} + dead letter {part['dead_letter']} + gap {part['gap']}"
+                + (f" + other windows' {other}" if other else "") + f" = {placed}, "
                 f"but the range [{part['start']}, {part['end']}) holds {part['offsets']} offsets"
             )
-        if part["output"] + part["pending"] + part["quarantined"] != part["chunks_read"]:
-            errors.append(f"partition {p}: {part['chunks_read']} chunks read but "
-                          f"{part['output'] + part['pending'] + part['quarantined']} placed")
+        chunks = part["output"] + part["pending"] + part["quarantined"] + part.get("other_window_chunks", 0)
+        if chunks != part["chunks_read"]:
+            errors.append(f"partition {p}: {part['chunks_read']} chunks read but {chunks} placed")
         if not part["start"] <= part["safe_offset"] <= part["end"]:
             errors.append(f"partition {p}: safe offset {part['safe_offset']} outside [{part['start']}, {part['end']}]")
         if part["gap"] < 0:

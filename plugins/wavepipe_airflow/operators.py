@@ -7,6 +7,7 @@ compare-and-set on the group's offsets.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
@@ -18,6 +19,24 @@ from wavepipe.airflow.hooks import WavepipeHook
 
 def _int_or_none(value: Any) -> int | None:
     return None if value in (None, "", "None") else int(value)
+
+
+def run_window(context, start: Any = None, end: Any = None) -> tuple[datetime, datetime] | None:
+    """The time window a DAG run reprocesses, or None for an incremental run.
+
+    A backfill run (``airflow backfill create``, or the UI's backfill dialog) reprocesses its data
+    interval; any run may name a window with the ``window_start``/``window_end`` params instead.
+    Scheduled and plain manual runs are incremental: they continue from the group's offsets."""
+    start, end = (None if v in (None, "", "None") else v for v in (start, end))
+    if (start is None) != (end is None):
+        raise AirflowFailException("give both window_start and window_end, or neither")
+    if start is not None:
+        return tuple(v if isinstance(v, datetime) else datetime.fromisoformat(str(v).replace("Z", "+00:00"))
+                     for v in (start, end))
+    run_type = getattr(context["dag_run"], "run_type", None)
+    if getattr(run_type, "value", run_type) == "backfill":
+        return context["data_interval_start"], context["data_interval_end"]
+    return None
 
 
 class _WavepipeOperator(BaseOperator):
@@ -32,19 +51,25 @@ class _WavepipeOperator(BaseOperator):
 class PlanOperator(_WavepipeOperator):
     """Freeze the run's offset ranges; returns the partitions to read (for the mapped consume)."""
 
-    template_fields = ("topic", "group", "max_records", "max_bytes", "skip_lost_offsets")
+    template_fields = ("topic", "group", "max_records", "max_bytes", "skip_lost_offsets", "window_start", "window_end")
 
     def __init__(self, *, topic: str | None = None, group: str | None = None,
-                 max_records: Any = None, max_bytes: Any = None, skip_lost_offsets: Any = False, **kwargs):
+                 max_records: Any = None, max_bytes: Any = None, skip_lost_offsets: Any = False,
+                 window_start: Any = None, window_end: Any = None, **kwargs):
         super().__init__(**kwargs)
+        self.window_start, self.window_end = window_start, window_end
         self.topic, self.group, self.max_records, self.max_bytes = topic, group, max_records, max_bytes
         self.skip_lost_offsets = skip_lost_offsets
 
     def execute(self, context) -> list[int]:
+        window = run_window(context, self.window_start, self.window_end)
+        if window:
+            self.log.info("a window run: [%s, %s) is reprocessed and replaces that window's output; "
+                          "no offsets are committed", *(t.isoformat() for t in window))
         plan = pipeline.plan_step(
             self.settings(), context["run_id"], topic=self.topic or None, group=self.group or None,
             max_records=_int_or_none(self.max_records), max_bytes=_int_or_none(self.max_bytes),
-            skip_lost_offsets=str(self.skip_lost_offsets).lower() in ("true", "1"),
+            skip_lost_offsets=str(self.skip_lost_offsets).lower() in ("true", "1"), window=window,
         )
         for p, (lost_from, lost_to) in plan.lost.items():
             self.log.warning("%s[%d]: offsets [%d, %d) were no longer retained and are skipped",
