@@ -90,6 +90,8 @@ class Settings:
     validate_mostly: float = 1.0
     #: Runs shown in the validation trend (report page and ``wavepipe status``).
     report_trend_runs: int = 20
+    #: ``wavepipe airflow up``: the Airflow API server (UI and REST API) listens on 127.0.0.1 here.
+    airflow_port: int = 8080
 
     # --- derived locations -------------------------------------------------------------------
     @property
@@ -132,6 +134,11 @@ class Settings:
     def gx_dir(self) -> Path:
         """Great Expectations' file context: suites as stored by GX, results, Data Docs."""
         return self.home / "gx"
+
+    @property
+    def audit_dir(self) -> Path:
+        """Append-only audit records of operations on offsets (``rewinds.jsonl``)."""
+        return self.home / "audit"
 
     @property
     def airflow_home(self) -> Path:

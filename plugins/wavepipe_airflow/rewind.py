@@ -1,0 +1,88 @@
+"""The rewind as an Airflow task: plan it (the table goes to the task log), apply it on request.
+
+Thin over ``wavepipe.consumers.rewind``: the same refusals, compare-and-set and audit record as
+``wavepipe rewind``, with ``who`` taken from the DAG run (the user who triggered it). A refusal
+fails the task at once (``AirflowFailException``: retrying cannot help until someone acts).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException
+
+from wavepipe.airflow.hooks import WavepipeHook
+from wavepipe.consumers import rewind
+
+
+def _flag(value: Any) -> bool:
+    return str(value).strip().lower() in ("true", "1", "yes")
+
+
+class RewindOperator(BaseOperator):
+    """Move a group's committed offsets to ``mode``/``value`` (see ``RewindTarget.parse``).
+
+    A dry run unless ``apply`` (the DAG's ``execute`` param); ``reason`` is required to apply.
+    Returns the plan, and the audit record when applied, as the task's XCom.
+    """
+
+    template_fields = ("topic", "group", "partitions", "mode", "value", "apply", "force", "reason")
+
+    def __init__(self, *, mode: str, value: Any = None, topic: str | None = None, group: str | None = None,
+                 partitions: Any = None, apply: Any = False, force: Any = False, reason: str = "",
+                 wavepipe_conn_id: str = WavepipeHook.default_conn_name, **kwargs):
+        kwargs.setdefault("retries", 0)
+        super().__init__(**kwargs)
+        self.topic, self.group, self.partitions = topic, group, partitions
+        self.mode, self.value, self.apply, self.force, self.reason = mode, value, apply, force, reason
+        self.wavepipe_conn_id = wavepipe_conn_id
+
+    def settings(self):
+        return WavepipeHook(self.wavepipe_conn_id).get_settings()
+
+    @staticmethod
+    def who(context) -> str:
+        """The user who triggered the DAG run (Airflow 3), else "airflow"."""
+        dag_run = context.get("dag_run")
+        return getattr(dag_run, "triggering_user_name", None) or "airflow"
+
+    def execute(self, context) -> dict:
+        settings = self.settings()
+        topic, group = self.topic or settings.topic, self.group or settings.group
+        apply, reason = _flag(self.apply), (self.reason or "").strip()
+        if apply and not reason:
+            raise AirflowFailException("execute is on but reason is empty: say why the group is rewound "
+                                       "(it is kept in the audit record), then trigger again")
+        try:
+            target = rewind.RewindTarget.parse(self.mode, self.value)
+            partitions = rewind.parse_partitions(self.partitions if self.partitions not in (None, "None") else None)
+        except ValueError as exc:
+            raise AirflowFailException(f"bad rewind parameters: {exc}") from exc
+        who = self.who(context)
+        origin = f"airflow:{context['dag'].dag_id}/{context['run_id']}"
+        try:
+            plan = rewind.plan_rewind(settings, topic=topic, group=group, target=target,
+                                      partitions=partitions, force=_flag(self.force))
+        except rewind.RewindRefused as exc:
+            if exc.plan is not None:
+                self.log.info("rewind plan:\n%s", rewind.format_plan(exc.plan))
+                if apply:
+                    try:  # records the refused attempt in the audit file
+                        rewind.execute_rewind(settings, exc.plan, who=who, reason=reason, origin=origin)
+                    except rewind.RewindRefused:
+                        pass
+            raise AirflowFailException(f"{'refused' if apply else 'dry run would be refused'}: {exc}") from exc
+        except ValueError as exc:
+            raise AirflowFailException(str(exc)) from exc
+        self.log.info("rewind plan:\n%s", rewind.format_plan(plan))
+        result = {"plan": rewind.plan_as_dict(plan)}
+        if not apply:
+            self.log.info("dry run: nothing changed; trigger again with execute=true (and a reason) to apply")
+            return result
+        try:
+            done = rewind.execute_rewind(settings, plan, who=who, reason=reason, origin=origin)
+        except rewind.RewindRefused as exc:
+            raise AirflowFailException(f"refused: {exc}") from exc
+        self.log.info("applied rewind %s by %s; audit record in %s", done["id"], who, done["audit_path"])
+        return {**result, "audit": done}
