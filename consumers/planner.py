@@ -159,9 +159,12 @@ def plan_window_run(settings: Settings, run_id: str, *, start: datetime, end: da
         stable = list_offsets(settings, topic, partitions, OffsetSpec.latest())
         first = offsets_for_time(settings, topic, partitions, start, stable)
         last = offsets_for_time(settings, topic, partitions, end, stable)
-        ranges, offsets = [], {}
+        ranges, offsets, notes = [], {}, []
         for p in partitions:
             a, b = first[p], max(first[p], last[p])
+            if 0 < earliest[p] == a < b:
+                notes.append(f"{topic}[{p}]: the window starts at the earliest retained offset {a}; records "
+                             "before it were deleted by retention, so any of them in the window cannot be reprocessed")
             read_end = b
             if a < b < stable[p]:  # waveforms begun in the window may go on after it
                 read_end = max(b, scan_boundaries(settings, topic, p, b, low=earliest[p], high=stable[p],
@@ -171,8 +174,10 @@ def plan_window_run(settings: Settings, run_id: str, *, start: datetime, end: da
         plan = RunPlan(
             run_id=run_id, topic=topic, group=lane, created_at=utc_now(), ranges=tuple(ranges),
             caps={}, committed={}, latest={p: stable[p] for p in partitions},
-            window={"start": start.isoformat(), "end": end.isoformat(), "offsets": offsets},
+            window={"start": start.isoformat(), "end": end.isoformat(), "offsets": offsets, "notes": notes},
         )
+        for note in notes:
+            log.warning("run %s: %s", run_id, note)
         store.save_plan(plan)
     except BaseException:
         store.release_group(lane, run_id)

@@ -56,10 +56,18 @@ def _print_report(report: dict) -> None:
         print(f"run {report['run_id']}: {t['records_read']} records read, {t['output']} chunks into "
               f"{report['waveforms'].get('output_new', 0)} new waveforms, {t['pending']} pending, "
               f"{t['quarantined']} quarantined, {t['dead_letter']} dead-lettered, {t['gap']} gap offsets")
+    if report.get("window"):
+        print(f"  window [{report['window']['start']}, {report['window']['end']}): its output was replaced; "
+              "no offset was committed")
     if t.get("lost"):
         print(f"  {t['lost']} offsets were no longer retained and were skipped (--skip-lost-offsets)")
     for p, part in sorted(report["partitions"].items(), key=lambda kv: int(kv[0])):
         commit = report.get("commit", {}).get(p, {})
+        if report.get("window"):
+            a, b = report["window"]["offsets"][p]
+            print(f"  {part['topic']}[{p}] window [{a}, {b}), read [{part['start']}, {part['end']}); "
+                  f"{part.get('other_window', 0)} records of other windows set aside")
+            continue
         print(f"  {part['topic']}[{p}] [{part['start']}, {part['end']}) committed "
               f"{commit.get('before')} -> {commit.get('after')}")
     if report.get("validation"):
@@ -74,9 +82,14 @@ def cmd_run(args) -> int:
     from wavepipe.pipeline import ValidationFailedError, run_once
 
     try:
+        window = None
+        if args.window:
+            from wavepipe.consumers.rewind import parse_datetime
+
+            window = (parse_datetime(args.window[0]), parse_datetime(args.window[1]))
         report = run_once(_settings(args), run_id=args.run_id, topic=args.topic, group=args.group,
                           max_records=args.max_records, max_bytes=args.max_bytes,
-                          skip_lost_offsets=args.skip_lost_offsets)
+                          skip_lost_offsets=args.skip_lost_offsets, window=window)
     except ValidationFailedError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
@@ -127,20 +140,38 @@ def cmd_status(args) -> int:
     parts = partitions_of(settings, topic)
     committed = committed_offsets(settings, group, topic, parts)
     ends = list_offsets(settings, topic, parts, OffsetSpec.latest())
+    from wavepipe.consumers.planner import backfill_lane
+
+    lanes = (group, backfill_lane(group))
+    reports = []
+    for path in sorted(settings.reports_dir.glob("*.json"), key=lambda p: p.stat().st_mtime):
+        rep = json.loads(path.read_text())
+        if rep.get("group") in lanes and rep.get("topic", topic) == topic:
+            reports.append((path, rep))
+    # pending waveforms wait right after the committed offset: the last committed run's report
+    # names them, if the group is still where that run left it (else a rewind or another tool
+    # moved it and they are unknown until the next run)
+    last = next((rep for _, rep in reversed(reports) if rep.get("group") == group and rep.get("commit")), None)
     print(f"group {group!r} on {topic} ({settings.bootstrap_servers})")
     for p in parts:
         lag = ends[p] - (committed[p] or 0)
-        print(f"  partition {p}: committed {committed[p]}, end {ends[p]}, lag {lag}")
+        part = (last or {}).get("partitions", {}).get(str(p), {})
+        after = (last or {}).get("commit", {}).get(str(p), {}).get("after")
+        pending = (f"{part.get('pending', 0)} chunks of incomplete waveforms (run {last['run_id']})"
+                   if last and after == committed[p] else "unknown")
+        print(f"  partition {p}: committed {committed[p]}, end {ends[p]}, lag {lag}, pending {pending}")
+    if last and last.get("waveforms", {}).get("pending"):
+        print(f"pending waveforms after run {last['run_id']}: {last['waveforms']['pending']}")
     store = RunStore(settings)
-    active = store.active_run(group)
-    print(f"active run: {active or 'none'}")
-    reports = sorted(settings.reports_dir.glob("*.json"), key=lambda p: p.stat().st_mtime)
-    reports = [p for p in reports if json.loads(p.read_text()).get("group") == group][-5:]
+    for lane in lanes:
+        active = store.active_run(lane)
+        print(f"active {'backfill ' if lane != group else ''}run: {active or 'none'}")
     if reports:
         print("last runs:")
-    for path in reports:
-        rep = json.loads(path.read_text())
+    for path, rep in reports[-8:]:
         outcome = rep.get("status") or ("committed" if rep.get("commit") else "?")
+        if rep.get("window"):
+            outcome += f" [{rep['window']['start']}, {rep['window']['end']})"
         print(f"  {rep['run_id']}: {outcome}; {rep['totals']['output']} chunks out, {rep['totals']['pending']} pending, "
               f"{rep['totals']['quarantined']} quarantined, {rep['totals']['dead_letter']} dead-lettered; "
               f"file://{path.with_suffix('.html')}")
@@ -154,6 +185,18 @@ def cmd_status(args) -> int:
             print(f"  {e['checked_at']} {e['run_id']}: {'passed' if e['success'] else 'FAILED'}, "
                   f"{e['waveforms']} waveforms, {e['evaluated']} expectations{failed}")
     return 0
+
+
+def cmd_rewind(args) -> int:
+    from wavepipe.consumers.rewind import run_cli
+
+    return run_cli(_settings(args), args)
+
+
+def cmd_airflow(args) -> int:
+    from wavepipe.airflow.local import run_cli
+
+    return run_cli(_settings(args), args)
 
 
 def cmd_demo(args) -> int:
@@ -248,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--skip-lost-offsets", action="store_true",
                    help="if the group is behind what the topic retains, start at the earliest retained offsets "
                         "and record the lost range in the report (default: fail, naming the range)")
+    r.add_argument("--window", nargs=2, metavar=("START", "END"),
+                   help="reprocess the time window [START, END) (ISO-8601, UTC if no zone) instead of continuing "
+                        "from the group's offsets: its output is replaced, no offset is committed")
     r.set_defaults(func=cmd_run)
 
     a = sub.add_parser("abandon", help="release a group's unfinished run without committing it")
@@ -258,6 +304,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--topic")
     s.add_argument("--group")
     s.set_defaults(func=cmd_status)
+
+    rw = sub.add_parser("rewind", help="move a group's committed offsets (dry run unless --execute)")
+    rw.add_argument("--topic", help="default: config `topic`")
+    rw.add_argument("--group", help="default: config `group`")
+    rw.add_argument("--partitions", help="comma-separated partitions (default: all of the topic's)")
+    to = rw.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to-earliest", action="store_true", help="the earliest offset the topic retains")
+    to.add_argument("--to-latest", action="store_true", help="the end (last stable offset): skip everything")
+    to.add_argument("--to-offset", type=int, help="this offset in every selected partition")
+    to.add_argument("--to-datetime", help="the first record at or after this ISO-8601 instant (UTC if no zone)")
+    to.add_argument("--shift-by", type=int, help="move by N offsets from the committed one (negative: back)")
+    to.add_argument("--by-duration", help="the first record at or after now minus this duration (e.g. 2h, 90m, P1D)")
+    rw.add_argument("--execute", action="store_true", help="apply it (default: dry run, print before/after/lag)")
+    rw.add_argument("--force", action="store_true", help="accept a target outside what the topic retains "
+                                                         "(clamped to the retained range)")
+    rw.add_argument("--reason", default="", help="why: kept in the audit record")
+    rw.set_defaults(func=cmd_rewind)
+
+    af = sub.add_parser("airflow", help="Airflow on this machine (api-server, scheduler, dag-processor, triggerer)")
+    af.add_argument("action", choices=["up", "down", "status"])
+    af.set_defaults(func=cmd_airflow)
 
     d = sub.add_parser("demo", help="the main job end to end: Kafka up, demo data, the DAG through Airflow, checks")
     d.add_argument("--count", type=int, default=24)

@@ -49,6 +49,9 @@ def _mb(n: int | None) -> str:
 
 
 def _status(report: dict) -> tuple[str, str]:
+    if report.get("window") and report.get("status") == "window_replaced":
+        w = report["window"]
+        return "ok", f"window [{w['start']}, {w['end']}) replaced; no offset committed"
     if report.get("commit") is not None:
         return ("idle", "nothing new") if report.get("skipped") else ("ok", "committed")
     validation = report.get("validation") or {}

@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import OffsetSpec
 
-from tests.helpers import output_rows, waveform_records
+from tests.helpers import output_rows, run_cli, waveform_records
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets
 from wavepipe.pipeline import run_once
 
@@ -97,6 +97,14 @@ def test_window_runs_replace_their_waveforms_and_leave_the_group_alone(settings,
     replaces = [h for h in history if "replaceWhere" in str(h["operationParameters"])
                 or "predicate" in str(h["operationParameters"]) and h["operation"] == "WRITE"]
     assert len(replaces) >= 2, [(h["operation"], h["operationParameters"]) for h in history]
+
+    # `wavepipe status`: the group's offsets, lag and pending work, and the runs of both lanes
+    code, out = run_cli(settings, "status")
+    assert code == 0, out
+    assert f"partition 0: committed 11, end 11, lag 0, pending 0 chunks of incomplete waveforms " \
+           f"(run {incremental['run_id']})" in out
+    assert f"{incremental['run_id']}: committed;" in out
+    assert f"{again['run_id']}: window_replaced [{T0.isoformat()}, {(T0 + 15 * MINUTE).isoformat()});" in out
 
 
 def test_a_window_that_has_not_closed_is_refused(settings):
