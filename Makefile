@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-12)
 
-.PHONY: setup demo test kafka-down clean
+.PHONY: setup chromium demo test kafka-down clean
 
 $(STAMP): pyproject.toml requirements.lock
 	@command -v java >/dev/null || { echo "Java 17 is required (apt-get install openjdk-17-jre-headless)"; exit 1; }
@@ -24,7 +24,17 @@ setup: $(STAMP)
 demo: setup
 	$(BIN)/wavepipe demo
 
-test: setup
+# The Airflow UI test drives Debian's Chromium headless (through playwright, which does not
+# download a browser of its own); without it that one test is skipped with the reason.
+chromium:
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Chromium for the Airflow UI test (apt-get install chromium)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	else echo "note: /usr/bin/chromium is missing, so the Airflow UI test will be skipped; install it with" \
+		"'sudo apt-get install chromium' (Debian/Ubuntu)"; fi
+
+test: setup chromium
 	$(BIN)/python -m pytest
 
 kafka-down:

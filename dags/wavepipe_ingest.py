@@ -7,7 +7,7 @@ backfill runs (``airflow backfill create``) reprocess their data interval and re
 
 from datetime import datetime, timedelta
 
-from airflow.sdk import DAG, Param, TriggerRule
+from airflow.sdk import DAG, DeltaDataIntervalTimetable, Param, TriggerRule
 
 from wavepipe.airflow.operators import (
     CommitOperator, ConsumeOperator, PlanOperator, ReassembleOperator, ValidateOperator,
@@ -16,7 +16,8 @@ from wavepipe.airflow.operators import (
 with DAG(
     dag_id="wavepipe_ingest",
     description="Bounded run: frozen offset ranges -> staged chunks -> reassembled waveforms -> validated -> committed offsets",
-    schedule=timedelta(minutes=15),
+    # data intervals (Airflow 3's plain timedelta schedule has none): a backfill run's window
+    schedule=DeltaDataIntervalTimetable(timedelta(minutes=15)),
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,

@@ -162,3 +162,45 @@ def read_topic(settings: Settings, topic: str, partition: int = 0) -> list[tuple
     finally:
         consumer.close()
     return out
+
+
+def produce_at(settings: Settings, records, when: datetime, producer: Producer, partition: int = 0) -> None:
+    """Produce ``records`` with record timestamp ``when`` (CreateTime); the caller flushes."""
+    for key, headers, value in records:
+        producer.produce(settings.topic, value=value, key=key, headers=headers, partition=partition,
+                         timestamp=int(when.timestamp() * 1000))
+
+
+def quarter_hour_ago(hours: float = 2.0) -> datetime:
+    """A quarter hour ``hours`` ago: the start of one of wavepipe_ingest's 15-minute intervals, and
+    recent enough for the topic's retention (records older than 7 days are deleted)."""
+    from datetime import timedelta
+
+    t = datetime.now(timezone.utc) - timedelta(hours=hours)
+    return t.replace(minute=t.minute - t.minute % 15, second=0, microsecond=0)
+
+
+def produce_two_windows(settings: Settings, t0: datetime) -> dict[str, int]:
+    """Four waveforms on partition 0 around the windows ``[t0, t0+15m)`` and ``[t0+15m, t0+30m)``:
+    A inside the first, B straddling their edge (two chunks before it, two after), C inside the
+    second, D after both. Returns each waveform's first offset (A 0-2, B 3-6, C 7-8, D 9-10)."""
+    from datetime import timedelta
+
+    minute = timedelta(minutes=1)
+    producer = Producer(settings.kafka_config(**{"enable.idempotence": True, "acks": "all"}))
+    a, _ = waveform_records("wf-A", 3, seed=1)
+    b, _ = waveform_records("wf-B", 4, seed=2)
+    c, _ = waveform_records("wf-C", 2, seed=3)
+    d, _ = waveform_records("wf-D", 2, seed=4)
+    produce_at(settings, a, t0 + 1 * minute, producer)
+    produce_at(settings, b[:2], t0 + 14 * minute, producer)
+    produce_at(settings, b[2:], t0 + 16 * minute, producer)
+    produce_at(settings, c, t0 + 20 * minute, producer)
+    produce_at(settings, d, t0 + 31 * minute, producer)
+    assert producer.flush(30) == 0
+    return {"wf-A": 0, "wf-B": 3, "wf-C": 7, "wf-D": 9}
+
+
+def rows_by_id(spark, settings: Settings) -> dict[str, tuple]:
+    """Output rows by waveform id: (checksum, payload sha256, run id)."""
+    return {wid: (cs, sha, run_id) for wid, cs, sha, run_id in output_rows(spark, settings)}

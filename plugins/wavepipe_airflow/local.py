@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from wavepipe.config import PROJECT_ROOT, Settings
@@ -71,3 +72,424 @@ def dags_test(settings: Settings, dag_id: str, conf: dict | None = None, *,
     if result.returncode != 0:
         raise RuntimeError(f"`airflow dags test {dag_id}` failed (exit {result.returncode}); see the task logs above")
     return result
+
+
+# --- `wavepipe airflow up|down|status`: the UI and REST API on this machine -----------------------
+#
+# Four long-running Airflow 3 processes, each started in its own session (so `down` can stop the
+# whole process group: the LocalExecutor's workers and task supervisors included) with a pid file
+# and a log file in ``<home>/airflow``:
+#
+#   api-server     UI + REST API + the execution API the tasks report to; one uvicorn worker
+#   scheduler      LocalExecutor, at most 2 task instances at once (parallelism 2)
+#   dag-processor  parses dags/ and writes the serialized DAGs the UI shows
+#   triggerer      deferrable tasks (none today; it keeps the health page green)
+
+PROCESSES = ("api-server", "scheduler", "dag-processor", "triggerer")
+ADMIN_USER = "admin"
+KAFKA_CONN_ID = "wavepipe_kafka"
+#: Tasks running at once in the local Airflow: 2 cores, and each Spark task is ``local[2]`` itself.
+LOCAL_PARALLELISM = 2
+READY_TIMEOUT_S = 240.0
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+def airflow_url(settings: Settings) -> str:
+    return f"http://127.0.0.1:{settings.airflow_port}"
+
+
+def passwords_file(settings: Settings) -> Path:
+    """Where SimpleAuthManager keeps the admin password (plain text, mode 600): fixed so that
+    `up`, the docs and the tests all find it; created by `up` before the API server starts."""
+    return settings.airflow_home / "simple_auth_manager_passwords.json.generated"
+
+
+def _secrets_file(settings: Settings) -> Path:
+    return settings.airflow_home / "local_secrets.json"
+
+
+def _pid_file(settings: Settings, name: str) -> Path:
+    return settings.airflow_home / f"{name}.pid"
+
+
+def log_file(settings: Settings, name: str) -> Path:
+    return settings.airflow_home / "logs" / f"{name}.log"
+
+
+def _write_private(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def _local_secrets(settings: Settings) -> dict[str, str]:
+    """The JWT signing secret and the API secret key, made once per home and kept.
+
+    Every process must share them: the scheduler signs the tokens that the tasks present to the
+    API server's execution API, and UI log-fetching signs requests the same way. Left unset,
+    Airflow generates one per process and the tasks are refused."""
+    import secrets
+
+    path = _secrets_file(settings)
+    if path.exists():
+        return json.loads(path.read_text())
+    values = {"jwt_secret": secrets.token_urlsafe(32), "secret_key": secrets.token_urlsafe(32)}
+    _write_private(path, json.dumps(values) + "\n")
+    return values
+
+
+def admin_password(settings: Settings) -> str:
+    """The admin's password, generated on the first `up` and kept in :func:`passwords_file`."""
+    import secrets
+
+    path = passwords_file(settings)
+    passwords = json.loads(path.read_text() or "{}") if path.exists() else {}
+    if ADMIN_USER not in passwords:
+        passwords[ADMIN_USER] = secrets.token_urlsafe(12)
+        _write_private(path, json.dumps(passwords) + "\n")
+    return passwords[ADMIN_USER]
+
+
+def server_env(settings: Settings) -> dict[str, str]:
+    """:func:`airflow_env` plus what the long-running services need to work together."""
+    secrets = _local_secrets(settings)
+    url = airflow_url(settings)
+    return {
+        **airflow_env(settings),
+        # LocalExecutor on sqlite is accepted by Airflow 3.3; parallelism caps the executor's slots.
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__PARALLELISM": str(LOCAL_PARALLELISM),
+        "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(LOCAL_PARALLELISM),
+        # New DAGs stay paused until a user (or a test, via REST) unpauses them.
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+        "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords_file(settings)),
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{url}/execution/",
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__PORT": str(settings.airflow_port),
+        "AIRFLOW__API__BASE_URL": url,
+        "AIRFLOW__API__WORKERS": "1",
+        "AIRFLOW__API__SECRET_KEY": secrets["secret_key"],
+        "AIRFLOW__API_AUTH__JWT_SECRET": secrets["jwt_secret"],
+        "AIRFLOW__TRIGGERER__CAPACITY": "50",
+    }
+
+
+def _commands(settings: Settings) -> dict[str, list[str]]:
+    airflow = str(Path(sys.executable).parent / "airflow")
+    return {
+        "api-server": [airflow, "api-server", "--host", "127.0.0.1", "--port", str(settings.airflow_port),
+                       "--workers", "1"],
+        "scheduler": [airflow, "scheduler"],
+        "dag-processor": [airflow, "dag-processor"],
+        "triggerer": [airflow, "triggerer"],
+    }
+
+
+def _read_pid(settings: Settings, name: str) -> int | None:
+    try:
+        return int(_pid_file(settings, name).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _alive(pid: int | None) -> bool:
+    """Whether ``pid`` is a live (not zombie) Airflow process: a recycled pid is not ours."""
+    if pid is None:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return False
+    if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+        return False
+    # the command line reads empty for an instant while setproctitle rewrites it
+    return not cmdline or b"airflow" in cmdline
+
+
+def running(settings: Settings) -> dict[str, int | None]:
+    """Each service's pid if it is running, else None."""
+    return {name: (pid if _alive(pid := _read_pid(settings, name)) else None) for name in PROCESSES}
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _http_json(url: str, *, method: str = "GET", body: dict | None = None, token: str | None = None,
+               timeout: float = 10.0) -> tuple[int, dict | str]:
+    """One REST call with the standard library (no client package needed for the CLI)."""
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            text = response.read().decode()
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        text, status = exc.read().decode(errors="replace"), exc.code
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def api_token(settings: Settings) -> str:
+    """A JWT for the REST API: ``POST /auth/token`` with the admin's user name and password."""
+    status, body = _http_json(f"{airflow_url(settings)}/auth/token", method="POST",
+                              body={"username": ADMIN_USER, "password": admin_password(settings)})
+    if status != 201 or not isinstance(body, dict):
+        raise RuntimeError(f"POST /auth/token answered {status}: {body}")
+    return body["access_token"]
+
+
+def health(settings: Settings) -> dict | None:
+    """``GET /api/v2/monitor/health`` (no login needed), or None while the API does not answer."""
+    import urllib.error
+
+    try:
+        status, body = _http_json(f"{airflow_url(settings)}/api/v2/monitor/health", timeout=5)
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return None
+    return body if status == 200 and isinstance(body, dict) else None
+
+
+def _unhealthy(report: dict) -> list[str]:
+    parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
+    return [p for p in parts if (report.get(p) or {}).get("status") != "healthy"]
+
+
+def sync_kafka_connection(settings: Settings) -> None:
+    """Create or replace the Connection ``wavepipe_kafka`` in the metadata DB from the settings.
+
+    ``airflow connections import --overwrite`` is an upsert, so `up` can run it every time: the
+    DAG's tasks (WavepipeHook) then take Kafka from the Connection, which users may edit in the UI
+    for other clusters. The host is the whole bootstrap list (no port field), the extra the
+    librdkafka properties. The temporary file can hold SASL secrets: mode 600, removed after."""
+    conn = {KAFKA_CONN_ID: {
+        "conn_type": "kafka",
+        "description": "Kafka for wavepipe (written by `wavepipe airflow up` from the wavepipe settings)",
+        "host": settings.bootstrap_servers,
+        "extra": json.dumps(dict(settings.kafka_client_config)),
+    }}
+    path = settings.airflow_home / f".connection-{os.getpid()}.json"
+    _write_private(path, json.dumps(conn))
+    try:
+        result = _airflow(settings, "connections", "import", "--overwrite", str(path), capture=True)
+    finally:
+        path.unlink(missing_ok=True)
+    if result.returncode != 0 or f"Imported connection {KAFKA_CONN_ID}" not in result.stdout:
+        raise RuntimeError(f"`airflow connections import` failed (exit {result.returncode}):\n"
+                           f"{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log yet)"
+
+
+def up(settings: Settings, *, timeout_s: float = READY_TIMEOUT_S, out=None) -> int:
+    """Start the four services (idempotent), wait until the health endpoint reports all healthy,
+    then print the URL and the login. Returns 0 when ready, 1 with the next step otherwise."""
+    out = out or _say
+    url = airflow_url(settings)
+    state = running(settings)
+    if all(state.values()):
+        out(f"Airflow is already running at {url} (pids: {', '.join(f'{n} {p}' for n, p in state.items())})")
+        _print_login(settings, out)
+        return 0
+    if not state["api-server"] and not _port_free(settings.airflow_port):
+        out(f"error: port {settings.airflow_port} on 127.0.0.1 is in use by another program. Choose another "
+            f"port with the setting `airflow_port` (WAVEPIPE_AIRFLOW_PORT=8081 or airflow_port = 8081 in the "
+            f"config file), or stop that program.")
+        return 1
+    began = time.monotonic()
+    settings.airflow_home.mkdir(parents=True, exist_ok=True)
+    (settings.airflow_home / "logs").mkdir(exist_ok=True)
+    admin_password(settings)  # before the API server starts: it keeps an existing password
+    out(f"preparing the metadata DB ({settings.airflow_home / 'airflow.db'}) ...")
+    ensure_db(settings)
+    sync_kafka_connection(settings)
+    out(f"Airflow Connection {KAFKA_CONN_ID!r} -> {settings.bootstrap_servers}")
+    env = server_env(settings)
+    commands = _commands(settings)
+    for name in PROCESSES:
+        if state[name]:
+            out(f"{name} already running (pid {state[name]})")
+            continue
+        log = log_file(settings, name)
+        with open(log, "ab") as sink:
+            proc = subprocess.Popen(commands[name], env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, cwd=settings.airflow_home, start_new_session=True)
+        _pid_file(settings, name).write_text(f"{proc.pid}\n")
+        out(f"started {name} (pid {proc.pid}); log: {log}")
+    out(f"waiting for {url}/api/v2/monitor/health (up to {timeout_s:.0f}s) ...")
+    last_print = 0.0
+    while True:
+        elapsed = time.monotonic() - began
+        dead = [n for n, pid in running(settings).items() if pid is None]
+        if dead:
+            time.sleep(1)  # confirm: a process that is rewriting its title can look gone for an instant
+            dead = [n for n, pid in running(settings).items() if pid is None]
+        if dead:
+            for name in dead:
+                out(f"error: {name} exited. Last lines of {log_file(settings, name)}:\n{_tail(log_file(settings, name))}")
+            out("Fix the cause above, then run `wavepipe airflow down` and `wavepipe airflow up` again.")
+            return 1
+        report = health(settings)
+        waiting = _unhealthy(report) if report is not None else ["api-server"]
+        if not waiting:
+            break
+        if elapsed > timeout_s:
+            out(f"error: not ready after {elapsed:.0f}s, still waiting for: {', '.join(waiting)}. "
+                f"See the logs in {settings.airflow_home / 'logs'}; `wavepipe airflow down` stops what started.")
+            return 1
+        if elapsed - last_print >= 10:
+            out(f"  {elapsed:4.0f}s: waiting for {', '.join(waiting)}")
+            last_print = elapsed
+        time.sleep(1)
+    out(f"Airflow is ready at {url} ({time.monotonic() - began:.0f}s)")
+    _print_login(settings, out)
+    return 0
+
+
+def _print_login(settings: Settings, out) -> None:
+    out(f"  UI and REST API: {airflow_url(settings)}   (REST: {airflow_url(settings)}/api/v2, "
+        f"token: POST /auth/token)")
+    out(f"  user: {ADMIN_USER}   password: {admin_password(settings)}")
+    out(f"  the password is stored in {passwords_file(settings)}")
+    out(f"  logs: {settings.airflow_home / 'logs'}; new DAGs start paused: unpause wavepipe_ingest in the UI")
+
+
+def _stop_group(pid: int, grace_s: float) -> bool:
+    """SIGTERM the process group of ``pid`` (the service and its workers), SIGKILL after
+    ``grace_s``; True if it had to be killed."""
+    import signal
+
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _group_alive(pid):
+            return False
+        time.sleep(0.3)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any live process is in process group ``pgid``."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+def _strays(settings: Settings) -> list[int]:
+    """Live processes outside the services' groups that still carry this AIRFLOW_HOME in their
+    environment: what a task launched in a session of its own (spark-submit's JVM) and outlived it."""
+    marker = f"AIRFLOW_HOME={settings.airflow_home}".encode() + b"\0"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                continue
+            if marker in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
+def down(settings: Settings, *, grace_s: float = 30.0, out=None) -> int:
+    """Stop the four services (SIGTERM to each process group, SIGKILL after ``grace_s``), then
+    anything their tasks left running, and remove the pid files."""
+    import signal
+
+    out = out or _say
+    stopped = []
+    # the scheduler first, so that it does not start new tasks while the API server goes away
+    for name in ("scheduler", "triggerer", "dag-processor", "api-server"):
+        pid = _read_pid(settings, name)
+        if pid is not None and (_alive(pid) or _group_alive(pid)):
+            killed = _stop_group(pid, grace_s)
+            stopped.append(f"{name} (pid {pid}{', killed after ' + str(int(grace_s)) + 's' if killed else ''})")
+        _pid_file(settings, name).unlink(missing_ok=True)
+    strays = _strays(settings)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in strays:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while (strays := _strays(settings)) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        if not strays:
+            break
+    if stopped:
+        out(f"stopped {', '.join(stopped)}")
+    else:
+        out("Airflow was not running")
+    if strays:
+        out(f"warning: processes {strays} of {settings.airflow_home} survived SIGKILL; check them with ps")
+        return 1
+    return 0
+
+
+def status(settings: Settings, *, out=None) -> int:
+    """Each service's state, the URL and the health report; 0 only if all four are running."""
+    out = out or _say
+    state = running(settings)
+    for name, pid in state.items():
+        out(f"{name:14s} {'running, pid ' + str(pid) if pid else 'stopped'}   log: {log_file(settings, name)}")
+    report = health(settings) if state["api-server"] else None
+    if report is not None:
+        bad = _unhealthy(report)
+        out(f"{airflow_url(settings)}: {'healthy' if not bad else 'unhealthy: ' + ', '.join(bad)}")
+        out(f"  user: {ADMIN_USER}; password in {passwords_file(settings)}")
+    else:
+        out(f"{airflow_url(settings)}: not answering" + ("" if all(state.values()) else
+                                                         " (start it with `wavepipe airflow up`)"))
+    return 0 if all(state.values()) else 1
+
+
+def run_cli(settings: Settings, args) -> int:
+    """``wavepipe airflow up|down|status``."""
+    return {"up": up, "down": down, "status": status}[args.action](settings)

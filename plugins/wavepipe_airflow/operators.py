@@ -35,7 +35,13 @@ def run_window(context, start: Any = None, end: Any = None) -> tuple[datetime, d
                      for v in (start, end))
     run_type = getattr(context["dag_run"], "run_type", None)
     if getattr(run_type, "value", run_type) == "backfill":
-        return context["data_interval_start"], context["data_interval_end"]
+        start, end = context.get("data_interval_start"), context.get("data_interval_end")
+        if start is None or end is None or start >= end:
+            raise AirflowFailException(
+                f"this backfill run has no data interval ({start} to {end}), so it names no window: give the "
+                "DAG a timetable with data intervals (e.g. DeltaDataIntervalTimetable), or trigger it with "
+                "window_start/window_end")
+        return start, end
     return None
 
 

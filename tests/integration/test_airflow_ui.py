@@ -1,0 +1,349 @@
+"""`wavepipe airflow up` for real: the four Airflow services, a run triggered through the REST API
+with params as conf, the UI in headless Chromium, and `down` leaving no process behind.
+
+One Airflow serves the whole module (starting it costs ~20 s), with its own wavepipe home, topic
+and group on the session's Kafka broker, built the same way as the ``settings`` fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from confluent_kafka.admin import OffsetSpec
+
+from tests.helpers import output_rows, produce_two_windows, quarter_hour_ago, rows_by_id, run_cli
+from wavepipe.airflow import local
+from wavepipe.config import load_settings
+from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets, partitions_of
+from wavepipe.consumers.producer import produce_demo
+from wavepipe.localkafka import free_port
+from wavepipe.pipeline import run_once
+from wavepipe.plan import safe_run_id
+from wavepipe.spark import settings_env
+
+pytestmark = pytest.mark.integration
+
+DAG_ID = "wavepipe_ingest"
+RUN_TIMEOUT_S = 360
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def _cli(settings, action: str, timeout: float = 400) -> tuple[int, str, float]:
+    """``wavepipe airflow <action>`` as a user runs it: (exit code, output, seconds)."""
+    began = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "wavepipe.cli", "airflow", action],
+                            env={**os.environ, **settings_env(settings)}, capture_output=True, text=True,
+                            timeout=timeout)
+    return result.returncode, result.stdout + result.stderr, time.monotonic() - began
+
+
+def _processes_of(settings, sessions: set[int] = frozenset()) -> dict[int, str]:
+    """Live processes (not zombies) of this Airflow: those in the sessions that ``up`` started
+    (one per service: its workers and task supervisors stay in it), and any other process whose
+    environment names this AIRFLOW_HOME (tasks' Spark JVMs start sessions of their own). Both
+    tests are needed: setproctitle (API server, executor workers) rewrites /proc/<pid>/environ."""
+    marker = f"AIRFLOW_HOME={settings.airflow_home}".encode() + b"\0"
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if fields[0] in ("Z", "X"):
+                continue
+            if int(fields[3]) not in sessions and marker not in (entry / "environ").read_bytes():
+                continue
+            found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.__stderr__, flush=True)
+
+
+@pytest.fixture(scope="module")
+def airflow(kafka, tmp_path_factory):
+    """``wavepipe airflow up`` on a free port; ``down`` afterwards, whatever happened."""
+    tag = uuid.uuid4().hex[:8]
+    settings = load_settings(
+        home=tmp_path_factory.mktemp("airflow-ui") / "home", bootstrap_servers=kafka.bootstrap,
+        topic=f"wf-{tag}", group=f"grp-{tag}", partitions=2, kafka_client_config={},
+        max_records_per_partition=0, max_bytes_per_partition=0, spark_master="local[2]",
+        reader_stall_timeout_s=30, airflow_port=free_port(),
+    )
+    sessions: set[int] = set()
+    try:
+        code, out, seconds = _cli(settings, "up")
+        _progress(f"\n`wavepipe airflow up`: exit {code} after {seconds:.1f}s\n{out}")
+        assert code == 0, out[-5000:]
+        sessions.update(pid for pid in local.running(settings).values() if pid)
+        yield settings, out, seconds, sessions
+    finally:
+        code, out, _ = _cli(settings, "down", timeout=120)
+        _progress(f"`wavepipe airflow down` (teardown): {out.strip()}")
+        left = _processes_of(settings, sessions)
+        assert code == 0 and not left, f"left running after down: {left}\n{out}"
+
+
+@pytest.fixture(scope="module")
+def api(airflow):
+    """An httpx client for the REST API, logged in as the admin with a JWT from ``POST /auth/token``."""
+    settings, *_ = airflow
+    base = local.airflow_url(settings)
+    response = httpx.post(f"{base}/auth/token", json={"username": local.ADMIN_USER,
+                                                      "password": local.admin_password(settings)})
+    assert response.status_code == 201, response.text
+    with httpx.Client(base_url=base, timeout=30,
+                      headers={"Authorization": f"Bearer {response.json()['access_token']}"}) as client:
+        yield client
+
+
+def test_up_reports_the_login_and_is_idempotent(airflow):
+    sessions = airflow[3]
+    settings, out, *_ = airflow
+    password = local.admin_password(settings)
+    assert local.airflow_url(settings) in out and f"user: {local.ADMIN_USER}" in out and password in out
+    assert str(local.passwords_file(settings)) in out
+    assert json.loads(local.passwords_file(settings).read_text()) == {local.ADMIN_USER: password}
+    assert oct(local.passwords_file(settings).stat().st_mode & 0o777) == "0o600"
+
+    code, again, _ = _cli(settings, "up")
+    assert code == 0 and "already running" in again, again
+    code, status, _ = _cli(settings, "status")
+    assert code == 0 and status.count("running, pid") == 4 and "healthy" in status, status
+
+    # low parallelism: one API server process (no forked workers), at most 2 executor slots
+    api_pid = local.running(settings)["api-server"]
+    procs = _processes_of(settings, sessions)
+    api_group = [pid for pid in procs if os.getsid(pid) == api_pid]
+    assert api_group == [api_pid], {pid: procs[pid] for pid in api_group}
+    executor_workers = [cmd for cmd in _processes_of(settings, sessions).values() if "LocalExecutor" in cmd]
+    assert 1 <= len(executor_workers) <= 2, executor_workers
+
+
+def test_trigger_form_params_come_through_the_rest_api(api):
+    details = api.get(f"/api/v2/dags/{DAG_ID}/details")
+    assert details.status_code == 200, details.text
+    params = details.json()["params"]
+    # the DAG file may gain params; these are the ones a run needs, and every param must explain itself
+    assert {"topic", "group", "max_records", "max_bytes", "skip_lost_offsets"} <= set(params)
+    assert params["topic"]["description"].startswith("Topic to read")
+    assert params["topic"]["schema"]["type"] == ["null", "string"]
+    assert params["max_records"]["schema"] == {"type": ["null", "integer"], "minimum": 1}
+    assert params["skip_lost_offsets"]["value"] is False
+    assert all(p["description"] for p in params.values())
+
+
+def test_a_run_triggered_through_the_rest_api_ingests_and_commits(airflow, api, spark):
+    defaults, *_ = airflow
+    # Unpausing makes the scheduler start the latest 15-minute interval's run at once, with the
+    # default params (the services' topic and group). It may go first (max_active_runs=1): give
+    # it an empty topic, and the triggered run a topic and group of its own, passed as conf.
+    ensure_topic(defaults)
+    settings = defaults.replace(topic=f"{defaults.topic}-ui", group=f"{defaults.group}-ui")
+    ensure_topic(settings)
+    sent = produce_demo(settings, count=6, target_bytes=64 * 1024)
+
+    conn = api.get(f"/api/v2/connections/{local.KAFKA_CONN_ID}")
+    assert conn.status_code == 200, conn.text
+    assert conn.json()["host"] == settings.bootstrap_servers and conn.json()["conn_type"] == "kafka"
+
+    began = time.monotonic()
+    trigger = api.post(f"/api/v2/dags/{DAG_ID}/dagRuns",
+                       json={"logical_date": None, "conf": {"topic": settings.topic, "group": settings.group}})
+    assert trigger.status_code == 200, trigger.text
+    run_id = trigger.json()["dag_run_id"]
+    assert trigger.json()["conf"] == {"topic": settings.topic, "group": settings.group}
+    # new DAGs start paused (for users); unpausing after the trigger lets our run go first
+    unpause = api.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False})
+    assert unpause.status_code == 200 and unpause.json()["is_paused"] is False, unpause.text
+
+    state, last_print = None, 0.0
+    while True:
+        elapsed = time.monotonic() - began
+        state = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}").json()["state"]
+        if state in ("success", "failed"):
+            break
+        if elapsed - last_print >= 15:
+            tis = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
+            _progress(f"  {elapsed:5.0f}s run {run_id}: {state}; "
+                      + ", ".join(f"{t['task_id']}{'' if t['map_index'] < 0 else '[' + str(t['map_index']) + ']'}="
+                                  f"{t['state']}" for t in tis))
+            last_print = elapsed
+        assert elapsed < RUN_TIMEOUT_S, f"run {run_id} still {state} after {RUN_TIMEOUT_S}s; logs: {settings.airflow_home / 'logs'}"
+        time.sleep(3)
+    seconds = time.monotonic() - began
+    _progress(f"run {run_id}: {state} {seconds:.1f}s after the trigger")
+    assert state == "success", f"run {run_id} {state}; task logs under {settings.airflow_home / 'logs'}"
+
+    # the tasks took Kafka from the Airflow Connection (the hook says so in the task log)
+    log = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/plan/logs/1",
+                  headers={"Accept": "application/json"})
+    assert log.status_code == 200, log.text
+    assert f"Kafka from Airflow connection '{local.KAFKA_CONN_ID}': {settings.bootstrap_servers}" in log.text, \
+        log.text[-3000:]
+
+    reports = {r["run_id"]: r for r in (json.loads(p.read_text()) for p in settings.reports_dir.glob("*.json"))}
+    assert safe_run_id(run_id) in reports, f"no report of {run_id} among {sorted(reports)}"
+    report = reports[safe_run_id(run_id)]
+    assert report["balance_errors"] == [] and report["waveforms"] == {"output_new": 6}
+    assert report["topic"] == settings.topic and report["group"] == settings.group
+    rows = output_rows(spark, settings)
+    assert sorted((r[0], r[1]) for r in rows) == sorted((s.waveform_id, s.checksum) for s in sent)
+    assert all(r[1] == r[2] for r in rows) and {r[3] for r in rows} == {safe_run_id(run_id)}
+    parts = partitions_of(settings, settings.topic)
+    ends = list_offsets(settings, settings.topic, parts, OffsetSpec.latest())
+    assert committed_offsets(settings, settings.group, settings.topic, parts) == ends
+
+
+def _wait_for_runs(api, run_ids: list[str], timeout_s: float = RUN_TIMEOUT_S) -> dict[str, str]:
+    """Poll the DAG runs until each succeeded or failed; print progress every 15 s."""
+    began, last_print, states = time.monotonic(), 0.0, {}
+    while True:
+        elapsed = time.monotonic() - began
+        states = {r: api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{r}").json()["state"] for r in run_ids}
+        if all(s in ("success", "failed") for s in states.values()):
+            return states
+        if elapsed - last_print >= 15:
+            _progress(f"  {elapsed:5.0f}s " + ", ".join(f"{r}: {s}" for r, s in states.items()))
+            last_print = elapsed
+        assert elapsed < timeout_s, f"runs still {states} after {timeout_s}s"
+        time.sleep(3)
+
+
+def test_a_backfill_of_two_windows_reprocesses_them_into_identical_output(airflow, api, spark):
+    """`airflow backfill create` over two 15-minute windows: each window's offsets come from
+    Kafka's offsets-for-times, the waveform that straddles their edge belongs to the first one,
+    each window's rows are replaced (not added to), and the group's offsets do not move."""
+    defaults, *_ = airflow
+    settings = defaults.replace(topic=f"{defaults.topic}-bf", group=f"{defaults.group}-bf")
+    ensure_topic(settings, partitions=1)
+    t0 = quarter_hour_ago(2)
+    quarter = timedelta(minutes=15)
+    first = produce_two_windows(settings, t0)
+    incremental = run_once(settings)  # the first pass: the incremental run, committed
+    assert incremental["waveforms"] == {"output_new": 4}
+    before = rows_by_id(spark, settings)
+    group_offsets = committed_offsets(settings, settings.group, settings.topic, [0])
+    assert group_offsets == {0: 11}
+
+    began = time.monotonic()
+    airflow_cli = Path(sys.executable).parent / "airflow"
+    created = subprocess.run(
+        [str(airflow_cli), "backfill", "create", "--dag-id", DAG_ID, "--from-date", t0.isoformat(),
+         "--to-date", (t0 + quarter).isoformat(), "--max-active-runs", "1",
+         "--dag-run-conf", json.dumps({"topic": settings.topic, "group": settings.group})],
+        env=local.server_env(defaults), capture_output=True, text=True, timeout=180)
+    assert created.returncode == 0, created.stdout[-3000:] + created.stderr[-3000:]
+    unpause = api.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False})
+    assert unpause.status_code == 200, unpause.text
+    runs: dict[str, str] = {}
+    while len(runs) < 2:  # the scheduler creates the backfill's runs
+        listed = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns", params={"limit": 100}).json()["dag_runs"]
+        runs = {r["dag_run_id"]: r["logical_date"] for r in listed if r["run_type"] == "backfill"}
+        assert time.monotonic() - began < 120, f"backfill runs not created: {listed}"
+        time.sleep(2)
+    states = _wait_for_runs(api, sorted(runs))
+    _progress(f"backfill of 2 windows: {states} after {time.monotonic() - began:.1f}s")
+    assert set(states.values()) == {"success"}, f"{states}; task logs under {defaults.airflow_home / 'logs'}"
+
+    by_start = {}
+    for run_id in runs:
+        report = json.loads((settings.reports_dir / f"{safe_run_id(run_id)}.json").read_text())
+        assert report["status"] == "window_replaced" and report["commit"] == {} and not report["balance_errors"]
+        by_start[datetime.fromisoformat(report["window"]["start"])] = report
+    w1, w2 = by_start[t0], by_start[t0 + quarter]
+    # window 1 is offsets [0, 5): A and B's first half; the run read on to 7 to complete B
+    assert w1["window"]["offsets"] == {"0": [first["wf-A"], 5]}
+    assert (w1["partitions"]["0"]["start"], w1["partitions"]["0"]["end"]) == (0, first["wf-C"])
+    assert w1["waveforms"] == {"output_new": 2} and w1["partitions"]["0"]["other_window"] == 0
+    # window 2 is [5, 9): B's last two chunks open it, but B is window 1's; D is after it
+    assert w2["window"]["offsets"] == {"0": [5, first["wf-D"]]}
+    assert w2["waveforms"] == {"output_new": 1, "other_window": 1}
+    assert w2["partitions"]["0"]["other_window"] == 2 and w2["partitions"]["0"]["output"] == 2
+
+    after = rows_by_id(spark, settings)
+    assert {k: v[:2] for k, v in after.items()} == {k: v[:2] for k, v in before.items()}  # bit for bit
+    # replaced, not added to: the windows' rows are now the window runs', once each
+    assert after["wf-A"][2] == after["wf-B"][2] == w1["run_id"]
+    assert after["wf-C"][2] == w2["run_id"] and after["wf-D"][2] == incremental["run_id"]
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == group_offsets
+
+    # `wavepipe status`: offsets, lag and pending work per partition, and the runs of both lanes
+    code, out = run_cli(settings, "status")
+    assert code == 0, out
+    assert (f"partition 0: committed 11, end 11, lag 0, pending 0 chunks of incomplete waveforms "
+            f"(run {incremental['run_id']})") in out, out
+    assert f"{incremental['run_id']}: committed;" in out
+    assert f"{w1['run_id']}: window_replaced [{t0.isoformat()}, {(t0 + quarter).isoformat()});" in out
+
+
+def test_the_ui_in_headless_chromium_lists_the_dag_and_its_trigger_form(airflow):
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("CI"):  # CI runs `make test`, which installs it: missing there is a failure
+            pytest.fail(f"{CHROMIUM} is missing although `make test` installs it (apt-get install chromium)")
+        pytest.skip(f"{CHROMIUM} is missing: `make test` installs it as root (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
+    settings, *_ = airflow
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(60_000)
+            page.goto(f"{local.airflow_url(settings)}/dags")
+            page.wait_for_url("**/auth/login**")  # SimpleAuthManager's login form
+            page.fill("input[name=username]", local.ADMIN_USER)
+            page.fill("input[name=password]", local.admin_password(settings))
+            page.click("button[type=submit]")
+            page.wait_for_url("**/dags")
+            page.get_by_role("link", name=DAG_ID).first.wait_for()
+            assert DAG_ID in page.inner_text("body")
+
+            page.get_by_role("button", name="Trigger Dag").first.click()
+            dialog = page.get_by_role("dialog")
+            dialog.get_by_text("Cap: records per partition in this run").wait_for()
+            form = dialog.inner_text()
+            assert f"Trigger Dag - {DAG_ID}" in form
+            for name in ("topic", "group", "max_records", "max_bytes", "skip_lost_offsets"):
+                assert name in form
+            assert "Topic to read (default: wavepipe config `topic`)" in form
+        finally:
+            browser.close()
+
+
+def test_up_on_a_busy_port_says_which_setting_to_change(settings):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, out, _ = _cli(settings.replace(airflow_port=port), "up", timeout=120)
+    assert code == 1, out
+    assert f"port {port} on 127.0.0.1 is in use" in out and "airflow_port" in out
+    assert "WAVEPIPE_AIRFLOW_PORT" in out and not list(settings.airflow_home.glob("*.pid"))
+
+
+def test_down_stops_every_process(airflow):
+    settings, *_, sessions = airflow
+    assert _processes_of(settings, sessions), "Airflow should be running before down"
+    code, out, seconds = _cli(settings, "down", timeout=120)
+    _progress(f"`wavepipe airflow down`: {seconds:.1f}s: {out.strip()}")
+    assert code == 0 and "stopped" in out, out
+    assert _processes_of(settings, sessions) == {}
+    assert not list(settings.airflow_home.glob("*.pid"))
+    code, status, _ = _cli(settings, "status")
+    assert code == 1 and status.count("stopped") == 4 and "not answering" in status, status
