@@ -9,7 +9,7 @@ from confluent_kafka.admin import OffsetSpec
 
 from wavepipe.consumers.kafka_admin import committed_offsets, list_offsets, partitions_of
 from wavepipe.config import Settings
-from wavepipe.plan import OffsetRange, RunPlan, RunStore, utc_now
+from wavepipe.plan import OffsetRange, RunPlan, RunStore, as_utc, utc_now
 
 log = logging.getLogger(__name__)
 #: A claim without a stored plan is taken over only after this long (its planner may be mid-way).
@@ -108,11 +108,6 @@ def backfill_lane(group: str) -> str:
     return f"{group}.backfill"
 
 
-def as_utc(when: datetime) -> datetime:
-    """``when`` as an aware UTC datetime (naive ones are taken as UTC)."""
-    return when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when.astimezone(timezone.utc)
-
-
 def offsets_for_time(settings: Settings, topic: str, partitions: list[int], when: datetime,
                      ends: dict[int, int]) -> dict[int, int]:
     """Per partition, the first offset whose record timestamp is at or after ``when`` (Kafka's
@@ -139,12 +134,15 @@ def plan_window_run(settings: Settings, run_id: str, *, start: datetime, end: da
     from wavepipe.consumers.boundaries import scan_boundaries
 
     store = RunStore(settings)
+    start, end = as_utc(start), as_utc(end)
     existing = store.load_plan(run_id)
     if existing is not None:
+        if existing.window is None or [existing.window["start"], existing.window["end"]] != [start.isoformat(), end.isoformat()]:
+            raise WindowError(f"run {run_id} was planned {'as an incremental run' if existing.window is None else 'for the window [' + existing.window['start'] + ', ' + existing.window['end'] + ')'}; "
+                              "start a new run id for this window")
         store.claim_group(existing.group, run_id)
         log.info("run %s: reusing its frozen window plan", run_id)
         return existing
-    start, end = as_utc(start), as_utc(end)
     if not start < end:
         raise WindowError(f"window [{start.isoformat()}, {end.isoformat()}) is empty")
     if end > datetime.now(timezone.utc):

@@ -40,7 +40,7 @@ from wavepipe.consumers.boundaries import scan_boundaries
 from wavepipe.consumers.kafka_admin import (
     TIMEOUT_S, admin_client, committed_positions, list_offsets, partitions_of, retrying,
 )
-from wavepipe.plan import RunStore
+from wavepipe.plan import ActiveRunError, RunStore, parse_datetime
 
 log = logging.getLogger(__name__)
 
@@ -85,17 +85,6 @@ def parse_duration(text: str) -> timedelta:
     if seconds <= 0:
         raise ValueError(f"duration {text!r} must be positive")
     return timedelta(seconds=seconds)
-
-
-def parse_datetime(text: str) -> datetime:
-    """An ISO-8601 instant (``2026-11-02T08:30:00Z``, ``...+01:00``, ``2026-11-02``); naive is UTC."""
-    raw = (text or "").strip()
-    try:
-        value = datetime.fromisoformat(raw)
-    except ValueError:
-        raise ValueError(f"datetime {text!r} is not ISO-8601: use e.g. 2026-11-02T08:30:00Z or "
-                         f"2026-11-02T09:30:00+01:00 (no zone means UTC)") from None
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
 @dataclass(frozen=True)
@@ -243,8 +232,9 @@ def group_members(settings: Settings, group: str) -> tuple[str, list[str]]:
     return state, [f"{m.client_id}@{m.host.lstrip('/')}" for m in desc.members]
 
 
-def check_refusals(settings: Settings, group: str) -> list[str]:
-    """Why the group's offsets must not be moved now: live members, or an active wavepipe run."""
+def check_refusals(settings: Settings, group: str, claimed_by: str | None = None) -> list[str]:
+    """Why the group's offsets must not be moved now: live members, or an active wavepipe run
+    (other than ``claimed_by``: the rewind's own claim while it applies)."""
     reasons = []
     state, members = group_members(settings, group)
     if members or state not in ("EMPTY", "DEAD", "UNKNOWN"):
@@ -254,7 +244,7 @@ def check_refusals(settings: Settings, group: str) -> list[str]:
             f"first (Kafka refuses to move a live group's offsets), then rewind"
         )
     active = RunStore(settings).active_run(group)
-    if active is not None:
+    if active is not None and active != claimed_by:
         reasons.append(
             f"wavepipe run {active} of group {group!r} is planned and not committed: let it finish "
             f"(`wavepipe run` resumes it) or release it with `wavepipe abandon --group {group}`, then rewind"
@@ -396,7 +386,48 @@ def execute_rewind(settings: Settings, plan: RewindPlan, *, who: str | None = No
 
     if plan.refusals:
         raise refuse(f"rewind of group {plan.group!r} refused: " + " | ".join(plan.refusals))
-    reasons = check_refusals(settings, plan.group)
+    # Hold the group's run claim while applying: a wavepipe run starting now is refused
+    # (ActiveRunError) instead of planning from the offsets this is about to move.
+    store, claim = RunStore(settings), f"rewind-{audit_id}"
+    try:
+        store.claim_group(plan.group, claim)
+    except ActiveRunError:
+        reasons = check_refusals(settings, plan.group)
+        raise refuse(f"rewind of group {plan.group!r} refused: " + " | ".join(reasons)) from None
+    try:
+        return _apply(settings, plan, audit_id=audit_id, claim=claim, who=who, reason=reason, origin=origin,
+                      refuse=refuse)
+    except RewindRefused:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the broker may have moved the group: record it, then raise
+        now = committed_positions(settings, plan.group, plan.topic, [p.partition for p in plan.partitions])
+        append_audit(settings, audit_record(
+            plan, audit_id=audit_id, who=who, reason=reason, outcome="unknown", origin=origin,
+            message=f"{type(exc).__name__}: {exc}; committed offsets afterwards: "
+                    f"{ {p: offset for p, (offset, _) in now.items()} }"))
+        raise RuntimeError(f"rewind {audit_id} of group {plan.group!r} did not finish ({type(exc).__name__}: {exc}); "
+                           "the group may or may not have moved: check `wavepipe status`, then plan the rewind "
+                           "again") from exc
+    finally:
+        store.release_group(plan.group, claim)
+
+
+def audit_refused(settings: Settings, refused: RewindRefused, *, who: str | None = None, reason: str = "",
+                  origin: str | None = None) -> None:
+    """Record an attempt to apply a rewind that was refused while planning (when a plan could be
+    made), as ``execute_rewind`` records the refusals it finds itself."""
+    if refused.plan is None:
+        return
+    try:
+        execute_rewind(settings, refused.plan, who=who, reason=reason, origin=origin)
+    except RewindRefused:
+        pass
+
+
+def _apply(settings: Settings, plan: RewindPlan, *, audit_id: str, claim: str, who: str, reason: str,
+           origin: str | None, refuse) -> dict:
+    """``execute_rewind``'s work while it holds the group's claim."""
+    reasons = check_refusals(settings, plan.group, claimed_by=claim)
     if reasons:
         raise refuse(f"rewind of group {plan.group!r} refused: " + " | ".join(reasons))
     partitions = [p.partition for p in plan.partitions]
@@ -429,7 +460,8 @@ def execute_rewind(settings: Settings, plan: RewindPlan, *, who: str | None = No
     path = append_audit(settings, record)
     if wrong:
         raise RuntimeError(f"rewind {audit_id}: the committed offsets are not what was set ({'; '.join(wrong)}); "
-                           f"another client moved the group meanwhile? See {path}")
+                           f"another client moved the group meanwhile. See {path}; check `wavepipe status` and "
+                           "plan the rewind again")
     log.info("rewind %s of group %r on %s applied: %s", audit_id, plan.group, plan.topic,
              {p.partition: (p.committed, p.final) for p in plan.partitions})
     return {**record, "audit_path": str(path)}
@@ -472,11 +504,8 @@ def run_cli(settings: Settings, args) -> int:
     except RewindRefused as exc:
         if exc.plan is not None:
             print(format_plan(exc.plan))
-        if args.execute and exc.plan is not None:
-            try:
-                execute_rewind(settings, exc.plan, reason=args.reason)  # records the refused attempt
-            except RewindRefused:
-                pass
+        if args.execute:
+            audit_refused(settings, exc, reason=args.reason)
         print(f"{'refused' if args.execute else 'dry run: would be refused'}: {exc}", file=sys.stderr)
         print("nothing changed", file=sys.stderr)
         return 2
@@ -484,6 +513,10 @@ def run_cli(settings: Settings, args) -> int:
     if not args.execute:
         print("dry run: nothing changed; add --execute to apply")
         return 0
+    if not args.reason.strip():
+        print("wavepipe rewind: --execute needs --reason \"...\" (kept in the audit record); nothing changed",
+              file=sys.stderr)
+        return 2
     try:
         done = execute_rewind(settings, plan, reason=args.reason)
     except RewindRefused as exc:

@@ -22,8 +22,14 @@ def load_run(run_id: str, log: logging.Logger) -> tuple[Settings, RunStore, RunP
     return settings, store, plan
 
 
+#: How long a Spark app waits for another one writing the same tables before it gives up.
+OUTPUT_LOCK_WAIT_S = 1800.0
+
+
 def output_lock(settings: Settings, store: RunStore):
     """Held for a Spark app's life, per output table folder: an app whose launching step died
-    keeps running (it has its own session); a retry, or a new run after `wavepipe abandon`,
-    waits here instead of writing beside it."""
-    return store.lock(settings.tables_dir / ".reassemble.lock", f"a Spark app writing {settings.tables_dir}")
+    keeps running (it has its own session); a retry, a new run after `wavepipe abandon`, or a
+    backfill beside the incremental runs waits here (up to ``OUTPUT_LOCK_WAIT_S``) instead of
+    writing beside it."""
+    return store.lock(settings.tables_dir / ".reassemble.lock", f"a Spark app writing {settings.tables_dir}",
+                      wait_s=OUTPUT_LOCK_WAIT_S)

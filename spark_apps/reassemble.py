@@ -18,6 +18,7 @@ import logging
 import shutil
 import sys
 import time
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -449,7 +450,6 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     timings["accounting_s"] = time.monotonic() - t
     classified.unpersist()
     new_candidates.unpersist()
-    status.unpersist()
     result = summarize(plan, rows, waveforms, dead_counts, timings, other_dead)
     # what validation must find in the candidate tables (anything else: they are not this result's)
     result["candidates"] = {
@@ -457,7 +457,29 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
         "quarantine": sum(w["count"] for w in waveforms if w["status"] == QUARANTINED),
         "dead_letter": sum(n for n, _ in dead_counts.values()),
     }
+    if plan.is_window:
+        result["window_rows"] = window_rows(spark, plan, status, candidates)
+    status.unpersist()
     return result
+
+
+def window_rows(spark: SparkSession, plan: RunPlan, status: DataFrame, candidates: Path) -> dict:
+    """What a window run's publish replaces, beyond the rows whose first offset is in the window:
+
+    ``keep``: waveforms the run read but does not own (their first chunk is another window's) or
+    could not complete (chunks past what it read): their rows stay, whatever their first offset.
+    ``extra`` (per table): waveforms the run owns whose row's first offset is outside the window
+    (chunks spread over partitions, or out of order): their rows are replaced too. Both are small:
+    waveforms at the window's edges."""
+    keep = [r["waveform_id"] for r in status.where(F.col("status").isin(OTHER_WINDOW, PENDING))
+            .select("waveform_id").collect()]
+    inside = window_predicate(plan.topic, plan.window_offsets(), "first_offset")
+    extra = {}
+    for name in ("waveforms", "quarantine"):
+        path = candidates / name
+        extra[name] = ([r["waveform_id"] for r in read_delta(spark, path).where(f"NOT ({inside})")
+                        .select("waveform_id").distinct().collect()] if delta_version(path) is not None else [])
+    return {"keep": sorted(keep), "extra": extra}
 
 
 def _count_by_partition(rows: DataFrame) -> dict[int, tuple[int, int]]:

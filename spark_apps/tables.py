@@ -60,6 +60,23 @@ def window_predicate(topic: str, offsets: dict[int, tuple[int, int]], offset_col
     return f"(topic = '{topic}' AND ({parts}))"
 
 
+def sql_string(text: str) -> str:
+    """``text`` as a Spark SQL string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def replace_predicate(topic: str, offsets: dict[int, tuple[int, int]], offset_column: str,
+                      keep: list[str] = (), extra: list[str] = ()) -> str:
+    """SQL: the rows a window run replaces: those inside the window (``window_predicate``) but
+    not of a waveform in ``keep``, and those of a waveform in ``extra`` wherever they are."""
+    where = window_predicate(topic, offsets, offset_column)
+    if keep:
+        where = f"({where} AND waveform_id NOT IN ({', '.join(map(sql_string, keep))}))"
+    if extra:
+        where = f"({where} OR waveform_id IN ({', '.join(map(sql_string, extra))}))"
+    return where
+
+
 def append_new(df: DataFrame, path: Path, keys: list[str], partition_by: list[str] | None = None,
                checked_version: int | None = None, merge_schema: bool = False) -> None:
     """Append the rows of ``df`` whose ``keys`` are not in the table yet, in one atomic commit.

@@ -28,7 +28,9 @@ from wavepipe.plan import RunPlan, RunStore, utc_now
 from wavepipe.report import append_validation_history, plot_path
 from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_apps.reassemble import OUTPUT_SCHEMA, per_partition
-from wavepipe.spark_apps.tables import TABLE_KEYS, append_new, delta_version, read_delta, window_predicate
+from wavepipe.spark_apps.tables import (
+    TABLE_KEYS, append_new, delta_version, read_delta, replace_predicate, window_predicate,
+)
 
 log = logging.getLogger("wavepipe.validate")
 
@@ -228,8 +230,12 @@ def publish_run(spark: SparkSession, settings: Settings, plan: RunPlan, *, candi
     targets = {"quarantine": settings.quarantine_table, "dead_letter": settings.dead_letter_table,
                "waveforms": settings.output_table}
     if plan.is_window:
+        rows = (store.load_step(plan.run_id, "reassemble") or {}).get("window_rows")
+        if rows is None:
+            raise CandidatesMismatchError(f"run {plan.run_id}: its reassembly recorded no window rows; "
+                                          "run the reassemble step again")
         for name, target in targets.items():
-            replace_window(spark, store.candidate_dir(plan.run_id) / name, target, name, plan)
+            replace_window(spark, store.candidate_dir(plan.run_id) / name, target, name, plan, rows)
         failpoint("publish.after_write")
         return delta_version(settings.output_table)
     for name, target in targets.items():
@@ -248,13 +254,19 @@ def publish_run(spark: SparkSession, settings: Settings, plan: RunPlan, *, candi
     return delta_version(settings.output_table)
 
 
-def replace_window(spark: SparkSession, source: Path, target: Path, name: str, plan: RunPlan) -> None:
+def replace_window(spark: SparkSession, source: Path, target: Path, name: str, plan: RunPlan,
+                   rows: dict) -> None:
     """Replace the rows of window run ``plan``'s window in ``target`` by the candidate table
     ``source``, in one atomic Delta commit (``replaceWhere``): readers see the old window or the
     new one, and a retry replaces it again with the same rows. No candidates: the window's rows
-    are deleted (the window now holds none of this table's rows)."""
+    are deleted (the window now holds none of this table's rows). ``rows``: the reassembly's
+    ``window_rows`` (rows kept although inside the window, rows replaced although outside it)."""
     keys, partition_by = TABLE_KEYS[name]
-    where = window_predicate(plan.topic, plan.window_offsets(), "offset" if name == "dead_letter" else "first_offset")
+    if name == "dead_letter":  # records, not waveforms: the window's offsets say it all
+        where = window_predicate(plan.topic, plan.window_offsets(), "offset")
+    else:
+        where = replace_predicate(plan.topic, plan.window_offsets(), "first_offset", rows["keep"],
+                                  rows["extra"].get(name, []))
     has_rows = delta_version(source) is not None
     if delta_version(target) is None:
         if has_rows:

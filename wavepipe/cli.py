@@ -84,7 +84,7 @@ def cmd_run(args) -> int:
     try:
         window = None
         if args.window:
-            from wavepipe.consumers.rewind import parse_datetime
+            from wavepipe.plan import parse_datetime
 
             window = (parse_datetime(args.window[0]), parse_datetime(args.window[1]))
         report = run_once(_settings(args), run_id=args.run_id, topic=args.topic, group=args.group,
@@ -323,7 +323,13 @@ def build_parser() -> argparse.ArgumentParser:
     rw.set_defaults(func=cmd_rewind)
 
     af = sub.add_parser("airflow", help="Airflow on this machine (api-server, scheduler, dag-processor, triggerer)")
-    af.add_argument("action", choices=["up", "down", "status"])
+    af.add_argument("action", choices=["up", "down", "status", "backfill"])
+    af.add_argument("--from-date", help="backfill: first logical date (ISO-8601, inclusive)")
+    af.add_argument("--to-date", help="backfill: last logical date (ISO-8601, inclusive)")
+    af.add_argument("--dag-id", default="wavepipe_ingest", help="backfill: the DAG (default wavepipe_ingest)")
+    af.add_argument("--conf", help='backfill: params as JSON, e.g. \'{"topic": "waveforms"}\'')
+    af.add_argument("--max-active-runs", type=int, help="backfill: runs at once (window runs of a group still "
+                                                         "take turns)")
     af.set_defaults(func=cmd_airflow)
 
     d = sub.add_parser("demo", help="the main job end to end: Kafka up, demo data, the DAG through Airflow, checks")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from wavepipe import spark
 from wavepipe.config import Settings
-from wavepipe.plan import RunPlan, RunStore, new_run_id, safe_run_id, write_json_atomic
+from wavepipe.plan import RunPlan, RunStore, as_utc, new_run_id, safe_run_id, write_json_atomic
 from wavepipe import report_html
 from wavepipe.report import build_report, failed_expectations, html_path, json_path, validation_trend
 
@@ -51,6 +51,9 @@ def plan_step(settings: Settings, run_id: str, *, topic: str | None = None, grou
     run_id = safe_run_id(run_id)
     with RunStore(settings).step_lock(run_id, "run"):  # two first attempts must not plan twice
         if window is not None:
+            if max_records or max_bytes or skip_lost_offsets:
+                raise ValueError("a window run reads its whole window: max_records, max_bytes and "
+                                 "skip_lost_offsets apply to incremental runs only")
             plan = plan_window_run(settings, run_id, start=window[0], end=window[1], topic=topic, group=group)
         else:
             plan = plan_run(settings, run_id, topic=topic, group=group, max_records=max_records,
@@ -350,8 +353,6 @@ def _same_window(plan: RunPlan, window: tuple[datetime, datetime] | None) -> boo
     unfinished run is not resumed: the new run's claim is refused, naming it."""
     if window is None or plan.window is None:
         return window is None and plan.window is None
-    from wavepipe.consumers.planner import as_utc
-
     return [datetime.fromisoformat(plan.window[k]) for k in ("start", "end")] == [as_utc(t) for t in window]
 
 

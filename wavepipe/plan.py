@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import re
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -148,6 +150,22 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
+def as_utc(when: datetime) -> datetime:
+    """``when`` as an aware UTC datetime (naive ones are taken as UTC)."""
+    return when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when.astimezone(timezone.utc)
+
+
+def parse_datetime(text: str) -> datetime:
+    """An ISO-8601 instant (``2026-11-02T08:30:00Z``, ``...+01:00``, ``2026-11-02``); naive is UTC."""
+    raw = (text or "").strip()
+    try:
+        value = datetime.fromisoformat(raw)
+    except ValueError:
+        raise ValueError(f"datetime {text!r} is not ISO-8601: use e.g. 2026-11-02T08:30:00Z or "
+                         f"2026-11-02T09:30:00+01:00 (no zone means UTC)") from None
+    return as_utc(value)
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON so that readers see the old file or the new one, never a part (fsync + rename)."""
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
@@ -276,8 +294,9 @@ class RunStore:
             return True
 
     @contextmanager
-    def lock(self, path: Path, what: str) -> Iterator[None]:
-        """Hold the lock file ``path`` exclusively, or raise ``StepBusyError`` at once.
+    def lock(self, path: Path, what: str, wait_s: float = 0.0) -> Iterator[None]:
+        """Hold the lock file ``path`` exclusively, or raise ``StepBusyError``: at once, or after
+        waiting up to ``wait_s`` seconds for its holder (logging who it waits for each minute).
 
         An OS file lock (``flock``): the kernel drops it when the holder exits, also on SIGKILL,
         so a crashed step never blocks its retry. It serialises processes on one machine or on a
@@ -289,14 +308,23 @@ class RunStore:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-                raise StepBusyError(
-                    f"{what} is running in another process right now (pid {holder}); two of them must "
-                    "not overlap. Wait for it, or stop it and retry."
-                ) from None
+            began = time.monotonic()
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+                    waited = time.monotonic() - began
+                    if waited >= wait_s:
+                        raise StepBusyError(
+                            f"{what} is running in another process right now (pid {holder}); two of them "
+                            "must not overlap." + (f" Waited {waited:.0f}s." if wait_s else "")
+                            + " Wait for it, or stop it and retry."
+                        ) from None
+                    if int(waited) % 60 == 0:
+                        logging.getLogger(__name__).info("waiting for %s (pid %s) to finish", what, holder)
+                    time.sleep(1.0)
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
             _held_locks[path] = fd

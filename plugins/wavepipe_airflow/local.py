@@ -86,6 +86,8 @@ def dags_test(settings: Settings, dag_id: str, conf: dict | None = None, *,
 #   triggerer      deferrable tasks (none today; it keeps the health page green)
 
 PROCESSES = ("api-server", "scheduler", "dag-processor", "triggerer")
+#: Set in the services' environment only, so ``down`` finds what they left behind (see service_marker).
+SERVICE_MARKER = "WAVEPIPE_AIRFLOW_SERVICES"
 ADMIN_USER = "admin"
 KAFKA_CONN_ID = "wavepipe_kafka"
 #: Tasks running at once in the local Airflow: 2 cores, and each Spark task is ``local[2]`` itself.
@@ -120,10 +122,16 @@ def log_file(settings: Settings, name: str) -> Path:
 
 
 def _write_private(path: Path, text: str) -> None:
+    """Write ``path`` readable by its owner only, atomically (a crash leaves the old file or none)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def _local_secrets(settings: Settings) -> dict[str, str]:
@@ -178,6 +186,7 @@ def server_env(settings: Settings) -> dict[str, str]:
         "AIRFLOW__API__SECRET_KEY": secrets["secret_key"],
         "AIRFLOW__API_AUTH__JWT_SECRET": secrets["jwt_secret"],
         "AIRFLOW__TRIGGERER__CAPACITY": "50",
+        SERVICE_MARKER: str(settings.airflow_home),
     }
 
 
@@ -419,10 +428,16 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
+def service_marker(settings: Settings) -> bytes:
+    """The environment entry only ``up``'s services (and what they start) carry: never a user's
+    shell, ``airflow dags test`` or the demo, which share AIRFLOW_HOME but not this."""
+    return f"{SERVICE_MARKER}={settings.airflow_home}".encode() + b"\0"
+
+
 def _strays(settings: Settings) -> list[int]:
-    """Live processes outside the services' groups that still carry this AIRFLOW_HOME in their
+    """Live processes outside the services' groups that still carry the services' marker in their
     environment: what a task launched in a session of its own (spark-submit's JVM) and outlived it."""
-    marker = f"AIRFLOW_HOME={settings.airflow_home}".encode() + b"\0"
+    marker = service_marker(settings)
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -490,6 +505,36 @@ def status(settings: Settings, *, out=None) -> int:
     return 0 if all(state.values()) else 1
 
 
+def backfill(settings: Settings, start: str, end: str, *, dag_id: str = "wavepipe_ingest",
+             conf: dict | None = None, max_active_runs: int | None = None, out=None) -> int:
+    """``airflow backfill create`` against this machine's Airflow (its home and metadata DB): the
+    scheduler of ``wavepipe airflow up`` then runs one DAG run per data interval in
+    ``[start, end]`` (logical dates, inclusive). Window runs of a group go one at a time: the
+    others wait, rescheduled, without holding a worker slot."""
+    out = out or _say
+    if not running(settings).get("scheduler"):
+        out("Airflow's scheduler is not running, so the backfill's runs would wait: `wavepipe airflow up` first")
+        return 1
+    args = ["backfill", "create", "--dag-id", dag_id, "--from-date", start, "--to-date", end]
+    if conf:
+        args += ["--dag-run-conf", json.dumps(conf)]
+    if max_active_runs:
+        args += ["--max-active-runs", str(max_active_runs)]
+    result = _airflow(settings, *args, capture=True)
+    out((result.stdout + result.stderr).strip()[-4000:])
+    if result.returncode != 0:
+        out(f"`airflow {' '.join(args)}` failed (exit {result.returncode})")
+        return 1
+    out(f"backfill of {dag_id} created: follow it in {airflow_url(settings)}/dags/{dag_id} or with `wavepipe status`")
+    return 0
+
+
 def run_cli(settings: Settings, args) -> int:
-    """``wavepipe airflow up|down|status``."""
+    """``wavepipe airflow up|down|status|backfill``."""
+    if args.action == "backfill":
+        if not (args.from_date and args.to_date):
+            _say("wavepipe airflow backfill needs --from-date and --to-date (ISO-8601)")
+            return 2
+        return backfill(settings, args.from_date, args.to_date, dag_id=args.dag_id,
+                        conf=json.loads(args.conf) if args.conf else None, max_active_runs=args.max_active_runs)
     return {"up": up, "down": down, "status": status}[args.action](settings)

@@ -7,14 +7,18 @@ compare-and-set on the group's offsets.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 from airflow.sdk import BaseOperator
 
 from wavepipe import pipeline
 from wavepipe.airflow.hooks import WavepipeHook
+from wavepipe.plan import ActiveRunError, as_utc, parse_datetime
+
+#: Seconds between a waiting window run's attempts to take its group's backfill lane.
+WINDOW_LANE_RETRY_S = 30
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -31,8 +35,10 @@ def run_window(context, start: Any = None, end: Any = None) -> tuple[datetime, d
     if (start is None) != (end is None):
         raise AirflowFailException("give both window_start and window_end, or neither")
     if start is not None:
-        return tuple(v if isinstance(v, datetime) else datetime.fromisoformat(str(v).replace("Z", "+00:00"))
-                     for v in (start, end))
+        try:
+            return tuple(as_utc(v) if isinstance(v, datetime) else parse_datetime(str(v)) for v in (start, end))
+        except ValueError as exc:
+            raise AirflowFailException(f"bad window: {exc}") from exc
     run_type = getattr(context["dag_run"], "run_type", None)
     if getattr(run_type, "value", run_type) == "backfill":
         start, end = context.get("data_interval_start"), context.get("data_interval_end")
@@ -45,7 +51,14 @@ def run_window(context, start: Any = None, end: Any = None) -> tuple[datetime, d
     return None
 
 
-class _WavepipeOperator(BaseOperator):
+def flag(value: Any) -> bool:
+    """A boolean param as rendered by a template ("True", "false", "1", ...)."""
+    return str(value).strip().lower() in ("true", "1", "yes")
+
+
+class WavepipeOperator(BaseOperator):
+    """Base of wavepipe's operators: the settings, with Kafka from the Airflow Connection."""
+
     def __init__(self, *, wavepipe_conn_id: str = WavepipeHook.default_conn_name, **kwargs):
         super().__init__(**kwargs)
         self.wavepipe_conn_id = wavepipe_conn_id
@@ -54,7 +67,7 @@ class _WavepipeOperator(BaseOperator):
         return WavepipeHook(self.wavepipe_conn_id).get_settings()
 
 
-class PlanOperator(_WavepipeOperator):
+class PlanOperator(WavepipeOperator):
     """Freeze the run's offset ranges; returns the partitions to read (for the mapped consume)."""
 
     template_fields = ("topic", "group", "max_records", "max_bytes", "skip_lost_offsets", "window_start", "window_end")
@@ -72,11 +85,19 @@ class PlanOperator(_WavepipeOperator):
         if window:
             self.log.info("a window run: [%s, %s) is reprocessed and replaces that window's output; "
                           "no offsets are committed", *(t.isoformat() for t in window))
-        plan = pipeline.plan_step(
-            self.settings(), context["run_id"], topic=self.topic or None, group=self.group or None,
-            max_records=_int_or_none(self.max_records), max_bytes=_int_or_none(self.max_bytes),
-            skip_lost_offsets=str(self.skip_lost_offsets).lower() in ("true", "1"), window=window,
-        )
+        try:
+            plan = pipeline.plan_step(
+                self.settings(), context["run_id"], topic=self.topic or None, group=self.group or None,
+                max_records=_int_or_none(self.max_records), max_bytes=_int_or_none(self.max_bytes),
+                skip_lost_offsets=flag(self.skip_lost_offsets), window=window,
+            )
+        except ActiveRunError as exc:
+            if not window:
+                raise
+            # window runs go one at a time (a backfill may start several): wait for the lane
+            # without holding a worker slot, however long the window before takes
+            self.log.info("%s; trying again in %ds", exc, WINDOW_LANE_RETRY_S)
+            raise AirflowRescheduleException(datetime.now(timezone.utc) + timedelta(seconds=WINDOW_LANE_RETRY_S))
         for p, (lost_from, lost_to) in plan.lost.items():
             self.log.warning("%s[%d]: offsets [%d, %d) were no longer retained and are skipped",
                              plan.topic, p, lost_from, lost_to)
@@ -88,7 +109,7 @@ class PlanOperator(_WavepipeOperator):
         return partitions
 
 
-class ConsumeOperator(_WavepipeOperator):
+class ConsumeOperator(WavepipeOperator):
     """Read and stage one partition's planned range (mapped over the plan's partitions)."""
 
     def __init__(self, *, partition: int, **kwargs):
@@ -99,7 +120,7 @@ class ConsumeOperator(_WavepipeOperator):
         return pipeline.consume_step(self.settings(), context["run_id"], int(self.partition))
 
 
-class ReassembleOperator(_WavepipeOperator):
+class ReassembleOperator(WavepipeOperator):
     """Run the Spark reassembly app on the run's staged chunks."""
 
     def execute(self, context) -> dict | None:
@@ -109,7 +130,7 @@ class ReassembleOperator(_WavepipeOperator):
         return None if result is None else result["waveforms"]
 
 
-class ValidateOperator(_WavepipeOperator):
+class ValidateOperator(WavepipeOperator):
     """Run the expectation suites on the run's output; publish it only if every one holds.
 
     A failed validation fails the task at once (no automatic retry: the data or the thresholds
@@ -127,7 +148,7 @@ class ValidateOperator(_WavepipeOperator):
         return None if result is None else {"success": result["success"], "rows": result["rows"]}
 
 
-class CommitOperator(_WavepipeOperator):
+class CommitOperator(WavepipeOperator):
     """Commit the safe offsets once the output is validated and published, and write the run report."""
 
     def execute(self, context) -> str:

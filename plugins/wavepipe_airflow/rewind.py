@@ -9,18 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 
-from wavepipe.airflow.hooks import WavepipeHook
+from wavepipe.airflow.operators import WavepipeOperator, flag as _flag
 from wavepipe.consumers import rewind
 
 
-def _flag(value: Any) -> bool:
-    return str(value).strip().lower() in ("true", "1", "yes")
-
-
-class RewindOperator(BaseOperator):
+class RewindOperator(WavepipeOperator):
     """Move a group's committed offsets to ``mode``/``value`` (see ``RewindTarget.parse``).
 
     A dry run unless ``apply`` (the DAG's ``execute`` param); ``reason`` is required to apply.
@@ -30,16 +25,11 @@ class RewindOperator(BaseOperator):
     template_fields = ("topic", "group", "partitions", "mode", "value", "apply", "force", "reason")
 
     def __init__(self, *, mode: str, value: Any = None, topic: str | None = None, group: str | None = None,
-                 partitions: Any = None, apply: Any = False, force: Any = False, reason: str = "",
-                 wavepipe_conn_id: str = WavepipeHook.default_conn_name, **kwargs):
+                 partitions: Any = None, apply: Any = False, force: Any = False, reason: str = "", **kwargs):
         kwargs.setdefault("retries", 0)
         super().__init__(**kwargs)
         self.topic, self.group, self.partitions = topic, group, partitions
         self.mode, self.value, self.apply, self.force, self.reason = mode, value, apply, force, reason
-        self.wavepipe_conn_id = wavepipe_conn_id
-
-    def settings(self):
-        return WavepipeHook(self.wavepipe_conn_id).get_settings()
 
     @staticmethod
     def who(context) -> str:
@@ -67,11 +57,8 @@ class RewindOperator(BaseOperator):
         except rewind.RewindRefused as exc:
             if exc.plan is not None:
                 self.log.info("rewind plan:\n%s", rewind.format_plan(exc.plan))
-                if apply:
-                    try:  # records the refused attempt in the audit file
-                        rewind.execute_rewind(settings, exc.plan, who=who, reason=reason, origin=origin)
-                    except rewind.RewindRefused:
-                        pass
+            if apply:
+                rewind.audit_refused(settings, exc, who=who, reason=reason, origin=origin)
             raise AirflowFailException(f"{'refused' if apply else 'dry run would be refused'}: {exc}") from exc
         except ValueError as exc:
             raise AirflowFailException(str(exc)) from exc

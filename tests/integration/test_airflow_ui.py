@@ -53,7 +53,7 @@ def _processes_of(settings, sessions: set[int] = frozenset()) -> dict[int, str]:
     (one per service: its workers and task supervisors stay in it), and any other process whose
     environment names this AIRFLOW_HOME (tasks' Spark JVMs start sessions of their own). Both
     tests are needed: setproctitle (API server, executor workers) rewrites /proc/<pid>/environ."""
-    marker = f"AIRFLOW_HOME={settings.airflow_home}".encode() + b"\0"
+    marker = local.service_marker(settings)
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -139,7 +139,8 @@ def test_trigger_form_params_come_through_the_rest_api(api):
     assert details.status_code == 200, details.text
     params = details.json()["params"]
     # the DAG file may gain params; these are the ones a run needs, and every param must explain itself
-    assert {"topic", "group", "max_records", "max_bytes", "skip_lost_offsets"} <= set(params)
+    assert {"topic", "group", "max_records", "max_bytes", "skip_lost_offsets", "window_start", "window_end"} <= set(params)
+    assert params["window_start"]["schema"]["format"] == "date-time"
     assert params["topic"]["description"].startswith("Topic to read")
     assert params["topic"]["schema"]["type"] == ["null", "string"]
     assert params["max_records"]["schema"] == {"type": ["null", "integer"], "minimum": 1}
@@ -241,13 +242,14 @@ def test_a_backfill_of_two_windows_reprocesses_them_into_identical_output(airflo
     assert group_offsets == {0: 11}
 
     began = time.monotonic()
-    airflow_cli = Path(sys.executable).parent / "airflow"
+    # `airflow backfill create` in wavepipe's Airflow; both windows' runs start at once (the
+    # backfill's default max active runs), the second waits for the first's backfill lane
     created = subprocess.run(
-        [str(airflow_cli), "backfill", "create", "--dag-id", DAG_ID, "--from-date", t0.isoformat(),
-         "--to-date", (t0 + quarter).isoformat(), "--max-active-runs", "1",
-         "--dag-run-conf", json.dumps({"topic": settings.topic, "group": settings.group})],
-        env=local.server_env(defaults), capture_output=True, text=True, timeout=180)
-    assert created.returncode == 0, created.stdout[-3000:] + created.stderr[-3000:]
+        [sys.executable, "-m", "wavepipe.cli", "airflow", "backfill", "--from-date", t0.isoformat(),
+         "--to-date", (t0 + quarter).isoformat(), "--conf", json.dumps({"topic": settings.topic, "group": settings.group})],
+        env={**os.environ, **settings_env(defaults)}, capture_output=True, text=True, timeout=180)
+    assert created.returncode == 0 and "backfill of wavepipe_ingest created" in created.stdout, \
+        created.stdout[-3000:] + created.stderr[-3000:]
     unpause = api.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False})
     assert unpause.status_code == 200, unpause.text
     runs: dict[str, str] = {}

@@ -27,7 +27,8 @@ def test_dag_parses_with_its_wiring():
     dag = bag.dags["wavepipe_ingest"]
     assert [t.task_id for t in dag.topological_sort()] == ["plan", "consume", "reassemble", "validate", "commit"]
     assert dag.max_active_runs == 1 and not dag.catchup
-    assert set(dag.params) == {"topic", "group", "max_records", "max_bytes", "skip_lost_offsets"}
+    assert set(dag.params) == {"topic", "group", "max_records", "max_bytes", "skip_lost_offsets", "window_start", "window_end"}
+    assert type(dag.timetable).__name__ == "DeltaDataIntervalTimetable"  # data intervals: a backfill run's window
 
 
 def test_dag_run_ingests_then_an_idle_run_reads_nothing(settings, spark):

@@ -111,10 +111,14 @@ def test_cli_dry_run_changes_nothing_and_execute_applies_and_audits(settings):
     assert "dry run: nothing changed; add --execute to apply" in out
     assert "3 -> 5" not in out and "0 -> 2" in out  # lag before -> after of partition 0
     assert _committed(settings, (0, 1)) == {0: 5, 1: 3} and _audit(settings) == []
+    code, out = run_cli(settings, "rewind", "--shift-by", "-2", "--partitions", "0", "--execute")
+    assert code == 2 and "--execute needs --reason" in out, out
+    assert _committed(settings, (0, 1)) == {0: 5, 1: 3} and _audit(settings) == []
 
     code, out = run_cli(settings, "rewind", "--shift-by", "-2", "--partitions", "0", "--execute",
                         "--reason", "reprocess after a bad deploy")
     assert code == 0, out
+    assert RunStore(settings).active_run(settings.group) is None  # the rewind's claim was released
     assert f"{settings.topic}[0] 5 -> 3" in out and f"audit: {audit_path(settings)}" in out
     assert _committed(settings, (0, 1)) == {0: 3, 1: 3}
     [record] = _audit(settings)

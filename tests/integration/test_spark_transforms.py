@@ -47,6 +47,30 @@ def test_classify_names_each_case(spark):
     }
 
 
+def test_classify_in_a_window_sets_aside_waveforms_whose_first_chunk_is_outside(spark):
+    """Window [10, 20) of partition 0: a waveform is the window's when its seq-0 chunk is inside,
+    whatever its other chunks; the chunks of one begun before the window are another window's."""
+    inside, _ = waveform_records("inside", 3, seed=1)
+    tail, _ = waveform_records("tail", 3, seed=2)
+    straddles, _ = waveform_records("straddles", 3, seed=3)
+    late, _ = waveform_records("late", 2, seed=4)
+    shuffled, _ = waveform_records("shuffled", 2, seed=5)
+    rows = (_rows(tail[1:], first_offset=10) + _rows(inside, first_offset=12)
+            + _rows(straddles, first_offset=18) + _rows(late, first_offset=21)
+            # seq 1 at 15, inside; seq 0 at 25, outside: the later window's
+            + _rows([shuffled[1]], first_offset=15) + _rows([shuffled[0]], first_offset=25))
+    frame = _frame(spark, rows).select(*META_COLUMNS)
+    got = {r["waveform_id"]: (r["status"], r["expired"])
+           for r in classify(frame, window={0: (10, 20)}, ends={0: 30}, incomplete_after_offsets=1).collect()}
+    assert got == {
+        "inside": ("candidate", False), "straddles": ("candidate", False),
+        "tail": ("other_window", False), "late": ("other_window", False), "shuffled": ("other_window", False),
+    }
+    # without a window the same chunks are an incremental run's: the tail is pending (and stalled)
+    plain = {r["waveform_id"]: r["status"] for r in classify(frame).collect()}
+    assert plain["tail"] == "pending" and plain["late"] == plain["shuffled"] == "candidate"
+
+
 def test_assemble_orders_by_sequence_and_verifies(spark):
     records, expected = waveform_records("w", 4, seed=9)
     shuffled = [records[2], records[0], records[3], records[1], records[0]]  # out of order, one duplicate

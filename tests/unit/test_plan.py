@@ -39,3 +39,17 @@ def test_airflow_run_ids_become_folder_names():
     assert safe_run_id("manual__2026-11-22T07:13:54.306853+00:00") == "manual__2026-11-22T07_13_54.306853_00_00"
     with pytest.raises(ValueError):
         safe_run_id("///")
+
+
+def test_replace_predicate_selects_the_window_keeps_its_edges_and_quotes_ids():
+    from wavepipe.spark_apps.tables import replace_predicate, sql_string, window_predicate
+
+    inside = window_predicate("wf.1", {1: (5, 9), 0: (0, 3)}, "first_offset")
+    assert inside == ("(topic = 'wf.1' AND ((`partition` = 0 AND `first_offset` >= 0 AND `first_offset` < 3) OR "
+                      "(`partition` = 1 AND `first_offset` >= 5 AND `first_offset` < 9)))")
+    assert window_predicate("t", {}, "offset") == "false"
+    assert sql_string("it's a \\ path") == "'it\\'s a \\\\ path'"
+    where = replace_predicate("t", {0: (0, 3)}, "first_offset", keep=["b"], extra=["x'y"])
+    assert where == (f"(({window_predicate('t', {0: (0, 3)}, 'first_offset')} AND waveform_id NOT IN ('b')) "
+                     "OR waveform_id IN ('x\\'y'))")
+    assert replace_predicate("t", {0: (0, 3)}, "offset") == window_predicate("t", {0: (0, 3)}, "offset")

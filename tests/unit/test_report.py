@@ -49,3 +49,22 @@ def test_record_cap_combines_records_and_bytes():
     assert record_cap(s, 50, None) == 50
     assert record_cap(s, 50, 20_000) == 20
     assert record_cap(s, None, 500) == 1
+
+
+def test_window_runs_account_for_other_windows_records():
+    """A window run's records of other windows' waveforms (and dead letters past its end) are
+    placed as ``other_window``; the balance holds with them and fails without them."""
+    from wavepipe.plan import OffsetRange, RunPlan
+    from wavepipe.report import build_report
+
+    plan = RunPlan(run_id="w1", topic="t", group="g.backfill", created_at="2026-11-22T00:00:00Z",
+                   ranges=(OffsetRange("t", 0, 5, 15),), window={"start": "a", "end": "b", "offsets": {"0": [5, 12]}})
+    consumed = {0: {"records": 10, "chunks": 9, "payload_bytes": 900}}
+    part = {"start": 5, "end": 15, "output": 6, "output_already_written": 0, "pending": 0, "quarantined": 0,
+            "dead_letter": 0, "output_bytes": 600, "pending_bytes": 0, "quarantined_bytes": 0, "dead_letter_bytes": 0,
+            "quarantine_reasons": {}, "safe_offset": 15,
+            "other_window": 4, "other_window_bytes": 300, "other_window_chunks": 3}
+    report = build_report(plan, consumed, {"partitions": {"0": part}, "waveforms": {}}, {})
+    assert report["balance_errors"] == [] and report["totals"]["other_window"] == 4
+    short = build_report(plan, consumed, {"partitions": {"0": {**part, "other_window": 3}}, "waveforms": {}}, {})
+    assert any("other windows' 3" in e for e in short["balance_errors"]), short["balance_errors"]

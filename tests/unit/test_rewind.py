@@ -9,9 +9,10 @@ import pytest
 
 from wavepipe.consumers.boundaries import chunk_position, decide_boundaries
 from wavepipe.consumers.rewind import (
-    PartitionRewind, RewindPlan, RewindTarget, clamp, format_plan, parse_datetime, parse_duration,
+    PartitionRewind, RewindPlan, RewindTarget, clamp, format_plan, parse_duration,
     parse_partitions,
 )
+from wavepipe.plan import parse_datetime
 
 
 @pytest.mark.parametrize("text, seconds", [
