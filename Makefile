@@ -34,8 +34,11 @@ chromium:
 	else echo "note: /usr/bin/chromium is missing, so the Airflow UI test will be skipped; install it with" \
 		"'sudo apt-get install chromium' (Debian/Ubuntu)"; fi
 
+# Two test files at a time (pytest-xdist; a file's tests stay on one worker, each worker has its own
+# broker and Spark session); TEST_WORKERS=1 runs them one by one.
+TEST_WORKERS ?= 2
 test: setup chromium
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 kafka-down:
 	$(BIN)/wavepipe kafka down

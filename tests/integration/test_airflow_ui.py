@@ -33,7 +33,7 @@ from wavepipe.spark import settings_env
 pytestmark = pytest.mark.integration
 
 DAG_ID = "wavepipe_ingest"
-RUN_TIMEOUT_S = 360
+RUN_TIMEOUT_S = 900  # generous: a contended machine running two test files at once is slow
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]

@@ -225,7 +225,10 @@ def test_open_and_abandoned_transactions_do_not_stall_runs(settings, spark):
     t, t_sum = waveform_records("in-txn", 3, seed=2)
     b, b_sum = waveform_records("after-txn", 2, seed=3)
     produce_in_order(settings, a)  # 0-1
-    tx = Producer(settings.kafka_config(**{"transactional.id": f"open-{settings.topic}"}))
+    # held open across a whole run: well past librdkafka's default 60 s timeout, after which the
+    # broker aborts the transaction and fences the producer (a slow machine takes that long)
+    tx = Producer(settings.kafka_config(**{"transactional.id": f"open-{settings.topic}",
+                                           "transaction.timeout.ms": 600_000}))
     tx.init_transactions(30)
     tx.begin_transaction()
     produce_in_order(settings, t, producer=tx)  # 2-4, not committed yet
