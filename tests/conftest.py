@@ -13,11 +13,17 @@ os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="wavepipe-test-air
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 # Under pytest-xdist, a worker's __main__ (execnet's) has no __file__: pyspark.sql.connect then
 # takes the process for a doctest run and exits it (sys.exit(0)) when great_expectations imports it
-# without Spark Connect's extras. Give it what a normal interpreter has, so the import fails as usual.
+# without Spark Connect's extras. Import great_expectations once with a stand-in __file__, so that
+# import fails as in any other process (GX goes on without Spark Connect), then take it away again:
+# ``spawn`` children (the consume step's process pool) would try to run it as a script.
 import __main__
 
 if getattr(__main__, "__spec__", None) is None and not hasattr(__main__, "__file__"):
     __main__.__file__ = "<pytest-xdist worker>"
+    try:
+        import great_expectations  # noqa: F401
+    finally:
+        del __main__.__file__
 # py4j logs "closing connection" from finalizers after pytest closed its streams
 logging.getLogger("py4j").setLevel(logging.WARNING)
 
@@ -29,9 +35,9 @@ from wavepipe.config import Settings, load_settings
 #: Test files that take longest (real Airflow, many Spark runs), started first so that the two
 #: workers of ``make test`` (pytest-xdist, one file per worker at a time) finish close together.
 #: Order only: a file missing here runs after these, in the usual order.
-LONGEST_FIRST = [
-    "test_airflow_ui.py", "test_rewind.py", "test_bounded_run.py", "test_faults.py", "test_bad_input.py",
-    "test_dag.py", "test_chaos.py", "test_bench.py", "test_validation.py", "test_backfill.py",
+LONGEST_FIRST = [  # by their times in a two-worker run
+    "test_faults.py", "test_bad_input.py", "test_airflow_ui.py", "test_bounded_run.py", "test_dag.py",
+    "test_rewind.py", "test_chaos.py", "test_validation.py", "test_bench.py", "test_backfill.py",
 ]
 
 

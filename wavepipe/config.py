@@ -51,6 +51,10 @@ class Settings:
     spark_master: str = "local[2]"
     spark_driver_memory: str = "2g"
     spark_conf: Mapping[str, Any] = field(default_factory=dict)
+    #: A run whose staged chunk files total at most this many bytes starts its Spark app's driver
+    #: JVM for a short life (``SMALL_RUN_JAVA_OPTIONS``: no C2 JIT, serial GC): on a run of a few
+    #: waveforms that halves the CPU the app burns. 0 turns it off; larger runs keep the defaults.
+    spark_small_run_bytes: int = 64 * 1024 * 1024
     #: Rows per Parquet row group while staging (bounds the reader's memory).
     staging_flush_bytes: int = 64 * 1024 * 1024
     #: Seconds a reader may see no progress before it gives up with an error.

@@ -126,7 +126,8 @@ def reassemble_step(settings: Settings, run_id: str, *, validate: bool = False) 
     run_id = plan.run_id
     began = time.monotonic()
     with store.step_lock(run_id, "run"):
-        spark.submit(settings, REASSEMBLE_APP, "--run-id", run_id, *(["--validate"] if validate else []))
+        spark.submit(settings, REASSEMBLE_APP, "--run-id", run_id, *(["--validate"] if validate else []),
+                     staged_bytes=store.staged_bytes(run_id))
     _timed(store, run_id, "reassemble", began)
     result = store.load_step(run_id, "reassemble")
     if result is None:
@@ -148,7 +149,7 @@ def validate_step(settings: Settings, run_id: str) -> dict | None:
         raise RuntimeError(f"run {run_id}: no reassembly result; run the reassemble step first")
     began = time.monotonic()
     with store.step_lock(run_id, "run"):
-        spark.submit(settings, VALIDATE_APP, "--run-id", run_id)
+        spark.submit(settings, VALIDATE_APP, "--run-id", run_id, staged_bytes=store.staged_bytes(run_id))
     _timed(store, run_id, "validate", began)
     return _check_validation(settings, store, plan)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -13,9 +14,20 @@ from typing import Any
 from wavepipe.config import Settings
 from wavepipe.jars import RESOURCES, spark_jars
 
+log = logging.getLogger("wavepipe.spark")
 
-def spark_conf(settings: Settings) -> dict[str, str]:
-    """Spark properties every wavepipe Spark app runs with (Delta Lake, low parallelism)."""
+
+#: Driver JVM options of a small run's Spark app (``spark_small_run_bytes``). A Spark app on a few
+#: megabytes lives about a minute, most of it warming up: the C2 compiler's threads and G1's
+#: concurrent threads then cost more CPU than they save (measured: about half the CPU seconds of a
+#: run of nine records, and a quarter less wall time; docs/how-a-run-works.md). Larger runs keep the JVM's
+#: defaults, which pay off on long scans.
+SMALL_RUN_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def spark_conf(settings: Settings, *, small_run: bool = False) -> dict[str, str]:
+    """Spark properties every wavepipe Spark app runs with (Delta Lake, low parallelism);
+    ``small_run``: with ``SMALL_RUN_JAVA_OPTIONS`` for the driver."""
     conf: dict[str, Any] = {
         "spark.jars": ",".join(str(j) for j in spark_jars(settings.jars_dir)),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
@@ -45,6 +57,9 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={RESOURCES / 'spark-log4j2.properties'}",
     }
     conf.update(settings.spark_conf)
+    if small_run:
+        java = str(conf.get("spark.driver.extraJavaOptions", ""))
+        conf["spark.driver.extraJavaOptions"] = f"{java} {SMALL_RUN_JAVA_OPTIONS}".strip()
     return {k: str(v) for k, v in conf.items()}
 
 
@@ -56,12 +71,12 @@ def settings_env(settings: Settings) -> dict[str, str]:
     }
 
 
-def spark_submit_command(settings: Settings, app: Path, *args: str) -> list[str]:
+def spark_submit_command(settings: Settings, app: Path, *args: str, small_run: bool = False) -> list[str]:
     import pyspark
 
     submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
     cmd = [str(submit), "--master", settings.spark_master]
-    for key, value in spark_conf(settings).items():
+    for key, value in spark_conf(settings, small_run=small_run).items():
         cmd += ["--conf", f"{key}={value}"]
     return cmd + [str(app), *args]
 
@@ -71,11 +86,21 @@ def _local_env(settings: Settings) -> dict[str, str]:
     return {"SPARK_LOCAL_IP": "127.0.0.1"} if settings.spark_master.startswith("local") else {}
 
 
-def submit(settings: Settings, app: Path, *args: str) -> None:
-    """Run a Spark app through spark-submit, streaming its output; raise if it fails."""
+def is_small_run(settings: Settings, staged_bytes: int) -> bool:
+    """Whether a run of ``staged_bytes`` staged bytes gets the small-run JVM options."""
+    return 0 < settings.spark_small_run_bytes and staged_bytes <= settings.spark_small_run_bytes
+
+
+def submit(settings: Settings, app: Path, *args: str, staged_bytes: int | None = None) -> None:
+    """Run a Spark app through spark-submit, streaming its output; raise if it fails.
+    ``staged_bytes``: the size of the run's staged files (a small run gets a short-lived JVM)."""
     env = {**os.environ, **settings_env(settings), **_local_env(settings), "PYSPARK_PYTHON": sys.executable,
            "PYSPARK_DRIVER_PYTHON": sys.executable, "ARROW_DEFAULT_MEMORY_POOL": "system"}
-    cmd = spark_submit_command(settings, app, *args)
+    small_run = staged_bytes is not None and is_small_run(settings, staged_bytes)
+    if small_run:
+        log.info("a small run (%d bytes staged): the Spark app's driver JVM starts with %s",
+                 staged_bytes, SMALL_RUN_JAVA_OPTIONS)
+    cmd = spark_submit_command(settings, app, *args, small_run=small_run)
     # Its own session, so the app's processes (JVM, Python driver, Python workers) can be stopped
     # together: here when this step is interrupted (Airflow stopping the task), and by a
     # ``kill-app`` failpoint in tests.

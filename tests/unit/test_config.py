@@ -35,3 +35,34 @@ def test_unknown_setting_and_bad_values_are_clear_errors(monkeypatch):
     monkeypatch.setenv("WAVEPIPE_KAFKA_CLIENT_CONFIG", "[1, 2]")
     with pytest.raises(ValueError, match="JSON object"):
         load_settings()
+
+
+def test_a_small_run_gets_the_short_lived_jvm_options_and_a_large_one_the_defaults(tmp_path):
+    from wavepipe.spark import SMALL_RUN_JAVA_OPTIONS, is_small_run, spark_submit_command
+
+    s = load_settings(home=tmp_path, spark_small_run_bytes=1000,
+                      spark_conf={"spark.driver.extraJavaOptions": "-Dmine=1"})
+    assert is_small_run(s, 0) and is_small_run(s, 1000) and not is_small_run(s, 1001)
+    assert not is_small_run(s.replace(spark_small_run_bytes=0), 10), "0 turns it off"
+
+    def driver_options(small_run: bool) -> str:
+        cmd = spark_submit_command(s, tmp_path / "app.py", small_run=small_run)
+        [value] = [c.split("=", 1)[1] for c in cmd if c.startswith("spark.driver.extraJavaOptions=")]
+        return value
+
+    assert driver_options(True) == f"-Dmine=1 {SMALL_RUN_JAVA_OPTIONS}", "added to the user's options"
+    assert driver_options(False) == "-Dmine=1"
+
+
+def test_staged_bytes_counts_the_runs_chunk_and_dead_letter_files(tmp_path):
+    from wavepipe.plan import RunStore
+
+    store = RunStore(load_settings(home=tmp_path))
+    assert store.staged_bytes("r1") == 0  # nothing staged yet
+    for kind, size in (("chunks", 300), ("chunks", 200), ("dead_letter", 50)):
+        folder = store.staging_dir("r1") / kind
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"t-0-{size}.parquet").write_bytes(b"x" * size)
+    (store.candidate_dir("r1")).mkdir(parents=True)
+    (store.candidate_dir("r1") / "other.parquet").write_bytes(b"x" * 999)  # not staged input
+    assert store.staged_bytes("r1") == 550
