@@ -43,6 +43,7 @@ LONGEST_FIRST = [  # by their times in a two-worker run
 
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+
     def weight(item) -> int:
         return rank.get(item.path.name, len(rank)) if item.path.parent.name == "integration" else len(rank)
 

@@ -217,7 +217,8 @@ class RunStore:
     def staged_bytes(self, run_id: str) -> int:
         """Bytes of the run's staged chunk and dead-letter files (what its Spark app reads)."""
         staging = self.staging_dir(run_id)
-        return sum(f.stat().st_size for kind in ("chunks", "dead_letter") for f in (staging / kind).glob("*.parquet"))
+        return sum(f.stat().st_size for kind in ("chunks", "dead_letter")
+                   for f in (staging / kind).glob("*.parquet"))
 
     def candidate_dir(self, run_id: str) -> Path:
         """The run's candidate tables (waveforms, quarantine, dead_letter): written by the

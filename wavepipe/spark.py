@@ -20,8 +20,8 @@ log = logging.getLogger("wavepipe.spark")
 #: Driver JVM options of a small run's Spark app (``spark_small_run_bytes``). A Spark app on a few
 #: megabytes lives about a minute, most of it warming up: the C2 compiler's threads and G1's
 #: concurrent threads then cost more CPU than they save (measured: about half the CPU seconds of a
-#: run of nine records, and a quarter less wall time; docs/how-a-run-works.md). Larger runs keep the JVM's
-#: defaults, which pay off on long scans.
+#: run of nine records, and a quarter less wall time; docs/how-a-run-works.md). Larger runs keep
+#: the JVM's defaults, which pay off on long scans.
 SMALL_RUN_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
