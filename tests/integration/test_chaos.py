@@ -3,8 +3,7 @@
 At the end every good waveform is in the output once and bit-exact, every bad one is in
 quarantine or the dead letters with the right reason, every run's counts add up, and the group's
 committed offsets are the partitions' ends. ``WAVEPIPE_CHAOS_SEED`` replays a sequence of faults;
-``WAVEPIPE_CHAOS_ROUNDS`` sets how many rounds (default 2, plus a last run without faults; more
-rounds draw more of the faults, at about a minute and a half each).
+``WAVEPIPE_CHAOS_ROUNDS`` sets how many rounds (default 3, plus a last run without faults).
 """
 
 from __future__ import annotations
@@ -116,7 +115,7 @@ def _run_until_done(settings, failpoints: str | None, log: list[str]) -> tuple[d
 
 def test_chaos_rounds_end_exactly_once(settings, spark):
     seed = int(os.environ.get("WAVEPIPE_CHAOS_SEED", time.time_ns() % 2**32))
-    rounds = int(os.environ.get("WAVEPIPE_CHAOS_ROUNDS", 2))
+    rounds = int(os.environ.get("WAVEPIPE_CHAOS_ROUNDS", 3))
     rng = random.Random(seed)
     settings = settings.replace(incomplete_after_offsets=30, incomplete_after_s=0,
                                 dead_letter_topic=f"{settings.topic}-dlq")
