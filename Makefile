@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-12)
 
-.PHONY: setup chromium demo test kafka-down clean
+.PHONY: setup chromium demo test kafka-down clean docker-check
 
 $(STAMP): pyproject.toml requirements.lock
 	@command -v java >/dev/null || { echo "Java 17 is required (apt-get install openjdk-17-jre-headless)"; exit 1; }
@@ -42,6 +42,11 @@ test: setup chromium
 
 kafka-down:
 	$(BIN)/wavepipe kafka down
+
+# Validate docker/compose.yaml and the image's inputs without a Docker engine (builds the compose
+# CLI plugin with Go into .cache/ the first time when `docker compose` is missing)
+docker-check:
+	docker/check
 
 clean: kafka-down
 	rm -rf .wavepipe

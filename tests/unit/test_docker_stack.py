@@ -1,0 +1,758 @@
+"""docker/compose.yaml stays in step with wavepipe: its settings, its Kafka jars, its hook.
+
+Each check is a function of the parsed stack that returns the problems it finds (empty: fine).
+The tests run every check on docker/compose.yaml, and on edited copies of it, so that each check
+is shown to catch the mistake it is there for. Pure Python (PyYAML comes with Airflow); one test
+also runs ``docker compose config`` when the Compose CLI is there (docker/check builds it).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+import xml.etree.ElementTree as ET
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable
+from unittest import mock
+
+import pytest
+import yaml
+
+from wavepipe.config import PROJECT_ROOT, Settings, load_settings
+
+COMPOSE_FILE = PROJECT_ROOT / "docker" / "compose.yaml"
+KAFKA_POM = PROJECT_ROOT / "wavepipe" / "resources" / "kafka-pom.xml"
+#: Where docker/check builds the Compose CLI plugin when `docker compose` is missing.
+COMPOSE_VERSION = "v2.40.3"
+CACHED_COMPOSE = PROJECT_ROOT / ".cache" / "docker-compose" / COMPOSE_VERSION / "docker-compose"
+#: The profiles whose services `up` leaves out; the checks cover them too.
+PROFILES = ("cli",)
+
+Stack = dict[str, Any]
+
+
+# --- reading the stack as Compose does ------------------------------------------------------------
+
+_DOLLAR = re.compile(r"\$(?:(?P<escaped>\$)|\{(?P<braced>[^}]*)\}|(?P<named>[A-Za-z_][A-Za-z0-9_]*))")
+_BRACED = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?+])(?P<arg>.*))?", re.S)
+
+
+def interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's variable interpolation: ``$$``, ``$VAR``, ``${VAR}``, ``${VAR:-default}``,
+    ``${VAR-default}``, ``${VAR:?error}``, ``${VAR:+other}`` (and their forms without the colon)."""
+
+    def substitute(match: re.Match) -> str:
+        if match["escaped"]:
+            return "$"
+        if match["named"]:
+            return env.get(match["named"], "")
+        braced = _BRACED.fullmatch(match["braced"])
+        if braced is None:
+            raise ValueError(f"cannot interpolate ${{{match['braced']}}}")
+        name, op, arg = braced["name"], braced["op"], braced["arg"]
+        value = env.get(name)
+        unset = value is None or (op is not None and op.startswith(":") and value == "")
+        if op is None:
+            return value or ""
+        if op.endswith("-"):
+            return arg if unset else value
+        if op.endswith("?"):
+            if unset:
+                raise ValueError(f"required variable {name} is missing: {arg}")
+            return value
+        return "" if unset else arg  # "+"
+
+    return _DOLLAR.sub(substitute, text)
+
+
+def _interpolate_all(node: Any, env: dict[str, str]) -> Any:
+    if isinstance(node, str):
+        return interpolate(node, env)
+    if isinstance(node, list):
+        return [_interpolate_all(v, env) for v in node]
+    if isinstance(node, dict):
+        return {k: _interpolate_all(v, env) for k, v in node.items()}
+    return node
+
+
+def load_stack(path: Path = COMPOSE_FILE, env: dict[str, str] | None = None) -> Stack:
+    """The compose file with its anchors and merge keys resolved and its variables interpolated
+    (with ``env``, default: none set, so every ``${VAR:-default}`` takes its default)."""
+    return _interpolate_all(yaml.safe_load(path.read_text()), env or {})
+
+
+def environment(service: dict) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {k: "" if v is None else (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in env.items()}
+
+
+def _words(value: Any) -> list[str]:
+    if value is None:
+        return []
+    return shlex.split(value) if isinstance(value, str) else [str(v) for v in value]
+
+
+def runs(service: dict) -> str:
+    """What the container runs: its entrypoint and command, as one string."""
+    return " ".join(_words(service.get("entrypoint")) + _words(service.get("command")))
+
+
+def volume_mounts(service: dict) -> dict[str, str]:
+    """target path -> source (a named volume or a host path) of the service's mounts."""
+    mounts = {}
+    for volume in service.get("volumes") or []:
+        if isinstance(volume, str):
+            parts = volume.split(":")
+            if len(parts) >= 2:
+                mounts[parts[1]] = parts[0]
+        else:
+            mounts[volume["target"]] = volume.get("source", "")
+    return mounts
+
+
+def replicas(service: dict) -> int:
+    return int(((service.get("deploy") or {}).get("replicas")) or 1)
+
+
+def services(stack: Stack) -> dict[str, dict]:
+    return stack.get("services") or {}
+
+
+def kafka_services(stack: Stack) -> dict[str, dict]:
+    return {n: s for n, s in services(stack).items() if str(s.get("image", "")).startswith("apache/kafka:")}
+
+
+def airflow_services(stack: Stack) -> dict[str, dict]:
+    return {n: s for n, s in services(stack).items() if re.search(r"\bairflow\b", runs(s))}
+
+
+def task_runners(stack: Stack) -> dict[str, dict]:
+    """The Airflow services that run task instances: Celery workers (or, with a local executor, the
+    scheduler)."""
+    found = {n: s for n, s in airflow_services(stack).items() if "celery worker" in runs(s)}
+    for name, service in airflow_services(stack).items():
+        executor = environment(service).get("AIRFLOW__CORE__EXECUTOR", "")
+        if executor in ("LocalExecutor", "SequentialExecutor") and re.search(r"\bscheduler\b", runs(service)):
+            found[name] = service
+    return found
+
+
+def spark_masters(stack: Stack) -> dict[str, dict]:
+    return {n: s for n, s in services(stack).items() if "org.apache.spark.deploy.master.Master" in runs(s)}
+
+
+def spark_workers(stack: Stack) -> dict[str, dict]:
+    return {n: s for n, s in services(stack).items() if "org.apache.spark.deploy.worker.Worker" in runs(s)}
+
+
+def wavepipe_env(stack: Stack) -> dict[str, str]:
+    """The WAVEPIPE_* settings of the stack: those of its task runners (checked to be one set)."""
+    for service in list(task_runners(stack).values()) + list(services(stack).values()):
+        env = {k: v for k, v in environment(service).items() if k.startswith("WAVEPIPE_")}
+        if env:
+            return env
+    return {}
+
+
+@contextmanager
+def only_these_wavepipe_variables(env: dict[str, str]):
+    """``os.environ`` with exactly ``env`` as its WAVEPIPE_* variables, and an empty config file
+    (so no wavepipe.toml of this machine takes part)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        empty = Path(tmp) / "empty.toml"
+        empty.write_text("")
+        kept = {k: v for k, v in os.environ.items() if not k.startswith("WAVEPIPE_")}
+        with mock.patch.dict(os.environ, {**kept, **env, "WAVEPIPE_CONFIG": str(empty)}, clear=True):
+            yield
+
+
+def settings_of(env: dict[str, str]) -> Settings:
+    with only_these_wavepipe_variables(env):
+        return load_settings()
+
+
+def kafka_jars_version() -> str:
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    return ET.parse(KAFKA_POM).getroot().find("m:properties/m:kafka.version", ns).text.strip()
+
+
+def _listeners(value: str) -> dict[str, tuple[str, int]]:
+    """``NAME://host:port,...`` -> {NAME: (host, port)}."""
+    found = {}
+    for item in filter(None, (v.strip() for v in value.split(","))):
+        name, address = item.split("://", 1)
+        host, port = address.rsplit(":", 1)
+        found[name] = (host, int(port))
+    return found
+
+
+def _hostnames(name: str, service: dict) -> set[str]:
+    """Names other containers reach the service by."""
+    return {name, service.get("hostname") or name, service.get("container_name") or name}
+
+
+# --- the checks ------------------------------------------------------------------------------------
+
+def check_wavepipe_settings(stack: Stack) -> list[str]:
+    """Every WAVEPIPE_* variable names a wavepipe setting, takes a valid value for it, and every
+    container that has any has the same set (the shared x-wavepipe-env)."""
+    problems = []
+    fields = set(Settings.__dataclass_fields__)
+    sets = {}
+    for name, service in services(stack).items():
+        env = {k: v for k, v in environment(service).items() if k.startswith("WAVEPIPE_")}
+        for key in env:
+            if key[len("WAVEPIPE_"):].lower() not in fields:
+                problems.append(f"{name}: {key} is not a wavepipe setting (wavepipe/config.py)")
+        if env:
+            sets[name] = env
+    for needs in (task_runners(stack), spark_workers(stack)):
+        for name in needs:
+            if name not in sets:
+                problems.append(f"{name}: has no WAVEPIPE_* settings")
+    distinct = {json.dumps(env, sort_keys=True) for env in sets.values()}
+    if len(distinct) > 1:
+        problems.append(f"the WAVEPIPE_* settings differ between services {sorted(sets)}: use the one x-wavepipe-env")
+    env = wavepipe_env(stack)
+    if not env:
+        return problems + ["no WAVEPIPE_* settings at all"]
+    try:
+        settings = settings_of(env)
+    except (ValueError, TypeError) as exc:
+        return problems + [f"the WAVEPIPE_* settings are not valid: {exc}"]
+    if not str(env.get("WAVEPIPE_HOME", "")).startswith("/"):
+        problems.append(f"WAVEPIPE_HOME must be an absolute path in the containers: {env.get('WAVEPIPE_HOME')!r}")
+    if settings.partitions < 1:
+        problems.append(f"WAVEPIPE_PARTITIONS must be at least 1: {settings.partitions}")
+    if settings.consume_tasks < 0:
+        problems.append(f"WAVEPIPE_CONSUME_TASKS must be 0 (a task per partition) or more: {settings.consume_tasks}")
+    if settings.consume_parallelism < 1:
+        problems.append(f"WAVEPIPE_CONSUME_PARALLELISM must be at least 1: {settings.consume_parallelism}")
+    return problems
+
+
+def check_bootstrap_servers(stack: Stack) -> list[str]:
+    """The bootstrap servers are exactly the brokers' advertised CLIENT listeners."""
+    problems = []
+    advertised = []
+    for name, service in kafka_services(stack).items():
+        env = environment(service)
+        listeners = _listeners(env.get("KAFKA_ADVERTISED_LISTENERS", ""))
+        if "CLIENT" not in listeners:
+            problems.append(f"{name}: advertises no CLIENT listener")
+            continue
+        host, port = listeners["CLIENT"]
+        if host not in _hostnames(name, service):
+            problems.append(f"{name}: its CLIENT listener advertises {host}, not a name of this container")
+        bound = _listeners(env.get("KAFKA_LISTENERS", "")).get("CLIENT")
+        if bound is None or bound[1] != port:
+            problems.append(f"{name}: advertises CLIENT port {port} but listens on {bound}")
+        advertised.append(f"{host}:{port}")
+    configured = [s.strip() for s in wavepipe_env(stack).get("WAVEPIPE_BOOTSTRAP_SERVERS", "").split(",") if s.strip()]
+    if sorted(configured) != sorted(advertised) or len(configured) != len(set(configured)):
+        problems.append(f"WAVEPIPE_BOOTSTRAP_SERVERS is {','.join(configured)}; the brokers advertise "
+                        f"{','.join(advertised)}")
+    return problems
+
+
+def check_kafka_cluster(stack: Stack) -> list[str]:
+    """Three combined broker+controller nodes in one KRaft quorum; internal topics RF 3, min ISR 2."""
+    problems = []
+    brokers = kafka_services(stack)
+    if len(brokers) != 3:
+        return [f"expected 3 Kafka nodes, found {sorted(brokers)}"]
+    envs = {name: environment(s) for name, s in brokers.items()}
+    voters = set()
+    for name, env in envs.items():
+        controller = _listeners(env.get("KAFKA_LISTENERS", "")).get(env.get("KAFKA_CONTROLLER_LISTENER_NAMES", ""))
+        if controller is None:
+            problems.append(f"{name}: no controller listener")
+            continue
+        voters.add(f"{env.get('KAFKA_NODE_ID')}@{brokers[name].get('hostname') or name}:{controller[1]}")
+    for name, env in envs.items():
+        if set(env.get("KAFKA_CONTROLLER_QUORUM_VOTERS", "").split(",")) != voters:
+            problems.append(f"{name}: quorum voters {env.get('KAFKA_CONTROLLER_QUORUM_VOTERS')} are not the "
+                            f"three nodes ({','.join(sorted(voters))})")
+        if set(env.get("KAFKA_PROCESS_ROLES", "").split(",")) != {"broker", "controller"}:
+            problems.append(f"{name}: process roles {env.get('KAFKA_PROCESS_ROLES')}, not broker,controller")
+        expected = {
+            "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "3", "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "3",
+            "KAFKA_DEFAULT_REPLICATION_FACTOR": "3", "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "2",
+            "KAFKA_MIN_INSYNC_REPLICAS": "2",
+        }
+        for key, value in expected.items():
+            if env.get(key) != value:
+                problems.append(f"{name}: {key} is {env.get(key)!r}, expected {value}")
+        if "healthcheck" not in brokers[name]:
+            problems.append(f"{name}: no healthcheck")
+    if len({env.get("KAFKA_NODE_ID") for env in envs.values()}) != 3:
+        problems.append("the Kafka node ids are not distinct")
+    if len({env.get("CLUSTER_ID") for env in envs.values()}) != 1:
+        problems.append("the Kafka nodes do not share one CLUSTER_ID")
+    return problems
+
+
+def check_kafka_image_version(stack: Stack) -> list[str]:
+    """The brokers run the Apache Kafka release whose jars wavepipe resolves (kafka-pom.xml)."""
+    version = kafka_jars_version()
+    brokers = kafka_services(stack)
+    if not brokers:
+        return ["no apache/kafka service"]
+    return [f"{name}: image {s['image']}, but wavepipe resolves Kafka {version} (wavepipe/resources/kafka-pom.xml)"
+            for name, s in brokers.items() if s["image"] != f"apache/kafka:{version}"]
+
+
+def check_spark_cluster(stack: Stack) -> list[str]:
+    """WAVEPIPE_SPARK_MASTER points at the spark-master service's port; the workers register with it;
+    master and workers run from the same image as the Airflow workers."""
+    problems = []
+    url = wavepipe_env(stack).get("WAVEPIPE_SPARK_MASTER", "")
+    match = re.fullmatch(r"spark://([^:/]+):(\d+)", url)
+    masters = spark_masters(stack)
+    if match is None:
+        return [f"WAVEPIPE_SPARK_MASTER is {url!r}, not spark://<host>:<port>"]
+    if len(masters) != 1:
+        return [f"expected one Spark master service, found {sorted(masters)}"]
+    (name, master), = masters.items()
+    words = runs(master).split()
+    option = lambda flag, default=None: words[words.index(flag) + 1] if flag in words else default  # noqa: E731
+    if match[1] not in _hostnames(name, master):
+        problems.append(f"WAVEPIPE_SPARK_MASTER names host {match[1]}, not the service {name}")
+    if option("--host") not in _hostnames(name, master):
+        problems.append(f"{name} binds --host {option('--host')}, which other containers do not know it by")
+    if option("--port", "7077") != match[2]:
+        problems.append(f"WAVEPIPE_SPARK_MASTER has port {match[2]}, but {name} listens on {option('--port', '7077')}")
+    workers = spark_workers(stack)
+    if sum(replicas(s) for s in workers.values()) < 2:
+        problems.append(f"expected at least two Spark workers, found {sum(replicas(s) for s in workers.values())}")
+    for worker_name, worker in workers.items():
+        if url not in runs(worker).split():
+            problems.append(f"{worker_name} does not register with {url}: {runs(worker)}")
+    images = {s.get("image") for s in [*masters.values(), *workers.values(), *task_runners(stack).values()]}
+    if len(images) != 1:
+        problems.append(f"Spark and the Airflow workers must run one image (the driver's packages): {sorted(map(str, images))}")
+    return problems
+
+
+def check_shared_home(stack: Stack) -> list[str]:
+    """WAVEPIPE_HOME is one shared named volume, mounted at that path in every Airflow service that
+    runs tasks and in every Spark worker (the Spark apps read what the consume tasks staged)."""
+    problems = []
+    home = wavepipe_env(stack).get("WAVEPIPE_HOME", "")
+    runners, workers = task_runners(stack), spark_workers(stack)
+    if not runners:
+        problems.append("no Airflow service runs tasks (no Celery worker)")
+    if not workers:
+        problems.append("no Spark worker")
+    sources = set()
+    for name, service in {**runners, **workers}.items():
+        if environment(service).get("WAVEPIPE_HOME") != home:
+            problems.append(f"{name}: WAVEPIPE_HOME is {environment(service).get('WAVEPIPE_HOME')!r}, not {home!r}")
+        source = volume_mounts(service).get(home)
+        if source is None:
+            problems.append(f"{name}: nothing is mounted at WAVEPIPE_HOME ({home})")
+            continue
+        if source not in (stack.get("volumes") or {}):
+            problems.append(f"{name}: {home} is mounted from {source!r}, not a named volume of the stack")
+        sources.add(source)
+    if len(sources) > 1:
+        problems.append(f"WAVEPIPE_HOME comes from different volumes: {sorted(sources)}")
+    return problems
+
+
+def check_celery_on_postgres(stack: Stack) -> list[str]:
+    """Every Airflow service: the Celery executor, Postgres as metadata DB and result backend, Redis
+    as broker; at least two Celery workers with a few slots each."""
+    problems = []
+    names = set(services(stack))
+    postgres = {n for n, s in services(stack).items() if str(s.get("image", "")).startswith("postgres:")}
+    redis = {n for n, s in services(stack).items() if str(s.get("image", "")).startswith(("redis:", "valkey/valkey:"))}
+    if not postgres or not redis:
+        problems.append(f"expected a postgres and a redis service, found {sorted(names)}")
+    for name, service in airflow_services(stack).items():
+        env = environment(service)
+        if env.get("AIRFLOW__CORE__EXECUTOR") != "CeleryExecutor":
+            problems.append(f"{name}: executor {env.get('AIRFLOW__CORE__EXECUTOR')!r}, not CeleryExecutor")
+        db_url = env.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "")
+        db = re.fullmatch(r"postgresql(\+psycopg2)?://[^@]+@([^:/]+)(:\d+)?/\w+", db_url)
+        if db is None or db[2] not in postgres:
+            problems.append(f"{name}: metadata DB {db_url!r} is not the postgres service")
+        backend_url = env.get("AIRFLOW__CELERY__RESULT_BACKEND", "")
+        backend = re.fullmatch(r"db\+postgresql(\+psycopg2)?://[^@]+@([^:/]+)(:\d+)?/\w+", backend_url)
+        if backend is None or backend[2] not in postgres:
+            problems.append(f"{name}: Celery result backend {backend_url!r} is not the postgres service")
+        broker_url = env.get("AIRFLOW__CELERY__BROKER_URL", "")
+        broker = re.fullmatch(r"redis://(:[^@]*@)?([^:/]+)(:\d+)?(/\d+)?", broker_url)
+        if broker is None or broker[2] not in redis:
+            problems.append(f"{name}: Celery broker {broker_url!r} is not the redis service")
+    workers = {n: s for n, s in airflow_services(stack).items() if "celery worker" in runs(s)}
+    if sum(replicas(s) for s in workers.values()) < 2:
+        problems.append(f"expected at least two Celery workers, found {sum(replicas(s) for s in workers.values())}")
+    for name, service in workers.items():
+        slots = environment(service).get("AIRFLOW__CELERY__WORKER_CONCURRENCY", "16")
+        if not slots.isdigit() or not 1 <= int(slots) <= 4:
+            problems.append(f"{name}: AIRFLOW__CELERY__WORKER_CONCURRENCY {slots}: keep 1-4 slots a worker")
+    commands = " | ".join(runs(s) for s in airflow_services(stack).values())
+    for part in ("api-server", "scheduler", "dag-processor", "triggerer", "celery worker", "db migrate"):
+        if part not in commands:
+            problems.append(f"no Airflow service runs `airflow {part}`")
+    return problems
+
+
+def _connection(env: dict[str, str], conn_id: str):
+    from airflow.sdk import Connection
+
+    return Connection.from_json(env[f"AIRFLOW_CONN_{conn_id.upper()}"], conn_id=conn_id)
+
+
+def check_connections(stack: Stack) -> list[str]:
+    """AIRFLOW_CONN_WAVEPIPE_KAFKA and AIRFLOW_CONN_WAVEPIPE_SPARK parse, are the same in every
+    Airflow service, and give wavepipe's hook exactly the settings WAVEPIPE_* give the CLI."""
+    from airflow.exceptions import AirflowNotFoundException
+
+    from wavepipe.airflow.hooks import WavepipeHook
+
+    problems = []
+    ids = ("wavepipe_kafka", "wavepipe_spark")
+    values = {}
+    for name, service in airflow_services(stack).items():
+        env = environment(service)
+        for conn_id in ids:
+            key = f"AIRFLOW_CONN_{conn_id.upper()}"
+            if key not in env:
+                problems.append(f"{name}: no {key}")
+            else:
+                values.setdefault(key, set()).add(env[key])
+    for key, seen in values.items():
+        if len(seen) > 1:
+            problems.append(f"{key} differs between the Airflow services")
+    if problems:
+        return problems
+    env = {key: next(iter(seen)) for key, seen in values.items()}
+    try:
+        conns = {conn_id: _connection(env, conn_id) for conn_id in ids}
+        for conn in conns.values():
+            conn.extra_dejson  # noqa: B018 - parses the extra
+            json.loads(conn.extra or "{}")
+    except (ValueError, TypeError) as exc:
+        return [f"an AIRFLOW_CONN_* value does not parse as a JSON connection: {exc}"]
+    for conn_id, conn_type in zip(ids, ("kafka", "spark")):
+        if conns[conn_id].conn_type != conn_type:
+            problems.append(f"{conn_id}: conn_type {conns[conn_id].conn_type!r}, expected {conn_type!r}")
+
+    def get_connection(conn_id: str):
+        if conn_id not in conns:
+            raise AirflowNotFoundException(conn_id)
+        return conns[conn_id]
+
+    wp_env = wavepipe_env(stack)
+    try:
+        with mock.patch.object(WavepipeHook, "get_connection", side_effect=get_connection):
+            with only_these_wavepipe_variables(wp_env):
+                through_hook = WavepipeHook().get_settings()
+        direct = settings_of(wp_env)
+    except (ValueError, TypeError) as exc:
+        return problems + [f"wavepipe's hook rejects the connections: {exc}"]
+    for field in ("bootstrap_servers", "kafka_client_config", "spark_master", "spark_conf"):
+        if getattr(through_hook, field) != getattr(direct, field):
+            problems.append(f"{field}: the Airflow Connections give {getattr(through_hook, field)!r}, "
+                            f"WAVEPIPE_{field.upper()} gives {getattr(direct, field)!r}")
+    return problems
+
+
+def _shell_snippets(stack: Stack) -> list[tuple[str, str, str]]:
+    """(where, shell, script) of every shell script the stack embeds: ``bash -c`` entrypoints and
+    commands, and CMD-SHELL healthchecks."""
+    found = []
+    for name, service in services(stack).items():
+        words = _words(service.get("entrypoint")) + _words(service.get("command"))
+        if words and Path(words[0]).name in ("bash", "sh") and "-c" in words:
+            # bash [-euo pipefail] -c SCRIPT [ARG0 ARGS...] (with options bundled as one word or not)
+            script = words[words.index("-c") + 1]
+            found.append((f"{name} entrypoint/command", Path(words[0]).name, script))
+        test = (service.get("healthcheck") or {}).get("test")
+        if isinstance(test, list) and test and test[0] == "CMD-SHELL":
+            found.append((f"{name} healthcheck", "sh", test[1]))
+        elif isinstance(test, str):
+            found.append((f"{name} healthcheck", "sh", test))
+        elif isinstance(test, list) and test[:2] == ["CMD", "python"] and "-c" in test:
+            try:
+                compile(test[test.index("-c") + 1], f"{name} healthcheck", "exec")
+            except SyntaxError as exc:
+                found.append((f"{name} healthcheck", "python-error", str(exc)))
+    return found
+
+
+def check_shell_snippets(stack: Stack) -> list[str]:
+    """Every embedded shell script parses (``bash -n`` / ``sh -n``), after Compose's ``$$``."""
+    problems = []
+    snippets = _shell_snippets(stack)
+    if not any(shell == "bash" for _, shell, _ in snippets):
+        problems.append("no embedded bash script found (airflow-init and airflow-worker have one)")
+    for where, shell, script in snippets:
+        if shell == "python-error":
+            problems.append(f"{where}: {script}")
+            continue
+        result = subprocess.run([shutil.which(shell) or shell, "-n", "-c", script], capture_output=True, text=True)
+        if result.returncode != 0:
+            problems.append(f"{where}: {shell} -n says {result.stderr.strip()}")
+    return problems
+
+
+def _pins(text: str) -> dict[str, str]:
+    pins = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return pins
+
+
+def check_image(dockerfile: str, deploy_lock: str, project_lock: str, pyproject: str) -> list[str]:
+    """The Dockerfile copies every folder pyproject.toml installs a package from, and installs the
+    deployment's providers from docker/requirements-deploy.lock on top of requirements.lock, which
+    that lock neither re-pins nor undoes (no Spark provider: it replaces pyspark)."""
+    import tomllib
+
+    problems = []
+    copied = {line.split()[1] for line in dockerfile.splitlines() if line.upper().startswith("COPY ")}
+    package_dirs = tomllib.loads(pyproject)["tool"]["setuptools"]["package-dir"].values()
+    for folder in sorted({d.split("/")[0] for d in package_dirs}):
+        if folder not in copied:
+            problems.append(f"docker/Dockerfile does not COPY {folder}/, which pyproject.toml installs a package from")
+    install = next((line for line in dockerfile.splitlines() if "pip install" in line), "")
+    for needed in ("-c requirements.lock", "-r docker/requirements-deploy.lock"):
+        if needed not in install:
+            problems.append(f"docker/Dockerfile's pip install lacks `{needed}`: {install.strip()}")
+    if "pip check" not in dockerfile:
+        problems.append("docker/Dockerfile does not run pip check")
+    deploy, project = _pins(deploy_lock), _pins(project_lock)
+    for name, version in deploy.items():
+        if not re.fullmatch(r"[0-9][0-9A-Za-z.+!-]*", version):
+            problems.append(f"docker/requirements-deploy.lock: {name} is not pinned exactly ({version!r})")
+        if name in project:
+            problems.append(f"docker/requirements-deploy.lock re-pins {name}, which requirements.lock pins")
+    for name in ("apache-airflow-providers-celery", "apache-airflow-providers-postgres", "psycopg2-binary", "redis"):
+        if name not in deploy:
+            problems.append(f"docker/requirements-deploy.lock lacks {name}")
+    for name in ("apache-airflow-providers-apache-spark", "pyspark-client"):
+        if name in deploy:
+            problems.append(f"docker/requirements-deploy.lock has {name}, which replaces pyspark")
+    return problems
+
+
+def _image_inputs() -> dict[str, str]:
+    return {"dockerfile": (PROJECT_ROOT / "docker" / "Dockerfile").read_text(),
+            "deploy_lock": (PROJECT_ROOT / "docker" / "requirements-deploy.lock").read_text(),
+            "project_lock": (PROJECT_ROOT / "requirements.lock").read_text(),
+            "pyproject": (PROJECT_ROOT / "pyproject.toml").read_text()}
+
+
+CHECKS: list[Callable[[Stack], list[str]]] = [
+    check_wavepipe_settings, check_bootstrap_servers, check_kafka_cluster, check_kafka_image_version,
+    check_spark_cluster, check_shared_home, check_celery_on_postgres, check_connections, check_shell_snippets,
+]
+
+
+# --- the tests ---------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def stack() -> Stack:
+    return load_stack()
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_the_stack_passes(stack, check):
+    assert check(copy.deepcopy(stack)) == []
+
+
+def _set_everywhere(stack: Stack, key: str, value: str | None) -> None:
+    """Edit a variable in every service that has it (as editing the shared anchor would)."""
+    for service in services(stack).values():
+        env = service.get("environment")
+        if isinstance(env, dict) and key in env:
+            if value is None:
+                del env[key]
+            else:
+                env[key] = value
+
+
+def _set_in(stack: Stack, service: str, key: str, value: str) -> None:
+    services(stack)[service]["environment"] = {**environment(services(stack)[service]), key: value}
+
+
+def _replace_word(stack: Stack, service: str, old: str, new: str) -> None:
+    svc = services(stack)[service]
+    for field in ("entrypoint", "command"):
+        if isinstance(svc.get(field), list):
+            svc[field] = [new if w == old else w for w in svc[field]]
+
+
+def _drop_mount(stack: Stack, service: str, target: str) -> None:
+    svc = services(stack)[service]
+    svc["volumes"] = [v for v in svc["volumes"] if not (isinstance(v, str) and v.split(":")[1] == target)]
+
+
+def _kafka_conn(stack: Stack, **changes) -> None:
+    for name in airflow_services(stack):
+        env = environment(services(stack)[name])
+        conn = json.loads(env["AIRFLOW_CONN_WAVEPIPE_KAFKA"])
+        conn.update(changes)
+        _set_in(stack, name, "AIRFLOW_CONN_WAVEPIPE_KAFKA", json.dumps(conn))
+
+
+def _spark_conn(stack: Stack, **changes) -> None:
+    for name in airflow_services(stack):
+        env = environment(services(stack)[name])
+        conn = json.loads(env["AIRFLOW_CONN_WAVEPIPE_SPARK"])
+        conn.update(changes)
+        _set_in(stack, name, "AIRFLOW_CONN_WAVEPIPE_SPARK", json.dumps(conn))
+
+
+def _break_script(stack: Stack) -> None:
+    svc = services(stack)["airflow-init"]
+    svc["command"] = [svc["command"][0] + "\nif [ -n \"$x\" ]; then\n  echo unterminated\n"]
+
+
+#: (the check, an edit of the stack that breaks what it checks, a phrase of the problem it reports)
+MUTATIONS = [
+    (check_wavepipe_settings, lambda s: _set_everywhere(s, "WAVEPIPE_PARTITIONS", "twelve"), "not valid"),
+    (check_wavepipe_settings, lambda s: _set_everywhere(s, "WAVEPIPE_CONSUME_TASKS", "-1"), "WAVEPIPE_CONSUME_TASKS"),
+    (check_wavepipe_settings, lambda s: _set_everywhere(s, "WAVEPIPE_CONSUME_TASKS", "four"), "not valid"),
+    (check_wavepipe_settings, lambda s: _set_everywhere(s, "WAVEPIPE_SPARK_CONF", "[1]"), "not valid"),
+    (check_wavepipe_settings, lambda s: _set_in(s, "airflow-worker", "WAVEPIPE_PARTITON", "12"), "not a wavepipe setting"),
+    (check_wavepipe_settings, lambda s: _set_in(s, "spark-worker", "WAVEPIPE_TOPIC", "other"), "differ"),
+    (check_wavepipe_settings, lambda s: _set_everywhere(s, "WAVEPIPE_HOME", "data"), "absolute"),
+    (check_bootstrap_servers, lambda s: _set_everywhere(s, "WAVEPIPE_BOOTSTRAP_SERVERS", "kafka-1:9092,kafka-2:9092"),
+     "WAVEPIPE_BOOTSTRAP_SERVERS"),
+    (check_bootstrap_servers, lambda s: _set_everywhere(s, "WAVEPIPE_BOOTSTRAP_SERVERS",
+                                                        "kafka-1:9092,kafka-2:9092,kafka-3:9091"), "advertise"),
+    (check_bootstrap_servers, lambda s: _set_in(s, "kafka-2", "KAFKA_ADVERTISED_LISTENERS",
+                                                "CLIENT://kafka-2:9095,INTERNAL://kafka-2:9091"), "listens on"),
+    (check_bootstrap_servers, lambda s: _set_in(s, "kafka-3", "KAFKA_ADVERTISED_LISTENERS",
+                                                "CLIENT://localhost:9092,INTERNAL://kafka-3:9091"), "not a name"),
+    (check_kafka_cluster, lambda s: _set_in(s, "kafka-2", "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1"), "MIN_ISR"),
+    (check_kafka_cluster, lambda s: _set_in(s, "kafka-1", "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "1"), "REPLICATION"),
+    (check_kafka_cluster, lambda s: _set_in(s, "kafka-3", "KAFKA_CONTROLLER_QUORUM_VOTERS",
+                                            "1@kafka-1:9093,2@kafka-2:9093"), "quorum voters"),
+    (check_kafka_cluster, lambda s: services(s).pop("kafka-3"), "expected 3"),
+    (check_kafka_image_version, lambda s: services(s)["kafka-2"].update(image="apache/kafka:4.1.0"), "resolves Kafka"),
+    (check_spark_cluster, lambda s: _replace_word(s, "spark-master", "7077", "7078"), "listens on"),
+    (check_spark_cluster, lambda s: _set_everywhere(s, "WAVEPIPE_SPARK_MASTER", "spark://spark:7077"), "names host"),
+    (check_spark_cluster, lambda s: _set_everywhere(s, "WAVEPIPE_SPARK_MASTER", "local[2]"), "not spark://"),
+    (check_spark_cluster, lambda s: services(s)["spark-worker"].update(deploy={"replicas": 1}), "two Spark workers"),
+    (check_spark_cluster, lambda s: services(s)["spark-master"].update(image="apache/spark:4.2.0"), "one image"),
+    (check_shared_home, lambda s: _drop_mount(s, "airflow-worker", "/data"), "nothing is mounted"),
+    (check_shared_home, lambda s: _drop_mount(s, "spark-worker", "/data"), "nothing is mounted"),
+    (check_shared_home, lambda s: _set_everywhere(s, "WAVEPIPE_HOME", "/srv/wavepipe"), "nothing is mounted"),
+    (check_shared_home, lambda s: services(s)["spark-worker"].update(volumes=["/tmp/data:/data"]), "not a named volume"),
+    (check_celery_on_postgres, lambda s: _set_in(s, "airflow-scheduler", "AIRFLOW__CORE__EXECUTOR", "LocalExecutor"),
+     "not CeleryExecutor"),
+    (check_celery_on_postgres, lambda s: _set_everywhere(s, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+                                                         "sqlite:////opt/airflow/airflow.db"), "metadata DB"),
+    (check_celery_on_postgres, lambda s: _set_everywhere(s, "AIRFLOW__CELERY__BROKER_URL", "redis://cache:6379/0"),
+     "broker"),
+    (check_celery_on_postgres, lambda s: services(s)["airflow-worker"].update(deploy={"replicas": 1}), "two Celery"),
+    (check_celery_on_postgres, lambda s: _set_everywhere(s, "AIRFLOW__CELERY__WORKER_CONCURRENCY", "16"), "slots"),
+    (check_celery_on_postgres, lambda s: services(s).pop("airflow-triggerer"), "triggerer"),
+    (check_connections, lambda s: _spark_conn(s, port=7078), "spark_master"),
+    (check_connections, lambda s: _spark_conn(s, extra={"conf": {"spark.executor.memory": "4g"}}), "spark_conf"),
+    (check_connections, lambda s: _kafka_conn(s, host="kafka-1:9092"), "bootstrap_servers"),
+    (check_connections, lambda s: _kafka_conn(s, extra={"security.protocol": "SSL"}), "kafka_client_config"),
+    (check_connections, lambda s: _kafka_conn(s, conn_type="http"), "conn_type"),
+    (check_connections, lambda s: _set_in(s, "airflow-worker", "AIRFLOW_CONN_WAVEPIPE_KAFKA", "{not json"), "differs"),
+    (check_connections, lambda s: _set_everywhere(s, "AIRFLOW_CONN_WAVEPIPE_SPARK", "{not json"), "does not parse"),
+    (check_connections, lambda s: _set_everywhere(s, "AIRFLOW_CONN_WAVEPIPE_SPARK", None), "no AIRFLOW_CONN"),
+    (check_shell_snippets, _break_script, "bash -n"),
+]
+
+
+@pytest.mark.parametrize("check, edit, phrase", MUTATIONS,
+                         ids=[f"{c.__name__}-{i}" for i, (c, _, _) in enumerate(MUTATIONS)])
+def test_each_check_catches_its_mistake(stack, check, edit, phrase):
+    broken = copy.deepcopy(stack)
+    edit(broken)
+    problems = check(broken)
+    assert problems, f"{check.__name__} did not notice the edit"
+    assert any(phrase in p for p in problems), problems
+
+
+def test_the_image_installs_the_project_and_the_deployment_pins():
+    assert check_image(**_image_inputs()) == []
+
+
+@pytest.mark.parametrize("part, edit, phrase", [
+    ("dockerfile", lambda t: t.replace("COPY bench bench\n", ""), "COPY bench/"),
+    ("dockerfile", lambda t: t.replace("-r docker/requirements-deploy.lock ", ""), "lacks `-r"),
+    ("dockerfile", lambda t: t.replace("pip check", "true"), "pip check"),
+    ("deploy_lock", lambda t: t + "pyspark==4.2.0\n", "re-pins pyspark"),
+    ("deploy_lock", lambda t: t + "apache-airflow-providers-apache-spark==5.0.0\n", "replaces pyspark"),
+    ("deploy_lock", lambda t: t.replace("redis==", "redis>="), "not pinned exactly"),
+    ("deploy_lock", lambda t: t.replace("psycopg2-binary==", "# psycopg2-binary=="), "lacks psycopg2-binary"),
+])
+def test_the_image_check_catches_its_mistakes(part, edit, phrase):
+    inputs = _image_inputs()
+    inputs[part] = edit(inputs[part])
+    assert any(phrase in p for p in check_image(**inputs)), check_image(**inputs)
+
+
+def test_interpolation_follows_compose():
+    env = {"SET": "v", "EMPTY": ""}
+    assert interpolate("a$$b ${SET} $SET ${UNSET:-d} ${EMPTY:-d} ${EMPTY-d} ${SET:+alt} ${UNSET:+alt}", env) == \
+        "a$b v v d d  alt "
+    with pytest.raises(ValueError, match="required"):
+        interpolate("${UNSET:?give it}", env)
+
+
+def test_the_checks_see_every_part_of_the_stack(stack):
+    """Guards the checks from passing on nothing: each finds what it is about."""
+    assert len(kafka_services(stack)) == 3
+    assert set(task_runners(stack)) == {"airflow-worker"}
+    assert set(spark_workers(stack)) == {"spark-worker"} and set(spark_masters(stack)) == {"spark-master"}
+    assert {"airflow-init", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor",
+            "airflow-triggerer", "airflow-worker"} <= set(airflow_services(stack))
+    assert wavepipe_env(stack)["WAVEPIPE_CONSUME_TASKS"].isdigit()
+    assert kafka_jars_version().count(".") == 2
+
+
+# --- the real Compose CLI, where it is installed -------------------------------------------------------
+
+def compose_command() -> list[str] | None:
+    """``docker compose`` if the plugin works, else the one docker/check built into .cache/."""
+    docker = shutil.which("docker")
+    if docker:
+        probe = subprocess.run([docker, "compose", "version"], capture_output=True, text=True)
+        if probe.returncode == 0:
+            return [docker, "compose"]
+    if os.access(CACHED_COMPOSE, os.X_OK):
+        return [str(CACHED_COMPOSE)]
+    return None
+
+
+def test_docker_compose_config_accepts_the_stack_and_reads_it_as_these_tests_do(stack):
+    command = compose_command()
+    if command is None:
+        pytest.skip("no Docker Compose CLI (`docker compose` or .cache/docker-compose/): run docker/check, "
+                    "which builds it with Go, to include this test")
+    # the same variables as load_stack: none set, so the defaults apply
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("POSTGRES_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "WAVEPIPE_IMAGE") and not k.startswith("COMPOSE_")}
+    base = [*command, "-f", str(COMPOSE_FILE), *(a for p in PROFILES for a in ("--profile", p))]
+    quiet = subprocess.run([*base, "config", "--quiet"], capture_output=True, text=True, env=env)
+    assert quiet.returncode == 0, quiet.stderr
+    rendered = subprocess.run([*base, "config", "--format", "json"], capture_output=True, text=True, env=env)
+    assert rendered.returncode == 0, rendered.stderr
+    model = json.loads(rendered.stdout)
+    assert set(model["services"]) == set(services(stack))
+    for name, service in model["services"].items():
+        assert {k: v or "" for k, v in (service.get("environment") or {}).items()} == environment(services(stack)[name]), name
