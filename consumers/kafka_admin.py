@@ -31,8 +31,38 @@ def retrying(call: Callable[[], T], what: str, attempts: int = 20, pause_s: floa
     raise AssertionError("unreachable")
 
 
+class KafkaAuthenticationError(ConnectionError):
+    """The cluster refused the client's credentials (``kafka_client_config``)."""
+
+
 def admin_client(settings: Settings) -> AdminClient:
     return AdminClient(settings.kafka_config())
+
+
+def cluster_metadata(settings: Settings, topic: str | None = None, timeout: float = TIMEOUT_S):
+    """The cluster's metadata (of ``topic`` only, if given). A cluster that rejects the client's
+    credentials raises ``KafkaAuthenticationError`` at once, naming it (librdkafka reports that
+    only to an error callback, and the request itself would wait out ``timeout``); one that does
+    not answer raises ``ConnectionError`` after ``timeout``."""
+    errors: list[KafkaError] = []
+    admin = AdminClient(settings.kafka_config(error_cb=errors.append))
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return admin.list_topics(topic, timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+        except KafkaException as exc:
+            admin.poll(0)  # serves the error callback
+            refused = [e for e in errors if e.code() == KafkaError._AUTHENTICATION]
+            if refused:
+                raise KafkaAuthenticationError(
+                    f"Kafka at {settings.bootstrap_servers} refused the client's credentials: {refused[0].str()}. "
+                    "Check kafka_client_config (security.protocol, sasl.mechanism, sasl.username, sasl.password)."
+                ) from exc
+            if time.monotonic() >= deadline:
+                raise ConnectionError(
+                    f"Kafka at {settings.bootstrap_servers} did not answer ({exc.args[0].str()}). Is it running? "
+                    "`wavepipe kafka status` / `wavepipe kafka up` for the local broker."
+                ) from exc
 
 
 def group_consumer(settings: Settings, group: str, **extra) -> Consumer:
@@ -50,10 +80,12 @@ def group_consumer(settings: Settings, group: str, **extra) -> Consumer:
 def ensure_topic(settings: Settings, topic: str | None = None, partitions: int | None = None) -> None:
     """Create the topic if it does not exist (idempotent)."""
     topic = topic or settings.topic
-    admin = admin_client(settings)
-    if topic in admin.list_topics(timeout=TIMEOUT_S).topics:
+    if topic in cluster_metadata(settings).topics:
         return
-    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions or settings.partitions)])
+    admin = admin_client(settings)
+    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions or settings.partitions,
+                                            replication_factor=settings.topic_replication_factor,
+                                            config={k: str(v) for k, v in settings.topic_config.items()})])
     try:
         futures[topic].result(timeout=TIMEOUT_S)
     except KafkaException as exc:
@@ -62,14 +94,7 @@ def ensure_topic(settings: Settings, topic: str | None = None, partitions: int |
 
 
 def partitions_of(settings: Settings, topic: str) -> list[int]:
-    try:
-        meta = admin_client(settings).list_topics(topic, timeout=TIMEOUT_S)
-    except KafkaException as exc:
-        raise ConnectionError(
-            f"Kafka at {settings.bootstrap_servers} did not answer ({exc.args[0].str()}). Is it running? "
-            "`wavepipe kafka status` / `wavepipe kafka up` for the local broker."
-        ) from exc
-    info = meta.topics.get(topic)
+    info = cluster_metadata(settings, topic).topics.get(topic)
     if info is None or info.error is not None or not info.partitions:
         raise LookupError(f"topic {topic!r} does not exist on {settings.bootstrap_servers}")
     return sorted(info.partitions)

@@ -1,7 +1,12 @@
-"""A real Apache Kafka broker on this machine: one KRaft node (broker + controller).
+"""Real Apache Kafka on this machine: KRaft nodes, each a broker and a controller in one JVM.
+
+``LocalKafka`` is one node; alone it is the single-node cluster ``wavepipe kafka up`` starts.
+``LocalKafkaCluster`` runs several of them as one cluster on loopback (the same cluster id, every
+node a voter of the controller quorum, internal topics replicated), optionally with SASL/PLAIN
+on the client listener, to exercise replication, leader failover and client security for real.
 
 The jars come from Maven Central (resources/kafka-pom.xml); data, config, logs and the pid file
-live under one folder. ``up`` returns only once the broker answers metadata requests.
+of a node live under one folder. ``up`` returns only once the node answers metadata requests.
 """
 
 from __future__ import annotations
@@ -13,8 +18,10 @@ import socket
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
 
 from wavepipe.jars import RESOURCES, SetupError, kafka_jars, require_tool
 
@@ -45,9 +52,32 @@ def parse_hostport(bootstrap: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def new_cluster_id() -> str:
+    """A random cluster id as Kafka's own ``Uuid.randomUuid`` makes them (base64, no leading '-',
+    which the storage tool would read as an option)."""
+    cid = "-"
+    while cid.startswith("-"):
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    return cid
+
+
+def sasl_client_config(username: str, password: str) -> dict[str, str]:
+    """librdkafka properties of a client of a SASL/PLAIN listener (without TLS)."""
+    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+            "sasl.username": username, "sasl.password": password}
+
+
+def _jaas_quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 @dataclass
 class LocalKafka:
-    """One local KRaft broker keeping its state in ``folder``."""
+    """One local KRaft node (broker + controller) keeping its state in ``folder``.
+
+    With the defaults it is a cluster of its own: one PLAINTEXT listener for clients and for
+    itself, internal topics without replicas. ``LocalKafkaCluster`` sets the other fields.
+    """
 
     folder: Path
     host: str
@@ -55,6 +85,30 @@ class LocalKafka:
     jars_dir: Path
     default_partitions: int = 4
     heap: str = "768m"
+    node_id: int = 1
+    #: Controller listener port; None: ``port + 1`` if free, else any free port (a lone node).
+    controller_port: int | None = None
+    #: A separate PLAINTEXT listener for traffic between brokers (replication); None: the client
+    #: listener serves it too, unless ``sasl_users`` needs one (then a free port is taken).
+    internal_port: int | None = None
+    #: ``controller.quorum.voters``; None: this node alone.
+    quorum_voters: str | None = None
+    #: Id the storage is formatted with the first time; None: a new random one.
+    cluster_id: str | None = None
+    #: Replication factor of the internal topics (offsets, transaction state) and of topics created
+    #: without one; above 1, their min ISR (and the brokers' default ``min.insync.replicas``) is 2.
+    replication: int = 1
+    #: Non-empty: the client listener is SASL_PLAINTEXT with mechanism PLAIN and these users
+    #: (name -> password); the controller and inter-broker listeners stay PLAINTEXT.
+    sasl_users: Mapping[str, str] = field(default_factory=dict)
+    #: Extra server.properties, applied last.
+    server_config: Mapping[str, Any] = field(default_factory=dict)
+    #: Extra JVM options of the node (e.g. ``-XX:TieredStopAtLevel=1``: less CPU, lower peak speed;
+    #: a ``-XX:+Use...GC`` option replaces the default G1).
+    jvm_options: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        self._proc: subprocess.Popen | None = None
 
     @classmethod
     def from_settings(cls, settings) -> "LocalKafka":
@@ -69,6 +123,11 @@ class LocalKafka:
     @property
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def client_config(self, user: str | None = None) -> dict[str, str]:
+        """librdkafka properties of a client of this node's client listener: bootstrap servers,
+        and with SASL the credentials of ``user`` (default: the first user)."""
+        return {"bootstrap.servers": self.bootstrap, **_security(self.sasl_users, user)}
 
     @property
     def pid_file(self) -> Path:
@@ -87,7 +146,7 @@ class LocalKafka:
         return self.folder / "data"
 
     def pid(self) -> int | None:
-        """The broker's pid if it is running."""
+        """The node's pid if it is running."""
         try:
             pid = int(self.pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
@@ -98,29 +157,47 @@ class LocalKafka:
             return None
         cmdline = Path(f"/proc/{pid}/cmdline")
         if cmdline.exists() and b"kafka.Kafka" not in cmdline.read_bytes():
-            return None  # pid reused by something else
+            return None  # pid reused by something else, or a zombie
         return pid
 
-    def _write_config(self, controller_port: int) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
+    def formatted_cluster_id(self) -> str | None:
+        """The cluster id this node's storage was formatted with (None: not formatted yet)."""
+        try:
+            lines = (self.data_dir / "meta.properties").read_text().splitlines()
+        except FileNotFoundError:
+            return None
+        return next((line.split("=", 1)[1].strip() for line in lines if line.startswith("cluster.id=")), None)
+
+    def _ports(self) -> list[int]:
+        return [p for p in (self.port, self.controller_port, self.internal_port) if p is not None]
+
+    def _server_properties(self, controller_port: int, internal_port: int | None) -> dict[str, str]:
+        client = "CLIENT" if internal_port else "PLAINTEXT"
+        inter = "INTERNAL" if internal_port else client
+        client_protocol = "SASL_PLAINTEXT" if self.sasl_users else "PLAINTEXT"
+        advertised = [f"{client}://{self.host}:{self.port}"]
+        if internal_port:
+            advertised.append(f"INTERNAL://{self.host}:{internal_port}")
+        protocols = {"CONTROLLER": "PLAINTEXT", client: client_protocol, inter: "PLAINTEXT"}
+        rf, min_isr = self.replication, min(2, self.replication)
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "listeners": f"PLAINTEXT://{self.host}:{self.port},CONTROLLER://{self.host}:{controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{self.host}:{self.port}",
+            "node.id": str(self.node_id),
+            "listeners": ",".join(advertised + [f"CONTROLLER://{self.host}:{controller_port}"]),
+            "advertised.listeners": ",".join(advertised),
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-            "controller.quorum.voters": f"1@{self.host}:{controller_port}",
+            "inter.broker.listener.name": inter,
+            "listener.security.protocol.map": ",".join(f"{k}:{v}" for k, v in protocols.items()),
+            "controller.quorum.voters": self.quorum_voters or f"{self.node_id}@{self.host}:{controller_port}",
             "log.dirs": str(self.data_dir),
             "num.partitions": str(self.default_partitions),
-            "offsets.topic.replication.factor": "1",
+            "offsets.topic.replication.factor": str(rf),
             "offsets.topic.num.partitions": "4",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.replication.factor": str(rf),
+            "transaction.state.log.min.isr": str(min_isr),
             "transaction.state.log.num.partitions": "4",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
+            "share.coordinator.state.topic.replication.factor": str(rf),
+            "share.coordinator.state.topic.min.isr": str(min_isr),
             "group.initial.rebalance.delay.ms": "0",
             "auto.create.topics.enable": "false",
             # Allow payload-sized batches: a producer batch of many 64 KiB chunks.
@@ -131,19 +208,31 @@ class LocalKafka:
             # so a crashed transactional producer holds the last stable offset back briefly.
             "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
         }
-        self.config_file.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        if rf > 1:  # the offsets topic takes its min ISR from the brokers' default
+            props |= {"default.replication.factor": str(rf), "min.insync.replicas": str(min_isr)}
+        if self.sasl_users:
+            users = " ".join(f"user_{name}={_jaas_quote(pw)}" for name, pw in self.sasl_users.items())
+            prefix = f"listener.name.{client.lower()}"
+            props |= {
+                f"{prefix}.sasl.enabled.mechanisms": "PLAIN",
+                f"{prefix}.plain.sasl.jaas.config":
+                    f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};",
+            }
+        props |= {k: str(v) for k, v in self.server_config.items()}
+        return props
 
     def _java(self, main_class: str, *args: str, log_config: str = "kafka-log4j2.properties") -> list[str]:
         java = require_tool("java", "Install Java 17 (apt-get install openjdk-17-jre-headless).")
         jars = kafka_jars(self.jars_dir)
+        gc = [] if any(o.startswith("-XX:+Use") and o.endswith("GC") for o in self.jvm_options) else ["-XX:+UseG1GC"]
         return [
-            java, f"-Xmx{self.heap}", "-Xms128m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+            java, f"-Xmx{self.heap}", "-Xms128m", *gc, *self.jvm_options, "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={RESOURCES / log_config}",
             "-cp", f"{jars}/*", main_class, *args,
         ]
 
     def up(self) -> str:
-        """Start the broker (formatting its storage the first time) and wait until it is ready."""
+        """Start the node (formatting its storage the first time) and wait until it is ready."""
         if self.pid() is not None:
             self.wait_ready()
             return f"Kafka already running at {self.bootstrap} (pid {self.pid()})"
@@ -154,30 +243,42 @@ class LocalKafka:
                 f"port {self.port} on {self.host} is in use by another process. Stop it, or set "
                 f"WAVEPIPE_BOOTSTRAP_SERVERS=127.0.0.1:<free port> to run the local broker elsewhere."
             )
-        controller_port = self.port + 1 if port_is_free(self.host, self.port + 1) else free_port()
-        self._write_config(controller_port)
-        if not (self.data_dir / "meta.properties").exists():
-            cid = "-"
-            while cid.startswith("-"):  # like Kafka's own Uuid.randomUuid: a leading '-' reads as an option
-                cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-            result = subprocess.run(
-                self._java("kafka.tools.StorageTool", "format", "-t", cid, "-c", str(self.config_file)),
-                capture_output=True, text=True,
-            )
-            if result.returncode != 0:
-                raise SetupError(f"formatting Kafka storage failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
-        log = self.log_file.open("ab")
-        proc = subprocess.Popen(
-            self._java("kafka.Kafka", str(self.config_file)),
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        )
-        self.pid_file.write_text(f"{proc.pid}\n")
+        proc = self.start()
         try:
             self.wait_ready(proc)
         except BaseException:
             self.down()
             raise
         return f"Kafka {self.bootstrap} started (pid {proc.pid}, data in {self.data_dir})"
+
+    def start(self) -> subprocess.Popen:
+        """Write the config, format the storage the first time, and launch the JVM; returns at
+        once (a node of a cluster is not ready before a majority of the controllers runs)."""
+        busy = [p for p in self._ports() if not port_is_free(self.host, p)]
+        if busy:
+            raise SetupError(f"ports {busy} on {self.host} are in use by another process; node {self.node_id} "
+                             f"of {self.folder} cannot start")
+        controller_port = self.controller_port or (
+            self.port + 1 if port_is_free(self.host, self.port + 1) else free_port())
+        internal_port = self.internal_port or (free_port() if self.sasl_users else None)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        props = self._server_properties(controller_port, internal_port)
+        self.config_file.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        if self.formatted_cluster_id() is None:
+            result = subprocess.run(
+                self._java("kafka.tools.StorageTool", "format", "-t", self.cluster_id or new_cluster_id(),
+                           "-c", str(self.config_file)),
+                capture_output=True, text=True,
+            )
+            if result.returncode != 0:
+                raise SetupError(f"formatting Kafka storage failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+        with self.log_file.open("ab") as log:
+            self._proc = subprocess.Popen(
+                self._java("kafka.Kafka", str(self.config_file)),
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        self.pid_file.write_text(f"{self._proc.pid}\n")
+        return self._proc
 
     def _answers(self) -> bool:
         try:
@@ -186,27 +287,32 @@ class LocalKafka:
         except SetupError:
             return False
 
-    def wait_ready(self, proc: subprocess.Popen | None = None, timeout: float = READY_TIMEOUT_S) -> None:
+    def wait_ready(self, proc: subprocess.Popen | None = None, timeout: float = READY_TIMEOUT_S,
+                   brokers: int = 1) -> None:
+        """Wait until the node answers metadata requests on its client listener and at least
+        ``brokers`` brokers (this one among them) are registered and unfenced."""
         from confluent_kafka.admin import AdminClient
 
         deadline = time.monotonic() + timeout
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0, "logger": _quiet_logger()})
+        admin = AdminClient({**self.client_config(), "log_level": 0, "logger": _quiet_logger()})
         while time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
-                raise SetupError(f"the Kafka broker exited with code {proc.returncode}; see {self.log_file}")
+                raise SetupError(f"Kafka node {self.node_id} exited with code {proc.returncode}; see {self.log_file}")
             try:
                 meta = admin.list_topics(timeout=2)
-                if meta.brokers:
+                if len(meta.brokers) >= brokers and (self.quorum_voters is None or self.node_id in meta.brokers):
                     return
             except Exception:  # noqa: BLE001 - not ready yet
                 pass
             time.sleep(0.5)
-        raise SetupError(f"the Kafka broker did not become ready in {timeout:.0f}s; see {self.log_file}")
+        raise SetupError(f"Kafka node {self.node_id} did not become ready in {timeout:.0f}s; see {self.log_file}")
 
     def down(self, timeout: float = 30.0) -> str:
+        """Stop the node (SIGTERM, a controlled shutdown; SIGKILL after ``timeout``)."""
         pid = self.pid()
         if pid is None:
             self.pid_file.unlink(missing_ok=True)
+            self._reap()
             return "Kafka is not running"
         os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
@@ -214,8 +320,27 @@ class LocalKafka:
             time.sleep(0.2)
         if self.pid() is not None:
             os.killpg(pid, signal.SIGKILL)
+        self._reap()
         self.pid_file.unlink(missing_ok=True)
         return f"Kafka (pid {pid}) stopped"
+
+    def kill(self, timeout: float = 30.0) -> int | None:
+        """SIGKILL the node: a crash, no controlled shutdown. Returns the pid it had."""
+        pid = self.pid()
+        if pid is None:
+            return None
+        os.killpg(pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout
+        while self.pid() is not None:
+            if time.monotonic() > deadline:
+                raise SetupError(f"Kafka node {self.node_id} (pid {pid}) survived SIGKILL for {timeout:.0f}s")
+            time.sleep(0.1)
+        self._reap()
+        return pid
+
+    def _reap(self) -> None:
+        if self._proc is not None and self._proc.poll() is not None:
+            self._proc = None
 
     def status(self) -> str:
         pid = self.pid()
@@ -225,6 +350,101 @@ class LocalKafka:
         """Run one of Kafka's own command-line tools (e.g. the consumer-groups command)."""
         cmd = self._java(main_class, *args, log_config="kafka-tools-log4j2.properties")
         return subprocess.run(cmd, capture_output=True, text=True)
+
+
+def _security(sasl_users: Mapping[str, str], user: str | None) -> dict[str, str]:
+    if not sasl_users:
+        return {}
+    user = user or next(iter(sasl_users))
+    return sasl_client_config(user, sasl_users[user])
+
+
+#: JVM options of a cluster's nodes: C1 only (no C2 JIT) takes about a third less CPU to start
+#: three nodes and about half as much idle, at a lower peak speed that local tests do not need.
+CLUSTER_JVM_OPTIONS = ("-XX:TieredStopAtLevel=1",)
+
+
+class LocalKafkaCluster:
+    """``nodes`` local KRaft nodes on ``host`` forming one cluster, each a broker and a voter of
+    the controller quorum, every node's state under ``folder/node-<id>``.
+
+    Internal topics (consumer offsets, transaction state) and topics created without a
+    replication factor get ``min(3, nodes)`` replicas and a min ISR of ``min(2, nodes)``: three
+    nodes keep serving, acks=all and transactions included, with one node down. ``sasl_users``
+    (name -> password) makes the client listener SASL_PLAINTEXT/PLAIN; replication and the quorum
+    use PLAINTEXT listeners of their own. Ports are free ones taken when the object is made;
+    ``server_config`` is added to every node's server.properties.
+    """
+
+    def __init__(self, folder: Path, nodes: int = 3, *, jars_dir: Path, host: str = "127.0.0.1",
+                 heap: str = "384m", default_partitions: int = 4, sasl_users: Mapping[str, str] | None = None,
+                 server_config: Mapping[str, Any] | None = None,
+                 jvm_options: tuple[str, ...] = CLUSTER_JVM_OPTIONS):
+        if nodes < 1:
+            raise ValueError("a cluster has at least one node")
+        self.folder = Path(folder)
+        self.host = host
+        self.sasl_users = dict(sasl_users or {})
+        ids = range(1, nodes + 1)
+        ports = {i: (free_port(), free_port(), free_port()) for i in ids}  # client, controller, internal
+        voters = ",".join(f"{i}@{host}:{ports[i][1]}" for i in ids)
+        self.nodes: dict[int, LocalKafka] = {
+            i: LocalKafka(self.folder / f"node-{i}", host, ports[i][0], Path(jars_dir), default_partitions, heap,
+                          node_id=i, controller_port=ports[i][1], internal_port=ports[i][2],
+                          quorum_voters=voters, replication=min(3, nodes), sasl_users=self.sasl_users,
+                          server_config=dict(server_config or {}), jvm_options=tuple(jvm_options))
+            for i in ids
+        }
+
+    @property
+    def bootstrap(self) -> str:
+        """Every node's client listener, comma-separated."""
+        return ",".join(node.bootstrap for node in self.nodes.values())
+
+    def client_config(self, user: str | None = None) -> dict[str, str]:
+        """librdkafka properties of a client of the cluster (see ``LocalKafka.client_config``)."""
+        return {"bootstrap.servers": self.bootstrap, **_security(self.sasl_users, user)}
+
+    def security_config(self, user: str | None = None) -> dict[str, str]:
+        """Only the security properties (wavepipe's ``kafka_client_config``)."""
+        return _security(self.sasl_users, user)
+
+    def node_pids(self) -> dict[int, int | None]:
+        return {i: node.pid() for i, node in self.nodes.items()}
+
+    def up(self, timeout: float = READY_TIMEOUT_S) -> str:
+        """Start every node not running (all formatted with one cluster id the first time) and wait
+        until each answers and all are registered. Also brings a killed node back."""
+        formatted = (node.formatted_cluster_id() for node in self.nodes.values())
+        cluster_id = next(filter(None, formatted), None) or new_cluster_id()
+        stopped = [node for node in self.nodes.values() if node.pid() is None]
+        for node in stopped:
+            node.cluster_id = cluster_id
+        try:
+            with ThreadPoolExecutor(max(1, len(stopped))) as pool:  # formatting starts a JVM each
+                futures = {node.node_id: pool.submit(node.start) for node in stopped}
+            started = {i: future.result() for i, future in futures.items()}
+            for i, node in self.nodes.items():
+                node.wait_ready(started.get(i), timeout=timeout, brokers=len(self.nodes))
+        except BaseException:
+            for node in stopped:
+                node.down(timeout=5)
+            raise
+        return (f"Kafka cluster of {len(self.nodes)} nodes at {self.bootstrap} "
+                f"(started {sorted(started) or 'none'}; pids {self.node_pids()})")
+
+    def kill(self, node_id: int) -> int | None:
+        """SIGKILL node ``node_id`` (a real crash); returns the pid it had."""
+        return self.nodes[node_id].kill()
+
+    def down(self, timeout: float = 30.0) -> str:
+        """Stop all nodes at once (a node left alone could wait for a quorum that is gone)."""
+        with ThreadPoolExecutor(len(self.nodes)) as pool:
+            results = list(pool.map(lambda node: node.down(timeout), self.nodes.values()))
+        return "; ".join(f"node {i}: {r}" for i, r in zip(self.nodes, results))
+
+    def status(self) -> str:
+        return "; ".join(f"node {i}: {node.status()}" for i, node in self.nodes.items())
 
 
 def _quiet_logger():
