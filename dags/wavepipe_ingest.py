@@ -1,6 +1,6 @@
 """wavepipe_ingest: one bounded run of the chunked-waveform ingest (wiring only).
 
-plan -> consume (one mapped task per partition) -> reassemble (Spark) -> validate (Great Expectations,
+plan -> consume (one mapped task per partition group) -> reassemble (Spark) -> validate (Great Expectations,
 then publish) -> commit. Scheduled and manual runs continue from the group's committed offsets;
 backfill runs (``airflow backfill create``) reprocess their data interval and replace its output.
 """
@@ -43,7 +43,9 @@ with DAG(
         window_start="{{ params.window_start or '' }}",
         window_end="{{ params.window_end or '' }}",
     )
-    consume = ConsumeOperator.partial(task_id="consume").expand(partition=plan.output)
+    consume = ConsumeOperator.partial(
+        task_id="consume", map_index_template="partitions {{ task.partitions | join(',') }}",
+    ).expand(partitions=plan.output)
     reassemble = ReassembleOperator(task_id="reassemble", trigger_rule=TriggerRule.NONE_FAILED)
     validate = ValidateOperator(task_id="validate", trigger_rule=TriggerRule.NONE_FAILED)
     commit = CommitOperator(task_id="commit", trigger_rule=TriggerRule.NONE_FAILED)

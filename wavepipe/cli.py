@@ -24,6 +24,18 @@ def cmd_kafka(args) -> int:
     return 0 if args.action != "status" or kafka.pid() else 1
 
 
+def cmd_spark(args) -> int:
+    from wavepipe.localspark import LocalSparkCluster
+
+    settings = _settings(args)
+    cluster = LocalSparkCluster(settings.home / "spark", port=args.port, workers=args.workers)
+    print({"up": cluster.up, "down": cluster.down, "status": cluster.status}[args.action]())
+    if args.action == "up":
+        print(f"Send runs there with WAVEPIPE_SPARK_MASTER={cluster.master_url} "
+              "(or an Airflow connection wavepipe_spark); `wavepipe spark down` stops it.")
+    return 0 if args.action != "status" or cluster.pids() else 1
+
+
 def cmd_produce(args) -> int:
     from wavepipe.consumers.kafka_admin import ensure_topic
     from wavepipe.consumers.producer import manifest_lines, produce_demo
@@ -226,6 +238,8 @@ def cmd_bench(args) -> int:
     from wavepipe.bench.systems import SYSTEMS
 
     settings = _settings(args)
+    if args.consume_scaling:
+        return _bench_consume_scaling(settings, args)
     changes = {"parallelism": args.parallelism, "partitions": args.partitions, "scale": args.scale,
                "keep": args.keep, "command": " ".join(["wavepipe", "bench", *sys.argv[2:]])}
     if args.large_mib is not None:
@@ -259,6 +273,22 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def _bench_consume_scaling(settings, args) -> int:
+    import tempfile
+    from pathlib import Path
+
+    from wavepipe.bench import consume_scaling
+
+    total = (args.large_mib or (16 if args.quick else 1024)) * 2**20
+    out = Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else
+                                           consume_scaling.PROJECT_DOCS)
+    with tempfile.TemporaryDirectory(prefix="consume-scaling-", dir=settings.home if settings.home.exists() else None) as tmp:
+        result = consume_scaling.measure_consume_scaling(settings, Path(tmp), total_bytes=total)
+    print(consume_scaling.to_markdown(result))
+    print(f"results: {', '.join(map(str, consume_scaling.save(result, out)))}")
+    return 0
+
+
 def cmd_config(args) -> int:
     print(json.dumps(_settings(args).as_dict(), indent=2))
     return 0
@@ -274,6 +304,13 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("kafka", help="the local Apache Kafka broker (KRaft, one node)")
     k.add_argument("action", choices=["up", "down", "status"])
     k.set_defaults(func=cmd_kafka)
+
+    sp = sub.add_parser("spark", help="a local Spark standalone cluster (master and workers on loopback) to try "
+                                      "the cluster path; runs use it with WAVEPIPE_SPARK_MASTER")
+    sp.add_argument("action", choices=["up", "down", "status"])
+    sp.add_argument("--port", type=int, default=7077, help="the master's port (default 7077)")
+    sp.add_argument("--workers", type=int, default=1)
+    sp.set_defaults(func=cmd_spark)
 
     p = sub.add_parser("produce", help="produce chunked waveforms")
     p.add_argument("--demo", action="store_true", help="synthetic seismic, ECG and audio recordings")
@@ -352,6 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--scale-systems", help="systems that also run the scaling pass (default: all)")
     b.add_argument("--out", help="results folder (default docs/benchmarks, or <home>/bench/quick with --quick)")
     b.add_argument("--keep", action="store_true", help="keep the topics and outputs (they are deleted by default)")
+    b.add_argument("--consume-scaling", action="store_true",
+                   help="only the consume step's scale-out over 1, 2 and 4 partitions (backlog: --large-mib, default "
+                        "1024; 16 with --quick); results in docs/benchmarks/consume-scaling.*")
     b.set_defaults(func=cmd_bench)
 
     c = sub.add_parser("config", help="print the effective settings")

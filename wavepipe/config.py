@@ -35,6 +35,11 @@ class Settings:
     #: Topic holding the chunked waveforms, and how many partitions it is created with.
     topic: str = "waveforms"
     partitions: int = 4
+    #: When wavepipe creates the topic (``produce``, ``demo``): its replication factor (-1: the
+    #: cluster's ``default.replication.factor``) and topic configs, e.g. ``{"min.insync.replicas":
+    #: "2"}`` on a 3-broker cluster. An existing topic is used as it is.
+    topic_replication_factor: int = -1
+    topic_config: Mapping[str, Any] = field(default_factory=dict)
     #: Consumer group whose committed offsets are the progress of the ingest.
     group: str = "wavepipe-ingest"
     #: Caps on the records new to a run, per partition. 0 means no cap. ``max_bytes_per_partition``
@@ -62,6 +67,10 @@ class Settings:
     #: Partitions read at once by ``wavepipe run`` (one process each). In the DAG, Airflow's own
     #: parallelism decides how many mapped consume tasks run together.
     consume_parallelism: int = 2
+    #: In the DAG, how many mapped consume tasks a run's partitions are spread over (each task reads
+    #: its partition group with ``consume_parallelism`` processes). 0: one task per partition. Set it
+    #: near the number of Airflow worker slots when a topic has many more partitions than workers.
+    consume_tasks: int = 0
     #: A waveform still missing chunks is quarantined as ``incomplete`` once its partition has
     #: moved this many offsets, or this many seconds of record time, past its newest chunk (so it
     #: cannot hold the partition's commit back forever). 0 turns a limit off. Record time is what

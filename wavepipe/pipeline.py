@@ -69,6 +69,23 @@ def partitions_to_read(plan: RunPlan) -> list[int]:
     return [r.partition for r in plan.ranges if r.size]
 
 
+def partition_groups(plan: RunPlan, tasks: int) -> list[list[int]]:
+    """The partitions to read, split into at most ``tasks`` groups of about equal offsets (0: one
+    group per partition): one mapped consume task each. The largest range goes first to the least
+    loaded group, so one long partition does not share a task with others when it need not."""
+    sizes = {r.partition: r.size for r in plan.ranges}
+    partitions = partitions_to_read(plan)
+    if tasks <= 0 or tasks >= len(partitions):
+        return [[p] for p in partitions]
+    groups: list[list[int]] = [[] for _ in range(tasks)]
+    load = [0] * tasks
+    for p in sorted(partitions, key=lambda p: (-sizes[p], p)):
+        i = min(range(tasks), key=lambda i: (load[i], i))
+        groups[i].append(p)
+        load[i] += sizes[p]
+    return [sorted(g) for g in groups]
+
+
 def consume_step(settings: Settings, run_id: str, partition: int) -> dict:
     from wavepipe.consumers.reader import read_range
 
@@ -79,7 +96,7 @@ def consume_step(settings: Settings, run_id: str, partition: int) -> dict:
             store.clear_step(run_id, stale)
         stats = read_range(settings, run_id, partition)  # records its own timing
     return {"partition": partition, "records": stats.records, "chunks": stats.chunks,
-            "dead_letters": stats.dead_letters, "bytes": stats.payload_bytes}
+            "dead_letters": stats.dead_letters, "bytes": stats.payload_bytes, "seconds": stats.seconds}
 
 
 def consume_all(settings: Settings, run_id: str, partitions: list[int]) -> list[dict]:

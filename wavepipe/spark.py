@@ -55,6 +55,8 @@ def spark_conf(settings: Settings, *, small_run: bool = False) -> dict[str, str]
         "spark.pyspark.python": sys.executable,
         "spark.pyspark.driver.python": sys.executable,
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={RESOURCES / 'spark-log4j2.properties'}",
+        # executors on a cluster (local mode has none): the same quiet logging, where the file exists
+        "spark.executor.extraJavaOptions": f"-Dlog4j2.configurationFile={RESOURCES / 'spark-log4j2.properties'}",
     }
     conf.update(settings.spark_conf)
     if small_run:
@@ -82,8 +84,11 @@ def spark_submit_command(settings: Settings, app: Path, *args: str, small_run: b
 
 
 def _local_env(settings: Settings) -> dict[str, str]:
-    """In local mode Spark binds to loopback only (it would pick the first interface otherwise)."""
-    return {"SPARK_LOCAL_IP": "127.0.0.1"} if settings.spark_master.startswith("local") else {}
+    """In local mode, or with a master on loopback, the driver binds to loopback only (it would
+    pick the first interface otherwise, which a loopback cluster may not reach)."""
+    master = settings.spark_master
+    loopback = master.startswith(("spark://127.0.0.1:", "spark://localhost:"))
+    return {"SPARK_LOCAL_IP": "127.0.0.1"} if master.startswith("local") or loopback else {}
 
 
 def is_small_run(settings: Settings, staged_bytes: int) -> bool:

@@ -1,4 +1,4 @@
-"""The hook owns the Kafka connection: an Airflow Connection when one is defined, else config."""
+"""The hook owns the connections: Airflow Connections when they are defined, else wavepipe config."""
 
 from __future__ import annotations
 
@@ -11,12 +11,42 @@ from wavepipe.config import Settings, load_settings
 
 log = logging.getLogger(__name__)
 
+#: The Airflow Connection naming the Spark cluster the run's Spark apps are submitted to.
+SPARK_CONN_ID = "wavepipe_spark"
+
+
+def spark_master_from_connection(host: str | None, port: int | None, extra: dict) -> str:
+    """``spark://master:7077``, ``yarn``, ``k8s://https://api:6443`` or ``local[2]`` from a Spark
+    Connection's host and port (the form the Apache Spark provider's connection uses); a
+    ``master`` in the extra wins."""
+    if str(extra.get("deploy-mode") or extra.get("deploy_mode") or "client") != "client":
+        raise ValueError(f"Airflow connection {SPARK_CONN_ID!r} asks for deploy mode {extra.get('deploy-mode')!r}: "
+                         "wavepipe submits in client mode only (the step waits for its Spark app and reads "
+                         "its result); remove deploy-mode from the connection's extra")
+    if extra.get("master"):
+        return str(extra["master"])
+    host = (host or "").strip()
+    if not host:
+        raise ValueError(f"Airflow connection {SPARK_CONN_ID!r} has no host: give e.g. spark://spark-master "
+                         "with port 7077, or yarn, or k8s://https://<api server>")
+    if host.startswith("local") or host == "yarn" or port is None:
+        return host
+    if "://" not in host:
+        host = f"spark://{host}"
+    return f"{host}:{port}"
+
 
 class WavepipeHook(BaseHook):
-    """Settings for a run, with Kafka taken from the Airflow Connection ``conn_id`` if it exists.
+    """Settings for a run, with Kafka and Spark taken from Airflow Connections where they exist.
 
-    The connection's host (``host:port[,host:port...]``) becomes ``bootstrap.servers`` and its
-    extra (a JSON object of librdkafka properties: TLS, SASL, ...) is passed to every client.
+    Kafka, Connection ``conn_id`` (default ``wavepipe_kafka``): its host (``host:port[,host:port...]``)
+    becomes ``bootstrap.servers`` and its extra (a JSON object of librdkafka properties: TLS, SASL,
+    ...) is passed to every Kafka client.
+
+    Spark, Connection ``wavepipe_spark``: its host and port name the master the Spark apps are
+    submitted to (``spark://host`` + port, ``yarn``, ``k8s://https://...``), and ``conf`` in its
+    extra (a JSON object of Spark properties) is added to ``spark_conf``. Without it, the
+    ``spark_master`` setting applies (``local[2]`` by default).
     """
 
     conn_name_attr = "wavepipe_conn_id"
@@ -24,19 +54,35 @@ class WavepipeHook(BaseHook):
     conn_type = "kafka"
     hook_name = "wavepipe Kafka"
 
-    def __init__(self, wavepipe_conn_id: str = default_conn_name):
+    def __init__(self, wavepipe_conn_id: str = default_conn_name, spark_conn_id: str = SPARK_CONN_ID):
         super().__init__()
         self.wavepipe_conn_id = wavepipe_conn_id
+        self.spark_conn_id = spark_conn_id
+
+    def _connection(self, conn_id: str):
+        try:
+            return self.get_connection(conn_id)
+        except Exception as exc:  # noqa: BLE001 - AirflowNotFoundException and friends
+            log.info("no Airflow connection %r (%s)", conn_id, type(exc).__name__)
+            return None
 
     def get_settings(self, **overrides) -> Settings:
         settings = load_settings(**overrides)
-        try:
-            conn = self.get_connection(self.wavepipe_conn_id)
-        except Exception as exc:  # noqa: BLE001 - AirflowNotFoundException and friends
-            log.info("no Airflow connection %r (%s); Kafka from wavepipe config: %s",
-                     self.wavepipe_conn_id, type(exc).__name__, settings.bootstrap_servers)
+        conn = self._connection(self.wavepipe_conn_id)
+        if conn is None:
+            log.info("Kafka from wavepipe config: %s", settings.bootstrap_servers)
+        else:
+            servers = conn.host if conn.port is None else f"{conn.host}:{conn.port}"
+            extra = json.loads(conn.extra) if conn.extra else {}
+            log.info("Kafka from Airflow connection %r: %s", self.wavepipe_conn_id, servers)
+            settings = settings.replace(bootstrap_servers=servers,
+                                        kafka_client_config={**settings.kafka_client_config, **extra})
+        conn = self._connection(self.spark_conn_id)
+        if conn is None:
+            log.info("Spark from wavepipe config: %s", settings.spark_master)
             return settings
-        servers = conn.host if conn.port is None else f"{conn.host}:{conn.port}"
         extra = json.loads(conn.extra) if conn.extra else {}
-        log.info("Kafka from Airflow connection %r: %s", self.wavepipe_conn_id, servers)
-        return settings.replace(bootstrap_servers=servers, kafka_client_config={**settings.kafka_client_config, **extra})
+        master = spark_master_from_connection(conn.host, conn.port, extra)
+        log.info("Spark from Airflow connection %r: %s", self.spark_conn_id, master)
+        return settings.replace(spark_master=master,
+                                spark_conf={**settings.spark_conf, **dict(extra.get("conf") or {})})

@@ -68,7 +68,8 @@ class WavepipeOperator(BaseOperator):
 
 
 class PlanOperator(WavepipeOperator):
-    """Freeze the run's offset ranges; returns the partitions to read (for the mapped consume)."""
+    """Freeze the run's offset ranges; returns the partition groups to read, one per mapped consume
+    task (``consume_tasks`` groups at most; 0: one partition each)."""
 
     template_fields = ("topic", "group", "max_records", "max_bytes", "skip_lost_offsets", "window_start", "window_end")
 
@@ -80,14 +81,15 @@ class PlanOperator(WavepipeOperator):
         self.topic, self.group, self.max_records, self.max_bytes = topic, group, max_records, max_bytes
         self.skip_lost_offsets = skip_lost_offsets
 
-    def execute(self, context) -> list[int]:
+    def execute(self, context) -> list[list[int]]:
+        settings = self.settings()
         window = run_window(context, self.window_start, self.window_end)
         if window:
             self.log.info("a window run: [%s, %s) is reprocessed and replaces that window's output; "
                           "no offsets are committed", *(t.isoformat() for t in window))
         try:
             plan = pipeline.plan_step(
-                self.settings(), context["run_id"], topic=self.topic or None, group=self.group or None,
+                settings, context["run_id"], topic=self.topic or None, group=self.group or None,
                 max_records=_int_or_none(self.max_records), max_bytes=_int_or_none(self.max_bytes),
                 skip_lost_offsets=flag(self.skip_lost_offsets), window=window,
             )
@@ -103,21 +105,29 @@ class PlanOperator(WavepipeOperator):
                              plan.topic, p, lost_from, lost_to)
         for r in plan.ranges:
             self.log.info("%s[%d]: [%d, %d) = %d offsets", r.topic, r.partition, r.start, r.end, r.size)
-        partitions = pipeline.partitions_to_read(plan)
-        if not partitions:
+        groups = pipeline.partition_groups(plan, settings.consume_tasks)
+        if not groups:
             self.log.info("nothing new to read since the last run")
-        return partitions
+        elif settings.consume_tasks:
+            self.log.info("%d consume tasks (consume_tasks=%d): partitions %s", len(groups),
+                          settings.consume_tasks, groups)
+        return groups
 
 
 class ConsumeOperator(WavepipeOperator):
-    """Read and stage one partition's planned range (mapped over the plan's partitions)."""
+    """Read and stage the planned ranges of a group of partitions (mapped over the plan's groups;
+    ``consume_parallelism`` processes at a time inside the task)."""
 
-    def __init__(self, *, partition: int, **kwargs):
+    template_fields = ("partitions",)
+
+    def __init__(self, *, partitions: list[int], **kwargs):
         super().__init__(**kwargs)
-        self.partition = partition
+        self.partitions = partitions
 
-    def execute(self, context) -> dict:
-        return pipeline.consume_step(self.settings(), context["run_id"], int(self.partition))
+    def execute(self, context) -> list[dict]:
+        partitions = [int(p) for p in self.partitions]
+        self.log.info("reading partitions %s", partitions)
+        return pipeline.consume_all(self.settings(), context["run_id"], partitions)
 
 
 class ReassembleOperator(WavepipeOperator):

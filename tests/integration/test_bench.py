@@ -48,3 +48,18 @@ def test_quick_bench_runs_every_system_and_checks_every_output(settings, tmp_pat
     assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     verdicts = {name: met for name, met, _ in goals(results)}
     assert None not in verdicts.values(), verdicts  # every goal had its numbers
+
+
+def test_consume_scaling_reads_the_same_backlog_over_1_2_and_4_partitions(settings, tmp_path):
+    from wavepipe.bench.consume_scaling import measure_consume_scaling, save as save_scaling
+
+    result = measure_consume_scaling(settings, tmp_path / "work", total_bytes=8 * 2**20, repeats=1)
+    rows = {(r["partitions"], r["readers"]): r for r in result["rows"]}
+    assert set(rows) == {(1, 1), (2, 1), (2, 2), (4, 1), (4, 4)}
+    for (partitions, _), row in rows.items():
+        assert row["bytes"] == 8 * 2**20 and row["mb_s"] > 0 and row["read_s"] <= row["wall_s"] + 0.05
+        assert 0 < len(row["chunks_per_partition"]) <= partitions  # partitions the keyed waveforms went to
+        assert sum(row["chunks_per_partition"].values()) == 8 * 16  # 8 waveforms of 16 chunks, each read once
+    assert rows[(1, 1)]["vs_1_partition"] == 1.0
+    md = save_scaling(result, tmp_path / "out")[1].read_text()
+    assert md.count("\n| ") == 6  # header + five measurements

@@ -53,3 +53,17 @@ def test_replace_predicate_selects_the_window_keeps_its_edges_and_quotes_ids():
     assert where == (f"(({window_predicate('t', {0: (0, 3)}, 'first_offset')} AND waveform_id NOT IN ('b')) "
                      "OR waveform_id IN ('x\\'y'))")
     assert replace_predicate("t", {0: (0, 3)}, "offset") == window_predicate("t", {0: (0, 3)}, "offset")
+
+
+def test_partition_groups_balance_offsets_over_at_most_n_consume_tasks():
+    from wavepipe.pipeline import partition_groups
+
+    ranges = tuple(OffsetRange("t", p, 0, size) for p, size in enumerate([100, 10, 40, 0, 60, 50]))
+    plan = RunPlan("r", "t", "g", "", ranges)
+    assert partition_groups(plan, 0) == [[0], [1], [2], [4], [5]]  # one task per partition with data
+    assert partition_groups(plan, 9) == [[0], [1], [2], [4], [5]]  # more tasks than partitions
+    assert partition_groups(plan, 1) == [[0, 1, 2, 4, 5]]
+    groups = partition_groups(plan, 2)
+    assert sorted(p for g in groups for p in g) == [0, 1, 2, 4, 5]  # each partition read once
+    assert groups == [[0, 2], [1, 4, 5]]  # largest range first to the lighter task: 100 + 40 vs 60 + 50 + 10
+    assert partition_groups(RunPlan("r", "t", "g", "", (OffsetRange("t", 0, 5, 5),)), 2) == []  # nothing new
