@@ -49,4 +49,5 @@ docker-check:
 	docker/check
 
 clean: kafka-down
+	$(BIN)/wavepipe spark down
 	rm -rf .wavepipe

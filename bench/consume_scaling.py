@@ -42,27 +42,40 @@ def measure_consume_scaling(settings: Settings, workdir: Path, *, total_bytes: i
     for n in partition_counts:
         topic = f"bench-consume-{n}p-{uuid.uuid4().hex[:8]}"
         ensure_topic(settings.replace(topic=topic, partitions=n))
-        log.info("%d partition(s): producing %s", n, workload.describe())
-        produce_backlog(settings, topic, workload, first_index=0, count=workload.waveforms, pool=pool)
-        for readers in sorted({1, n}):
-            trials = [_consume_once(settings, workdir, topic, readers, workload.payload_bytes)
-                      for _ in range(repeats + 1)][1:]  # the first warms up (imports, page cache)
-            trials.sort(key=lambda t: t["read_s"])
-            row = {"partitions": n, "readers": readers, **trials[len(trials) // 2],
-                   "read_s_all": [t["read_s"] for t in trials]}
-            row["mb_s"] = round(row["bytes"] / 1e6 / row["read_s"], 1)
-            log.info("%d partition(s), %d reader(s): %.0f MB read in %.2fs = %.1f MB/s (median of %d; step %.2fs "
-                     "with process start-up)", n, readers, row["bytes"] / 1e6, row["read_s"], row["mb_s"],
-                     repeats, row["wall_s"])
-            rows.append(row)
-        admin = admin_client(settings)  # referenced until the result: a destroyed client fails its futures
-        admin.delete_topics([topic])[topic].result(timeout=30)
+        try:
+            rows += _measure_topic(settings, workdir, topic, n, workload, pool, repeats)
+        finally:  # the backlog is deleted also when a measurement fails
+            admin = admin_client(settings)  # referenced until the result: a destroyed client fails its futures
+            admin.delete_topics([topic])[topic].result(timeout=30)
     base = next(r["mb_s"] for r in rows if r["partitions"] == partition_counts[0] and r["readers"] == 1)
     for row in rows:
         row["vs_1_partition"] = round(row["mb_s"] / base, 2)
+        one = next(r["mb_s"] for r in rows if r["partitions"] == row["partitions"] and r["readers"] == 1)
+        row["vs_one_reader"] = round(row["mb_s"] / one, 2)
     return {"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": {"cpus": _cpus(), "python": platform.python_version()},
             "workload": workload.describe(), "rows": rows}
+
+
+def _measure_topic(settings: Settings, workdir: Path, topic: str, n: int, workload: Workload, pool: SignalPool,
+                   repeats: int) -> list[dict]:
+    """Produce the backlog to ``topic`` (``n`` partitions), then read it with one reader and with
+    one reader per partition: a warm-up (imports, page cache), then the median of ``repeats``."""
+    log.info("%d partition(s): producing %s", n, workload.describe())
+    produce_backlog(settings, topic, workload, first_index=0, count=workload.waveforms, pool=pool)
+    rows = []
+    for readers in sorted({1, n}):
+        trials = [_consume_once(settings, workdir, topic, readers, workload.payload_bytes)
+                  for _ in range(repeats + 1)][1:]
+        trials.sort(key=lambda t: t["read_s"])
+        row = {"partitions": n, "readers": readers, **trials[len(trials) // 2],
+               "read_s_all": [t["read_s"] for t in trials]}
+        row["mb_s"] = round(row["bytes"] / 1e6 / row["read_s"], 1)
+        log.info("%d partition(s), %d reader(s): %.0f MB read in %.2fs = %.1f MB/s (median of %d; step %.2fs "
+                 "with process start-up)", n, readers, row["bytes"] / 1e6, row["read_s"], row["mb_s"],
+                 repeats, row["wall_s"])
+        rows.append(row)
+    return rows
 
 
 def _consume_once(settings: Settings, workdir: Path, topic: str, readers: int, expected_bytes: int) -> dict:
@@ -81,9 +94,9 @@ def _consume_once(settings: Settings, workdir: Path, topic: str, readers: int, e
     nbytes = sum(r["bytes"] for r in results)
     if nbytes != expected_bytes:
         raise RuntimeError(f"{topic}, {readers} readers: staged {nbytes} bytes, produced {expected_bytes}")
-    # the readers of one step run at once: the step reads for as long as its slowest reader (with
-    # one reader, the partitions' times add up); starting the reader processes is in wall_s only
-    reading = sum(r["seconds"] for r in results) if readers == 1 else max(r["seconds"] for r in results)
+    # reading: from the first reader's start to the last one's end (readers start one after another,
+    # so their reading overlaps only in part); starting the reader processes is in wall_s only
+    reading = max(r["ended"] for r in results) - min(r["began"] for r in results)
     return {"bytes": nbytes, "wall_s": round(wall, 2), "read_s": round(reading, 2),
             "chunks_per_partition": {r["partition"]: r["chunks"] for r in results}}
 
@@ -103,15 +116,17 @@ def to_markdown(result: dict) -> str:
         "partition (`consume_tasks=1`); one reader per partition = one mapped consume task per partition, "
         "each on its own worker slot. Ratios are against 1 partition, measured in the same run.",
         "",
-        "MB/s is the bytes over the time the readers read (the slowest reader, as they run at once); the step "
-        "column adds starting the reader processes (about what Airflow pays to start a task).",
+        "MB/s is the bytes over the time from the first reader's start to the last one's end (the reader "
+        "processes start one after another); the step column adds starting those processes. Two ratios: "
+        "against one partition, and against one reader on the same topic (what the parallel readers add).",
         "",
-        "| partitions | readers | MB/s | read s | step s | vs 1 partition | chunks per partition |",
-        "|---:|---:|---:|---:|---:|---:|---|",
+        "| partitions | readers | MB/s | read s | step s | vs 1 partition | vs one reader | chunks per partition |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in result["rows"]:
         lines.append(f"| {r['partitions']} | {r['readers']} | {r['mb_s']} | {r['read_s']} | {r['wall_s']} | "
-                     f"{r['vs_1_partition']}x | {', '.join(str(v) for _, v in sorted(r['chunks_per_partition'].items()))} |")
+                     f"{r['vs_1_partition']}x | {r['vs_one_reader']}x | "
+                     f"{', '.join(str(v) for _, v in sorted(r['chunks_per_partition'].items()))} |")
     return "\n".join(lines) + "\n"
 
 

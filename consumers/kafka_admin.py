@@ -56,7 +56,8 @@ def cluster_metadata(settings: Settings, topic: str | None = None, timeout: floa
             if refused:
                 raise KafkaAuthenticationError(
                     f"Kafka at {settings.bootstrap_servers} refused the client's credentials: {refused[0].str()}. "
-                    "Check kafka_client_config (security.protocol, sasl.mechanism, sasl.username, sasl.password)."
+                    "Check kafka_client_config (security.protocol, sasl.mechanism, sasl.username, sasl.password), "
+                    "or in Airflow the extra of the connection wavepipe_kafka."
                 ) from exc
             if time.monotonic() >= deadline:
                 raise ConnectionError(

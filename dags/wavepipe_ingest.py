@@ -44,7 +44,7 @@ with DAG(
         window_end="{{ params.window_end or '' }}",
     )
     consume = ConsumeOperator.partial(
-        task_id="consume", map_index_template="partitions {{ task.partitions | join(',') }}",
+        task_id="consume", map_index_template="{{ task.partitions_label }}",
     ).expand(partitions=plan.output)
     reassemble = ReassembleOperator(task_id="reassemble", trigger_rule=TriggerRule.NONE_FAILED)
     validate = ValidateOperator(task_id="validate", trigger_rule=TriggerRule.NONE_FAILED)

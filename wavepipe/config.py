@@ -64,8 +64,9 @@ class Settings:
     staging_flush_bytes: int = 64 * 1024 * 1024
     #: Seconds a reader may see no progress before it gives up with an error.
     reader_stall_timeout_s: float = 60.0
-    #: Partitions read at once by ``wavepipe run`` (one process each). In the DAG, Airflow's own
-    #: parallelism decides how many mapped consume tasks run together.
+    #: Partitions read at once (one process each) by ``wavepipe run``, and by one consume task of
+    #: the DAG that holds several partitions (``consume_tasks``). How many mapped consume tasks run
+    #: together is Airflow's parallelism.
     consume_parallelism: int = 2
     #: In the DAG, how many mapped consume tasks a run's partitions are spread over (each task reads
     #: its partition group with ``consume_parallelism`` processes). 0: one task per partition. Set it

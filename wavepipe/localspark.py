@@ -71,15 +71,20 @@ class LocalSparkCluster:
     def _daemon(self, name: str, main_class: str, *args: str) -> subprocess.Popen:
         env = {**os.environ, "SPARK_LOCAL_IP": HOST, "SPARK_DAEMON_MEMORY": self.daemon_heap,
                "SPARK_LOG_DIR": str(self.folder / "logs"), "SPARK_NO_DAEMONIZE": "1"}
-        log = (self.folder / "logs" / f"{name}.log").open("ab")
-        return subprocess.Popen([str(spark_class()), main_class, *args], env=env, stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        with (self.folder / "logs" / f"{name}.log").open("ab") as log:
+            return subprocess.Popen([str(spark_class()), main_class, *args], env=env, stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def _save_state(self, procs: list[subprocess.Popen], ui_port: int) -> None:
+        self.state_file.write_text(json.dumps({"pids": [p.pid for p in procs], "ui_port": ui_port,
+                                               "port": self.port}))
 
     def up(self) -> str:
         """Start the master and its workers; return once every worker has registered."""
         if self.pids():
             self.wait_ready()
             return f"Spark standalone already running at {self.master_url} (pids {self.pids()})"
+        self.state_file.unlink(missing_ok=True)  # left by a cluster that did not stop through down()
         require_tool("java", "Install Java 17 (apt-get install openjdk-17-jre-headless).")
         if not port_is_free(HOST, self.port):
             raise SetupError(f"port {self.port} on {HOST} is in use: set another port for the Spark master "
@@ -89,15 +94,15 @@ class LocalSparkCluster:
         master = self._daemon("master", "org.apache.spark.deploy.master.Master",
                               "--host", HOST, "--port", str(self.port), "--webui-port", str(ui_port))
         procs = [master]
+        self._save_state(procs, ui_port)  # from here on, down() stops what was started
         for i in range(self.workers):
             work_dir = self.folder / f"worker-{i + 1}"
             work_dir.mkdir(parents=True, exist_ok=True)
             procs.append(self._daemon(
                 f"worker-{i + 1}", "org.apache.spark.deploy.worker.Worker", "--host", HOST,
                 "--webui-port", str(free_port()), "--cores", str(self.worker_cores),
-                "--memory", self.worker_memory, "--work-dir", str(work_dir), self.master_url))
-        self.state_file.write_text(json.dumps({"pids": [p.pid for p in procs], "ui_port": ui_port,
-                                               "port": self.port}))
+                "--memory", self.worker_memory, "--work-dir", str(work_dir), f"spark://{HOST}:{self.port}"))
+            self._save_state(procs, ui_port)
         try:
             self.wait_ready(procs)
         except BaseException:
@@ -123,8 +128,8 @@ class LocalSparkCluster:
             try:
                 if self.alive_workers() >= self.workers:
                     return
-            except OSError:
-                pass  # the master's web UI is not up yet
+            except (OSError, ValueError):
+                pass  # the master's web UI is not up yet (or answered half a page)
             time.sleep(0.5)
         raise SetupError(f"the Spark standalone cluster was not ready in {timeout:.0f}s; see the logs in "
                          f"{self.folder / 'logs'}")
@@ -140,7 +145,10 @@ class LocalSparkCluster:
         while time.monotonic() < deadline and self.pids():
             time.sleep(0.2)
         for pid in self.pids():
-            os.killpg(pid, signal.SIGKILL)
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.state_file.unlink(missing_ok=True)
         return f"Spark standalone stopped ({len(pids)} processes)" if pids else "Spark standalone is not running"
 

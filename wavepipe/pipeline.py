@@ -86,6 +86,21 @@ def partition_groups(plan: RunPlan, tasks: int) -> list[list[int]]:
     return [sorted(g) for g in groups]
 
 
+def partition_ranges(partitions: list[int], limit: int = 200) -> str:
+    """``[0, 1, 2, 3, 7, 9, 10]`` -> ``"0-3,7,9-10"``, cut to ``limit`` characters (``...`` and the count)."""
+    spans: list[list[int]] = []
+    for p in sorted(partitions):
+        if spans and p == spans[-1][1] + 1:
+            spans[-1][1] = p
+        else:
+            spans.append([p, p])
+    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    if len(text) <= limit:
+        return text
+    tail = f"... ({len(partitions)} partitions)"
+    return text[:max(0, limit - len(tail))].rsplit(",", 1)[0] + tail
+
+
 def consume_step(settings: Settings, run_id: str, partition: int) -> dict:
     from wavepipe.consumers.reader import read_range
 
@@ -94,9 +109,12 @@ def consume_step(settings: Settings, run_id: str, partition: int) -> dict:
     with store.step_lock(run_id, f"consume-{partition}"):
         for stale in ("reassemble", "validate"):  # made from the staged files this step replaces
             store.clear_step(run_id, stale)
+        began = time.monotonic()
         stats = read_range(settings, run_id, partition)  # records its own timing
+    # began/ended: this machine's monotonic clock, comparable between the readers of one step
     return {"partition": partition, "records": stats.records, "chunks": stats.chunks,
-            "dead_letters": stats.dead_letters, "bytes": stats.payload_bytes, "seconds": stats.seconds}
+            "dead_letters": stats.dead_letters, "bytes": stats.payload_bytes, "seconds": stats.seconds,
+            "began": began, "ended": time.monotonic()}
 
 
 def consume_all(settings: Settings, run_id: str, partitions: list[int]) -> list[dict]:

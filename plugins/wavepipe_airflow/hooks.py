@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 
 from airflow.sdk import BaseHook
 
@@ -19,8 +20,9 @@ def spark_master_from_connection(host: str | None, port: int | None, extra: dict
     """``spark://master:7077``, ``yarn``, ``k8s://https://api:6443`` or ``local[2]`` from a Spark
     Connection's host and port (the form the Apache Spark provider's connection uses); a
     ``master`` in the extra wins."""
-    if str(extra.get("deploy-mode") or extra.get("deploy_mode") or "client") != "client":
-        raise ValueError(f"Airflow connection {SPARK_CONN_ID!r} asks for deploy mode {extra.get('deploy-mode')!r}: "
+    mode = str(extra.get("deploy-mode") or extra.get("deploy_mode") or "client")
+    if mode != "client":
+        raise ValueError(f"Airflow connection {SPARK_CONN_ID!r} asks for deploy mode {mode!r}: "
                          "wavepipe submits in client mode only (the step waits for its Spark app and reads "
                          "its result); remove deploy-mode from the connection's extra")
     if extra.get("master"):
@@ -29,11 +31,13 @@ def spark_master_from_connection(host: str | None, port: int | None, extra: dict
     if not host:
         raise ValueError(f"Airflow connection {SPARK_CONN_ID!r} has no host: give e.g. spark://spark-master "
                          "with port 7077, or yarn, or k8s://https://<api server>")
-    if host.startswith("local") or host == "yarn" or port is None:
+    if host.startswith(("local", "yarn", "k8s://")):
         return host
     if "://" not in host:
         host = f"spark://{host}"
-    return f"{host}:{port}"
+    if host.startswith("spark://") and ":" in host[len("spark://"):]:
+        return host  # the port (or standby masters' ports) already in the host
+    return f"{host}:{port or 7077}"  # a standalone master's default port
 
 
 class WavepipeHook(BaseHook):
@@ -63,6 +67,10 @@ class WavepipeHook(BaseHook):
         try:
             return self.get_connection(conn_id)
         except Exception as exc:  # noqa: BLE001 - AirflowNotFoundException and friends
+            env = f"AIRFLOW_CONN_{conn_id.upper()}"
+            if os.environ.get(env):  # defined, but Airflow could not read it: never fall back silently
+                raise ValueError(f"{env} is set, but Airflow could not read it as a connection "
+                                 f"({type(exc).__name__}: {exc}); fix its JSON or URI form") from exc
             log.info("no Airflow connection %r (%s)", conn_id, type(exc).__name__)
             return None
 

@@ -124,8 +124,19 @@ class ConsumeOperator(WavepipeOperator):
         super().__init__(**kwargs)
         self.partitions = partitions
 
+    @property
+    def partitions_label(self) -> str:
+        """The mapped task's name in the UI: compact ranges (``0-63,70``), within Airflow's 250
+        characters for a map index label."""
+        return "partitions " + pipeline.partition_ranges(self._partition_list(), limit=200)
+
+    def _partition_list(self) -> list[int]:
+        # a run planned before partition groups has one partition per mapped task
+        parts = self.partitions
+        return [int(parts)] if isinstance(parts, (int, str)) else [int(p) for p in parts]
+
     def execute(self, context) -> list[dict]:
-        partitions = [int(p) for p in self.partitions]
+        partitions = self._partition_list()
         self.log.info("reading partitions %s", partitions)
         return pipeline.consume_all(self.settings(), context["run_id"], partitions)
 

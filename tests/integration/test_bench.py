@@ -60,6 +60,6 @@ def test_consume_scaling_reads_the_same_backlog_over_1_2_and_4_partitions(settin
         assert row["bytes"] == 8 * 2**20 and row["mb_s"] > 0 and row["read_s"] <= row["wall_s"] + 0.05
         assert 0 < len(row["chunks_per_partition"]) <= partitions  # partitions the keyed waveforms went to
         assert sum(row["chunks_per_partition"].values()) == 8 * 16  # 8 waveforms of 16 chunks, each read once
-    assert rows[(1, 1)]["vs_1_partition"] == 1.0
+    assert all(row["vs_one_reader"] > 0 for row in rows.values())
     md = save_scaling(result, tmp_path / "out")[1].read_text()
     assert md.count("\n| ") == 6  # header + five measurements

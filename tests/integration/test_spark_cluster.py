@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -29,8 +30,10 @@ def spark_cluster(tmp_path_factory):
                                 worker_cores=2, worker_memory="1g")
     cluster.up()
     yield cluster
+    pids = cluster.pids()
+    assert len(pids) == 2  # the master and its worker lived through the test
     cluster.down()
-    assert cluster.pids() == []
+    assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()], "down() left a Spark daemon running"
 
 
 def _master_status(cluster: LocalSparkCluster) -> dict:

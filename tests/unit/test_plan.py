@@ -67,3 +67,12 @@ def test_partition_groups_balance_offsets_over_at_most_n_consume_tasks():
     assert sorted(p for g in groups for p in g) == [0, 1, 2, 4, 5]  # each partition read once
     assert groups == [[0, 2], [1, 4, 5]]  # largest range first to the lighter task: 100 + 40 vs 60 + 50 + 10
     assert partition_groups(RunPlan("r", "t", "g", "", (OffsetRange("t", 0, 5, 5),)), 2) == []  # nothing new
+
+
+def test_a_consume_task_label_stays_within_airflows_250_characters():
+    from wavepipe.pipeline import partition_ranges
+
+    assert partition_ranges([3, 0, 1, 2, 7, 9, 10]) == "0-3,7,9-10"
+    assert partition_ranges([5]) == "5"
+    gappy = partition_ranges(list(range(0, 2000, 2)))
+    assert len(gappy) <= 200 and gappy.endswith("... (1000 partitions)") and gappy.startswith("0,2,4,")
