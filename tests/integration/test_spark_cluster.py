@@ -33,7 +33,15 @@ def spark_cluster(tmp_path_factory):
     pids = cluster.pids()
     assert len(pids) == 2  # the master and its worker lived through the test
     cluster.down()
-    assert not [pid for pid in pids if Path(f"/proc/{pid}").exists()], "down() left a Spark daemon running"
+    assert not [pid for pid in pids if _running(pid)], "down() left a Spark daemon running"
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (this process started the daemons, and reaps them only later)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _master_status(cluster: LocalSparkCluster) -> dict:
