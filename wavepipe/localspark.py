@@ -19,15 +19,10 @@ from pathlib import Path
 
 from wavepipe.jars import SetupError, require_tool
 from wavepipe.localkafka import free_port, port_is_free
+from wavepipe.spark import pyspark_bin
 
 READY_TIMEOUT_S = 90.0
 HOST = "127.0.0.1"
-
-
-def spark_class() -> Path:
-    import pyspark
-
-    return Path(pyspark.__file__).parent / "bin" / "spark-class"
 
 
 @dataclass
@@ -72,7 +67,7 @@ class LocalSparkCluster:
         env = {**os.environ, "SPARK_LOCAL_IP": HOST, "SPARK_DAEMON_MEMORY": self.daemon_heap,
                "SPARK_LOG_DIR": str(self.folder / "logs"), "SPARK_NO_DAEMONIZE": "1"}
         with (self.folder / "logs" / f"{name}.log").open("ab") as log:
-            return subprocess.Popen([str(spark_class()), main_class, *args], env=env, stdout=log,
+            return subprocess.Popen([str(pyspark_bin("spark-class")), main_class, *args], env=env, stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
 
     def _save_state(self, procs: list[subprocess.Popen], ui_port: int) -> None:

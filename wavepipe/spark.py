@@ -73,11 +73,15 @@ def settings_env(settings: Settings) -> dict[str, str]:
     }
 
 
-def spark_submit_command(settings: Settings, app: Path, *args: str, small_run: bool = False) -> list[str]:
+def pyspark_bin(name: str) -> Path:
+    """One of the installed pyspark's own scripts (``spark-submit``, ``spark-class``)."""
     import pyspark
 
-    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
-    cmd = [str(submit), "--master", settings.spark_master]
+    return Path(pyspark.__file__).parent / "bin" / name
+
+
+def spark_submit_command(settings: Settings, app: Path, *args: str, small_run: bool = False) -> list[str]:
+    cmd = [str(pyspark_bin("spark-submit")), "--master", settings.spark_master]
     for key, value in spark_conf(settings, small_run=small_run).items():
         cmd += ["--conf", f"{key}={value}"]
     return cmd + [str(app), *args]
