@@ -603,20 +603,15 @@ def _drop_mount(stack: Stack, service: str, target: str) -> None:
     svc["volumes"] = [v for v in svc["volumes"] if not (isinstance(v, str) and v.split(":")[1] == target)]
 
 
-def _kafka_conn(stack: Stack, **changes) -> None:
-    for name in airflow_services(stack):
-        env = environment(services(stack)[name])
-        conn = json.loads(env["AIRFLOW_CONN_WAVEPIPE_KAFKA"])
-        conn.update(changes)
-        _set_in(stack, name, "AIRFLOW_CONN_WAVEPIPE_KAFKA", json.dumps(conn))
+SPARK_CONN, KAFKA_CONN = "AIRFLOW_CONN_WAVEPIPE_SPARK", "AIRFLOW_CONN_WAVEPIPE_KAFKA"
 
 
-def _spark_conn(stack: Stack, **changes) -> None:
+def _edit_conn(stack: Stack, variable: str, **changes) -> None:
+    """Change fields of the Connection JSON in ``variable`` in every Airflow service."""
     for name in airflow_services(stack):
-        env = environment(services(stack)[name])
-        conn = json.loads(env["AIRFLOW_CONN_WAVEPIPE_SPARK"])
+        conn = json.loads(environment(services(stack)[name])[variable])
         conn.update(changes)
-        _set_in(stack, name, "AIRFLOW_CONN_WAVEPIPE_SPARK", json.dumps(conn))
+        _set_in(stack, name, variable, json.dumps(conn))
 
 
 def _break_script(stack: Stack) -> None:
@@ -665,11 +660,13 @@ MUTATIONS = [
     (check_celery_on_postgres, lambda s: services(s)["airflow-worker"].update(deploy={"replicas": 1}), "two Celery"),
     (check_celery_on_postgres, lambda s: _set_everywhere(s, "AIRFLOW__CELERY__WORKER_CONCURRENCY", "16"), "slots"),
     (check_celery_on_postgres, lambda s: services(s).pop("airflow-triggerer"), "triggerer"),
-    (check_connections, lambda s: _spark_conn(s, port=7078), "spark_master"),
-    (check_connections, lambda s: _spark_conn(s, extra={"conf": {"spark.executor.memory": "4g"}}), "spark_conf"),
-    (check_connections, lambda s: _kafka_conn(s, host="kafka-1:9092"), "bootstrap_servers"),
-    (check_connections, lambda s: _kafka_conn(s, extra={"security.protocol": "SSL"}), "kafka_client_config"),
-    (check_connections, lambda s: _kafka_conn(s, conn_type="http"), "conn_type"),
+    (check_connections, lambda s: _edit_conn(s, SPARK_CONN, port=7078), "spark_master"),
+    (check_connections, lambda s: _edit_conn(s, SPARK_CONN, extra={"conf": {"spark.executor.memory": "4g"}}),
+     "spark_conf"),
+    (check_connections, lambda s: _edit_conn(s, KAFKA_CONN, host="kafka-1:9092"), "bootstrap_servers"),
+    (check_connections, lambda s: _edit_conn(s, KAFKA_CONN, extra={"security.protocol": "SSL"}),
+     "kafka_client_config"),
+    (check_connections, lambda s: _edit_conn(s, KAFKA_CONN, conn_type="http"), "conn_type"),
     (check_connections, lambda s: _set_in(s, "airflow-worker", "AIRFLOW_CONN_WAVEPIPE_KAFKA", "{not json"), "differs"),
     (check_connections, lambda s: _set_everywhere(s, "AIRFLOW_CONN_WAVEPIPE_SPARK", "{not json"), "does not parse"),
     (check_connections, lambda s: _set_everywhere(s, "AIRFLOW_CONN_WAVEPIPE_SPARK", None), "no AIRFLOW_CONN"),
