@@ -44,8 +44,10 @@ OUTPUT_SCHEMA = pa.schema([
 
 
 def _consumer(bootstrap: str) -> Consumer:
-    return Consumer({"bootstrap.servers": bootstrap, "group.id": "wavepipe-bench-unused",
-                     "enable.auto.commit": False, "enable.partition.eof": True, **FETCH})
+    from wavepipe.consumers.kafka_admin import new_consumer
+
+    return new_consumer({"bootstrap.servers": bootstrap, "group.id": "wavepipe-bench-unused",
+                         "enable.auto.commit": False, "enable.partition.eof": True, **FETCH})
 
 
 def ceiling(bootstrap: str, topic: str, partition: int, start: int, end: int, out: Path) -> dict:

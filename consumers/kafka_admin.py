@@ -1,19 +1,80 @@
-"""Offsets as Kafka reports them: topic creation, watermarks, last stable offsets, group commits."""
+"""Offsets as Kafka reports them: topic creation, watermarks, last stable offsets, group commits.
+
+Also the one place Kafka clients are made (``new_producer``, ``new_consumer``, ``new_admin``):
+librdkafka's own log lines go to Python logging (logger ``wavepipe.kafka.client``) at a level
+that says how much they matter, never straight to the terminal; and a cluster that has not
+answered this process yet gets ``FIRST_CONTACT_TIMEOUT_S`` to do so (``require_reachable``).
+"""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Mapping, TypeVar
 
-from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from wavepipe.config import Settings
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 30.0
+#: How long a cluster that has not answered this process yet gets for its first metadata answer:
+#: a broker that is down or a mistyped address is one clear error in seconds, not after every
+#: request's timeout. Once it has answered, calls wait the full ``TIMEOUT_S`` (a broker restart).
+FIRST_CONTACT_TIMEOUT_S = 5.0
 T = TypeVar("T")
+
+
+# --- Kafka clients: one way to make them ---------------------------------------------------------
+
+client_log = logging.getLogger("wavepipe.kafka.client")
+
+#: librdkafka log facilities that are a broker being down, restarting or busy (connect failures,
+#: "all brokers are down", retried requests) or housekeeping: wavepipe says what matters of these
+#: itself (an unreachable cluster, a reader with no progress), so they stay at DEBUG.
+QUIET_FACILITIES = frozenset({"FAIL", "ERROR", "BGQUEUE", "GETPID", "REQTMOUT"})
+
+
+def kafka_log_level(level: int, facility: str) -> int:
+    """The Python logging level of a librdkafka log line, given the level confluent-kafka mapped
+    its syslog level to (ERR 40, WARNING 30, NOTICE/INFO 20, DEBUG 10) and its facility: errors
+    and warnings keep theirs, client chatter (notice, info) and ``QUIET_FACILITIES`` are DEBUG."""
+    if facility in QUIET_FACILITIES or level < logging.WARNING:
+        return logging.DEBUG
+    return level
+
+
+class _LibrdkafkaLog:
+    """The ``logger`` client property: receives librdkafka's log lines (served by the client's
+    poll calls) and logs them to ``client_log`` at ``kafka_log_level``."""
+
+    def log(self, level: int, msg: str, *args: Any) -> None:
+        facility = str(args[0]) if args else ""
+        client_log.log(kafka_log_level(level, facility), msg, *args)
+
+
+_LIBRDKAFKA_LOG = _LibrdkafkaLog()
+
+
+def with_logger(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with librdkafka's logs routed to Python logging (an explicit ``logger`` stays)."""
+    return {"logger": _LIBRDKAFKA_LOG, **config}
+
+
+def new_producer(config: Mapping[str, Any]) -> Producer:
+    """A ``Producer`` of ``config`` whose log lines go through Python logging."""
+    return Producer(with_logger(config))
+
+
+def new_consumer(config: Mapping[str, Any]) -> Consumer:
+    """A ``Consumer`` of ``config`` whose log lines go through Python logging."""
+    return Consumer(with_logger(config))
+
+
+def new_admin(config: Mapping[str, Any]) -> AdminClient:
+    """An ``AdminClient`` of ``config`` whose log lines go through Python logging."""
+    return AdminClient(with_logger(config))
 
 
 def retrying(call: Callable[[], T], what: str, attempts: int = 20, pause_s: float = 0.5) -> T:
@@ -35,21 +96,45 @@ class KafkaAuthenticationError(ConnectionError):
     """The cluster refused the client's credentials (``kafka_client_config``)."""
 
 
+class KafkaUnreachableError(ConnectionError):
+    """No broker of the bootstrap servers answered: down, or the address is wrong."""
+
+
+#: Bootstrap servers that answered a metadata request in this process.
+_answered: set[str] = set()
+
+
+def require_reachable(settings: Settings) -> None:
+    """Return at once if the cluster answered this process before; else ask it for metadata and
+    raise ``KafkaUnreachableError`` (one line: the servers, why, what to do) if no broker answers
+    within ``FIRST_CONTACT_TIMEOUT_S``."""
+    if settings.bootstrap_servers not in _answered:
+        cluster_metadata(settings)
+
+
 def admin_client(settings: Settings) -> AdminClient:
-    return AdminClient(settings.kafka_config())
+    """An admin client of ``settings``' cluster, which has answered (``require_reachable``)."""
+    require_reachable(settings)
+    return new_admin(settings.kafka_config())
 
 
 def cluster_metadata(settings: Settings, topic: str | None = None, timeout: float = TIMEOUT_S):
     """The cluster's metadata (of ``topic`` only, if given). A cluster that rejects the client's
     credentials raises ``KafkaAuthenticationError`` at once, naming it (librdkafka reports that
     only to an error callback, and the request itself would wait out ``timeout``); one that does
-    not answer raises ``ConnectionError`` after ``timeout``."""
+    not answer raises ``KafkaUnreachableError`` after ``timeout``, or after
+    ``FIRST_CONTACT_TIMEOUT_S`` if it never answered this process."""
     errors: list[KafkaError] = []
-    admin = AdminClient(settings.kafka_config(error_cb=errors.append))
-    deadline = time.monotonic() + timeout
+    admin = new_admin(settings.kafka_config(error_cb=errors.append))
+    if settings.bootstrap_servers not in _answered:
+        timeout = min(timeout, FIRST_CONTACT_TIMEOUT_S)
+    began = time.monotonic()
+    deadline = began + timeout
     while True:
         try:
-            return admin.list_topics(topic, timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+            meta = admin.list_topics(topic, timeout=max(0.1, min(1.0, deadline - time.monotonic())))
+            _answered.add(settings.bootstrap_servers)
+            return meta
         except KafkaException as exc:
             admin.poll(0)  # serves the error callback
             refused = [e for e in errors if e.code() == KafkaError._AUTHENTICATION]
@@ -60,15 +145,32 @@ def cluster_metadata(settings: Settings, topic: str | None = None, timeout: floa
                     "or in Airflow the extra of the connection wavepipe_kafka."
                 ) from exc
             if time.monotonic() >= deadline:
-                raise ConnectionError(
-                    f"Kafka at {settings.bootstrap_servers} did not answer ({exc.args[0].str()}). Is it running? "
-                    "`wavepipe kafka status` / `wavepipe kafka up` for the local broker."
-                ) from exc
+                raise KafkaUnreachableError(unreachable_message(
+                    settings.bootstrap_servers, _why_unreachable(errors, exc), time.monotonic() - began)) from None
+
+
+def unreachable_message(servers: str, why: str, seconds: float) -> str:
+    """One line for a cluster that did not answer: the servers, why, and what to do."""
+    return (f"Kafka at {servers} did not answer in {seconds:.0f}s ({why}). Start the local broker with "
+            f"`wavepipe kafka up`, or point WAVEPIPE_BOOTSTRAP_SERVERS (setting bootstrap_servers; in "
+            f"Airflow the connection wavepipe_kafka) at a running cluster.")
+
+
+def _why_unreachable(errors: list[KafkaError], exc: KafkaException) -> str:
+    """The last connection error librdkafka reported (``connection refused``, ``failed to resolve
+    'host:port'``), without its broker prefix and timing; else the request's own error."""
+    for err in reversed(errors):
+        if err.code() in (KafkaError._TRANSPORT, KafkaError._RESOLVE, KafkaError._SSL):
+            text = err.str().split(": ", 1)[-1].split(" (after ", 1)[0]
+            return text.replace("Connect to ", "connect to ")
+    return exc.args[0].str()
 
 
 def group_consumer(settings: Settings, group: str, **extra) -> Consumer:
-    """A consumer that never joins the group (assign only) and never commits on its own."""
-    return Consumer(settings.kafka_config(**{
+    """A consumer that never joins the group (assign only) and never commits on its own, of a
+    cluster that has answered (``require_reachable``)."""
+    require_reachable(settings)
+    return new_consumer(settings.kafka_config(**{
         "group.id": group,
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
@@ -95,9 +197,14 @@ def ensure_topic(settings: Settings, topic: str | None = None, partitions: int |
 
 
 def partitions_of(settings: Settings, topic: str) -> list[int]:
+    """The topic's partitions; an unknown topic is a ``UsageError`` naming the closest topics."""
     info = cluster_metadata(settings, topic).topics.get(topic)
     if info is None or info.error is not None or not info.partitions:
-        raise LookupError(f"topic {topic!r} does not exist on {settings.bootstrap_servers}")
+        from wavepipe.errors import UsageError, did_you_mean
+
+        existing = [t for t in cluster_metadata(settings).topics if not t.startswith("__")]
+        raise UsageError(f"topic {topic!r} does not exist on {settings.bootstrap_servers}"
+                         f"{did_you_mean(topic, existing)}")
     return sorted(info.partitions)
 
 

@@ -14,9 +14,10 @@ from datetime import datetime, timedelta, timezone
 from typing import Iterator
 
 import numpy as np
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, Message
 
 from wavepipe.config import Settings
+from wavepipe.consumers.kafka_admin import new_producer, require_reachable
 from wavepipe.protocol import checksum, split_waveform
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,8 @@ class ChunkProducer:
         self.topic = topic or settings.topic
         self._errors: list[str] = []
         self.delivered = 0
-        self._producer = Producer(settings.kafka_config(**{
+        require_reachable(settings)
+        self._producer = new_producer(settings.kafka_config(**{
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": settings.linger_ms,

@@ -82,9 +82,10 @@ def read_range(settings: Settings, run_id: str, partition: int) -> ReadStats:
         raise
     stats.seconds = round(time.monotonic() - began, 3)
     store.save_step(run_id, f"consume-{rng.topic}-{rng.partition}", asdict(stats) | {"gap_offsets": stats.gap_offsets})
-    log.info("%s[%d] [%d, %d): %d chunks, %d dead letters, %d gap offsets, %.1f MB in %.1fs",
+    log.info("%s[%d] [%d, %d): %d chunks, %d dead letters, %d gap offsets, %.1f MB in %.1fs (%.1f MB/s)",
              rng.topic, rng.partition, rng.start, rng.end, stats.chunks, stats.dead_letters,
-             stats.gap_offsets, stats.payload_bytes / 1e6, stats.seconds)
+             stats.gap_offsets, stats.payload_bytes / 1e6, stats.seconds,
+             stats.payload_bytes / 1e6 / max(stats.seconds, 1e-9))
     return stats
 
 
@@ -148,11 +149,17 @@ def _consume(settings: Settings, group: str, rng: OffsetRange, stats: ReadStats,
                     break
             if now - last_report >= PROGRESS_EVERY_S:
                 last_report = now
-                rate = stats.payload_bytes / 1e6 / max(now - began, 1e-9)
-                log.info("%s[%d] at offset %s of [%d, %d): %d records, %.1f MB/s",
-                         rng.topic, rng.partition, stats.last_offset, rng.start, rng.end, stats.records, rate)
+                log.info("%s", progress_line(rng, stats, now - began))
     finally:
         consumer.close()
+
+
+def progress_line(rng: OffsetRange, stats: ReadStats, seconds: float) -> str:
+    """One progress line of a partition being read: records of the range, MB and MB/s so far."""
+    done = (stats.last_offset + 1 - rng.start) if stats.last_offset is not None else 0
+    mb = stats.payload_bytes / 1e6
+    return (f"consuming {rng.topic}[{rng.partition}]: {stats.records} records ({100 * done / max(rng.size, 1):.0f}% "
+            f"of [{rng.start}, {rng.end})), {mb:.1f} MB, {mb / max(seconds, 1e-9):.1f} MB/s")
 
 
 def _position(consumer, tp: TopicPartition) -> int:

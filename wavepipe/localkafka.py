@@ -291,10 +291,10 @@ class LocalKafka:
                    brokers: int = 1) -> None:
         """Wait until the node answers metadata requests on its client listener and at least
         ``brokers`` brokers (this one among them) are registered and unfenced."""
-        from confluent_kafka.admin import AdminClient
+        from wavepipe.consumers.kafka_admin import new_admin
 
         deadline = time.monotonic() + timeout
-        admin = AdminClient({**self.client_config(), "log_level": 0, "logger": _quiet_logger()})
+        admin = new_admin(self.client_config())  # connection refused while it starts: DEBUG lines only
         while time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
                 raise SetupError(f"Kafka node {self.node_id} exited with code {proc.returncode}; see {self.log_file}")
@@ -445,15 +445,6 @@ class LocalKafkaCluster:
 
     def status(self) -> str:
         return "; ".join(f"node {i}: {node.status()}" for i, node in self.nodes.items())
-
-
-def _quiet_logger():
-    import logging
-
-    logger = logging.getLogger("wavepipe.localkafka.probe")
-    logger.addHandler(logging.NullHandler())
-    logger.propagate = False
-    return logger
 
 
 CONSUMER_GROUPS_TOOL = "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand"

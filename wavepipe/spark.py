@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +51,15 @@ def spark_conf(settings: Settings, *, small_run: bool = False) -> dict[str, str]
         "spark.hadoop.parquet.block.size": str(32 * 1024 * 1024),
         "spark.hadoop.parquet.block.size.row.check.min": "1",
         "spark.hadoop.parquet.page.size.row.check.min": "1",
+        # A waveform is one value of the ``payload`` column, and Parquet keeps whole values in
+        # memory while it writes them. By default it also copies each one into a dictionary (then
+        # falls back to plain encoding, a second copy), keeps a copy each as the page's min and max
+        # statistics, and copies the page once more for its checksum: 4 of the 10 copies of a
+        # waveform a write makes (measured), useless for opaque sample bytes. Without them two
+        # 64 MiB waveforms fit in a 2.5g heap (docs/deployment.md, "Memory").
+        "spark.hadoop.parquet.enable.dictionary#payload": "false",
+        "spark.hadoop.parquet.column.statistics.enabled#payload": "false",
+        "spark.hadoop.parquet.page.write-checksum.enabled": "false",
         "spark.databricks.delta.snapshotPartitions": "2",
         # Arrow's default allocator (mimalloc) keeps freed memory: a Python worker streaming 1 GiB
         # peaked at 699 MB with it and 445 MB with the system allocator.
@@ -112,18 +124,99 @@ def submit(settings: Settings, app: Path, *args: str, staged_bytes: int | None =
     cmd = spark_submit_command(settings, app, *args, small_run=small_run)
     # Its own session, so the app's processes (JVM, Python driver, Python workers) can be stopped
     # together: here when this step is interrupted (Airflow stopping the task), and by a
-    # ``kill-app`` failpoint in tests.
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    # ``kill-app`` failpoint in tests. Its output is relayed line by line at the level each line
+    # states (a task log shows Spark's warnings as warnings, not as errors).
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    relays = [_relay(proc.stdout, "stdout"), _relay(proc.stderr, "stderr")]
     try:
-        proc.wait()
+        _wait_with_progress(proc, app, staged_bytes)
     except BaseException:
         _stop_session(proc)
         raise
+    finally:
+        for relay in relays:
+            relay.join(RELAY_DRAIN_S)  # a grandchild may still hold the pipe: do not wait for it
     if proc.returncode != 0:
         raise RuntimeError(
             f"Spark app {app.name} failed with exit code {proc.returncode}; its log is above. "
             "The run's plan and staged files are kept: fix the cause and retry the step."
         )
+
+
+#: Seconds between the progress lines of a running Spark app.
+PROGRESS_EVERY_S = 10.0
+#: Seconds to wait, once the app exited, for the rest of its output.
+RELAY_DRAIN_S = 5.0
+app_log = logging.getLogger("wavepipe.spark.app")
+
+
+def _wait_with_progress(proc: subprocess.Popen, app: Path, staged_bytes: int | None) -> None:
+    """Wait for ``proc``; every ``PROGRESS_EVERY_S`` log a line with what it works on and for how long."""
+    what = f"Spark app {app.stem}" + (f" on {staged_bytes / 1e6:.1f} MB of staged chunks" if staged_bytes else "")
+    began = time.monotonic()
+    log.info("%s: started", what)
+    while True:
+        try:
+            proc.wait(PROGRESS_EVERY_S)
+            break
+        except subprocess.TimeoutExpired:
+            log.info("%s: running for %.0fs", what, time.monotonic() - began)
+    seconds = time.monotonic() - began
+    rate = f" ({staged_bytes / 1e6 / seconds:.2f} MB/s)" if staged_bytes and seconds > 0 else ""
+    log.info("%s: exited with code %d after %.1fs%s", what, proc.returncode, seconds, rate)
+
+
+def _relay(stream, name: str) -> threading.Thread:
+    """A thread that logs each line of ``stream`` to ``app_log`` at the level ``AppOutput`` reads
+    from it (its own timestamp and level stripped)."""
+    def run() -> None:
+        lines = AppOutput()
+        with stream:
+            for raw in iter(stream.readline, b""):
+                level, message = lines.classify(raw.decode("utf-8", "replace").rstrip("\r\n"))
+                app_log.log(level, "%s", message)
+
+    thread = threading.Thread(target=run, name=f"spark-app-{name}", daemon=True)
+    thread.start()
+    return thread
+
+
+_LEVEL_NAMES = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "NOTICE": logging.INFO,
+                "WARN": logging.WARNING, "WARNING": logging.WARNING, "ERROR": logging.ERROR,
+                "SEVERE": logging.ERROR, "FATAL": logging.CRITICAL, "CRITICAL": logging.CRITICAL}
+#: A log line's prefix: up to two timestamp fields (log4j ``yy/MM/dd HH:mm:ss``, Python
+#: ``yyyy-mm-dd HH:MM:SS,mmm``), then the level (``ERROR:root:...`` too).
+_PREFIX = re.compile(r"^(?:[\d/:,.\-T+Z]+\s+){0,2}(?P<level>" + "|".join(_LEVEL_NAMES) + r")(?::|\s+)\s*(?P<rest>.*)$")
+_PY_WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
+_ERROR_START = ("Traceback (most recent call last)", "Exception in thread ")
+#: Lines that continue the one before: stack frames, exception lines, chained-exception headers.
+_CONTINUATION = re.compile(r"^(?:\s|$|Caused by:|Suppressed:|\.\.\. \d+ more|During handling of the above"
+                           r"|The above exception|[A-Za-z_][\w.$]*(?:Exception|Error|Exit|Interrupt|Throwable)\b)")
+
+
+class AppOutput:
+    """Reads the level of each line of a child's output stream, in order: a line with a level
+    prefix (log4j ``WARN``, Python ``WARNING``, ...) has that level and loses its timestamp and
+    level; a traceback starts an ERROR block; stack frames, exception lines and blank lines keep
+    the level of the line they continue; Python warnings are WARNING; anything else is INFO."""
+
+    def __init__(self) -> None:
+        self.level = logging.INFO
+
+    def classify(self, line: str) -> tuple[int, str]:
+        """(level, message) of the next line."""
+        match = _PREFIX.match(line)
+        if match:
+            self.level = _LEVEL_NAMES[match["level"]]
+            return self.level, match["rest"]
+        if line.startswith(_ERROR_START):
+            self.level = logging.ERROR
+        elif _PY_WARNING.match(line):
+            self.level = logging.WARNING
+        elif not _CONTINUATION.match(line):
+            self.level = logging.INFO
+        return self.level, line
 
 
 def _stop_session(proc: subprocess.Popen, grace_s: float = 10.0) -> None:

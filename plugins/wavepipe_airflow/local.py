@@ -162,9 +162,23 @@ def admin_password(settings: Settings) -> str:
     return passwords[ADMIN_USER]
 
 
+def log_server_ports(settings: Settings) -> dict[str, int]:
+    """The ports of the scheduler's and the triggerer's log servers: free ports chosen on the first
+    `up` of this home and kept (Airflow's fixed defaults, 8793 and 8794, would clash between homes)."""
+    from wavepipe.localkafka import free_port
+
+    path = settings.airflow_home / "log_server_ports.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    ports = {"worker": free_port(), "trigger": free_port()}
+    _write_private(path, json.dumps(ports) + "\n")
+    return ports
+
+
 def server_env(settings: Settings) -> dict[str, str]:
     """:func:`airflow_env` plus what the long-running services need to work together."""
     secrets = _local_secrets(settings)
+    ports = log_server_ports(settings)
     url = airflow_url(settings)
     return {
         **airflow_env(settings),
@@ -186,19 +200,62 @@ def server_env(settings: Settings) -> dict[str, str]:
         "AIRFLOW__API__SECRET_KEY": secrets["secret_key"],
         "AIRFLOW__API_AUTH__JWT_SECRET": secrets["jwt_secret"],
         "AIRFLOW__TRIGGERER__CAPACITY": "50",
+        # Tasks and the triggerer are found (and their logs fetched while they run) on loopback,
+        # where their log servers listen (see run_service).
+        "AIRFLOW__CORE__HOSTNAME_CALLABLE": f"{__name__}.loopback_hostname",
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(ports["worker"]),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(ports["trigger"]),
         SERVICE_MARKER: str(settings.airflow_home),
     }
 
 
+#: Every local service listens here only: the API server, and the log servers that the scheduler
+#: ([logging] worker_log_server_port) and the triggerer (trigger_log_server_port) start.
+LOOPBACK = "127.0.0.1"
+
+
+def loopback_hostname() -> str:
+    """The local services' ``[core] hostname_callable``: the address their log servers listen on."""
+    return LOOPBACK
+
+
 def _commands(settings: Settings) -> dict[str, list[str]]:
     airflow = str(Path(sys.executable).parent / "airflow")
+    on_loopback = [sys.executable, "-c", f"from {__name__} import run_service; run_service()"]
     return {
-        "api-server": [airflow, "api-server", "--host", "127.0.0.1", "--port", str(settings.airflow_port),
+        "api-server": [airflow, "api-server", "--host", LOOPBACK, "--port", str(settings.airflow_port),
                        "--workers", "1"],
-        "scheduler": [airflow, "scheduler"],
+        "scheduler": [*on_loopback, "scheduler"],
         "dag-processor": [airflow, "dag-processor"],
-        "triggerer": [airflow, "triggerer"],
+        "triggerer": [*on_loopback, "triggerer"],
     }
+
+
+def run_service() -> None:
+    """``airflow <sys.argv[1:]>`` whose log server (started by the scheduler and the triggerer)
+    listens on ``LOOPBACK`` only; Airflow 3.3 binds it to every interface and has no setting."""
+    import airflow.utils.serve_logs as serve_logs
+    from airflow.__main__ import main
+
+    serve_logs.serve_logs = serve_logs_on_loopback  # the commands import it from there when they start it
+    sys.exit(main())
+
+
+def serve_logs_on_loopback(port: int | None = None) -> None:
+    """Airflow's log server (the app ``airflow.utils.serve_logs.core.serve_logs`` runs, with the
+    same settings), bound to ``LOOPBACK``."""
+    import logging
+
+    import uvicorn
+    from airflow.configuration import conf
+    from setproctitle import setproctitle
+
+    setproctitle("airflow serve-logs")
+    port = port or conf.getint("logging", "worker_log_server_port")
+    logging.getLogger(__name__).info("Starting log server on http://%s:%d", LOOPBACK, port)
+    uvicorn.run("airflow.utils.serve_logs.log_server:get_app", factory=True, host=LOOPBACK, port=port,
+                log_level=conf.get("logging", "uvicorn_logging_level", fallback="info").lower(),
+                log_config=None, access_log=False)
 
 
 def _read_pid(settings: Settings, name: str) -> int | None:
@@ -390,7 +447,10 @@ def _print_login(settings: Settings, out) -> None:
         f"token: POST /auth/token)")
     out(f"  user: {ADMIN_USER}   password: {admin_password(settings)}")
     out(f"  the password is stored in {passwords_file(settings)}")
-    out(f"  logs: {settings.airflow_home / 'logs'}; new DAGs start paused: unpause wavepipe_ingest in the UI")
+    out(f"  logs: {settings.airflow_home / 'logs'}")
+    out("  new DAGs start paused, and runs of a paused DAG (also REST triggers) wait in 'queued' for ever: unpause "
+        "wavepipe_ingest with its toggle in the UI, or PATCH /api/v2/dags/wavepipe_ingest {\"is_paused\": false}, or "
+        f"AIRFLOW_HOME={settings.airflow_home} airflow dags unpause wavepipe_ingest")
 
 
 def _stop_group(pid: int, grace_s: float) -> bool:

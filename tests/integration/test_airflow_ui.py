@@ -82,7 +82,7 @@ def airflow(kafka, tmp_path_factory):
         home=tmp_path_factory.mktemp("airflow-ui") / "home", bootstrap_servers=kafka.bootstrap,
         topic=f"wf-{tag}", group=f"grp-{tag}", partitions=2, kafka_client_config={},
         max_records_per_partition=0, max_bytes_per_partition=0, spark_master="local[2]",
-        reader_stall_timeout_s=30, airflow_port=free_port(),
+        reader_stall_timeout_s=30, airflow_port=free_port(), new_group_start="earliest",
     )
     sessions: set[int] = set()
     try:
@@ -132,6 +132,38 @@ def test_up_reports_the_login_and_is_idempotent(airflow):
     assert api_group == [api_pid], {pid: procs[pid] for pid in api_group}
     executor_workers = [cmd for cmd in _processes_of(settings, sessions).values() if "LocalExecutor" in cmd]
     assert 1 <= len(executor_workers) <= 2, executor_workers
+
+
+def _listening(pids: set[int]) -> set[tuple[str, int]]:
+    """(address, port) of every listening TCP socket of ``pids``."""
+    import psutil
+
+    return {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN and c.pid in pids}
+
+
+def test_every_service_listens_on_loopback_only(airflow):
+    """The API server and the log servers of the scheduler and the triggerer (Airflow binds those
+    to every interface by itself) listen on 127.0.0.1 only, on this home's ports."""
+    settings, *_, sessions = airflow
+    ports = local.log_server_ports(settings)
+    expected = {settings.airflow_port, ports["worker"], ports["trigger"]}
+    deadline = time.monotonic() + 60  # the log servers are subprocesses that start after `up` returns
+    while True:
+        listening = _listening(set(_processes_of(settings, sessions)))
+        if expected <= {port for _, port in listening} or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert expected <= {port for _, port in listening}, (expected, listening)
+    assert all(_loopback(address) for address, _ in listening), listening
+
+
+def _loopback(address: str) -> bool:
+    """Whether ``address`` is a loopback address (IPv4-mapped ``::ffff:127.0.0.1`` included)."""
+    import ipaddress
+
+    ip = ipaddress.ip_address(address)
+    return (getattr(ip, "ipv4_mapped", None) or ip).is_loopback
 
 
 def test_trigger_form_params_come_through_the_rest_api(api):
@@ -196,6 +228,16 @@ def test_a_run_triggered_through_the_rest_api_ingests_and_commits(airflow, api, 
     assert log.status_code == 200, log.text
     assert f"Kafka from Airflow connection '{local.KAFKA_CONN_ID}': {settings.bootstrap_servers}" in log.text, \
         log.text[-3000:]
+    # a successful task's log has no ERROR lines: the Spark app's warnings are relayed as warnings
+    for task_id, map_index in (("plan", -1), ("consume", 0), ("reassemble", -1), ("validate", -1), ("commit", -1)):
+        entries = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/logs/1",
+                          params={"full_content": True, "map_index": map_index},
+                          headers={"Accept": "application/json"}).json()["content"]
+        errors = [e for e in entries if str(e.get("level", "")).lower() in ("error", "critical")]
+        assert not errors, (task_id, errors[:5])
+        if task_id == "reassemble":
+            assert any(e.get("logger") == "wavepipe.spark.app" and e.get("level") == "warning" for e in entries), \
+                entries[-20:]
 
     reports = {r["run_id"]: r for r in (json.loads(p.read_text()) for p in settings.reports_dir.glob("*.json"))}
     assert safe_run_id(run_id) in reports, f"no report of {run_id} among {sorted(reports)}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from tests.helpers import output_rows, run_cli
 from wavepipe.airflow.local import dags_test
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
+from wavepipe.plan import RunStore
 from wavepipe.spark import settings_env
 
 pytestmark = pytest.mark.integration
@@ -27,14 +29,21 @@ def test_dag_parses_with_its_wiring():
     dag = bag.dags["wavepipe_ingest"]
     assert [t.task_id for t in dag.topological_sort()] == ["plan", "consume", "reassemble", "validate", "commit"]
     assert dag.max_active_runs == 1 and not dag.catchup
-    assert set(dag.params) == {"topic", "group", "max_records", "max_bytes", "skip_lost_offsets", "window_start", "window_end"}
+    assert set(dag.params) == {"topic", "group", "max_records", "max_bytes", "skip_lost_offsets", "window_start", "window_end",
+                               "new_group_start"}
     assert type(dag.timetable).__name__ == "DeltaDataIntervalTimetable"  # data intervals: a backfill run's window
 
 
 def test_dag_run_ingests_then_an_idle_run_reads_nothing(settings, spark):
     ensure_topic(settings)
     sent = produce_demo(settings, count=6, target_bytes=32 * 1024)
-    dags_test(settings, "wavepipe_ingest")
+    result = dags_test(settings, "wavepipe_ingest", capture=True)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-5000:]
+    # a successful run logs no errors: Spark's warnings are relayed as warnings, Kafka's client noise at debug
+    errors = re.findall(r"^\S+ \[(?:error|critical)\s*\].*$", log, re.M)
+    assert not errors, "\n".join(errors)
+    assert re.search(r"^\S+ \[warning\s*\] .* \[wavepipe\.spark\.app\]", log, re.M), log[-5000:]  # at their own level
     reports = sorted(settings.reports_dir.glob("*.json"))
     assert len(reports) == 1
     report = json.loads(reports[0].read_text())
@@ -46,9 +55,10 @@ def test_dag_run_ingests_then_an_idle_run_reads_nothing(settings, spark):
     ends = {int(p): part["end"] for p, part in report["partitions"].items()}
     assert committed_offsets(settings, settings.group, settings.topic, list(ends)) == ends
 
-    dags_test(settings, "wavepipe_ingest")  # nothing new: no Spark job, no new rows
-    second = json.loads(max(settings.reports_dir.glob("*.json"), key=lambda p: p.stat().st_mtime).read_text())
-    assert second["run_id"] != report["run_id"] and second["skipped"]
+    dags_test(settings, "wavepipe_ingest")  # nothing new: no Spark job, no new rows, no report file
+    assert sorted(settings.reports_dir.glob("*.json")) == reports, "an idle run keeps one line of history instead"
+    idle = RunStore(settings).idle_runs(settings.group)
+    assert idle["count"] == 1 and idle["last_run_id"].startswith("manual__") and idle["last_run_id"] != report["run_id"]
     assert output_rows(spark, settings) == rows
 
 
