@@ -5,6 +5,8 @@ Guarantees: a run whose validation fails changes no published table and records 
 expectations failed, with counts and examples, in its ``validate`` step and in the validation
 history; the step can be retried (after the data is fixed, or a threshold relaxed) and then
 publishes. Publishing appends only keys not yet in each table, so a retry adds nothing twice.
+Only the data path and the expectations decide the outcome: what merely describes it (the
+waveform plot, Data Docs, the history line) degrades to a line in the result's ``notes``.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -25,7 +29,7 @@ from wavepipe import expectations
 from wavepipe.config import Settings
 from wavepipe.faults import failpoint
 from wavepipe.plan import RunPlan, RunStore, utc_now
-from wavepipe.report import append_validation_history, plot_path
+from wavepipe.report import append_validation_history, describe_safely, plot_path
 from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_apps.reassemble import OUTPUT_SCHEMA, per_partition
 from wavepipe.spark_apps.tables import (
@@ -112,21 +116,18 @@ def _summarize_result(name: str, result, docs_url: str | None) -> dict:
             "failed_count": stats["unsuccessful_expectations"], "failed": failed, "data_docs": docs_url}
 
 
-def run_suites(settings: Settings, run_id: str, frames: dict[str, DataFrame], now: datetime) -> tuple[list[dict], str]:
+def run_suites(settings: Settings, run_id: str, frames: dict[str, DataFrame], now: datetime,
+               notes: list[str] | None = None) -> tuple[list[dict], str]:
     """Each suite on its frame through a GX checkpoint (results stored, Data Docs updated).
-    Returns the per-suite summaries and the Data Docs index URL."""
+    Returns the per-suite summaries and the Data Docs index URL. Data Docs only describe the
+    results: when building them fails, ``notes`` gets a line and the links are left out."""
     import great_expectations as gx
     from great_expectations.core.run_identifier import RunIdentifier
 
     context = gx.get_context(mode="file", project_root_dir=str(settings.gx_dir.parent))  # GX adds "gx/"
     context.variables.progress_bars = {"globally": False}
-    sites = context.variables.data_docs_sites or {}
-    index = sites.get("local_site", {}).get("site_index_builder")
-    if index is not None and index.get("validation_results_limit") != DATA_DOCS_INDEX_RESULTS:
-        # the index is rebuilt after every validation from the stored results: keep that bounded
-        index["validation_results_limit"] = DATA_DOCS_INDEX_RESULTS
-        context.variables.data_docs_sites = sites
-        context.variables.save()
+    notes = [] if notes is None else notes
+    describe_safely(notes, "configuring Great Expectations Data Docs", _bound_docs_index, context)
     try:
         source = context.data_sources.get("wavepipe")
     except (KeyError, ValueError, LookupError):
@@ -159,13 +160,33 @@ def run_suites(settings: Settings, run_id: str, frames: dict[str, DataFrame], no
                 break
         (identifier, run_result), = list(outcome.run_results.items())[-1:]
         summaries.append((name, run_result, identifier))
-    context.build_data_docs(resource_identifiers=identifiers)  # this run's pages, and the index once
-    out = []
-    for name, run_result, identifier in summaries:
+    docs = describe_safely(notes, "Great Expectations Data Docs", _build_docs, context,
+                           [identifier for _, _, identifier in summaries], identifiers) or ([], "")
+    pages = docs[0] or [None] * len(summaries)
+    out = [_summarize_result(name, run_result, page) for (name, run_result, _), page in zip(summaries, pages)]
+    return out, docs[1]
+
+
+def _bound_docs_index(context) -> None:
+    """The Data Docs index is rebuilt after every validation from the stored results: keep it bounded."""
+    sites = context.variables.data_docs_sites or {}
+    index = sites.get("local_site", {}).get("site_index_builder")
+    if index is not None and index.get("validation_results_limit") != DATA_DOCS_INDEX_RESULTS:
+        index["validation_results_limit"] = DATA_DOCS_INDEX_RESULTS
+        context.variables.data_docs_sites = sites
+        context.variables.save()
+
+
+def _build_docs(context, shown: list, identifiers: list) -> tuple[list[str | None], str]:
+    """Build this run's Data Docs pages (and the index once); the page of each ``shown`` result
+    and the index URL."""
+    context.build_data_docs(resource_identifiers=identifiers)
+    pages = []
+    for identifier in shown:
         urls = context.get_docs_sites_urls(resource_identifier=identifier)
-        out.append(_summarize_result(name, run_result, urls[0]["site_url"] if urls else None))
+        pages.append(urls[0]["site_url"] if urls else None)
     index_url = context.get_docs_sites_urls()
-    return out, index_url[0]["site_url"] if index_url else ""
+    return pages, index_url[0]["site_url"] if index_url else ""
 
 
 # --- I/O -------------------------------------------------------------------------------------------
@@ -184,42 +205,103 @@ def _staged_records(spark: SparkSession, store: RunStore, plan: RunPlan) -> Data
     return spark.read.parquet(*files).select("topic", "partition", "offset")
 
 
-def plot_waveforms(rows: list, path: Path) -> None:
-    """A small PNG of a few reassembled waveforms (decimated to about 2000 points each)."""
-    import matplotlib
+#: Channels drawn per waveform, and characters of an id or a source shown in a plot's title.
+PLOT_CHANNELS = 4
+PLOT_TITLE_CHARS = 60
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+
+def _short(text: str, limit: int = PLOT_TITLE_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "\u2026"
+
+
+def _scale_exponent(peak: float) -> int:
+    """0 for magnitudes a plot's axis handles as they are, else the power of ten to divide by."""
+    return 0 if peak == 0 or 1e-6 <= peak < 1e6 else math.floor(math.log10(peak))
+
+
+def plottable(samples: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """``samples`` as float64 any plot can draw: complex as their real part, non-finite values as
+    gaps (NaN), and values divided by ``10**e`` when their magnitude is beyond 1e-6..1e6 (so no
+    axis range or tick computation overflows, e.g. from -1.7e308 to 1.7e308).
+    Returns (values, e, non-finite count)."""
+    if samples.dtype.kind == "c":
+        samples = samples.real
+    with np.errstate(all="ignore"):
+        values = samples.astype(np.float64)
+    bad = ~np.isfinite(values)
+    values[bad] = np.nan
+    finite = np.abs(values[~bad])
+    e = _scale_exponent(float(finite.max()) if finite.size else 0.0)
+    if e:  # two factors: 10**324 or 10**-324 alone is not a float
+        values = values * 10.0 ** (-e // 2) * 10.0 ** (-e - (-e // 2))
+    return values, e, int(bad.sum())
+
+
+def time_axis(n: int, step: int, sample_rate: float) -> tuple[np.ndarray, int]:
+    """The times of samples ``0, step, 2*step, ... < n`` at ``sample_rate`` Hz, in units of
+    ``10**e`` seconds chosen so they are finite and moderate for any positive finite rate."""
+    span = math.log10(max(n - 1, 1)) - math.log10(sample_rate)  # log10 of the duration in seconds
+    e = 0 if -6 <= span < 6 else math.floor(span)
+    per_sample = 10.0 ** (-math.log10(sample_rate) - e)
+    return np.arange(0, n, step, dtype=np.float64) * per_sample, e
+
+
+def plot_waveforms(rows: list, path: Path) -> Path:
+    """A small PNG of a few reassembled waveforms (decimated to about 2000 points each, up to
+    ``PLOT_CHANNELS`` channels). Any waveform the protocol allows can be drawn: non-finite samples
+    are left out, extreme magnitudes and times are drawn in powers of ten, long ids are cut."""
+    import warnings
+
+    from matplotlib.figure import Figure
 
     from wavepipe.protocol import rebuild
 
-    fig, axes = plt.subplots(len(rows), 1, figsize=(8, 1.7 * len(rows)), squeeze=False)
-    for ax, row in zip(axes[:, 0], rows):
-        samples = rebuild(bytes(row["payload"]), row["dtype"], row["channels"]).astype(float)
-        step = max(1, len(samples) // 2000)
-        t = [i * step / row["sample_rate"] for i in range(len(samples[::step]))]
-        for c in range(min(samples.shape[1], 4)):
-            ax.plot(t, samples[::step, c], linewidth=0.6)
-        ax.set_title(f"{row['waveform_id']}  ({row['source']}, {row['dtype']} x {row['channels']}, "
-                     f"{row['sample_rate']:g} Hz)", fontsize=8)
-        ax.tick_params(labelsize=7)
-    axes[-1, 0].set_xlabel("seconds", fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    fig = Figure(figsize=(8, 1.9 * len(rows)))
+    axes = fig.subplots(len(rows), 1, squeeze=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. identical axis limits of a one-sample waveform
+        for ax, row in zip(axes[:, 0], rows):
+            raw = rebuild(bytes(row["payload"]), row["dtype"], row["channels"])
+            step = max(1, len(raw) // 2000)
+            values, y_exp, bad = plottable(raw[::step, :PLOT_CHANNELS])
+            t, t_exp = time_axis(len(raw), step, row["sample_rate"])
+            for c in range(values.shape[1]):
+                ax.plot(t, values[:, c], linewidth=0.6, marker="." if len(t) < 50 else None, markersize=3)
+            facts = [f"{row['dtype']} x {row['channels']}", f"{row['sample_rate']:g} Hz"]
+            if raw.dtype.kind == "c":
+                facts.append("real part")
+            if row["channels"] > PLOT_CHANNELS:
+                facts.append(f"first {PLOT_CHANNELS} channels")
+            if y_exp:
+                facts.append(f"values x 1e{y_exp}")
+            if bad:
+                facts.append(f"{bad} non-finite samples not drawn")
+            ax.set_title(f"{_short(row['waveform_id'])}  ({_short(row['source'], 30)}, {', '.join(facts)})", fontsize=8)
+            ax.set_xlabel("seconds" if not t_exp else f"seconds x 1e{t_exp}", fontsize=7)
+            ax.tick_params(labelsize=7)
+        fig.tight_layout()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=80)
+    return path
 
 
-def _plot_sample(candidates: DataFrame, settings: Settings, run_id: str) -> str | None:
-    """Plot the first few candidate waveforms Spark reaches (a limit, not a sort: no full scan)."""
-    rows = (candidates.where(F.col("size_bytes") <= _PLOT_MAX_BYTES)
-            .select("waveform_id", "source", "dtype", "channels", "sample_rate", "payload").limit(3).collect())
-    rows = sorted((r for r in rows if r["payload"] is not None), key=lambda r: r["waveform_id"])
+def plot_sample(candidates: DataFrame, settings: Settings, run_id: str, notes: list[str]) -> str | None:
+    """Plot the first few candidate waveforms Spark reaches (a limit, not a sort: no full scan).
+    The plot only describes the run: whatever fails here becomes a line in ``notes``, never an error."""
+    rows = describe_safely(notes, "fetching waveforms to plot", lambda: (
+        candidates.where(F.col("size_bytes") <= _PLOT_MAX_BYTES)
+        .select("waveform_id", "source", "dtype", "channels", "sample_rate", "payload").limit(3).collect()))
+    rows = sorted((r for r in rows or [] if r["payload"] is not None), key=lambda r: r["waveform_id"])
+    return plot_rows(rows, plot_path(settings, run_id), notes)
+
+
+def plot_rows(rows: list, path: Path, notes: list[str]) -> str | None:
+    """``plot_waveforms`` of ``rows`` to ``path``; returns the path, or None when there is nothing
+    to plot or the plot failed (then ``notes`` says why; it never raises an ``Exception``)."""
     if not rows:
         return None
-    path = plot_path(settings, run_id)
-    plot_waveforms(rows, path)
-    return str(path)
+    done = describe_safely(notes, "the waveform plot", plot_waveforms, rows, path)
+    return None if done is None else str(done)
 
 
 def publish_run(spark: SparkSession, settings: Settings, plan: RunPlan, *, candidates_in_table: int,
@@ -325,10 +407,11 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
     t = time.monotonic()
     frames = {expectations.suite_name(expectations.OUTPUT_SUITE): checked,
               expectations.suite_name(expectations.CHUNKS_SUITE): staged}
-    suites, docs_index = run_suites(settings, plan.run_id, frames, now)
+    notes: list[str] = []  # what could not be described; never a reason to fail the run
+    suites, docs_index = run_suites(settings, plan.run_id, frames, now, notes)
     timings["expectations_s"] = time.monotonic() - t
     t = time.monotonic()
-    plot = _plot_sample(candidates, settings, plan.run_id)
+    plot = plot_sample(candidates, settings, plan.run_id, notes)
     timings["plot_s"] = time.monotonic() - t
     checked.unpersist()
     staged.unpersist()
@@ -348,8 +431,9 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
         result["published"] = True
         timings["publish_s"] = time.monotonic() - t
     result["timings"] = {k: round(v, 3) for k, v in timings.items()}
+    describe_safely(notes, "the validation history", append_validation_history, settings, result)
+    result["notes"] = notes
     store.save_step(plan.run_id, "validate", result)
-    append_validation_history(settings, result)
     failed = [f"{f['expectation']}({f.get('column') or f.get('column_A') or f.get('column_list')})"
               for s in suites for f in s["failed"]]
     log.info("run %s validation %s%s", plan.run_id, "passed; published" if success else "FAILED: ",

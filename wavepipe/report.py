@@ -9,13 +9,36 @@ move offsets while the list is not empty.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from wavepipe.config import Settings
 from wavepipe.plan import RunPlan, utc_now
 
 REPORT_VERSION = 1
+#: Characters of a failure's reason kept in a note (its first line).
+NOTE_REASON_CHARS = 300
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def describe_safely(notes: list[str], what: str, step: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+    """Run ``step``, which only describes a run (a plot, a page, Data Docs, the validation trend):
+    it never fails the run. Whatever ``Exception`` it raises is logged as a warning and appended
+    to ``notes`` as one line, ``"<what> failed: <reason>"``; the result is then None. Interrupts
+    and exits (``BaseException``) are not caught."""
+    try:
+        return step(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - a description must not decide whether data is ingested
+        lines = str(exc).strip().splitlines()
+        reason = lines[0][:NOTE_REASON_CHARS] if lines else "no reason given"
+        note = f"{what} failed: {reason}"
+        log.warning("%s; the run goes on (a note in its report)", note)
+        log.debug("%s: details", what, exc_info=True)
+        notes.append(note)
+        return None
 
 
 def empty_partition(start: int, end: int) -> dict[str, Any]:
@@ -134,7 +157,9 @@ def build_report(plan: RunPlan, consumed: dict[int, dict], reassembled: dict | N
         "output_table_version": (validation or {}).get("output_table_version"),
         "validation": None if validation is None else {
             k: validation.get(k) for k in ("success", "suite_version", "checked_at", "suites", "rows",
-                                            "data_docs_index", "published", "plot", "thresholds")},
+                                            "data_docs_index", "published", "plot", "thresholds", "notes")},
+        # what could not be described (a plot, Data Docs, the page, the trend): never a failure
+        "notes": list((validation or {}).get("notes") or []),
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
     }
     # Readers may run in parallel (one mapped task each): report their sum and their maximum.

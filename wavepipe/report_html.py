@@ -2,7 +2,8 @@
 
 Every number shown comes from the JSON twin and carries its path there (``data-key``, dotted; list
 items by index) and its raw value (``data-value``), so a test or a script can check the page
-against the report.
+against the report. What could not be described (a plot, Data Docs, the trend) is listed under
+"Notes"; ``write_plain`` is the page for when this one cannot be made.
 """
 
 from __future__ import annotations
@@ -159,6 +160,15 @@ def _trend(trend: list[dict]) -> str:
             '<th>staged records</th><th>failed</th><th class="t">failed expectations</th></tr>' + rows + "</table>")
 
 
+def _notes(report: dict) -> str:
+    """What could not be described for this run (a plot, Data Docs, the trend): never a failure."""
+    notes = report.get("notes") or []
+    if not notes:
+        return ""
+    items = "".join(f"<li>{escape(str(n))}</li>" for n in notes)
+    return f'<h2>Notes</h2><ul id="notes">{items}</ul>'
+
+
 def render(report: dict, *, trend: list[dict], plot_png: Path | None = None, json_name: str | None = None) -> str:
     badge_class, badge_text = _status(report)
     plot = ""
@@ -182,6 +192,7 @@ def render(report: dict, *, trend: list[dict], plot_png: Path | None = None, jso
  · reported {escape(report['reported_at'])}{twin}</div>
 {f'<p class="sub">Skipped: {escape(report["skipped"])}</p>' if report.get("skipped") else ""}
 {f'<h2>Counts do not add up</h2><ul>{errors}</ul>' if errors else ""}
+{_notes(report)}
 {_cards(report)}
 <h2>Validation</h2>{_validation(report)}
 <h2>Partitions</h2>{_partitions(report)}
@@ -198,4 +209,24 @@ def write(report: dict, path: Path, *, trend: list[dict], plot_png: Path | None 
     from wavepipe.plan import write_text_atomic
 
     write_text_atomic(path, render(report, trend=trend, plot_png=plot_png, json_name=f"{report['run_id']}.json"))
+    return path
+
+
+def render_plain(report: dict) -> str:
+    """A page that cannot fail on any report: its notes and the report as JSON text."""
+    import json
+
+    run_id = escape(str(report.get("run_id")))
+    text = escape(json.dumps(report, indent=1, default=str))
+    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>wavepipe run {run_id}</title>'
+            f"<style>{STYLE}</style></head><body><h1>Run <code>{run_id}</code></h1>"
+            f"<p>The full page could not be made; the report follows as JSON.</p>{_notes(report)}"
+            f"<h2>Report</h2><pre>{text}</pre></body></html>\n")
+
+
+def write_plain(report: dict, path: Path) -> Path:
+    """``render_plain`` of ``report`` to ``path`` (the fallback when ``write`` fails)."""
+    from wavepipe.plan import write_text_atomic
+
+    write_text_atomic(path, render_plain(report))
     return path

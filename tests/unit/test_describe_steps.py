@@ -1,0 +1,119 @@
+"""Steps that only describe a run (the waveform plot, the run's page, Data Docs, the trend) never
+fail it: hostile waveforms are drawn, and any failure becomes a note in the report."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.unit.test_report import CONSUMED, PLAN, _reassembled
+from wavepipe import report_html
+from wavepipe.config import load_settings
+from wavepipe.report import build_report, describe_safely, html_path, json_path
+from wavepipe.spark_apps import validate
+
+I64 = np.iinfo(np.int64)
+#: name -> (samples (samples,) or (samples, channels), sample rate in Hz); all follow the protocol
+HOSTILE = {
+    "huge_range": (np.array([1.7e308, -1.7e308, 0, 1], "<f8"), 1.0),  # issue 15: the tick locator's arange
+    "constant_huge": (np.full(8, 1.7e308, "<f8"), 1.0),
+    "nan_and_inf": (np.array([np.nan, np.inf, -np.inf, 1.0, 2.0], "<f8"), 1.0),
+    "all_nan": (np.full(4, np.nan, "<f4"), 1.0),
+    "constant": (np.full(100, 3.0, "<f4"), 100.0),
+    "one_sample": (np.array([5.0], "<f4"), 1.0),
+    "denormal": (np.array([5e-324, -5e-324, 0.0], "<f8"), 1.0),
+    "rate_1e-9": (np.arange(4.0), 1e-9),
+    "rate_1e9": (np.arange(4.0), 1e9),
+    "rate_smallest": (np.arange(4.0), 5e-324),
+    "rate_largest": (np.arange(4.0), 1.7e308),
+    "int64_extremes": (np.array([I64.min, I64.max, 0, -1], "<i8"), 1.0),
+    "uint64_max": (np.array([0, 2**64 - 1], "<u8"), 1.0),
+    "big_endian": (np.array([1, -1, 7], ">i2"), 1.0),
+    "complex128": (np.array([1 + 2j, np.inf + 0j, 1.7e308 - 1.7e308j, 0], "<c16"), 1.0),
+    "float16_inf": (np.array([65504, -65504, np.inf], "<f2"), 1.0),
+    "channels_64": (np.random.default_rng(0).normal(size=(5000, 64)), 250.0),
+}
+
+
+def _row(name: str, samples: np.ndarray, rate: float, waveform_id: str | None = None) -> dict:
+    samples = samples if samples.ndim == 2 else samples[:, None]
+    return {"waveform_id": waveform_id or name, "source": "s" * 500, "dtype": samples.dtype.str,
+            "channels": samples.shape[1], "sample_rate": rate, "payload": samples.tobytes()}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_the_plot_draws_every_waveform_the_protocol_allows(name, tmp_path):
+    samples, rate = HOSTILE[name]
+    notes: list[str] = []
+    path = validate.plot_rows([_row(name, samples, rate, waveform_id="x" * 1000)], tmp_path / "p.png", notes)
+    assert notes == []
+    assert path == str(tmp_path / "p.png") and (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_plot_values_and_times_stay_finite_and_moderate():
+    values, e, bad = validate.plottable(np.array([[1.7e308], [-1.7e308], [np.inf], [5e-324]]))
+    assert e == 308 and bad == 1
+    assert np.nanmax(np.abs(values)) < 10 and np.isnan(values[2, 0])
+    values, e, _ = validate.plottable(np.array([[5e-324], [0.0]]))
+    assert e == -324 and 1 <= values[0, 0] < 10
+    for rate in (5e-324, 1e-9, 1.0, 1e9, 1.7e308):
+        t, _ = validate.time_axis(4000, 2, rate)
+        assert np.isfinite(t).all() and t[-1] < 1e6
+
+
+def test_a_failing_plot_becomes_a_note_and_the_run_goes_on(tmp_path, monkeypatch):
+    def broken(rows, path):
+        raise ValueError("arange: cannot compute length")
+
+    monkeypatch.setattr(validate, "plot_waveforms", broken)
+    notes: list[str] = []
+    samples, rate = HOSTILE["huge_range"]
+    assert validate.plot_rows([_row("h", samples, rate)], tmp_path / "p.png", notes) is None
+    assert notes == ["the waveform plot failed: arange: cannot compute length"]
+
+
+def test_the_guard_records_exceptions_and_lets_interrupts_through():
+    notes: list[str] = []
+
+    def fails():
+        raise RuntimeError("first line\nsecond line")
+
+    assert describe_safely(notes, "the thing", fails) is None
+    assert describe_safely(notes, "the thing", lambda: 7) == 7
+    assert notes == ["the thing failed: first line"]
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        describe_safely(notes, "the thing", interrupted)
+
+
+def test_validation_notes_reach_the_report_and_its_page():
+    validation = {"success": True, "suites": [], "rows": {}, "notes": ["the waveform plot failed: boom"]}
+    report = build_report(PLAN, CONSUMED, _reassembled(dead_letter=1), {}, validation=validation)
+    assert report["notes"] == ["the waveform plot failed: boom"]
+    assert "<li>the waveform plot failed: boom</li>" in report_html.render(report, trend=[])
+
+
+def test_a_failing_page_or_trend_becomes_a_note_with_a_plain_page(tmp_path, monkeypatch):
+    from wavepipe import pipeline
+
+    settings = load_settings(home=tmp_path / "home")
+    report = build_report(PLAN, CONSUMED, _reassembled(dead_letter=1), {},
+                          validation={"success": True, "suites": [], "rows": {}, "notes": ["plot failed: x"]})
+
+    def broken(*args, **kwargs):
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(pipeline, "validation_trend", broken)
+    monkeypatch.setattr(report_html, "write", broken)
+    page = pipeline._write_report(settings, report)
+    assert page == html_path(settings, PLAN.run_id) and page.exists()
+    notes = json.loads(json_path(settings, PLAN.run_id).read_text())["notes"]
+    assert notes == ["plot failed: x", "the validation trend failed: no space left on device",
+                     "the run's page failed: no space left on device"]
+    assert "the run&#x27;s page failed" in page.read_text()
+    assert "Error" not in " ".join(notes)
