@@ -7,23 +7,35 @@ refused.
 
 With a dead-letter topic configured, the run's dead letters are produced and the offsets are
 committed in one Kafka transaction (``send_offsets_to_transaction``): both happen or neither,
-and a retry after a commit that went through publishes nothing twice.
+and a retry after a commit that went through publishes nothing twice. A record's origin (topic,
+partition, offset) is dead-lettered on the topic once, whatever rewinds and re-reads happen: per
+partition, the origin offsets whose dead letters are on the topic already are kept as intervals,
+in the committed offset's metadata (written in the same transaction as the dead letters) and in a
+ledger under ``home`` (which survives a rewind or a Kafka tool's reset that drops the metadata);
+only dead letters outside them are produced.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
-from typing import Iterable
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
 
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import TopicPartition
 
 from wavepipe.config import Settings
-from wavepipe.consumers.kafka_admin import committed_positions, group_consumer
-from wavepipe.plan import RunPlan
+from wavepipe.consumers.kafka_admin import committed_positions, group_consumer, new_producer
+from wavepipe.plan import RunPlan, RunStore, read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 60.0
+#: Kafka keeps at most ``offset.metadata.max.bytes`` (default 4096) of metadata per committed
+#: offset; wavepipe's stays under this, keeping the newest published intervals (the ledger has all).
+METADATA_MAX_CHARS = 1024
+#: Origin offsets as sorted, disjoint, non-adjacent ``[start, end)`` intervals.
+Intervals = list[list[int]]
 
 
 class OffsetsMovedError(RuntimeError):
@@ -34,8 +46,83 @@ class DeadLetterPublishError(RuntimeError):
     """Dead letters could not be published; nothing was committed and a retry may succeed."""
 
 
-def commit_metadata(plan: RunPlan, partition: int) -> str:
-    return json.dumps({"run_id": plan.run_id, "planned_end": plan.range_for(partition).end}, separators=(",", ":"))
+def commit_metadata(plan: RunPlan, partition: int, published: Intervals | None = None,
+                    dead_letter_topic: str = "") -> str:
+    """The committed offset's metadata: the run id and planned end; with a dead-letter topic, also
+    that topic and the origin offsets whose dead letters are on it (``dlq``, the newest intervals
+    that fit in ``METADATA_MAX_CHARS``)."""
+    data: dict = {"run_id": plan.run_id, "planned_end": plan.range_for(partition).end}
+    if dead_letter_topic:
+        kept = list(published or [])
+        data.update(dlq_topic=dead_letter_topic, dlq=kept)
+        while kept and len(json.dumps(data, separators=(",", ":"))) > METADATA_MAX_CHARS:
+            kept.pop(0)
+    return json.dumps(data, separators=(",", ":"))
+
+
+def merge_intervals(intervals: Iterable[Sequence[int]]) -> Intervals:
+    """The union of ``[start, end)`` intervals as sorted, disjoint intervals (touching ones joined,
+    empty ones dropped)."""
+    merged: Intervals = []
+    for a, b in sorted((int(a), int(b)) for a, b in intervals):
+        if b <= a:
+            continue
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    return merged
+
+
+def covers(intervals: Intervals, offset: int) -> bool:
+    """Whether ``offset`` is inside one of the (merged) ``intervals``."""
+    i = bisect.bisect_right(intervals, [offset, float("inf")]) - 1
+    return i >= 0 and offset < intervals[i][1]
+
+
+def published_in_metadata(metadata: str | None, dead_letter_topic: str) -> Intervals:
+    """The origin offsets whose dead letters a wavepipe commit recorded as published to
+    ``dead_letter_topic`` (none for metadata of another tool, or of another dead-letter topic)."""
+    try:
+        data = json.loads(metadata) if metadata else {}
+        if not isinstance(data, dict) or data.get("dlq_topic") != dead_letter_topic:
+            return []
+        return merge_intervals(data.get("dlq") or [])
+    except (ValueError, TypeError):
+        return []
+
+
+def ledger_path(settings: Settings, topic: str) -> Path:
+    """The ledger of the dead letters of ``topic`` published so far, per dead-letter topic and
+    partition: ``{dead_letter_topic: {partition: [[start, end), ...]}}``."""
+    return settings.home / "dead-letters" / f"{topic}.json"
+
+
+def ledger_published(settings: Settings, topic: str) -> dict[int, Intervals]:
+    """Per partition, the origin offsets of ``topic`` whose dead letters the ledger records as
+    published to ``settings.dead_letter_topic``."""
+    path = ledger_path(settings, topic)
+    if not path.exists():
+        return {}
+    try:
+        mine = read_json(path).get(settings.dead_letter_topic, {})
+        return {int(p): merge_intervals(v) for p, v in mine.items()}
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise RuntimeError(
+            f"the dead-letter ledger {path} cannot be read ({exc}); nothing was published or committed. "
+            "It lists the offsets whose dead letters are on the dead-letter topic already: repair it, or delete "
+            "it to rely on the committed offsets' metadata alone (after a rewind, dead letters may then go out again)."
+        ) from None
+
+
+def record_published(settings: Settings, topic: str, published: dict[int, Intervals]) -> None:
+    """Add ``published`` (per partition) to the ledger of ``topic`` (atomic replace)."""
+    path = ledger_path(settings, topic)
+    data = read_json(path) if path.exists() else {}
+    mine = data.setdefault(settings.dead_letter_topic, {})
+    for p, intervals in published.items():
+        mine[str(p)] = merge_intervals(mine.get(str(p), []) + list(intervals))
+    write_json_atomic(path, data)
 
 
 def committed_run_id(metadata: str | None) -> str | None:
@@ -47,17 +134,36 @@ def committed_run_id(metadata: str | None) -> str | None:
 
 
 def commit_safe_offsets(settings: Settings, plan: RunPlan, safe: dict[int, int],
-                        dead_letters: Iterable[dict] = ()) -> dict[int, dict]:
-    """Commit ``safe[partition]`` for every planned partition; return before/after per partition.
+                        dead_letters: Callable[[dict[int, Intervals]], Iterable[dict]] | None = None,
+                        ) -> dict[int, dict]:
+    """Commit ``safe[partition]`` for every planned partition; return before/after per partition
+    (and, with a dead-letter topic, ``dead_letters_published``).
 
-    ``dead_letters`` (staged dead-letter rows) are published to ``settings.dead_letter_topic`` in
-    the same transaction when that topic is set.
+    With ``settings.dead_letter_topic`` set, ``dead_letters(published)`` gives the staged
+    dead-letter rows of the plan's ranges whose origin offset is not in ``published[partition]``
+    (the origin offsets whose dead letters are on the topic already); only those are produced, in
+    the same transaction as the offsets, and then the plan's ranges count as published. So each
+    origin is on the topic once, whatever rewinds, re-reads and retries happen; a retry of a commit
+    that went through publishes nothing.
     """
+    if not settings.dead_letter_topic:
+        return _commit_offsets(settings, plan, safe, None)
+    path = ledger_path(settings, plan.topic)
+    with RunStore(settings).lock(path.with_name(f".{path.name}.lock"), f"the dead-letter ledger of {plan.topic}",
+                                 wait_s=300):
+        return _commit_offsets(settings, plan, safe, dead_letters)
+
+
+def _commit_offsets(settings: Settings, plan: RunPlan, safe: dict[int, int],
+                    dead_letters: Callable[[dict[int, Intervals]], Iterable[dict]] | None) -> dict[int, dict]:
     partitions = [r.partition for r in plan.ranges]
+    dlq = settings.dead_letter_topic
     current = committed_positions(settings, plan.group, plan.topic, partitions)
     before = {p: offset for p, (offset, _) in current.items()}
-    if all(current[p] == (safe[p], commit_metadata(plan, p)) for p in partitions):
+    if all(current[p][0] == safe[p] and committed_run_id(current[p][1]) == plan.run_id for p in partitions):
         log.info("run %s: its offsets are already committed (a retry); nothing to do", plan.run_id)
+        if dlq:  # its dead letters went out with that commit: the ledger may not say so yet
+            record_published(settings, plan.topic, _published_by_commit(plan, current, dlq))
         return {p: {"before": plan.expected_committed(p), "after": safe[p]} for p in partitions}
     moved = []
     for r in plan.ranges:
@@ -70,12 +176,21 @@ def commit_safe_offsets(settings: Settings, plan: RunPlan, safe: dict[int, int],
             f"group {plan.group!r} moved during run {plan.run_id}: {'; '.join(moved)}. Nothing was committed; "
             "the group is released and the output is idempotent, so start a new run to continue from the group's offsets."
         )
-    to_commit = [TopicPartition(plan.topic, p, safe[p], metadata=commit_metadata(plan, p)) for p in partitions]
-    if settings.dead_letter_topic:
-        published = _commit_in_transaction(settings, plan, to_commit, dead_letters)
-        log.info("run %s: %d dead letters published to %s with the offsets", plan.run_id, published,
-                 settings.dead_letter_topic)
+    published, counts = {}, {}
+    if dlq:
+        ledger = ledger_published(settings, plan.topic)
+        published = {p: merge_intervals(published_in_metadata(current[p][1], dlq) + ledger.get(p, []))
+                     for p in partitions}
+        after_commit = {r.partition: merge_intervals(published[r.partition] + [[r.start, r.end]]) for r in plan.ranges}
+        to_commit = [TopicPartition(plan.topic, p, safe[p], metadata=commit_metadata(plan, p, after_commit[p], dlq))
+                     for p in partitions]
+        rows = (row for row in (dead_letters(published) if dead_letters else ())
+                if not covers(published.get(row["partition"], []), row["offset"]))
+        counts = _commit_in_transaction(settings, plan, to_commit, rows)
+        record_published(settings, plan.topic, after_commit)
+        log.info("run %s: %d dead letters published to %s with the offsets", plan.run_id, sum(counts.values()), dlq)
     else:
+        to_commit = [TopicPartition(plan.topic, p, safe[p], metadata=commit_metadata(plan, p)) for p in partitions]
         consumer = group_consumer(settings, plan.group)
         try:
             result = consumer.commit(offsets=to_commit, asynchronous=False)
@@ -89,7 +204,20 @@ def commit_safe_offsets(settings: Settings, plan: RunPlan, safe: dict[int, int],
         if after[p] != safe[p]:
             raise OffsetsMovedError(f"{plan.topic}[{p}]: committed {after[p]} but wanted {safe[p]}")
     log.info("run %s committed %s", plan.run_id, after)
-    return {p: {"before": before[p], "after": after[p]} for p in partitions}
+    extra = (lambda p: {"dead_letters_published": counts.get(p, 0)}) if dlq else (lambda p: {})
+    return {p: {"before": before[p], "after": after[p], **extra(p)} for p in partitions}
+
+
+def _published_by_commit(plan: RunPlan, current: dict[int, tuple[int | None, str | None]],
+                         dead_letter_topic: str) -> dict[int, Intervals]:
+    """What a commit of ``plan`` that went through published: its ranges (when it committed with
+    this dead-letter topic) and what its metadata lists."""
+    out = {}
+    for r in plan.ranges:
+        metadata = current[r.partition][1]
+        if json.loads(metadata or "{}").get("dlq_topic") == dead_letter_topic:
+            out[r.partition] = merge_intervals(published_in_metadata(metadata, dead_letter_topic) + [[r.start, r.end]])
+    return out
 
 
 def dead_letter_record(row: dict) -> tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]:
@@ -106,7 +234,9 @@ def dead_letter_record(row: dict) -> tuple[bytes | None, bytes | None, list[tupl
 
 
 def _commit_in_transaction(settings: Settings, plan: RunPlan, offsets: list[TopicPartition],
-                           dead_letters: Iterable[dict]) -> int:
+                           dead_letters: Iterable[dict]) -> dict[int, int]:
+    """Produce ``dead_letters`` and commit ``offsets`` in one transaction; per partition, the
+    dead letters produced."""
     errors: list[str] = []
 
     def delivered(err, msg) -> None:
@@ -115,13 +245,13 @@ def _commit_in_transaction(settings: Settings, plan: RunPlan, offsets: list[Topi
 
     # One transactional id per group: a second committer of the same group fences the first.
     # Dead letters can be as large as anything the readers fetch (16 MiB a partition).
-    producer = Producer(settings.kafka_config(**{"transactional.id": f"wavepipe-commit-{plan.group}",
+    producer = new_producer(settings.kafka_config(**{"transactional.id": f"wavepipe-commit-{plan.group}",
                                                  "message.max.bytes": 20 * 1024 * 1024}))
     consumer = group_consumer(settings, plan.group)
     try:
         producer.init_transactions(TIMEOUT_S)
         producer.begin_transaction()
-        count = 0
+        counts: dict[int, int] = {}
         for row in dead_letters:
             key, value, headers = dead_letter_record(row)
             while True:
@@ -132,7 +262,7 @@ def _commit_in_transaction(settings: Settings, plan: RunPlan, offsets: list[Topi
                 except BufferError:  # the local queue is full: let deliveries drain
                     producer.poll(1)
             producer.poll(0)
-            count += 1
+            counts[row["partition"]] = counts.get(row["partition"], 0) + 1
         remaining = producer.flush(TIMEOUT_S)
         if errors or remaining:
             producer.abort_transaction(TIMEOUT_S)
@@ -143,6 +273,6 @@ def _commit_in_transaction(settings: Settings, plan: RunPlan, offsets: list[Topi
             )
         producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), TIMEOUT_S)
         producer.commit_transaction(TIMEOUT_S)
-        return count
+        return counts
     finally:
         consumer.close()

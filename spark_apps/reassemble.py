@@ -5,6 +5,9 @@ and does I/O. Guarantees:
 
 * a waveform is written once: ids already in the output table are never candidates again, so a
   retried run, a re-read after a rewind, or pending chunks read a second time add no rows;
+* an id names one content: chunks of an id that is in the output with the same ``wp-checksum``
+  are a re-delivery (counted ``output_already_written``), chunks with another checksum are another
+  content under a reused id, quarantined as ``id_conflict`` with both checksums, never dropped;
 * nothing is published here: the new waveforms, quarantine and dead-letter rows go to the run's
   candidate tables (``spark_apps/tables.py``), which the validate step checks and publishes;
 * every staged record ends in one place: an output waveform, pending (incomplete, re-read next
@@ -34,7 +37,9 @@ from wavepipe.plan import RunPlan, RunStore, utc_now
 from wavepipe.protocol import checksum
 from wavepipe.report import empty_partition
 from wavepipe.spark_apps.app import load_run, output_lock
-from wavepipe.spark_apps.tables import delta_ids, delta_version, read_delta, window_predicate, write_candidate
+from wavepipe.spark_apps.tables import (
+    delta_checksums, delta_version, read_delta, window_predicate, write_candidate,
+)
 
 log = logging.getLogger("wavepipe.reassemble")
 
@@ -83,6 +88,7 @@ def classify(meta: DataFrame, *, max_waveform_bytes: int = 0, ends: dict[int, in
     ``metadata_mismatch``), sizes do not add up (``size_mismatch``) or the waveform is larger
     than ``max_waveform_bytes`` by its header or its chunks (``too_large``, at any completeness).
     Duplicate chunks (same waveform and sequence number) count once: the lowest offset wins.
+    ``checksum`` is the chunks' ``wp-checksum`` (the smallest, where they disagree).
 
     ``expired`` marks a pending waveform no chunk of which arrived in the last
     ``incomplete_after_offsets`` offsets (before ``ends[partition]``) or ``incomplete_after_ms``
@@ -111,6 +117,8 @@ def classify(meta: DataFrame, *, max_waveform_bytes: int = 0, ends: dict[int, in
         F.min(per_partition(ends) - F.col("offset")).alias("offsets_since"),
         F.min(per_partition(newest_ms) - F.col("timestamp_ms")).alias("ms_since"),
         F.min(F.when(F.col("seq") == 0, F.struct("partition", "offset"))).alias("seq0"),
+        F.min("checksum").alias("checksum"),
+        F.max("checksum").alias("checksum_max"),
     )
     outside = F.lit(False)
     if window is not None:
@@ -127,9 +135,13 @@ def classify(meta: DataFrame, *, max_waveform_bytes: int = 0, ends: dict[int, in
         stalled = stalled | (F.col("offsets_since") > incomplete_after_offsets)
     if incomplete_after_ms:
         stalled = stalled | (F.col("ms_since") > incomplete_after_ms)
+    # one id, two contents in this run (a reused id, or damaged headers): say so, with both checksums
+    two_checksums = F.format_string("; its chunks carry wp-checksum %s and %s (an id used for two contents in "
+                                    "one run, or damaged chunks)", "checksum", "checksum_max")
+    disagree = F.when(F.col("checksum") != F.col("checksum_max"), two_checksums).otherwise(F.lit(""))
     return per.select(
         "waveform_id", "records", "distinct_chunks", "chunk_count", "total_size", "unique_bytes",
-        "partition", "one_partition",
+        "partition", "one_partition", "checksum",
         F.when(outside, F.lit(OTHER_WINDOW))
         .when(F.col("counts_differ"), F.lit(QUARANTINED))
         .when(F.col("facts_differ"), F.lit(QUARANTINED))
@@ -145,8 +157,9 @@ def classify(meta: DataFrame, *, max_waveform_bytes: int = 0, ends: dict[int, in
         .when(F.col("unique_bytes") != F.col("total_size"), F.lit("size_mismatch"))
         .otherwise(F.lit(None)).cast("string").alias("reason"),
         F.when(outside, F.lit("its first chunk is outside the window"))
-        .when(F.col("counts_differ"), F.lit("chunks disagree on wp-count"))
-        .when(F.col("facts_differ"), F.lit("chunks disagree on wp-size, wp-checksum or the waveform's metadata"))
+        .when(F.col("counts_differ"), F.concat(F.lit("chunks disagree on wp-count"), disagree))
+        .when(F.col("facts_differ"), F.concat(F.lit("chunks disagree on wp-size, wp-checksum or the waveform's metadata"),
+                                              disagree))
         .when(too_large, F.format_string("%d bytes by header, %d in chunks; the maximum is %d",
                                          "total_size", "unique_bytes", F.lit(max_waveform_bytes)))
         .when(missing, F.format_string("%d of %d chunks; none in the last %d offsets (%d s) of its partition",
@@ -228,24 +241,28 @@ def assemble_arrow(table: pa.Table) -> pa.Table:
     return pa.Table.from_batches([_batch([row])])
 
 
-def assemble_file(path: str, wanted: set[str]) -> Iterator[pa.RecordBatch]:
-    """Whole waveforms from one staged file, streamed: the ``wanted`` ids must have every chunk,
-    once, in this file (one Kafka partition). Holds only the waveforms whose chunks are still
-    arriving (with keyed producers, one or two) and one batch of output."""
+def assemble_file(path: str, wanted: dict[str, str | None] | set[str]) -> Iterator[pa.RecordBatch]:
+    """Whole waveforms from one staged file, streamed: the ``wanted`` ids (id -> ``wp-checksum``,
+    or a set: any checksum) must have every chunk carrying that checksum, once, in this file (one
+    Kafka partition); chunks of the same id with another checksum (another content under a reused
+    id) are not used. Holds only the waveforms whose chunks are still arriving (with keyed
+    producers, one or two) and one batch of output."""
+    wanted = wanted if isinstance(wanted, dict) else dict.fromkeys(wanted)
     open_: dict[str, dict] = {}
     rows: list[dict] = []
     buffered = 0
     staged = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering would read the whole file ahead
     for batch in _row_group_batches(staged):
         ids = batch.column("waveform_id").to_pylist()
-        if not wanted.intersection(ids):
+        if wanted.keys().isdisjoint(ids):
             continue
+        checksums = batch.column("checksum").to_pylist()
         seqs = batch.column("seq").to_pylist()
         counts = batch.column("chunk_count").to_pylist()
         offsets = batch.column("offset").to_pylist()
         payloads = batch.column("payload")
         for i, wid in enumerate(ids):
-            if wid not in wanted:
+            if wid not in wanted or wanted[wid] not in (None, checksums[i]):
                 continue
             w = open_.get(wid)
             if w is None:
@@ -276,7 +293,7 @@ def _row_group_batches(staged: pq.ParquetFile, rows: int = 256) -> Iterator[pa.R
 def _assemble_tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     for batch in batches:
         for path, ids in zip(batch.column("path").to_pylist(), batch.column("ids").to_pylist()):
-            for out in assemble_file(path, set(ids)):
+            for out in assemble_file(path, {w["waveform_id"]: w["checksum"] for w in ids}):
                 yield out
                 failpoint("reassemble.batch")
 
@@ -285,15 +302,17 @@ def assemble_local(spark: SparkSession, files: dict[int, str], candidates: DataF
     """Whole waveforms for candidates whose chunks are all in one partition's staged file, each
     file streamed by one task: no shuffle of payloads (the common case with keyed producers)."""
     paths = spark.createDataFrame(sorted(files.items()), "partition int, path string")
-    tasks = (candidates.groupBy("partition").agg(F.collect_list("waveform_id").alias("ids"))
+    tasks = (candidates.groupBy("partition").agg(F.collect_list(F.struct("waveform_id", "checksum")).alias("ids"))
              .join(paths, "partition").select("path", "ids"))
     return tasks.repartition(max(1, len(files))).mapInArrow(_assemble_tasks, OUTPUT_SCHEMA)
 
 
 def assemble(chunks: DataFrame, candidates: DataFrame) -> DataFrame:
     """Whole waveforms for the candidate ids (one row each; payload null where the checksum fails),
-    grouped by a shuffle: for waveforms spread over partitions or with duplicate chunks."""
-    wanted = chunks.join(candidates.select("waveform_id"), "waveform_id", "left_semi")
+    grouped by a shuffle: for waveforms spread over partitions or with duplicate chunks. Where the
+    candidates have a ``checksum``, only chunks carrying it are used (not another content's)."""
+    keys = ["waveform_id", "checksum"] if "checksum" in candidates.columns else ["waveform_id"]
+    wanted = chunks.join(candidates.select(*keys), keys, "left_semi")
     return wanted.groupBy("waveform_id").applyInArrow(assemble_arrow, OUTPUT_SCHEMA)
 
 
@@ -339,6 +358,62 @@ def final_status(classified: DataFrame, before_ids: DataFrame, after_ids: DataFr
     )
 
 
+def split_conflicts(meta: DataFrame, output: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """(the chunks of the waveforms as the output knows them, the conflicting chunks).
+
+    ``output``: ``waveform_id`` and ``checksum`` of the output table's rows with the run's ids. A
+    chunk whose id is in the output under another ``wp-checksum`` is another content under a
+    reused id: a conflict (with ``output_checksum``), never a chunk of the waveform already
+    written. Chunks with the output's checksum (a re-delivery) and chunks of ids not in the output
+    are the waveforms'."""
+    owners = output.select("waveform_id", F.col("checksum").alias("output_checksum")).dropDuplicates(["waveform_id"])
+    marked = meta.join(owners, "waveform_id", "left")
+    conflict = F.col("output_checksum").isNotNull() & (F.col("checksum") != F.col("output_checksum"))
+    return marked.where(~conflict).drop("output_checksum"), marked.where(conflict)
+
+
+def conflict_status(conflicts: DataFrame, window: dict[int, tuple[int, int]] | None = None) -> DataFrame:
+    """Per waveform id, where its conflicting chunks (``split_conflicts``) end: quarantined with the
+    reason ``id_conflict``, the output's and their own checksums in the detail and in
+    ``output_checksum``; in a time-window run, ``other_window`` when their first chunk is another
+    window's. Columns as ``final_status``'s, plus ``output_checksum``."""
+    placed = classify(conflicts.select(*META_COLUMNS), window=window).select("waveform_id", "status", "checksum")
+    owners = conflicts.groupBy("waveform_id").agg(F.first("output_checksum").alias("output_checksum"))
+    other = F.col("status") == OTHER_WINDOW
+    return placed.join(owners, "waveform_id").select(
+        "waveform_id",
+        F.when(other, F.lit(OTHER_WINDOW)).otherwise(F.lit(QUARANTINED)).alias("status"),
+        F.when(other, F.lit(None)).otherwise(F.lit("id_conflict")).cast("string").alias("reason"),
+        F.when(other, F.lit("its first chunk is outside the window"))
+        .otherwise(F.format_string("wp-id %s is in the output with wp-checksum %s; these chunks carry wp-checksum %s "
+                                   "(another content under the same id)", "waveform_id", "output_checksum", "checksum"))
+        .alias("detail"),
+        F.lit(False).alias("already_written"),
+        "output_checksum",
+    )
+
+
+def quarantine_rows(meta: DataFrame, status: DataFrame, run_id: str) -> DataFrame:
+    """One row per quarantined waveform and reason: what the quarantine table holds. ``checksum``:
+    the chunks' ``wp-checksum`` (the smallest where they disagree); ``output_checksum``: for an
+    ``id_conflict``, the checksum of the output's waveform with that id."""
+    if "output_checksum" not in status.columns:
+        status = status.withColumn("output_checksum", F.lit(None).cast("string"))
+    return (
+        meta.join(status.where(F.col("status") == QUARANTINED), "waveform_id")
+        .groupBy("waveform_id", "reason")
+        .agg(F.first("detail").alias("detail"), F.first("topic").alias("topic"), F.min(F.struct("partition", "offset")).alias("first"),
+             F.max("offset").alias("last_offset"), F.count(F.lit(1)).alias("records"),
+             F.max("chunk_count").alias("chunk_count"), F.max("total_size").alias("total_size"),
+             F.first("source").alias("source"), F.min("checksum").alias("checksum"),
+             F.first("output_checksum").alias("output_checksum"))
+        .select("waveform_id", "reason", "detail", "topic", F.col("first.partition").alias("partition"),
+                F.col("first.offset").alias("first_offset"), "last_offset", "records", "chunk_count",
+                "total_size", "source", "checksum", "output_checksum", F.lit(run_id).alias("run_id"),
+                F.current_timestamp().alias("quarantined_at"))
+    )
+
+
 def accounting(meta: DataFrame, status: DataFrame) -> DataFrame:
     """Per partition and final status: records, payload bytes, and first offset."""
     return (meta.join(status, "waveform_id", "left")
@@ -368,7 +443,19 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     t = time.monotonic()
     chunks = spark.read.parquet(*map(str, chunk_files))
     files = {r.partition: str(staging / "chunks" / f"{r.name}.parquet") for r in plan.ranges if r.size}
-    meta = chunks.select(*META_COLUMNS)
+    out_path = settings.output_table
+    candidates = store.candidate_dir(plan.run_id)
+    v0 = delta_version(out_path)
+    # a window run recomputes the window's rows: the tables' other rows are what was there before
+    outside = (None if not plan.is_window
+               else f"NOT ({window_predicate(plan.topic, plan.window_offsets(), 'first_offset')})")
+    # the output's ids among the run's, with their checksums (read once): an id there under another
+    # checksum is a reused id, a conflict; its chunks are set apart, the rest are the waveforms'
+    known = delta_checksums(spark, out_path, v0, chunks, counted=outside).persist()
+    before = known.where("counted").select("waveform_id")
+    meta, conflicts = chunks.select(*META_COLUMNS), None
+    if v0 is not None:
+        meta, conflicts = split_conflicts(meta, known)
     newest = {}
     for r in plan.ranges:
         read = store.load_step(plan.run_id, f"consume-{r.topic}-{r.partition}") or {}
@@ -382,16 +469,10 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
         incomplete_after_ms=int(settings.incomplete_after_s * 1000),
         window=plan.window_offsets() if plan.is_window else None,
     ).persist()
-    out_path = settings.output_table
-    candidates = store.candidate_dir(plan.run_id)
-    v0 = delta_version(out_path)
-    # a window run recomputes the window's rows: the tables' other rows are what was there before
-    outside = (None if not plan.is_window
-               else f"NOT ({window_predicate(plan.topic, plan.window_offsets(), 'first_offset')})")
-    before = delta_ids(spark, out_path, v0, where=outside)
     q_version = delta_version(settings.quarantine_table)
+    # an id_conflict row is about another content under the id: it does not quarantine this one
     q_before = (read_delta(spark, settings.quarantine_table, q_version).where(outside or "true")
-                .select("waveform_id", "reason")
+                .where(F.col("reason") != "id_conflict").select("waveform_id", "reason")
                 if q_version is not None else spark.createDataFrame([], "waveform_id string, reason string"))
     new_candidates = classified.where(F.col("status") == CANDIDATE)
     if q_version is not None:  # quarantined once, quarantined for good (e.g. late chunks of an incomplete one)
@@ -419,20 +500,15 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
 
     t = time.monotonic()
     status = final_status(classified, before, after, q_before).persist()
-    waveforms = status.groupBy("status", "reason", "already_written").count().collect()
+    placed = status
+    if conflicts is not None:
+        conflicted = conflict_status(conflicts, plan.window_offsets() if plan.is_window else None).persist()
+        placed = status.unionByName(conflicted.drop("output_checksum"))
+    waveforms = placed.groupBy("status", "reason", "already_written").count().collect()
     if any(w["status"] == QUARANTINED for w in waveforms):
-        quarantine = (
-            meta.join(status.where(F.col("status") == QUARANTINED), "waveform_id")
-            .groupBy("waveform_id", "reason")
-            .agg(F.first("detail").alias("detail"), F.first("topic").alias("topic"), F.min(F.struct("partition", "offset")).alias("first"),
-                 F.max("offset").alias("last_offset"), F.count(F.lit(1)).alias("records"),
-                 F.max("chunk_count").alias("chunk_count"), F.max("total_size").alias("total_size"),
-                 F.first("source").alias("source"))
-            .select("waveform_id", "reason", "detail", "topic", F.col("first.partition").alias("partition"),
-                    F.col("first.offset").alias("first_offset"), "last_offset", "records", "chunk_count",
-                    "total_size", "source", F.lit(plan.run_id).alias("run_id"),
-                    F.current_timestamp().alias("quarantined_at"))
-        )
+        quarantine = quarantine_rows(meta, status, plan.run_id)
+        if conflicts is not None:
+            quarantine = quarantine.unionByName(quarantine_rows(conflicts.select(*META_COLUMNS), conflicted, plan.run_id))
         write_candidate(quarantine, candidates / "quarantine")
     dead_files = [f for f in dead_files if pq.ParquetFile(f).metadata.num_rows]
     dead_counts: dict[int, tuple[int, int]] = {}
@@ -446,10 +522,16 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
         dead_counts = _count_by_partition(dead)
         if dead_counts:
             write_candidate(dead, candidates / "dead_letter")
-    rows = accounting(meta, status).collect()
+    counted = accounting(meta, status)
+    if conflicts is not None:
+        counted = counted.unionByName(accounting(conflicts.select(*META_COLUMNS), conflicted))
+    rows = counted.collect()
     timings["accounting_s"] = time.monotonic() - t
     classified.unpersist()
     new_candidates.unpersist()
+    known.unpersist()
+    if conflicts is not None:
+        conflicted.unpersist()
     result = summarize(plan, rows, waveforms, dead_counts, timings, other_dead)
     # what validation must find in the candidate tables (anything else: they are not this result's)
     result["candidates"] = {

@@ -102,3 +102,17 @@ def write_candidate(df: DataFrame, path: Path) -> None:
     it is read once or twice and then deleted; the published tables are compressed when written."""
     (df.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
      .option("compression", "uncompressed").save(str(path)))
+
+
+def delta_checksums(spark: SparkSession, path: Path, version: int | None, ids: DataFrame,
+                    counted: str | None = None) -> DataFrame:
+    """``waveform_id``, ``checksum`` and ``counted`` (the row matches SQL ``counted``; true if not
+    given) of the table's rows at ``version`` whose id is in ``ids`` (a semi-join: only the ids a
+    run read are kept, and only these two columns of the table are scanned, never the payloads).
+    Every id of the table, whatever its source and date partition, is looked at: an id reused for
+    other content may carry another source or date."""
+    schema = "waveform_id string, checksum string, counted boolean"
+    if version is None:
+        return spark.createDataFrame([], schema)
+    rows = read_delta(spark, path, version).selectExpr("waveform_id", "checksum", f"({counted or 'true'}) AS counted")
+    return rows.join(ids.select("waveform_id").distinct(), "waveform_id", "left_semi")
