@@ -111,7 +111,7 @@ def wavepipe_run(settings: Settings, topic: str, ranges: Ranges, workdir: Path, 
                          max_bytes_per_partition=0, consume_parallelism=parallelism)
     stages: dict[str, float] = {}
     began = t = time.monotonic()
-    plan = plan_step(s, new_run_id(), topic=topic, group=group)
+    plan = plan_step(s, new_run_id(), topic=topic, group=group, new_group_start="earliest")
     planned = {r.partition: (r.start, r.end) for r in plan.ranges}
     if planned != {p: tuple(r) for p, r in ranges.items()}:
         raise RuntimeError(f"wavepipe planned {planned}, the benchmark expected {ranges}: did something else "

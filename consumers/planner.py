@@ -7,9 +7,12 @@ from datetime import datetime, timezone
 
 from confluent_kafka.admin import OffsetSpec
 
-from wavepipe.consumers.kafka_admin import committed_offsets, list_offsets, partitions_of
+from wavepipe.consumers.committer import committed_run_id
+from wavepipe.consumers.kafka_admin import admin_client, committed_positions, list_offsets, partitions_of
 from wavepipe.config import Settings
-from wavepipe.plan import OffsetRange, RunPlan, RunStore, as_utc, utc_now
+from wavepipe.errors import UsageError, closest
+from wavepipe.faults import failpoint
+from wavepipe.plan import OffsetRange, RunPlan, RunStore, as_utc, parse_datetime, utc_now
 
 log = logging.getLogger(__name__)
 #: A claim without a stored plan is taken over only after this long (its planner may be mid-way).
@@ -20,22 +23,137 @@ class RetentionGapError(RuntimeError):
     """The group's committed offset points at data the topic no longer retains."""
 
 
+class NewGroupError(UsageError):
+    """The group has no committed offsets on the topic and no start was chosen for it."""
+
+
 def record_cap(settings: Settings, max_records: int | None, max_bytes: int | None) -> int:
     """Records per partition per run (0 = no cap); a byte cap counts chunk_size bytes a record."""
+    for name, value in (("max_records", max_records), ("max_bytes", max_bytes)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise UsageError(f"{name} must be 0 (no cap) or a positive integer, got {value!r}")
     records = settings.max_records_per_partition if max_records is None else max_records
     byts = settings.max_bytes_per_partition if max_bytes is None else max_bytes
     caps = [c for c in (records, max(1, byts // settings.chunk_size) if byts else 0) if c > 0]
     return min(caps) if caps else 0
 
 
+def parse_group_start(text: str) -> str:
+    """``earliest``, ``latest`` or an ISO-8601 instant (normalised to UTC), else ``UsageError``."""
+    value = (text or "").strip()
+    if value.lower() in ("earliest", "latest"):
+        return value.lower()
+    try:
+        return parse_datetime(value).isoformat()
+    except ValueError:
+        raise UsageError(f"new group start {text!r} must be earliest, latest or an ISO-8601 instant "
+                         "(e.g. 2026-11-20T00:00:00Z)") from None
+
+
+def groups_on_topic(settings: Settings, topic: str) -> list[str]:
+    """The consumer groups with committed offsets on ``topic`` (asks the cluster; best effort)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+
+    admin = admin_client(settings)
+    try:
+        listed = admin.list_consumer_groups(request_timeout=10).result(timeout=15)
+        found = []
+        for g in sorted(listing.group_id for listing in listed.valid):
+            futures = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(g)], request_timeout=10)
+            tps = futures[g].result(timeout=15).topic_partitions or []
+            if any(tp.topic == topic and tp.offset >= 0 for tp in tps):
+                found.append(g)
+        return found
+    except Exception as exc:  # noqa: BLE001 - only a hint in an error message
+        log.info("could not list the groups of %s: %s", topic, exc)
+        return []
+
+
+def new_group_message(settings: Settings, group: str, topic: str) -> str:
+    """Why a run of a group without committed offsets is refused, and the choices."""
+    known = groups_on_topic(settings, topic)
+    near = closest(group, known)
+    listed = (f"Groups with offsets on {topic}: {', '.join(known)}" if known
+              else f"No group has offsets on {topic} yet")
+    hint = f" Did you mean {' or '.join(repr(g) for g in near)}?" if near else ""
+    return (f"group {group!r} has no committed offsets on {topic}, so it would read the topic from a place "
+            f"nobody chose.{hint} {listed}. To start this group, choose where: --new-group-start "
+            "earliest|latest|<ISO time> (DAG param new_group_start, setting new_group_start).")
+
+
+def _group_starts(settings: Settings, topic: str, partitions: list[int], choice: str,
+                  earliest: dict[int, int], stable: dict[int, int]) -> dict[int, int]:
+    """Per partition, where a new group starts for ``choice`` (see ``parse_group_start``)."""
+    if choice == "earliest":
+        return dict(earliest)
+    if choice == "latest":
+        return dict(stable)
+    return offsets_for_time(settings, topic, partitions, datetime.fromisoformat(choice), stable)
+
+
+def offsets_moved(store: RunStore, previous: dict[int, list[int]],
+                  positions: dict[int, tuple[int | None, str | None]]) -> dict[int, dict]:
+    """Per partition, a move of the group's offset since this home's last commit there: where this
+    home left it (``from``), where it is (``to``), who moved it (``by``) and the range that is
+    skipped (moved forward) or read again (moved back). Kafka is the source of truth, so the run
+    honours the move; this makes it visible."""
+    moved = {}
+    for p, (offset, metadata) in positions.items():
+        left = previous.get(p, [None])[0]
+        if left is None or offset == left:
+            continue
+        run = committed_run_id(metadata)
+        if run is not None and store.load_plan(run) is not None:
+            continue  # this home's own commit (its record of it was cut short)
+        moved[p] = {"from": left, "to": offset, "by": describe_committer(metadata, store),
+                    "skipped": [left, offset] if offset is not None and offset > left else None,
+                    "reread": [offset, left] if offset is not None and offset < left else None}
+    return moved
+
+
+def describe_committer(metadata: str | None, store: RunStore) -> str:
+    """Who committed an offset, from its metadata, in words."""
+    import json
+
+    try:
+        meta = json.loads(metadata) if metadata else {}
+    except ValueError:
+        meta = {}
+    if not isinstance(meta, dict):
+        meta = {}
+    if meta.get("rewind"):
+        return f"wavepipe rewind {meta['rewind']}"
+    if meta.get("run_id"):
+        return f"run {meta['run_id']}, which this home ({store.settings.home}) does not know: another wavepipe home"
+    return "a commit without wavepipe metadata: a Kafka tool (kafka-consumer-groups --reset-offsets) or another client"
+
+
+def release_stale_claim(store: RunStore, group: str, run_id: str) -> None:
+    """Release ``group``'s claim if it has no plan and its planner is gone: it read nothing.
+
+    A planner that is gone is one whose process on this host no longer exists; a claim from
+    another host is taken over only after ``PLANNING_GRACE_S``."""
+    holder = store.active_run(group)
+    if holder is None or holder == run_id or store.load_plan(holder) is not None:
+        return
+    if store.claim_is_orphaned(group) or store.claim_age_s(group) > PLANNING_GRACE_S:
+        log.warning("run %s of group %s claimed the group but never stored a plan, and its planner is gone: "
+                    "released (nothing was read)", holder, group)
+        store.release_group(group, holder)
+        store.discard_staging(holder)
+
+
 def plan_run(settings: Settings, run_id: str, *, topic: str | None = None, group: str | None = None,
              max_records: int | None = None, max_bytes: int | None = None,
-             skip_lost_offsets: bool = False) -> RunPlan:
+             skip_lost_offsets: bool = False, new_group_start: str | None = None) -> RunPlan:
     """The frozen plan of ``run_id``: loaded if it exists, else planned now and stored first.
 
-    Per partition, ``start`` is the group's committed offset (the earliest retained offset when it
-    has none) and ``end`` is the last stable offset now (what a read_committed reader can reach),
-    capped per partition. Claims the group, so a second run of the group is refused meanwhile.
+    Per partition, ``start`` is the group's committed offset and ``end`` is the last stable offset
+    now (what a read_committed reader can reach), capped per partition. A group with no committed
+    offset on the topic starts where ``new_group_start`` (else the setting) says, and is refused
+    without one (``NewGroupError``). Claims the group, so a second run of the group is refused
+    meanwhile. An offset moved since this home's last commit is honoured and recorded
+    (``RunPlan.moved``).
 
     A committed offset the topic no longer retains raises ``RetentionGapError`` naming the lost
     range, unless ``skip_lost_offsets``: then the range starts at the earliest retained offset and
@@ -49,21 +167,43 @@ def plan_run(settings: Settings, run_id: str, *, topic: str | None = None, group
         return existing
     topic = topic or settings.topic
     group = group or settings.group
-    holder = store.active_run(group)
-    if holder is not None and holder != run_id and store.load_plan(holder) is None \
-            and store.claim_age_s(group) > PLANNING_GRACE_S:
-        store.release_group(group, holder)  # claimed long ago but never planned: nothing was read
+    cap = record_cap(settings, max_records, max_bytes)  # refused before anything is claimed
+    choice = new_group_start if new_group_start not in (None, "") else settings.new_group_start
+    choice = parse_group_start(choice) if choice else ""
+    release_stale_claim(store, group, run_id)
     store.claim_group(group, run_id)
     try:
-        cap = record_cap(settings, max_records, max_bytes)
+        failpoint("plan.after_claim")
         previous = store.previous_ranges(group, topic)
         partitions = partitions_of(settings, topic)
-        committed = committed_offsets(settings, group, topic, partitions)
+        positions = committed_positions(settings, group, topic, partitions)
+        committed = {p: offset for p, (offset, _) in positions.items()}
         earliest = list_offsets(settings, topic, partitions, OffsetSpec.earliest())
         stable = list_offsets(settings, topic, partitions, OffsetSpec.latest())
+        started = None
+        if all(offset is None for offset in committed.values()):
+            if not choice:
+                message = new_group_message(settings, group, topic)
+                if previous:  # this home committed there before: Kafka dropped the group's offsets
+                    left = ", ".join(f"{topic}[{p}] {v[0]}" for p, v in sorted(previous.items()))
+                    message += (f" This home's last commit left the group at {left}: its offsets may have expired "
+                                "(the broker's offsets.retention.minutes) or been deleted; to go on from there, "
+                                "choose a time with --new-group-start or set them with `wavepipe rewind "
+                                "--to-offset`.")
+                raise NewGroupError(message)
+            started = choice
+            committed_or_start = _group_starts(settings, topic, partitions, choice, earliest, stable)
+            log.info("run %s: group %s is new on %s and starts at %s: %s", run_id, group, topic, choice,
+                     committed_or_start)
+        else:
+            committed_or_start = {p: earliest[p] if committed[p] is None else committed[p] for p in partitions}
+        moved = offsets_moved(store, previous, positions)
+        for p, move in moved.items():
+            log.warning("run %s: %s[%d] was moved from %s to %s by %s since this home's last commit", run_id,
+                        topic, p, move["from"], move["to"], move["by"])
         ranges, lost, gaps = [], {}, []
         for p in partitions:
-            start = committed[p] if committed[p] is not None else earliest[p]
+            start = committed_or_start[p]
             if start < earliest[p]:
                 gaps.append(f"{topic}[{p}] [{start}, {earliest[p]})")
                 lost[p] = [start, earliest[p]]
@@ -88,7 +228,7 @@ def plan_run(settings: Settings, run_id: str, *, topic: str | None = None, group
         plan = RunPlan(
             run_id=run_id, topic=topic, group=group, created_at=utc_now(), ranges=tuple(ranges),
             previous=previous, caps={"records_per_partition": cap}, committed=committed, lost=lost,
-            latest={p: stable[p] for p in partitions},
+            latest={p: stable[p] for p in partitions}, new_group_start=started, moved=moved,
         )
         store.save_plan(plan)
     except BaseException:
@@ -150,6 +290,7 @@ def plan_window_run(settings: Settings, run_id: str, *, start: datetime, end: da
                           "backfill windows that ended (the incremental runs cover the present)")
     topic = topic or settings.topic
     lane = backfill_lane(group or settings.group)
+    release_stale_claim(store, lane, run_id)
     store.claim_group(lane, run_id)
     try:
         partitions = partitions_of(settings, topic)

@@ -403,9 +403,9 @@ def execute_rewind(settings: Settings, plan: RewindPlan, *, who: str | None = No
         now = committed_positions(settings, plan.group, plan.topic, [p.partition for p in plan.partitions])
         append_audit(settings, audit_record(
             plan, audit_id=audit_id, who=who, reason=reason, outcome="unknown", origin=origin,
-            message=f"{type(exc).__name__}: {exc}; committed offsets afterwards: "
+            message=f"{exc}; committed offsets afterwards: "
                     f"{ {p: offset for p, (offset, _) in now.items()} }"))
-        raise RuntimeError(f"rewind {audit_id} of group {plan.group!r} did not finish ({type(exc).__name__}: {exc}); "
+        raise RuntimeError(f"rewind {audit_id} of group {plan.group!r} did not finish ({exc}); "
                            "the group may or may not have moved: check `wavepipe status`, then plan the rewind "
                            "again") from exc
     finally:

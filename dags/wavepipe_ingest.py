@@ -30,6 +30,7 @@ with DAG(
         "skip_lost_offsets": Param(False, type="boolean", description="If the group is behind what the topic still retains, go on from the earliest retained offsets and record the lost range in the report (default: fail and name it)"),
         "window_start": Param(None, type=["null", "string"], format="date-time", description="Reprocess a time window instead of continuing from the group's offsets: its start (ISO-8601). The window's output is replaced and no offset is committed. Backfill runs use their data interval without this."),
         "window_end": Param(None, type=["null", "string"], format="date-time", description="End (exclusive) of the time window to reprocess; give it with window_start"),
+        "new_group_start": Param(None, type=["null", "string"], description="Only for a group with no committed offsets on the topic: where it starts (earliest, latest or an ISO-8601 instant). Without it (or the setting new_group_start) such a run is refused, so a mistyped group reads nothing"),
     },
     tags=["wavepipe"],
 ) as dag:
@@ -42,6 +43,7 @@ with DAG(
         skip_lost_offsets="{{ params.skip_lost_offsets }}",
         window_start="{{ params.window_start or '' }}",
         window_end="{{ params.window_end or '' }}",
+        new_group_start="{{ params.new_group_start or '' }}",
     )
     consume = ConsumeOperator.partial(
         task_id="consume", map_index_template="{{ task.partitions_label }}",

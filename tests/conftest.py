@@ -38,7 +38,7 @@ from wavepipe.config import Settings, load_settings
 LONGEST_FIRST = [  # by their times in a two-worker run
     "test_faults.py", "test_bad_input.py", "test_airflow_ui.py", "test_bounded_run.py", "test_dag.py",
     "test_rewind.py", "test_spark_cluster.py", "test_chaos.py", "test_validation.py", "test_kafka_cluster.py",
-    "test_bench.py", "test_backfill.py",
+    "test_bench.py", "test_backfill.py", "test_redelivery.py", "test_hostile_waveforms.py", "test_operator_input.py",
 ]
 
 
@@ -69,7 +69,7 @@ def settings(kafka, tmp_path) -> Settings:
     return load_settings(
         home=tmp_path / "home", bootstrap_servers=kafka.bootstrap, topic=f"wf-{tag}", group=f"grp-{tag}",
         partitions=2, kafka_client_config={}, max_records_per_partition=0, max_bytes_per_partition=0,
-        spark_master="local[2]", reader_stall_timeout_s=30,
+        spark_master="local[2]", reader_stall_timeout_s=30, new_group_start="earliest",
     )
 
 

@@ -9,6 +9,7 @@ import sys
 import time
 
 from wavepipe.config import Settings, load_settings
+from wavepipe.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, EXIT_VALIDATION, UsageError
 from wavepipe.jars import SetupError
 
 
@@ -73,6 +74,10 @@ def _print_report(report: dict) -> None:
               "no offset was committed")
     if t.get("lost"):
         print(f"  {t['lost']} offsets were no longer retained and were skipped (--skip-lost-offsets)")
+    if report.get("new_group_start"):
+        print(f"  group {report['group']!r} was new on {report['topic']} and started at {report['new_group_start']}")
+    for p, move in sorted((report.get("moved") or {}).items(), key=lambda kv: int(kv[0])):
+        print(f"  {report['topic']}[{p}] was moved by someone else: {_describe_move(move)}")
     for p, part in sorted(report["partitions"].items(), key=lambda kv: int(kv[0])):
         commit = report.get("commit", {}).get(p, {})
         if report.get("window"):
@@ -86,27 +91,47 @@ def _print_report(report: dict) -> None:
         v = report["validation"]
         print(f"validation: {'passed' if v['success'] else 'FAILED'} ({sum(s['evaluated'] for s in v['suites'])} "
               f"expectations, suite v{v['suite_version']}); Data Docs: {v['data_docs_index']}")
-    print(f"report: {report.get('report_path')}")
-    print(f"page:   file://{report.get('report_html')}")
+    for note in report.get("notes") or []:  # what could not be described; the run itself went through
+        print(f"note: {note}")
+    if report.get("report_path"):
+        print(f"report: {report.get('report_path')}")
+        print(f"page:   file://{report.get('report_html')}")
+    else:
+        print("no report for an idle run (`wavepipe status` counts them)")
+
+
+def _describe_move(move: dict) -> str:
+    """One moved partition in words: from where to where, by whom, what is skipped or re-read."""
+    what = (f"offsets [{move['skipped'][0]}, {move['skipped'][1]}) were skipped here" if move.get("skipped") else
+            f"offsets [{move['reread'][0]}, {move['reread'][1]}) are read again" if move.get("reread") else
+            "its committed offset was removed")
+    return f"from {move['from']} to {move['to']} by {move['by']}; {what}"
 
 
 def cmd_run(args) -> int:
     from wavepipe.pipeline import ValidationFailedError, run_once
 
-    try:
-        window = None
-        if args.window:
-            from wavepipe.plan import parse_datetime
+    settings = _settings(args)
+    window = None
+    if args.window:
+        from wavepipe.plan import parse_datetime
 
+        try:
             window = (parse_datetime(args.window[0]), parse_datetime(args.window[1]))
-        report = run_once(_settings(args), run_id=args.run_id, topic=args.topic, group=args.group,
+        except ValueError as exc:
+            raise UsageError(f"--window: {exc}") from None
+        if args.new_group_start:
+            raise UsageError("--new-group-start applies to incremental runs, not to --window")
+    try:
+        report = run_once(settings, run_id=args.run_id, topic=args.topic, group=args.group,
                           max_records=args.max_records, max_bytes=args.max_bytes,
-                          skip_lost_offsets=args.skip_lost_offsets, window=window)
+                          skip_lost_offsets=args.skip_lost_offsets, window=window,
+                          new_group_start=args.new_group_start)
     except ValidationFailedError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 3
+        print(f"wavepipe run: {exc}", file=sys.stderr)
+        return EXIT_VALIDATION
     _print_report(report)
-    return 0
+    return EXIT_OK
 
 
 def cmd_abandon(args) -> int:
@@ -120,16 +145,18 @@ def cmd_abandon(args) -> int:
         print(f"group {group!r} has no active run")
         return 0
     if store.is_locked(active, "run"):
-        print(f"run {active} of group {group!r} is executing right now; stop it first", file=sys.stderr)
-        return 1
+        print(f"wavepipe abandon: run {active} of group {group!r} is executing right now; stop it first", file=sys.stderr)
+        return EXIT_FAILED
     plan = store.load_plan(active)
     if plan is not None and _committed_by(settings, plan):
-        print(f"run {active} already committed its offsets; finish it with `wavepipe run` (it resumes the run "
-              "and only writes its report)", file=sys.stderr)
-        return 1
+        print(f"wavepipe abandon: run {active} already committed its offsets; finish it with `wavepipe run` (it "
+              "resumes the run and only writes its report)", file=sys.stderr)
+        return EXIT_FAILED
     store.release_group(group, active)
-    print(f"released run {active} of group {group!r}; its offsets were not committed, the next run re-reads them")
-    return 0
+    store.discard_staging(active)
+    print(f"released run {active} of group {group!r} and deleted its staged files; its offsets were not committed, "
+          "the next run re-reads them")
+    return EXIT_OK
 
 
 def _committed_by(settings: Settings, plan) -> bool:
@@ -140,41 +167,57 @@ def _committed_by(settings: Settings, plan) -> bool:
     positions = committed_positions(settings, plan.group, plan.topic, [r.partition for r in plan.ranges])
     return any(committed_run_id(meta) == plan.run_id for _, meta in positions.values())
 
+
 def cmd_status(args) -> int:
+    """Like ``kafka-consumer-groups --describe``: per partition the committed offset, the end, the
+    lag, the chunks pending there and any move by someone else; then runs and validation."""
     from confluent_kafka.admin import OffsetSpec
 
-    from wavepipe.consumers.kafka_admin import committed_offsets, list_offsets, partitions_of
+    from wavepipe.consumers.kafka_admin import committed_positions, list_offsets, partitions_of
+    from wavepipe.consumers.planner import backfill_lane, new_group_message, offsets_moved
     from wavepipe.plan import RunStore
     from wavepipe.report import validation_trend
 
     settings = _settings(args)
     topic, group = args.topic or settings.topic, args.group or settings.group
+    store = RunStore(settings)
     parts = partitions_of(settings, topic)
-    committed = committed_offsets(settings, group, topic, parts)
+    positions = committed_positions(settings, group, topic, parts)
+    committed = {p: offset for p, (offset, _) in positions.items()}
+    if all(offset is None for offset in committed.values()) and store.active_run(group) is None:
+        print(f"wavepipe status: {new_group_message(settings, group, topic)}", file=sys.stderr)
+        return EXIT_USAGE
     ends = list_offsets(settings, topic, parts, OffsetSpec.latest())
-    from wavepipe.consumers.planner import backfill_lane
-
     lanes = (group, backfill_lane(group))
     reports = []
     for path in sorted(settings.reports_dir.glob("*.json"), key=lambda p: p.stat().st_mtime):
-        rep = json.loads(path.read_text())
+        try:
+            rep = json.loads(path.read_text())
+        except ValueError:
+            continue
         if rep.get("group") in lanes and rep.get("topic", topic) == topic:
             reports.append((path, rep))
     # pending waveforms wait right after the committed offset: the last committed run's report
     # names them, if the group is still where that run left it (else a rewind or another tool
     # moved it and they are unknown until the next run)
     last = next((rep for _, rep in reversed(reports) if rep.get("group") == group and rep.get("commit")), None)
+    moved = offsets_moved(store, store.previous_ranges(group, topic), positions)
     print(f"group {group!r} on {topic} ({settings.bootstrap_servers})")
+    rows = [("PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "PENDING-CHUNKS", "MOVED-BY")]
     for p in parts:
-        lag = ends[p] - (committed[p] or 0)
         part = (last or {}).get("partitions", {}).get(str(p), {})
         after = (last or {}).get("commit", {}).get(str(p), {}).get("after")
-        pending = (f"{part.get('pending', 0)} chunks of incomplete waveforms (run {last['run_id']})"
-                   if last and after == committed[p] else "unknown")
-        print(f"  partition {p}: committed {committed[p]}, end {ends[p]}, lag {lag}, pending {pending}")
+        pending = str(part.get("pending", 0)) if last and after == committed[p] else "?"
+        lag = "-" if committed[p] is None else str(ends[p] - committed[p])
+        rows.append((str(p), "-" if committed[p] is None else str(committed[p]), str(ends[p]), lag, pending,
+                     moved[p]["by"] if p in moved else "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    for p, move in sorted(moved.items()):
+        print(f"moved since this home's last commit: {topic}[{p}] {_describe_move(move)}")
     if last and last.get("waveforms", {}).get("pending"):
         print(f"pending waveforms after run {last['run_id']}: {last['waveforms']['pending']}")
-    store = RunStore(settings)
     for lane in lanes:
         active = store.active_run(lane)
         print(f"active {'backfill ' if lane != group else ''}run: {active or 'none'}")
@@ -187,6 +230,10 @@ def cmd_status(args) -> int:
         print(f"  {rep['run_id']}: {outcome}; {rep['totals']['output']} chunks out, {rep['totals']['pending']} pending, "
               f"{rep['totals']['quarantined']} quarantined, {rep['totals']['dead_letter']} dead-lettered; "
               f"file://{path.with_suffix('.html')}")
+    idle = store.idle_runs(group)
+    if idle:
+        print(f"idle runs (nothing new to read) since the last run that read something: {idle['count']}, "
+              f"from {idle['first_at']} to {idle['last_at']} (last: {idle['last_run_id']})")
     trend = validation_trend(settings, group=group)
     if trend:
         passed = sum(1 for e in trend if e["success"])
@@ -196,7 +243,7 @@ def cmd_status(args) -> int:
             failed = f"; failed: {', '.join(e['failed_expectations'])}" if e["failed_expectations"] else ""
             print(f"  {e['checked_at']} {e['run_id']}: {'passed' if e['success'] else 'FAILED'}, "
                   f"{e['waveforms']} waveforms, {e['evaluated']} expectations{failed}")
-    return 0
+    return EXIT_OK
 
 
 def cmd_rewind(args) -> int:
@@ -290,15 +337,38 @@ def _bench_consume_scaling(settings, args) -> int:
 
 
 def cmd_config(args) -> int:
-    print(json.dumps(_settings(args).as_dict(), indent=2))
-    return 0
+    print(json.dumps(_settings(args).as_dict(redact=True), indent=2))
+    return EXIT_OK
+
+
+def _count(text: str) -> int:
+    """An argparse type: a whole number >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative: give 0 (no cap) or a positive number")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = _count(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+EPILOG = """exit codes: 0 done; 1 the run or operation failed (the message says what to do next; a retry
+is safe); 2 a flag, setting or name is wrong (nothing ran); 3 the output failed validation (nothing
+was published, no offset moved)"""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="wavepipe", description=__doc__)
+    parser = argparse.ArgumentParser(prog="wavepipe", description=__doc__, epilog=EPILOG)
     parser.add_argument("--home", help="state folder (default: WAVEPIPE_HOME or <project>/.wavepipe)")
     parser.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (default: config)")
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True)
 
     k = sub.add_parser("kafka", help="the local Apache Kafka broker (KRaft, one node)")
@@ -308,23 +378,31 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("spark", help="a local Spark standalone cluster (master and workers on loopback) to try "
                                       "the cluster path; runs use it with WAVEPIPE_SPARK_MASTER")
     sp.add_argument("action", choices=["up", "down", "status"])
-    sp.add_argument("--port", type=int, default=7077, help="the master's port (default 7077)")
-    sp.add_argument("--workers", type=int, default=1)
+    sp.add_argument("--port", type=_positive, default=7077, help="the master's port (default 7077)")
+    sp.add_argument("--workers", type=_positive, default=1, help="workers to start (default 1)")
     sp.set_defaults(func=cmd_spark)
 
     p = sub.add_parser("produce", help="produce chunked waveforms")
     p.add_argument("--demo", action="store_true", help="synthetic seismic, ECG and audio recordings")
-    p.add_argument("--count", type=int, default=24)
-    p.add_argument("--waveform-bytes", type=int, default=512 * 1024)
-    p.add_argument("--topic")
+    p.add_argument("--count", type=_positive, default=24, help="waveforms to produce (default 24)")
+    p.add_argument("--waveform-bytes", type=_positive, default=512 * 1024,
+                   help="about this many bytes per waveform (default 524288)")
+    p.add_argument("--topic", help="default: config `topic` (created if missing)")
     p.set_defaults(func=cmd_produce)
 
-    r = sub.add_parser("run", help="one bounded run without Airflow (plan, consume, reassemble, commit)")
+    r = sub.add_parser("run", help="one bounded run without Airflow (plan, consume, reassemble, commit)",
+                       epilog=EPILOG)
     r.add_argument("--run-id", help="resume or repeat this run id (default: the active run, else a new one)")
-    r.add_argument("--topic")
-    r.add_argument("--group")
-    r.add_argument("--max-records", type=int)
-    r.add_argument("--max-bytes", type=int)
+    r.add_argument("--topic", help="the topic to read (default: config `topic`)")
+    r.add_argument("--group", help="the consumer group whose committed offsets are the progress (default: config "
+                                   "`group`)")
+    r.add_argument("--max-records", type=_count, help="cap: records per partition in this run (0: no cap; default: "
+                                                      "config `max_records_per_partition`)")
+    r.add_argument("--max-bytes", type=_count, help="cap: payload bytes per partition in this run (0: no cap; "
+                                                    "default: config `max_bytes_per_partition`)")
+    r.add_argument("--new-group-start", metavar="earliest|latest|TIME",
+                   help="where a group with no committed offsets on the topic starts (default: config "
+                        "`new_group_start`; without one such a run is refused, so a typo'd group reads nothing)")
     r.add_argument("--skip-lost-offsets", action="store_true",
                    help="if the group is behind what the topic retains, start at the earliest retained offsets "
                         "and record the lost range in the report (default: fail, naming the range)")
@@ -334,12 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     a = sub.add_parser("abandon", help="release a group's unfinished run without committing it")
-    a.add_argument("--group")
+    a.add_argument("--group", help="default: config `group`")
     a.set_defaults(func=cmd_abandon)
 
     s = sub.add_parser("status", help="committed offsets, lag and recent runs of a group")
-    s.add_argument("--topic")
-    s.add_argument("--group")
+    s.add_argument("--topic", help="default: config `topic`")
+    s.add_argument("--group", help="default: config `group`")
     s.set_defaults(func=cmd_status)
 
     rw = sub.add_parser("rewind", help="move a group's committed offsets (dry run unless --execute)")
@@ -365,13 +443,14 @@ def build_parser() -> argparse.ArgumentParser:
     af.add_argument("--to-date", help="backfill: last logical date (ISO-8601, inclusive)")
     af.add_argument("--dag-id", default="wavepipe_ingest", help="backfill: the DAG (default wavepipe_ingest)")
     af.add_argument("--conf", help='backfill: params as JSON, e.g. \'{"topic": "waveforms"}\'')
-    af.add_argument("--max-active-runs", type=int, help="backfill: runs at once (window runs of a group still "
+    af.add_argument("--max-active-runs", type=_positive, help="backfill: runs at once (window runs of a group still "
                                                          "take turns)")
     af.set_defaults(func=cmd_airflow)
 
     d = sub.add_parser("demo", help="the main job end to end: Kafka up, demo data, the DAG through Airflow, checks")
-    d.add_argument("--count", type=int, default=24)
-    d.add_argument("--waveform-bytes", type=int, default=512 * 1024)
+    d.add_argument("--count", type=_positive, default=24, help="demo waveforms to produce (default 24)")
+    d.add_argument("--waveform-bytes", type=_positive, default=512 * 1024,
+                   help="about this many bytes per waveform (default 524288)")
     d.set_defaults(func=cmd_demo)
 
     st = sub.add_parser("setup", help="resolve the Kafka and Delta Lake jars from Maven Central (idempotent)")
@@ -400,20 +479,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit codes: see ``wavepipe.errors`` (0 done, 1 failed, 2 usage or configuration, 3 validation)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
         return args.func(args)
+    except UsageError as exc:
+        if args.verbose:
+            raise
+        print(f"wavepipe {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except SetupError as exc:
-        print(f"wavepipe: {exc}", file=sys.stderr)
-        return 3
+        print(f"wavepipe {args.command}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print(f"wavepipe {args.command}: interrupted; a retry resumes where it stopped", file=sys.stderr)
+        return 130
     except Exception as exc:  # noqa: BLE001 - one clear line, then the traceback with -v
         if args.verbose:
             raise
-        print(f"wavepipe {args.command} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        print(f"wavepipe {args.command} failed: {exc or 'unexpected error (run with -v for the traceback)'}",
+              file=sys.stderr)
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -13,11 +13,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import math
 import os
+import re
 import tomllib
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
+
+from wavepipe.errors import UsageError, did_you_mean
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,6 +48,11 @@ class Settings:
     topic_config: Mapping[str, Any] = field(default_factory=dict)
     #: Consumer group whose committed offsets are the progress of the ingest.
     group: str = "wavepipe-ingest"
+    #: Where a group with no committed offsets on the topic starts: ``earliest``, ``latest`` or an
+    #: ISO-8601 instant (the first record at or after it). Empty: such a run is refused and names
+    #: the groups that do have offsets there, so a typo'd group never reads the whole topic. Also
+    #: ``wavepipe run --new-group-start`` and the DAG param ``new_group_start``.
+    new_group_start: str = ""
     #: Caps on the records new to a run, per partition. 0 means no cap. ``max_bytes_per_partition``
     #: is converted to a record cap at ``chunk_size`` bytes per record. When a waveform longer
     #: than the cap is pending, the next run's range grows by the cap beyond the last run's end.
@@ -54,7 +65,9 @@ class Settings:
     batch_size: int = 1024 * 1024
     #: Spark master for the reassembly app; extra ``--conf`` pairs for spark-submit.
     spark_master: str = "local[2]"
-    spark_driver_memory: str = "2g"
+    #: The driver JVM's heap (in local mode all of Spark's). 3g holds two waveforms of the default
+    #: ``max_waveform_bytes`` written at once (``local[2]``); docs/deployment.md, "Memory".
+    spark_driver_memory: str = "3g"
     spark_conf: Mapping[str, Any] = field(default_factory=dict)
     #: A run whose staged chunk files total at most this many bytes starts its Spark app's driver
     #: JVM for a short life (``SMALL_RUN_JAVA_OPTIONS``: no C2 JIT, serial GC): on a run of a few
@@ -82,7 +95,9 @@ class Settings:
     incomplete_after_s: float = 0.0
     #: Waveforms larger than this (by their header or by their chunks) are quarantined as
     #: ``too_large`` from their metadata alone, never assembled. At most 1 GiB (a Spark row).
-    max_waveform_bytes: int = 256 * 1024 * 1024
+    #: Spark needs about 16 times this in heap per core writing a waveform, plus 0.5 GiB; raise
+    #: ``spark_driver_memory`` with it (docs/deployment.md, "Memory").
+    max_waveform_bytes: int = 64 * 1024 * 1024
     #: Also publish each run's dead letters to this Kafka topic (original key, value and headers,
     #: plus ``wp-dlq-*`` headers with the reason), in one transaction with the run's offset commit.
     #: Empty: the dead-letter Delta table only (which is always written).
@@ -171,12 +186,15 @@ class Settings:
         return conf
 
     def replace(self, **changes: Any) -> "Settings":
-        """A copy with ``changes`` applied; ``None`` values are ignored (unset CLI flags)."""
+        """A copy with ``changes`` applied, each checked against its rule; ``None`` values are
+        ignored (unset CLI flags)."""
         changes = {k: v for k, v in changes.items() if v is not None}
-        return dataclasses.replace(self, **_coerce_all(changes))
+        return _validated(dataclasses.replace(self, **_coerce_all(changes)), {})
 
-    def as_dict(self) -> dict[str, Any]:
-        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+    def as_dict(self, *, redact: bool = False) -> dict[str, Any]:
+        """Every setting; ``redact``: secret-like values masked (for anything shown or written)."""
+        data = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return redact_secrets(data) if redact else data
 
 
 def _jsonable(value: Any) -> Any:
@@ -187,32 +205,156 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+#: Parts of a setting's key that mark its value as a secret (``sasl.password``, ``ssl.key.pem``,
+#: ``sasl.oauthbearer.client.secret``, ``...token``): masked wherever settings are shown or written.
+SECRET_WORDS = ("password", "secret", "key", "token", "credential")
+MASK = "*****"
+
+
+def is_secret(key: str) -> bool:
+    return any(word in part for part in re.split(r"[._\-\s]+", str(key).lower()) for word in SECRET_WORDS)
+
+
+def redact_secrets(value: Any) -> Any:
+    """``value`` with the values of secret-like keys masked, at any depth (dicts and lists)."""
+    if isinstance(value, Mapping):
+        return {k: (MASK if is_secret(k) and v not in (None, "") else redact_secrets(v)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_secrets(v) for v in value]
+    return value
+
+
+class SettingsError(UsageError):
+    """A setting that is unknown, of the wrong type or outside its rule; names where it was read."""
+
+
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
-def _coerce(name: str, value: Any) -> Any:
+def _valid_start(text: str) -> bool:
+    if text in ("", "earliest", "latest"):
+        return True
+    try:
+        datetime.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _valid_instant(text: str) -> bool:
+    try:
+        datetime.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _servers(text: str) -> bool:
+    return bool(text) and all(re.fullmatch(r"[^\s,:]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}|[A-Za-z]+://[^\s,]+", s.strip())
+                              for s in text.split(","))
+
+
+#: Each setting's rule, checked wherever settings are read (file, environment, flags, params):
+#: (check, the rule in words). Settings without an entry only need the right type.
+RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "bootstrap_servers": (_servers, "must be host:port[,host:port...]"),
+    "topic": (lambda v: bool(_TOPIC.match(v)), "must be a Kafka topic name: 1-249 of A-Z a-z 0-9 . _ -"),
+    "partitions": (lambda v: v >= 1, "must be at least 1"),
+    "topic_replication_factor": (lambda v: v == -1 or v >= 1, "must be -1 (the cluster's default) or at least 1"),
+    "group": (lambda v: bool(v.strip()) and len(v) <= 249, "must be a non-empty consumer group name"),
+    "new_group_start": (_valid_start, "must be earliest, latest, an ISO-8601 instant, or empty (refuse)"),
+    "max_records_per_partition": (lambda v: v >= 0, "must be 0 (no cap) or a positive number of records"),
+    "max_bytes_per_partition": (lambda v: v >= 0, "must be 0 (no cap) or a positive number of bytes"),
+    "chunk_size": (lambda v: v >= 1, "must be at least 1 byte"),
+    "linger_ms": (lambda v: v >= 0, "must be 0 or more milliseconds"),
+    "batch_size": (lambda v: v >= 1, "must be at least 1 byte"),
+    "spark_master": (lambda v: bool(v.strip()), "must name a Spark master, e.g. local[2] or spark://host:7077"),
+    "spark_driver_memory": (lambda v: bool(re.fullmatch(r"\d+[kmgtKMGT]?", v)), "must be a JVM size such as 2g or 512m"),
+    "spark_small_run_bytes": (lambda v: v >= 0, "must be 0 (off) or a number of bytes"),
+    "staging_flush_bytes": (lambda v: v >= 1, "must be at least 1 byte"),
+    "reader_stall_timeout_s": (lambda v: 0 < v < math.inf, "must be a positive number of seconds"),
+    "consume_parallelism": (lambda v: v >= 1, "must be at least 1"),
+    "consume_tasks": (lambda v: v >= 0, "must be 0 (one task per partition) or more"),
+    "incomplete_after_offsets": (lambda v: v >= 0, "must be 0 (off) or a number of offsets"),
+    "incomplete_after_s": (lambda v: 0 <= v < math.inf, "must be 0 (off) or a number of seconds"),
+    "max_waveform_bytes": (lambda v: 1 <= v <= 1024**3, "must be 1 to 1073741824 bytes (a waveform is one Spark row)"),
+    "dead_letter_topic": (lambda v: v == "" or bool(_TOPIC.match(v)), "must be empty or a Kafka topic name"),
+    "validate_sample_rate_min": (lambda v: 0 < v < math.inf, "must be a positive number of Hz"),
+    "validate_sample_rate_max": (lambda v: 0 < v < math.inf, "must be a positive number of Hz"),
+    "validate_start_time_min": (_valid_instant, "must be an ISO-8601 instant, e.g. 1900-01-01T00:00:00Z"),
+    "validate_start_time_max_ahead_s": (lambda v: 0 <= v < math.inf, "must be 0 or more seconds"),
+    "validate_duration_tolerance_s": (lambda v: 0 <= v < math.inf, "must be 0 or more seconds"),
+    "validate_mostly": (lambda v: 0 < v <= 1, "must be a fraction in (0, 1]"),
+    "report_trend_runs": (lambda v: v >= 0, "must be 0 or more runs"),
+    "airflow_port": (lambda v: 1 <= v <= 65535, "must be a TCP port, 1-65535"),
+}
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    """``value`` as setting ``name``'s type, checked against its rule; ``source`` says where it
+    was read (``WAVEPIPE_X``, ``<file> key x``, ``--flag``) for the error message."""
     if name not in _FIELDS:
-        raise ValueError(f"unknown wavepipe setting {name!r}; known: {', '.join(sorted(_FIELDS))}")
+        raise SettingsError(f"{source}: {name!r} is not a wavepipe setting{did_you_mean(name, _FIELDS)} "
+                            "(`wavepipe config` lists them)")
     default = _FIELDS[name].default
-    if default is dataclasses.MISSING:  # mappings
-        if isinstance(value, str):
-            value = json.loads(value) if value.strip() else {}
-        if not isinstance(value, Mapping):
-            raise ValueError(f"setting {name} must be a JSON object / TOML table, got {value!r}")
-        return dict(value)
-    if isinstance(default, Path):
-        return Path(value).expanduser().resolve()
-    if isinstance(default, bool):
-        return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes")
-    if isinstance(default, int):
-        return int(value)
-    if isinstance(default, float):
-        return float(value)
-    return str(value)
+    shown = MASK if is_secret(name) else repr(value)
+    where = "" if source == name else f"{source}: "
+    try:
+        if default is dataclasses.MISSING:  # mappings
+            if isinstance(value, str):
+                value = json.loads(value) if value.strip() else {}
+            if not isinstance(value, Mapping):
+                raise ValueError
+            return dict(value)
+        if isinstance(default, Path):
+            return Path(value).expanduser().resolve()
+        if isinstance(default, bool):
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text not in ("1", "true", "yes", "0", "false", "no", ""):
+                raise ValueError
+            return text in ("1", "true", "yes")
+        if isinstance(default, int):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            value = int(str(value).strip()) if isinstance(value, str) else int(value)
+        elif isinstance(default, float):
+            if isinstance(value, bool):
+                raise ValueError
+            value = float(value)
+        else:
+            value = str(value).strip()
+    except (ValueError, TypeError, OverflowError):
+        kind = ("a JSON object or TOML table" if default is dataclasses.MISSING else
+                "true or false" if isinstance(default, bool) else "an integer" if isinstance(default, int) else
+                "a number" if isinstance(default, float) else "a string")
+        raise SettingsError(f"{where}{name} must be {kind}, got {shown}") from None
+    rule = RULES.get(name)
+    if rule is not None and not rule[0](value):
+        raise SettingsError(f"{where}{name} {rule[1]}, got {shown}")
+    return value
 
 
-def _coerce_all(values: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: _coerce(k, v) for k, v in values.items()}
+def _coerce_all(values: Mapping[str, Any], sources: Mapping[str, str] | None = None) -> dict[str, Any]:
+    return {k: _coerce(k, v, (sources or {}).get(k, k)) for k, v in values.items()}
+
+
+def _check_together(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+    """Rules between settings."""
+    lo, hi = values["validate_sample_rate_min"], values["validate_sample_rate_max"]
+    if lo > hi:
+        raise SettingsError(f"{sources.get('validate_sample_rate_min', 'validate_sample_rate_min')}: "
+                            f"validate_sample_rate_min ({lo:g}) is above validate_sample_rate_max ({hi:g})")
+    if values["dead_letter_topic"] and values["dead_letter_topic"] == values["topic"]:
+        raise SettingsError(f"{sources.get('dead_letter_topic', 'dead_letter_topic')}: dead_letter_topic "
+                            "must not be the topic it collects dead letters of")
+
+
+def _validated(settings: "Settings", sources: Mapping[str, str]) -> "Settings":
+    _check_together(settings.as_dict(), sources)
+    return settings
 
 
 def _config_file() -> Path | None:
@@ -220,7 +362,7 @@ def _config_file() -> Path | None:
     if explicit:
         path = Path(explicit)
         if not path.is_file():
-            raise FileNotFoundError(f"WAVEPIPE_CONFIG points to {path}, which does not exist")
+            raise SettingsError(f"WAVEPIPE_CONFIG points to {path}, which is not a file")
         return path
     for candidate in (Path.cwd() / "wavepipe.toml", PROJECT_ROOT / "wavepipe.toml"):
         if candidate.is_file():
@@ -228,17 +370,39 @@ def _config_file() -> Path | None:
     return None
 
 
+#: ``WAVEPIPE_*`` variables that are not settings (so an unknown one is worth a warning).
+OTHER_VARIABLES = {"WAVEPIPE_CONFIG", "WAVEPIPE_JARS", "WAVEPIPE_FAILPOINTS", "WAVEPIPE_CHAOS_SEED",
+                   "WAVEPIPE_CHAOS_ROUNDS", "WAVEPIPE_AIRFLOW_SERVICES"}
+_warned: set[str] = set()
+
+
 def load_settings(**overrides: Any) -> Settings:
-    """Defaults < config file < ``WAVEPIPE_*`` environment < ``overrides``."""
+    """Defaults < config file < ``WAVEPIPE_*`` environment < ``overrides``; every value is checked
+    where it is read, and an error names its source (file and key, or variable) and the rule."""
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     path = _config_file()
     if path is not None:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-        values.update(data.get("wavepipe", data))
+        try:
+            with path.open("rb") as fh:
+                data = tomllib.load(fh)
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"{path}: not valid TOML ({exc})") from None
+        table = data.get("wavepipe", data)
+        if not isinstance(table, Mapping):
+            raise SettingsError(f"{path}: [wavepipe] must be a table of settings")
+        for name, value in table.items():
+            values[name], sources[name] = value, f"{path}, key {name}"
     for name in _FIELDS:
         env = os.environ.get(f"WAVEPIPE_{name.upper()}")
         if env is not None:
-            values[name] = env
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    return Settings(**_coerce_all(values))
+            values[name], sources[name] = env, f"WAVEPIPE_{name.upper()}"
+    known = {f"WAVEPIPE_{name.upper()}" for name in _FIELDS} | OTHER_VARIABLES
+    for var in sorted(v for v in os.environ if v.startswith("WAVEPIPE_") and v not in known and v not in _warned):
+        _warned.add(var)
+        logging.getLogger(__name__).warning("%s is not a wavepipe setting and is ignored%s", var,
+                                            did_you_mean(var, known))
+    for name, value in overrides.items():
+        if value is not None:
+            values[name], sources[name] = value, name
+    return _validated(Settings(**_coerce_all(values, sources)), sources)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 ENV = "WAVEPIPE_FAILPOINTS"
 POINTS = {
+    "plan.after_claim": "the plan step, after it claimed the group, before it asked Kafka for offsets",
     "consume.record": "a reader, after staging a record",
     "reassemble.batch": "a Spark Python worker, after the writer took a batch of output rows",
     "reassemble.after_write": "the Spark app's driver, after the run's candidate waveforms are written, before "

@@ -9,13 +9,13 @@ compare-and-set on the group's offsets that refuses a run whose output was not v
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 from datetime import datetime
 from pathlib import Path
 
 from wavepipe import spark
 from wavepipe.config import Settings
+from wavepipe.errors import UsageError
 from wavepipe.plan import RunPlan, RunStore, as_utc, new_run_id, safe_run_id, write_json_atomic
 from wavepipe import report_html
 from wavepipe.report import build_report, failed_expectations, html_path, json_path, validation_trend
@@ -42,9 +42,11 @@ def _timed(store: RunStore, run_id: str, step: str, began: float) -> None:
 
 def plan_step(settings: Settings, run_id: str, *, topic: str | None = None, group: str | None = None,
               max_records: int | None = None, max_bytes: int | None = None,
-              skip_lost_offsets: bool = False, window: tuple[datetime, datetime] | None = None) -> RunPlan:
-    """Freeze the run's ranges: from the group's committed offsets (incremental), or, with
-    ``window=(start, end)``, the offsets of that time window (a backfill: see ``plan_window_run``)."""
+              skip_lost_offsets: bool = False, window: tuple[datetime, datetime] | None = None,
+              new_group_start: str | None = None) -> RunPlan:
+    """Freeze the run's ranges: from the group's committed offsets (incremental; a group without
+    any starts at ``new_group_start``), or, with ``window=(start, end)``, the offsets of that time
+    window (a backfill: see ``plan_window_run``)."""
     from wavepipe.consumers.planner import plan_run, plan_window_run
 
     began = time.monotonic()
@@ -52,12 +54,13 @@ def plan_step(settings: Settings, run_id: str, *, topic: str | None = None, grou
     with RunStore(settings).step_lock(run_id, "run"):  # two first attempts must not plan twice
         if window is not None:
             if max_records or max_bytes or skip_lost_offsets:
-                raise ValueError("a window run reads its whole window: max_records, max_bytes and "
+                raise UsageError("a window run reads its whole window: max_records, max_bytes and "
                                  "skip_lost_offsets apply to incremental runs only")
             plan = plan_window_run(settings, run_id, start=window[0], end=window[1], topic=topic, group=group)
         else:
             plan = plan_run(settings, run_id, topic=topic, group=group, max_records=max_records,
-                            max_bytes=max_bytes, skip_lost_offsets=skip_lost_offsets)
+                            max_bytes=max_bytes, skip_lost_offsets=skip_lost_offsets,
+                            new_group_start=new_group_start)
     _timed(RunStore(settings), run_id, "plan", began)
     return plan
 
@@ -218,12 +221,20 @@ def _check_validation(settings: Settings, store: RunStore, plan: RunPlan) -> dic
 
 
 def _write_report(settings: Settings, report: dict) -> Path:
-    """The run's JSON report and its HTML page beside it; returns the page."""
-    write_json_atomic(json_path(settings, report["run_id"]), report)
+    """The run's JSON report and its HTML page beside it; returns the page. The page and the
+    validation trend on it only describe the run: when one fails, ``report["notes"]`` says so
+    (in the JSON, and on a plain page with the notes and the report) and the run goes on."""
+    from wavepipe.report import describe_safely
+
+    notes = report.setdefault("notes", [])
+    trend = describe_safely(notes, "the validation trend", validation_trend, settings, group=report["group"])
     plot = (report.get("validation") or {}).get("plot")  # this attempt's, not an earlier one's
-    return report_html.write(report, html_path(settings, report["run_id"]),
-                             trend=validation_trend(settings, group=report["group"]),
-                             plot_png=Path(plot) if plot else None)
+    page = html_path(settings, report["run_id"])
+    if describe_safely(notes, "the run's page", report_html.write, report, page, trend=trend or [],
+                       plot_png=Path(plot) if plot else None) is None:
+        describe_safely(notes, "the run's plain page", report_html.write_plain, report, page)
+    write_json_atomic(json_path(settings, report["run_id"]), report)
+    return page
 
 
 def _report(store: RunStore, plan: RunPlan, *, validation: dict | None, skipped: str | None = None) -> dict:
@@ -232,8 +243,13 @@ def _report(store: RunStore, plan: RunPlan, *, validation: dict | None, skipped:
         step = store.load_step(plan.run_id, f"consume-{r.topic}-{r.partition}")
         if step is not None:
             consumed[r.partition] = step
-    return build_report(plan, consumed, store.load_step(plan.run_id, "reassemble"),
-                        store.load_step(plan.run_id, "timings") or {}, skipped_reason=skipped, validation=validation)
+    report = build_report(plan, consumed, store.load_step(plan.run_id, "reassemble"),
+                          store.load_step(plan.run_id, "timings") or {}, skipped_reason=skipped, validation=validation)
+    if plan.moved:  # the group was moved by someone else since this home's last commit
+        report["moved"] = {str(p): move for p, move in plan.moved.items()}
+    if plan.new_group_start:
+        report["new_group_start"] = plan.new_group_start
+    return report
 
 
 def commit_step(settings: Settings, run_id: str) -> dict:
@@ -244,23 +260,33 @@ def commit_step(settings: Settings, run_id: str) -> dict:
         return _commit(settings, store, run_id)
 
 
-def _new_dead_letters(store: RunStore, plan: RunPlan):
-    """The run's staged dead-letter rows that the group's previous run did not publish already,
-    one row group in memory at a time. A run that continues from the previous run's safe offset
-    re-reads ``[safe, previous end)`` (a pending waveform held the commit back there); after a
-    rewind everything in the range is published again, as the reprocessing it is."""
-    import pyarrow.compute as pc
+def _new_dead_letters(store: RunStore, plan: RunPlan, published: dict[int, list[list[int]]]):
+    """The run's staged dead-letter rows whose origin offset is not in ``published[partition]``
+    (``[start, end)`` intervals of origin offsets whose dead letters are on the dead-letter topic
+    already: published by an earlier run before a rewind, or before a pending waveform made this
+    run re-read them), one row group in memory at a time. So a record is dead-lettered on the
+    topic once, however often it is read."""
     import pyarrow.parquet as pq
 
     from wavepipe.consumers.reader import staged_paths
 
     for r in plan.ranges:
         _, path = staged_paths(store, plan.run_id, r)
-        previous = plan.previous.get(r.partition)
-        seen_end = previous[1] if previous and previous[0] == r.start else r.start
         if path.exists():
+            intervals = [(a, b) for a, b in published.get(r.partition, []) if a < r.end and b > r.start]
             for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
-                yield from batch.filter(pc.greater_equal(batch.column("offset"), seen_end)).to_pylist()
+                yield from batch.filter(_outside(batch.column("offset"), intervals)).to_pylist()
+
+
+def _outside(offsets, intervals: list[tuple[int, int]]):
+    """A boolean mask: which ``offsets`` are in none of the ``[start, end)`` ``intervals``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    inside = pa.array([False] * len(offsets), pa.bool_())
+    for a, b in intervals:
+        inside = pc.or_(inside, pc.and_(pc.greater_equal(offsets, a), pc.less(offsets, b)))
+    return pc.invert(inside)
 
 
 def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
@@ -272,7 +298,9 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
     if holder != run_id:
         done = store.load_step(run_id, "report")
         if done is not None and "commit" in done:  # a retry of a commit that went through
-            return {**done, "report_path": str(json_path(settings, run_id)), "report_html": str(html_path(settings, run_id))}
+            written = json_path(settings, run_id).exists()
+            return {**done, "report_path": str(json_path(settings, run_id)) if written else None,
+                    "report_html": str(html_path(settings, run_id)) if written else None}
         raise RuntimeError(
             f"run {run_id} no longer holds group {plan.group!r} (active: {holder or 'none'}); it was "
             "abandoned or superseded, so it must not commit. Start a new run."
@@ -305,27 +333,41 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
         safe = {int(p): part["safe_offset"] for p, part in report["partitions"].items()}
         failpoint("commit.before_offsets")
         try:
-            committed = commit_safe_offsets(settings, plan, safe, _new_dead_letters(store, plan))
+            committed = commit_safe_offsets(settings, plan, safe,
+                                            lambda published: _new_dead_letters(store, plan, published))
         except OffsetsMovedError:
             store.release_group(plan.group, run_id)  # this run can never commit: free the group
+            store.discard_staging(run_id)
             raise
         failpoint("commit.after_offsets")
         report["commit"] = {str(p): v for p, v in committed.items()}
         store.save_previous_ranges(plan.group, plan.topic, {r.partition: [safe[r.partition], r.end] for r in plan.ranges})
+    elif plan.new_group_start:  # a new group that starts where nothing is to read yet: its offsets are created
+        starts = {r.partition: r.start for r in plan.ranges}
+        report["commit"] = {str(p): v for p, v in commit_safe_offsets(settings, plan, starts).items()}
+        store.save_previous_ranges(plan.group, plan.topic, {r.partition: [r.start, r.end] for r in plan.ranges})
     else:  # nothing new was read: the group's offsets (and their run metadata) stay as they are
         report["commit"] = {str(r.partition): {"before": r.start, "after": r.start} for r in plan.ranges}
+        if plan.moved:  # the move is reported once: it is where this home continues from now
+            store.save_previous_ranges(plan.group, plan.topic, {r.partition: [r.start, r.end] for r in plan.ranges})
     if not plan.is_window:
         _lag_after(settings, plan, report)
     _timed(store, run_id, "commit", began)
     report["timings_s"].update(store.load_step(run_id, "timings") or {})
     report["status"] = "window_replaced" if plan.is_window else "committed"
     store.save_step(run_id, "report", report)
-    page = _write_report(settings, report)
+    if skipped and not plan.moved and not plan.lost and not plan.new_group_start:
+        # an idle run: one line of history for the group instead of a report (96 a day at the schedule)
+        store.record_idle_run(plan.group, run_id)
+        report["report_path"] = report["report_html"] = None
+    else:
+        page = _write_report(settings, report)
+        store.forget_idle_runs(plan.group)
+        report["report_path"] = str(json_path(settings, run_id))
+        report["report_html"] = str(page)
     store.release_group(plan.group, run_id)
     # The staged copies served their purpose: the data is in the tables and still in Kafka.
-    shutil.rmtree(store.staging_dir(run_id), ignore_errors=True)
-    report["report_path"] = str(json_path(settings, run_id))
-    report["report_html"] = str(page)
+    store.discard_staging(run_id)
     return report
 
 
@@ -347,7 +389,8 @@ def _lag_after(settings: Settings, plan: RunPlan, report: dict) -> None:
 
 def run_once(settings: Settings, *, run_id: str | None = None, topic: str | None = None,
              group: str | None = None, max_records: int | None = None, max_bytes: int | None = None,
-             skip_lost_offsets: bool = False, window: tuple[datetime, datetime] | None = None) -> dict:
+             skip_lost_offsets: bool = False, window: tuple[datetime, datetime] | None = None,
+             new_group_start: str | None = None) -> dict:
     """All steps in this process; resumes the group's active run if one was left unfinished.
     ``window=(start, end)``: a backfill of that time window instead (it replaces the window's
     output and commits no offsets).
@@ -369,7 +412,7 @@ def run_once(settings: Settings, *, run_id: str | None = None, topic: str | None
     run_id = safe_run_id(run_id)
     with store.step_lock(run_id, "run"):
         plan = plan_step(settings, run_id, topic=topic, group=group, max_records=max_records, max_bytes=max_bytes,
-                         skip_lost_offsets=skip_lost_offsets, window=window)
+                         skip_lost_offsets=skip_lost_offsets, window=window, new_group_start=new_group_start)
         staged = [p for p in partitions_to_read(plan) if _is_staged(store, plan, p)]
         if staged:
             log.info("run %s: partitions %s were staged by an earlier attempt; not read again", run_id, staged)

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import socket
 import tempfile
 import time
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from wavepipe.config import Settings
+from wavepipe.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,12 @@ class RunPlan:
     #: read may go past ``to`` to complete the ones that straddle the window's end. Its output
     #: replaces the window's rows, and it commits no offsets. None: an incremental run.
     window: dict[str, Any] | None = None
+    #: The group had no committed offsets on the topic and started here by choice (``earliest``,
+    #: ``latest`` or an ISO instant); None for a group that had offsets. Its commit creates them.
+    new_group_start: str | None = None
+    #: Per partition, a move of the group's offset by someone else since this home's last commit:
+    #: ``{"from", "to", "by", "skipped": [a, b) | None, "reread": [a, b) | None}``.
+    moved: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def is_window(self) -> bool:
@@ -95,7 +103,7 @@ class RunPlan:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        for name in ("previous", "committed", "lost", "latest"):
+        for name in ("previous", "committed", "lost", "latest", "moved"):
             data[name] = {str(k): v for k, v in getattr(self, name).items()}
         return data
 
@@ -113,6 +121,8 @@ class RunPlan:
             lost={int(k): list(v) for k, v in data.get("lost", {}).items()},
             latest={int(k): int(v) for k, v in data.get("latest", {}).items()},
             window=data.get("window"),
+            new_group_start=data.get("new_group_start"),
+            moved={int(k): dict(v) for k, v in data.get("moved", {}).items()},
         )
 
     def expected_committed(self, partition: int) -> int | None:
@@ -161,7 +171,7 @@ def parse_datetime(text: str) -> datetime:
     try:
         value = datetime.fromisoformat(raw)
     except ValueError:
-        raise ValueError(f"datetime {text!r} is not ISO-8601: use e.g. 2026-11-02T08:30:00Z or "
+        raise UsageError(f"datetime {text!r} is not ISO-8601: use e.g. 2026-11-02T08:30:00Z or "
                          f"2026-11-02T09:30:00+01:00 (no zone means UTC)") from None
     return as_utc(value)
 
@@ -249,7 +259,7 @@ class RunStore:
         fd, tmp = tempfile.mkstemp(prefix=".active.", dir=path.parent)
         try:
             with os.fdopen(fd, "w") as fh:
-                json.dump({"run_id": run_id, "since": utc_now()}, fh)
+                json.dump({"run_id": run_id, "since": utc_now(), "host": socket.gethostname(), "pid": os.getpid()}, fh)
                 fh.flush()
                 os.fsync(fh.fileno())
             os.link(tmp, path)  # fails if the marker exists; readers never see a half-written one
@@ -257,12 +267,50 @@ class RunStore:
             holder = self.active_run(group)
             if holder == run_id:
                 return
+            if holder is not None and self.load_plan(holder) is None:
+                claim = self._claim(group)
+                raise ActiveRunError(
+                    f"run {holder} of group {group!r} is being planned right now (pid {claim.get('pid', '?')} on "
+                    f"{claim.get('host', '?')}, since {claim.get('since', '?')}); wait for it to finish planning, "
+                    f"or stop it (a planner that is gone is released by the next run)"
+                ) from None
             raise ActiveRunError(
                 f"run {holder} of group {group!r} is planned but not committed; retry it "
                 f"(wavepipe run resumes it) or abandon it (wavepipe abandon --group {group})"
             ) from None
         finally:
             os.unlink(tmp)
+
+    def _claim(self, group: str) -> dict[str, Any]:
+        try:
+            return read_json(self.active_path(group))
+        except (OSError, ValueError):
+            return {}
+
+    def claim_is_orphaned(self, group: str) -> bool:
+        """Whether the group's claim was made by a process on this host that no longer exists."""
+        claim = self._claim(group)
+        if claim.get("host") != socket.gethostname() or not isinstance(claim.get("pid"), int):
+            return False
+        try:
+            os.kill(claim["pid"], 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        import psutil
+
+        try:  # a zombie (exited, not reaped yet) is gone too
+            return psutil.Process(claim["pid"]).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    def discard_staging(self, run_id: str) -> None:
+        """Delete a run's staged copies (after it committed, or was abandoned or refused): the
+        records are still in Kafka, and a new run reads them again."""
+        import shutil
+
+        shutil.rmtree(self.staging_dir(run_id), ignore_errors=True)
 
     def claim_age_s(self, group: str) -> float:
         """Seconds since the group's active claim was made (0 when there is none)."""
@@ -286,6 +334,27 @@ class RunStore:
 
     def save_previous_ranges(self, group: str, topic: str, ranges: dict[int, list[int]]) -> None:
         write_json_atomic(self._previous_path(group, topic), {str(k): v for k, v in ranges.items()})
+
+    def _idle_path(self, group: str) -> Path:
+        return self.group_dir(group) / "idle-runs.json"
+
+    def record_idle_run(self, group: str, run_id: str) -> None:
+        """Count an idle run (nothing new to read) in the group's one line of idle history."""
+        idle = self.idle_runs(group) or {"count": 0, "first_at": utc_now()}
+        idle.update(count=idle["count"] + 1, last_at=utc_now(), last_run_id=run_id)
+        write_json_atomic(self._idle_path(group), idle)
+
+    def idle_runs(self, group: str) -> dict[str, Any] | None:
+        """``{"count", "first_at", "last_at", "last_run_id"}`` of the idle runs since the group's
+        last run that read something (None: none)."""
+        path = self._idle_path(group)
+        try:
+            return read_json(path) if path.exists() else None
+        except ValueError:
+            return None
+
+    def forget_idle_runs(self, group: str) -> None:
+        self._idle_path(group).unlink(missing_ok=True)
 
     def step_lock(self, run_id: str, name: str):
         """Hold step ``name`` of ``run_id`` exclusively, or raise ``StepBusyError`` at once."""

@@ -70,7 +70,7 @@ class WavepipeHook(BaseHook):
             env = f"AIRFLOW_CONN_{conn_id.upper()}"
             if os.environ.get(env):  # defined, but Airflow could not read it: never fall back silently
                 raise ValueError(f"{env} is set, but Airflow could not read it as a connection "
-                                 f"({type(exc).__name__}: {exc}); fix its JSON or URI form") from exc
+                                 f"({exc}); fix its JSON or URI form") from exc
             log.info("no Airflow connection %r (%s)", conn_id, type(exc).__name__)
             return None
 

@@ -15,14 +15,34 @@ from airflow.sdk import BaseOperator
 
 from wavepipe import pipeline
 from wavepipe.airflow.hooks import WavepipeHook
+from wavepipe.errors import UsageError, did_you_mean
 from wavepipe.plan import ActiveRunError, as_utc, parse_datetime
 
 #: Seconds between a waiting window run's attempts to take its group's backfill lane.
 WINDOW_LANE_RETRY_S = 30
 
 
-def _int_or_none(value: Any) -> int | None:
-    return None if value in (None, "", "None") else int(value)
+def _int_or_none(value: Any, name: str) -> int | None:
+    if value in (None, "", "None"):
+        return None
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise UsageError(f"param {name}={value!r} is not a whole number") from None
+    if number < 0:
+        raise UsageError(f"param {name}={number} is negative: give a positive cap, or nothing for none")
+    return number
+
+
+def check_conf(conf: dict | None, known) -> None:
+    """Refuse a trigger's conf with keys that are not params of the DAG (a typo would otherwise
+    run on the defaults), naming them and the closest params."""
+    unknown = sorted(set(conf or {}) - set(known))
+    if unknown:
+        raise AirflowFailException(
+            "unknown keys in the run's conf: " + ", ".join(f"{k!r}{did_you_mean(k, known)}" for k in unknown)
+            + f". The params of this DAG are: {', '.join(sorted(known))}. Nothing was read; trigger it again "
+            "with the right names.")
 
 
 def run_window(context, start: Any = None, end: Any = None) -> tuple[datetime, datetime] | None:
@@ -32,13 +52,17 @@ def run_window(context, start: Any = None, end: Any = None) -> tuple[datetime, d
     interval; any run may name a window with the ``window_start``/``window_end`` params instead.
     Scheduled and plain manual runs are incremental: they continue from the group's offsets."""
     start, end = (None if v in (None, "", "None") else v for v in (start, end))
+    parsed = {}
+    for name, value in (("window_start", start), ("window_end", end)):
+        if value is not None:
+            try:
+                parsed[name] = as_utc(value) if isinstance(value, datetime) else parse_datetime(str(value))
+            except ValueError as exc:
+                raise AirflowFailException(f"param {name}: {exc}") from None
     if (start is None) != (end is None):
         raise AirflowFailException("give both window_start and window_end, or neither")
     if start is not None:
-        try:
-            return tuple(as_utc(v) if isinstance(v, datetime) else parse_datetime(str(v)) for v in (start, end))
-        except ValueError as exc:
-            raise AirflowFailException(f"bad window: {exc}") from exc
+        return parsed["window_start"], parsed["window_end"]
     run_type = getattr(context["dag_run"], "run_type", None)
     if getattr(run_type, "value", run_type) == "backfill":
         start, end = context.get("data_interval_start"), context.get("data_interval_end")
@@ -71,28 +95,36 @@ class PlanOperator(WavepipeOperator):
     """Freeze the run's offset ranges; returns the partition groups to read, one per mapped consume
     task (``consume_tasks`` groups at most; 0: one partition each)."""
 
-    template_fields = ("topic", "group", "max_records", "max_bytes", "skip_lost_offsets", "window_start", "window_end")
+    template_fields = ("topic", "group", "max_records", "max_bytes", "skip_lost_offsets", "window_start", "window_end",
+                       "new_group_start")
 
     def __init__(self, *, topic: str | None = None, group: str | None = None,
                  max_records: Any = None, max_bytes: Any = None, skip_lost_offsets: Any = False,
-                 window_start: Any = None, window_end: Any = None, **kwargs):
+                 window_start: Any = None, window_end: Any = None, new_group_start: Any = None, **kwargs):
         super().__init__(**kwargs)
         self.window_start, self.window_end = window_start, window_end
         self.topic, self.group, self.max_records, self.max_bytes = topic, group, max_records, max_bytes
-        self.skip_lost_offsets = skip_lost_offsets
+        self.skip_lost_offsets, self.new_group_start = skip_lost_offsets, new_group_start
 
     def execute(self, context) -> list[list[int]]:
-        settings = self.settings()
+        dag_run = context.get("dag_run")
+        if self.has_dag():
+            check_conf(getattr(dag_run, "conf", None), self.dag.params.keys())
         window = run_window(context, self.window_start, self.window_end)
         if window:
             self.log.info("a window run: [%s, %s) is reprocessed and replaces that window's output; "
                           "no offsets are committed", *(t.isoformat() for t in window))
-        try:
+        try:  # what a user typed is refused at once, without retries: a retry would fail the same way
+            settings = self.settings()
             plan = pipeline.plan_step(
                 settings, context["run_id"], topic=self.topic or None, group=self.group or None,
-                max_records=_int_or_none(self.max_records), max_bytes=_int_or_none(self.max_bytes),
+                max_records=_int_or_none(self.max_records, "max_records"),
+                max_bytes=_int_or_none(self.max_bytes, "max_bytes"),
                 skip_lost_offsets=flag(self.skip_lost_offsets), window=window,
+                new_group_start=None if self.new_group_start in (None, "", "None") else str(self.new_group_start),
             )
+        except UsageError as exc:
+            raise AirflowFailException(str(exc)) from None
         except ActiveRunError as exc:
             if not window:
                 raise

@@ -1,8 +1,9 @@
+import os
 from pathlib import Path
 
 import pytest
 
-from wavepipe.config import load_settings
+from wavepipe.config import SettingsError, load_settings
 
 
 def test_precedence_defaults_file_env_overrides(tmp_path, monkeypatch):
@@ -30,11 +31,64 @@ def test_home_moves_all_state(tmp_path, monkeypatch):
 
 def test_unknown_setting_and_bad_values_are_clear_errors(monkeypatch):
     monkeypatch.delenv("WAVEPIPE_CONFIG", raising=False)
-    with pytest.raises(ValueError, match="unknown wavepipe setting"):
+    with pytest.raises(ValueError, match="'no_such_thing' is not a wavepipe setting"):
         load_settings(no_such_thing=1)
     monkeypatch.setenv("WAVEPIPE_KAFKA_CLIENT_CONFIG", "[1, 2]")
-    with pytest.raises(ValueError, match="JSON object"):
+    with pytest.raises(ValueError, match="^WAVEPIPE_KAFKA_CLIENT_CONFIG: kafka_client_config must be a JSON object"):
         load_settings()
+
+
+@pytest.mark.parametrize("name, value, rule", [
+    ("max_records_per_partition", "-5", "0 \\(no cap\\) or a positive"),
+    ("max_bytes_per_partition", "-1", "0 \\(no cap\\) or a positive"),
+    ("partitions", "0", "at least 1"),
+    ("partitions", "two", "an integer"),
+    ("partitions", "1.5", "an integer"),
+    ("consume_parallelism", "0", "at least 1"),
+    ("reader_stall_timeout_s", "nan", "positive number of seconds"),
+    ("validate_mostly", "1.5", "fraction"),
+    ("max_waveform_bytes", str(2**31), "1 to 1073741824"),
+    ("topic", "wave forms", "Kafka topic name"),
+    ("new_group_start", "yesterday", "earliest, latest, an ISO-8601 instant"),
+    ("spark_driver_memory", "2 gb", "JVM size"),
+    ("bootstrap_servers", "localhost", "host:port"),
+])
+def test_every_source_of_a_setting_is_checked_and_named(monkeypatch, tmp_path, name, value, rule):
+    """The same bad value is refused from the TOML file (naming the file and key), from the
+    environment (naming the variable) and as an override (a flag or DAG param)."""
+    monkeypatch.delenv("WAVEPIPE_CONFIG", raising=False)
+    for var in [v for v in os.environ if v.startswith("WAVEPIPE_")]:
+        monkeypatch.delenv(var)
+    toml = tmp_path / "wavepipe.toml"
+    toml.write_text(f"[wavepipe]\n{name} = {value!r}\n".replace("'", '"'))
+    monkeypatch.setenv("WAVEPIPE_CONFIG", str(toml))
+    with pytest.raises(SettingsError, match=f"^{toml}, key {name}: {name} must.*{rule}"):
+        load_settings()
+    monkeypatch.delenv("WAVEPIPE_CONFIG")
+    monkeypatch.setenv(f"WAVEPIPE_{name.upper()}", value)
+    with pytest.raises(SettingsError, match=f"^WAVEPIPE_{name.upper()}: {name} must.*{rule}"):
+        load_settings()
+    monkeypatch.delenv(f"WAVEPIPE_{name.upper()}")
+    with pytest.raises(SettingsError, match=f"^{name} must.*{rule}"):
+        load_settings(**{name: value})
+    with pytest.raises(SettingsError, match=rule):
+        load_settings().replace(**{name: value})
+
+
+def test_a_typo_in_the_file_suggests_the_setting_and_secrets_are_masked(monkeypatch, tmp_path):
+    monkeypatch.delenv("WAVEPIPE_CONFIG", raising=False)
+    toml = tmp_path / "wavepipe.toml"
+    toml.write_text('[wavepipe]\nmax_record_per_partition = 5\n')
+    monkeypatch.setenv("WAVEPIPE_CONFIG", str(toml))
+    with pytest.raises(SettingsError, match="did you mean 'max_records_per_partition'"):
+        load_settings()
+    monkeypatch.delenv("WAVEPIPE_CONFIG")
+    s = load_settings(kafka_client_config={"sasl.password": "hunter2", "ssl.key.pem": "PEM", "sasl.username": "u"},
+                      spark_conf={"spark.hadoop.fs.s3a.secret.key": "abc", "spark.ui.enabled": "false"})
+    shown = s.as_dict(redact=True)
+    assert shown["kafka_client_config"] == {"sasl.password": "*****", "ssl.key.pem": "*****", "sasl.username": "u"}
+    assert shown["spark_conf"] == {"spark.hadoop.fs.s3a.secret.key": "*****", "spark.ui.enabled": "false"}
+    assert s.as_dict()["kafka_client_config"]["sasl.password"] == "hunter2", "the clients still get it"
 
 
 def test_a_small_run_gets_the_short_lived_jvm_options_and_a_large_one_the_defaults(tmp_path):

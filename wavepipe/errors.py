@@ -1,0 +1,36 @@
+"""Errors a user can act on, and the exit codes the CLI gives them.
+
+Every command exits with one of:
+
+* ``0``: done;
+* ``1``: the run or operation failed (a service down, a step that failed, accounting that does not
+  add up): what to do next is in the message, and retrying after the fix is safe;
+* ``2``: what was typed or configured is wrong (a flag, a setting, an unknown topic or group, a
+  new group without a start): nothing was read, written or committed;
+* ``3``: the run's output broke an expectation: nothing was published and no offset moved.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_VALIDATION = 3
+
+
+class UsageError(ValueError):
+    """Input from a user (flag, setting, DAG param, trigger conf) that is refused before anything
+    runs; the message names where the value came from and the rule it breaks."""
+
+
+def closest(word: str, choices, n: int = 3) -> list[str]:
+    """Up to ``n`` of ``choices`` that look like ``word`` (for "did you mean" hints)."""
+    import difflib
+
+    return difflib.get_close_matches(word, sorted(set(choices)), n=n, cutoff=0.6)
+
+
+def did_you_mean(word: str, choices) -> str:
+    """``"; did you mean 'a' or 'b'?"`` or ``""`` when nothing is close."""
+    close = closest(word, choices)
+    return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
