@@ -232,22 +232,16 @@ _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 _TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
 
 
-def _valid_start(text: str) -> bool:
-    if text in ("", "earliest", "latest"):
-        return True
-    try:
-        datetime.fromisoformat(text)
-    except ValueError:
-        return False
-    return True
-
-
 def _valid_instant(text: str) -> bool:
     try:
         datetime.fromisoformat(text)
     except ValueError:
         return False
     return True
+
+
+def _valid_start(text: str) -> bool:
+    return text in ("", "earliest", "latest") or _valid_instant(text)
 
 
 def _servers(text: str) -> bool:
