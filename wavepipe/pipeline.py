@@ -345,11 +345,11 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
     elif plan.new_group_start:  # a new group that starts where nothing is to read yet: its offsets are created
         starts = {r.partition: r.start for r in plan.ranges}
         report["commit"] = {str(p): v for p, v in commit_safe_offsets(settings, plan, starts).items()}
-        store.save_previous_ranges(plan.group, plan.topic, {r.partition: [r.start, r.end] for r in plan.ranges})
     else:  # nothing new was read: the group's offsets (and their run metadata) stay as they are
         report["commit"] = {str(r.partition): {"before": r.start, "after": r.start} for r in plan.ranges}
-        if plan.moved:  # the move is reported once: it is where this home continues from now
-            store.save_previous_ranges(plan.group, plan.topic, {r.partition: [r.start, r.end] for r in plan.ranges})
+    if not plan.is_window and not to_read and (plan.new_group_start or plan.moved):
+        # where this home continues from now: a new group's start, or a move by someone else (said once)
+        store.save_previous_ranges(plan.group, plan.topic, {r.partition: [r.start, r.end] for r in plan.ranges})
     if not plan.is_window:
         _lag_after(settings, plan, report)
     _timed(store, run_id, "commit", began)
