@@ -50,15 +50,24 @@ def parse_group_start(text: str) -> str:
                          "(e.g. 2026-11-20T00:00:00Z)") from None
 
 
-def groups_on_topic(settings: Settings, topic: str) -> list[str]:
-    """The consumer groups with committed offsets on ``topic`` (asks the cluster; best effort)."""
+#: Groups whose offsets a refusal looks at (one request each), the most alike the typed one first.
+GROUPS_CHECKED = 50
+
+
+def groups_on_topic(settings: Settings, topic: str, like: str = "") -> list[str]:
+    """The consumer groups with committed offsets on ``topic`` (asks the cluster; best effort):
+    of a large cluster's groups, the ``GROUPS_CHECKED`` most like ``like``."""
+    import difflib
+
     from confluent_kafka import ConsumerGroupTopicPartitions
 
     admin = admin_client(settings)
     try:
         listed = admin.list_consumer_groups(request_timeout=10).result(timeout=15)
+        names = sorted(listing.group_id for listing in listed.valid)
+        names.sort(key=lambda g: -difflib.SequenceMatcher(None, like, g).ratio())
         found = []
-        for g in sorted(listing.group_id for listing in listed.valid):
+        for g in sorted(names[:GROUPS_CHECKED]):
             futures = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(g)], request_timeout=10)
             tps = futures[g].result(timeout=15).topic_partitions or []
             if any(tp.topic == topic and tp.offset >= 0 for tp in tps):
@@ -71,7 +80,7 @@ def groups_on_topic(settings: Settings, topic: str) -> list[str]:
 
 def new_group_message(settings: Settings, group: str, topic: str) -> str:
     """Why a run of a group without committed offsets is refused, and the choices."""
-    known = groups_on_topic(settings, topic)
+    known = groups_on_topic(settings, topic, like=group)
     near = closest(group, known)
     listed = (f"Groups with offsets on {topic}: {', '.join(known)}" if known
               else f"No group has offsets on {topic} yet")
