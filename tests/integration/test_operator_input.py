@@ -84,7 +84,9 @@ def test_bad_input_from_operators_never_reads_or_commits(settings, tmp_path):
 
     # a typo'd group reads nothing, commits nothing, and names the group that has offsets
     produce_in_order(settings, waveform_records("later", 2, seed=2)[0], partition=0)
-    typo = settings.group[:-2] + settings.group[-1] + settings.group[-2]
+    # one character off (never the group itself: a swap of two equal characters would be)
+    typo = settings.group[:-1] + ("x" if settings.group[-1] != "x" else "y")
+    assert typo != settings.group
     err = refused(cli(settings, "run", "--group", typo), f"group {typo!r} has no committed offsets",
                   f"Did you mean {settings.group!r}?", "--new-group-start")
     assert settings.group in err.split("Groups with offsets on")[1]
