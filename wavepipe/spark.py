@@ -195,11 +195,20 @@ _CONTINUATION = re.compile(r"^(?:\s|$|Caused by:|Suppressed:|\.\.\. \d+ more|Dur
                            r"|The above exception|[A-Za-z_][\w.$]*(?:Exception|Error|Exit|Interrupt|Throwable)\b)")
 
 
+#: The start of Spark's message for SPARK-59451 (see ``AppOutput``).
+_HEARTBEAT_RACE = "Uncaught exception in thread executor-heartbeater"
+
+
 class AppOutput:
     """Reads the level of each line of a child's output stream, in order: a line with a level
     prefix (log4j ``WARN``, Python ``WARNING``, ...) has that level and loses its timestamp and
     level; a traceback starts an ERROR block; stack frames, exception lines and blank lines keep
-    the level of the line they continue; Python warnings are WARNING; anything else is INFO."""
+    the level of the line they continue; Python warnings are WARNING; anything else is INFO.
+
+    One ERROR of Spark's is a WARNING here: an uncaught exception in the executor's heartbeat
+    thread (with its stack). Spark 4.2 has a race there (SPARK-59451: the heartbeat reads an
+    accumulator still being deserialized, a ``NullPointerException`` in ``isZero``); a heartbeat
+    is lost, the app's work is not, and if the app fails it says so with an error of its own."""
 
     def __init__(self) -> None:
         self.level = logging.INFO
@@ -209,6 +218,8 @@ class AppOutput:
         match = _PREFIX.match(line)
         if match:
             self.level = _LEVEL_NAMES[match["level"]]
+            if self.level == logging.ERROR and _HEARTBEAT_RACE in match["rest"]:
+                self.level = logging.WARNING
             return self.level, match["rest"]
         if line.startswith(_ERROR_START):
             self.level = logging.ERROR

@@ -52,6 +52,22 @@ def test_continuation_lines_keep_the_level_of_the_line_they_continue():
     assert [out.classify(line)[0] for line, _ in lines] == [level for _, level in lines]
 
 
+def test_sparks_heartbeat_race_is_a_warning_with_its_stack_and_other_errors_stay_errors():
+    # SPARK-59451, seen in a successful DAG run of the test suite (the run's result was right)
+    out = AppOutput()
+    lines = [
+        ("26/11/23 12:35:28 ERROR Utils: Uncaught exception in thread executor-heartbeater", WARNING),
+        ('java.lang.NullPointerException: Cannot invoke "java.util.concurrent.ConcurrentHashMap.isEmpty()" because '
+         'the return value of "org.apache.spark.sql.util.PartitionKeyedAccumulator.byPartition()" is null', WARNING),
+        ("\tat org.apache.spark.sql.util.PartitionKeyedAccumulator.isZero(PartitionKeyedAccumulator.scala:51)", WARNING),
+        ("\tat org.apache.spark.executor.Executor.reportHeartBeat(Executor.scala:1530)", WARNING),
+        ("26/11/23 12:35:29 INFO DAGScheduler: Job 3 finished", INFO),
+        ("26/11/23 12:35:30 ERROR Utils: Uncaught exception in thread delta-commit", ERROR),
+        ("\tat org.apache.spark.Foo.bar(Foo.scala:1)", ERROR),
+    ]
+    assert [out.classify(line)[0] for line, _ in lines] == [level for _, level in lines]
+
+
 @pytest.mark.parametrize("level, facility, expected", [
     (ERROR, "FAIL", DEBUG),        # connection refused, disconnects: wavepipe says it itself
     (ERROR, "ERROR", DEBUG),       # "1/1 brokers are down"
