@@ -214,7 +214,7 @@ from tests.helpers import produce_in_order, waveform_records
 from wavepipe.config import load_settings
 settings = load_settings()
 producer = Producer(settings.kafka_config(**{"transactional.id": "crashing-" + settings.topic,
-                                             "transaction.timeout.ms": 3000}))
+                                             "transaction.timeout.ms": 20000}))
 producer.init_transactions(30)
 producer.begin_transaction()
 records, _ = waveform_records("in-crashed-txn", 2, seed=9)
@@ -255,10 +255,12 @@ def test_open_and_abandoned_transactions_do_not_stall_runs(settings, spark):
     assert crashed.wait(120) == -signal.SIGKILL
     d, d_sum = waveform_records("after-crash", 2, seed=4)
     produce_in_order(settings, d)  # 10-11
+    # planned within the crashed transaction's 20 s timeout (3 s was too short on a loaded machine:
+    # the broker had aborted it before the plan, and the run read past it)
     stuck = pipeline.run_once(settings, run_id="stuck")
     assert (stuck["partitions"]["0"]["start"], stuck["partitions"]["0"]["end"]) == (8, 8)
 
-    deadline = time.monotonic() + 60  # the broker aborts it after transaction.timeout.ms
+    deadline = time.monotonic() + 90  # the broker aborts it after transaction.timeout.ms (checked every 10 s)
     while _ends(settings, [0])[0] <= 10:
         assert time.monotonic() < deadline, "the broker never aborted the crashed producer's transaction"
         time.sleep(0.5)
