@@ -54,20 +54,17 @@ def parse_group_start(text: str) -> str:
 GROUPS_CHECKED = 50
 
 
-def groups_on_topic(settings: Settings, topic: str, like: str = "") -> list[str]:
+def groups_on_topic(settings: Settings, topic: str, like: str) -> list[str]:
     """The consumer groups with committed offsets on ``topic`` (asks the cluster; best effort):
     of a large cluster's groups, the ``GROUPS_CHECKED`` most like ``like``."""
-    import difflib
-
     from confluent_kafka import ConsumerGroupTopicPartitions
 
     admin = admin_client(settings)
     try:
         listed = admin.list_consumer_groups(request_timeout=10).result(timeout=15)
-        names = sorted(listing.group_id for listing in listed.valid)
-        names.sort(key=lambda g: -difflib.SequenceMatcher(None, like, g).ratio())
+        names = closest(like, (listing.group_id for listing in listed.valid), n=GROUPS_CHECKED, cutoff=0)
         found = []
-        for g in sorted(names[:GROUPS_CHECKED]):
+        for g in sorted(names):
             futures = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(g)], request_timeout=10)
             tps = futures[g].result(timeout=15).topic_partitions or []
             if any(tp.topic == topic and tp.offset >= 0 for tp in tps):

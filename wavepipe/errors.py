@@ -23,11 +23,12 @@ class UsageError(ValueError):
     runs; the message names where the value came from and the rule it breaks."""
 
 
-def closest(word: str, choices, n: int = 3) -> list[str]:
-    """Up to ``n`` of ``choices`` that look like ``word`` (for "did you mean" hints)."""
+def closest(word: str, choices, n: int = 3, cutoff: float = 0.6) -> list[str]:
+    """Up to ``n`` of ``choices`` that look like ``word``, the most alike first (for "did you
+    mean" hints; ``cutoff=0``: the ``n`` most alike, however little)."""
     import difflib
 
-    return difflib.get_close_matches(word, sorted(set(choices)), n=n, cutoff=0.6)
+    return difflib.get_close_matches(word, sorted(set(choices)), n=n, cutoff=cutoff)
 
 
 def did_you_mean(word: str, choices) -> str:
