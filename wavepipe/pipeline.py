@@ -342,14 +342,15 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
         failpoint("commit.after_offsets")
         report["commit"] = {str(p): v for p, v in committed.items()}
         store.save_previous_ranges(plan.group, plan.topic, {r.partition: [safe[r.partition], r.end] for r in plan.ranges})
-    elif plan.new_group_start:  # a new group that starts where nothing is to read yet: its offsets are created
-        starts = {r.partition: r.start for r in plan.ranges}
-        report["commit"] = {str(p): v for p, v in commit_safe_offsets(settings, plan, starts).items()}
-    else:  # nothing new was read: the group's offsets (and their run metadata) stay as they are
-        report["commit"] = {str(r.partition): {"before": r.start, "after": r.start} for r in plan.ranges}
-    if not plan.is_window and not to_read and (plan.new_group_start or plan.moved):
-        # where this home continues from now: a new group's start, or a move by someone else (said once)
-        store.save_previous_ranges(plan.group, plan.topic, {r.partition: [r.start, r.end] for r in plan.ranges})
+    else:  # nothing new was read
+        if plan.new_group_start:  # a new group starting where nothing is to read yet: its offsets are created
+            starts = {r.partition: r.start for r in plan.ranges}
+            report["commit"] = {str(p): v for p, v in commit_safe_offsets(settings, plan, starts).items()}
+        else:  # the group's offsets (and their run metadata) stay as they are
+            report["commit"] = {str(r.partition): {"before": r.start, "after": r.start} for r in plan.ranges}
+        if plan.new_group_start or plan.moved:
+            # where this home continues from now: a new group's start, or a move by someone else (said once)
+            store.save_previous_ranges(plan.group, plan.topic, {r.partition: [r.start, r.end] for r in plan.ranges})
     if not plan.is_window:
         _lag_after(settings, plan, report)
     _timed(store, run_id, "commit", began)
