@@ -207,8 +207,11 @@ class AppOutput:
 
     One ERROR of Spark's is a WARNING here: an uncaught exception in the executor's heartbeat
     thread (with its stack). Spark 4.2 has a race there (SPARK-59451: the heartbeat reads an
-    accumulator still being deserialized, a ``NullPointerException`` in ``isZero``); a heartbeat
-    is lost, the app's work is not, and if the app fails it says so with an error of its own."""
+    accumulator still being deserialized, a ``NullPointerException`` in ``isZero``). The line is
+    not a failure: the heartbeat thread stops, and nothing else happens to an app that ends within
+    ``spark.network.timeout`` (120 s) of it. A longer app may then see its executor removed for
+    missing heartbeats; its tasks fail with errors of their own, which stay ERRORs, and so does
+    the step."""
 
     def __init__(self) -> None:
         self.level = logging.INFO
