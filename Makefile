@@ -49,5 +49,5 @@ docker-check:
 	docker/check
 
 clean: kafka-down
-	$(BIN)/wavepipe spark down
+	$(BIN)/wavepipe spark down --force
 	rm -rf .wavepipe

@@ -8,7 +8,7 @@ import logging
 import sys
 import time
 
-from wavepipe.config import Settings, load_settings
+from wavepipe.config import Settings, load_settings, redact_url
 from wavepipe.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, EXIT_VALIDATION, UsageError
 from wavepipe.jars import SetupError
 
@@ -26,14 +26,32 @@ def cmd_kafka(args) -> int:
 
 
 def cmd_spark(args) -> int:
+    from wavepipe.engine import LocalEngine
+
+    settings = _settings(args)
+    if settings.spark_remote and args.action not in ("status", "serve"):  # serve: the remote server itself
+        print(f"spark_remote is set ({redact_url(settings.spark_remote)}): runs attach to that server, not to "
+              "this home's; `wavepipe spark` manages this home's own server", file=sys.stderr)
+    engine = LocalEngine(settings)
+    if args.action == "serve":
+        print(f"serving the Spark engine on sc://{args.host}:{args.port} (master {settings.spark_master}) "
+              "in the foreground", flush=True)
+        engine.serve(args.host, args.port)
+    actions = {"up": engine.up, "status": engine.status,
+               "down": lambda: engine.down(force=args.force), "restart": lambda: engine.restart(force=args.force)}
+    print(actions[args.action]())
+    return 0 if args.action != "status" or engine.pid() else 1
+
+
+def cmd_spark_cluster(args) -> int:
     from wavepipe.localspark import LocalSparkCluster
 
     settings = _settings(args)
     cluster = LocalSparkCluster(settings.home / "spark", port=args.port, workers=args.workers)
     print({"up": cluster.up, "down": cluster.down, "status": cluster.status}[args.action]())
     if args.action == "up":
-        print(f"Send runs there with WAVEPIPE_SPARK_MASTER={cluster.master_url} "
-              "(or an Airflow connection wavepipe_spark); `wavepipe spark down` stops it.")
+        print(f"Send runs there with WAVEPIPE_SPARK_MASTER={cluster.master_url} (then `wavepipe spark restart`: "
+              "the engine runs on that master); `wavepipe spark-cluster down` stops it.")
     return 0 if args.action != "status" or cluster.pids() else 1
 
 
@@ -230,6 +248,7 @@ def cmd_status(args) -> int:
         print(f"  {rep['run_id']}: {outcome}; {rep['totals']['output']} chunks out, {rep['totals']['pending']} pending, "
               f"{rep['totals']['quarantined']} quarantined, {rep['totals']['dead_letter']} dead-lettered; "
               f"file://{path.with_suffix('.html')}")
+    print(_engine_line(settings))
     idle = store.idle_runs(group)
     if idle:
         print(f"idle runs (nothing new to read) since the last run that read something: {idle['count']}, "
@@ -244,6 +263,17 @@ def cmd_status(args) -> int:
             print(f"  {e['checked_at']} {e['run_id']}: {'passed' if e['success'] else 'FAILED'}, "
                   f"{e['waveforms']} waveforms, {e['evaluated']} expectations{failed}")
     return EXIT_OK
+
+
+def _engine_line(settings) -> str:
+    """Where the runs' Spark work goes, and this home's engine's state (no call to a remote one)."""
+    if settings.spark_engine == "submit":
+        return f"Spark: a spark-submit app per step, master {settings.spark_master}"
+    if settings.spark_remote:
+        return f"Spark: the Spark Connect server {redact_url(settings.spark_remote)}"
+    from wavepipe.engine import LocalEngine
+
+    return LocalEngine(settings).status()
 
 
 def cmd_rewind(args) -> int:
@@ -375,12 +405,22 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("action", choices=["up", "down", "status"])
     k.set_defaults(func=cmd_kafka)
 
-    sp = sub.add_parser("spark", help="a local Spark standalone cluster (master and workers on loopback) to try "
-                                      "the cluster path; runs use it with WAVEPIPE_SPARK_MASTER")
-    sp.add_argument("action", choices=["up", "down", "status"])
-    sp.add_argument("--port", type=_positive, default=7077, help="the master's port (default 7077)")
-    sp.add_argument("--workers", type=_positive, default=1, help="workers to start (default 1)")
+    sp = sub.add_parser("spark", help="this home's Spark engine: a Spark Connect server on loopback that runs "
+                                      "attach to (runs start it on demand); status shows its memory")
+    sp.add_argument("action", choices=["up", "down", "status", "restart", "serve"],
+                    help="serve: run a Spark Connect server in the foreground, bound to --host (a container's command)")
+    sp.add_argument("--host", default="0.0.0.0", help="serve: the address to bind (default 0.0.0.0)")
+    sp.add_argument("--port", type=_positive, default=15002, help="serve: the port (default 15002)")
+    sp.add_argument("--force", action="store_true",
+                    help="down, restart: at once, failing the steps attached to it (default: wait until they end)")
     sp.set_defaults(func=cmd_spark)
+
+    sc = sub.add_parser("spark-cluster", help="a local Spark standalone cluster (master and workers on loopback) "
+                                              "to try the cluster path; the engine uses it with WAVEPIPE_SPARK_MASTER")
+    sc.add_argument("action", choices=["up", "down", "status"])
+    sc.add_argument("--port", type=_positive, default=7077, help="the master's port (default 7077)")
+    sc.add_argument("--workers", type=_positive, default=1, help="workers to start (default 1)")
+    sc.set_defaults(func=cmd_spark_cluster)
 
     p = sub.add_parser("produce", help="produce chunked waveforms")
     p.add_argument("--demo", action="store_true", help="synthetic seismic, ECG and audio recordings")

@@ -63,7 +63,19 @@ class Settings:
     #: Producer batching.
     linger_ms: int = 20
     batch_size: int = 1024 * 1024
-    #: Spark master for the reassembly app; extra ``--conf`` pairs for spark-submit.
+    #: Where a run's Spark work runs. ``connect``: attached to a long-lived Spark Connect server
+    #: (``spark_remote``, or this home's own server, started on demand: ``wavepipe spark up``);
+    #: ``submit``: a spark-submit app per step (a cold JVM each time; the fallback).
+    spark_engine: str = "connect"
+    #: The Spark Connect server to attach to (``sc://host:15002``, with ``;token=...`` etc. as
+    #: Spark Connect URLs allow). Empty: this home's local server on ``spark_connect_port``.
+    spark_remote: str = ""
+    #: The port of this home's local Spark Connect server (loopback only); 0: any free port.
+    spark_connect_port: int = 15002
+    #: This home's local Spark Connect server is restarted between steps (when no step uses it)
+    #: once its JVM and Python workers hold more than this many MB of memory; 0: never.
+    spark_engine_max_rss_mb: int = 6144
+    #: Spark master of the engine (the local server's, or each spark-submit app's).
     spark_master: str = "local[2]"
     #: The driver JVM's heap (in local mode all of Spark's). 3g holds two waveforms of the default
     #: ``max_waveform_bytes`` written at once (``local[2]``); docs/deployment.md, "Memory".
@@ -194,7 +206,10 @@ class Settings:
     def as_dict(self, *, redact: bool = False) -> dict[str, Any]:
         """Every setting; ``redact``: secret-like values masked (for anything shown or written)."""
         data = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
-        return redact_secrets(data) if redact else data
+        if not redact:
+            return data
+        data["spark_remote"] = redact_url(data["spark_remote"])
+        return redact_secrets(data)
 
 
 def _jsonable(value: Any) -> Any:
@@ -213,6 +228,32 @@ MASK = "*****"
 
 def is_secret(key: str) -> bool:
     return any(word in part for part in re.split(r"[._\-\s]+", str(key).lower()) for word in SECRET_WORDS)
+
+
+_CONNECT_URL = re.compile(r"sc://(?P<host>[^\s/;:\[\]]+|\[[0-9a-fA-F:.]+\])(:(?P<port>\d{1,5}))?/?(?P<params>(;[^\s;=]+=[^\s;=]*)*)")
+
+
+def valid_connect_url(url: str) -> bool:
+    """Whether ``url`` is a Spark Connect URL pyspark accepts: ``sc://host[:port][/;k=v...]``, a
+    port in 1-65535, parameter values without ``=`` or ``;`` (URL-encode them), and a
+    ``session_id``, if given, that is a UUID."""
+    import uuid
+
+    found = _CONNECT_URL.fullmatch(url)
+    if not found or (found["port"] is not None and not 1 <= int(found["port"]) <= 65535):
+        return False
+    params = dict(p.split("=", 1) for p in found["params"].split(";") if p)
+    if "session_id" in params:
+        try:
+            uuid.UUID(params["session_id"])
+        except ValueError:
+            return False
+    return True
+
+
+def redact_url(url: str) -> str:
+    """A Spark Connect URL with the values of its secret-like parameters (``;token=...``) masked."""
+    return re.sub(r";([^;=]+)=([^;]*)", lambda m: f";{m[1]}={MASK if is_secret(m[1]) else m[2]}", url)
 
 
 def redact_secrets(value: Any) -> Any:
@@ -263,6 +304,12 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "chunk_size": (lambda v: v >= 1, "must be at least 1 byte"),
     "linger_ms": (lambda v: v >= 0, "must be 0 or more milliseconds"),
     "batch_size": (lambda v: v >= 1, "must be at least 1 byte"),
+    "spark_engine": (lambda v: v in ("connect", "submit"), "must be connect or submit"),
+    "spark_remote": (lambda v: v == "" or valid_connect_url(v),
+                     "must be empty (this home's own server) or a Spark Connect URL, sc://host:port[/;param=value...] "
+                     "(port 1-65535; values URL-encoded, no '=' or ';' in them; session_id a UUID)"),
+    "spark_connect_port": (lambda v: 0 <= v <= 65535, "must be a TCP port, or 0 for any free port"),
+    "spark_engine_max_rss_mb": (lambda v: v >= 0, "must be 0 (never restart) or a number of MB"),
     "spark_master": (lambda v: bool(v.strip()), "must name a Spark master, e.g. local[2] or spark://host:7077"),
     "spark_driver_memory": (lambda v: bool(re.fullmatch(r"\d+[kmgtKMGT]?", v)), "must be a JVM size such as 2g or 512m"),
     "spark_small_run_bytes": (lambda v: v >= 0, "must be 0 (off) or a number of bytes"),
@@ -292,7 +339,8 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         raise SettingsError(f"{source}: {name!r} is not a wavepipe setting{did_you_mean(name, _FIELDS)} "
                             "(`wavepipe config` lists them)")
     default = _FIELDS[name].default
-    shown = MASK if is_secret(name) else repr(value)
+    shown = MASK if is_secret(name) else repr(redact_url(value) if name == "spark_remote" and isinstance(value, str)
+                                              else value)
     where = "" if source == name else f"{source}: "
     try:
         if default is dataclasses.MISSING:  # mappings

@@ -1,0 +1,76 @@
+"""How a run finds its Spark engine: URLs, the shared session, secrets in URLs (no server needed)."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from wavepipe.config import SettingsError, load_settings
+from wavepipe.engine import _host_port, remote_url, shared_session_id, with_session_id
+
+
+def test_a_remote_url_gets_the_homes_shared_session_unless_it_names_one(tmp_path):
+    settings = load_settings(home=tmp_path, spark_remote="sc://spark.example:15002/;token=abc;use_ssl=true")
+    url, hint = remote_url(settings)
+    assert url.startswith("sc://spark.example:15002/;token=abc;use_ssl=true;session_id=")
+    session = url.rsplit("session_id=", 1)[1]
+    assert uuid.UUID(session).version == 4, "Spark Connect accepts only UUIDs as session ids"
+    assert remote_url(settings)[0] == url, "every run of the home attaches to the same session"
+    assert "abc" not in hint and "spark.example:15002" in hint and "wavepipe_spark" in hint
+    other_home = load_settings(home=tmp_path / "other", spark_remote=settings.spark_remote)
+    assert remote_url(other_home)[0] != url
+    named = settings.replace(spark_remote="sc://h:1/;session_id=" + str(uuid.uuid4()))
+    assert remote_url(named)[0] == named.spark_remote
+
+
+def test_session_ids_and_addresses():
+    assert shared_session_id("a") == shared_session_id("a") != shared_session_id("b")
+    assert with_session_id("sc://h:1", "s") == "sc://h:1/;session_id=s"
+    assert with_session_id("sc://h:1/;session_id=old;token=t", "s") == "sc://h:1/;token=t;session_id=s"
+    assert _host_port("sc://h.example:15003/;token=t") == ("h.example", 15003)
+    assert _host_port("sc://h.example") == ("h.example", 15002)
+
+
+@pytest.mark.parametrize("value, ok", [
+    ("", True), ("sc://host:15002", True), ("sc://host", True), ("sc://host:15002/;token=x;use_ssl=true", True),
+    ("http://host:15002", False), ("sc://host:port", False), ("sc:// host", False),
+    ("sc://host:0", False), ("sc://host:99999", False), ("sc://host/path", False),
+    ("sc://host/;token=abc==", False),  # an unencoded '=' in a value: pyspark refuses it
+    ("sc://host/;session_id=not-a-uuid", False), ("sc://host/;session_id=" + str(uuid.UUID(int=1)), True),
+])
+def test_spark_remote_is_checked_where_it_is_read(value, ok, monkeypatch):
+    monkeypatch.setenv("WAVEPIPE_SPARK_REMOTE", value)
+    if ok:
+        assert load_settings().spark_remote == value
+    else:
+        with pytest.raises(SettingsError, match="WAVEPIPE_SPARK_REMOTE: spark_remote must be empty"):
+            load_settings()
+
+
+def test_one_server_is_one_session_however_its_url_is_spelled(tmp_path):
+    """The CLI's ``sc://h:15002`` and the Airflow hook's ``sc://h:15002/`` attach to one session (one
+    Python worker daemon on the server, and a retry can interrupt what the other started)."""
+    spellings = ["sc://spark-connect:15002", "sc://spark-connect:15002/", "sc://Spark-Connect:15002/;token=x",
+                 "sc://spark-connect/;use_ssl=false"]
+    sessions = {remote_url(load_settings(home=tmp_path, spark_remote=u))[0].rsplit("session_id=", 1)[1]
+                for u in spellings}
+    assert len(sessions) == 1
+    other_user = load_settings(home=tmp_path, spark_remote="sc://spark-connect:15002/;user_id=bob")
+    assert remote_url(other_user)[0].rsplit("session_id=", 1)[1] not in sessions
+
+
+def test_a_token_never_reaches_an_error_or_a_hint(tmp_path):
+    with pytest.raises(SettingsError) as refused:
+        load_settings(spark_remote="sc://h:99999/;token=s3cret")
+    assert "s3cret" not in str(refused.value) and "token=*****" in str(refused.value)
+    _, hint = remote_url(load_settings(home=tmp_path, spark_remote="sc://h:15002/;token=s3cret"))
+    assert "s3cret" not in hint
+
+
+def test_a_token_in_the_url_is_masked_wherever_settings_are_shown():
+    settings = load_settings(spark_remote="sc://h:15002/;token=s3cret;user_id=me")
+    shown = settings.as_dict(redact=True)["spark_remote"]
+    assert shown == "sc://h:15002/;token=*****;user_id=me"
+    with pytest.raises(SettingsError, match="spark_engine must be connect or submit, got 'conect'"):
+        load_settings(spark_engine="conect")

@@ -1,0 +1,703 @@
+"""The Spark engine runs attach to: a long-lived Spark Connect server.
+
+A run's Spark work (reassemble, validate, publish) runs in the run's own process as a Spark
+Connect client: it attaches in well under a second to a server that is already warm (JVM, Delta,
+Python workers), where a spark-submit app pays 8-16 s of start-up every time.
+
+* Locally, ``LocalEngine`` is that server for one wavepipe home: started from the installed
+  pyspark (``spark-submit --class ...SparkConnectServer``), bound to loopback, its pid, port and
+  log under ``<home>/spark-connect/``; ``wavepipe spark up|down|status|restart`` drive it and a
+  run starts it on demand.
+* Elsewhere, ``spark_remote`` (``sc://host:port``, or in Airflow the apache-spark provider's
+  ``spark_connect`` Connection) names the cluster's server.
+* ``spark_engine = "submit"`` keeps the old path: one spark-submit app per step.
+
+All runs of a home share one server-side session (``session_id``): Spark 4.2 keeps a Python
+worker daemon per session until the server stops (about 50 MB, more with idle workers), so one
+session per run would grow the server without bound; one shared session also keeps its Python
+workers warm. Runs never change the session's configuration and never release it. The server is
+restarted (between steps, when no step uses it) once its processes hold more than
+``spark_engine_max_rss_mb``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+from urllib.parse import urlparse
+
+from wavepipe.config import Settings, redact_url
+from wavepipe.jars import SetupError, require_tool
+from wavepipe.plan import write_json_atomic
+
+log = logging.getLogger("wavepipe.engine")
+
+SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+HOST = "127.0.0.1"
+#: Spark Connect's port when a URL names none
+DEFAULT_PORT = 15002
+#: Seconds a fresh server gets to answer; it starts in 6-9 s on 2 cores when the machine is quiet.
+READY_TIMEOUT_S = 180.0
+#: Seconds to wait for a TCP connection to the server before saying it is down.
+CONNECT_TIMEOUT_S = 5.0
+#: A server's log is moved aside (one older copy kept) when a start finds it larger than this.
+LOG_ROTATE_BYTES = 50 * 1024 * 1024
+#: Marks every process of a server started here (its JVM, its Python workers): a ``kill-app``
+#: failpoint stops exactly those.
+APP_MARKER = "WAVEPIPE_SPARK_APP"
+
+
+class EngineUnavailableError(ConnectionError):
+    """The Spark Connect server cannot be reached; the message says what to start or fix."""
+
+
+@dataclass
+class EngineMemory:
+    """Resident memory of a server's processes, in MB."""
+
+    jvm_mb: float
+    python_mb: float
+    python_processes: int
+
+    @property
+    def total_mb(self) -> float:
+        return self.jvm_mb + self.python_mb
+
+
+class LocalEngine:
+    """This home's Spark Connect server, in local mode (or on ``spark_master``'s cluster)."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.folder = settings.home / "spark-connect"
+
+    # --- state -------------------------------------------------------------------------------
+    @property
+    def state_file(self) -> Path:
+        return self.folder / "engine.json"
+
+    @property
+    def log_file(self) -> Path:
+        return self.folder / "server.log"
+
+    def state(self) -> dict:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def pid(self) -> int | None:
+        """The server's pid if it is running."""
+        pid = self.state().get("pid")
+        if not pid:
+            return None
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            return None
+        if SERVER_CLASS.encode() not in cmdline:
+            return None  # pid reused by something else
+        try:
+            status = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return None
+        return None if status == "Z" else pid
+
+    def url(self) -> str:
+        """``sc://127.0.0.1:<port>/;session_id=<the home's shared session>``."""
+        state = self.state()
+        return f"sc://{HOST}:{state['port']}/;session_id={state['session_id']}"
+
+    def memory(self) -> EngineMemory | None:
+        """What the server's processes hold (None when it is not running)."""
+        import psutil
+
+        pid = self.pid()
+        if pid is None:
+            return None
+        try:
+            server = psutil.Process(pid)
+            jvm = server.memory_info().rss
+            children = server.children(recursive=True)
+        except psutil.Error:
+            return None
+        python, count = 0, 0
+        for child in children:
+            try:
+                python += child.memory_info().rss
+                count += 1
+            except psutil.Error:
+                pass
+        return EngineMemory(jvm / 1e6, python / 1e6, count)
+
+    # --- start and stop ----------------------------------------------------------------------
+    def command(self, port: int, host: str = HOST) -> list[str]:
+        from wavepipe.spark import pyspark_bin, spark_conf
+
+        conf = spark_conf(self.settings)
+        conf.update({
+            "spark.connect.grpc.binding.address": host,
+            "spark.connect.grpc.binding.port": str(port),
+            # sessions idle this long are closed; runs share one session, renewed if it was closed
+            "spark.connect.session.manager.defaultSessionTimeout": "7d",
+            "spark.app.name": "wavepipe-engine",
+        })
+        conf.pop("spark.pyspark.driver.python", None)
+        cmd = [str(pyspark_bin("spark-submit")), "--master", self.settings.spark_master, "--class", SERVER_CLASS]
+        for key, value in conf.items():
+            cmd += ["--conf", f"{key}={value}"]
+        return cmd
+
+    def up(self) -> str:
+        """Start the server (if it is not running) and return once it answers."""
+        with self._lifecycle_lock():
+            pid = self.pid()
+            if pid is not None:
+                self.wait_ready()
+                return f"Spark engine already running at {self.address()} (pid {pid})"
+            return self._start()
+
+    def _start(self) -> str:
+        from wavepipe.localkafka import free_port, port_is_free
+        from wavepipe.spark import _local_env, without_connect_mode
+
+        require_tool("java", "Install Java 17 (apt-get install openjdk-17-jre-headless).")
+        port = self.settings.spark_connect_port or free_port()
+        if not port_is_free(HOST, port):
+            raise SetupError(f"port {port} on {HOST} is in use by another process: stop it, or set "
+                             "spark_connect_port (WAVEPIPE_SPARK_CONNECT_PORT) to a free port, or 0 for any")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        env = {**self._env(), "SPARK_LOCAL_IP": HOST}
+        began = time.monotonic()
+        if self.log_file.exists() and self.log_file.stat().st_size > LOG_ROTATE_BYTES:
+            self.log_file.replace(self.log_file.with_suffix(".log.1"))  # one older log is kept
+        with self.log_file.open("ab") as out:
+            log_offset = out.tell()
+            proc = subprocess.Popen(self.command(port), env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.folder)
+        session_id = str(uuid.uuid4())
+        write_json_atomic(self.state_file, {"pid": proc.pid, "port": port, "session_id": session_id,
+                                            "started_at": time.time(), "master": self.settings.spark_master,
+                                            "log_offset": log_offset, "settings": self.fingerprint()})
+        try:
+            self.wait_ready(proc)
+        except BaseException:
+            self._stop(proc.pid)
+            raise
+        return (f"Spark engine started at {self.address()} in {time.monotonic() - began:.1f}s "
+                f"(pid {proc.pid}, master {self.settings.spark_master}, log {self.log_file})")
+
+    def serve(self, host: str, port: int) -> None:
+        """Run the server in the foreground, in place of this process (a container's command):
+        bound to ``host``, not only to loopback; stopped by stopping the container."""
+        cmd = self.command(port, host)
+        os.execve(cmd[0], cmd, self._env())
+
+    def _env(self) -> dict[str, str]:
+        """The server's environment: this one without what belongs to a run or a client (failpoints
+        travel with a run's work; Connect mode would turn spark-submit into a client; an engine
+        started by an Airflow task is this home's, like one from `wavepipe spark up`, and outlives
+        `wavepipe airflow down`)."""
+        from wavepipe.spark import _local_env, without_connect_mode
+
+        env = {**without_connect_mode(os.environ), **_local_env(self.settings), "PYSPARK_PYTHON": sys.executable,
+               "ARROW_DEFAULT_MEMORY_POOL": "system", APP_MARKER: "engine"}
+        for name in ("WAVEPIPE_FAILPOINTS", "WAVEPIPE_AIRFLOW_SERVICES"):
+            env.pop(name, None)
+        return env
+
+    def fingerprint(self) -> str:
+        """What the server is started with (its command line but the port): a running server
+        whose fingerprint differs was started with other settings."""
+        cmd = self.command(0)
+        return hashlib.sha256("\0".join(c for c in cmd if not c.startswith("spark.connect.grpc.binding.port="))
+                              .encode()).hexdigest()[:16]
+
+    def address(self) -> str:
+        return f"sc://{HOST}:{self.state().get('port')}"
+
+    def wait_ready(self, proc: subprocess.Popen | None = None, timeout: float = READY_TIMEOUT_S) -> None:
+        """Return once the server's own process listens on its port and accepts a connection (not
+        another process that took the port meanwhile)."""
+        deadline = time.monotonic() + timeout
+        port = self.state().get("port")
+        sid = proc.pid if proc is not None else self.pid()
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise SetupError(f"the Spark engine exited with code {proc.returncode} while starting; its log: "
+                                 f"{self.log_file} (last lines: {_tail(self.log_file)})")
+            if proc is None and self.pid() is None:
+                raise SetupError(f"the Spark engine is not running; its log: {self.log_file}")
+            if port and sid and _listens(sid, port) and _accepts(HOST, port, 1.0):
+                return
+            time.sleep(0.25)
+        raise SetupError(f"the Spark engine did not answer within {timeout:.0f}s; its log: {self.log_file}")
+
+    def down(self, timeout: float = 30.0, force: bool = False) -> str:
+        """Stop the server, once no step uses it (``force``: at once, failing the steps on it)."""
+        with self._no_step_attached(force), self._lifecycle_lock():
+            pid = self.pid()
+            if pid is None:
+                self.state_file.unlink(missing_ok=True)
+                return "Spark engine is not running"
+            self._stop(pid, timeout)
+            return f"Spark engine stopped (pid {pid})"
+
+    def _stop(self, pid: int, timeout: float = 30.0) -> None:
+        """Stop the server's whole session: the JVM and its Python workers (whose daemon makes a
+        process group of its own, so the group alone would leave it behind); wait until they are
+        gone and the port is free."""
+        port = self.state().get("port")
+        signal_session(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and session_processes(pid):
+            time.sleep(0.2)
+        signal_session(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (session_processes(pid) or (port and _accepts(HOST, port, 0.2))):
+            time.sleep(0.1)
+        self.state_file.unlink(missing_ok=True)
+
+    def restart(self, force: bool = False) -> str:
+        """Stop and start the server, once no step uses it (``force``: at once)."""
+        with self._no_step_attached(force), self._lifecycle_lock():
+            pid = self.pid()
+            if pid is not None:
+                self._stop(pid)
+            return self._start()
+
+    def status(self) -> str:
+        pid = self.pid()
+        if pid is None:
+            return "Spark engine is not running (`wavepipe spark up` starts it; runs start it on demand)"
+        mem = self.memory()
+        up_s = time.time() - self.state().get("started_at", time.time())
+        held = (f"; memory: JVM {mem.jvm_mb:.0f} MB, {mem.python_processes} Python worker process(es) "
+                f"{mem.python_mb:.0f} MB, restarted between runs above {self.settings.spark_engine_max_rss_mb} MB"
+                if mem else "")
+        stale = ("; started with other settings than today's: `wavepipe spark restart` applies them"
+                 if self.state().get("settings") != self.fingerprint() else "")
+        return (f"Spark engine running at {self.address()} (pid {pid}, master {self.state().get('master')}, "
+                f"up {up_s / 60:.0f} min){held}{stale}; log {self.log_file}")
+
+    # --- sharing it between runs ---------------------------------------------------------------
+    @contextlib.contextmanager
+    def _lifecycle_lock(self) -> Iterator[None]:
+        """One process at a time starts, stops or restarts the server."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with (self.folder / "lifecycle.lock").open("a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def _no_step_attached(self, force: bool) -> Iterator[None]:
+        """Hold the in-use lock exclusively (no step attached, none attaching) until the block
+        ends; wait for the steps attached now, saying so, unless ``force``."""
+        if force:
+            yield
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with (self.folder / "in-use.lock").open("a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.warning("a step is using the Spark engine: waiting until it ends (Ctrl-C to cancel; "
+                            "--force stops the engine under it)")
+                fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def in_use(self) -> Iterator[None]:
+        """Held (shared) while a step works on the server: no automatic restart happens under it,
+        and ``down`` and ``restart`` wait for it (unless forced)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with (self.folder / "in-use.lock").open("a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_SH)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def ensure_up(self, restart: bool = True) -> str:
+        """Start the server if it is down; ``restart``: restart it if it holds more than its limit
+        or lost its executor heartbeat and no step is using it. Returns the URL to attach to."""
+        with self._lifecycle_lock():
+            pid = self._answering_pid()
+            if pid is None:
+                log.info("%s", self._start())
+            else:
+                mem = self.memory()
+                limit = self.settings.spark_engine_max_rss_mb
+                why = None
+                if mem is not None and limit and mem.total_mb > limit:
+                    why = f"holds {mem.total_mb:.0f} MB (limit {limit} MB)"
+                elif self.heartbeat_lost():
+                    why = ("lost its executor heartbeat (Spark's race SPARK-59451; the executor would be "
+                           "declared dead after spark.network.timeout)")
+                if why and restart:
+                    with self._exclusive_if_idle() as idle:
+                        if idle:
+                            log.info("the Spark engine %s: restarting it", why)
+                            self._stop(pid)
+                            log.info("%s", self._start())
+                        else:
+                            log.info("the Spark engine %s; a step is using it: restarting it later", why)
+                elif not why and self.state().get("settings") != self.fingerprint():
+                    log.warning("the Spark engine was started with other settings than this run's (e.g. "
+                                "spark_master, spark_conf): it keeps them until `wavepipe spark restart`")
+            return self.url()
+
+    def _answering_pid(self, wait_s: float = 20.0) -> int | None:
+        """The server's pid if it accepts connections; None once it is gone. A server that is
+        alive but does not accept (being killed, or hung) is waited for up to ``wait_s``, then
+        stopped (called under the lifecycle lock: nobody is starting it meanwhile)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            pid, port = self.pid(), self.state().get("port")
+            if pid is None or (port and _accepts(HOST, port, 1.0)):
+                return pid
+            if time.monotonic() >= deadline:
+                log.warning("the Spark engine (pid %d) does not accept connections: stopping it", pid)
+                self._stop(pid)
+                return None
+            time.sleep(0.25)
+
+    def heartbeat_lost(self) -> bool:
+        """Whether the server's executor heartbeat thread died since it started: Spark 4.2 lets an
+        exception there (SPARK-59451) end the thread, and the executor then looks dead to the
+        driver. Read from the server's log (only what it wrote since this server started)."""
+        start = self.state().get("log_offset", 0)
+        try:
+            with self.log_file.open("rb") as fh:
+                fh.seek(start)
+                return b"Uncaught exception in thread executor-heartbeater" in fh.read()
+        except OSError:
+            return False
+
+    def idle(self) -> bool:
+        """No step is attached to the engine at this moment (a glance: one may attach next)."""
+        with self._exclusive_if_idle() as idle:
+            return idle
+
+    @contextlib.contextmanager
+    def _exclusive_if_idle(self) -> Iterator[bool]:
+        """Yields whether no step was attached; if so, none can attach until the block ends."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with (self.folder / "in-use.lock").open("a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _listens(sid: int, port: int) -> bool:
+    """Whether a process of session ``sid`` listens on TCP ``port``."""
+    import psutil
+
+    for pid in session_processes(sid):
+        try:
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                   for c in psutil.Process(pid).net_connections(kind="tcp")):
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
+def _accepts(host: str, port: int, timeout: float) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def session_processes(sid: int) -> list[int]:
+    """The live processes (not zombies) of session ``sid``: a server started here and all it
+    started (``start_new_session``: its pid is the session's id)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] not in ("Z", "X") and int(fields[3]) == sid:  # state, ppid, pgrp, session
+            found.append(int(proc.name))
+    return found
+
+
+def signal_session(sid: int, sig: int) -> None:
+    """Send ``sig`` to every process of session ``sid``."""
+    for pid in session_processes(sid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        return " | ".join(path.read_text(errors="replace").strip().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+# --- attaching ---------------------------------------------------------------------------------
+
+def shared_session_id(key: str) -> str:
+    """A stable session id (a UUID, as Spark Connect requires) for ``key``."""
+    return str(uuid.UUID(bytes=hashlib.sha256(key.encode()).digest()[:16], version=4))
+
+
+def with_session_id(url: str, session_id: str) -> str:
+    """``url`` (``sc://host:port[/;param=value...]``) with ``session_id`` set."""
+    base, _, params = url.partition(";")
+    kept = [p for p in params.split(";") if p and not p.startswith("session_id=")]
+    return base.rstrip("/") + "/;" + ";".join(kept + [f"session_id={session_id}"])
+
+
+def _url_key(url: str) -> str:
+    """A key for the server ``url`` names and the user it attaches as, whatever the spelling
+    (``sc://h:15002`` and ``sc://h:15002/`` are one server) and without its secrets (a token)."""
+    host, port = _host_port(url)
+    user = next((p.split("=", 1)[1] for p in url.split(";")[1:] if p.startswith("user_id=")), "")
+    return hashlib.sha256(f"{host.lower()}:{port}|{user}".encode()).hexdigest()[:16]
+
+
+def _remote_session_file(settings: Settings) -> Path:
+    return settings.home / "spark-connect" / "remote-session.json"
+
+
+def remote_url(settings: Settings, restart: bool = True) -> tuple[str, str]:
+    """(the URL to attach to, what to do when it is down). Starts this home's server on demand
+    (and with ``restart`` restarts it when idle and due, see ``LocalEngine.ensure_up``)."""
+    if settings.spark_remote:
+        url = settings.spark_remote
+        given = next((p.split("=", 1)[1] for p in url.split(";")[1:] if p.startswith("session_id=")), None)
+        try:  # renewed after the server closed the shared session (``_renew``)
+            session_id = given or json.loads(_remote_session_file(settings).read_text())[_url_key(url)]
+        except (OSError, ValueError, KeyError):
+            session_id = shared_session_id(f"{settings.home}|{_url_key(url)}")
+        return with_session_id(url, session_id), (
+            f"check that the Spark Connect server {redact_url(settings.spark_remote)} is up and reachable (the "
+            "spark_remote setting, or the Airflow Connection wavepipe_spark)")
+    return LocalEngine(settings).ensure_up(restart), "start it with `wavepipe spark up` (its log is under <home>/spark-connect/)"
+
+
+def _renew(settings: Settings) -> None:
+    """A new shared session id, after the server closed the old one (it never reopens an id)."""
+    new = str(uuid.uuid4())
+    if settings.spark_remote:
+        path = _remote_session_file(settings)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            known = json.loads(path.read_text())
+        except (OSError, ValueError):
+            known = {}
+        known[_url_key(settings.spark_remote)] = new
+        write_json_atomic(path, known)
+    else:
+        engine = LocalEngine(settings)
+        with engine._lifecycle_lock():
+            state = engine.state()
+            if state:
+                state["session_id"] = new
+                write_json_atomic(engine.state_file, state)
+
+
+def require_reachable(settings: Settings) -> None:
+    """Fail at once, in one line that says what to fix, when the remote engine does not accept
+    connections (before a run reads anything it could not process)."""
+    _require_accepts(*remote_url(settings))
+
+
+def _require_accepts(url: str, hint: str) -> None:
+    host, port = _host_port(url)
+    if not _accepts(host, port, CONNECT_TIMEOUT_S):
+        raise EngineUnavailableError(f"the Spark engine at sc://{host}:{port} is not reachable: {hint}")
+
+
+_sessions: dict[str, object] = {}
+_sessions_lock = threading.Lock()
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    parsed = urlparse(url.split(";")[0].replace("sc://", "http://", 1))
+    return parsed.hostname or "", parsed.port or DEFAULT_PORT
+
+
+def _session(url: str):
+    """This process's session on ``url`` (made and checked once, then reused)."""
+    with _sessions_lock:
+        spark = _sessions.pop(url, None)
+        if spark is not None and not spark.is_stopped:
+            try:
+                spark.version  # one round trip: a server restarted since has another session
+                _sessions[url] = spark
+                return spark
+            except Exception as exc:  # noqa: BLE001 - attach afresh below
+                log.info("the Spark engine's session of this process is gone (%s): attaching again",
+                         redact_url(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__)
+                _close_quietly(spark)
+        from pyspark.sql.connect.client import DefaultChannelBuilder
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+
+        # A channel of its own to the server: gRPC shares connections to one address between
+        # channels, so a channel to a server that was just restarted on the same port would
+        # inherit the dead connection's reconnect backoff and fail with "Connection refused".
+        channel = DefaultChannelBuilder(url, channelOptions=[("grpc.use_local_subchannel_pool", 1)])
+        # what pyspark's own builder.remote() sets: pyspark.sql.functions build Connect columns
+        os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+        spark = ConnectSession.builder.channelBuilder(channel).create()
+        spark.release_session_on_close = False  # shared with other runs: never released
+        spark.client.set_retry_policies([_short_retries()])
+        try:
+            spark.version  # one round trip: a closed session id fails here, not in the step
+        except Exception:
+            with contextlib.suppress(Exception):
+                spark.client.close()
+            raise
+        _sessions[url] = spark
+        # closed before pyspark's own exit hook (atexit runs the last registered first), which
+        # would otherwise call a server that may be gone, retrying for RETRY_FOR_S
+        atexit.register(_close_quietly, spark)
+        return spark
+
+
+def _close_quietly(spark) -> None:
+    with contextlib.suppress(Exception):
+        spark.client.close()
+
+
+#: How long a step retries a server that does not answer (restarting, or a network blip) before
+#: it fails: Spark Connect's default policy waits up to 10 minutes, which looks like a hang.
+RETRY_FOR_S = 10.0
+
+
+def _short_retries():
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    # 50 ms, 200 ms, 800 ms, then 2 s steps: about RETRY_FOR_S in all
+    return DefaultPolicy(max_retries=3 + int((RETRY_FOR_S - 1.05) // 2), max_backoff=2000)
+
+
+def _closed_session(exc: BaseException) -> bool:
+    text = str(exc)
+    return any(code in text for code in ("SESSION_CLOSED", "SESSION_CHANGED", "INVALID_HANDLE"))
+
+
+@contextlib.contextmanager
+def attached(settings: Settings) -> Iterator[object]:
+    """A Spark Connect session on the engine for the duration of a step (one per process and
+    server, reused). The session is never released: other runs share it."""
+    from wavepipe import faults
+
+    engine = None if settings.spark_remote else LocalEngine(settings)
+    remote_url(settings)  # starts a local server that is down; may restart an idle one that holds too much
+    with (engine.in_use() if engine else contextlib.nullcontext()):
+        # as it is now that no restart can happen under this step (started again if it stopped
+        # meanwhile; a start in progress is waited for)
+        url, hint = remote_url(settings, restart=False)
+        _require_accepts(url, hint)
+        host, port = _host_port(url)
+        try:
+            spark = _session(url)
+        except Exception as exc:
+            if "INVALID_CONNECT_URL" in str(exc):
+                from wavepipe.config import SettingsError
+
+                raise SettingsError(f"spark_remote {redact_url(settings.spark_remote)}: Spark Connect refuses it "
+                                    f"({redact_url(str(exc).splitlines()[0])})") from None
+            if not _closed_session(exc):
+                raise EngineUnavailableError(f"the Spark engine at sc://{host}:{port} did not answer "
+                                             f"({redact_url(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)})"
+                                             f": {hint}") from exc
+            log.info("the Spark engine closed the shared session: attaching to a new one")
+            _renew(settings)
+            url, _ = remote_url(settings)
+            spark = _session(url)
+        faults.attached_engine(engine.pid() if engine else None)
+        try:
+            yield spark
+        except Exception as exc:
+            if _closed_session(exc):
+                with _sessions_lock:
+                    _sessions.pop(url, None)  # the next step attaches afresh
+            raise
+        finally:
+            faults.attached_engine(None)
+
+
+@contextlib.contextmanager
+def sole_writer(spark, settings: Settings) -> Iterator[None]:
+    """Tag this step's operations as the writer of ``settings``' tables, after interrupting any
+    operation still running under that tag. Called under the tables' lock: whoever held it before
+    is gone (a killed client's operations keep running on the server for a while), so a retry
+    never writes beside the attempt it replaces."""
+    tag = "wavepipe-writer-" + hashlib.sha256(str(settings.tables_dir).encode()).hexdigest()[:16]
+    stale = spark.interruptTag(tag)
+    if stale:
+        log.warning("interrupted %d operation(s) of an earlier step that died writing %s", len(stale),
+                    settings.tables_dir)
+    spark.addTag(tag)
+    try:
+        yield
+    except BaseException:
+        # the step failed or was stopped here (a task killed by Airflow, Ctrl-C): what it started
+        # on the server must not go on writing after the tables' lock is released
+        with contextlib.suppress(Exception):
+            spark.interruptTag(tag)
+        raise
+    finally:
+        with contextlib.suppress(Exception):
+            spark.removeTag(tag)
+
+
+def drop_cached_data(spark) -> None:
+    """After a failed step: free what it left cached. That is everything cached on the shared
+    session, also what steps of other runs cached: theirs recompute it (slower, never wrong)."""
+    with contextlib.suppress(Exception):
+        spark.catalog.clearCache()
+
+
+@contextlib.contextmanager
+def reading_session(settings: Settings) -> Iterator[object]:
+    """A session to read tables with: on the engine (``spark_engine = "connect"``), else an
+    in-process one, stopped afterwards."""
+    if settings.spark_engine == "connect":
+        with attached(settings) as spark:
+            yield spark
+        return
+    from wavepipe.spark import local_session
+
+    spark = local_session(settings, "wavepipe-read")
+    try:
+        yield spark
+    finally:
+        spark.stop()
