@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from wavepipe.faults import failpoint
+from wavepipe.faults import armed, failpoint
 from wavepipe.plan import RunPlan, RunStore, utc_now
 from wavepipe.protocol import checksum
 from wavepipe.report import empty_partition
@@ -219,7 +219,7 @@ def _batch(rows: list[dict]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=ARROW_OUTPUT_SCHEMA)
 
 
-def assemble_arrow(table: pa.Table) -> pa.Table:
+def assemble_arrow(table: pa.Table, failpoints: str | None = None, scope: str = "") -> pa.Table:
     """One waveform's chunk rows -> one output row: chunks in sequence order (first copy of each),
     payload joined, checksum verified. Runs in the Python workers; holds one waveform at a time."""
     order = sorted(range(table.num_rows), key=lambda i: (
@@ -237,7 +237,7 @@ def assemble_arrow(table: pa.Table) -> pa.Table:
     partitions = table["partition"].to_pylist()
     first_chunk = min(range(table.num_rows), key=lambda i: (partitions[i], offsets[i]))
     row = output_row(facts, payload, len(picked), partitions[first_chunk], offsets[first_chunk], max(offsets))
-    failpoint("reassemble.batch")
+    failpoint("reassemble.batch", failpoints, scope)
     return pa.Table.from_batches([_batch([row])])
 
 
@@ -290,30 +290,42 @@ def _row_group_batches(staged: pq.ParquetFile, rows: int = 256) -> Iterator[pa.R
         yield from staged.read_row_group(index).to_batches(max_chunksize=rows)
 
 
-def _assemble_tasks(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def _assemble_tasks(batches: Iterator[pa.RecordBatch], failpoints: str | None = None,
+                    scope: str = "") -> Iterator[pa.RecordBatch]:
     for batch in batches:
         for path, ids in zip(batch.column("path").to_pylist(), batch.column("ids").to_pylist()):
             for out in assemble_file(path, {w["waveform_id"]: w["checksum"] for w in ids}):
                 yield out
-                failpoint("reassemble.batch")
+                failpoint("reassemble.batch", failpoints, scope)
 
 
-def assemble_local(spark: SparkSession, files: dict[int, str], candidates: DataFrame) -> DataFrame:
+def assemble_local(spark: SparkSession, files: dict[int, str], candidates: DataFrame, scope: str = "") -> DataFrame:
     """Whole waveforms for candidates whose chunks are all in one partition's staged file, each
-    file streamed by one task: no shuffle of payloads (the common case with keyed producers)."""
+    file streamed by one task: no shuffle of payloads (the common case with keyed producers).
+    ``scope``: what the run's failpoints count their hits in (the run id)."""
     paths = spark.createDataFrame(sorted(files.items()), "partition int, path string")
     tasks = (candidates.groupBy("partition").agg(F.collect_list(F.struct("waveform_id", "checksum")).alias("ids"))
              .join(paths, "partition").select("path", "ids"))
-    return tasks.repartition(max(1, len(files))).mapInArrow(_assemble_tasks, OUTPUT_SCHEMA)
+    failpoints = armed()  # the workers (a Spark engine's) do not have this process's environment
+
+    def tasks_of_this_run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return _assemble_tasks(batches, failpoints, scope)
+
+    return tasks.repartition(max(1, len(files))).mapInArrow(tasks_of_this_run, OUTPUT_SCHEMA)
 
 
-def assemble(chunks: DataFrame, candidates: DataFrame) -> DataFrame:
+def assemble(chunks: DataFrame, candidates: DataFrame, scope: str = "") -> DataFrame:
     """Whole waveforms for the candidate ids (one row each; payload null where the checksum fails),
     grouped by a shuffle: for waveforms spread over partitions or with duplicate chunks. Where the
     candidates have a ``checksum``, only chunks carrying it are used (not another content's)."""
     keys = ["waveform_id", "checksum"] if "checksum" in candidates.columns else ["waveform_id"]
     wanted = chunks.join(candidates.select(*keys), keys, "left_semi")
-    return wanted.groupBy("waveform_id").applyInArrow(assemble_arrow, OUTPUT_SCHEMA)
+    failpoints = armed()
+
+    def one_waveform(table: pa.Table) -> pa.Table:
+        return assemble_arrow(table, failpoints, scope)
+
+    return wanted.groupBy("waveform_id").applyInArrow(one_waveform, OUTPUT_SCHEMA)
 
 
 def final_status(classified: DataFrame, before_ids: DataFrame, after_ids: DataFrame,
@@ -488,9 +500,9 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     if kinds:  # else: no new rows, no candidate table
         parts = []
         if kinds.get(True):
-            parts.append(assemble_local(spark, files, new_candidates.where(simple)))
+            parts.append(assemble_local(spark, files, new_candidates.where(simple), scope=plan.run_id))
         if kinds.get(False):
-            parts.append(assemble(chunks, new_candidates.where(~simple)))
+            parts.append(assemble(chunks, new_candidates.where(~simple), scope=plan.run_id))
         assembled = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         verified = assembled.where("checksum_ok").drop("checksum_ok").withColumn("run_id", F.lit(plan.run_id))
         write_candidate(verified, candidates / "waveforms")
@@ -614,6 +626,23 @@ def summarize(plan: RunPlan, rows, waveforms, dead_counts: dict, timings: dict,
     }
 
 
+def reassemble_and_save(spark: SparkSession, settings, store: RunStore, plan: RunPlan, *, validate: bool,
+                        session_s: float) -> dict:
+    """Reassemble run ``plan`` and save the result as its ``reassemble`` step; ``validate``: then
+    validate and publish in the same session. ``session_s``: what getting the session took."""
+    began = time.monotonic()
+    result = reassemble_run(spark, settings, plan)
+    result["timings"]["spark_app_s"] = round(time.monotonic() - began, 3)
+    result["timings"]["session_start_s"] = round(session_s, 3)
+    store.save_step(plan.run_id, "reassemble", result)
+    log.info("run %s reassembled: %s", plan.run_id, result["waveforms"])
+    if validate:
+        from wavepipe.spark_apps.validate import validate_and_publish
+
+        validate_and_publish(spark, settings, plan)
+    return result
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Reassemble one wavepipe run's staged chunks.")
     parser.add_argument("--run-id", required=True)
@@ -630,18 +659,9 @@ def main(argv: list[str] | None = None) -> int:
 
             import_in_background()
         spark = SparkSession.builder.appName(f"wavepipe-reassemble-{plan.run_id}").getOrCreate()
-        session_s = time.monotonic() - began
         try:
-            began = time.monotonic()
-            result = reassemble_run(spark, settings, plan)
-            result["timings"]["spark_app_s"] = round(time.monotonic() - began, 3)
-            result["timings"]["session_start_s"] = round(session_s, 3)
-            store.save_step(plan.run_id, "reassemble", result)
-            log.info("run %s reassembled: %s", plan.run_id, result["waveforms"])
-            if args.validate:
-                from wavepipe.spark_apps.validate import validate_and_publish
-
-                validate_and_publish(spark, settings, plan)
+            result = reassemble_and_save(spark, settings, store, plan, validate=args.validate,
+                                         session_s=time.monotonic() - began)
         finally:
             began = time.monotonic()
             spark.stop()

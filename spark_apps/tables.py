@@ -78,18 +78,25 @@ def replace_predicate(topic: str, offsets: dict[int, tuple[int, int]], offset_co
 
 
 def append_new(df: DataFrame, path: Path, keys: list[str], partition_by: list[str] | None = None,
-               checked_version: int | None = None, merge_schema: bool = False) -> None:
+               checked_version: int | None = None, merge_schema: bool = False, txn: str | None = None) -> None:
     """Append the rows of ``df`` whose ``keys`` are not in the table yet, in one atomic commit.
 
     ``checked_version``: ``df`` already excludes the keys of that version of the table; they are
     only compared again if the table has moved since (another writer), so the payload rows are not
     joined against the table's keys in the common case.
+
+    ``txn``: an id for this append (Delta's ``txnAppId``, version 1): Delta skips it if the table
+    already holds it, and refuses a concurrent twin. Two appends of the same rows race past the
+    key check when a killed client's write still runs on the Spark engine beside its retry; with
+    one ``txn`` only one of them commits.
     """
     version = delta_version(path)
     if version is not None and version != checked_version:
         existing = read_delta(df.sparkSession, path).select(*keys)
         df = df.join(existing, keys, "left_anti")
     writer = df.write.format("delta").mode("append")
+    if txn:
+        writer = writer.option("txnAppId", txn).option("txnVersion", 1)
     if merge_schema:  # columns added since the table was created (e.g. ``detail``) are added to it
         writer = writer.option("mergeSchema", "true")
     if partition_by:

@@ -12,6 +12,7 @@ waveform plot, Data Docs, the history line) degrades to a line in the result's `
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import math
@@ -320,19 +321,24 @@ def publish_run(spark: SparkSession, settings: Settings, plan: RunPlan, *, candi
             replace_window(spark, store.candidate_dir(plan.run_id) / name, target, name, plan, rows)
         failpoint("publish.after_write")
         return delta_version(settings.output_table)
+    # one id per table and reassembly: a publish of these candidates commits once, however often it
+    # is tried (a reassembly made again publishes its own candidates)
+    reassembled = store.load_step(plan.run_id, "reassemble") or {}
+    attempt = hashlib.sha256(str(reassembled.get("finished_at")).encode()).hexdigest()[:12]
     for name, target in targets.items():
         source = store.candidate_dir(plan.run_id) / name
         if delta_version(source) is None:
             continue
         keys, partition_by = TABLE_KEYS[name]
+        txn = f"wavepipe-publish-{plan.run_id}-{name}-{attempt}"
         if name == "waveforms":
             if candidates_total and candidates_in_table == candidates_total:
                 continue  # an earlier attempt published them all
             append_new(read_delta(spark, source), target, keys, partition_by,
-                       checked_version=checked_version if candidates_in_table == 0 else None)
+                       checked_version=checked_version if candidates_in_table == 0 else None, txn=txn)
             failpoint("publish.after_write")
         else:
-            append_new(read_delta(spark, source), target, keys, merge_schema=True)
+            append_new(read_delta(spark, source), target, keys, merge_schema=True, txn=txn)
     return delta_version(settings.output_table)
 
 
@@ -354,10 +360,8 @@ def replace_window(spark: SparkSession, source: Path, target: Path, name: str, p
         if has_rows:
             append_new(read_delta(spark, source), target, keys, partition_by)
         return
-    if not has_rows:
-        from delta.tables import DeltaTable
-
-        DeltaTable.forPath(spark, str(target)).delete(where)
+    if not has_rows:  # SQL: Delta's Python API needs a plugin over Spark Connect
+        spark.sql(f"DELETE FROM delta.`{target}` WHERE {where}")
         return
     (read_delta(spark, source).write.format("delta").mode("overwrite").option("replaceWhere", where)
      .option("mergeSchema", "true").save(str(target)))

@@ -16,6 +16,10 @@ def run_demo(settings: Settings, *, count: int, waveform_bytes: int, dags_test: 
 
     began = time.monotonic()
     print(f"[1/4] {LocalKafka.from_settings(settings).up()}", flush=True)
+    if settings.spark_engine == "connect" and not settings.spark_remote:
+        from wavepipe.engine import LocalEngine
+
+        print(f"      {LocalEngine(settings).up()}", flush=True)
     ensure_topic(settings)
     sent = produce_demo(settings, count=count, target_bytes=waveform_bytes)
     print(f"[2/4] produced {len(sent)} demo waveforms ({sum(s.chunks for s in sent)} chunks, "
@@ -65,14 +69,11 @@ def run_demo(settings: Settings, *, count: int, waveform_bytes: int, dags_test: 
 
 
 def _check_output(settings: Settings, sent) -> list[str]:
-    from wavepipe.spark import local_session
+    from wavepipe.engine import reading_session
     from wavepipe.spark_apps.verify import compare_to_manifest
 
-    spark = local_session(settings, "wavepipe-demo-check")
-    try:
+    with reading_session(settings) as spark:
         manifest = spark.createDataFrame([(s.waveform_id, s.checksum) for s in sent], "waveform_id string, checksum string")
         output = spark.read.format("delta").load(str(settings.output_table))
         bad = compare_to_manifest(output, manifest).where("rows != 1 OR NOT bit_exact OR bit_exact IS NULL").collect()
-    finally:
-        spark.stop()
     return [f"waveform {r['waveform_id']}: {r['rows']} output rows, bit-exact {r['bit_exact']}" for r in bad]

@@ -6,8 +6,11 @@ is the 1-based time the point is reached in that process (default 1) and ``actio
 these, or several joined by ``+`` (``sleep:3+kill-app``):
 
 * ``kill``: SIGKILL this process (a crash: no ``finally``, no cleanup);
-* ``kill-app``: SIGKILL every process of the Spark app this code runs in (driver JVM, Python
-  driver, Python workers); only inside an app started by ``wavepipe.spark.submit``;
+* ``kill-app``: SIGKILL every process of the Spark app this code runs in: inside an app started
+  by ``wavepipe.spark.submit`` (driver JVM, Python driver, Python workers) or a Python worker of
+  a local Spark engine, that app or engine; in a step attached to this home's local engine
+  (``wavepipe.engine``), the engine (JVM and Python workers), after which the step fails as it
+  does when its server dies (``InjectedFault``);
 * ``raise``: raise ``InjectedFault`` (a clean failure of the step);
 * ``sleep:<seconds>``: pause, e.g. to restart the broker under a running reader.
 
@@ -62,24 +65,39 @@ def _is_number(text: str) -> bool:
         return False
 
 
-_hits: dict[str, int] = {}
+_hits: dict[tuple[str, str], int] = {}
 _parsed: tuple[str, dict[str, tuple[int, str]]] | None = None
+_engine_pid: int | None = None
 
 
-def failpoint(name: str) -> None:
-    """Act if ``name`` is armed in ``WAVEPIPE_FAILPOINTS`` and this is its hit."""
+def armed() -> str:
+    """The failpoints armed in this process (``WAVEPIPE_FAILPOINTS``), to hand to code that runs
+    elsewhere: a Spark engine's Python workers do not have the run's environment."""
+    return os.environ.get(ENV, "")
+
+
+def attached_engine(pid: int | None) -> None:
+    """The local Spark engine this process's step works on (``kill-app`` stops it), or None."""
+    global _engine_pid
+    _engine_pid = pid
+
+
+def failpoint(name: str, spec: str | None = None, scope: str = "") -> None:
+    """Act if ``name`` is armed in ``spec`` (default: ``WAVEPIPE_FAILPOINTS``) and this is its
+    hit. Hits are counted per ``scope`` (e.g. a run id: a Python worker serves many runs)."""
     global _parsed
-    spec = os.environ.get(ENV)
+    spec = os.environ.get(ENV) if spec is None else spec
     if not spec:
         return
     if _parsed is None or _parsed[0] != spec:
         _parsed = (spec, parse(spec))
-    armed = _parsed[1].get(name)
-    if armed is None:
+    armed_point = _parsed[1].get(name)
+    if armed_point is None:
         return
-    _hits[name] = _hits.get(name, 0) + 1
-    hit, action = armed
-    if _hits[name] != hit:
+    key = (scope, name)
+    _hits[key] = _hits.get(key, 0) + 1
+    hit, action = armed_point
+    if _hits[key] != hit:
         return
     for step in action.split("+"):
         if step == "kill":
@@ -93,13 +111,20 @@ def failpoint(name: str) -> None:
 
 
 def kill_spark_app() -> None:
-    """SIGKILL every process of the session this Spark app runs in. ``wavepipe.spark.submit``
-    starts spark-submit as a session leader; refuse anywhere else (it would be a test runner)."""
+    """SIGKILL every process of the session this Spark app runs in (``wavepipe.spark.submit`` and
+    ``wavepipe.engine`` start spark-submit as a session leader); in a step attached to a local
+    engine, that engine's. Refuse anywhere else (it would be a test runner)."""
     sid = os.getsid(0)
     leader = Path(f"/proc/{sid}/cmdline")
-    if not leader.exists() or b"org.apache.spark.deploy.SparkSubmit" not in leader.read_bytes():
-        raise InjectedFault("kill-app: this process is not inside an app started by wavepipe.spark.submit")
     me = os.getpid()
+    if not leader.exists() or b"org.apache.spark.deploy.SparkSubmit" not in leader.read_bytes():
+        if _engine_pid is None:
+            raise InjectedFault("kill-app: this process is not inside an app started by wavepipe.spark.submit "
+                                "and works on no local Spark engine")
+        from wavepipe.engine import signal_session
+
+        signal_session(_engine_pid, signal.SIGKILL)  # the engine this step is attached to: JVM and Python workers
+        raise InjectedFault(f"kill-app: the Spark engine (pid {_engine_pid}) was killed under this step")
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit() or int(proc.name) == me:
             continue

@@ -8,7 +8,9 @@ compare-and-set on the group's offsets that refuses a run whose output was not v
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -164,8 +166,11 @@ def reassemble_step(settings: Settings, run_id: str, *, validate: bool = False) 
     run_id = plan.run_id
     began = time.monotonic()
     with store.step_lock(run_id, "run"):
-        spark.submit(settings, REASSEMBLE_APP, "--run-id", run_id, *(["--validate"] if validate else []),
-                     staged_bytes=store.staged_bytes(run_id))
+        if settings.spark_engine == "submit":
+            spark.submit(settings, REASSEMBLE_APP, "--run-id", run_id, *(["--validate"] if validate else []),
+                         staged_bytes=store.staged_bytes(run_id))
+        else:
+            _on_engine(settings, store, plan, "reassemble", validate=validate)
     _timed(store, run_id, "reassemble", began)
     result = store.load_step(run_id, "reassemble")
     if result is None:
@@ -187,9 +192,42 @@ def validate_step(settings: Settings, run_id: str) -> dict | None:
         raise RuntimeError(f"run {run_id}: no reassembly result; run the reassemble step first")
     began = time.monotonic()
     with store.step_lock(run_id, "run"):
-        spark.submit(settings, VALIDATE_APP, "--run-id", run_id, staged_bytes=store.staged_bytes(run_id))
+        if settings.spark_engine == "submit":
+            spark.submit(settings, VALIDATE_APP, "--run-id", run_id, staged_bytes=store.staged_bytes(run_id))
+        else:
+            _on_engine(settings, store, plan, "validate")
     _timed(store, run_id, "validate", began)
     return _check_validation(settings, store, plan)
+
+
+def _on_engine(settings: Settings, store: RunStore, plan: RunPlan, step: str, *, validate: bool = False) -> None:
+    """Run ``step`` (``reassemble``, then validate too if ``validate``; or ``validate``) in this
+    process, attached to the Spark engine (``wavepipe.engine``), holding the output tables' lock."""
+    from wavepipe import engine
+    from wavepipe.spark_apps.app import output_lock
+    from wavepipe.spark_apps.validate import import_in_background
+
+    if validate or step == "validate":
+        import_in_background()
+    staged = store.staged_bytes(plan.run_id)
+    with output_lock(settings, store):
+        began = time.monotonic()
+        with engine.attached(settings) as session, engine.sole_writer(session, settings), \
+                spark.progress(f"Spark step {step}", staged):
+            attach_s = time.monotonic() - began
+            log.info("run %s: attached to the Spark engine in %.2fs", plan.run_id, attach_s)
+            try:
+                if step == "reassemble":
+                    from wavepipe.spark_apps.reassemble import reassemble_and_save
+
+                    reassemble_and_save(session, settings, store, plan, validate=validate, session_s=attach_s)
+                else:
+                    from wavepipe.spark_apps.validate import validate_and_publish
+
+                    validate_and_publish(session, settings, plan)
+            except BaseException:
+                engine.drop_cached_data(session)
+                raise
 
 
 def _spark_step(settings: Settings, run_id: str) -> tuple[RunStore, RunPlan | None]:
@@ -417,7 +455,8 @@ def run_once(settings: Settings, *, run_id: str | None = None, topic: str | None
         staged = [p for p in partitions_to_read(plan) if _is_staged(store, plan, p)]
         if staged:
             log.info("run %s: partitions %s were staged by an earlier attempt; not read again", run_id, staged)
-        consume_all(settings, plan.run_id, [p for p in partitions_to_read(plan) if p not in staged])
+        with _engine_ready(settings, needed=bool(partitions_to_read(plan))):
+            consume_all(settings, plan.run_id, [p for p in partitions_to_read(plan) if p not in staged])
         # resume at the first step without a result: a run whose validation failed is validated
         # again (after a threshold was relaxed) without reassembling, a published one only commits
         validated = store.load_step(plan.run_id, "validate")
@@ -426,6 +465,35 @@ def run_once(settings: Settings, *, run_id: str | None = None, topic: str | None
         elif not (validated and validated["success"] and validated["published"]):
             validate_step(settings, plan.run_id)
         return commit_step(settings, plan.run_id)
+
+
+@contextlib.contextmanager
+def _engine_ready(settings: Settings, *, needed: bool):
+    """While the run reads: a remote Spark engine is checked first (an unreachable one fails the
+    run before anything is read), this home's local one is started alongside the readers."""
+    if not needed or settings.spark_engine != "connect":
+        yield
+        return
+    from wavepipe import engine
+
+    if settings.spark_remote:
+        engine.require_reachable(settings)
+        yield
+        return
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            engine.LocalEngine(settings).ensure_up()
+        except BaseException as exc:  # noqa: BLE001 - reported after the readers, by the Spark step
+            errors.append(exc)
+
+    starter = threading.Thread(target=start, name="spark-engine-start", daemon=True)
+    starter.start()
+    yield  # a failed read is reported at once, not after the engine's start (the thread is a daemon)
+    starter.join()
+    if errors:  # the run's staged chunks are kept: a retry after the fix goes on from them
+        raise errors[0]
 
 
 def _same_window(plan: RunPlan, window: tuple[datetime, datetime] | None) -> bool:

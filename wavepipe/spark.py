@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -85,6 +86,16 @@ def settings_env(settings: Settings) -> dict[str, str]:
     }
 
 
+#: What pyspark sets in a process that made a Spark Connect session: inherited by a child, it
+#: would make that child's classic session (a spark-submit app) look for a Connect server.
+CONNECT_MODE_VARIABLES = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE", "SPARK_CONNECT_MODE")
+
+
+def without_connect_mode(env) -> dict[str, str]:
+    """``env`` without ``CONNECT_MODE_VARIABLES``."""
+    return {k: v for k, v in env.items() if k not in CONNECT_MODE_VARIABLES}
+
+
 def pyspark_bin(name: str) -> Path:
     """One of the installed pyspark's own scripts (``spark-submit``, ``spark-class``)."""
     import pyspark
@@ -115,8 +126,9 @@ def is_small_run(settings: Settings, staged_bytes: int) -> bool:
 def submit(settings: Settings, app: Path, *args: str, staged_bytes: int | None = None) -> None:
     """Run a Spark app through spark-submit, streaming its output; raise if it fails.
     ``staged_bytes``: the size of the run's staged files (a small run gets a short-lived JVM)."""
-    env = {**os.environ, **settings_env(settings), **_local_env(settings), "PYSPARK_PYTHON": sys.executable,
-           "PYSPARK_DRIVER_PYTHON": sys.executable, "ARROW_DEFAULT_MEMORY_POOL": "system"}
+    env = {**without_connect_mode(os.environ), **settings_env(settings), **_local_env(settings),
+           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "ARROW_DEFAULT_MEMORY_POOL": "system"}
     small_run = staged_bytes is not None and is_small_run(settings, staged_bytes)
     if small_run:
         log.info("a small run (%d bytes staged): the Spark app's driver JVM starts with %s",
@@ -152,19 +164,35 @@ app_log = logging.getLogger("wavepipe.spark.app")
 
 
 def _wait_with_progress(proc: subprocess.Popen, app: Path, staged_bytes: int | None) -> None:
-    """Wait for ``proc``; every ``PROGRESS_EVERY_S`` log a line with what it works on and for how long."""
-    what = f"Spark app {app.stem}" + (f" on {staged_bytes / 1e6:.1f} MB of staged chunks" if staged_bytes else "")
+    """Wait for ``proc``, with ``progress`` lines naming the app; the last one gives its exit code."""
+    with progress(f"Spark app {app.stem}", staged_bytes, outcome=lambda: f"exited with code {proc.returncode}"):
+        proc.wait()
+
+
+@contextlib.contextmanager
+def progress(what: str, staged_bytes: int | None = None, outcome=None):
+    """Log a line when ``what`` starts, every ``PROGRESS_EVERY_S`` while it runs, and when it ends
+    (``done`` or ``failed``, or what ``outcome()`` says once it ended)."""
+    what = what + (f" on {staged_bytes / 1e6:.1f} MB of staged chunks" if staged_bytes else "")
     began = time.monotonic()
-    log.info("%s: started", what)
-    while True:
-        try:
-            proc.wait(PROGRESS_EVERY_S)
-            break
-        except subprocess.TimeoutExpired:
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.wait(PROGRESS_EVERY_S):
             log.info("%s: running for %.0fs", what, time.monotonic() - began)
-    seconds = time.monotonic() - began
-    rate = f" ({staged_bytes / 1e6 / seconds:.2f} MB/s)" if staged_bytes and seconds > 0 else ""
-    log.info("%s: exited with code %d after %.1fs%s", what, proc.returncode, seconds, rate)
+
+    log.info("%s: started", what)
+    ticker = threading.Thread(target=tick, name="spark-progress", daemon=True)
+    ticker.start()
+    ended = "failed"
+    try:
+        yield
+        ended = "done"
+    finally:
+        done.set()
+        seconds = time.monotonic() - began
+        rate = f" ({staged_bytes / 1e6 / seconds:.2f} MB/s)" if staged_bytes and seconds > 0 else ""
+        log.info("%s: %s after %.1fs%s", what, outcome() if outcome else ended, seconds, rate)
 
 
 def _relay(stream, name: str) -> threading.Thread:

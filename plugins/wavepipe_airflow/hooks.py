@@ -8,7 +8,7 @@ import os
 
 from airflow.sdk import BaseHook
 
-from wavepipe.config import Settings, load_settings
+from wavepipe.config import Settings, load_settings, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +47,17 @@ class WavepipeHook(BaseHook):
     becomes ``bootstrap.servers`` and its extra (a JSON object of librdkafka properties: TLS, SASL,
     ...) is passed to every Kafka client.
 
-    Spark, Connection ``wavepipe_spark``: its host and port name the master the Spark apps are
-    submitted to (``spark://host`` + port, ``yarn``, ``k8s://https://...``), and ``conf`` in its
-    extra (a JSON object of Spark properties) is added to ``spark_conf``. Without it, the
-    ``spark_master`` setting applies (``local[2]`` by default).
+    Spark, Connection ``wavepipe_spark``, of either of the apache-spark provider's types:
+
+    * ``spark_connect`` (Spark Connect): the server the run's Spark work attaches to, as the
+      provider's ``SparkConnectHook`` builds its URL (host, port, user id, token, SSL). Airflow's
+      workers then need no JVM.
+    * ``spark`` (spark-submit, the fallback): its host and port name the master each step's Spark
+      app is submitted to (``spark://host`` + port, ``yarn``, ``k8s://https://...``), and ``conf``
+      in its extra (a JSON object of Spark properties) is added to ``spark_conf``.
+
+    Without it, the ``spark_engine``, ``spark_remote`` and ``spark_master`` settings apply (by
+    default: this home's own Spark Connect server, in local mode).
     """
 
     conn_name_attr = "wavepipe_conn_id"
@@ -87,10 +94,18 @@ class WavepipeHook(BaseHook):
                                         kafka_client_config={**settings.kafka_client_config, **extra})
         conn = self._connection(self.spark_conn_id)
         if conn is None:
-            log.info("Spark from wavepipe config: %s", settings.spark_master)
+            log.info("Spark from wavepipe config: %s", redact_url(settings.spark_remote) or
+                     (f"this home's Spark engine ({settings.spark_master})" if settings.spark_engine == "connect"
+                      else f"spark-submit to {settings.spark_master}"))
             return settings
+        if conn.conn_type == "spark_connect":
+            from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+            url = SparkConnectHook(self.spark_conn_id).get_connection_url()
+            log.info("Spark from Airflow connection %r: Spark Connect server %s", self.spark_conn_id, redact_url(url))
+            return settings.replace(spark_engine="connect", spark_remote=url)
         extra = json.loads(conn.extra) if conn.extra else {}
         master = spark_master_from_connection(conn.host, conn.port, extra)
         log.info("Spark from Airflow connection %r: %s", self.spark_conn_id, master)
-        return settings.replace(spark_master=master,
+        return settings.replace(spark_engine="submit", spark_master=master,
                                 spark_conf={**settings.spark_conf, **dict(extra.get("conf") or {})})
