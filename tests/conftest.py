@@ -1,5 +1,6 @@
-"""Shared fixtures: one real Kafka broker for the session, a fresh topic/group/home per test, and a
-local Spark session for reading the Delta tables back."""
+"""Shared fixtures: one real Kafka broker and one warm Spark engine (a Spark Connect server) per
+test worker, a fresh topic/group/home per test, and a session on the engine for reading the Delta
+tables back."""
 
 from __future__ import annotations
 
@@ -62,21 +63,52 @@ def kafka(tmp_path_factory):
     broker.down()
 
 
+@pytest.fixture(scope="session")
+def engine(tmp_path_factory):
+    """One warm Spark engine (a Spark Connect server in local mode) per test worker: every test's
+    runs attach to it, as runs attach to a home's engine (``wavepipe.engine``). Its URL carries
+    the engine's shared session."""
+    from wavepipe.engine import LocalEngine
+    from wavepipe.localkafka import free_port
+
+    server = LocalEngine(load_settings(home=tmp_path_factory.mktemp("engine"), spark_connect_port=free_port(),
+                                       spark_master="local[2]", spark_remote=""))
+    server.up()
+    yield server
+    server.down(force=True)
+
+
 @pytest.fixture
-def settings(kafka, tmp_path) -> Settings:
-    """Settings for one test: its own home, topic and group on the session's broker."""
+def settings(kafka, engine, tmp_path) -> Settings:
+    """Settings for one test: its own home, topic and group on the session's broker, its Spark work
+    on the session's engine."""
     tag = uuid.uuid4().hex[:8]
     return load_settings(
         home=tmp_path / "home", bootstrap_servers=kafka.bootstrap, topic=f"wf-{tag}", group=f"grp-{tag}",
         partitions=2, kafka_client_config={}, max_records_per_partition=0, max_bytes_per_partition=0,
         spark_master="local[2]", reader_stall_timeout_s=30, new_group_start="earliest",
+        spark_engine="connect", spark_remote=engine.url(),
     )
 
 
-@pytest.fixture(scope="session")
-def spark():
-    from wavepipe.spark import local_session
+@pytest.fixture
+def own_engine(settings):
+    """``settings`` with a Spark engine of the test's own (its home's, started on demand by the
+    first run, stopped after the test): for tests that kill the engine."""
+    from wavepipe.engine import LocalEngine
+    from wavepipe.localkafka import free_port
 
-    session = local_session(load_settings(spark_master="local[2]"), "wavepipe-tests")
+    own = settings.replace(spark_remote="", spark_connect_port=free_port())
+    yield own
+    LocalEngine(own).down(force=True)
+
+
+@pytest.fixture(scope="session")
+def spark(engine):
+    """A Spark Connect session on the session's engine, for reading tables back."""
+    from pyspark.sql import SparkSession
+
+    session = SparkSession.builder.remote(engine.url()).create()
+    session.release_session_on_close = False  # the engine's shared session: the runs' too
     yield session
     session.stop()

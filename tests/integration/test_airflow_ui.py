@@ -76,7 +76,7 @@ def _progress(message: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def airflow(kafka, tmp_path_factory):
+def airflow(kafka, engine, tmp_path_factory):
     """``wavepipe airflow up`` on a free port; ``down`` afterwards, whatever happened."""
     tag = uuid.uuid4().hex[:8]
     settings = load_settings(
@@ -84,6 +84,7 @@ def airflow(kafka, tmp_path_factory):
         topic=f"wf-{tag}", group=f"grp-{tag}", partitions=2, kafka_client_config={},
         max_records_per_partition=0, max_bytes_per_partition=0, spark_master="local[2]",
         reader_stall_timeout_s=30, airflow_port=free_port(), new_group_start="earliest",
+        spark_remote=engine.url(),
     )
     sessions: set[int] = set()
     try:
@@ -229,16 +230,15 @@ def test_a_run_triggered_through_the_rest_api_ingests_and_commits(airflow, api, 
     assert log.status_code == 200, log.text
     assert f"Kafka from Airflow connection '{local.KAFKA_CONN_ID}': {settings.bootstrap_servers}" in log.text, \
         log.text[-3000:]
-    # a successful task's log has no ERROR lines: the Spark app's warnings are relayed as warnings
+    # a successful task's log has no ERROR lines; the Spark steps attached to the engine
     for task_id, map_index in (("plan", -1), ("consume", 0), ("reassemble", -1), ("validate", -1), ("commit", -1)):
         entries = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/logs/1",
                           params={"full_content": True, "map_index": map_index},
                           headers={"Accept": "application/json"}).json()["content"]
         errors = [e for e in entries if str(e.get("level", "")).lower() in ("error", "critical")]
         assert not errors, (task_id, errors[:5])
-        if task_id == "reassemble":
-            assert any(e.get("logger") == "wavepipe.spark.app" and e.get("level") == "warning" for e in entries), \
-                entries[-20:]
+        if task_id in ("reassemble", "validate"):
+            assert any("attached to the Spark engine in" in str(e.get("event")) for e in entries), entries[-20:]
 
     reports = {r["run_id"]: r for r in (json.loads(p.read_text()) for p in settings.reports_dir.glob("*.json"))}
     assert safe_run_id(run_id) in reports, f"no report of {run_id} among {sorted(reports)}"

@@ -19,8 +19,16 @@ def test_quick_bench_runs_every_system_and_checks_every_output(settings, tmp_pat
                                          systems=("ceiling_confluent", "wavepipe", "python_consumer",
                                                   "spark_kafka_source"))
     results = run_bench(settings, options)
-    measured = {(m["system"], m["workload"], m["scale"]): m for m in results["measurements"]}
-    assert [m["error"] for m in measured.values() if m["error"]] == []
+    assert [m["error"] for m in results["measurements"] if m["error"]] == []
+    warm = [m for m in results["measurements"] if m["workload"] == "warm_small"]
+    # two small runs in one home and group, each reading only the ten waveforms produced for it
+    assert [m["info"]["repeat"] for m in warm] == [1, 2]
+    assert [m["waveforms"] for m in warm] == [10, 10]
+    assert [m["info"]["waveforms"].get("output_new") for m in warm] == [10, 10]
+    assert warm[1]["check"].startswith("20 waveforms once each"), warm[1]["check"]
+    assert {"plan", "consume", "reassemble + validate", "commit"} <= set(warm[1]["stages"])
+    assert results["engine_start"] is None  # the tests' engine is shared: its cold start is not taken here
+    measured = {(m["system"], m["workload"], m["scale"]): m for m in results["measurements"] if m not in warm}
     expected = {(s, w, 1) for s in options.systems for w in ("large", "small")}
     expected |= {(s, w, 2) for s in options.scale_systems for w in ("large", "small")}
     assert set(measured) == expected
@@ -45,6 +53,7 @@ def test_quick_bench_runs_every_system_and_checks_every_output(settings, tmp_pat
     assert json.loads(paths[0].read_text())["measurements"] == results["measurements"]
     page = paths[1].read_text()
     assert f"| wavepipe (end to end) | {wavepipe['wall_s']:.1f} |" in page
+    assert f"| 2 | {warm[1]['wall_s']:.1f} |" in page
     assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     verdicts = {name: met for name, met, _ in goals(results)}
     assert None not in verdicts.values(), verdicts  # every goal had its numbers

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 #: Each is a real failure of one step; ``{k}`` is a random record number.
 FAULTS = [
     "consume.record@{k}=kill",          # a reader SIGKILLed mid-range
-    "reassemble.batch=kill-app",        # the Spark app SIGKILLed while it writes
+    "reassemble.batch=kill-app",        # the Spark engine SIGKILLed while it writes
     "publish.after_write=kill-app",     # ... after the output is published, before that is recorded
     "commit.before_offsets=kill",       # the output is durable, the offsets not yet committed
     "commit.after_offsets=kill",        # the offsets are committed, the report is not written
@@ -113,7 +113,8 @@ def _run_until_done(settings, failpoints: str | None, log: list[str]) -> tuple[d
     return json.loads(open(path).read()), first
 
 
-def test_chaos_rounds_end_exactly_once(settings, spark):
+def test_chaos_rounds_end_exactly_once(own_engine, spark):
+    settings = own_engine  # kill-app faults kill the Spark engine: this test's own
     seed = int(os.environ.get("WAVEPIPE_CHAOS_SEED", time.time_ns() % 2**32))
     rounds = int(os.environ.get("WAVEPIPE_CHAOS_ROUNDS", 3))
     rng = random.Random(seed)

@@ -52,7 +52,7 @@ def cluster(tmp_path_factory):
 
 
 @pytest.fixture
-def cluster_settings(cluster, tmp_path):
+def cluster_settings(cluster, engine, tmp_path):
     tag = uuid.uuid4().hex[:8]
     return load_settings(
         home=tmp_path / "home", bootstrap_servers=cluster.bootstrap, topic=f"wf-{tag}", group=f"grp-{tag}",
@@ -64,6 +64,7 @@ def cluster_settings(cluster, tmp_path):
         # how far a reader has got
         batch_size=256 * 1024, staging_flush_bytes=1, reader_stall_timeout_s=60, new_group_start="earliest",
         dead_letter_topic=f"dlq-{tag}", topic_replication_factor=3, topic_config={"min.insync.replicas": "2"},
+        spark_remote=engine.url(),
     )
 
 

@@ -123,3 +123,22 @@ def test_assemble_file_refuses_a_wanted_waveform_that_is_not_complete_in_the_fil
     pq.write_table(pa.Table.from_pylist(_rows(a[:2]), schema=CHUNK_SCHEMA), path)
     with pytest.raises(RuntimeError, match="expected complete are not"):
         list(assemble_file(str(path), {"a"}))
+
+
+def test_a_publish_append_commits_once_per_transaction_id(spark, tmp_path):
+    """Two appends of the same rows that both passed the key check (a killed client's write still
+    running on the engine beside its retry): with one transaction id, one of them commits."""
+    from wavepipe.spark_apps.tables import append_new, delta_version, read_delta
+
+    path = tmp_path / "table"
+    rows = spark.createDataFrame([("a",), ("b",)], "waveform_id string")
+    append_new(rows, path, ["waveform_id"], txn="wavepipe-publish-r1-waveforms-x")
+    version = delta_version(path)
+    # the twin: checked against the version before the first append landed (no key check now)
+    append_new(rows, path, ["waveform_id"], checked_version=version, txn="wavepipe-publish-r1-waveforms-x")
+    assert delta_version(path) == version, "the second append of the same transaction committed"
+    assert sorted(r[0] for r in read_delta(spark, path).collect()) == ["a", "b"]
+    # another transaction (another run's publish) is appended as usual
+    append_new(spark.createDataFrame([("c",)], "waveform_id string"), path, ["waveform_id"],
+               checked_version=version, txn="wavepipe-publish-r2-waveforms-y")
+    assert sorted(r[0] for r in read_delta(spark, path).collect()) == ["a", "b", "c"]

@@ -1,0 +1,112 @@
+"""The Spark engine runs attach to (a Spark Connect server), on the real broker: started on demand
+and by hand, shared by runs without growing, restarted between steps or when it holds too much
+without losing or doubling a waveform, and, when it cannot be reached, one line that says what to
+fix, before anything is read."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import pytest
+
+from tests.helpers import assert_accounted, output_rows, produce_in_order, run_cli, waveform_records
+from wavepipe import pipeline
+from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
+from wavepipe.engine import LocalEngine
+
+pytestmark = pytest.mark.integration
+
+
+def _produce(settings, tag: str, n: int, seed: int) -> dict[str, str]:
+    expected = {}
+    for i in range(n):
+        records, digest = waveform_records(f"{tag}-{i}", 3, seed=seed + i)
+        produce_in_order(settings, records, partition=i % 2)
+        expected[f"{tag}-{i}"] = digest
+    return expected
+
+
+def test_the_engine_starts_on_demand_is_shared_by_runs_and_restarts_between_steps(own_engine, spark):
+    settings = own_engine
+    engine = LocalEngine(settings)
+    ensure_topic(settings)
+    assert engine.pid() is None
+
+    # the first run starts this home's engine (while its readers read) and leaves it running
+    expected = _produce(settings, "a", 4, seed=1)
+    code, out = run_cli(settings, "run")
+    assert code == 0, out[-3000:]
+    assert "Spark engine started at sc://127.0.0.1:" in out and "attached to the Spark engine in" in out, out[-3000:]
+    pid = engine.pid()
+    assert pid is not None
+    code, out = run_cli(settings, "spark", "up")
+    assert code == 0 and f"already running at sc://127.0.0.1:{settings.spark_connect_port} (pid {pid})" in out, out
+
+    # runs in other processes share one session on it: its Python workers do not grow per run
+    after_first = engine.memory().python_processes
+    for tag, seed in (("b", 10), ("c", 20)):
+        expected |= _produce(settings, tag, 2, seed=seed)
+        code, out = run_cli(settings, "run")
+        assert code == 0, out[-3000:]
+    assert engine.pid() == pid, "the same engine served every run"
+    assert engine.memory().python_processes <= max(after_first, 3), engine.status()
+    code, out = run_cli(settings, "spark", "status")
+    assert code == 0 and re.search(r"memory: JVM \d+ MB, \d+ Python worker process\(es\) \d+ MB", out), out
+
+    # a restart between reassemble and validate: the run goes on, on the new engine, exactly once
+    expected |= _produce(settings, "d", 2, seed=30)
+    plan = pipeline.plan_step(settings, "restarted")
+    for p in pipeline.partitions_to_read(plan):
+        pipeline.consume_step(settings, "restarted", p)
+    pipeline.reassemble_step(settings, "restarted")
+    engine.restart()
+    assert engine.pid() not in (None, pid)
+    pipeline.validate_step(settings, "restarted")
+    report = pipeline.commit_step(settings, "restarted")
+    assert report["waveforms"] == {"output_new": 2}
+    assert_accounted(spark, settings, report)
+
+    # an engine holding more than its limit is restarted before the next step, when no step uses it
+    expected |= _produce(settings, "e", 2, seed=40)
+    before = engine.pid()
+    code, out = run_cli(settings.replace(spark_engine_max_rss_mb=1), "run")
+    assert code == 0, out[-3000:]
+    assert "(limit 1 MB): restarting it" in out, out[-3000:]
+    assert engine.pid() not in (None, before)
+
+    rows = output_rows(spark, settings)
+    assert {r[0]: r[1] for r in rows} == expected and all(r[1] == r[2] for r in rows)
+    assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: 18, 1: 18}
+
+    # `wavepipe spark down` waits for the steps attached to the engine (each holds the in-use
+    # lock, as this test does here); no automatic restart happens under them either
+    stopped: dict = {}
+    with engine.in_use():
+        waiter = threading.Thread(target=lambda: stopped.update(out=run_cli(settings, "spark", "down")))
+        waiter.start()
+        waiter.join(10)
+        assert waiter.is_alive() and engine.pid() is not None, "down stopped the engine under a step"
+        assert not engine.idle()
+    waiter.join(60)
+    code, out = stopped["out"]
+    assert code == 0 and "a step is using the Spark engine: waiting until it ends" in out, out
+    assert "Spark engine stopped" in out and engine.pid() is None, out
+
+
+def test_an_unreachable_engine_is_one_line_before_anything_is_read(settings):
+    ensure_topic(settings)
+    _produce(settings, "x", 2, seed=50)
+    began = time.monotonic()
+    code, out = run_cli(settings.replace(spark_remote="sc://127.0.0.1:1"), "run")
+    seconds = time.monotonic() - began
+    assert code == 1, out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert lines[-1] == ("wavepipe run failed: the Spark engine at sc://127.0.0.1:1 is not reachable: check that the "
+                         "Spark Connect server sc://127.0.0.1:1 is up and reachable (the spark_remote setting, or the "
+                         "Airflow Connection wavepipe_spark)"), out
+    assert not any("Traceback" in line or "RETRIES_EXCEEDED" in line for line in lines), out
+    assert seconds < 60, f"{seconds:.0f}s: an unreachable engine is said at once, not after retries"
+    assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: None, 1: None}
+    assert not list((settings.staging_dir).rglob("*.parquet")), "nothing was read for a run that cannot be processed"
