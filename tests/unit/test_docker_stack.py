@@ -154,6 +154,11 @@ def spark_workers(stack: Stack) -> dict[str, dict]:
     return {n: s for n, s in services(stack).items() if "org.apache.spark.deploy.worker.Worker" in runs(s)}
 
 
+def spark_engines(stack: Stack) -> dict[str, dict]:
+    """The services that run a Spark Connect server for the runs (``wavepipe spark serve``)."""
+    return {n: s for n, s in services(stack).items() if re.search(r"\bspark serve\b", runs(s))}
+
+
 def wavepipe_env(stack: Stack) -> dict[str, str]:
     """The WAVEPIPE_* settings of the stack: those of its task runners (checked to be one set)."""
     for service in list(task_runners(stack).values()) + list(services(stack).values()):
@@ -343,6 +348,38 @@ def check_spark_cluster(stack: Stack) -> list[str]:
     return problems
 
 
+def check_spark_engine(stack: Stack) -> list[str]:
+    """WAVEPIPE_SPARK_REMOTE points at the Spark Connect service's name and port; it runs from the
+    one image, on the standalone master (WAVEPIPE_SPARK_MASTER), and mounts the shared home (it is
+    the driver of every run's Spark work)."""
+    problems = []
+    url = wavepipe_env(stack).get("WAVEPIPE_SPARK_REMOTE", "")
+    match = re.fullmatch(r"sc://([^:/;]+):(\d+)/?", url)
+    if match is None:
+        return [f"WAVEPIPE_SPARK_REMOTE is {url!r}, not sc://<host>:<port>"]
+    engines = spark_engines(stack)
+    if len(engines) != 1:
+        return [f"expected one service running `wavepipe spark serve`, found {sorted(engines)}"]
+    (name, engine), = engines.items()
+    words = runs(engine).split()
+    option = lambda flag, default=None: words[words.index(flag) + 1] if flag in words else default  # noqa: E731
+    if match[1] not in _hostnames(name, engine):
+        problems.append(f"WAVEPIPE_SPARK_REMOTE names host {match[1]}, not the service {name}")
+    if option("--port", "15002") != match[2]:
+        problems.append(f"WAVEPIPE_SPARK_REMOTE has port {match[2]}, but {name} listens on {option('--port', '15002')}")
+    if option("--host", "0.0.0.0") in ("127.0.0.1", "localhost"):
+        problems.append(f"{name} binds {option('--host')}: other containers cannot reach it")
+    if environment(engine).get("WAVEPIPE_SPARK_MASTER") != wavepipe_env(stack).get("WAVEPIPE_SPARK_MASTER"):
+        problems.append(f"{name} does not run on WAVEPIPE_SPARK_MASTER")
+    home = wavepipe_env(stack).get("WAVEPIPE_HOME", "")
+    if home not in volume_mounts(engine):
+        problems.append(f"{name} does not mount the shared home {home}: it reads what the consume tasks staged")
+    images = {s.get("image") for s in [engine, *task_runners(stack).values()]}
+    if len(images) != 1:
+        problems.append(f"the Spark engine and the Airflow workers must run one image: {sorted(map(str, images))}")
+    return problems
+
+
 def check_shared_home(stack: Stack) -> list[str]:
     """WAVEPIPE_HOME is one shared named volume, mounted at that path in every Airflow service that
     runs tasks and in every Spark worker (the Spark apps read what the consume tasks staged)."""
@@ -445,7 +482,7 @@ def check_connections(stack: Stack) -> list[str]:
             json.loads(conn.extra or "{}")
     except (ValueError, TypeError) as exc:
         return [f"an AIRFLOW_CONN_* value does not parse as a JSON connection: {exc}"]
-    for conn_id, conn_type in zip(ids, ("kafka", "spark")):
+    for conn_id, conn_type in zip(ids, ("kafka", "spark_connect")):
         if conns[conn_id].conn_type != conn_type:
             problems.append(f"{conn_id}: conn_type {conns[conn_id].conn_type!r}, expected {conn_type!r}")
 
@@ -454,16 +491,21 @@ def check_connections(stack: Stack) -> list[str]:
             raise AirflowNotFoundException(conn_id)
         return conns[conn_id]
 
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
     wp_env = wavepipe_env(stack)
     try:
-        with mock.patch.object(WavepipeHook, "get_connection", side_effect=get_connection):
+        with mock.patch.object(WavepipeHook, "get_connection", side_effect=get_connection), \
+                mock.patch.object(SparkConnectHook, "get_connection", side_effect=get_connection):
             with only_these_wavepipe_variables(wp_env):
                 through_hook = WavepipeHook().get_settings()
         direct = settings_of(wp_env)
     except (ValueError, TypeError) as exc:
         return problems + [f"wavepipe's hook rejects the connections: {exc}"]
-    for field in ("bootstrap_servers", "kafka_client_config", "spark_master", "spark_conf"):
-        if getattr(through_hook, field) != getattr(direct, field):
+    same = lambda field, v: v.rstrip("/") if field == "spark_remote" else v  # noqa: E731 - sc://h:p/ is sc://h:p
+    for field in ("bootstrap_servers", "kafka_client_config", "spark_engine", "spark_remote", "spark_master",
+                  "spark_conf"):
+        if same(field, getattr(through_hook, field)) != same(field, getattr(direct, field)):
             problems.append(f"{field}: the Airflow Connections give {getattr(through_hook, field)!r}, "
                             f"WAVEPIPE_{field.upper()} gives {getattr(direct, field)!r}")
     return problems
@@ -521,7 +563,8 @@ def _pins(text: str) -> dict[str, str]:
 def check_image(dockerfile: str, deploy_lock: str, project_lock: str, pyproject: str) -> list[str]:
     """The Dockerfile copies every folder pyproject.toml installs a package from, and installs the
     deployment's providers from docker/requirements-deploy.lock on top of requirements.lock, which
-    that lock neither re-pins nor undoes (no Spark provider: it replaces pyspark)."""
+    that lock neither re-pins nor undoes (no Spark provider of its own: its pyspark-client would
+    replace pyspark unless pinned to exactly pyspark's version, as requirements.lock does)."""
     import tomllib
 
     problems = []
@@ -546,8 +589,11 @@ def check_image(dockerfile: str, deploy_lock: str, project_lock: str, pyproject:
         if name not in deploy:
             problems.append(f"docker/requirements-deploy.lock lacks {name}")
     for name in ("apache-airflow-providers-apache-spark", "pyspark-client"):
-        if name in deploy:
+        if name in deploy and name not in project:
             problems.append(f"docker/requirements-deploy.lock has {name}, which replaces pyspark")
+    if "apache-airflow-providers-apache-spark" in project and project.get("pyspark-client") != project.get("pyspark"):
+        problems.append(f"requirements.lock lacks pyspark-client=={project.get('pyspark')} (exactly pyspark's "
+                        f"version, so the Spark provider's pyspark-client does not replace pyspark's files)")
     return problems
 
 
@@ -560,7 +606,8 @@ def _image_inputs() -> dict[str, str]:
 
 CHECKS: list[Callable[[Stack], list[str]]] = [
     check_wavepipe_settings, check_bootstrap_servers, check_kafka_cluster, check_kafka_image_version,
-    check_spark_cluster, check_shared_home, check_celery_on_postgres, check_connections, check_shell_snippets,
+    check_spark_cluster, check_spark_engine, check_shared_home, check_celery_on_postgres, check_connections,
+    check_shell_snippets,
 ]
 
 
@@ -660,9 +707,16 @@ MUTATIONS = [
     (check_celery_on_postgres, lambda s: services(s)["airflow-worker"].update(deploy={"replicas": 1}), "two Celery"),
     (check_celery_on_postgres, lambda s: _set_everywhere(s, "AIRFLOW__CELERY__WORKER_CONCURRENCY", "16"), "slots"),
     (check_celery_on_postgres, lambda s: services(s).pop("airflow-triggerer"), "triggerer"),
-    (check_connections, lambda s: _edit_conn(s, SPARK_CONN, port=7078), "spark_master"),
-    (check_connections, lambda s: _edit_conn(s, SPARK_CONN, extra={"conf": {"spark.executor.memory": "4g"}}),
-     "spark_conf"),
+    (check_spark_engine, lambda s: _replace_word(s, "spark-connect", "15002", "15003"), "listens on"),
+    (check_spark_engine, lambda s: _set_everywhere(s, "WAVEPIPE_SPARK_REMOTE", "sc://spark:15002"), "names host"),
+    (check_spark_engine, lambda s: _set_everywhere(s, "WAVEPIPE_SPARK_REMOTE", "spark-connect:15002"), "not sc://"),
+    (check_spark_engine, lambda s: _replace_word(s, "spark-connect", "0.0.0.0", "127.0.0.1"), "cannot reach"),
+    (check_spark_engine, lambda s: _drop_mount(s, "spark-connect", "/data"), "shared home"),
+    (check_spark_engine, lambda s: services(s)["spark-connect"].update(image="apache/spark:4.2.0"), "one image"),
+    (check_connections, lambda s: _edit_conn(s, SPARK_CONN, port=15003), "spark_remote"),
+    (check_connections, lambda s: _edit_conn(s, SPARK_CONN, host="spark-master"), "spark_remote"),
+    (check_connections, lambda s: _edit_conn(s, SPARK_CONN, conn_type="spark", host="spark://spark-master", port=7077),
+     "conn_type"),
     (check_connections, lambda s: _edit_conn(s, KAFKA_CONN, host="kafka-1:9092"), "bootstrap_servers"),
     (check_connections, lambda s: _edit_conn(s, KAFKA_CONN, extra={"security.protocol": "SSL"}),
      "kafka_client_config"),
@@ -693,7 +747,9 @@ def test_the_image_installs_the_project_and_the_deployment_pins():
     ("dockerfile", lambda t: t.replace("-r docker/requirements-deploy.lock ", ""), "lacks `-r"),
     ("dockerfile", lambda t: t.replace("pip check", "true"), "pip check"),
     ("deploy_lock", lambda t: t + "pyspark==4.2.0\n", "re-pins pyspark"),
-    ("deploy_lock", lambda t: t + "apache-airflow-providers-apache-spark==5.0.0\n", "replaces pyspark"),
+    ("deploy_lock", lambda t: t + "apache-airflow-providers-apache-spark==5.0.0\n",
+     "re-pins apache-airflow-providers-apache-spark"),
+    ("project_lock", lambda t: t.replace("pyspark-client==4.2.0\n", ""), "lacks pyspark-client"),
     ("deploy_lock", lambda t: t.replace("redis==", "redis>="), "not pinned exactly"),
     ("deploy_lock", lambda t: t.replace("psycopg2-binary==", "# psycopg2-binary=="), "lacks psycopg2-binary"),
 ])
@@ -716,6 +772,7 @@ def test_the_checks_see_every_part_of_the_stack(stack):
     assert len(kafka_services(stack)) == 3
     assert set(task_runners(stack)) == {"airflow-worker"}
     assert set(spark_workers(stack)) == {"spark-worker"} and set(spark_masters(stack)) == {"spark-master"}
+    assert set(spark_engines(stack)) == {"spark-connect"}
     assert {"airflow-init", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor",
             "airflow-triggerer", "airflow-worker"} <= set(airflow_services(stack))
     assert wavepipe_env(stack)["WAVEPIPE_CONSUME_TASKS"].isdigit()
