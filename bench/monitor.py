@@ -1,9 +1,12 @@
 """Peak memory and CPU per role, sampled from /proc while a system runs.
 
-Every ``interval`` seconds the monitor walks this process's descendants (and the broker) and
-files each process under a role by its command line. A process's own peak comes from the kernel's
-high-water mark (``VmHWM``), so a spike between two samples is not missed; a role's peak is the
-largest sum of its processes' RSS seen in one sample (several Python workers at once, say).
+Every ``interval`` seconds the monitor walks this process's descendants (and the broker, and the
+Spark engine's processes) and files each process under a role by its command line. A process's
+own peak comes from the kernel's high-water mark (``VmHWM``), so a spike between two samples is
+not missed; a role's peak is the largest sum of its processes' RSS seen in one sample (several
+Python workers at once, say). Processes that were running before the measurement (the long-lived
+Spark engine, its warm Python workers) count from their samples and their CPU since it began:
+their high-water mark may be an earlier run's.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import psutil
 
 ROLES = {
     "consumer": "Kafka reader / consumer processes",
-    "spark_jvm": "Spark JVM (driver and executors: local mode runs both in one JVM)",
+    "spark_jvm": "Spark JVM (driver and executors: local mode runs both in one JVM; the engine's when attached)",
     "spark_python_driver": "Spark app's Python driver",
     "spark_python_workers": "Spark's Python workers",
     "broker": "Kafka broker",
@@ -46,6 +49,9 @@ class _Proc:
     role: str
     hwm_kb: int = 0
     cpu_s: float = 0.0
+    #: running before the measurement: peak from samples, CPU counted from ``cpu0``
+    earlier: bool = False
+    cpu0: float = 0.0
 
 
 @dataclass
@@ -59,6 +65,8 @@ class RoleStats:
 @dataclass
 class Monitor:
     broker_pid: int | None = None
+    #: the Spark engine's server (a Spark Connect server the runs attach to), if any
+    engine_pid: int | None = None
     interval: float = 0.2
     _procs: dict[int, _Proc] = field(default_factory=dict)
     _peaks: dict[str, float] = field(default_factory=dict)
@@ -71,6 +79,14 @@ class Monitor:
         self._harness_cpu0 = _cpu(self._me)
         self._broker = psutil.Process(self.broker_pid) if self.broker_pid else None
         self._broker_cpu0 = _cpu(self._broker) if self._broker else 0.0
+        self._engine = None
+        if self.engine_pid:
+            try:
+                self._engine = psutil.Process(self.engine_pid)
+                for proc in [self._engine, *self._engine.children(recursive=True)]:
+                    self._procs[proc.pid] = _Proc(role_of(proc.cmdline()) or "spark_jvm", earlier=True, cpu0=_cpu(proc))
+            except psutil.Error:
+                self._engine = None
         self._thread = threading.Thread(target=self._loop, name="bench-monitor", daemon=True)
         self._thread.start()
         return self
@@ -90,6 +106,11 @@ class Monitor:
             children = self._me.children(recursive=True)
         except psutil.Error:
             children = []
+        if self._engine is not None:
+            try:
+                children += [self._engine, *self._engine.children(recursive=True)]
+            except psutil.Error:
+                pass
         for child in children:
             try:
                 proc = self._procs.get(child.pid)
@@ -99,8 +120,8 @@ class Monitor:
                         continue
                     proc = self._procs[child.pid] = _Proc(role)
                 rss_kb, hwm_kb = _rss_hwm_kb(child.pid)
-                proc.hwm_kb = max(proc.hwm_kb, hwm_kb, rss_kb)
-                proc.cpu_s = max(proc.cpu_s, _cpu(child))
+                proc.hwm_kb = max(proc.hwm_kb, rss_kb if proc.earlier else hwm_kb)
+                proc.cpu_s = max(proc.cpu_s, _cpu(child) - proc.cpu0)
                 sums[proc.role] = sums.get(proc.role, 0.0) + rss_kb / 1024
             except (psutil.Error, FileNotFoundError, ProcessLookupError):
                 continue

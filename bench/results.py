@@ -7,7 +7,8 @@ from wavepipe.bench.systems import LABELS
 
 CEILINGS = ("ceiling_kcat", "ceiling_confluent")
 MEMORY_GROWTH_LIMIT = 0.20
-DRIVER_ROLES = ("spark_jvm", "spark_python_driver")
+#: Roles whose peak memory should not grow with the backlog (beside the readers').
+GROWTH_ROLES = ("spark_jvm", "spark_python_driver", "spark_python_workers")
 
 
 def _by(results: dict, **match) -> list[dict]:
@@ -20,29 +21,68 @@ def _one(results: dict, **match) -> dict | None:
 
 
 def _peak(m: dict | None, role: str) -> float | None:
+    """A role's peak: its largest process's, or for Spark's Python workers (many small processes
+    that grow in number) their largest sum at one sample."""
     if not m or role not in m["memory"]:
         return None
-    return m["memory"][role]["max_process_rss_mb"]
+    return m["memory"][role]["peak_rss_mb" if role == "spark_python_workers" else "max_process_rss_mb"]
+
+
+#: The small run with the engine warm (ten 1 MiB waveforms): its goal, plan to commit.
+WARM_RUN_GOAL_S = 5.0
+
+
+def warm_runs(results: dict) -> list[dict]:
+    """The warm small runs, in order (the first one in a new home creates its tables)."""
+    return sorted((m for m in _by(results, workload="warm_small") if not m["error"]),
+                  key=lambda m: m["info"].get("repeat", 0))
+
+
+def warm_run_seconds(results: dict) -> float | None:
+    """The steady state of a small run with the engine warm: the median wall time of the runs
+    after the first (the first alone if there is one)."""
+    runs = warm_runs(results)
+    walls = sorted(m["wall_s"] for m in (runs[1:] or runs))
+    if not walls:
+        return None
+    mid = len(walls) // 2
+    return walls[mid] if len(walls) % 2 else (walls[mid - 1] + walls[mid]) / 2
+
+
+def _speedup(results: dict, workload: str, scale: int, alt: str) -> float | None:
+    wp = _one(results, system="wavepipe", workload=workload, scale=scale)
+    other = _one(results, system=alt, workload=workload, scale=scale)
+    return other["wall_s"] / wp["wall_s"] if wp and other else None
 
 
 def goals(results: dict) -> list[tuple[str, bool | None, str]]:
     """(goal, met?, the numbers) for each goal of the benchmark; None where it was not measured."""
     out = []
     scale = results["options"]["scale"]
-    large = _one(results, system="wavepipe", workload="large", scale=1)
-    out.append(("wavepipe end to end >= 50% of the ceiling (large)",
-                None if not large or large["of_ceiling"] is None else large["of_ceiling"] >= 0.5,
-                f"{large['of_ceiling']:.0%} of the ceiling" if large and large["of_ceiling"] else "not measured"))
     for workload in ("large", "small"):
-        wp = _one(results, system="wavepipe", workload=workload, scale=1)
-        for alt, need in (("python_consumer", 1.0), ("spark_kafka_source", 1.5)):
-            other = _one(results, system=alt, workload=workload, scale=1)
-            if not wp or not other:
-                out.append((f"wavepipe >= {need}x {LABELS[alt]} ({workload})", None, "not measured"))
-                continue
-            speedup = other["wall_s"] / wp["wall_s"]
-            out.append((f"wavepipe {'ahead of' if need == 1.0 else f'>= {need}x'} {LABELS[alt]} ({workload})",
-                        speedup >= need if need > 1.0 else speedup > 1.0, f"{speedup:.2f}x"))
+        for alt, need in (("spark_kafka_source", 2.0), ("python_consumer", 0.5)):
+            speedup = _speedup(results, workload, 1, alt)
+            out.append((f"wavepipe >= {need}x {LABELS[alt]} ({workload})",
+                        None if speedup is None else speedup >= need,
+                        "not measured" if speedup is None else f"{speedup:.2f}x"))
+    if scale > 1:
+        speedup = _speedup(results, "large", scale, "python_consumer")
+        out.append((f"wavepipe ahead of {LABELS['python_consumer']} (large x{scale})",
+                    None if speedup is None else speedup > 1.0,
+                    "not measured" if speedup is None else f"{speedup:.2f}x"))
+        many = _one(results, system="wavepipe", workload="large", scale=scale)
+        share = many["of_ceiling"] if many else None
+        out.append((f"wavepipe end to end >= 15% of the ceiling (large x{scale})",
+                    None if share is None else share >= 0.15,
+                    "not measured" if share is None else f"{share:.0%} of the ceiling"))
+    warm = warm_run_seconds(results)
+    runs = warm_runs(results)
+    out.append((f"a small run (ten 1 MiB waveforms) with the engine warm takes <= {WARM_RUN_GOAL_S:.0f} s "
+                "from plan to commit", None if warm is None else warm <= WARM_RUN_GOAL_S,
+                "not measured" if warm is None else
+                f"{warm:.1f} s, one run, the first in its home" if len(runs) == 1 else
+                f"{warm:.1f} s, the median of {len(runs) - 1} run(s) after the first; the first took "
+                f"{runs[0]['wall_s']:.1f} s"))
     for workload in ("large", "small"):
         wp = _one(results, system="wavepipe", workload=workload, scale=1)
         gate = sum(v for k, v in (wp or {}).get("stages", {}).items() if k.startswith("validate: "))
@@ -57,7 +97,10 @@ def goals(results: dict) -> list[tuple[str, bool | None, str]]:
         for workload in ("large", "small"):
             one = _one(results, system="wavepipe", workload=workload, scale=1)
             many = _one(results, system="wavepipe", workload=workload, scale=scale)
-            for role in ("consumer", *DRIVER_ROLES):
+            # the roles this mode has: readers and the engine (server JVM and its Python workers),
+            # or with spark-submit the apps' JVM and Python driver
+            present = {role for m in (one, many) if m for role in m["memory"]}
+            for role in [r for r in ("consumer", *GROWTH_ROLES) if r == "consumer" or r in present]:
                 a, b = _peak(one, role), _peak(many, role)
                 name = f"wavepipe {ROLES[role].split(' (')[0]} peak RSS grows < 20% at {scale}x ({workload})"
                 if a is None or b is None:
@@ -124,10 +167,11 @@ def markdown(results: dict, chart_name: str) -> str:
                     f"| {_fmt(_peak(r, 'spark_jvm'), '.0f')} | {_fmt(_peak(r, 'spark_python_driver'), '.0f')} "
                     f"| {_fmt(mem.get('spark_python_workers', {}).get('peak_rss_mb'), '.0f')} "
                     f"| {_fmt(_peak(r, 'broker'), '.0f')} | {cpu:.0f} |")
+    lines += _warm_section(results)
     lines += ["", "## Where wavepipe's time goes", "",
               "| workload | stage | seconds | share of wall |", "|---|---|---:|---:|"]
     for r in _by(results, system="wavepipe"):
-        if r["error"]:
+        if r["error"] or r["workload"] == "warm_small":  # in its own section
             continue
         for stage, seconds in r["stages"].items():
             lines.append(f"| {r['workload']} x{r['scale']} | {stage} | {seconds:.1f} | {seconds / r['wall_s']:.0%} |")
@@ -150,6 +194,33 @@ def markdown(results: dict, chart_name: str) -> str:
     if results.get("skipped"):
         lines += [f"Not run: {', '.join(results['skipped'])} (kcat is not installed).", ""]
     return "\n".join(lines)
+
+
+def _warm_section(results: dict) -> list[str]:
+    lines = []
+    start = results.get("engine_start")
+    runs = warm_runs(results)
+    if not start and not runs:
+        return lines
+    lines += ["", "## The Spark engine: cold start, and a small run with it warm", ""]
+    if start:
+        lines += [f"Cold start of the local Spark Connect server, on its own: {start['up_s']:.1f} s until it "
+                  f"accepts connections, then {start['attach_and_first_query_s']:.1f} s for a new session to "
+                  f"attach and run a first query; a query on the attached session then takes "
+                  f"{start['warm_query_s']:.2f} s. Every run below attaches to the warm server.", ""]
+    else:
+        lines += ["The engine's cold start was not measured (runs used a remote engine, spark-submit, or the "
+                  "engine was busy).", ""]
+    if runs:
+        stages = [k for k in runs[0]["stages"] if ":" not in k]
+        lines += ["Ten 1 MiB waveforms (64 KiB chunks) produced, then one run timed from plan to commit, "
+                  "repeated in one home and group (the first run creates the tables):", "",
+                  "| run | wall s | " + " | ".join(f"{k} s" for k in stages) + " |",
+                  "|---:|---:|" + "---:|" * len(stages)]
+        for m in runs:
+            lines.append(f"| {m['info'].get('repeat', '?')} | {m['wall_s']:.1f} | "
+                         + " | ".join(f"{m['stages'].get(k, 0):.1f}" for k in stages) + " |")
+    return lines
 
 
 def chart(results: dict, path) -> None:

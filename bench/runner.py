@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from wavepipe.bench.monitor import Monitor
 from wavepipe.bench.systems import LABELS, SYSTEMS, Ranges, resolve_spark_kafka_jars
-from wavepipe.bench.workloads import MiB, SignalPool, Workload, default_workloads, produce_backlog
+from wavepipe.bench.workloads import KiB, MiB, SignalPool, Workload, default_workloads, produce_backlog
 from wavepipe.config import PROJECT_ROOT, Settings
 from wavepipe.jars import RESOURCES
 
@@ -38,13 +39,16 @@ class BenchOptions:
     out_dir: Path = PROJECT_ROOT / "docs" / "benchmarks"
     keep: bool = False
     quick: bool = False
+    warm_runs: int = 5
     command: str = "wavepipe bench"
 
     @classmethod
     def quick_options(cls, **changes) -> "BenchOptions":
-        """Small sizes for a smoke test: every system once, the scaling pass for wavepipe only."""
+        """Small sizes for a smoke test: every system once, the scaling pass for wavepipe, the
+        read ceiling and the hand-written consumer (what the scaling goals compare), two warm runs."""
         return cls(**{"large_bytes": 8 * MiB, "small_bytes": 2 * MiB, "scale": 2,
-                      "scale_systems": ("ceiling_confluent", "wavepipe"), "quick": True, **changes})
+                      "scale_systems": ("ceiling_confluent", "wavepipe", "python_consumer"), "warm_runs": 2, "quick": True,
+                      **changes})
 
 
 @dataclass
@@ -76,6 +80,8 @@ def run_bench(settings: Settings, options: BenchOptions) -> dict:
         log.warning("skipping %s: kcat is not installed (apt-get install kcat)", ", ".join(skipped))
     broker = LocalKafka.from_settings(settings)
     log.info("%s", broker.up())
+    # the engine's cold start on its own; it is warm for every measurement after it
+    engine_start = measure_engine_start(settings) if "wavepipe" in systems else None
     if "spark_kafka_source" in systems:
         resolve_spark_kafka_jars(settings)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
@@ -105,6 +111,8 @@ def run_bench(settings: Settings, options: BenchOptions) -> dict:
         finally:
             if not options.keep:
                 _delete_topic(settings, topic)
+    if "wavepipe" in systems and options.warm_runs:
+        measurements += warm_small_runs(settings, options, stamp, work / "warm-small", broker.pid())
     if not options.keep:
         shutil.rmtree(work, ignore_errors=True)
     return {
@@ -115,18 +123,94 @@ def run_bench(settings: Settings, options: BenchOptions) -> dict:
         "machine": machine_info(),
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()},
         "skipped": skipped,
+        "engine_start": engine_start,
         "measurements": [asdict(m) for m in measurements],
     }
 
 
+#: The small run of the warm-engine measurement: ten 1 MiB waveforms in 64 KiB chunks.
+WARM_SMALL = Workload("warm_small", 1 * MiB, 64 * KiB, 10 * MiB)
+
+
+def measure_engine_start(settings: Settings) -> dict | None:
+    """The local Spark engine's cold start, alone: stopped, started until it accepts
+    connections, then a new session's attach and first query, and a second query on that session.
+    None where runs use a remote engine or spark-submit (nothing of the bench's to start), or
+    where the engine is busy with someone's step (it is not stopped under a run)."""
+    if settings.spark_engine != "connect" or settings.spark_remote:
+        return None
+    from wavepipe.engine import LocalEngine, attached
+
+    engine = LocalEngine(settings)
+    if engine.pid() is not None:
+        if not engine.idle():
+            log.warning("the Spark engine is running a step: its cold start is not measured (it is not "
+                        "stopped under a run)")
+            return None
+        log.info("%s", engine.down())
+    began = time.monotonic()
+    log.info("%s", engine.up())
+    up_s = time.monotonic() - began
+    began = time.monotonic()
+    with attached(settings) as spark:
+        spark.range(1).count()
+        first_s = time.monotonic() - began
+        began = time.monotonic()
+        spark.range(1).count()
+        again_s = time.monotonic() - began
+    result = {"up_s": round(up_s, 3), "attach_and_first_query_s": round(first_s, 3),
+              "warm_query_s": round(again_s, 3)}
+    log.info("Spark engine cold start: %.1f s to answer, %.1f s to attach and run a first query, "
+             "then %.2f s a query", up_s, first_s, again_s)
+    return result
+
+
+def warm_small_runs(settings: Settings, options: "BenchOptions", stamp: str, workdir: Path,
+                    broker_pid: int | None) -> list[Measurement]:
+    """A small run with the engine warm, as a user who triggers a run for fresh data sees it:
+    ten 1 MiB waveforms produced, then one run timed from plan to commit; ``options.warm_runs``
+    times in one home and group (the first run creates the tables and the Great Expectations
+    project; the later ones are the steady state)."""
+    from wavepipe.consumers.kafka_admin import ensure_topic
+    from wavepipe.bench.systems import wavepipe_run
+
+    topic = f"bench-{WARM_SMALL.name}-{stamp}"
+    group = f"bench-warm-{stamp}"
+    ensure_topic(settings, topic, options.partitions)
+    pool = SignalPool()
+    out: list[Measurement] = []
+    try:
+        before = _ranges(settings, topic, options.partitions)
+        manifest: dict[str, str] = {}
+        for i in range(options.warm_runs):
+            manifest.update(produce_backlog(settings, topic, WARM_SMALL, first_index=i * WARM_SMALL.waveforms,
+                                            count=WARM_SMALL.waveforms, pool=pool))
+            after = _ranges(settings, topic, options.partitions)
+            ranges = {p: (before[p][1], after[p][1]) for p in after}
+            before = after
+            m = _measure(settings, "wavepipe", WARM_SMALL, WARM_SMALL, 1, topic, ranges, manifest, workdir,
+                         broker_pid, options, keep_workdir=True,
+                         run=functools.partial(wavepipe_run, group=group))
+            m.info["repeat"] = i + 1
+            out.append(m)
+    finally:
+        if not options.keep:
+            _delete_topic(settings, topic)
+            shutil.rmtree(workdir, ignore_errors=True)
+    return out
+
+
 def _measure(settings: Settings, system: str, workload: Workload, target: Workload, scale: int, topic: str,
              ranges: Ranges, manifest: dict[str, str], workdir: Path, broker_pid: int | None,
-             options: BenchOptions) -> Measurement:
+             options: BenchOptions, keep_workdir: bool = False, run=None) -> Measurement:
+    """Run ``system`` (or ``run``, a system's function with arguments bound) on ``ranges`` under
+    a monitor; check its output against ``manifest``. ``keep_workdir``: for a run that continues
+    where the previous one left off (its home and output stay)."""
     m = Measurement(system, workload.name, scale, target.waveforms, target.chunks, target.payload_bytes)
     log.info("  %-34s x%d on %s ...", LABELS[system], scale, _describe_ranges(ranges))
     try:
-        with Monitor(broker_pid) as monitor:
-            outcome = SYSTEMS[system](settings, topic, ranges, workdir, options.parallelism)
+        with Monitor(broker_pid, _engine_pid(settings)) as monitor:
+            outcome = (run or SYSTEMS[system])(settings, topic, ranges, workdir, options.parallelism)
         m.memory = monitor.stats()
         m.wall_s = round(outcome.wall_s, 3)
         m.mb_s = round(target.payload_bytes / 1e6 / outcome.wall_s, 3)
@@ -140,9 +224,16 @@ def _measure(settings: Settings, system: str, workload: Workload, target: Worklo
         m.error = f"{type(exc).__name__}: {exc}"
         log.error("  %s failed: %s", LABELS[system], m.error)
     finally:
-        if not options.keep:
+        if not options.keep and not keep_workdir:
             shutil.rmtree(workdir, ignore_errors=True)
     return m
+
+
+def _engine_pid(settings: Settings) -> int | None:
+    """The pid of the local Spark engine wavepipe's runs attach to (None: none on this machine)."""
+    from wavepipe.engine import LocalEngine
+
+    return LocalEngine(settings).pid() if settings.spark_engine == "connect" and not settings.spark_remote else None
 
 
 def _check(system: str, outcome, target: Workload, manifest: dict[str, str]) -> str:

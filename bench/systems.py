@@ -100,15 +100,21 @@ def ceiling_kcat(settings: Settings, topic: str, ranges: Ranges, workdir: Path, 
     return Outcome(wall, info={"bytes": nbytes})
 
 
-def wavepipe_run(settings: Settings, topic: str, ranges: Ranges, workdir: Path, parallelism: int) -> Outcome:
+def wavepipe_run(settings: Settings, topic: str, ranges: Ranges, workdir: Path, parallelism: int,
+                 group: str | None = None) -> Outcome:
     """wavepipe end to end, the steps ``wavepipe run`` takes: plan, consume, reassemble with validation and
-    publishing in the same Spark app, commit."""
+    publishing in the same Spark app, commit. ``group``: continue that group (default: a new group per
+    call, reading the ranges from the start)."""
     from wavepipe.pipeline import commit_step, consume_all, partitions_to_read, plan_step, reassemble_step
     from wavepipe.plan import new_run_id
 
-    group = f"bench-{uuid.uuid4().hex[:10]}"
+    group = group or f"bench-{uuid.uuid4().hex[:10]}"
     s = settings.replace(home=workdir / "home", topic=topic, group=group, max_records_per_partition=0,
                          max_bytes_per_partition=0, consume_parallelism=parallelism)
+    if s.spark_engine == "connect" and not s.spark_remote:  # the bench home's engine, warm, not one per workdir
+        from wavepipe.engine import LocalEngine
+
+        s = s.replace(spark_remote=LocalEngine(settings).ensure_up())
     stages: dict[str, float] = {}
     began = t = time.monotonic()
     plan = plan_step(s, new_run_id(), topic=topic, group=group, new_group_start="earliest")
