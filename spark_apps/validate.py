@@ -38,6 +38,9 @@ from wavepipe.spark_apps.tables import (
 )
 
 log = logging.getLogger("wavepipe.validate")
+# Great Expectations logs some 200 INFO lines about its own API docs when it is imported: in a
+# run's process (attached to the engine), that would be most of the run's output and task log
+logging.getLogger("great_expectations").setLevel(logging.WARNING)
 
 #: Validation results the Data Docs index lists (newest first); older pages stay on disk.
 DATA_DOCS_INDEX_RESULTS = 200
