@@ -67,6 +67,9 @@ class Monitor:
     broker_pid: int | None = None
     #: the Spark engine's server (a Spark Connect server the runs attach to), if any
     engine_pid: int | None = None
+    #: a server whose processes are not the measured system's (the engine, idle beside another
+    #: system): left out, also where it is a child of this process
+    ignore_pid: int | None = None
     interval: float = 0.2
     _procs: dict[int, _Proc] = field(default_factory=dict)
     _peaks: dict[str, float] = field(default_factory=dict)
@@ -109,6 +112,13 @@ class Monitor:
         if self._engine is not None:
             try:
                 children += [self._engine, *self._engine.children(recursive=True)]
+            except psutil.Error:
+                pass
+        if self.ignore_pid:
+            try:
+                ignored = psutil.Process(self.ignore_pid)
+                skip = {self.ignore_pid, *(c.pid for c in ignored.children(recursive=True))}
+                children = [c for c in children if c.pid not in skip]
             except psutil.Error:
                 pass
         for child in children:

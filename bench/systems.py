@@ -132,10 +132,15 @@ def wavepipe_run(settings: Settings, topic: str, ranges: Ranges, workdir: Path, 
     wall = time.monotonic() - began
     inner = result.get("timings", {})
     checked = {k: v for k, v in report.get("timings_s", {}).items() if k.startswith("validate_")}
-    if "spark_app_s" in inner:  # the rest of the spark-submit wall is the JVM and Python start and exit
+    if "spark_app_s" in inner:
         known = sum(inner.get(k, 0.0) for k in ("spark_app_s", "session_start_s", "session_stop_s")) + sum(checked.values())
-        stages["reassemble: JVM and Python start and exit"] = stages["reassemble + validate"] - known
-        for key, label in (("session_start_s", "reassemble: Spark session start"),
+        on_engine = s.spark_engine == "connect"
+        # spark-submit: the rest of the app's wall is the JVM's and Python's start and exit; attached
+        # to the engine: the step's own bookkeeping (locks, reading the plan, saving results)
+        stages["reassemble: outside the measured stages" if on_engine
+               else "reassemble: JVM and Python start and exit"] = stages["reassemble + validate"] - known
+        for key, label in (("session_start_s", "reassemble: attach to the Spark engine" if on_engine
+                            else "reassemble: Spark session start"),
                            ("classify_s", "reassemble: classify (metadata only)"),
                            ("assemble_write_s", "reassemble: assemble, verify, write the run's candidates"),
                            ("accounting_s", "reassemble: final status and accounting"),

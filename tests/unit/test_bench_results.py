@@ -91,3 +91,28 @@ def test_the_gate_goal_follows_from_the_stages():
     assert verdicts["the validation gate adds <= 1/3 to wavepipe's wall time (small)"] == (
         True, "+10.0 s on 30.0 s (33%; publishing the output included)")
     assert verdicts["the validation gate adds <= 1/3 to wavepipe's wall time (large)"][0] is False
+
+
+def test_a_server_beside_the_measured_system_is_not_counted_as_its_memory():
+    """The Spark engine, a child of the benchmark process, idles while other systems run: its JVM
+    must not appear as theirs."""
+    import subprocess
+    import sys
+    import time
+
+    from wavepipe.bench.monitor import Monitor
+
+    # a stand-in process whose command line reads as a Spark JVM (only the role is looked at)
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)",
+                               "org.apache.spark.deploy.SparkSubmit"])
+    try:
+        time.sleep(0.3)
+        with Monitor(interval=0.05) as counted:
+            time.sleep(0.3)
+        with Monitor(interval=0.05, ignore_pid=server.pid) as beside:
+            time.sleep(0.3)
+    finally:
+        server.kill()
+        server.wait()
+    assert counted.stats()["spark_jvm"]["processes"] == 1
+    assert "spark_jvm" not in beside.stats()
