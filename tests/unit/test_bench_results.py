@@ -114,5 +114,6 @@ def test_a_server_beside_the_measured_system_is_not_counted_as_its_memory():
     finally:
         server.kill()
         server.wait()
-    assert counted.stats()["spark_jvm"]["processes"] == 1
-    assert "spark_jvm" not in beside.stats()
+    # (the test process may have Spark processes of its own, e.g. a test worker's engine)
+    jvms = [m.stats().get("spark_jvm", {}).get("processes", 0) for m in (counted, beside)]
+    assert jvms[0] - jvms[1] == 1, jvms
