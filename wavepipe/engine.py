@@ -363,7 +363,7 @@ class LocalEngine:
                             log.info("%s", self._start())
                         else:
                             log.info("the Spark engine %s; a step is using it: restarting it later", why)
-                elif not why and self.state().get("settings") != self.fingerprint():
+                elif restart and not why and self.state().get("settings") != self.fingerprint():  # said once per step
                     log.warning("the Spark engine was started with other settings than this run's (e.g. "
                                 "spark_master, spark_conf): it keeps them until `wavepipe spark restart`")
             return self.url()
@@ -640,7 +640,7 @@ def attached(settings: Settings) -> Iterator[object]:
                                              f": {hint}") from exc
             log.info("the Spark engine closed the shared session: attaching to a new one")
             _renew(settings)
-            url, _ = remote_url(settings)
+            url, _ = remote_url(settings, restart=False)  # this step holds the in-use lock: no restart now
             spark = _session(url)
         faults.attached_engine(engine.pid() if engine else None)
         try:
