@@ -297,15 +297,29 @@ class LocalEngine:
 
     # --- sharing it between runs ---------------------------------------------------------------
     @contextlib.contextmanager
-    def _lifecycle_lock(self) -> Iterator[None]:
-        """One process at a time starts, stops or restarts the server."""
+    def _flock(self, name: str, mode: int, waiting: str | None = None, wait: bool = True) -> Iterator[bool]:
+        """Hold ``<folder>/<name>`` locked in ``mode`` (``fcntl.LOCK_SH`` or ``LOCK_EX``) for the
+        block; yields whether it is held. Taken at once if free, else: with ``wait``, waited for
+        (logging ``waiting`` first, if given); without, not taken (yields False)."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        with (self.folder / "lifecycle.lock").open("a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
+        with (self.folder / name).open("a") as fh:
             try:
-                yield
+                fcntl.flock(fh, mode | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not wait:
+                    yield False
+                    return
+                if waiting:
+                    log.warning("%s", waiting)
+                fcntl.flock(fh, mode)
+            try:
+                yield True
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def _lifecycle_lock(self):
+        """One process at a time starts, stops or restarts the server."""
+        return self._flock("lifecycle.lock", fcntl.LOCK_EX)
 
     @contextlib.contextmanager
     def _no_step_attached(self, force: bool) -> Iterator[None]:
@@ -314,30 +328,14 @@ class LocalEngine:
         if force:
             yield
             return
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with (self.folder / "in-use.lock").open("a") as fh:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                log.warning("a step is using the Spark engine: waiting until it ends (Ctrl-C to cancel; "
-                            "--force stops the engine under it)")
-                fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        with self._flock("in-use.lock", fcntl.LOCK_EX, waiting="a step is using the Spark engine: waiting until "
+                         "it ends (Ctrl-C to cancel; --force stops the engine under it)"):
+            yield
 
-    @contextlib.contextmanager
-    def in_use(self) -> Iterator[None]:
+    def in_use(self):
         """Held (shared) while a step works on the server: no automatic restart happens under it,
         and ``down`` and ``restart`` wait for it (unless forced)."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with (self.folder / "in-use.lock").open("a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_SH)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        return self._flock("in-use.lock", fcntl.LOCK_SH)
 
     def ensure_up(self, restart: bool = True) -> str:
         """Start the server if it is down; ``restart``: restart it if it holds more than its limit
@@ -346,7 +344,7 @@ class LocalEngine:
             pid = self._answering_pid()
             if pid is None:
                 log.info("%s", self._start())
-            else:
+            elif restart:  # (a step's second look, under its in-use lock, only needs it running)
                 mem = self.memory()
                 limit = self.settings.spark_engine_max_rss_mb
                 why = None
@@ -355,7 +353,7 @@ class LocalEngine:
                 elif self.heartbeat_lost():
                     why = ("lost its executor heartbeat (Spark's race SPARK-59451; the executor would be "
                            "declared dead after spark.network.timeout)")
-                if why and restart:
+                if why:
                     with self._exclusive_if_idle() as idle:
                         if idle:
                             log.info("the Spark engine %s: restarting it", why)
@@ -363,7 +361,7 @@ class LocalEngine:
                             log.info("%s", self._start())
                         else:
                             log.info("the Spark engine %s; a step is using it: restarting it later", why)
-                elif restart and not why and self.state().get("settings") != self.fingerprint():  # said once per step
+                elif self.state().get("settings") != self.fingerprint():
                     log.warning("the Spark engine was started with other settings than this run's (e.g. "
                                 "spark_master, spark_conf): it keeps them until `wavepipe spark restart`")
             return self.url()
@@ -400,20 +398,9 @@ class LocalEngine:
         with self._exclusive_if_idle() as idle:
             return idle
 
-    @contextlib.contextmanager
-    def _exclusive_if_idle(self) -> Iterator[bool]:
+    def _exclusive_if_idle(self):
         """Yields whether no step was attached; if so, none can attach until the block ends."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with (self.folder / "in-use.lock").open("a") as fh:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
-            try:
-                yield True
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+        return self._flock("in-use.lock", fcntl.LOCK_EX, wait=False)
 
 
 def _listens(sid: int, port: int) -> bool:
