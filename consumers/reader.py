@@ -17,7 +17,7 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from wavepipe.config import Settings
 from wavepipe.consumers.kafka_admin import group_consumer
 from wavepipe.consumers.staging import (
-    CHUNK_SCHEMA, DEAD_LETTER_SCHEMA, StagedFile, chunk_row, dead_letter_row,
+    CHUNK_SCHEMA, DEAD_LETTER_SCHEMA, DIGEST_SCHEMA, InOrderDigests, StagedFile, chunk_row, dead_letter_row,
 )
 from wavepipe.faults import failpoint
 from wavepipe.plan import OffsetRange, RunStore
@@ -55,8 +55,13 @@ class ReadStats:
 
 
 def staged_paths(store: RunStore, run_id: str, rng: OffsetRange):
+    """The range's staged chunks and dead letters (``digest_path``: its in-order waveforms' hashes)."""
     base = store.staging_dir(run_id)
     return base / "chunks" / f"{rng.name}.parquet", base / "dead_letter" / f"{rng.name}.parquet"
+
+
+def digest_path(store: RunStore, run_id: str, rng: OffsetRange):
+    return store.staging_dir(run_id) / "digests" / f"{rng.name}.parquet"
 
 
 def read_range(settings: Settings, run_id: str, partition: int) -> ReadStats:
@@ -70,15 +75,17 @@ def read_range(settings: Settings, run_id: str, partition: int) -> ReadStats:
     chunk_path, dead_path = staged_paths(store, run_id, rng)
     chunks = StagedFile(chunk_path, CHUNK_SCHEMA, settings.staging_flush_bytes)
     dead = StagedFile(dead_path, DEAD_LETTER_SCHEMA, settings.staging_flush_bytes)
+    digests = StagedFile(digest_path(store, run_id, rng), DIGEST_SCHEMA, settings.staging_flush_bytes)
+    staged = (digests, chunks, dead)  # the chunks after their digests: a range is staged once both are
     began = time.monotonic()
     try:
         if rng.size:
-            _consume(settings, plan.group, rng, stats, chunks, dead)
-        chunks.commit()
-        dead.commit()
+            _consume(settings, plan.group, rng, stats, chunks, dead, digests)
+        for f in staged:
+            f.commit()
     except BaseException:
-        chunks.abort()
-        dead.abort()
+        for f in staged:
+            f.abort()
         raise
     stats.seconds = round(time.monotonic() - began, 3)
     store.save_step(run_id, f"consume-{rng.topic}-{rng.partition}", asdict(stats) | {"gap_offsets": stats.gap_offsets})
@@ -90,7 +97,7 @@ def read_range(settings: Settings, run_id: str, partition: int) -> ReadStats:
 
 
 def _consume(settings: Settings, group: str, rng: OffsetRange, stats: ReadStats,
-             chunks: StagedFile, dead: StagedFile) -> None:
+             chunks: StagedFile, dead: StagedFile, digests: StagedFile) -> None:
     consumer = group_consumer(settings, group, **{
         "enable.partition.eof": True,
         "fetch.max.bytes": 64 * 1024 * 1024,
@@ -99,6 +106,7 @@ def _consume(settings: Settings, group: str, rng: OffsetRange, stats: ReadStats,
     })
     tp = TopicPartition(rng.topic, rng.partition, rng.start)
     consumer.assign([tp])
+    hashing = InOrderDigests(rng.topic, rng.partition)
     last_progress = time.monotonic()
     last_report = began = time.monotonic()
     done = False
@@ -143,7 +151,7 @@ def _consume(settings: Settings, group: str, rng: OffsetRange, stats: ReadStats,
                 if offset >= rng.end:
                     done = True
                     break
-                _stage(msg, rng, stats, chunks, dead)
+                _stage(msg, rng, stats, chunks, dead, digests, hashing)
                 if offset == rng.end - 1:
                     done = True
                     break
@@ -167,7 +175,8 @@ def _position(consumer, tp: TopicPartition) -> int:
     return pos if pos >= 0 else tp.offset
 
 
-def _stage(msg, rng: OffsetRange, stats: ReadStats, chunks: StagedFile, dead: StagedFile) -> None:
+def _stage(msg, rng: OffsetRange, stats: ReadStats, chunks: StagedFile, dead: StagedFile, digests: StagedFile,
+           hashing: InOrderDigests) -> None:
     offset = msg.offset()
     _, timestamp_ms = msg.timestamp()
     value = msg.value()
@@ -185,6 +194,9 @@ def _stage(msg, rng: OffsetRange, stats: ReadStats, chunks: StagedFile, dead: St
         failpoint("consume.record")
         return
     chunks.add(chunk_row(rng.topic, rng.partition, offset, timestamp_ms, chunk), len(chunk.payload))
+    whole = hashing.add(chunk, offset)
+    if whole is not None:
+        digests.add(whole, 256)  # about a row's size: the rows are flushed like the chunks
     if timestamp_ms >= 0:  # chunks only: a junk record's timestamp must not age the waveforms
         stats.max_timestamp_ms = max(timestamp_ms, stats.max_timestamp_ms or timestamp_ms)
     stats.chunks += 1

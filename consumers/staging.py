@@ -6,6 +6,7 @@ of adding to it. Files appear under their final name only once complete (write, 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from wavepipe.protocol import Chunk
+from wavepipe.protocol import CHECKSUM_PREFIX, Chunk, output_facts
 
 CHUNK_SCHEMA = pa.schema([
     ("topic", pa.string()),
@@ -46,6 +47,72 @@ DEAD_LETTER_SCHEMA = pa.schema([
     ("reason", pa.string()),
     ("detail", pa.string()),
 ])
+
+
+#: A whole waveform the reader hashed while staging its chunks: its output row without the payload
+#: (``protocol.output_facts``) and ``digest``, the sha256 of its chunks joined in sequence order.
+DIGEST_SCHEMA = pa.schema([
+    ("waveform_id", pa.string()),
+    ("source", pa.string()),
+    ("start_time", pa.timestamp("us", tz="UTC")),
+    ("date", pa.date32()),
+    ("dtype", pa.string()),
+    ("channels", pa.int32()),
+    ("sample_rate", pa.float64()),
+    ("n_samples", pa.int64()),
+    ("duration_s", pa.float64()),
+    ("size_bytes", pa.int64()),
+    ("n_chunks", pa.int32()),
+    ("checksum", pa.string()),
+    ("topic", pa.string()),
+    ("partition", pa.int32()),
+    ("first_offset", pa.int64()),
+    ("last_offset", pa.int64()),
+    ("digest", pa.string()),
+])
+
+
+class InOrderDigests:
+    """The sha256 of each waveform whose chunks one partition delivers in order: ``wp-seq`` 0, 1,
+    ..., ``wp-count`` - 1, one content (the same ``wp-checksum`` and ``wp-count`` throughout).
+    With keyed producers that is nearly every waveform, so its bytes are hashed once, by the
+    reader that already holds them, and Spark verifies it from this row alone.
+
+    Anything else (a gap, a repeat, a chunk of another content) drops the waveform's running hash;
+    such a waveform gets no row, or a row the Spark side does not use (it uses one only when the
+    waveform's chunks are all in this partition, each once), and is verified from its chunks. At
+    most ``max_open`` waveforms are hashed at once; beyond that the oldest is dropped the same way.
+    """
+
+    def __init__(self, topic: str, partition: int, max_open: int = 10_000):
+        self.topic = topic
+        self.partition = partition
+        self.max_open = max_open
+        self._open: dict[str, dict] = {}  # insertion order: the oldest first
+
+    def add(self, chunk: Chunk, offset: int) -> dict | None:
+        """Take the next staged chunk; returns a ``DIGEST_SCHEMA`` row when it completes a waveform."""
+        wid = chunk.meta.waveform_id
+        w = self._open.pop(wid, None)
+        if chunk.seq == 0:
+            m = chunk.meta
+            w = {"facts": {"waveform_id": wid, "source": m.source, "dtype": m.dtype, "channels": m.channels,
+                           "sample_rate": m.sample_rate, "start_ns": m.start_ns, "checksum": chunk.checksum,
+                           "topic": self.topic},
+                 "count": chunk.count, "next": 0, "size": 0, "first": offset, "hash": hashlib.sha256()}
+        elif w is None or chunk.seq != w["next"] or chunk.checksum != w["facts"]["checksum"] \
+                or chunk.count != w["count"]:
+            return None  # out of order or another content: verified from its chunks instead
+        w["hash"].update(chunk.payload)
+        w["size"] += len(chunk.payload)
+        w["next"] += 1
+        if w["next"] == w["count"]:
+            row = output_facts(w["facts"], w["size"], w["count"], self.partition, w["first"], offset)
+            return {**row, "digest": CHECKSUM_PREFIX + w["hash"].hexdigest()}
+        self._open[wid] = w
+        if len(self._open) > self.max_open:
+            del self._open[next(iter(self._open))]
+        return None
 
 
 def chunk_row(topic: str, partition: int, offset: int, timestamp_ms: int, chunk: Chunk) -> dict:

@@ -208,6 +208,24 @@ def parse_chunk(headers: Sequence[tuple[str, bytes | None]] | None, value: bytes
     return Chunk(meta, seq, count, size, check, value)
 
 
+def output_facts(facts: dict, size: int, n_chunks: int, partition: int, first_offset: int,
+                 last_offset: int) -> dict:
+    """What the output table says about a whole waveform of ``size`` bytes, all but its payload.
+    ``facts``: the chunks' ``waveform_id``, ``source``, ``dtype``, ``channels``, ``sample_rate``,
+    ``start_ns``, ``checksum`` and ``topic``. One definition for both places that make these rows:
+    the readers (for a waveform they hashed as they staged it) and the Spark assembly."""
+    n_samples = size // (np.dtype(facts["dtype"]).itemsize * facts["channels"])
+    start_us = facts["start_ns"] // 1000
+    return {
+        "waveform_id": facts["waveform_id"], "source": facts["source"],
+        "start_time": start_us, "date": start_us // 86_400_000_000, "dtype": facts["dtype"],
+        "channels": facts["channels"], "sample_rate": facts["sample_rate"], "n_samples": n_samples,
+        "duration_s": n_samples / facts["sample_rate"], "size_bytes": size, "n_chunks": n_chunks,
+        "checksum": facts["checksum"], "topic": facts["topic"],
+        "partition": partition, "first_offset": first_offset, "last_offset": last_offset,
+    }
+
+
 def rebuild(payload: bytes, dtype: str, channels: int) -> np.ndarray:
     """The (samples, channels) array a reassembled payload stands for."""
     return np.frombuffer(payload, dtype=np.dtype(dtype)).reshape(-1, channels)
