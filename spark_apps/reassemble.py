@@ -8,8 +8,14 @@ and does I/O. Guarantees:
 * an id names one content: chunks of an id that is in the output with the same ``wp-checksum``
   are a re-delivery (counted ``output_already_written``), chunks with another checksum are another
   content under a reused id, quarantined as ``id_conflict`` with both checksums, never dropped;
-* nothing is published here: the new waveforms, quarantine and dead-letter rows go to the run's
-  candidate tables (``spark_apps/tables.py``), which the validate step checks and publishes;
+* one pass over the bytes: a waveform whose chunks one reader staged in order was hashed by that
+  reader as it staged them (``consumers/staging.py``); it is verified from that digest and its
+  row made from the chunks' metadata alone (the ``manifest``), so no payload is read here. Only
+  the other waveforms (out of order, repeated, spread over partitions) are assembled and verified
+  now, into the candidate waveform table;
+* nothing is published here: the manifest, those candidate waveforms, quarantine and dead-letter
+  rows go to the run's candidate tables (``spark_apps/tables.py``), which the validate step
+  checks; publishing then writes each waveform's bytes once, into the output table;
 * every staged record ends in one place: an output waveform, pending (incomplete, re-read next
   run from the partition's safe offset), quarantine (with a reason) or dead letter (with a reason).
 """
@@ -24,7 +30,6 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession, Window
@@ -34,7 +39,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from wavepipe.faults import armed, failpoint
 from wavepipe.plan import RunPlan, RunStore, utc_now
-from wavepipe.protocol import checksum
+from wavepipe.protocol import checksum, output_facts
 from wavepipe.report import empty_partition
 from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_apps.tables import (
@@ -193,16 +198,8 @@ def output_row(facts: dict, payload: bytes, n_chunks: int, partition: int, first
     """One output row (a dict in OUTPUT_SCHEMA's order) for a joined payload; checksum verified,
     payload dropped (None) when it does not match."""
     ok = checksum(payload) == facts["checksum"]
-    n_samples = len(payload) // (np.dtype(facts["dtype"]).itemsize * facts["channels"])
-    start_us = facts["start_ns"] // 1000
-    return {
-        "waveform_id": facts["waveform_id"], "source": facts["source"],
-        "start_time": start_us, "date": start_us // 86_400_000_000, "dtype": facts["dtype"],
-        "channels": facts["channels"], "sample_rate": facts["sample_rate"], "n_samples": n_samples,
-        "duration_s": n_samples / facts["sample_rate"], "size_bytes": len(payload), "n_chunks": n_chunks,
-        "checksum": facts["checksum"], "payload": payload if ok else None, "topic": facts["topic"],
-        "partition": partition, "first_offset": first_offset, "last_offset": last_offset, "checksum_ok": ok,
-    }
+    row = output_facts(facts, len(payload), n_chunks, partition, first_offset, last_offset)
+    return {**row, "payload": payload if ok else None, "checksum_ok": ok}
 
 
 def _batch(rows: list[dict]) -> pa.RecordBatch:
@@ -237,22 +234,32 @@ def assemble_arrow(table: pa.Table, failpoints: str | None = None, scope: str = 
     partitions = table["partition"].to_pylist()
     first_chunk = min(range(table.num_rows), key=lambda i: (partitions[i], offsets[i]))
     row = output_row(facts, payload, len(picked), partitions[first_chunk], offsets[first_chunk], max(offsets))
-    failpoint("reassemble.batch", failpoints, scope)
+    failpoint("assemble.batch", failpoints, scope)
     return pa.Table.from_batches([_batch([row])])
 
 
-def assemble_file(path: str, wanted: dict[str, str | None] | set[str]) -> Iterator[pa.RecordBatch]:
+#: Marks the error of a staged chunk file whose bytes changed after the reader hashed them.
+STAGED_CHANGED = "wavepipe: staged chunks changed on disk"
+
+
+def assemble_file(path: str, wanted: dict[str, str | None] | set[str], strict: bool = False) -> Iterator[pa.RecordBatch]:
     """Whole waveforms from one staged file, streamed: the ``wanted`` ids (id -> ``wp-checksum``,
     or a set: any checksum) must have every chunk carrying that checksum, once, in this file (one
     Kafka partition); chunks of the same id with another checksum (another content under a reused
     id) are not used. Holds only the waveforms whose chunks are still arriving (with keyed
-    producers, one or two) and one batch of output."""
+    producers, one or two) and one batch of output; stops reading once every wanted one is out.
+
+    ``strict`` (waveforms the reader verified as it staged them): a waveform that no longer hashes
+    to its checksum, or is not in the file, raises an error marked ``STAGED_CHANGED`` (the file
+    changed since it was read) instead of coming out with ``checksum_ok`` false."""
     wanted = wanted if isinstance(wanted, dict) else dict.fromkeys(wanted)
     open_: dict[str, dict] = {}
     rows: list[dict] = []
-    buffered = 0
+    buffered = done = 0
     staged = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering would read the whole file ahead
     for batch in _row_group_batches(staged):
+        if done == len(wanted):
+            break
         ids = batch.column("waveform_id").to_pylist()
         if wanted.keys().isdisjoint(ids):
             continue
@@ -273,13 +280,22 @@ def assemble_file(path: str, wanted: dict[str, str | None] | set[str]) -> Iterat
             if len(w["parts"]) == counts[i]:
                 del open_[wid]
                 payload = b"".join(w["parts"][k] for k in sorted(w["parts"]))
-                rows.append(output_row(w["facts"], payload, counts[i], w["partition"], w["first"], offsets[i]))
+                row = output_row(w["facts"], payload, counts[i], w["partition"], w["first"], offsets[i])
+                if strict and not row["checksum_ok"]:
+                    raise RuntimeError(f"{STAGED_CHANGED}: {path}: the chunks of {wid} no longer hash to "
+                                       f"{w['facts']['checksum']}, as they did when they were read")
+                rows.append(row)
+                done += 1
                 buffered += len(payload)
                 if buffered >= _BATCH_BYTES:
                     yield _batch(rows)
                     rows, buffered = [], 0
     if open_:  # classify said these were complete in this file: the file changed under us
-        raise RuntimeError(f"{path}: {len(open_)} waveforms expected complete are not, e.g. {next(iter(open_))}")
+        raise RuntimeError(f"{STAGED_CHANGED if strict else 'staged chunks changed'}: {path}: {len(open_)} waveforms "
+                           f"expected complete are not, e.g. {next(iter(open_))}")
+    if strict and done < len(wanted):
+        raise RuntimeError(f"{STAGED_CHANGED}: {path}: {len(wanted) - done} waveforms it held when it was read "
+                           "are not in it")
     if rows:
         yield _batch(rows)
 
@@ -291,27 +307,65 @@ def _row_group_batches(staged: pq.ParquetFile, rows: int = 256) -> Iterator[pa.R
 
 
 def _assemble_tasks(batches: Iterator[pa.RecordBatch], failpoints: str | None = None,
-                    scope: str = "") -> Iterator[pa.RecordBatch]:
+                    scope: str = "", strict: bool = False) -> Iterator[pa.RecordBatch]:
     for batch in batches:
         for path, ids in zip(batch.column("path").to_pylist(), batch.column("ids").to_pylist()):
-            for out in assemble_file(path, {w["waveform_id"]: w["checksum"] for w in ids}):
+            for out in assemble_file(path, {w["waveform_id"]: w["checksum"] for w in ids}, strict):
                 yield out
-                failpoint("reassemble.batch", failpoints, scope)
+                failpoint("assemble.batch", failpoints, scope)
 
 
-def assemble_local(spark: SparkSession, files: dict[int, str], candidates: DataFrame, scope: str = "") -> DataFrame:
+def assemble_local(spark: SparkSession, files: dict[int, str], candidates: DataFrame, scope: str = "",
+                   strict: bool = False) -> DataFrame:
     """Whole waveforms for candidates whose chunks are all in one partition's staged file, each
     file streamed by one task: no shuffle of payloads (the common case with keyed producers).
-    ``scope``: what the run's failpoints count their hits in (the run id)."""
+    ``scope``: what the run's failpoints count their hits in (the run id); ``strict``: see
+    ``assemble_file``."""
     paths = spark.createDataFrame(sorted(files.items()), "partition int, path string")
     tasks = (candidates.groupBy("partition").agg(F.collect_list(F.struct("waveform_id", "checksum")).alias("ids"))
              .join(paths, "partition").select("path", "ids"))
     failpoints = armed()  # the workers (a Spark engine's) do not have this process's environment
 
     def tasks_of_this_run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return _assemble_tasks(batches, failpoints, scope)
+        return _assemble_tasks(batches, failpoints, scope, strict)
 
     return tasks.repartition(max(1, len(files))).mapInArrow(tasks_of_this_run, OUTPUT_SCHEMA)
+
+
+def chunk_files(store: RunStore, plan: RunPlan) -> dict[int, str]:
+    """Per partition read, the run's staged chunk file."""
+    staging = store.staging_dir(plan.run_id)
+    return {r.partition: str(staging / "chunks" / f"{r.name}.parquet") for r in plan.ranges if r.size}
+
+
+#: Routes of a new candidate waveform (``route``): how its bytes are verified and written.
+DIGEST, LOCAL, SHUFFLE = "digest", "local", "shuffle"
+#: The manifest: one row per waveform the run publishes, all its output columns but the payload,
+#: ``payload_sha256`` and ``written_from``: ``staged`` (its bytes are written once, at publish,
+#: straight from the staged chunks) or ``candidate`` (from the run's candidate waveform table).
+MANIFEST_COLUMNS = [f.name for f in OUTPUT_SCHEMA.fields if f.name not in ("payload", "checksum_ok")]
+
+
+def route(candidates: DataFrame, digests: DataFrame | None) -> DataFrame:
+    """The candidates with ``route`` and ``digest_ok``. ``digest``: its chunks are all in one
+    staged file, each once, and the reader hashed them in order as it staged them (one row of
+    ``digests`` for the id, with the same checksum, chunk count and partition): verified from
+    that hash (``digest_ok``), no payload read now. ``local``: one staged file, not in order:
+    assembled and verified from that file. ``shuffle``: chunks over partitions or repeated."""
+    simple = F.col("one_partition") & (F.col("records") == F.col("distinct_chunks"))
+    if digests is None:
+        return candidates.select("*", F.when(simple, F.lit(LOCAL)).otherwise(F.lit(SHUFFLE)).alias("route"),
+                                 F.lit(None).cast("boolean").alias("digest_ok"))
+    one = (digests.groupBy("waveform_id")
+           .agg(F.count(F.lit(1)).alias("n"), F.first(F.struct("checksum", "n_chunks", "partition", "digest")).alias("d"))
+           .where("n = 1").select("waveform_id", "d"))
+    has = (simple & (F.col("d.checksum") == F.col("checksum")) & (F.col("d.n_chunks") == F.col("chunk_count"))
+           & (F.col("d.partition") == F.col("partition")))
+    has = F.coalesce(has, F.lit(False))
+    return candidates.join(one, "waveform_id", "left").select(
+        *candidates.columns,
+        F.when(has, F.lit(DIGEST)).when(simple, F.lit(LOCAL)).otherwise(F.lit(SHUFFLE)).alias("route"),
+        F.when(has, F.col("d.digest") == F.col("checksum")).alias("digest_ok"))
 
 
 def assemble(chunks: DataFrame, candidates: DataFrame, scope: str = "") -> DataFrame:
@@ -440,9 +494,9 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     """Reassemble run ``plan``'s staged chunks into the tables; return the accounting."""
     store = RunStore(settings)
     staging = store.staging_dir(plan.run_id)
-    chunk_files = sorted((staging / "chunks").glob("*.parquet"))
+    chunk_paths = sorted((staging / "chunks").glob("*.parquet"))
     dead_files = sorted((staging / "dead_letter").glob("*.parquet"))
-    staged = {p.stem for p in chunk_files}
+    staged = {p.stem for p in chunk_paths}
     missing = [r.name for r in plan.ranges if r.size and r.name not in staged]
     if missing:
         raise RuntimeError(f"run {plan.run_id}: ranges not staged yet: {', '.join(missing)}; run their consume step")
@@ -453,8 +507,8 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     shutil.rmtree(store.candidate_dir(plan.run_id), ignore_errors=True)
     timings: dict[str, float] = {}
     t = time.monotonic()
-    chunks = spark.read.parquet(*map(str, chunk_files))
-    files = {r.partition: str(staging / "chunks" / f"{r.name}.parquet") for r in plan.ranges if r.size}
+    chunks = spark.read.parquet(*map(str, chunk_paths))
+    files = chunk_files(store, plan)
     out_path = settings.output_table
     candidates = store.candidate_dir(plan.run_id)
     v0 = delta_version(out_path)
@@ -490,24 +544,39 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     if q_version is not None:  # quarantined once, quarantined for good (e.g. late chunks of an incomplete one)
         new_candidates = new_candidates.join(q_before.select("waveform_id"), "waveform_id", "left_anti")
     if v0 is not None:  # kept: counted below, then assembled (the table's ids are read once)
-        new_candidates = new_candidates.join(before, "waveform_id", "left_anti").persist()
-    # chunks all in one partition, each once: streamed per staged file; the rest: by a shuffle
-    simple = F.col("one_partition") & (F.col("records") == F.col("distinct_chunks"))
-    kinds = {r["simple"]: r["count"] for r in new_candidates.groupBy(simple.alias("simple")).count().collect()}
+        new_candidates = new_candidates.join(before, "waveform_id", "left_anti")
+    # how each new waveform is verified and written (``route``): most from the readers' digests
+    digest_files = sorted((staging / "digests").glob("*.parquet"))
+    digests = spark.read.parquet(*map(str, digest_files)) if digest_files else None
+    routed = route(new_candidates, digests).persist()
+    kinds = {(r["route"], r["digest_ok"]): r["count"] for r in routed.groupBy("route", "digest_ok").count().collect()}
     timings["classify_s"] = time.monotonic() - t
     t = time.monotonic()
     after = before
-    if kinds:  # else: no new rows, no candidate table
-        parts = []
-        if kinds.get(True):
-            parts.append(assemble_local(spark, files, new_candidates.where(simple), scope=plan.run_id))
-        if kinds.get(False):
-            parts.append(assemble(chunks, new_candidates.where(~simple), scope=plan.run_id))
+    parts = []  # waveforms not verified while they were read: assembled and verified now
+    if kinds.get((LOCAL, None)):
+        parts.append(assemble_local(spark, files, routed.where(F.col("route") == LOCAL), scope=plan.run_id))
+    if kinds.get((SHUFFLE, None)):
+        parts.append(assemble(chunks, routed.where(F.col("route") == SHUFFLE), scope=plan.run_id))
+    manifest = []
+    if parts:
         assembled = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         verified = assembled.where("checksum_ok").drop("checksum_ok").withColumn("run_id", F.lit(plan.run_id))
         write_candidate(verified, candidates / "waveforms")
+        manifest.append(read_delta(spark, candidates / "waveforms").select(
+            *MANIFEST_COLUMNS, "run_id", F.concat(F.lit("sha256:"), F.sha2("payload", 256)).alias("payload_sha256"),
+            F.lit("candidate").alias("written_from")))
+    from_digests = kinds.get((DIGEST, True), 0)
+    if from_digests:  # verified by the readers: written once, at publish, from the staged chunks
+        ids = routed.where((F.col("route") == DIGEST) & F.col("digest_ok")).select("waveform_id")
+        manifest.append(digests.join(ids, "waveform_id", "left_semi").select(
+            *MANIFEST_COLUMNS, F.lit(plan.run_id).alias("run_id"), F.col("digest").alias("payload_sha256"),
+            F.lit("staged").alias("written_from")))
+    if manifest:  # else: no new rows, no candidate tables
+        write_candidate(manifest[0] if len(manifest) == 1 else manifest[0].unionByName(manifest[1]),
+                        candidates / "manifest")
         failpoint("reassemble.after_write")
-        after = before.unionByName(read_delta(spark, candidates / "waveforms").select("waveform_id"))
+        after = before.unionByName(read_delta(spark, candidates / "manifest").select("waveform_id"))
     timings["assemble_write_s"] = time.monotonic() - t
 
     t = time.monotonic()
@@ -541,16 +610,22 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     timings["accounting_s"] = time.monotonic() - t
     classified.unpersist()
     new_candidates.unpersist()
+    routed.unpersist()
     known.unpersist()
     if conflicts is not None:
         conflicted.unpersist()
     result = summarize(plan, rows, waveforms, dead_counts, timings, other_dead)
     # what validation must find in the candidate tables (anything else: they are not this result's)
+    new = result["waveforms"].get("output_new", 0)
     result["candidates"] = {
-        "waveforms": result["waveforms"].get("output_new", 0),
+        "manifest": new,
+        "waveforms": new - from_digests,
         "quarantine": sum(w["count"] for w in waveforms if w["status"] == QUARANTINED),
         "dead_letter": sum(n for n, _ in dead_counts.values()),
     }
+    # how the new candidates were verified (the rest failed their checksum: quarantined)
+    result["verified"] = {"while_read": from_digests, "from_one_staged_file": kinds.get((LOCAL, None), 0),
+                          "by_a_shuffle": kinds.get((SHUFFLE, None), 0)}
     if plan.is_window:
         result["window_rows"] = window_rows(spark, plan, status, candidates)
     status.unpersist()
@@ -569,8 +644,8 @@ def window_rows(spark: SparkSession, plan: RunPlan, status: DataFrame, candidate
             .select("waveform_id").collect()]
     inside = window_predicate(plan.topic, plan.window_offsets(), "first_offset")
     extra = {}
-    for name in ("waveforms", "quarantine"):
-        path = candidates / name
+    for name, table in (("waveforms", "manifest"), ("quarantine", "quarantine")):
+        path = candidates / table
         extra[name] = ([r["waveform_id"] for r in read_delta(spark, path).where(f"NOT ({inside})")
                         .select("waveform_id").distinct().collect()] if delta_version(path) is not None else [])
     return {"keep": sorted(keep), "extra": extra}

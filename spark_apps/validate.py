@@ -1,10 +1,14 @@
-"""Validation gate: the run's candidate output and staged records through Great Expectations, then
-publish the candidates if (and only if) every expectation holds.
+"""Validation gate: the run's new waveforms (its manifest: every output column but the payload,
+and the payload's verified sha256) and staged records through Great Expectations, then publish
+the run if (and only if) every expectation holds.
 
 Guarantees: a run whose validation fails changes no published table and records which
 expectations failed, with counts and examples, in its ``validate`` step and in the validation
 history; the step can be retried (after the data is fixed, or a threshold relaxed) and then
-publishes. Publishing appends only keys not yet in each table, so a retry adds nothing twice.
+publishes. Publishing writes each new waveform's bytes once, into the output table (from the
+staged chunks, checked against its checksum again as it is written; or from the run's candidate
+waveform table), and appends only keys not yet in each table, in one Delta transaction per table
+and reassembly, so a retry adds nothing twice.
 Only the data path and the expectations decide the outcome: what merely describes it (the
 waveform plot, Data Docs, the history line) degrades to a line in the result's ``notes``.
 """
@@ -16,6 +20,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 import sys
 import time
 from datetime import datetime, timezone
@@ -32,7 +37,9 @@ from wavepipe.faults import failpoint
 from wavepipe.plan import RunPlan, RunStore, utc_now
 from wavepipe.report import append_validation_history, describe_safely, plot_path
 from wavepipe.spark_apps.app import load_run, output_lock
-from wavepipe.spark_apps.reassemble import OUTPUT_SCHEMA, per_partition
+from wavepipe.spark_apps.reassemble import (
+    MANIFEST_COLUMNS, OUTPUT_SCHEMA, STAGED_CHANGED, assemble_file, assemble_local, chunk_files, per_partition,
+)
 from wavepipe.spark_apps.tables import (
     TABLE_KEYS, append_new, delta_version, read_delta, replace_predicate, window_predicate,
 )
@@ -44,23 +51,19 @@ logging.getLogger("great_expectations").setLevel(logging.WARNING)
 
 #: Validation results the Data Docs index lists (newest first); older pages stay on disk.
 DATA_DOCS_INDEX_RESULTS = 200
-CANDIDATE_SCHEMA = T.StructType(OUTPUT_SCHEMA.fields[:-1] + [T.StructField("run_id", T.StringType(), False)])
 _PLOT_MAX_BYTES = 16 * 1024 * 1024
 
 
 # --- pure transformations ------------------------------------------------------------------------
 
-def output_checks(candidates: DataFrame, published: DataFrame, run_id: str) -> DataFrame:
-    """The run's candidate waveforms with the columns the output suite checks (payload dropped,
-    its sha256 kept). ``published``: (waveform_id, run_id) of the output table."""
+def output_checks(manifest: DataFrame, published: DataFrame, run_id: str) -> DataFrame:
+    """The run's new waveforms (its manifest: one row each, no payload, ``payload_sha256`` as it
+    was verified) with the columns the output suite checks. ``published``: (waveform_id, run_id)
+    of the output table; only its rows with the run's ids are looked at."""
     itemsize = F.regexp_extract("dtype", r"(\d+)$", 1).cast("long")  # numpy dtype.str: "<f4", "|u1"
-    seen = published.groupBy("waveform_id").agg(
-        F.max(F.col("run_id") != F.lit(run_id)).alias("published_by_other_run"),
-        F.lit(True).alias("in_table"))
-    hashed = candidates.select(  # the payload is hashed where it is read, never shuffled
-        *expectations.METADATA_COLUMNS,
-        F.when(F.col("payload").isNotNull(), F.concat(F.lit("sha256:"), F.sha2("payload", 256))).alias("payload_sha256"))
-    return hashed.join(seen, "waveform_id", "left").select(
+    seen = (published.join(manifest.select("waveform_id"), "waveform_id", "left_semi").groupBy("waveform_id").agg(
+        F.max(F.col("run_id") != F.lit(run_id)).alias("published_by_other_run"), F.lit(True).alias("in_table")))
+    return manifest.join(seen, "waveform_id", "left").select(
         *expectations.METADATA_COLUMNS,
         (F.col("n_samples") * itemsize * F.col("channels")).alias("expected_size_bytes"),
         F.abs(F.col("duration_s") - F.col("n_samples") / F.col("sample_rate")).alias("duration_error_s"),
@@ -195,10 +198,15 @@ def _build_docs(context, shown: list, identifiers: list) -> tuple[list[str | Non
 
 # --- I/O -------------------------------------------------------------------------------------------
 
-def _candidate_output(spark: SparkSession, candidates: Path) -> DataFrame:
-    if delta_version(candidates / "waveforms") is None:
-        return spark.createDataFrame([], CANDIDATE_SCHEMA)
-    return read_delta(spark, candidates / "waveforms")
+MANIFEST_SCHEMA = T.StructType(
+    [f for f in OUTPUT_SCHEMA.fields if f.name in MANIFEST_COLUMNS]
+    + [T.StructField(name, T.StringType(), False) for name in ("run_id", "payload_sha256", "written_from")])
+
+
+def _manifest(spark: SparkSession, candidates: Path) -> DataFrame:
+    if delta_version(candidates / "manifest") is None:
+        return spark.createDataFrame([], MANIFEST_SCHEMA)
+    return read_delta(spark, candidates / "manifest")
 
 
 def _staged_records(spark: SparkSession, store: RunStore, plan: RunPlan) -> DataFrame:
@@ -289,14 +297,31 @@ def plot_waveforms(rows: list, path: Path) -> Path:
     return path
 
 
-def plot_sample(candidates: DataFrame, settings: Settings, run_id: str, notes: list[str]) -> str | None:
-    """Plot the first few candidate waveforms Spark reaches (a limit, not a sort: no full scan).
-    The plot only describes the run: whatever fails here becomes a line in ``notes``, never an error."""
-    rows = describe_safely(notes, "fetching waveforms to plot", lambda: (
-        candidates.where(F.col("size_bytes") <= _PLOT_MAX_BYTES)
-        .select("waveform_id", "source", "dtype", "channels", "sample_rate", "payload").limit(3).collect()))
-    rows = sorted((r for r in rows or [] if r["payload"] is not None), key=lambda r: r["waveform_id"])
-    return plot_rows(rows, plot_path(settings, run_id), notes)
+def plot_sample(spark: SparkSession, manifest: DataFrame, store: RunStore, plan: RunPlan, settings: Settings,
+                notes: list[str]) -> str | None:
+    """Plot the first few waveforms the run publishes (the earliest of one partition, so their
+    bytes are near the start of its staged file). The plot only describes the run: whatever
+    fails here becomes a line in ``notes``, never an error."""
+    rows = describe_safely(notes, "fetching waveforms to plot", _waveforms_to_plot, spark, manifest, store, plan)
+    return plot_rows(sorted(rows or [], key=lambda r: r["waveform_id"]), plot_path(settings, plan.run_id), notes)
+
+
+def _waveforms_to_plot(spark: SparkSession, manifest: DataFrame, store: RunStore, plan: RunPlan) -> list[dict]:
+    picks = (manifest.where(F.col("size_bytes") <= _PLOT_MAX_BYTES).orderBy("partition", "first_offset")
+             .select("waveform_id", "source", "dtype", "channels", "sample_rate", "checksum", "partition",
+                     "written_from").limit(3).collect())
+    rows = []
+    staged = [r for r in picks if r["written_from"] == "staged"]
+    for partition in {r["partition"] for r in staged}:  # read here, from the staged file: no Spark job
+        mine = {r["waveform_id"]: r["checksum"] for r in staged if r["partition"] == partition}
+        for batch in assemble_file(chunk_files(store, plan)[partition], mine, strict=True):
+            rows += [r for r in batch.to_pylist() if r["checksum_ok"]]
+    others = [r["waveform_id"] for r in picks if r["written_from"] != "staged"]
+    if others:
+        rows += [r.asDict() for r in read_delta(spark, store.candidate_dir(plan.run_id) / "waveforms")
+                 .where(F.col("waveform_id").isin(others))
+                 .select("waveform_id", "source", "dtype", "channels", "sample_rate", "payload").collect()]
+    return rows
 
 
 def plot_rows(rows: list, path: Path, notes: list[str]) -> str | None:
@@ -308,66 +333,93 @@ def plot_rows(rows: list, path: Path, notes: list[str]) -> str | None:
     return None if done is None else str(done)
 
 
+#: The published tables, in the order a run publishes them: its waveforms first, so a run whose
+#: waveforms cannot be written (``StagedChunksChangedError``) has published nothing.
+PUBLISHED = ("waveforms", "quarantine", "dead_letter")
+
+
+def publish_source(spark: SparkSession, store: RunStore, plan: RunPlan, name: str) -> DataFrame | None:
+    """What publishing puts into the published table ``name`` (None: nothing): the run's candidate
+    table; for the waveforms also those verified while they were read, assembled now from the
+    staged chunks and checked against their checksum again as they are written (the one time their
+    bytes are written; a staged file changed since its reader hashed it fails the write)."""
+    source = store.candidate_dir(plan.run_id) / name
+    frame = read_delta(spark, source) if delta_version(source) is not None else None
+    counts = (store.load_step(plan.run_id, "reassemble") or {}).get("candidates", {})
+    if name == "waveforms" and counts.get("manifest", 0) > counts.get("waveforms", 0):
+        wanted = (read_delta(spark, store.candidate_dir(plan.run_id) / "manifest")
+                  .where(F.col("written_from") == "staged").select("waveform_id", "checksum", "partition"))
+        staged = (assemble_local(spark, chunk_files(store, plan), wanted, scope=plan.run_id, strict=True)
+                  .drop("checksum_ok").withColumn("run_id", F.lit(plan.run_id)))
+        frame = staged if frame is None else frame.unionByName(staged)
+    return frame
+
+
 def publish_run(spark: SparkSession, settings: Settings, plan: RunPlan, *, candidates_in_table: int,
                 candidates_total: int, checked_version: int | None) -> int | None:
-    """Append the run's candidate tables to the published ones (keys not there yet only); returns
-    the output table's version after."""
+    """Append the run's rows to the published tables (keys not there yet only); returns the
+    output table's version after."""
     store = RunStore(settings)
-    targets = {"quarantine": settings.quarantine_table, "dead_letter": settings.dead_letter_table,
-               "waveforms": settings.output_table}
+    targets = {"waveforms": settings.output_table, "quarantine": settings.quarantine_table,
+               "dead_letter": settings.dead_letter_table}
     if plan.is_window:
         rows = (store.load_step(plan.run_id, "reassemble") or {}).get("window_rows")
         if rows is None:
             raise CandidatesMismatchError(f"run {plan.run_id}: its reassembly recorded no window rows; "
                                           "run the reassemble step again")
-        for name, target in targets.items():
-            replace_window(spark, store.candidate_dir(plan.run_id) / name, target, name, plan, rows)
+        for name in PUBLISHED:
+            replace_window(spark, publish_source(spark, store, plan, name), targets[name], name, plan, rows)
         failpoint("publish.after_write")
         return delta_version(settings.output_table)
     # one id per table and reassembly: a publish of these candidates commits once, however often it
     # is tried (a reassembly made again publishes its own candidates)
     reassembled = store.load_step(plan.run_id, "reassemble") or {}
     attempt = hashlib.sha256(str(reassembled.get("finished_at")).encode()).hexdigest()[:12]
-    for name, target in targets.items():
-        source = store.candidate_dir(plan.run_id) / name
-        if delta_version(source) is None:
-            continue
+    for name in PUBLISHED:
         keys, partition_by = TABLE_KEYS[name]
         txn = f"wavepipe-publish-{plan.run_id}-{name}-{attempt}"
+        if name == "waveforms" and candidates_total and candidates_in_table == candidates_total:
+            continue  # an earlier attempt published them all
+        source = publish_source(spark, store, plan, name)
+        if source is None:
+            continue
         if name == "waveforms":
-            if candidates_total and candidates_in_table == candidates_total:
-                continue  # an earlier attempt published them all
-            append_new(read_delta(spark, source), target, keys, partition_by,
+            append_new(source, targets[name], keys, partition_by,
                        checked_version=checked_version if candidates_in_table == 0 else None, txn=txn)
-            failpoint("publish.after_write")
         else:
-            append_new(read_delta(spark, source), target, keys, merge_schema=True, txn=txn)
+            append_new(source, targets[name], keys, merge_schema=True, txn=txn)
+    failpoint("publish.after_write")
     return delta_version(settings.output_table)
 
 
-def replace_window(spark: SparkSession, source: Path, target: Path, name: str, plan: RunPlan,
+def replace_window(spark: SparkSession, source: DataFrame | None, target: Path, name: str, plan: RunPlan,
                    rows: dict) -> None:
-    """Replace the rows of window run ``plan``'s window in ``target`` by the candidate table
-    ``source``, in one atomic Delta commit (``replaceWhere``): readers see the old window or the
-    new one, and a retry replaces it again with the same rows. No candidates: the window's rows
-    are deleted (the window now holds none of this table's rows). ``rows``: the reassembly's
-    ``window_rows`` (rows kept although inside the window, rows replaced although outside it)."""
+    """Replace the rows of window run ``plan``'s window in ``target`` by ``source`` (what
+    ``publish_source`` gives), in one atomic Delta commit (``replaceWhere``): readers see the old
+    window or the new one, and a retry replaces it again with the same rows. No rows (None): the
+    window's rows are deleted (the window now holds none of this table's rows). ``rows``: the
+    reassembly's ``window_rows`` (rows kept although inside the window, rows replaced although
+    outside it)."""
     keys, partition_by = TABLE_KEYS[name]
     if name == "dead_letter":  # records, not waveforms: the window's offsets say it all
         where = window_predicate(plan.topic, plan.window_offsets(), "offset")
     else:
         where = replace_predicate(plan.topic, plan.window_offsets(), "first_offset", rows["keep"],
                                   rows["extra"].get(name, []))
-    has_rows = delta_version(source) is not None
     if delta_version(target) is None:
-        if has_rows:
-            append_new(read_delta(spark, source), target, keys, partition_by)
+        if source is not None:
+            append_new(source, target, keys, partition_by)
         return
-    if not has_rows:  # SQL: Delta's Python API needs a plugin over Spark Connect
+    if source is None:  # SQL: Delta's Python API needs a plugin over Spark Connect
         spark.sql(f"DELETE FROM delta.`{target}` WHERE {where}")
         return
-    (read_delta(spark, source).write.format("delta").mode("overwrite").option("replaceWhere", where)
+    (source.write.format("delta").mode("overwrite").option("replaceWhere", where)
      .option("mergeSchema", "true").save(str(target)))
+
+
+class StagedChunksChangedError(RuntimeError):
+    """A staged chunk file changed on disk after its reader hashed it: nothing of the run's
+    waveforms was published, and its staged copies were removed so a retry reads them again."""
 
 
 class CandidatesMismatchError(RuntimeError):
@@ -380,6 +432,9 @@ def check_candidates(spark: SparkSession, store: RunStore, run_id: str) -> None:
     reassembled = store.load_step(run_id, "reassemble")
     if reassembled is None or "candidates" not in reassembled:
         raise CandidatesMismatchError(f"run {run_id} has no reassembly result; run its reassemble step first")
+    if "manifest" not in reassembled["candidates"]:
+        raise CandidatesMismatchError(f"run {run_id} was reassembled by an earlier wavepipe (no manifest); "
+                                      "run its reassemble step again")
     for name, expected in reassembled["candidates"].items():
         path = store.candidate_dir(run_id) / name
         found = read_delta(spark, path).count() if delta_version(path) is not None else 0
@@ -398,14 +453,14 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
     timings: dict[str, float] = {}
     t = time.monotonic()
     now = datetime.now(timezone.utc)
-    candidates = _candidate_output(spark, store.candidate_dir(plan.run_id))
+    manifest = _manifest(spark, store.candidate_dir(plan.run_id))
     version = delta_version(settings.output_table)
     # a window run replaces the window's rows: only the rows outside it stay published beside it
     outside = (f"NOT ({window_predicate(plan.topic, plan.window_offsets(), 'first_offset')})"
                if plan.is_window else "true")
     published = (read_delta(spark, settings.output_table, version).where(outside).select("waveform_id", "run_id")
                  if version is not None else spark.createDataFrame([], "waveform_id string, run_id string"))
-    checked = output_checks(candidates, published, plan.run_id).persist()
+    checked = output_checks(manifest, published, plan.run_id).persist()
     staged = chunk_checks(_staged_records(spark, store, plan), plan).persist()
     counts = checked.agg(F.count(F.lit(1)).alias("rows"), F.sum(F.col("in_table").cast("long")).alias("in_table"),
                          F.sum("size_bytes").alias("bytes")).first()
@@ -418,7 +473,7 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
     suites, docs_index = run_suites(settings, plan.run_id, frames, now, notes)
     timings["expectations_s"] = time.monotonic() - t
     t = time.monotonic()
-    plot = plot_sample(candidates, settings, plan.run_id, notes)
+    plot = plot_sample(spark, manifest, store, plan, settings, notes)
     timings["plot_s"] = time.monotonic() - t
     checked.unpersist()
     staged.unpersist()
@@ -432,9 +487,19 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
     }
     if success:
         t = time.monotonic()
-        result["output_table_version"] = publish_run(
-            spark, settings, plan, candidates_in_table=counts["in_table"] or 0, candidates_total=counts["rows"],
-            checked_version=version)
+        try:
+            result["output_table_version"] = publish_run(
+                spark, settings, plan, candidates_in_table=counts["in_table"] or 0, candidates_total=counts["rows"],
+                checked_version=version)
+        except Exception as exc:
+            found = re.search(re.escape(STAGED_CHANGED) + r"[^\n]*", str(exc))
+            if found is None:
+                raise
+            _read_again(store, plan)
+            raise StagedChunksChangedError(
+                f"run {plan.run_id}: {found.group(0)}. None of the run's waveforms was published and no offset "
+                "moved. Its staged copies were removed: retry the run (`wavepipe run` resumes it) and it reads "
+                "its planned ranges again from Kafka; in Airflow, clear the run's tasks from consume on.") from None
         result["published"] = True
         timings["publish_s"] = time.monotonic() - t
     result["timings"] = {k: round(v, 3) for k, v in timings.items()}
@@ -446,6 +511,16 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
     log.info("run %s validation %s%s", plan.run_id, "passed; published" if success else "FAILED: ",
              ", ".join(failed))
     return result
+
+
+def _read_again(store: RunStore, plan: RunPlan) -> None:
+    """Forget the run's staged copies and every result made from them: its next attempt reads its
+    planned ranges again (Kafka holds the records; the plan is kept)."""
+    store.discard_staging(plan.run_id)
+    for r in plan.ranges:
+        store.clear_step(plan.run_id, f"consume-{r.topic}-{r.partition}")
+    for step in ("reassemble", "validate"):
+        store.clear_step(plan.run_id, step)
 
 
 def import_in_background() -> None:

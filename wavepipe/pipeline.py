@@ -1,8 +1,9 @@
 """The steps of one run, shared by the DAG's operators and the ``wavepipe`` CLI.
 
 plan -> consume (per partition) -> reassemble -> validate -> commit. Each step is safe to retry: the
-plan is frozen, staged files are overwritten, the reassembly replaces the run's candidate tables,
-validation publishes them only when every expectation holds (append-if-absent), and the commit is a
+plan is frozen, staged files are overwritten, the reassembly replaces the run's candidate tables
+(its manifest: the new waveforms but their bytes), validation publishes the run only when every
+expectation holds (writing the waveforms' bytes once, append-if-absent), and the commit is a
 compare-and-set on the group's offsets that refuses a run whose output was not validated.
 """
 
@@ -181,7 +182,7 @@ def reassemble_step(settings: Settings, run_id: str, *, validate: bool = False) 
 
 
 def validate_step(settings: Settings, run_id: str) -> dict | None:
-    """Run the expectation suites on the run's candidate output and staged chunks; publish the
+    """Run the expectation suites on the run's manifest and staged chunks; publish the
     output if all hold, else raise ``ValidationFailedError`` naming the failed expectations (the
     run stays unpublished and uncommitted; retry this step after fixing the data or the config)."""
     store, plan = _spark_step(settings, run_id)

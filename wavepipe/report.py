@@ -154,6 +154,8 @@ def build_report(plan: RunPlan, consumed: dict[int, dict], reassembled: dict | N
         "skipped": skipped_reason,
         "partitions": partitions, "totals": totals,
         "waveforms": (reassembled or {}).get("waveforms", {}),
+        # how the new waveforms were verified: hashed by their reader as it staged them, or by Spark
+        "verified": (reassembled or {}).get("verified", {}),
         "output_table_version": (validation or {}).get("output_table_version"),
         "validation": None if validation is None else {
             k: validation.get(k) for k in ("success", "suite_version", "checked_at", "suites", "rows",

@@ -191,17 +191,27 @@ def test_commit_is_refused_when_the_group_moved_or_the_run_lost_its_claim(settin
 
 
 def test_one_run_assembles_streamed_and_shuffled_waveforms_together(settings, spark):
-    """Waveforms whose chunks sit in one partition take the shuffle-free path; one spread over two
-    partitions and one with a duplicated chunk take the shuffle; all land once and bit-exact."""
+    """Every route of a new waveform in one run: in order in one partition (hashed by its reader,
+    verified from that digest, written once at publish), out of order in one partition (assembled
+    from its staged file), spread over two partitions or with a duplicated chunk (a shuffle), and
+    a damaged chunk in order (its digest differs from wp-checksum: quarantined, no payload read).
+    All land once and bit-exact."""
     ensure_topic(settings)
     local, local_sum = waveform_records("local", 4, seed=11)
     spread, spread_sum = waveform_records("spread", 4, seed=12)
     dup, dup_sum = waveform_records("dup", 3, seed=13)
-    produce_in_order(settings, [*local, spread[0], spread[1], dup[0], dup[0], dup[1], dup[2]], partition=0)
+    swapped, swapped_sum = waveform_records("swapped", 3, seed=14)
+    bad, _ = waveform_records("bad", 2, seed=15)
+    key, headers, value = bad[1]
+    produce_in_order(settings, [*local, spread[0], spread[1], dup[0], dup[0], dup[1], dup[2],
+                                swapped[1], swapped[0], swapped[2], bad[0], (key, headers, bytes(len(value)))],
+                     partition=0)
     produce_in_order(settings, [spread[2], spread[3]], partition=1)
     report = pipeline.run_once(settings)
-    assert report["balance_errors"] == [] and report["waveforms"] == {"output_new": 3}
+    assert report["balance_errors"] == [] and report["waveforms"] == {"output_new": 4, "quarantined:checksum_mismatch": 1}
+    assert report["verified"] == {"while_read": 1, "from_one_staged_file": 1, "by_a_shuffle": 2}
     rows = output_rows(spark, settings)
-    assert [(r[0], r[1]) for r in rows] == sorted([("dup", dup_sum), ("local", local_sum), ("spread", spread_sum)])
+    assert [(r[0], r[1]) for r in rows] == sorted([("dup", dup_sum), ("local", local_sum), ("spread", spread_sum),
+                                                   ("swapped", swapped_sum)])
     assert all(r[1] == r[2] for r in rows)
-    assert {int(p): part["safe_offset"] for p, part in report["partitions"].items()} == {0: 10, 1: 2}
+    assert {int(p): part["safe_offset"] for p, part in report["partitions"].items()} == {0: 15, 1: 2}

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 #: Each is a real failure of one step; ``{k}`` is a random record number.
 FAULTS = [
     "consume.record@{k}=kill",          # a reader SIGKILLed mid-range
-    "reassemble.batch=kill-app",        # the Spark engine SIGKILLed while it writes
+    "assemble.batch=kill-app",          # the Spark engine SIGKILLed while it writes the output
     "publish.after_write=kill-app",     # ... after the output is published, before that is recorded
     "commit.before_offsets=kill",       # the output is durable, the offsets not yet committed
     "commit.after_offsets=kill",        # the offsets are committed, the report is not written

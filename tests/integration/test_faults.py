@@ -81,23 +81,21 @@ def test_spark_engine_killed_mid_write_leaves_nothing_visible_then_retried(own_e
     plan = pipeline.plan_step(settings, "kill-spark")
     for p in pipeline.partitions_to_read(plan):
         pipeline.consume_step(settings, "kill-spark", p)
+    pipeline.reassemble_step(settings, "kill-spark")  # metadata only: the bytes are written at publish
     # a Python worker pauses after its second batch, then the whole engine is SIGKILLed. (The second:
     # the tail of a batch stays in the worker's socket buffer until the next one pushes it out.)
     LocalEngine(settings).up()  # warm first: the time below is the step's, not the engine's start
-    monkeypatch.setenv("WAVEPIPE_FAILPOINTS", "reassemble.batch@2=sleep:4+kill-app")
+    monkeypatch.setenv("WAVEPIPE_FAILPOINTS", "assemble.batch@2=sleep:4+kill-app")
     began = time.monotonic()
     with pytest.raises(Exception) as failed:
-        pipeline.reassemble_step(settings, "kill-spark")
+        pipeline.validate_step(settings, "kill-spark")
     monkeypatch.delenv("WAVEPIPE_FAILPOINTS")
     assert time.monotonic() - began < 120, "the step fails soon after its server died, it does not hang"
     assert LocalEngine(settings).pid() is None, failed.value
-    candidate = RunStore(settings).candidate_dir("kill-spark") / "waveforms"
-    written = list(candidate.rglob("*.parquet"))
-    assert written, "the app was killed while it wrote data files"
-    assert delta_version(candidate) is None, "but none of them is committed, so none is visible"
-    assert delta_version(settings.output_table) is None, "and nothing was published"
+    written = list(settings.output_table.rglob("*.parquet"))
+    assert written, "the engine was killed while it wrote the output's data files"
+    assert delta_version(settings.output_table) is None, "but none of them is committed, so none is visible"
 
-    pipeline.reassemble_step(settings, "kill-spark")
     pipeline.validate_step(settings, "kill-spark")
     report = pipeline.commit_step(settings, "kill-spark")
     assert_accounted(spark, settings, report)

@@ -125,6 +125,31 @@ def test_assemble_file_refuses_a_wanted_waveform_that_is_not_complete_in_the_fil
         list(assemble_file(str(path), {"a"}))
 
 
+def test_assemble_file_strict_refuses_a_changed_or_missing_waveform_and_stops_after_the_last_wanted(tmp_path):
+    """At publish, the readers' hashes are checked again as the bytes are written: a staged file
+    changed since (a zeroed chunk, a waveform gone) is an error marked STAGED_CHANGED, not a row."""
+    import pyarrow.parquet as pq
+
+    from wavepipe.spark_apps.reassemble import STAGED_CHANGED, assemble_file
+
+    a, a_sum = waveform_records("a", 2, seed=1)
+    b, b_sum = waveform_records("b", 2, seed=2)
+    rows = _rows([*a, *b])
+    path = tmp_path / "staged.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=CHUNK_SCHEMA), path, row_group_size=2)
+    # only the first row group is needed for a: the damaged second one is never read
+    damaged = [dict(r) for r in rows]
+    damaged[3]["payload"] = bytes(len(damaged[3]["payload"]))
+    pq.write_table(pa.Table.from_pylist(damaged, schema=CHUNK_SCHEMA), path, row_group_size=2)
+    (out,) = [r for batch in assemble_file(str(path), {"a": a_sum}, strict=True) for r in batch.to_pylist()]
+    assert out["waveform_id"] == "a" and out["checksum_ok"]
+    with pytest.raises(RuntimeError, match=f"{STAGED_CHANGED}: .*b no longer hash to {b_sum}"):
+        list(assemble_file(str(path), {"a": a_sum, "b": b_sum}, strict=True))
+    with pytest.raises(RuntimeError, match=f"{STAGED_CHANGED}: .*1 waveforms it held when it was read are not in it"):
+        list(assemble_file(str(path), {"a": a_sum, "gone": a_sum}, strict=True))
+    assert [r["checksum_ok"] for batch in assemble_file(str(path), {"b": b_sum}) for r in batch.to_pylist()] == [False]
+
+
 def test_a_publish_append_commits_once_per_transaction_id(spark, tmp_path):
     """Two appends of the same rows that both passed the key check (a killed client's write still
     running on the engine beside its retry): with one transaction id, one of them commits."""

@@ -74,10 +74,19 @@ def test_output_out_of_bounds_commits_nothing_until_the_threshold_is_relaxed(set
     assert report["validation"]["plot"] and (settings.reports_dir / "gate" / "waveforms.png").stat().st_size > 1000
 
 
-def test_corrupted_output_fails_validation_and_a_rerun_from_the_staged_chunks_publishes(own_engine, spark, monkeypatch):
-    """The DAG's separate steps: the candidate output is damaged after the reassembly (a bad disk,
-    a bad writer); validation catches it by re-hashing; reassembling again fixes it. On its own
-    Spark engine: the test kills it."""
+def test_a_staged_chunk_damaged_after_it_was_read_publishes_nothing_and_the_retry_reads_kafka_again(
+        own_engine, spark, monkeypatch):
+    """The DAG's separate steps: a staged chunk is damaged on disk after its reader hashed it (a bad
+    disk, a bad writer). The reassembly trusts the reader's hash, validation passes on the
+    metadata, and the one write at publish hashes the bytes again: the write fails, nothing is
+    published, and the run's staged copies are dropped, so the retry reads the range from Kafka
+    again. On its own Spark engine: the test kills it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from wavepipe.consumers.reader import staged_paths
+    from wavepipe.spark_apps.validate import StagedChunksChangedError
+
     settings = own_engine
     ensure_topic(settings, partitions=1)
     records, digests = [], {}
@@ -90,21 +99,23 @@ def test_corrupted_output_fails_validation_and_a_rerun_from_the_staged_chunks_pu
     for p in pipeline.partitions_to_read(plan):
         pipeline.consume_step(settings, "damaged", p)
     pipeline.reassemble_step(settings, "damaged")
+    assert RunStore(settings).load_step("damaged", "reassemble")["verified"]["while_read"] == 4
 
-    candidate = RunStore(settings).candidate_dir("damaged") / "waveforms"
-    rows = spark.read.format("delta").load(str(candidate)).collect()
-    damaged = [r.asDict() for r in rows]
-    damaged[0]["payload"] = bytes(len(damaged[0]["payload"]))  # zeroed on the way to disk
-    schema = spark.read.format("delta").load(str(candidate)).schema
-    spark.createDataFrame(damaged, schema).write.format("delta").mode("overwrite").save(str(candidate))
+    staged, _ = staged_paths(RunStore(settings), "damaged", plan.range_for(0))
+    table = pq.read_table(staged).to_pylist()
+    table[4]["payload"] = bytes(len(table[4]["payload"]))  # w1's second chunk, zeroed on disk
+    pq.write_table(pa.Table.from_pylist(table, schema=pq.read_schema(staged)), staged)
 
-    with pytest.raises(pipeline.ValidationFailedError, match=r"expect_column_pair_values_to_be_equal on checksum = "
-                                                             r"payload_sha256: 1 rows"):
+    with pytest.raises(StagedChunksChangedError, match=r"staged chunks changed on disk: .* w1 no longer hash to "
+                                                       r".* reads its planned ranges again from Kafka"):
         pipeline.validate_step(settings, "damaged")
     _published_nothing(settings)
-    with pytest.raises(RuntimeError, match="not validated"):
+    assert not staged.exists()
+    with pytest.raises(RuntimeError, match="partition 0 was never consumed"):
         pipeline.commit_step(settings, "damaged")
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: None}
+    for p in pipeline.partitions_to_read(plan):  # the retry: read again from Kafka
+        pipeline.consume_step(settings, "damaged", p)
 
     # a reassembly that dies half way leaves no result, and validation refuses what it left behind
     monkeypatch.setenv("WAVEPIPE_FAILPOINTS", "reassemble.after_write=kill-app")
