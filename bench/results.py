@@ -92,7 +92,8 @@ def goals(results: dict) -> list[tuple[str, bool | None, str]]:
         else:
             rest = wp["wall_s"] - gate
             out.append((name, gate <= rest / 3,
-                        f"+{gate:.1f} s on {rest:.1f} s ({gate / rest:.0%}; publishing the output included)"))
+                        f"+{gate:.1f} s on {rest:.1f} s ({gate / rest:.0%}; publishing, the run's one write of "
+                        "the output, not included)"))
     if scale > 1:
         for workload in ("large", "small"):
             one = _one(results, system="wavepipe", workload=workload, scale=1)

@@ -142,19 +142,23 @@ def wavepipe_run(settings: Settings, topic: str, ranges: Ranges, workdir: Path, 
         for key, label in (("session_start_s", "reassemble: attach to the Spark engine" if on_engine
                             else "reassemble: Spark session start"),
                            ("classify_s", "reassemble: classify (metadata only)"),
-                           ("assemble_write_s", "reassemble: assemble, verify, write the run's candidates"),
+                           ("assemble_write_s", "reassemble: verify, write the manifest (and assemble waveforms read out of order)"),
                            ("accounting_s", "reassemble: final status and accounting"),
                            ("session_stop_s", "reassemble: Spark session stop")):
             if key in inner:
                 stages[label] = inner[key]
-        for key, label in (("validate_prepare_s", "validate: checked columns (payload re-hashed)"),
+        for key, label in (("validate_prepare_s", "validate: checked columns (from the manifest, no payload)"),
                            ("validate_expectations_s", "validate: Great Expectations suites, Data Docs"),
                            ("validate_plot_s", "validate: waveform plot"),
-                           ("validate_publish_s", "validate: publish to the Delta tables")):
+                           ("validate_publish_s", PUBLISH_STAGE)):
             if key in checked:
                 stages[label] = checked[key]
     return Outcome(wall, stages, s.output_table, info={"waveforms": report["waveforms"],
                                                        "balance_errors": report["balance_errors"]})
+
+
+#: The run's one write of its waveforms' bytes (not part of the validation gate's cost).
+PUBLISH_STAGE = "publish: assemble from the staged chunks, write the output once"
 
 
 def python_consumer(settings: Settings, topic: str, ranges: Ranges, workdir: Path, parallelism: int) -> Outcome:

@@ -10,6 +10,7 @@ import pytest
 
 from wavepipe.bench.results import goals
 from wavepipe.bench.runner import BenchOptions, run_bench, save
+from wavepipe.bench.systems import PUBLISH_STAGE
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +44,7 @@ def test_quick_bench_runs_every_system_and_checks_every_output(settings, tmp_pat
     wavepipe = measured[("wavepipe", "large", 2)]
     assert wavepipe["waveforms"] == 2 * measured[("wavepipe", "large", 1)]["waveforms"]
     assert {"plan", "consume", "reassemble + validate", "commit", "validate: Great Expectations suites, Data Docs",
-            "validate: publish to the Delta tables"} <= set(wavepipe["stages"])
+            PUBLISH_STAGE} <= set(wavepipe["stages"])
     assert wavepipe["memory"]["consumer"]["processes"] >= 1
     assert wavepipe["memory"]["spark_jvm"]["max_process_rss_mb"] > 100
     assert measured[("spark_kafka_source", "small", 1)]["memory"]["spark_jvm"]["max_process_rss_mb"] > 100
