@@ -333,9 +333,10 @@ def assemble_local(spark: SparkSession, files: dict[int, str], candidates: DataF
 
 
 def chunk_files(store: RunStore, plan: RunPlan) -> dict[int, str]:
-    """Per partition read, the run's staged chunk file."""
-    staging = store.staging_dir(plan.run_id)
-    return {r.partition: str(staging / "chunks" / f"{r.name}.parquet") for r in plan.ranges if r.size}
+    """Per partition read, the run's staged chunk file (where its reader staged it)."""
+    from wavepipe.consumers.reader import staged_paths
+
+    return {r.partition: str(staged_paths(store, plan.run_id, r)[0]) for r in plan.ranges if r.size}
 
 
 #: Routes of a new candidate waveform (``route``): how its bytes are verified and written.
