@@ -60,13 +60,17 @@ def test_consume_killed_mid_range_then_retried(settings, spark):
                              "pipeline.consume_step(load_settings(), 'kill-consume', 0)",
                    failpoints="consume.record@20=kill")
     assert child.wait(120) == -signal.SIGKILL
-    chunks_dir = RunStore(settings).staging_dir("kill-consume") / "chunks"
-    assert [p.name for p in chunks_dir.iterdir() if p.suffix == ".parquet"] == [], "no half-staged file under its final name"
-    assert any(p.name.endswith(".tmp") for p in chunks_dir.iterdir()), "the reader was killed while staging"
+    staging = RunStore(settings).staging_dir("kill-consume")
+    for kind in ("chunks", "digests"):  # 5 of the 12 waveforms were complete: the digest file was open too
+        files = [p.name for p in (staging / kind).iterdir()]
+        assert [f for f in files if f.endswith(".parquet")] == [], f"no half-staged {kind} file under its final name"
+        assert any(f.endswith(".tmp") for f in files), f"the reader was killed while staging {kind}"
 
     read = pipeline.consume_step(settings, "kill-consume", 0)  # the retry
     assert read["records"] == 48
-    pipeline.reassemble_step(settings, "kill-consume", validate=True)
+    reassembled = pipeline.reassemble_step(settings, "kill-consume", validate=True)
+    # the retry's digests, not the killed reader's leftovers: every waveform verified as it was read
+    assert reassembled["verified"] == {"while_read": 12, "from_one_staged_file": 0, "by_a_shuffle": 0}
     report = pipeline.commit_step(settings, "kill-consume")
     assert_accounted(spark, settings, report)
     _assert_output(spark, settings, expected)
