@@ -559,7 +559,7 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
         parts.append(assemble_local(spark, files, routed.where(F.col("route") == LOCAL), scope=plan.run_id))
     if kinds.get((SHUFFLE, None)):
         parts.append(assemble(chunks, routed.where(F.col("route") == SHUFFLE), scope=plan.run_id))
-    manifest = []
+    manifest, written = [], []  # the manifest's rows, and their ids (not read back from it)
     if parts:
         assembled = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         verified = assembled.where("checksum_ok").drop("checksum_ok").withColumn("run_id", F.lit(plan.run_id))
@@ -567,17 +567,21 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
         manifest.append(read_delta(spark, candidates / "waveforms").select(
             *MANIFEST_COLUMNS, "run_id", F.concat(F.lit("sha256:"), F.sha2("payload", 256)).alias("payload_sha256"),
             F.lit("candidate").alias("written_from")))
+        written.append(manifest[-1].select("waveform_id"))
     from_digests = kinds.get((DIGEST, True), 0)
     if from_digests:  # verified by the readers: written once, at publish, from the staged chunks
         ids = routed.where((F.col("route") == DIGEST) & F.col("digest_ok")).select("waveform_id")
         manifest.append(digests.join(ids, "waveform_id", "left_semi").select(
             *MANIFEST_COLUMNS, F.lit(plan.run_id).alias("run_id"), F.col("digest").alias("payload_sha256"),
             F.lit("staged").alias("written_from")))
+        written.append(ids)  # one digest row each (``route``): the manifest's ids
     if manifest:  # else: no new rows, no candidate tables
         write_candidate(manifest[0] if len(manifest) == 1 else manifest[0].unionByName(manifest[1]),
                         candidates / "manifest")
         failpoint("reassemble.after_write")
-        after = before.unionByName(read_delta(spark, candidates / "manifest").select("waveform_id"))
+        after = before
+        for ids in written:
+            after = after.unionByName(ids)
     timings["assemble_write_s"] = time.monotonic() - t
 
     t = time.monotonic()
@@ -586,7 +590,20 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     if conflicts is not None:
         conflicted = conflict_status(conflicts, plan.window_offsets() if plan.is_window else None).persist()
         placed = status.unionByName(conflicted.drop("output_checksum"))
-    waveforms = placed.groupBy("status", "reason", "already_written").count().collect()
+    counted = accounting(meta, status)
+    if conflicts is not None:
+        counted = counted.unionByName(accounting(conflicts.select(*META_COLUMNS), conflicted))
+    # waveforms by final status, and records by partition and final status: one Spark job
+    by_waveform = placed.groupBy("status", "reason", "already_written").agg(F.count(F.lit(1)).alias("records"))
+    rows = (counted.withColumn("per_waveform", F.lit(False))
+            .unionByName(by_waveform.select(
+                F.lit(None).cast("int").alias("partition"), "status", "reason", "already_written", "records",
+                F.lit(None).cast("long").alias("bytes"), F.lit(None).cast("long").alias("min_offset"),
+                F.lit(True).alias("per_waveform")))
+            .collect())
+    waveforms = [{"status": r["status"], "reason": r["reason"], "already_written": r["already_written"],
+                  "count": r["records"]} for r in rows if r["per_waveform"]]
+    rows = [r for r in rows if not r["per_waveform"]]
     if any(w["status"] == QUARANTINED for w in waveforms):
         quarantine = quarantine_rows(meta, status, plan.run_id)
         if conflicts is not None:
@@ -604,10 +621,6 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
         dead_counts = _count_by_partition(dead)
         if dead_counts:
             write_candidate(dead, candidates / "dead_letter")
-    counted = accounting(meta, status)
-    if conflicts is not None:
-        counted = counted.unionByName(accounting(conflicts.select(*META_COLUMNS), conflicted))
-    rows = counted.collect()
     timings["accounting_s"] = time.monotonic() - t
     classified.unpersist()
     new_candidates.unpersist()

@@ -35,6 +35,35 @@ def delta_version(path: Path) -> int | None:
     return max(versions) if versions else None
 
 
+def delta_row_count(path: Path) -> int | None:
+    """The rows of the table's latest version, from its log's own file statistics (``numRecords``
+    of each live data file), without a Spark job; None when the log cannot say (no table, a
+    checkpoint, or a file written without statistics): then ask Spark.
+
+    The log's commits are replayed in order: a file added and later removed (an overwrite, a
+    DELETE) is not counted."""
+    import json
+
+    log_dir = Path(path) / "_delta_log"
+    if not log_dir.is_dir() or any(f.name.endswith(".checkpoint.parquet") for f in log_dir.iterdir()):
+        return None
+    commits = sorted(int(f.name[:-5]) for f in log_dir.iterdir() if f.name.endswith(".json") and f.name[:-5].isdigit())
+    if not commits or commits != list(range(len(commits))):
+        return None
+    live: dict[str, int] = {}
+    for version in commits:
+        for line in (log_dir / f"{version:020d}.json").read_text().splitlines():
+            action = json.loads(line) if line.strip() else {}
+            if "add" in action:
+                stats = json.loads(action["add"].get("stats") or "{}")
+                if "numRecords" not in stats:
+                    return None
+                live[action["add"]["path"]] = int(stats["numRecords"])
+            elif "remove" in action:
+                live.pop(action["remove"]["path"], None)
+    return sum(live.values())
+
+
 def read_delta(spark: SparkSession, path: Path, version: int | None = None) -> DataFrame:
     reader = spark.read.format("delta")
     if version is not None:

@@ -22,11 +22,14 @@ import logging
 import math
 import re
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
+import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -41,7 +44,7 @@ from wavepipe.spark_apps.reassemble import (
     MANIFEST_COLUMNS, OUTPUT_SCHEMA, STAGED_CHANGED, assemble_file, assemble_local, chunk_files, per_partition,
 )
 from wavepipe.spark_apps.tables import (
-    TABLE_KEYS, append_new, delta_version, read_delta, replace_predicate, window_predicate,
+    TABLE_KEYS, append_new, delta_row_count, delta_version, read_delta, replace_predicate, window_predicate,
 )
 
 log = logging.getLogger("wavepipe.validate")
@@ -70,6 +73,7 @@ def output_checks(manifest: DataFrame, published: DataFrame, run_id: str) -> Dat
         "payload_sha256",
         F.coalesce("published_by_other_run", F.lit(False)).alias("published_by_other_run"),
         F.coalesce("in_table", F.lit(False)).alias("in_table"),
+        "written_from",
     )
 
 
@@ -123,9 +127,10 @@ def _summarize_result(name: str, result, docs_url: str | None) -> dict:
             "failed_count": stats["unsuccessful_expectations"], "failed": failed, "data_docs": docs_url}
 
 
-def run_suites(settings: Settings, run_id: str, frames: dict[str, DataFrame], now: datetime,
+def run_suites(settings: Settings, run_id: str, frames: dict[str, DataFrame | pd.DataFrame], now: datetime,
                notes: list[str] | None = None) -> tuple[list[dict], str]:
-    """Each suite on its frame through a GX checkpoint (results stored, Data Docs updated).
+    """Each suite on its frame through a GX checkpoint (results stored, Data Docs updated): a
+    Spark DataFrame on the engine, a pandas frame (``in_client``) in this process.
     Returns the per-suite summaries and the Data Docs index URL. Data Docs only describe the
     results: when building them fails, ``notes`` gets a line and the links are left out."""
     import great_expectations as gx
@@ -135,12 +140,9 @@ def run_suites(settings: Settings, run_id: str, frames: dict[str, DataFrame], no
     context.variables.progress_bars = {"globally": False}
     notes = [] if notes is None else notes
     describe_safely(notes, "configuring Great Expectations Data Docs", _bound_docs_index, context)
-    try:
-        source = context.data_sources.get("wavepipe")
-    except (KeyError, ValueError, LookupError):
-        source = context.data_sources.add_spark(name="wavepipe")
     summaries, identifiers = [], []
     for name, expectation_list in expectations.suites(settings, now).items():
+        source = _data_source(context, in_client=isinstance(frames[name], pd.DataFrame))
         try:
             asset = source.get_asset(name)
         except LookupError:
@@ -172,6 +174,16 @@ def run_suites(settings: Settings, run_id: str, frames: dict[str, DataFrame], no
     pages = docs[0] or [None] * len(summaries)
     out = [_summarize_result(name, run_result, page) for (name, run_result, _), page in zip(summaries, pages)]
     return out, docs[1]
+
+
+def _data_source(context, *, in_client: bool):
+    """The GX data source of the run's frames: ``wavepipe`` (Spark DataFrames, validated on the
+    engine) or ``wavepipe_in_client`` (pandas frames, validated in this process)."""
+    name = "wavepipe_in_client" if in_client else "wavepipe"
+    try:
+        return context.data_sources.get(name)
+    except (KeyError, ValueError, LookupError):
+        return context.data_sources.add_pandas(name=name) if in_client else context.data_sources.add_spark(name=name)
 
 
 def _bound_docs_index(context) -> None:
@@ -209,12 +221,41 @@ def _manifest(spark: SparkSession, candidates: Path) -> DataFrame:
     return read_delta(spark, candidates / "manifest")
 
 
-def _staged_records(spark: SparkSession, store: RunStore, plan: RunPlan) -> DataFrame:
+def _staged_files(store: RunStore, plan: RunPlan) -> list[str]:
     staging = store.staging_dir(plan.run_id)
-    files = [str(f) for sub in ("chunks", "dead_letter") for f in sorted((staging / sub).glob("*.parquet"))]
+    return [str(f) for sub in ("chunks", "dead_letter") for f in sorted((staging / sub).glob("*.parquet"))]
+
+
+def _staged_records(spark: SparkSession, files: list[str]) -> DataFrame:
     if not files:
         return spark.createDataFrame([], "topic string, partition int, offset long")
     return spark.read.parquet(*files).select("topic", "partition", "offset")
+
+
+#: A checked frame of at most this many rows is collected (one Spark job) and validated in this
+#: process, by Great Expectations' pandas engine; a larger one is validated on the Spark engine
+#: (about one Spark job per expectation, each some tenths of a second even on a few rows).
+IN_CLIENT_MAX_ROWS = 250_000
+
+
+def _in_client(frame: DataFrame) -> pd.DataFrame:
+    """``frame`` collected into this process; ``start_time`` (if any) as UTC instants, whatever the
+    session's time zone (collected as microseconds since the epoch, which have none)."""
+    if "start_time" not in frame.columns:
+        return frame.toPandas()
+    collected = frame.withColumn("start_time", F.unix_micros("start_time")).toPandas()
+    collected["start_time"] = pd.to_datetime(collected["start_time"], unit="us", utc=True)
+    return collected
+
+
+def _output_counts(checked: DataFrame | pd.DataFrame) -> dict:
+    """Rows, rows already in the output table, and bytes of the run's new waveforms."""
+    if isinstance(checked, pd.DataFrame):
+        return {"rows": len(checked), "in_table": int(checked["in_table"].sum()),
+                "bytes": int(checked["size_bytes"].fillna(0).sum())}
+    row = checked.agg(F.count(F.lit(1)).alias("rows"), F.sum(F.col("in_table").cast("long")).alias("in_table"),
+                      F.sum("size_bytes").alias("bytes")).first()
+    return {"rows": row["rows"], "in_table": row["in_table"] or 0, "bytes": row["bytes"] or 0}
 
 
 #: Channels drawn per waveform, and characters of an id or a source shown in a plot's title.
@@ -297,31 +338,67 @@ def plot_waveforms(rows: list, path: Path) -> Path:
     return path
 
 
-def plot_sample(spark: SparkSession, manifest: DataFrame, store: RunStore, plan: RunPlan, settings: Settings,
-                notes: list[str]) -> str | None:
-    """Plot the first few waveforms the run publishes (the earliest of one partition, so their
-    bytes are near the start of its staged file). The plot only describes the run: whatever
-    fails here becomes a line in ``notes``, never an error."""
-    rows = describe_safely(notes, "fetching waveforms to plot", _waveforms_to_plot, spark, manifest, store, plan)
-    return plot_rows(sorted(rows or [], key=lambda r: r["waveform_id"]), plot_path(settings, plan.run_id), notes)
+def start_plot(spark: SparkSession, checked: DataFrame | pd.DataFrame, store: RunStore, plan: RunPlan,
+               settings: Settings, notes: list[str]):
+    """Begin the plot of the first few waveforms the run publishes (the earliest of one partition,
+    so their bytes are near the start of its staged file); returns a function that waits for it
+    and gives the plot's path. Reading the staged chunks and drawing go on in a thread, beside the
+    expectations and publishing; only waveforms not written from the staged chunks are read with
+    Spark, now. The plot only describes the run: whatever fails here becomes a line in ``notes``
+    (then the path is None), never an error."""
+    picks = describe_safely(notes, "choosing waveforms to plot", _plot_picks, checked) or []
+    rows = describe_safely(notes, "fetching waveforms to plot", _candidate_rows, spark, picks, store, plan) or []
+    drawn: dict = {}
+
+    def draw() -> None:
+        began = time.monotonic()
+        staged = describe_safely(notes, "fetching waveforms to plot", _staged_rows, picks, store, plan) or []
+        drawn["path"] = plot_rows(sorted(rows + staged, key=lambda r: r["waveform_id"]),
+                                  plot_path(settings, plan.run_id), notes)
+        drawn["s"] = time.monotonic() - began
+
+    thread = threading.Thread(target=draw, name=f"wavepipe-plot-{plan.run_id}", daemon=True)
+    thread.start()
+
+    def wait() -> tuple[str | None, float]:
+        thread.join()
+        return drawn.get("path"), drawn.get("s", 0.0)
+
+    return wait
 
 
-def _waveforms_to_plot(spark: SparkSession, manifest: DataFrame, store: RunStore, plan: RunPlan) -> list[dict]:
-    picks = (manifest.where(F.col("size_bytes") <= _PLOT_MAX_BYTES).orderBy("partition", "first_offset")
-             .select("waveform_id", "source", "dtype", "channels", "sample_rate", "checksum", "partition",
-                     "written_from").limit(3).collect())
+_PLOT_PICK_COLUMNS = ["waveform_id", "source", "dtype", "channels", "sample_rate", "checksum", "partition",
+                      "written_from"]
+
+
+def _plot_picks(checked: DataFrame | pd.DataFrame) -> list[dict]:
+    """Up to three of the run's new waveforms (``output_checks``'s rows), the earliest first."""
+    if isinstance(checked, pd.DataFrame):
+        small = checked[checked["size_bytes"] <= _PLOT_MAX_BYTES].sort_values(["partition", "first_offset"])
+        return small.head(3)[_PLOT_PICK_COLUMNS].to_dict("records")
+    return [r.asDict() for r in checked.where(F.col("size_bytes") <= _PLOT_MAX_BYTES)
+            .orderBy("partition", "first_offset").select(*_PLOT_PICK_COLUMNS).limit(3).collect()]
+
+
+def _staged_rows(picks: list[dict], store: RunStore, plan: RunPlan) -> list[dict]:
+    """The picked waveforms written from the staged chunks, read here with pyarrow: no Spark job."""
     rows = []
     staged = [r for r in picks if r["written_from"] == "staged"]
-    for partition in {r["partition"] for r in staged}:  # read here, from the staged file: no Spark job
-        mine = {r["waveform_id"]: r["checksum"] for r in staged if r["partition"] == partition}
+    for partition in {int(r["partition"]) for r in staged}:
+        mine = {r["waveform_id"]: r["checksum"] for r in staged if int(r["partition"]) == partition}
         for batch in assemble_file(chunk_files(store, plan)[partition], mine, strict=True):
             rows += [r for r in batch.to_pylist() if r["checksum_ok"]]
-    others = [r["waveform_id"] for r in picks if r["written_from"] != "staged"]
-    if others:
-        rows += [r.asDict() for r in read_delta(spark, store.candidate_dir(plan.run_id) / "waveforms")
-                 .where(F.col("waveform_id").isin(others))
-                 .select("waveform_id", "source", "dtype", "channels", "sample_rate", "payload").collect()]
     return rows
+
+
+def _candidate_rows(spark: SparkSession, picks: list[dict], store: RunStore, plan: RunPlan) -> list[dict]:
+    """The picked waveforms assembled by the reassembly (its candidate waveform table)."""
+    others = [r["waveform_id"] for r in picks if r["written_from"] != "staged"]
+    if not others:
+        return []
+    return [r.asDict() for r in read_delta(spark, store.candidate_dir(plan.run_id) / "waveforms")
+            .where(F.col("waveform_id").isin(others))
+            .select("waveform_id", "source", "dtype", "channels", "sample_rate", "payload").collect()]
 
 
 def plot_rows(rows: list, path: Path, notes: list[str]) -> str | None:
@@ -426,9 +503,10 @@ class CandidatesMismatchError(RuntimeError):
     """The candidate tables are not what the run's reassembly result says it wrote."""
 
 
-def check_candidates(spark: SparkSession, store: RunStore, run_id: str) -> None:
+def check_candidates(spark: SparkSession, store: RunStore, run_id: str) -> dict:
     """Refuse to validate candidates that are not the recorded reassembly's: none recorded (a
-    reassembly died before saving its result), or tables whose row counts differ from it."""
+    reassembly died before saving its result), or tables whose row counts differ from it (counted
+    from each table's Delta log where it can say, else by Spark). Returns the recorded result."""
     reassembled = store.load_step(run_id, "reassemble")
     if reassembled is None or "candidates" not in reassembled:
         raise CandidatesMismatchError(f"run {run_id} has no reassembly result; run its reassemble step first")
@@ -437,11 +515,14 @@ def check_candidates(spark: SparkSession, store: RunStore, run_id: str) -> None:
                                       "run its reassemble step again")
     for name, expected in reassembled["candidates"].items():
         path = store.candidate_dir(run_id) / name
-        found = read_delta(spark, path).count() if delta_version(path) is not None else 0
+        found = 0 if delta_version(path) is None else delta_row_count(path)
+        if found is None:  # the log's statistics cannot say: count the rows
+            found = read_delta(spark, path).count()
         if found != expected:
             raise CandidatesMismatchError(
                 f"run {run_id}: the candidate table {name} holds {found} rows, its reassembly recorded {expected}; "
                 "run the reassemble step again")
+    return reassembled
 
 
 def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan) -> dict:
@@ -449,7 +530,7 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
     saved as the run's ``validate`` step (and a line of the validation history) either way."""
     store = RunStore(settings)
     store.clear_step(plan.run_id, "validate")
-    check_candidates(spark, store, plan.run_id)
+    reassembled = check_candidates(spark, store, plan.run_id)
     timings: dict[str, float] = {}
     t = time.monotonic()
     now = datetime.now(timezone.utc)
@@ -460,48 +541,57 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
                if plan.is_window else "true")
     published = (read_delta(spark, settings.output_table, version).where(outside).select("waveform_id", "run_id")
                  if version is not None else spark.createDataFrame([], "waveform_id string, run_id string"))
-    checked = output_checks(manifest, published, plan.run_id).persist()
-    staged = chunk_checks(_staged_records(spark, store, plan), plan).persist()
-    counts = checked.agg(F.count(F.lit(1)).alias("rows"), F.sum(F.col("in_table").cast("long")).alias("in_table"),
-                         F.sum("size_bytes").alias("bytes")).first()
-    staged_rows = staged.count()
+    # small frames (a run's new waveforms, its staged records: most runs) are validated in this
+    # process after one collect each; large ones on the engine
+    checked = output_checks(manifest, published, plan.run_id)
+    checked = (_in_client(checked) if reassembled["candidates"]["manifest"] <= IN_CLIENT_MAX_ROWS
+               else checked.persist())
+    files = _staged_files(store, plan)
+    staged_rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    staged = chunk_checks(_staged_records(spark, files), plan)
+    staged = staged.toPandas() if staged_rows <= IN_CLIENT_MAX_ROWS else staged.persist()
+    counts = _output_counts(checked)
     timings["prepare_s"] = time.monotonic() - t
-    t = time.monotonic()
-    frames = {expectations.suite_name(expectations.OUTPUT_SUITE): checked,
-              expectations.suite_name(expectations.CHUNKS_SUITE): staged}
     notes: list[str] = []  # what could not be described; never a reason to fail the run
-    suites, docs_index = run_suites(settings, plan.run_id, frames, now, notes)
-    timings["expectations_s"] = time.monotonic() - t
-    t = time.monotonic()
-    plot = plot_sample(spark, manifest, store, plan, settings, notes)
-    timings["plot_s"] = time.monotonic() - t
-    checked.unpersist()
-    staged.unpersist()
-    success = all(s["success"] for s in suites)
-    result = {
-        "run_id": plan.run_id, "group": plan.group, "topic": plan.topic, "checked_at": utc_now(), "suite_version": expectations.SUITE_VERSION,
-        "success": success, "suites": suites, "data_docs_index": docs_index,
-        "rows": {"waveforms": counts["rows"], "waveform_bytes": counts["bytes"] or 0, "staged_records": staged_rows},
-        "thresholds": {k: v for k, v in settings.as_dict().items() if k.startswith("validate_")},
-        "plot": plot, "published": False, "output_table_version": version, "timings": timings,
-    }
-    if success:
+    wait_for_plot = start_plot(spark, checked, store, plan, settings, notes)
+    try:
         t = time.monotonic()
-        try:
-            result["output_table_version"] = publish_run(
-                spark, settings, plan, candidates_in_table=counts["in_table"] or 0, candidates_total=counts["rows"],
-                checked_version=version)
-        except Exception as exc:
-            found = re.search(re.escape(STAGED_CHANGED) + r"[^\n]*", str(exc))
-            if found is None:
-                raise
-            _read_again(store, plan)
-            raise StagedChunksChangedError(
-                f"run {plan.run_id}: {found.group(0)}. None of the run's waveforms was published and no offset "
-                "moved. Its staged copies were removed: retry the run (`wavepipe run` resumes it) and it reads "
-                "its planned ranges again from Kafka; in Airflow, clear the run's tasks from consume on.") from None
-        result["published"] = True
-        timings["publish_s"] = time.monotonic() - t
+        frames = {expectations.suite_name(expectations.OUTPUT_SUITE): checked,
+                  expectations.suite_name(expectations.CHUNKS_SUITE): staged}
+        suites, docs_index = run_suites(settings, plan.run_id, frames, now, notes)
+        timings["expectations_s"] = time.monotonic() - t
+        for frame in (checked, staged):
+            if not isinstance(frame, pd.DataFrame):
+                frame.unpersist()
+        success = all(s["success"] for s in suites)
+        result = {
+            "run_id": plan.run_id, "group": plan.group, "topic": plan.topic, "checked_at": utc_now(), "suite_version": expectations.SUITE_VERSION,
+            "success": success, "suites": suites, "data_docs_index": docs_index,
+            "rows": {"waveforms": counts["rows"], "waveform_bytes": counts["bytes"], "staged_records": staged_rows},
+            "thresholds": {k: v for k, v in settings.as_dict().items() if k.startswith("validate_")},
+            "plot": None, "published": False, "output_table_version": version, "timings": timings,
+        }
+        if success:
+            t = time.monotonic()
+            try:
+                result["output_table_version"] = publish_run(
+                    spark, settings, plan, candidates_in_table=counts["in_table"], candidates_total=counts["rows"],
+                    checked_version=version)
+            except Exception as exc:
+                found = re.search(re.escape(STAGED_CHANGED) + r"[^\n]*", str(exc))
+                if found is None:
+                    raise
+                wait_for_plot()  # it reads the staged files that are removed now
+                _read_again(store, plan)
+                raise StagedChunksChangedError(
+                    f"run {plan.run_id}: {found.group(0)}. None of the run's waveforms was published and no offset "
+                    "moved. Its staged copies were removed: retry the run (`wavepipe run` resumes it) and it reads "
+                    "its planned ranges again from Kafka; in Airflow, clear the run's tasks from consume on.") from None
+            result["published"] = True
+            timings["publish_s"] = time.monotonic() - t
+    finally:
+        result_plot, timings["plot_s"] = wait_for_plot()
+    result["plot"] = result_plot
     result["timings"] = {k: round(v, 3) for k, v in timings.items()}
     describe_safely(notes, "the validation history", append_validation_history, settings, result)
     result["notes"] = notes
