@@ -93,6 +93,10 @@ class Settings:
     #: the DAG that holds several partitions (``consume_tasks``). How many mapped consume tasks run
     #: together is Airflow's parallelism.
     consume_parallelism: int = 2
+    #: A plan of at most this many records (over the partitions one call reads) is read by threads
+    #: of the calling process instead: starting a reader process (``spawn`` and its imports) takes
+    #: about a second, longer than such a read. 0: always processes.
+    consume_in_process_max_records: int = 2_000
     #: In the DAG, how many mapped consume tasks a run's partitions are spread over (each task reads
     #: its partition group with ``consume_parallelism`` processes). 0: one task per partition. Set it
     #: near the number of Airflow worker slots when a topic has many more partitions than workers.
@@ -316,6 +320,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "staging_flush_bytes": (lambda v: v >= 1, "must be at least 1 byte"),
     "reader_stall_timeout_s": (lambda v: 0 < v < math.inf, "must be a positive number of seconds"),
     "consume_parallelism": (lambda v: v >= 1, "must be at least 1"),
+    "consume_in_process_max_records": (lambda v: v >= 0, "must be 0 or more records"),
     "consume_tasks": (lambda v: v >= 0, "must be 0 (one task per partition) or more"),
     "incomplete_after_offsets": (lambda v: v >= 0, "must be 0 (off) or a number of offsets"),
     "incomplete_after_s": (lambda v: 0 <= v < math.inf, "must be 0 (off) or a number of seconds"),

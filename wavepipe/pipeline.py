@@ -124,22 +124,29 @@ def consume_step(settings: Settings, run_id: str, partition: int) -> dict:
 
 
 def consume_all(settings: Settings, run_id: str, partitions: list[int]) -> list[dict]:
-    """The consume step of each partition, ``settings.consume_parallelism`` processes at a time.
+    """The consume step of each partition, ``settings.consume_parallelism`` at a time.
 
     Each partition is read in a process of its own (the reader is CPU-bound in Python), started
     with ``spawn`` so no Kafka client threads of this process are forked (so, as with any
-    ``spawn``, a script calling this needs an ``if __name__ == "__main__":`` guard). One failed
+    ``spawn``, a script calling this needs an ``if __name__ == "__main__":`` guard); a small plan
+    (``consume_in_process_max_records``) is read by threads of this process instead. One failed
     partition fails the call after the others finish; their staged files stay valid for the retry.
     """
     workers = max(1, min(settings.consume_parallelism, len(partitions)))
     if workers == 1:
         return [consume_step(settings, run_id, p) for p in partitions]
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
-    level = logging.getLogger().getEffectiveLevel()
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_worker_logging, initargs=(level,)) as pool:
+    planned = {r.partition: r.size for r in _require_plan(RunStore(settings), safe_run_id(run_id)).ranges}
+    small = sum(planned.get(p, 0) for p in partitions) <= settings.consume_in_process_max_records
+    if settings.consume_in_process_max_records and small:
+        pool = ThreadPoolExecutor(workers, thread_name_prefix=f"wavepipe-reader-{run_id}")
+    else:
+        level = logging.getLogger().getEffectiveLevel()
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_worker_logging, initargs=(level,))
+    with pool:
         futures = [pool.submit(consume_step, settings, run_id, p) for p in partitions]
         results, errors = [], []
         for partition, future in zip(partitions, futures):
