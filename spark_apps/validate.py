@@ -172,7 +172,9 @@ def run_suites(settings: Settings, run_id: str, frames: dict[str, DataFrame | pd
     docs = describe_safely(notes, "Great Expectations Data Docs", _build_docs, context,
                            [identifier for _, _, identifier in summaries], identifiers) or ([], "")
     pages = docs[0] or [None] * len(summaries)
-    out = [_summarize_result(name, run_result, page) for (name, run_result, _), page in zip(summaries, pages)]
+    out = [{**_summarize_result(name, run_result, page),
+            "validated_in": "client" if isinstance(frames[name], pd.DataFrame) else "spark"}
+           for (name, run_result, _), page in zip(summaries, pages)]
     return out, docs[1]
 
 

@@ -26,7 +26,14 @@ def _published_nothing(settings) -> None:
         assert delta_version(table) is None, f"{table.name} was published"
 
 
-def test_output_out_of_bounds_commits_nothing_until_the_threshold_is_relaxed(settings, spark):
+@pytest.mark.parametrize("validated", ["in_client", "on_spark"])
+def test_output_out_of_bounds_commits_nothing_until_the_threshold_is_relaxed(settings, spark, validated, monkeypatch):
+    # the run's frames are small: GX validates them in this process; "on_spark": as a large run's,
+    # on the Spark engine (the failing run only; the retry is the same for both)
+    from wavepipe.spark_apps import validate
+
+    if validated == "on_spark":
+        monkeypatch.setattr(validate, "IN_CLIENT_MAX_ROWS", 0)
     # audio is 16 kHz, seismic 100 Hz, ECG 500 Hz: a 1 kHz ceiling fails the audio waveforms
     settings = settings.replace(dead_letter_topic=f"{settings.topic}-dlq", validate_sample_rate_max=1000.0)
     ensure_topic(settings, partitions=1)
@@ -49,6 +56,11 @@ def test_output_out_of_bounds_commits_nothing_until_the_threshold_is_relaxed(set
     with pytest.raises(RuntimeError, match="not validated"):
         pipeline.commit_step(settings, "gate")  # the commit refuses on its own, too
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: None}
+    suites = {s["suite"]: s for s in report["validation"]["suites"]}
+    assert suites["wavepipe_output.v1"]["failed_count"] == 1 and suites["wavepipe_staged_chunks.v1"]["success"]
+    assert {s["validated_in"] for s in suites.values()} == {"client" if validated == "in_client" else "spark"}
+    if validated == "on_spark":
+        return
 
     relaxed = settings.replace(validate_sample_rate_max=20_000.0)
     report = pipeline.run_once(relaxed)  # resumes the failed run
