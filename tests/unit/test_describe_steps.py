@@ -117,3 +117,18 @@ def test_a_failing_page_or_trend_becomes_a_note_with_a_plain_page(tmp_path, monk
                      "the run's page failed: no space left on device"]
     assert "the run&#x27;s page failed" in page.read_text()
     assert "Error" not in " ".join(notes)
+
+
+def test_the_plot_picks_the_earliest_small_waveforms_of_a_frame_collected_in_the_client():
+    import pandas as pd
+
+    checked = pd.DataFrame({
+        "waveform_id": ["late", "big", "first", "second", "other-partition"],
+        "source": "s", "dtype": "<f4", "channels": 1, "sample_rate": 1.0, "checksum": "sha256:x",
+        "written_from": "staged",
+        "partition": [0, 0, 0, 0, 1], "first_offset": [90, 1, 5, 7, 0],
+        "size_bytes": [10, validate._PLOT_MAX_BYTES + 1, 10, 10, 10],
+        "in_table": [False, True, False, False, False],
+    })
+    assert [p["waveform_id"] for p in validate._plot_picks(checked)] == ["first", "second", "late"]
+    assert validate._output_counts(checked) == {"rows": 5, "in_table": 1, "bytes": validate._PLOT_MAX_BYTES + 41}
