@@ -190,7 +190,7 @@ def warm_small_runs(settings: Settings, options: "BenchOptions", stamp: str, wor
             before = after
             m = _measure(settings, "wavepipe", WARM_SMALL, WARM_SMALL, 1, topic, ranges, manifest, workdir,
                          broker_pid, options, keep_workdir=True,
-                         run=functools.partial(wavepipe_run, group=group))
+                         run=functools.partial(wavepipe_run, group=group, small_reads_in_process=True))
             m.info["repeat"] = i + 1
             out.append(m)
     finally:

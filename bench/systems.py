@@ -101,16 +101,20 @@ def ceiling_kcat(settings: Settings, topic: str, ranges: Ranges, workdir: Path, 
 
 
 def wavepipe_run(settings: Settings, topic: str, ranges: Ranges, workdir: Path, parallelism: int,
-                 group: str | None = None) -> Outcome:
+                 group: str | None = None, small_reads_in_process: bool = False) -> Outcome:
     """wavepipe end to end, the steps ``wavepipe run`` takes: plan, consume, reassemble with validation and
     publishing in the same Spark app, commit. ``group``: continue that group (default: a new group per
-    call, reading the ranges from the start)."""
+    call, reading the ranges from the start). Readers are processes (the monitor's ``consumer`` role),
+    also for the quick bench's small backlogs; ``small_reads_in_process``: as ``wavepipe run`` reads
+    a small plan by default, in threads of its own process (``consume_in_process_max_records``)."""
     from wavepipe.pipeline import commit_step, consume_all, partitions_to_read, plan_step, reassemble_step
     from wavepipe.plan import new_run_id
 
     group = group or f"bench-{uuid.uuid4().hex[:10]}"
     s = settings.replace(home=workdir / "home", topic=topic, group=group, max_records_per_partition=0,
-                         max_bytes_per_partition=0, consume_parallelism=parallelism)
+                         max_bytes_per_partition=0, consume_parallelism=parallelism,
+                         consume_in_process_max_records=settings.consume_in_process_max_records
+                         if small_reads_in_process else 0)
     if s.spark_engine == "connect" and not s.spark_remote:  # the bench home's engine, warm, not one per workdir
         from wavepipe.engine import LocalEngine
 

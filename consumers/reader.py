@@ -191,7 +191,7 @@ def _stage(msg, rng: OffsetRange, stats: ReadStats, chunks: StagedFile, dead: St
         dead.add(dead_letter_row(rng.topic, rng.partition, offset, timestamp_ms, msg.key(), headers,
                                  value, reason, detail), len(value or b""))
         stats.dead_letters += 1
-        failpoint("consume.record")
+        failpoint("consume.record", scope=rng.name)  # hits counted per reader
         return
     chunks.add(chunk_row(rng.topic, rng.partition, offset, timestamp_ms, chunk), len(chunk.payload))
     whole = hashing.add(chunk, offset)
@@ -201,4 +201,4 @@ def _stage(msg, rng: OffsetRange, stats: ReadStats, chunks: StagedFile, dead: St
         stats.max_timestamp_ms = max(timestamp_ms, stats.max_timestamp_ms or timestamp_ms)
     stats.chunks += 1
     stats.payload_bytes += len(chunk.payload)
-    failpoint("consume.record")
+    failpoint("consume.record", scope=rng.name)  # hits counted per reader

@@ -24,7 +24,7 @@ import re
 import sys
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import numpy as np
@@ -240,13 +240,20 @@ def _staged_records(spark: SparkSession, files: list[str]) -> DataFrame:
 IN_CLIENT_MAX_ROWS = 250_000
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
 def _in_client(frame: DataFrame) -> pd.DataFrame:
     """``frame`` collected into this process; ``start_time`` (if any) as UTC instants, whatever the
-    session's time zone (collected as microseconds since the epoch, which have none)."""
+    session's time zone (collected as microseconds since the epoch, which have none). They stay
+    Python datetimes: pandas' nanosecond timestamps end in 1677 and 2262, Spark's in years 1 and
+    9999, and a producer may send any start time in between (the suite says if it is plausible)."""
     if "start_time" not in frame.columns:
         return frame.toPandas()
     collected = frame.withColumn("start_time", F.unix_micros("start_time")).toPandas()
-    collected["start_time"] = pd.to_datetime(collected["start_time"], unit="us", utc=True)
+    collected["start_time"] = pd.Series(
+        [None if pd.isna(us) else _EPOCH + timedelta(microseconds=int(us)) for us in collected["start_time"]],
+        index=collected.index, dtype=object)
     return collected
 
 
