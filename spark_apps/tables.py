@@ -38,7 +38,7 @@ def delta_version(path: Path) -> int | None:
 def delta_row_count(path: Path) -> int | None:
     """The rows of the table's latest version, from its log's own file statistics (``numRecords``
     of each live data file), without a Spark job; None when the log cannot say (no table, a
-    checkpoint, or a file written without statistics): then ask Spark.
+    checkpoint, a file written without statistics or with deleted rows): then ask Spark.
 
     The log's commits are replayed in order: a file added and later removed (an overwrite, a
     DELETE) is not counted."""
@@ -56,8 +56,8 @@ def delta_row_count(path: Path) -> int | None:
             action = json.loads(line) if line.strip() else {}
             if "add" in action:
                 stats = json.loads(action["add"].get("stats") or "{}")
-                if "numRecords" not in stats:
-                    return None
+                if "numRecords" not in stats or action["add"].get("deletionVector"):
+                    return None  # no count, or some of the file's rows deleted
                 live[action["add"]["path"]] = int(stats["numRecords"])
             elif "remove" in action:
                 live.pop(action["remove"]["path"], None)

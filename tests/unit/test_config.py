@@ -45,6 +45,7 @@ def test_unknown_setting_and_bad_values_are_clear_errors(monkeypatch):
     ("partitions", "two", "an integer"),
     ("partitions", "1.5", "an integer"),
     ("consume_parallelism", "0", "at least 1"),
+    ("consume_in_process_max_records", "-1", "0 or more records"),
     ("reader_stall_timeout_s", "nan", "positive number of seconds"),
     ("validate_mostly", "1.5", "fraction"),
     ("max_waveform_bytes", str(2**31), "1 to 1073741824"),

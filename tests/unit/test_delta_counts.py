@@ -34,6 +34,9 @@ def test_the_log_says_nothing_when_it_cannot_be_sure(tmp_path):
     _commit(checkpointed, 0, _add("a.parquet", 1))
     (checkpointed / "_delta_log" / f"{10:020d}.checkpoint.parquet").write_bytes(b"")
     assert delta_row_count(checkpointed) is None
+    deleted = tmp_path / "deleted"  # a deletion vector: fewer rows than the file's numRecords
+    _commit(deleted, 0, {"add": {**_add("a.parquet", 5)["add"], "deletionVector": {"cardinality": 2}}})
+    assert delta_row_count(deleted) is None
     gap = tmp_path / "gap"  # commits cleaned up by log retention: the replay would be partial
     _commit(gap, 3, _add("a.parquet", 1))
     assert delta_row_count(gap) is None
