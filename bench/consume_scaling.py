@@ -85,7 +85,8 @@ def _consume_once(settings: Settings, workdir: Path, topic: str, readers: int, e
 
     home = workdir / f"{topic}-{readers}r"
     s = settings.replace(home=home, topic=topic, group=f"bench-{uuid.uuid4().hex[:10]}",
-                         max_records_per_partition=0, max_bytes_per_partition=0, consume_parallelism=readers)
+                         max_records_per_partition=0, max_bytes_per_partition=0, consume_parallelism=readers,
+                         consume_in_process_max_records=0)  # reader processes, whatever the backlog's size
     plan = plan_step(s, new_run_id(), topic=topic, group=s.group, new_group_start="earliest")
     began = time.monotonic()
     results = consume_all(s, plan.run_id, partitions_to_read(plan))

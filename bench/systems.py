@@ -155,6 +155,8 @@ def wavepipe_run(settings: Settings, topic: str, ranges: Ranges, workdir: Path, 
                 stages[label] = inner[key]
         for key, label in (("validate_prepare_s", "validate: checked columns (from the manifest, no payload)"),
                            ("validate_expectations_s", "validate: Great Expectations suites, Data Docs"),
+                           ("validate_plot_start_s", "validate: waveform plot, choosing (and reading any not from the staged chunks)"),
+                           ("validate_plot_wait_s", "validate: waveform plot, waiting for its drawing after publishing"),
                            ("validate_plot_s", "beside validate: waveform plot (drawn while the suites run and publishing writes)"),
                            ("validate_publish_s", PUBLISH_STAGE)):
             if key in checked:

@@ -24,6 +24,7 @@ import re
 import sys
 import threading
 import time
+import warnings
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -48,6 +49,10 @@ from wavepipe.spark_apps.tables import (
 )
 
 log = logging.getLogger("wavepipe.validate")
+# matplotlib's warnings about a hostile waveform (e.g. identical axis limits of a one-sample one)
+# say nothing the plot does not show. Filtered here once, not with warnings.catch_warnings(): the
+# plot is drawn in a thread, and catch_warnings swaps the filters of the whole process.
+warnings.filterwarnings("ignore", module=r"matplotlib(\.|$)")
 # Great Expectations logs some 200 INFO lines about its own API docs when it is imported: in a
 # run's process (attached to the engine), that would be most of the run's output and task log
 logging.getLogger("great_expectations").setLevel(logging.WARNING)
@@ -88,6 +93,8 @@ def chunk_checks(staged: DataFrame, plan: RunPlan) -> DataFrame:
 # --- Great Expectations ----------------------------------------------------------------------------
 
 def _jsonable(value):
+    if isinstance(value, np.generic):  # from a frame validated in the client (pandas)
+        value = value.item()
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     if isinstance(value, (list, tuple)):
@@ -312,16 +319,13 @@ def plot_waveforms(rows: list, path: Path) -> Path:
     """A small PNG of a few reassembled waveforms (decimated to about 2000 points each, up to
     ``PLOT_CHANNELS`` channels). Any waveform the protocol allows can be drawn: non-finite samples
     are left out, extreme magnitudes and times are drawn in powers of ten, long ids are cut."""
-    import warnings
-
     from matplotlib.figure import Figure
 
     from wavepipe.protocol import rebuild
 
     fig = Figure(figsize=(8, 1.9 * len(rows)))
     axes = fig.subplots(len(rows), 1, squeeze=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # e.g. identical axis limits of a one-sample waveform
+    with np.errstate(all="ignore"):
         for ax, row in zip(axes[:, 0], rows):
             raw = rebuild(bytes(row["payload"]), row["dtype"], row["channels"])
             step = max(1, len(raw) // 2000)
@@ -525,8 +529,8 @@ def check_candidates(spark: SparkSession, store: RunStore, run_id: str) -> dict:
     for name, expected in reassembled["candidates"].items():
         path = store.candidate_dir(run_id) / name
         found = 0 if delta_version(path) is None else delta_row_count(path)
-        if found is None:  # the log's statistics cannot say: count the rows
-            found = read_delta(spark, path).count()
+        if found is None or (found != expected and delta_version(path) is not None):
+            found = read_delta(spark, path).count()  # the log cannot say, or says otherwise: Spark counts
         if found != expected:
             raise CandidatesMismatchError(
                 f"run {run_id}: the candidate table {name} holds {found} rows, its reassembly recorded {expected}; "
@@ -562,7 +566,9 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
     counts = _output_counts(checked)
     timings["prepare_s"] = time.monotonic() - t
     notes: list[str] = []  # what could not be described; never a reason to fail the run
+    t = time.monotonic()
     wait_for_plot = start_plot(spark, checked, store, plan, settings, notes)
+    timings["plot_start_s"] = time.monotonic() - t
     try:
         t = time.monotonic()
         frames = {expectations.suite_name(expectations.OUTPUT_SUITE): checked,
@@ -599,7 +605,9 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
             result["published"] = True
             timings["publish_s"] = time.monotonic() - t
     finally:
+        t = time.monotonic()
         result_plot, timings["plot_s"] = wait_for_plot()
+        timings["plot_wait_s"] = time.monotonic() - t
     result["plot"] = result_plot
     result["timings"] = {k: round(v, 3) for k, v in timings.items()}
     describe_safely(notes, "the validation history", append_validation_history, settings, result)
