@@ -37,15 +37,15 @@ def delta_version(path: Path) -> int | None:
 
 def delta_row_count(path: Path) -> int | None:
     """The rows of the table's latest version, from its log's own file statistics (``numRecords``
-    of each live data file), without a Spark job; None when the log cannot say (no table, a
-    checkpoint, a file written without statistics or with deleted rows): then ask Spark.
+    of each live data file), without a Spark job; None when the log cannot say (no table, commits
+    already cleaned up, a file written without statistics or with deleted rows): then ask Spark.
 
-    The log's commits are replayed in order: a file added and later removed (an overwrite, a
-    DELETE) is not counted."""
+    Every commit from version 0 is replayed in order (checkpoints are not needed then): a file
+    added and later removed (an overwrite, a DELETE) is not counted."""
     import json
 
     log_dir = Path(path) / "_delta_log"
-    if not log_dir.is_dir() or any(f.name.endswith(".checkpoint.parquet") for f in log_dir.iterdir()):
+    if not log_dir.is_dir():
         return None
     commits = sorted(int(f.name[:-5]) for f in log_dir.iterdir() if f.name.endswith(".json") and f.name[:-5].isdigit())
     if not commits or commits != list(range(len(commits))):

@@ -250,6 +250,12 @@ IN_CLIENT_MAX_ROWS = 250_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
+def _for_validation(frame: DataFrame, rows: int) -> DataFrame | pd.DataFrame:
+    """``frame`` of ``rows`` rows as the suites get it: collected into this process when it has
+    at most ``IN_CLIENT_MAX_ROWS`` (``_in_client``), else persisted on the engine."""
+    return _in_client(frame) if rows <= IN_CLIENT_MAX_ROWS else frame.persist()
+
+
 def _in_client(frame: DataFrame) -> pd.DataFrame:
     """``frame`` collected into this process; ``start_time`` (if any) as UTC instants, whatever the
     session's time zone (collected as microseconds since the epoch, which have none). They stay
@@ -528,9 +534,11 @@ def check_candidates(spark: SparkSession, store: RunStore, run_id: str) -> dict:
                                       "run its reassemble step again")
     for name, expected in reassembled["candidates"].items():
         path = store.candidate_dir(run_id) / name
-        found = 0 if delta_version(path) is None else delta_row_count(path)
-        if found is None or (found != expected and delta_version(path) is not None):
-            found = read_delta(spark, path).count()  # the log cannot say, or says otherwise: Spark counts
+        found = 0
+        if delta_version(path) is not None:
+            found = delta_row_count(path)
+            if found != expected:  # the log cannot say (None), or says otherwise: Spark has the last word
+                found = read_delta(spark, path).count()
         if found != expected:
             raise CandidatesMismatchError(
                 f"run {run_id}: the candidate table {name} holds {found} rows, its reassembly recorded {expected}; "
@@ -556,13 +564,10 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
                  if version is not None else spark.createDataFrame([], "waveform_id string, run_id string"))
     # small frames (a run's new waveforms, its staged records: most runs) are validated in this
     # process after one collect each; large ones on the engine
-    checked = output_checks(manifest, published, plan.run_id)
-    checked = (_in_client(checked) if reassembled["candidates"]["manifest"] <= IN_CLIENT_MAX_ROWS
-               else checked.persist())
+    checked = _for_validation(output_checks(manifest, published, plan.run_id), reassembled["candidates"]["manifest"])
     files = _staged_files(store, plan)
     staged_rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
-    staged = chunk_checks(_staged_records(spark, files), plan)
-    staged = staged.toPandas() if staged_rows <= IN_CLIENT_MAX_ROWS else staged.persist()
+    staged = _for_validation(chunk_checks(_staged_records(spark, files), plan), staged_rows)
     counts = _output_counts(checked)
     timings["prepare_s"] = time.monotonic() - t
     notes: list[str] = []  # what could not be described; never a reason to fail the run
