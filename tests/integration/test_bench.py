@@ -46,6 +46,8 @@ def test_quick_bench_runs_every_system_and_checks_every_output(settings, tmp_pat
     assert {"plan", "consume", "reassemble + validate", "commit", "validate: Great Expectations suites, Data Docs",
             PUBLISH_STAGE} <= set(wavepipe["stages"])
     assert wavepipe["memory"]["consumer"]["processes"] >= 1
+    # the warm small runs read as `wavepipe run` does a small plan: in threads, no reader process
+    assert all("consumer" not in m["memory"] for m in warm), [m["memory"].keys() for m in warm]
     assert wavepipe["memory"]["spark_jvm"]["max_process_rss_mb"] > 100
     assert measured[("spark_kafka_source", "small", 1)]["memory"]["spark_jvm"]["max_process_rss_mb"] > 100
 

@@ -77,6 +77,27 @@ def test_consume_killed_mid_range_then_retried(settings, spark):
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 48}
 
 
+def test_a_run_whose_reader_threads_are_killed_mid_range_resumes_exactly_once(settings, spark):
+    """A small plan is read by threads of the run's process (``consume_in_process_max_records``):
+    a reader's kill takes the whole run; the plain retry resumes the same plan and ends exactly once."""
+    ensure_topic(settings, partitions=2)
+    expected = _produce(settings, 8, partitions=(0, 1))
+    code, out = run_cli(settings, "run", "--run-id", "threads", "--new-group-start", "earliest",
+                        failpoints="consume.record@10=kill")  # each partition's 10th record: mid-range
+    assert code == -signal.SIGKILL, out  # a reader process's kill would fail the run with exit 1 instead
+    staging = RunStore(settings).staging_dir("threads") / "chunks"
+    assert any(p.name.endswith(".tmp") for p in staging.iterdir()), "killed while a reader thread staged"
+    assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: None, 1: None}
+
+    code, out = run_cli(settings, "run")  # resumes run "threads": its plan, read again
+    assert code == 0, out
+    report = _report(settings, "threads")
+    assert report["totals"]["output"] == 32
+    assert_accounted(spark, settings, report)
+    _assert_output(spark, settings, expected)
+    assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: 16, 1: 16}
+
+
 def test_spark_engine_killed_mid_write_leaves_nothing_visible_then_retried(own_engine, spark, monkeypatch):
     settings = own_engine  # the test kills this engine, not the one other tests share
     ensure_topic(settings)
