@@ -212,6 +212,11 @@ def _warm_section(results: dict) -> list[str]:
     else:
         lines += ["The engine's cold start was not measured (runs used a remote engine, spark-submit, or the "
                   "engine was busy).", ""]
+    warmup = results.get("engine_warmup") or []
+    if warmup:
+        walls = ", ".join("failed" if w["error"] else f"{w['wall_s']:.1f} s" for w in warmup)
+        lines += [f"Then, before any measurement, {len(warmup)} throw-away small run(s) like those below warmed "
+                  f"the engine up (its JIT, its caches), as a long-lived engine is: {walls}.", ""]
     if runs:
         stages = [k for k in runs[0]["stages"] if ":" not in k]
         lines += ["Ten 1 MiB waveforms (64 KiB chunks) produced, then one run timed from plan to commit, "

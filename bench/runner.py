@@ -40,6 +40,9 @@ class BenchOptions:
     keep: bool = False
     quick: bool = False
     warm_runs: int = 5
+    #: throw-away small runs right after the engine's cold start, before anything is measured:
+    #: a long-lived engine is past its JIT's warm-up, and the first workload should not pay it
+    warmup_runs: int = 3
     command: str = "wavepipe bench"
 
     @classmethod
@@ -47,7 +50,8 @@ class BenchOptions:
         """Small sizes for a smoke test: every system once, the scaling pass for wavepipe, the
         read ceiling and the hand-written consumer (what the scaling goals compare), two warm runs."""
         return cls(**{"large_bytes": 8 * MiB, "small_bytes": 2 * MiB, "scale": 2,
-                      "scale_systems": ("ceiling_confluent", "wavepipe", "python_consumer"), "warm_runs": 2, "quick": True,
+                      "scale_systems": ("ceiling_confluent", "wavepipe", "python_consumer"), "warm_runs": 2,
+                      "warmup_runs": 1, "quick": True,
                       **changes})
 
 
@@ -86,6 +90,12 @@ def run_bench(settings: Settings, options: BenchOptions) -> dict:
         resolve_spark_kafka_jars(settings)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     work = settings.home / "bench" / stamp
+    warmup = []
+    if "wavepipe" in systems and options.warmup_runs:
+        log.info("warming the engine up: %d throw-away small run(s), not measured", options.warmup_runs)
+        warmup = [{"repeat": m.info.get("repeat"), "wall_s": m.wall_s, "check": m.check, "error": m.error}
+                  for m in warm_small_runs(settings, options, stamp, work / "warmup", broker.pid(),
+                                           runs=options.warmup_runs, name="warmup")]
     pool = SignalPool()
     measurements: list[Measurement] = []
     began = time.monotonic()
@@ -124,6 +134,7 @@ def run_bench(settings: Settings, options: BenchOptions) -> dict:
         "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(options).items()},
         "skipped": skipped,
         "engine_start": engine_start,
+        "engine_warmup": warmup,
         "measurements": [asdict(m) for m in measurements],
     }
 
@@ -166,23 +177,24 @@ def measure_engine_start(settings: Settings) -> dict | None:
 
 
 def warm_small_runs(settings: Settings, options: "BenchOptions", stamp: str, workdir: Path,
-                    broker_pid: int | None) -> list[Measurement]:
+                    broker_pid: int | None, runs: int | None = None, name: str = "warm") -> list[Measurement]:
     """A small run with the engine warm, as a user who triggers a run for fresh data sees it:
-    ten 1 MiB waveforms produced, then one run timed from plan to commit; ``options.warm_runs``
-    times in one home and group (the first run creates the tables and the Great Expectations
-    project; the later ones are the steady state)."""
+    ten 1 MiB waveforms produced, then one run timed from plan to commit; ``runs`` (default
+    ``options.warm_runs``) times in one home and group (the first run creates the tables and the
+    Great Expectations project; the later ones are the steady state). ``name`` keeps the topic and
+    group of the engine's warm-up apart from the measured runs'."""
     from wavepipe.consumers.kafka_admin import ensure_topic
     from wavepipe.bench.systems import wavepipe_run
 
-    topic = f"bench-{WARM_SMALL.name}-{stamp}"
-    group = f"bench-warm-{stamp}"
+    topic = f"bench-{WARM_SMALL.name}-{name}-{stamp}"
+    group = f"bench-{name}-{stamp}"
     ensure_topic(settings, topic, options.partitions)
     pool = SignalPool()
     out: list[Measurement] = []
     try:
         before = _ranges(settings, topic, options.partitions)
         manifest: dict[str, str] = {}
-        for i in range(options.warm_runs):
+        for i in range(options.warm_runs if runs is None else runs):
             manifest.update(produce_backlog(settings, topic, WARM_SMALL, first_index=i * WARM_SMALL.waveforms,
                                             count=WARM_SMALL.waveforms, pool=pool))
             after = _ranges(settings, topic, options.partitions)
