@@ -190,7 +190,6 @@ ARROW_OUTPUT_SCHEMA = to_arrow_schema(OUTPUT_SCHEMA, timezone="UTC")
 #: A waveform is one binary cell of one row: Spark and Arrow cap those near 2 GiB; keep margin.
 MAX_WAVEFORM_BYTES_LIMIT = 1024 * 1024 * 1024
 _FACTS = ("waveform_id", "source", "dtype", "channels", "sample_rate", "start_ns", "checksum", "topic")
-_BATCH_BYTES = 32 * 1024 * 1024  # payload bytes per Arrow batch handed back to Spark
 
 
 def output_row(facts: dict, payload: bytes, n_chunks: int, partition: int, first_offset: int,
@@ -242,12 +241,14 @@ def assemble_arrow(table: pa.Table, failpoints: str | None = None, scope: str = 
 STAGED_CHANGED = "wavepipe: staged chunks changed on disk"
 
 
-def assemble_file(path: str, wanted: dict[str, str | None] | set[str], strict: bool = False) -> Iterator[pa.RecordBatch]:
+def assemble_file(path: str, wanted: dict[str, str | None] | set[str], strict: bool = False,
+                  batch_bytes: int = 32 * 1024 * 1024) -> Iterator[pa.RecordBatch]:
     """Whole waveforms from one staged file, streamed: the ``wanted`` ids (id -> ``wp-checksum``,
     or a set: any checksum) must have every chunk carrying that checksum, once, in this file (one
     Kafka partition); chunks of the same id with another checksum (another content under a reused
     id) are not used. Holds only the waveforms whose chunks are still arriving (with keyed
-    producers, one or two) and one batch of output; stops reading once every wanted one is out.
+    producers, one or two) and one batch of output (``batch_bytes`` of payload, or one waveform);
+    stops reading once every wanted one is out.
 
     ``strict`` (waveforms the reader verified as it staged them): a waveform that no longer hashes
     to its checksum, or is not in the file, raises an error marked ``STAGED_CHANGED`` (the file
@@ -287,7 +288,7 @@ def assemble_file(path: str, wanted: dict[str, str | None] | set[str], strict: b
                 rows.append(row)
                 done += 1
                 buffered += len(payload)
-                if buffered >= _BATCH_BYTES:
+                if buffered >= batch_bytes:
                     yield _batch(rows)
                     rows, buffered = [], 0
     if open_:  # classify said these were complete in this file: the file changed under us
@@ -306,28 +307,28 @@ def _row_group_batches(staged: pq.ParquetFile, rows: int = 256) -> Iterator[pa.R
         yield from staged.read_row_group(index).to_batches(max_chunksize=rows)
 
 
-def _assemble_tasks(batches: Iterator[pa.RecordBatch], failpoints: str | None = None,
-                    scope: str = "", strict: bool = False) -> Iterator[pa.RecordBatch]:
+def _assemble_tasks(batches: Iterator[pa.RecordBatch], failpoints: str | None, scope: str, strict: bool,
+                    batch_bytes: int) -> Iterator[pa.RecordBatch]:
     for batch in batches:
         for path, ids in zip(batch.column("path").to_pylist(), batch.column("ids").to_pylist()):
-            for out in assemble_file(path, {w["waveform_id"]: w["checksum"] for w in ids}, strict):
+            for out in assemble_file(path, {w["waveform_id"]: w["checksum"] for w in ids}, strict, batch_bytes):
                 yield out
                 failpoint("assemble.batch", failpoints, scope)
 
 
-def assemble_local(spark: SparkSession, files: dict[int, str], candidates: DataFrame, scope: str = "",
-                   strict: bool = False) -> DataFrame:
+def assemble_local(spark: SparkSession, files: dict[int, str], candidates: DataFrame, batch_bytes: int,
+                   scope: str = "", strict: bool = False) -> DataFrame:
     """Whole waveforms for candidates whose chunks are all in one partition's staged file, each
     file streamed by one task: no shuffle of payloads (the common case with keyed producers).
-    ``scope``: what the run's failpoints count their hits in (the run id); ``strict``: see
-    ``assemble_file``."""
+    ``batch_bytes``: the setting ``output_batch_bytes``; ``scope``: what the run's failpoints count
+    their hits in (the run id); ``strict``: see ``assemble_file``."""
     paths = spark.createDataFrame(sorted(files.items()), "partition int, path string")
     tasks = (candidates.groupBy("partition").agg(F.collect_list(F.struct("waveform_id", "checksum")).alias("ids"))
              .join(paths, "partition").select("path", "ids"))
     failpoints = armed()  # the workers (a Spark engine's) do not have this process's environment
 
     def tasks_of_this_run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return _assemble_tasks(batches, failpoints, scope, strict)
+        return _assemble_tasks(batches, failpoints, scope, strict, batch_bytes)
 
     return tasks.repartition(max(1, len(files))).mapInArrow(tasks_of_this_run, OUTPUT_SCHEMA)
 
@@ -556,7 +557,8 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     after = before
     parts = []  # waveforms not verified while they were read: assembled and verified now
     if kinds.get((LOCAL, None)):
-        parts.append(assemble_local(spark, files, routed.where(F.col("route") == LOCAL), scope=plan.run_id))
+        parts.append(assemble_local(spark, files, routed.where(F.col("route") == LOCAL),
+                                    settings.output_batch_bytes, scope=plan.run_id))
     if kinds.get((SHUFFLE, None)):
         parts.append(assemble(chunks, routed.where(F.col("route") == SHUFFLE), scope=plan.run_id))
     manifest, written = [], []  # the manifest's rows, and their ids (not read back from it)

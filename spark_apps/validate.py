@@ -445,7 +445,8 @@ def publish_source(spark: SparkSession, store: RunStore, plan: RunPlan, name: st
     if name == "waveforms" and counts.get("manifest", 0) > counts.get("waveforms", 0):
         wanted = (read_delta(spark, store.candidate_dir(plan.run_id) / "manifest")
                   .where(F.col("written_from") == "staged").select("waveform_id", "checksum", "partition"))
-        staged = (assemble_local(spark, chunk_files(store, plan), wanted, scope=plan.run_id, strict=True)
+        staged = (assemble_local(spark, chunk_files(store, plan), wanted, store.settings.output_batch_bytes,
+                                 scope=plan.run_id, strict=True)
                   .drop("checksum_ok").withColumn("run_id", F.lit(plan.run_id)))
         frame = staged if frame is None else frame.unionByName(staged)
     return frame

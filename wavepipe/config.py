@@ -87,6 +87,9 @@ class Settings:
     spark_small_run_bytes: int = 64 * 1024 * 1024
     #: Rows per Parquet row group while staging (bounds the reader's memory).
     staging_flush_bytes: int = 64 * 1024 * 1024
+    #: Payload bytes of assembled waveforms a Spark Python worker hands to the output's writer at
+    #: once (one Arrow batch; at least one waveform): bounds a worker's memory while it assembles.
+    output_batch_bytes: int = 32 * 1024 * 1024
     #: Seconds a reader may see no progress before it gives up with an error.
     reader_stall_timeout_s: float = 60.0
     #: Partitions read at once (one process each) by ``wavepipe run``, and by one consume task of
@@ -318,6 +321,7 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "spark_driver_memory": (lambda v: bool(re.fullmatch(r"\d+[kmgtKMGT]?", v)), "must be a JVM size such as 2g or 512m"),
     "spark_small_run_bytes": (lambda v: v >= 0, "must be 0 (off) or a number of bytes"),
     "staging_flush_bytes": (lambda v: v >= 1, "must be at least 1 byte"),
+    "output_batch_bytes": (lambda v: v >= 1, "must be at least 1 byte"),
     "reader_stall_timeout_s": (lambda v: 0 < v < math.inf, "must be a positive number of seconds"),
     "consume_parallelism": (lambda v: v >= 1, "must be at least 1"),
     "consume_in_process_max_records": (lambda v: v >= 0, "must be 0 or more records"),

@@ -49,6 +49,7 @@ def test_unknown_setting_and_bad_values_are_clear_errors(monkeypatch):
     ("reader_stall_timeout_s", "nan", "positive number of seconds"),
     ("validate_mostly", "1.5", "fraction"),
     ("max_waveform_bytes", str(2**31), "1 to 1073741824"),
+    ("output_batch_bytes", "0", "at least 1 byte"),
     ("topic", "wave forms", "Kafka topic name"),
     ("new_group_start", "yesterday", "earliest, latest, an ISO-8601 instant"),
     ("spark_driver_memory", "2 gb", "JVM size"),
