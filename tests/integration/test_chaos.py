@@ -97,10 +97,11 @@ def produce_round(settings, tag: str, rng: random.Random, expected: Expected) ->
         produce_in_order(settings, [r for group in groups for r in group], partition=partition)
 
 
-def _run_until_done(settings, failpoints: str | None, log: list[str]) -> tuple[dict, int]:
-    """``wavepipe run`` with the fault, then plain retries (as Airflow's task retries would):
-    the report of the run, and the exit code of its first attempt."""
-    code, out = run_cli(settings, "run", failpoints=failpoints)
+def _run_until_done(settings, failpoints: str | None, log: list[str], faulted=None) -> tuple[dict, int]:
+    """``wavepipe run`` with the fault (with ``faulted``: these settings, e.g. another engine),
+    then plain retries (as Airflow's task retries would): the report of the run, and the exit
+    code of its first attempt."""
+    code, out = run_cli(faulted or settings, "run", failpoints=failpoints)
     first = code
     log.append(f"{failpoints}: exit {code}")
     for attempt in range(3):
@@ -113,14 +114,17 @@ def _run_until_done(settings, failpoints: str | None, log: list[str]) -> tuple[d
     return json.loads(open(path).read()), first
 
 
-def test_chaos_rounds_end_exactly_once(own_engine, spark):
-    settings = own_engine  # kill-app faults kill the Spark engine: this test's own
+def test_chaos_rounds_end_exactly_once(settings, own_engine, spark):
     seed = int(os.environ.get("WAVEPIPE_CHAOS_SEED", time.time_ns() % 2**32))
     rounds = int(os.environ.get("WAVEPIPE_CHAOS_ROUNDS", 3))
     rng = random.Random(seed)
     # reader processes even for these small rounds: a fault kills one reader, not the whole run
-    settings = settings.replace(incomplete_after_offsets=30, incomplete_after_s=0,
-                                dead_letter_topic=f"{settings.topic}-dlq", consume_in_process_max_records=0)
+    changes = dict(incomplete_after_offsets=30, incomplete_after_s=0, dead_letter_topic=f"{settings.topic}-dlq",
+                   consume_in_process_max_records=0)
+    settings = settings.replace(**changes)
+    # a kill-app fault kills the Spark engine of the run it hits: this test's own (started by that
+    # run); every other attempt runs on the shared engine (a run's state is in its home)
+    killable = own_engine.replace(**changes)
     ensure_topic(settings)
     ensure_topic(settings, settings.dead_letter_topic, partitions=1)
     expected = Expected()
@@ -129,7 +133,7 @@ def test_chaos_rounds_end_exactly_once(own_engine, spark):
     for r in range(rounds):
         produce_round(settings, f"r{r}", rng, expected)
         fault = faults[r % len(faults)].format(k=rng.randint(1, 15))  # a partition gets ~20 records a round
-        report, first_exit = _run_until_done(settings, fault, log)
+        report, first_exit = _run_until_done(settings, fault, log, killable if "kill-app" in fault else None)
         assert first_exit != 0, "the fault did not fire:\n" + "\n".join(log)
         assert_accounted(spark, settings, report)
     # last: enough good records after the last round's incomplete waveforms to expire them

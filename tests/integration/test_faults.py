@@ -98,25 +98,26 @@ def test_a_run_whose_reader_threads_are_killed_mid_range_resumes_exactly_once(se
     assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: 16, 1: 16}
 
 
-def test_spark_engine_killed_mid_write_leaves_nothing_visible_then_retried(own_engine, spark, monkeypatch):
-    settings = own_engine  # the test kills this engine, not the one other tests share
+def test_spark_engine_killed_mid_write_leaves_nothing_visible_then_retried(settings, own_engine, spark, monkeypatch):
+    # the write is killed on this test's own engine; the retry runs on the shared one (a run's
+    # state is in its home, not in an engine), as it would on the killed one restarted
+    killed = own_engine.replace(output_batch_bytes=2 * 1024 * 1024)  # a waveform per batch: five a task
     ensure_topic(settings)
-    # 40 MiB a partition: more than one 32 MiB batch of output rows per task
-    expected = _produce(settings, 40, partitions=(0, 1), chunks=32, chunk_size=64 * 1024)
+    expected = _produce(settings, 10, partitions=(0, 1), chunks=32, chunk_size=64 * 1024)  # 2 MiB each
     plan = pipeline.plan_step(settings, "kill-spark")
     for p in pipeline.partitions_to_read(plan):
         pipeline.consume_step(settings, "kill-spark", p)
     pipeline.reassemble_step(settings, "kill-spark")  # metadata only: the bytes are written at publish
     # a Python worker pauses after its second batch, then the whole engine is SIGKILLed. (The second:
     # the tail of a batch stays in the worker's socket buffer until the next one pushes it out.)
-    LocalEngine(settings).up()  # warm first: the time below is the step's, not the engine's start
+    LocalEngine(killed).up()  # warm first: the time below is the step's, not the engine's start
     monkeypatch.setenv("WAVEPIPE_FAILPOINTS", "assemble.batch@2=sleep:4+kill-app")
     began = time.monotonic()
     with pytest.raises(Exception) as failed:
-        pipeline.validate_step(settings, "kill-spark")
+        pipeline.validate_step(killed, "kill-spark")
     monkeypatch.delenv("WAVEPIPE_FAILPOINTS")
     assert time.monotonic() - began < 120, "the step fails soon after its server died, it does not hang"
-    assert LocalEngine(settings).pid() is None, failed.value
+    assert LocalEngine(killed).pid() is None, failed.value
     written = list(settings.output_table.rglob("*.parquet"))
     assert written, "the engine was killed while it wrote the output's data files"
     assert delta_version(settings.output_table) is None, "but none of them is committed, so none is visible"
@@ -124,17 +125,18 @@ def test_spark_engine_killed_mid_write_leaves_nothing_visible_then_retried(own_e
     pipeline.validate_step(settings, "kill-spark")
     report = pipeline.commit_step(settings, "kill-spark")
     assert_accounted(spark, settings, report)
-    assert report["waveforms"] == {"output_new": 40}
+    assert report["waveforms"] == {"output_new": 10}
     _assert_output(spark, settings, expected)
-    assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: 640, 1: 640}
+    assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: 160, 1: 160}
 
 
 @pytest.mark.parametrize("failpoint", ["commit.before_offsets=kill", "publish.after_write=kill-app"])
-def test_crash_after_the_output_is_durable_then_a_rerun_adds_nothing_twice(own_engine, spark, failpoint):
-    settings = own_engine  # kill-app kills this test's engine
+def test_crash_after_the_output_is_durable_then_a_rerun_adds_nothing_twice(request, settings, spark, failpoint):
+    # kill-app kills the engine of the crashing run: this test's own; the rerun is on the shared one
+    crashing = request.getfixturevalue("own_engine") if "kill-app" in failpoint else settings
     ensure_topic(settings)
     expected = _produce(settings, 6, partitions=(0, 1))
-    crashed = start_cli(settings, "run", "--run-id", "crash", failpoints=failpoint)
+    crashed = start_cli(crashing, "run", "--run-id", "crash", failpoints=failpoint)
     out, _ = crashed.communicate(timeout=600)
     assert crashed.returncode != 0, out[-3000:]
     _assert_output(spark, settings, expected)  # durable before the crash

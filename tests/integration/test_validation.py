@@ -87,19 +87,19 @@ def test_output_out_of_bounds_commits_nothing_until_the_threshold_is_relaxed(set
 
 
 def test_a_staged_chunk_damaged_after_it_was_read_publishes_nothing_and_the_retry_reads_kafka_again(
-        own_engine, spark, monkeypatch):
+        settings, own_engine, spark, monkeypatch):
     """The DAG's separate steps: a staged chunk is damaged on disk after its reader hashed it (a bad
     disk, a bad writer). The reassembly trusts the reader's hash, validation passes on the
     metadata, and the one write at publish hashes the bytes again: the write fails, nothing is
     published, and the run's staged copies are dropped, so the retry reads the range from Kafka
-    again. On its own Spark engine: the test kills it."""
+    again. A reassembly killed half way is killed on the test's own Spark engine (the rest runs on
+    the shared one: a run's state is in its home, not in an engine)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from wavepipe.consumers.reader import staged_paths
     from wavepipe.spark_apps.validate import StagedChunksChangedError
 
-    settings = own_engine
     ensure_topic(settings, partitions=1)
     records, digests = [], {}
     for i in range(4):
@@ -132,7 +132,7 @@ def test_a_staged_chunk_damaged_after_it_was_read_publishes_nothing_and_the_retr
     # a reassembly that dies half way leaves no result, and validation refuses what it left behind
     monkeypatch.setenv("WAVEPIPE_FAILPOINTS", "reassemble.after_write=kill-app")
     with pytest.raises(RuntimeError, match="the Spark engine .* was killed under this step"):
-        pipeline.reassemble_step(settings, "damaged")
+        pipeline.reassemble_step(own_engine, "damaged")
     monkeypatch.delenv("WAVEPIPE_FAILPOINTS")
     with pytest.raises(RuntimeError, match="no reassembly result"):
         pipeline.validate_step(settings, "damaged")
