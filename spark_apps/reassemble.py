@@ -37,6 +37,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from wavepipe.config import Settings
 from wavepipe.faults import armed, failpoint
 from wavepipe.plan import RunPlan, RunStore, utc_now
 from wavepipe.protocol import checksum, output_facts
@@ -242,7 +243,7 @@ STAGED_CHANGED = "wavepipe: staged chunks changed on disk"
 
 
 def assemble_file(path: str, wanted: dict[str, str | None] | set[str], strict: bool = False,
-                  batch_bytes: int = 32 * 1024 * 1024) -> Iterator[pa.RecordBatch]:
+                  batch_bytes: int = Settings.output_batch_bytes) -> Iterator[pa.RecordBatch]:
     """Whole waveforms from one staged file, streamed: the ``wanted`` ids (id -> ``wp-checksum``,
     or a set: any checksum) must have every chunk carrying that checksum, once, in this file (one
     Kafka partition); chunks of the same id with another checksum (another content under a reused

@@ -405,7 +405,8 @@ def _staged_rows(picks: list[dict], store: RunStore, plan: RunPlan) -> list[dict
     staged = [r for r in picks if r["written_from"] == "staged"]
     for partition in {int(r["partition"]) for r in staged}:
         mine = {r["waveform_id"]: r["checksum"] for r in staged if int(r["partition"]) == partition}
-        for batch in assemble_file(chunk_files(store, plan)[partition], mine, strict=True):
+        for batch in assemble_file(chunk_files(store, plan)[partition], mine, strict=True,
+                                   batch_bytes=store.settings.output_batch_bytes):
             rows += [r for r in batch.to_pylist() if r["checksum_ok"]]
     return rows
 

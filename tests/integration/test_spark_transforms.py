@@ -111,6 +111,9 @@ def test_assemble_file_streams_interleaved_waveforms_without_spark(tmp_path):
     assert out["b"]["payload"] == b"".join(v for _, _, v in b) and out["b"]["checksum"] == b_sum
     assert (out["a"]["partition"], out["a"]["first_offset"], out["a"]["last_offset"], out["a"]["n_chunks"]) == (1, 10, 16, 3)
     assert all(r["checksum_ok"] for r in out.values())
+    # output_batch_bytes: a batch closes once it holds that many payload bytes (at least one waveform)
+    assert [batch.num_rows for batch in assemble_file(str(path), {"a", "b"})] == [2]
+    assert [batch.num_rows for batch in assemble_file(str(path), {"a", "b"}, batch_bytes=1)] == [1, 1]
 
 
 def test_assemble_file_refuses_a_wanted_waveform_that_is_not_complete_in_the_file(tmp_path):
