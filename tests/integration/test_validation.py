@@ -14,6 +14,7 @@ from tests.unit.test_report_html import parse_numbers
 from wavepipe import pipeline
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
+from wavepipe.engine import LocalEngine
 from wavepipe.plan import RunStore
 from wavepipe.report import html_path, json_path, validation_trend
 from wavepipe.spark_apps.tables import delta_version
@@ -92,8 +93,8 @@ def test_a_staged_chunk_damaged_after_it_was_read_publishes_nothing_and_the_retr
     disk, a bad writer). The reassembly trusts the reader's hash, validation passes on the
     metadata, and the one write at publish hashes the bytes again: the write fails, nothing is
     published, and the run's staged copies are dropped, so the retry reads the range from Kafka
-    again. A reassembly killed half way is killed on the test's own Spark engine (the rest runs on
-    the shared one: a run's state is in its home, not in an engine)."""
+    again. A reassembly is killed half way on the test's own Spark engine, which the next step
+    starts again; the other steps run on the shared one (a run's state is in its home)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -138,7 +139,11 @@ def test_a_staged_chunk_damaged_after_it_was_read_publishes_nothing_and_the_retr
         pipeline.validate_step(settings, "damaged")
     _published_nothing(settings)
 
-    pipeline.reassemble_step(settings, "damaged")  # the fix: made again from the staged chunks
+    # the fix: made again from the staged chunks, on the killed engine, started again by the step
+    killed = LocalEngine(own_engine)
+    assert killed.pid() is None
+    pipeline.reassemble_step(own_engine, "damaged")
+    assert killed.pid() is not None
     assert pipeline.validate_step(settings, "damaged")["published"]
     report = pipeline.commit_step(settings, "damaged")
     assert_accounted(spark, settings, report)
