@@ -62,7 +62,9 @@ def _table_rows(spark, path) -> list[tuple]:
 
 def test_reassembly_on_a_standalone_cluster_equals_local_mode(settings, spark, spark_cluster, tmp_path, monkeypatch):
     ensure_topic(settings)
-    sent = produce_demo(settings, count=6, target_bytes=32 * 1024)
+    sent = produce_demo(settings, count=6, target_bytes=32 * 1024)  # keyed: partitions by their ids' hash
+    good, _ = waveform_records("wf-good", 2, seed=8)
+    produce_in_order(settings, good, partition=0)  # so both partitions have records (all 6 in partition 1: 1 in 64)
     broken, _ = waveform_records("wf-bad-checksum", 3, seed=7)
     broken[1] = (broken[1][0], broken[1][1], b"\x00" * len(broken[1][2]))  # payload no longer matches
     produce_in_order(settings, [*broken, (b"junk", [], b"not a chunk"),
@@ -95,9 +97,9 @@ def test_reassembly_on_a_standalone_cluster_equals_local_mode(settings, spark, s
         local_rows = _table_rows(spark, getattr(local, table))
         assert local_rows, f"{table}: the local run wrote nothing to compare"
         assert _table_rows(spark, getattr(on_cluster, table)) == local_rows, table
-    assert len(_table_rows(spark, on_cluster.output_table)) == len(sent)
+    assert len(_table_rows(spark, on_cluster.output_table)) == len(sent) + 1
 
     [report] = [json.loads(p.read_text()) for p in on_cluster.reports_dir.glob("*.json")]
-    assert report["balance_errors"] == [] and report["waveforms"]["output_new"] == len(sent)
+    assert report["balance_errors"] == [] and report["waveforms"]["output_new"] == len(sent) + 1
     ends = {int(p): part["end"] for p, part in report["partitions"].items()}
     assert committed_offsets(on_cluster, on_cluster.group, on_cluster.topic, list(ends)) == ends
