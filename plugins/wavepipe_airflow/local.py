@@ -34,7 +34,10 @@ def airflow_env(settings: Settings) -> dict[str, str]:
         "AIRFLOW__SCHEDULER__PARSING_PROCESSES": "1",
         "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
         "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}",
+        # timeout: a writer waits up to 60 s for sqlite's one write lock (Python's default is 5 s,
+        # which a loaded 2-core machine exceeds: `airflow backfill create` failed with "database
+        # is locked" while the scheduler wrote); Airflow itself turns on WAL.
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}?timeout=60",
         "PYSPARK_PYTHON": sys.executable,
     }
 

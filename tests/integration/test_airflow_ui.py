@@ -135,6 +135,14 @@ def test_up_reports_the_login_and_is_idempotent(airflow):
     executor_workers = [cmd for cmd in _processes_of(settings, sessions).values() if "LocalExecutor" in cmd]
     assert 1 <= len(executor_workers) <= 2, executor_workers
 
+    # a writer on the sqlite metadata DB waits for the write lock instead of failing after 5 s
+    # ("database is locked" from `airflow backfill create` while the scheduler wrote, on a loaded machine)
+    probe = subprocess.run(
+        [sys.executable, "-c", "from airflow import settings; from sqlalchemy import text\n"
+         "with settings.engine.connect() as c: print(c.execute(text('PRAGMA busy_timeout')).scalar())"],
+        env=local.airflow_env(settings), capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0 and int(probe.stdout.split()[-1]) >= 30_000, (probe.stdout, probe.stderr[-2000:])
+
 
 def _listening(pids: set[int]) -> set[tuple[str, int]]:
     """(address, port) of every listening TCP socket of ``pids``."""
