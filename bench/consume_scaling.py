@@ -21,12 +21,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from wavepipe.bench.workloads import KiB, MiB, SignalPool, Workload, produce_backlog
-from wavepipe.config import PROJECT_ROOT, Settings
+from wavepipe.bench.results import default_results_dir
+from wavepipe.config import Settings
 
 log = logging.getLogger("wavepipe.bench")
 
 PARTITION_COUNTS = (1, 2, 4)
-PROJECT_DOCS = PROJECT_ROOT / "docs" / "benchmarks"
 
 
 def measure_consume_scaling(settings: Settings, workdir: Path, *, total_bytes: int = 1024 * MiB,

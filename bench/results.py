@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from wavepipe.bench.monitor import ROLES
 from wavepipe.bench.systems import LABELS
+
+def default_results_dir() -> Path:
+    """Where a full bench saves its results: a checkout's docs/benchmarks (they are committed),
+    else ``wavepipe-bench`` in the working folder (an installed wavepipe has no docs/)."""
+    from wavepipe.config import source_checkout
+
+    root = source_checkout()
+    return root / "docs" / "benchmarks" if root else Path.cwd() / "wavepipe-bench"
+
 
 CEILINGS = ("ceiling_kcat", "ceiling_confluent")
 MEMORY_GROWTH_LIMIT = 0.20

@@ -20,7 +20,8 @@ from pathlib import Path
 from wavepipe.bench.monitor import Monitor
 from wavepipe.bench.systems import LABELS, SYSTEMS, Ranges, resolve_spark_kafka_jars
 from wavepipe.bench.workloads import KiB, MiB, SignalPool, Workload, default_workloads, produce_backlog
-from wavepipe.config import PROJECT_ROOT, Settings
+from wavepipe.bench.results import default_results_dir
+from wavepipe.config import Settings, source_checkout
 from wavepipe.jars import RESOURCES
 
 log = logging.getLogger("wavepipe.bench")
@@ -36,7 +37,7 @@ class BenchOptions:
     parallelism: int = 2
     systems: tuple[str, ...] = tuple(SYSTEMS)
     scale_systems: tuple[str, ...] = tuple(SYSTEMS)
-    out_dir: Path = PROJECT_ROOT / "docs" / "benchmarks"
+    out_dir: Path = field(default_factory=default_results_dir)
     keep: bool = False
     quick: bool = False
     warm_runs: int = 5
@@ -334,8 +335,10 @@ def machine_info() -> dict:
     if kafka_pom.exists():
         found = re.search(r"<kafka.version>([^<]+)<", kafka_pom.read_text())
         kafka_version = found.group(1) if found else ""
-    commit = subprocess.run(["git", "-C", str(PROJECT_ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip() or None
+    root = source_checkout()  # an installed wavepipe names its version instead
+    commit = ((subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True).stdout.strip() if root and shutil.which("git") else "")
+              or f"wavepipe {version('wavepipe')}")
     return {
         "wavepipe_commit": commit,
         "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_kb / 1024 / 1024, 1),

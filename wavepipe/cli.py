@@ -355,10 +355,11 @@ def _bench_consume_scaling(settings, args) -> int:
     from pathlib import Path
 
     from wavepipe.bench import consume_scaling
+    from wavepipe.bench.results import default_results_dir
 
     total = (args.large_mib or (16 if args.quick else 1024)) * 2**20
     out = Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else
-                                           consume_scaling.PROJECT_DOCS)
+                                           default_results_dir())
     with tempfile.TemporaryDirectory(prefix="consume-scaling-", dir=settings.home if settings.home.exists() else None) as tmp:
         result = consume_scaling.measure_consume_scaling(settings, Path(tmp), total_bytes=total)
     print(consume_scaling.to_markdown(result))

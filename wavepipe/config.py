@@ -28,12 +28,41 @@ from wavepipe.errors import UsageError, did_you_mean
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
+def source_checkout() -> Path | None:
+    """The wavepipe source checkout this code runs from (an editable install, or the tests), or
+    None when wavepipe is installed as a package (``pip install wavepipe``: the code then lives in
+    site-packages, and nothing may be written next to it)."""
+    if (PROJECT_ROOT / "pyproject.toml").is_file() and (PROJECT_ROOT / "wavepipe" / "config.py").is_file():
+        return PROJECT_ROOT
+    return None
+
+
+def _user_dir(variable: str, fallback: str) -> Path:
+    """An XDG base folder (``$XDG_DATA_HOME``, ``$XDG_CACHE_HOME``) + ``wavepipe``."""
+    return Path(os.environ.get(variable) or Path.home() / fallback) / "wavepipe"
+
+
+def default_home() -> Path:
+    """``<checkout>/.wavepipe`` in a source checkout, else ``$XDG_DATA_HOME/wavepipe``
+    (``~/.local/share/wavepipe``); ``WAVEPIPE_HOME`` or the config file's ``home`` set it."""
+    root = source_checkout()
+    return root / ".wavepipe" if root else _user_dir("XDG_DATA_HOME", ".local/share")
+
+
+def default_jars_dir() -> Path:
+    """``<checkout>/.cache/jars`` in a source checkout, else ``$XDG_CACHE_HOME/wavepipe/jars``
+    (``~/.cache/wavepipe/jars``); ``WAVEPIPE_JARS`` sets it."""
+    root = source_checkout()
+    return root / ".cache" / "jars" if root else _user_dir("XDG_CACHE_HOME", ".cache") / "jars"
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every knob wavepipe has, with its default."""
 
-    #: Folder for all local state (git-ignored). Default: ``<project root>/.wavepipe``.
-    home: Path = PROJECT_ROOT / ".wavepipe"
+    #: Folder for all local state. Default: ``.wavepipe`` in a source checkout (git-ignored), else
+    #: ``~/.local/share/wavepipe`` (``default_home``).
+    home: Path = field(default_factory=default_home)
     #: Kafka bootstrap servers. The local broker started by ``wavepipe kafka up`` listens here.
     bootstrap_servers: str = "127.0.0.1:9092"
     #: Extra librdkafka properties for every client (TLS, SASL, ...), as a JSON object or table.
@@ -195,7 +224,7 @@ class Settings:
     @property
     def jars_dir(self) -> Path:
         """Maven-resolved jars (Kafka broker, Delta Lake); a cache that survives ``home`` moves."""
-        return Path(os.environ.get("WAVEPIPE_JARS", PROJECT_ROOT / ".cache" / "jars"))
+        return Path(os.environ.get("WAVEPIPE_JARS") or default_jars_dir())
 
     def kafka_config(self, **extra: Any) -> dict[str, Any]:
         """librdkafka properties shared by every client, plus ``extra``."""
@@ -347,12 +376,13 @@ def _coerce(name: str, value: Any, source: str) -> Any:
     if name not in _FIELDS:
         raise SettingsError(f"{source}: {name!r} is not a wavepipe setting{did_you_mean(name, _FIELDS)} "
                             "(`wavepipe config` lists them)")
-    default = _FIELDS[name].default
+    spec = _FIELDS[name]
+    default = spec.default if spec.default_factory is dataclasses.MISSING else spec.default_factory()
     shown = MASK if is_secret(name) else repr(redact_url(value) if name == "spark_remote" and isinstance(value, str)
                                               else value)
     where = "" if source == name else f"{source}: "
     try:
-        if default is dataclasses.MISSING:  # mappings
+        if isinstance(default, Mapping):
             if isinstance(value, str):
                 value = json.loads(value) if value.strip() else {}
             if not isinstance(value, Mapping):
@@ -378,7 +408,7 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         else:
             value = str(value).strip()
     except (ValueError, TypeError, OverflowError):
-        kind = ("a JSON object or TOML table" if default is dataclasses.MISSING else
+        kind = ("a JSON object or TOML table" if isinstance(default, Mapping) else
                 "true or false" if isinstance(default, bool) else "an integer" if isinstance(default, int) else
                 "a number" if isinstance(default, float) else "a string")
         raise SettingsError(f"{where}{name} must be {kind}, got {shown}") from None
@@ -390,6 +420,14 @@ def _coerce(name: str, value: Any, source: str) -> Any:
 
 def _coerce_all(values: Mapping[str, Any], sources: Mapping[str, str] | None = None) -> dict[str, Any]:
     return {k: _coerce(k, v, (sources or {}).get(k, k)) for k, v in values.items()}
+
+
+def check_settings(values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``values`` (setting name -> value, e.g. a DAG factory's ``settings``) checked and coerced
+    as ``load_settings`` would; an error names ``where`` and the setting."""
+    if not isinstance(values, Mapping):
+        raise SettingsError(f"{where} must be a mapping of wavepipe settings, got {type(values).__name__}")
+    return _coerce_all(values, {k: f"{where}[{k!r}]" for k in values})
 
 
 def _check_together(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
@@ -415,7 +453,8 @@ def _config_file() -> Path | None:
         if not path.is_file():
             raise SettingsError(f"WAVEPIPE_CONFIG points to {path}, which is not a file")
         return path
-    for candidate in (Path.cwd() / "wavepipe.toml", PROJECT_ROOT / "wavepipe.toml"):
+    root = source_checkout()
+    for candidate in (Path.cwd() / "wavepipe.toml", *([root / "wavepipe.toml"] if root else [])):
         if candidate.is_file():
             return candidate
     return None

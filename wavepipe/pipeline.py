@@ -10,6 +10,7 @@ compare-and-set on the group's offsets that refuses a run whose output was not v
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import threading
 import time
@@ -24,7 +25,9 @@ from wavepipe import report_html
 from wavepipe.report import build_report, failed_expectations, html_path, json_path, validation_trend
 
 log = logging.getLogger(__name__)
-SPARK_APPS = Path(__file__).resolve().parent.parent / "spark_apps"
+# found through the package (a checkout's spark_apps/ or an installed wheel's), so spark-submit
+# runs the installed files
+SPARK_APPS = Path(next(iter(importlib.import_module("wavepipe.spark_apps").__path__)))
 REASSEMBLE_APP = SPARK_APPS / "reassemble.py"
 VALIDATE_APP = SPARK_APPS / "validate.py"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import os
 import subprocess
@@ -10,11 +11,12 @@ import sys
 import time
 from pathlib import Path
 
-from wavepipe.config import PROJECT_ROOT, Settings
+from wavepipe.config import Settings
 from wavepipe.spark import settings_env
 
-DAGS_FOLDER = PROJECT_ROOT / "dags"
-PLUGINS_FOLDER = PROJECT_ROOT / "plugins"
+#: The DAG files ``wavepipe airflow up`` serves: the package's ``wavepipe.dags`` (a checkout's dags/,
+#: or the installed wheel's copy of it).
+DAGS_FOLDER = Path(next(iter(importlib.util.find_spec("wavepipe.dags").submodule_search_locations)))
 
 
 def airflow_env(settings: Settings) -> dict[str, str]:

@@ -122,3 +122,42 @@ def test_staged_bytes_counts_the_runs_chunk_and_dead_letter_files(tmp_path):
     (store.candidate_dir("r1")).mkdir(parents=True)
     (store.candidate_dir("r1") / "other.parquet").write_bytes(b"x" * 999)  # not staged input
     assert store.staged_bytes("r1") == 550
+
+
+def test_an_installed_wavepipe_keeps_its_state_in_the_users_folders(tmp_path, monkeypatch):
+    """Without a source checkout (a wheel in site-packages) the home, the jars and the config file
+    are never looked for beside the code: XDG folders, and the working folder's wavepipe.toml."""
+    from wavepipe import config
+
+    for name in ("WAVEPIPE_CONFIG", "WAVEPIPE_HOME", "WAVEPIPE_JARS"):
+        monkeypatch.delenv(name, raising=False)
+    assert config.source_checkout() == config.PROJECT_ROOT  # the tests run from the checkout
+    assert load_settings().home == config.PROJECT_ROOT / ".wavepipe"
+    monkeypatch.setattr(config, "source_checkout", lambda: None)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    settings = load_settings()
+    assert settings.home == tmp_path / "data" / "wavepipe"
+    assert settings.jars_dir == tmp_path / "cache" / "wavepipe" / "jars"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    assert load_settings().home == tmp_path / "user" / ".local" / "share" / "wavepipe"
+    (tmp_path / "wavepipe.toml").write_text('[wavepipe]\nhome = "here"\n')
+    assert load_settings().home == tmp_path / "here"
+    monkeypatch.setenv("WAVEPIPE_JARS", str(tmp_path / "jars"))
+    assert load_settings().jars_dir == tmp_path / "jars"
+
+
+def test_check_settings_names_where_and_which_setting():
+    from wavepipe.config import check_settings
+
+    assert check_settings({"home": "/srv/w", "partitions": "3"}, "x") == {"home": Path("/srv/w"), "partitions": 3}
+    with pytest.raises(SettingsError, match=r"^the DAG's settings\['hme'\]: 'hme' is not a wavepipe setting.*home"):
+        check_settings({"hme": "/srv/w"}, "the DAG's settings")
+    with pytest.raises(SettingsError, match=r"^s\['partitions'\]: partitions must be an integer"):
+        check_settings({"partitions": "three"}, "s")
+    with pytest.raises(SettingsError, match=r"topic must be a Kafka topic name"):
+        check_settings({"topic": "no spaces"}, "s")
+    with pytest.raises(SettingsError, match="must be a mapping of wavepipe settings"):
+        check_settings(["home"], "s")
