@@ -7,14 +7,16 @@ compare-and-set on the group's offsets.
 
 from __future__ import annotations
 
+import os
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Mapping
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 from airflow.sdk import BaseOperator
 
 from wavepipe import pipeline
-from wavepipe.airflow.hooks import WavepipeHook
+from wavepipe.airflow.hooks import SPARK_CONN_ID, WavepipeHook
+from wavepipe.config import check_settings
 from wavepipe.errors import UsageError, did_you_mean
 from wavepipe.plan import ActiveRunError, as_utc, parse_datetime
 
@@ -80,15 +82,27 @@ def flag(value: Any) -> bool:
     return str(value).strip().lower() in ("true", "1", "yes")
 
 
-class WavepipeOperator(BaseOperator):
-    """Base of wavepipe's operators: the settings, with Kafka from the Airflow Connection."""
+def plain_settings(values: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
+    """Settings for a DAG's tasks, checked (an error names ``where`` and the setting) and kept as
+    plain values (paths as strings): a mapped task's arguments are serialized."""
+    plain = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in dict(values or {}).items()}
+    check_settings(plain, where)
+    return plain
 
-    def __init__(self, *, wavepipe_conn_id: str = WavepipeHook.default_conn_name, **kwargs):
+
+class WavepipeOperator(BaseOperator):
+    """Base of wavepipe's operators: the settings, with Kafka and Spark from the Airflow
+    Connections ``wavepipe_conn_id`` and ``spark_conn_id``; ``settings_overrides``: wavepipe
+    settings of this task's pipeline (a DAG factory's ``settings``), checked here, at parse time."""
+
+    def __init__(self, *, wavepipe_conn_id: str = WavepipeHook.default_conn_name, spark_conn_id: str = SPARK_CONN_ID,
+                 settings_overrides: Mapping[str, Any] | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.wavepipe_conn_id = wavepipe_conn_id
+        self.wavepipe_conn_id, self.spark_conn_id = wavepipe_conn_id, spark_conn_id
+        self.settings_overrides = plain_settings(settings_overrides, f"{self.task_id}: settings_overrides")
 
     def settings(self):
-        return WavepipeHook(self.wavepipe_conn_id).get_settings()
+        return WavepipeHook(self.wavepipe_conn_id, self.spark_conn_id).get_settings(**self.settings_overrides)
 
 
 class PlanOperator(WavepipeOperator):

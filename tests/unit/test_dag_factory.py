@@ -1,0 +1,48 @@
+"""The DAG factories, built in this process (no Airflow service): what a user's DAG file gets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from wavepipe.config import SettingsError
+
+
+def test_two_pipelines_side_by_side_each_with_its_own_settings_and_connections():
+    from wavepipe.airflow.dags import wavepipe_ingest_dag, wavepipe_rewind_dag
+
+    seismic = wavepipe_ingest_dag(dag_id="seismic", topic="seismic", group="seismic-ingest",
+                                  settings={"home": Path("/data/seismic"), "max_records_per_partition": 500})
+    wards = wavepipe_ingest_dag(dag_id="wards", topic="ecg", schedule=None, kafka_conn_id="wards_kafka",
+                                spark_conn_id="wards_spark", tags=["wards"])
+    rewind = wavepipe_rewind_dag(dag_id="seismic_rewind", topic="seismic", settings={"home": "/data/seismic"})
+    assert [t.task_id for t in seismic.topological_sort()] == ["plan", "consume", "reassemble", "validate", "commit"]
+    assert seismic.params["topic"] == "seismic" and seismic.params["group"] == "seismic-ingest"
+    assert wards.params["topic"] == "ecg" and wards.params["group"] is None
+    assert type(seismic.timetable).__name__ == "DeltaDataIntervalTimetable" and seismic.max_active_runs == 1
+    assert type(wards.timetable).__name__ == "NullTimetable" and wards.tags == {"wards"}
+    for task in seismic.tasks:  # every task, the mapped consume's partial arguments included
+        kwargs = getattr(task, "partial_kwargs", None) or vars(task)
+        # plain values (a mapped task's arguments are serialized): the Path as a string
+        assert kwargs["settings_overrides"] == {"home": "/data/seismic", "max_records_per_partition": 500}, task
+    plan = seismic.get_task("plan")
+    assert (plan.wavepipe_conn_id, plan.spark_conn_id) == ("wavepipe_kafka", "wavepipe_spark")
+    assert (wards.get_task("plan").wavepipe_conn_id, wards.get_task("commit").spark_conn_id) == \
+        ("wards_kafka", "wards_spark")
+    assert rewind.get_task("rewind").settings_overrides == {"home": "/data/seismic"}
+    assert rewind.params["topic"] == "seismic" and rewind.schedule is None
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"settings": {"hme": "/x"}}, SettingsError, "'hme' is not a wavepipe setting; did you mean 'home'"),
+    ({"settings": {"partitions": "many"}}, SettingsError, "partitions must be an integer"),
+    ({"topic": "two words"}, SettingsError, "must be a Kafka topic name"),
+    ({"group": " "}, SettingsError, "must be a non-empty consumer group name"),
+    ({"topic": "a", "settings": {"topic": "b"}}, ValueError, "topic as the factory's argument or in settings, not both"),
+])
+def test_what_a_dag_file_gets_wrong_is_an_import_error_naming_it(kwargs, error, match):
+    from wavepipe.airflow.dags import wavepipe_ingest_dag
+
+    with pytest.raises(error, match=match):
+        wavepipe_ingest_dag(dag_id="bad", **kwargs)
