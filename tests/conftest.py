@@ -39,7 +39,7 @@ from wavepipe.config import Settings, load_settings
 LONGEST_FIRST = [  # by their times in a two-worker run
     "test_faults.py", "test_bad_input.py", "test_airflow_ui.py", "test_bounded_run.py", "test_dag.py",
     "test_rewind.py", "test_spark_cluster.py", "test_chaos.py", "test_validation.py", "test_kafka_cluster.py",
-    "test_bench.py", "test_backfill.py", "test_redelivery.py", "test_hostile_waveforms.py", "test_operator_input.py",
+    "test_bench.py", "test_wheel.py", "test_backfill.py", "test_redelivery.py", "test_hostile_waveforms.py", "test_operator_input.py",
 ]
 
 
