@@ -42,6 +42,21 @@ def _pipeline(topic: str | None, group: str | None, settings: Mapping[str, Any] 
     return {"settings_overrides": overrides, "wavepipe_conn_id": kafka_conn_id, "spark_conn_id": spark_conn_id}
 
 
+def _dag(dag_id: str, topic: str | None, group: str | None, description: str, *, params: dict[str, Param],
+         tags: list[str] | None, **kwargs: Any) -> DAG:
+    """A wavepipe DAG: one run at a time, no catchup, the ``topic`` and ``group`` params first."""
+    return DAG(
+        dag_id=dag_id, description=description, catchup=False, max_active_runs=1,
+        params={
+            "topic": Param(topic, type=["null", "string"], description="Topic to read (default: wavepipe config `topic`)"),
+            "group": Param(group, type=["null", "string"], description="Consumer group whose offsets are the progress "
+                                                                       "(default: config `group`)"),
+            **params,
+        },
+        tags=tags if tags is not None else ["wavepipe"], **kwargs,
+    )
+
+
 def wavepipe_ingest_dag(dag_id: str = "wavepipe_ingest", *, topic: str | None = None, group: str | None = None,
                         schedule: Any = EVERY_15_MINUTES, settings: Mapping[str, Any] | None = None,
                         kafka_conn_id: str = WavepipeHook.default_conn_name, spark_conn_id: str = SPARK_CONN_ID,
@@ -57,18 +72,11 @@ def wavepipe_ingest_dag(dag_id: str = "wavepipe_ingest", *, topic: str | None = 
     ``schedule``: a timetable with data intervals keeps backfills possible; None: manual only.
     Other keyword arguments go to ``DAG``."""
     common = _pipeline(topic, group, settings, kafka_conn_id=kafka_conn_id, spark_conn_id=spark_conn_id)
-    with DAG(
-        dag_id=dag_id,
-        description="Bounded run: frozen offset ranges -> staged chunks -> reassembled waveforms -> validated "
-                    "-> committed offsets",
-        schedule=schedule,
-        start_date=start_date,
-        catchup=False,
-        max_active_runs=1,
+    with _dag(
+        dag_id, topic, group, "Bounded run: frozen offset ranges -> staged chunks -> reassembled waveforms -> "
+        "validated -> committed offsets", schedule=schedule, start_date=start_date, tags=tags,
         default_args={"retries": retries, "retry_delay": timedelta(seconds=15)},
         params={
-            "topic": Param(topic, type=["null", "string"], description="Topic to read (default: wavepipe config `topic`)"),
-            "group": Param(group, type=["null", "string"], description="Consumer group whose offsets are the progress (default: config `group`)"),
             "max_records": Param(None, type=["null", "integer"], minimum=1, description="Cap: records per partition in this run"),
             "max_bytes": Param(None, type=["null", "integer"], minimum=1, description="Cap: payload bytes per partition in this run"),
             "skip_lost_offsets": Param(False, type="boolean", description="If the group is behind what the topic still retains, go on from the earliest retained offsets and record the lost range in the report (default: fail and name it)"),
@@ -76,7 +84,6 @@ def wavepipe_ingest_dag(dag_id: str = "wavepipe_ingest", *, topic: str | None = 
             "window_end": Param(None, type=["null", "string"], format="date-time", description="End (exclusive) of the time window to reprocess; give it with window_start"),
             "new_group_start": Param(None, type=["null", "string"], description="Only for a group with no committed offsets on the topic: where it starts (earliest, latest or an ISO-8601 instant). Without it (or the setting new_group_start) such a run is refused, so a mistyped group reads nothing"),
         },
-        tags=tags if tags is not None else ["wavepipe"],
         **dag_kwargs,
     ) as dag:
         plan = PlanOperator(
@@ -109,17 +116,10 @@ def wavepipe_rewind_dag(dag_id: str = "wavepipe_rewind", *, topic: str | None = 
     or refused rewind is audited. Arguments as for ``wavepipe_ingest_dag``: give a pipeline's
     rewind DAG the same ``topic``, ``group`` and ``settings`` as its ingest DAG."""
     common = _pipeline(topic, group, settings, kafka_conn_id=kafka_conn_id, spark_conn_id=spark_conn_id)
-    with DAG(
-        dag_id=dag_id,
-        description="Rewind (or fast-forward) a consumer group's offsets: dry run unless execute, audited",
-        schedule=None,
-        start_date=start_date,
-        catchup=False,
-        max_active_runs=1,
-        default_args={"retries": 0},
+    with _dag(
+        dag_id, topic, group, "Rewind (or fast-forward) a consumer group's offsets: dry run unless execute, audited",
+        schedule=None, start_date=start_date, tags=tags, default_args={"retries": 0},
         params={
-            "topic": Param(topic, type=["null", "string"], description="Topic (default: wavepipe config `topic`)"),
-            "group": Param(group, type=["null", "string"], description="Consumer group to move (default: config `group`)"),
             "partitions": Param("", type=["null", "string"], description="Comma-separated partitions, e.g. 0,2 (empty: all of the topic's)"),
             "mode": Param("earliest", type="string", enum=["earliest", "latest", "offset", "datetime", "shift", "duration"],
                           description="earliest: the oldest retained record; latest: the end (skip everything); offset: this offset; "
@@ -130,7 +130,6 @@ def wavepipe_rewind_dag(dag_id: str = "wavepipe_rewind", *, topic: str | None = 
             "force": Param(False, type="boolean", description="Accept a target outside what the topic retains, clamped to the retained range"),
             "reason": Param("", type=["null", "string"], description="Why (required with execute): kept in the audit record"),
         },
-        tags=tags if tags is not None else ["wavepipe"],
         **dag_kwargs,
     ) as dag:
         RewindOperator(
