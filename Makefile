@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-12)
 
-.PHONY: setup chromium demo test kafka-down clean docker-check
+.PHONY: setup chromium demo test test-unit kafka-down clean docker-check
 
 $(STAMP): pyproject.toml requirements.lock
 	@command -v java >/dev/null || { echo "Java 17 is required (apt-get install openjdk-17-jre-headless)"; exit 1; }
@@ -34,11 +34,16 @@ chromium:
 	else echo "note: /usr/bin/chromium is missing, so the Airflow UI test will be skipped; install it with" \
 		"'sudo apt-get install chromium' (Debian/Ubuntu)"; fi
 
-# Two test files at a time (pytest-xdist; a file's tests stay on one worker, each worker has its own
-# broker and Spark session); TEST_WORKERS=1 runs them one by one.
+# The fast tier: pure logic, the DAG files' import, the stack's files; no broker, Spark or Airflow
+# service (well under 2 minutes). `make test` runs it first.
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests/unit
+
+# Then the integration tier, two test files at a time (pytest-xdist; a file's tests stay on one
+# worker, each worker has its own broker and Spark engine); TEST_WORKERS=1 runs them one by one.
 TEST_WORKERS ?= 2
-test: setup chromium
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
+test: test-unit setup chromium
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 tests/integration
 
 kafka-down:
 	$(BIN)/wavepipe kafka down

@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,19 +18,6 @@ from wavepipe.plan import RunStore
 from wavepipe.spark import settings_env
 
 pytestmark = pytest.mark.integration
-
-
-def test_dag_parses_with_its_wiring():
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=str(Path(__file__).resolve().parents[2] / "dags"))
-    assert bag.import_errors == {}
-    dag = bag.dags["wavepipe_ingest"]
-    assert [t.task_id for t in dag.topological_sort()] == ["plan", "consume", "reassemble", "validate", "commit"]
-    assert dag.max_active_runs == 1 and not dag.catchup
-    assert set(dag.params) == {"topic", "group", "max_records", "max_bytes", "skip_lost_offsets", "window_start", "window_end",
-                               "new_group_start"}
-    assert type(dag.timetable).__name__ == "DeltaDataIntervalTimetable"  # data intervals: a backfill run's window
 
 
 def test_dag_run_ingests_then_an_idle_run_reads_nothing(settings, spark):

@@ -9,6 +9,26 @@ import pytest
 from wavepipe.config import SettingsError
 
 
+def test_the_dag_folder_imports_with_its_wiring():
+    """Airflow's DagBag over the DAG folder ``wavepipe airflow up`` serves (the package's)."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    from wavepipe.airflow.local import DAGS_FOLDER
+
+    bag = DagBag(dag_folder=str(DAGS_FOLDER))
+    assert bag.import_errors == {}
+    assert sorted(bag.dags) == ["wavepipe_ingest", "wavepipe_rewind"]
+    dag = bag.dags["wavepipe_ingest"]
+    assert [t.task_id for t in dag.topological_sort()] == ["plan", "consume", "reassemble", "validate", "commit"]
+    assert dag.max_active_runs == 1 and not dag.catchup
+    assert set(dag.params) == {"topic", "group", "max_records", "max_bytes", "skip_lost_offsets", "window_start", "window_end",
+                               "new_group_start"}
+    assert type(dag.timetable).__name__ == "DeltaDataIntervalTimetable"  # data intervals: a backfill run's window
+    rewind = bag.dags["wavepipe_rewind"]
+    assert [t.task_id for t in rewind.tasks] == ["rewind"] and rewind.schedule is None
+    assert {"mode", "value", "execute", "force", "reason", "partitions"} <= set(rewind.params)
+
+
 def test_two_pipelines_side_by_side_each_with_its_own_settings_and_connections():
     from wavepipe.airflow.dags import wavepipe_ingest_dag, wavepipe_rewind_dag
 
