@@ -86,18 +86,7 @@ def wavepipe_ingest_dag(dag_id: str = "wavepipe_ingest", *, topic: str | None = 
         },
         **dag_kwargs,
     ) as dag:
-        plan = PlanOperator(
-            task_id="plan",
-            topic="{{ params.topic or '' }}",
-            group="{{ params.group or '' }}",
-            max_records="{{ params.max_records or '' }}",
-            max_bytes="{{ params.max_bytes or '' }}",
-            skip_lost_offsets="{{ params.skip_lost_offsets }}",
-            window_start="{{ params.window_start or '' }}",
-            window_end="{{ params.window_end or '' }}",
-            new_group_start="{{ params.new_group_start or '' }}",
-            **common,
-        )
+        plan = PlanOperator(task_id="plan", **common)  # its arguments: the run's params, typed
         consume = ConsumeOperator.partial(
             task_id="consume", map_index_template="{{ task.partitions_label }}", **common,
         ).expand(partitions=plan.output)
@@ -132,16 +121,5 @@ def wavepipe_rewind_dag(dag_id: str = "wavepipe_rewind", *, topic: str | None = 
         },
         **dag_kwargs,
     ) as dag:
-        RewindOperator(
-            task_id="rewind",
-            topic="{{ params.topic or '' }}",
-            group="{{ params.group or '' }}",
-            partitions="{{ params.partitions or '' }}",
-            mode="{{ params.mode }}",
-            value="{{ params.value or '' }}",
-            apply="{{ params.execute }}",
-            force="{{ params.force }}",
-            reason="{{ params.reason or '' }}",
-            **common,
-        )
+        RewindOperator(task_id="rewind", **common)  # its arguments: the run's params, typed
     return dag

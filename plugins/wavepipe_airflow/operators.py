@@ -104,16 +104,28 @@ class WavepipeOperator(BaseOperator):
     def settings(self):
         return WavepipeHook(self.wavepipe_conn_id, self.spark_conn_id).get_settings(**self.settings_overrides)
 
+    def arg(self, context, name: str, param: str | None = None) -> Any:
+        """The task's argument ``name`` when it was given, else the run's param ``param`` (default:
+        the same name) as Airflow checked it against the DAG's Param schema: typed (an integer, a
+        boolean, a string or None), never a rendered template read back. Empty means not given."""
+        value = getattr(self, name)
+        if value is None or value == "":
+            value = (context.get("params") or {}).get(param or name)
+        return None if value == "" else value
+
 
 class PlanOperator(WavepipeOperator):
     """Freeze the run's offset ranges; returns the partition groups to read, one per mapped consume
-    task (``consume_tasks`` groups at most; 0: one partition each)."""
+    task (``consume_tasks`` groups at most; 0: one partition each).
+
+    Each argument not given is taken from the run's param of the same name (``arg``), as the DAG
+    factories' DAGs do; a DAG of your own may give them instead (templates are rendered)."""
 
     template_fields = ("topic", "group", "max_records", "max_bytes", "skip_lost_offsets", "window_start", "window_end",
                        "new_group_start")
 
     def __init__(self, *, topic: str | None = None, group: str | None = None,
-                 max_records: Any = None, max_bytes: Any = None, skip_lost_offsets: Any = False,
+                 max_records: Any = None, max_bytes: Any = None, skip_lost_offsets: Any = None,
                  window_start: Any = None, window_end: Any = None, new_group_start: Any = None, **kwargs):
         super().__init__(**kwargs)
         self.window_start, self.window_end = window_start, window_end
@@ -124,18 +136,19 @@ class PlanOperator(WavepipeOperator):
         dag_run = context.get("dag_run")
         if self.has_dag():
             check_conf(getattr(dag_run, "conf", None), self.dag.params.keys())
-        window = run_window(context, self.window_start, self.window_end)
+        window = run_window(context, self.arg(context, "window_start"), self.arg(context, "window_end"))
         if window:
             self.log.info("a window run: [%s, %s) is reprocessed and replaces that window's output; "
                           "no offsets are committed", *(t.isoformat() for t in window))
         try:  # what a user typed is refused at once, without retries: a retry would fail the same way
             settings = self.settings()
+            new_group_start = self.arg(context, "new_group_start")
             plan = pipeline.plan_step(
-                settings, context["run_id"], topic=self.topic or None, group=self.group or None,
-                max_records=_int_or_none(self.max_records, "max_records"),
-                max_bytes=_int_or_none(self.max_bytes, "max_bytes"),
-                skip_lost_offsets=flag(self.skip_lost_offsets), window=window,
-                new_group_start=None if self.new_group_start in (None, "", "None") else str(self.new_group_start),
+                settings, context["run_id"], topic=self.arg(context, "topic"), group=self.arg(context, "group"),
+                max_records=_int_or_none(self.arg(context, "max_records"), "max_records"),
+                max_bytes=_int_or_none(self.arg(context, "max_bytes"), "max_bytes"),
+                skip_lost_offsets=flag(self.arg(context, "skip_lost_offsets")), window=window,
+                new_group_start=None if new_group_start in (None, "None") else str(new_group_start),
             )
         except UsageError as exc:
             raise AirflowFailException(str(exc)) from None

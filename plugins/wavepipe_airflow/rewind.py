@@ -19,13 +19,14 @@ class RewindOperator(WavepipeOperator):
     """Move a group's committed offsets to ``mode``/``value`` (see ``RewindTarget.parse``).
 
     A dry run unless ``apply`` (the DAG's ``execute`` param); ``reason`` is required to apply.
+    Each argument not given is the run's param of that name (``apply``: ``execute``).
     Returns the plan, and the audit record when applied, as the task's XCom.
     """
 
     template_fields = ("topic", "group", "partitions", "mode", "value", "apply", "force", "reason")
 
-    def __init__(self, *, mode: str, value: Any = None, topic: str | None = None, group: str | None = None,
-                 partitions: Any = None, apply: Any = False, force: Any = False, reason: str = "", **kwargs):
+    def __init__(self, *, mode: str | None = None, value: Any = None, topic: str | None = None, group: str | None = None,
+                 partitions: Any = None, apply: Any = None, force: Any = None, reason: str | None = None, **kwargs):
         kwargs.setdefault("retries", 0)
         super().__init__(**kwargs)
         self.topic, self.group, self.partitions = topic, group, partitions
@@ -39,21 +40,23 @@ class RewindOperator(WavepipeOperator):
 
     def execute(self, context) -> dict:
         settings = self.settings()
-        topic, group = self.topic or settings.topic, self.group or settings.group
-        apply, reason = _flag(self.apply), (self.reason or "").strip()
+        topic, group = self.arg(context, "topic") or settings.topic, self.arg(context, "group") or settings.group
+        apply, reason = _flag(self.arg(context, "apply", "execute")), str(self.arg(context, "reason") or "").strip()
+        mode, value, partitions = (self.arg(context, "mode"), self.arg(context, "value"),
+                                   self.arg(context, "partitions"))
         if apply and not reason:
             raise AirflowFailException("execute is on but reason is empty: say why the group is rewound "
                                        "(it is kept in the audit record), then trigger again")
         try:
-            target = rewind.RewindTarget.parse(self.mode, self.value)
-            partitions = rewind.parse_partitions(self.partitions if self.partitions not in (None, "None") else None)
+            target = rewind.RewindTarget.parse(mode, value)
+            partitions = rewind.parse_partitions(partitions if partitions not in (None, "None") else None)
         except ValueError as exc:
             raise AirflowFailException(f"bad rewind parameters: {exc}") from exc
         who = self.who(context)
         origin = f"airflow:{context['dag'].dag_id}/{context['run_id']}"
         try:
             plan = rewind.plan_rewind(settings, topic=topic, group=group, target=target,
-                                      partitions=partitions, force=_flag(self.force))
+                                      partitions=partitions, force=_flag(self.arg(context, "force")))
         except rewind.RewindRefused as exc:
             if exc.plan is not None:
                 self.log.info("rewind plan:\n%s", rewind.format_plan(exc.plan))

@@ -66,3 +66,20 @@ def test_what_a_dag_file_gets_wrong_is_an_import_error_naming_it(kwargs, error, 
 
     with pytest.raises(error, match=match):
         wavepipe_ingest_dag(dag_id="bad", **kwargs)
+
+
+def test_a_tasks_argument_wins_over_the_runs_param_and_params_arrive_typed():
+    """The factories' operators take their arguments from the run's params as Airflow checked them:
+    a topic named "123" stays a string (a rendered native template would make it an int)."""
+    from wavepipe.airflow.operators import PlanOperator
+    from wavepipe.airflow.rewind import RewindOperator
+
+    context = {"params": {"topic": "123", "group": None, "max_records": 7, "skip_lost_offsets": True}}
+    plan = PlanOperator(task_id="plan", max_records=5)
+    assert plan.arg(context, "max_records") == 5  # given to the task: it wins
+    assert plan.arg(context, "topic") == "123" and plan.arg(context, "group") is None
+    assert plan.arg(context, "skip_lost_offsets") is True and plan.arg(context, "max_bytes") is None
+    assert PlanOperator(task_id="p2", topic="").arg(context, "topic") == "123"  # empty: not given
+    rewind = RewindOperator(task_id="rewind")
+    assert rewind.arg({"params": {"execute": True}}, "apply", "execute") is True
+    assert RewindOperator(task_id="r2", apply=False).arg({"params": {"execute": True}}, "apply", "execute") is False
