@@ -1,7 +1,9 @@
 """Thin operators over wavepipe.pipeline: each is one step of a run, keyed by the DAG run id.
 
 Retries are safe: the plan step reuses the run's frozen plan, consume overwrites the range's
-staged files, reassemble appends only waveforms not yet in the output, and commit is a
+staged files, reassemble replaces the run's private candidate tables (nothing published), validate
+publishes only after every expectation holds, appending keys not in the tables yet in one Delta
+commit per table and reassembly (a retried publish commits nothing twice), and commit is a
 compare-and-set on the group's offsets.
 """
 
