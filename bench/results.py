@@ -7,6 +7,7 @@ from pathlib import Path
 from wavepipe.bench.monitor import ROLES
 from wavepipe.bench.systems import LABELS
 
+
 def default_results_dir() -> Path:
     """Where a full bench saves its results: a checkout's docs/benchmarks (they are committed),
     else ``wavepipe-bench`` in the working folder (an installed wavepipe has no docs/)."""

@@ -34,7 +34,7 @@ def _pipeline(topic: str | None, group: str | None, settings: Mapping[str, Any] 
               kafka_conn_id: str, spark_conn_id: str) -> dict[str, Any]:
     """The operators' common arguments, after checking what the DAG file gave."""
     named = {k: v for k, v in (("topic", topic), ("group", group)) if v is not None}
-    check_settings(named, "the DAG's")
+    check_settings(named, "the factory's arguments")
     overrides = plain_settings(settings, "the DAG's settings")
     clash = sorted(set(named) & set(overrides))
     if clash:

@@ -55,7 +55,7 @@ print(json.dumps({"dags": {d: {"tasks": [t.task_id for t in bag.dags[d].topologi
 def _venv_env(venv: Path, **extra: str) -> dict[str, str]:
     """The environment of a process of the installed wavepipe: nothing of the checkout's."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("WAVEPIPE_", "AIRFLOW", "PYTHON", "VIRTUAL_ENV", "PYSPARK"))}
+           if not k.startswith(("WAVEPIPE_", "AIRFLOW", "PYTHON", "VIRTUAL_ENV", "PYSPARK", "XDG_"))}
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     return {**env, "VIRTUAL_ENV": str(venv), **extra}
 
