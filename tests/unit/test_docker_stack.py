@@ -560,15 +560,18 @@ def _pins(text: str) -> dict[str, str]:
     return pins
 
 
-def check_image(dockerfile: str, deploy_lock: str, project_lock: str, pyproject: str) -> list[str]:
-    """The Dockerfile copies every folder pyproject.toml installs a package from, and installs the
-    deployment's providers from docker/requirements-deploy.lock on top of requirements.lock, which
-    that lock neither re-pins nor undoes (no Spark provider of its own: its pyspark-client would
-    replace pyspark unless pinned to exactly pyspark's version, as requirements.lock does)."""
+def check_image(dockerfile: str, deploy_lock: str, project_lock: str, pyproject: str, dags_folder: str) -> list[str]:
+    """The Dockerfile copies every folder pyproject.toml installs a package from (to build the
+    wheel), installs that wheel (not an editable checkout) with the deployment's providers from
+    docker/requirements-deploy.lock on top of requirements.lock, which that lock neither re-pins
+    nor undoes (no Spark provider of its own: its pyspark-client would replace pyspark unless
+    pinned to exactly pyspark's version, as requirements.lock does), and puts every DAG file of
+    dags/ into ``dags_folder``, the Airflow services' DAG folder."""
     import tomllib
 
     problems = []
-    copied = {line.split()[1] for line in dockerfile.splitlines() if line.upper().startswith("COPY ")}
+    copies = [line.split() for line in dockerfile.splitlines() if line.upper().startswith("COPY ")]
+    copied = {words[1] for words in copies}
     package_dirs = tomllib.loads(pyproject)["tool"]["setuptools"]["package-dir"].values()
     for folder in sorted({d.split("/")[0] for d in package_dirs}):
         if folder not in copied:
@@ -577,6 +580,14 @@ def check_image(dockerfile: str, deploy_lock: str, project_lock: str, pyproject:
     for needed in ("-c requirements.lock", "-r docker/requirements-deploy.lock"):
         if needed not in install:
             problems.append(f"docker/Dockerfile's pip install lacks `{needed}`: {install.strip()}")
+    if " -e " in f"{install} " or "wavepipe-*.whl" not in install:
+        problems.append(f"docker/Dockerfile does not install wavepipe's built wheel: {install.strip()}")
+    into_dags = {source for words in copies if words[-1].rstrip("/") == dags_folder.rstrip("/")
+                 for source in words[1:-1]}
+    for dag_file in sorted(p.name for p in (PROJECT_ROOT / "dags").glob("*.py") if p.name != "__init__.py"):
+        if f"dags/{dag_file}" not in into_dags:
+            problems.append(f"docker/Dockerfile does not COPY dags/{dag_file} into the Airflow services' DAG "
+                            f"folder {dags_folder}")
     if "pip check" not in dockerfile:
         problems.append("docker/Dockerfile does not run pip check")
     deploy, project = _pins(deploy_lock), _pins(project_lock)
@@ -601,7 +612,8 @@ def _image_inputs() -> dict[str, str]:
     return {"dockerfile": (PROJECT_ROOT / "docker" / "Dockerfile").read_text(),
             "deploy_lock": (PROJECT_ROOT / "docker" / "requirements-deploy.lock").read_text(),
             "project_lock": (PROJECT_ROOT / "requirements.lock").read_text(),
-            "pyproject": (PROJECT_ROOT / "pyproject.toml").read_text()}
+            "pyproject": (PROJECT_ROOT / "pyproject.toml").read_text(),
+            "dags_folder": environment(services(load_stack())["airflow-scheduler"])["AIRFLOW__CORE__DAGS_FOLDER"]}
 
 
 CHECKS: list[Callable[[Stack], list[str]]] = [
@@ -746,6 +758,9 @@ def test_the_image_installs_the_project_and_the_deployment_pins():
     ("dockerfile", lambda t: t.replace("COPY bench bench\n", ""), "COPY bench/"),
     ("dockerfile", lambda t: t.replace("-r docker/requirements-deploy.lock ", ""), "lacks `-r"),
     ("dockerfile", lambda t: t.replace("pip check", "true"), "pip check"),
+    ("dockerfile", lambda t: t.replace("/opt/wavepipe/dist/wavepipe-*.whl", "-e ."), "built wheel"),
+    ("dockerfile", lambda t: t.replace("dags/wavepipe_rewind.py ", ""), "dags/wavepipe_rewind.py"),
+    ("dags_folder", lambda t: "/opt/wavepipe/src/dags", "DAG folder /opt/wavepipe/src/dags"),
     ("deploy_lock", lambda t: t + "pyspark==4.2.0\n", "re-pins pyspark"),
     ("deploy_lock", lambda t: t + "apache-airflow-providers-apache-spark==5.0.0\n",
      "re-pins apache-airflow-providers-apache-spark"),
