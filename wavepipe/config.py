@@ -424,10 +424,12 @@ def _coerce_all(values: Mapping[str, Any], sources: Mapping[str, str] | None = N
 
 def check_settings(values: Mapping[str, Any], where: str) -> dict[str, Any]:
     """``values`` (setting name -> value, e.g. a DAG factory's ``settings``) checked and coerced
-    as ``load_settings`` would; an error names ``where`` and the setting."""
+    as ``load_settings`` would (a None is not a value: it is left out, as ``load_settings`` leaves
+    out a None override); an error names ``where`` and the setting."""
     if not isinstance(values, Mapping):
         raise SettingsError(f"{where} must be a mapping of wavepipe settings, got {type(values).__name__}")
-    return _coerce_all(values, {k: f"{where}[{k!r}]" for k in values})
+    given = {k: v for k, v in values.items() if v is not None}
+    return _coerce_all(given, {k: f"{where}[{k!r}]" for k in given})
 
 
 def _check_together(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:

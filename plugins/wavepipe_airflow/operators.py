@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any, Mapping
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
@@ -18,7 +19,7 @@ from airflow.sdk import BaseOperator
 
 from wavepipe import pipeline
 from wavepipe.airflow.hooks import SPARK_CONN_ID, WavepipeHook
-from wavepipe.config import check_settings
+from wavepipe.config import SettingsError, check_settings
 from wavepipe.errors import UsageError, did_you_mean
 from wavepipe.plan import ActiveRunError, as_utc, parse_datetime
 
@@ -86,9 +87,14 @@ def flag(value: Any) -> bool:
 
 def plain_settings(values: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
     """Settings for a DAG's tasks, checked (an error names ``where`` and the setting) and kept as
-    plain values (paths as strings): a mapped task's arguments are serialized."""
-    plain = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in dict(values or {}).items()}
-    check_settings(plain, where)
+    plain values (paths as strings): a mapped task's arguments are serialized. A path must be
+    absolute: the file is parsed in one working folder and its tasks run in others."""
+    plain = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in dict(values or {}).items()
+             if v is not None}
+    for name, value in check_settings(plain, where).items():
+        if isinstance(value, Path) and not os.path.isabs(os.path.expanduser(str(plain[name]))):
+            raise SettingsError(f"{where}[{name!r}]: {name} must be an absolute path in a DAG's settings (its tasks "
+                                f"run in other working folders than the DAG file is parsed in), got {plain[name]!r}")
     return plain
 
 

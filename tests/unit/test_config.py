@@ -152,7 +152,8 @@ def test_an_installed_wavepipe_keeps_its_state_in_the_users_folders(tmp_path, mo
 def test_check_settings_names_where_and_which_setting():
     from wavepipe.config import check_settings
 
-    assert check_settings({"home": "/srv/w", "partitions": "3"}, "x") == {"home": Path("/srv/w"), "partitions": 3}
+    assert check_settings({"home": "/srv/w", "partitions": "3", "topic": None}, "x") == \
+        {"home": Path("/srv/w"), "partitions": 3}
     with pytest.raises(SettingsError, match=r"^the DAG's settings\['hme'\]: 'hme' is not a wavepipe setting.*home"):
         check_settings({"hme": "/srv/w"}, "the DAG's settings")
     with pytest.raises(SettingsError, match=r"^s\['partitions'\]: partitions must be an integer"):

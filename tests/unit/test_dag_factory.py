@@ -51,6 +51,9 @@ def test_two_pipelines_side_by_side_each_with_its_own_settings_and_connections()
     assert (wards.get_task("plan").wavepipe_conn_id, wards.get_task("commit").spark_conn_id) == \
         ("wards_kafka", "wards_spark")
     assert rewind.get_task("rewind").settings_overrides == {"home": "/data/seismic"}
+    # None is no value (as for load_settings' overrides); ~ is the workers' home, kept as written
+    assert wavepipe_ingest_dag(dag_id="n", settings={"topic": None, "home": "~/w"}).get_task("plan") \
+        .settings_overrides == {"home": "~/w"}
     assert rewind.params["topic"] == "seismic" and rewind.schedule is None
 
 
@@ -60,6 +63,8 @@ def test_two_pipelines_side_by_side_each_with_its_own_settings_and_connections()
     ({"topic": "two words"}, SettingsError, "must be a Kafka topic name"),
     ({"group": " "}, SettingsError, "must be a non-empty consumer group name"),
     ({"topic": "a", "settings": {"topic": "b"}}, ValueError, "topic as the factory's argument or in settings, not both"),
+    ({"settings": {"home": "data/seismic"}}, SettingsError, "home must be an absolute path in a DAG's settings"),
+    ({"settings": {"home": 7}}, SettingsError, "home must be a string, got 7"),
 ])
 def test_what_a_dag_file_gets_wrong_is_an_import_error_naming_it(kwargs, error, match):
     from wavepipe.airflow.dags import wavepipe_ingest_dag
