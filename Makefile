@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-12)
 
-.PHONY: setup chromium demo test test-unit kafka-down clean docker-check
+.PHONY: setup chromium demo test test-unit lint format kafka-down clean docker-check
 
 $(STAMP): pyproject.toml requirements.lock
 	@command -v java >/dev/null || { echo "Java 17 is required (apt-get install openjdk-17-jre-headless)"; exit 1; }
@@ -34,9 +34,18 @@ chromium:
 	else echo "note: /usr/bin/chromium is missing, so the Airflow UI test will be skipped; install it with" \
 		"'sudo apt-get install chromium' (Debian/Ubuntu)"; fi
 
-# The fast tier: pure logic, the DAG files' import, the stack's files; no broker, Spark or Airflow
-# service (well under 2 minutes). `make test` runs it first.
-test-unit: $(STAMP)
+# The fast tier: lint and format (ruff), pure logic, the DAG files' import, the stack's files; no
+# broker, Spark or Airflow service (well under 2 minutes). `make test` runs it first.
+# `make format` rewrites the tree the way `make lint` expects it.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+test-unit: lint
 	$(BIN)/python -m pytest -q tests/unit
 
 # Then the integration tier, two test files at a time (pytest-xdist; a file's tests stay on one

@@ -25,29 +25,38 @@ FETCH = {  # the same fetch sizes wavepipe's reader uses
     "queued.max.messages.kbytes": 128 * 1024,
 }
 
-OUTPUT_SCHEMA = pa.schema([
-    ("waveform_id", pa.string()),
-    ("source", pa.string()),
-    ("start_time", pa.timestamp("us", tz="UTC")),
-    ("dtype", pa.string()),
-    ("channels", pa.int32()),
-    ("sample_rate", pa.float64()),
-    ("size_bytes", pa.int64()),
-    ("n_chunks", pa.int32()),
-    ("checksum", pa.string()),
-    ("payload", pa.binary()),
-    ("topic", pa.string()),
-    ("partition", pa.int32()),
-    ("first_offset", pa.int64()),
-    ("last_offset", pa.int64()),
-])
+OUTPUT_SCHEMA = pa.schema(
+    [
+        ("waveform_id", pa.string()),
+        ("source", pa.string()),
+        ("start_time", pa.timestamp("us", tz="UTC")),
+        ("dtype", pa.string()),
+        ("channels", pa.int32()),
+        ("sample_rate", pa.float64()),
+        ("size_bytes", pa.int64()),
+        ("n_chunks", pa.int32()),
+        ("checksum", pa.string()),
+        ("payload", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("first_offset", pa.int64()),
+        ("last_offset", pa.int64()),
+    ]
+)
 
 
 def _consumer(bootstrap: str) -> Consumer:
     from wavepipe.consumers.kafka_admin import new_consumer
 
-    return new_consumer({"bootstrap.servers": bootstrap, "group.id": "wavepipe-bench-unused",
-                         "enable.auto.commit": False, "enable.partition.eof": True, **FETCH})
+    return new_consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "wavepipe-bench-unused",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            **FETCH,
+        }
+    )
 
 
 def ceiling(bootstrap: str, topic: str, partition: int, start: int, end: int, out: Path) -> dict:
@@ -129,12 +138,22 @@ def pyconsumer(bootstrap: str, topic: str, ranges: dict[int, tuple[int, int]], o
                 if checksum(payload) != first.checksum:
                     counts["bad_checksum"] += 1
                     continue
-                for name, value in (("waveform_id", meta.waveform_id), ("source", meta.source),
-                                    ("start_time", meta.start_ns // 1000), ("dtype", meta.dtype),
-                                    ("channels", meta.channels), ("sample_rate", meta.sample_rate),
-                                    ("size_bytes", len(payload)), ("n_chunks", chunk.count),
-                                    ("checksum", first.checksum), ("payload", payload), ("topic", topic),
-                                    ("partition", w["p"]), ("first_offset", w["first"]), ("last_offset", offset)):
+                for name, value in (
+                    ("waveform_id", meta.waveform_id),
+                    ("source", meta.source),
+                    ("start_time", meta.start_ns // 1000),
+                    ("dtype", meta.dtype),
+                    ("channels", meta.channels),
+                    ("sample_rate", meta.sample_rate),
+                    ("size_bytes", len(payload)),
+                    ("n_chunks", chunk.count),
+                    ("checksum", first.checksum),
+                    ("payload", payload),
+                    ("topic", topic),
+                    ("partition", w["p"]),
+                    ("first_offset", w["first"]),
+                    ("last_offset", offset),
+                ):
                     rows[name].append(value)
                 counts["waveforms"] += 1
                 counts["bytes"] += len(payload)

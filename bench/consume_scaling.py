@@ -17,11 +17,10 @@ import platform
 import shutil
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from wavepipe.bench.workloads import KiB, MiB, SignalPool, Workload, produce_backlog
-from wavepipe.bench.results import default_results_dir
 from wavepipe.config import Settings
 
 log = logging.getLogger("wavepipe.bench")
@@ -29,8 +28,14 @@ log = logging.getLogger("wavepipe.bench")
 PARTITION_COUNTS = (1, 2, 4)
 
 
-def measure_consume_scaling(settings: Settings, workdir: Path, *, total_bytes: int = 1024 * MiB,
-                            partition_counts: tuple[int, ...] = PARTITION_COUNTS, repeats: int = 3) -> dict:
+def measure_consume_scaling(
+    settings: Settings,
+    workdir: Path,
+    *,
+    total_bytes: int = 1024 * MiB,
+    partition_counts: tuple[int, ...] = PARTITION_COUNTS,
+    repeats: int = 3,
+) -> dict:
     """Produce the backlog once per partition count, then time the consume step with one reader and
     with one reader per partition, ``repeats`` times each after a warm-up; return the medians (MB/s
     of chunk payload)."""
@@ -52,28 +57,45 @@ def measure_consume_scaling(settings: Settings, workdir: Path, *, total_bytes: i
         row["vs_1_partition"] = round(row["mb_s"] / base, 2)
         one = next(r["mb_s"] for r in rows if r["partitions"] == row["partitions"] and r["readers"] == 1)
         row["vs_one_reader"] = round(row["mb_s"] / one, 2)
-    return {"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "machine": {"cpus": _cpus(), "python": platform.python_version()},
-            "workload": workload.describe(), "rows": rows}
+    return {
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": _cpus(), "python": platform.python_version()},
+        "workload": workload.describe(),
+        "rows": rows,
+    }
 
 
-def _measure_topic(settings: Settings, workdir: Path, topic: str, n: int, workload: Workload, pool: SignalPool,
-                   repeats: int) -> list[dict]:
+def _measure_topic(
+    settings: Settings, workdir: Path, topic: str, n: int, workload: Workload, pool: SignalPool, repeats: int
+) -> list[dict]:
     """Produce the backlog to ``topic`` (``n`` partitions), then read it with one reader and with
     one reader per partition: a warm-up (imports, page cache), then the median of ``repeats``."""
     log.info("%d partition(s): producing %s", n, workload.describe())
     produce_backlog(settings, topic, workload, first_index=0, count=workload.waveforms, pool=pool)
     rows = []
     for readers in sorted({1, n}):
-        trials = [_consume_once(settings, workdir, topic, readers, workload.payload_bytes)
-                  for _ in range(repeats + 1)][1:]
+        trials = [_consume_once(settings, workdir, topic, readers, workload.payload_bytes) for _ in range(repeats + 1)][
+            1:
+        ]
         trials.sort(key=lambda t: t["read_s"])
-        row = {"partitions": n, "readers": readers, **trials[len(trials) // 2],
-               "read_s_all": [t["read_s"] for t in trials]}
+        row = {
+            "partitions": n,
+            "readers": readers,
+            **trials[len(trials) // 2],
+            "read_s_all": [t["read_s"] for t in trials],
+        }
         row["mb_s"] = round(row["bytes"] / 1e6 / row["read_s"], 1)
-        log.info("%d partition(s), %d reader(s): %.0f MB read in %.2fs = %.1f MB/s (median of %d; step %.2fs "
-                 "with process start-up)", n, readers, row["bytes"] / 1e6, row["read_s"], row["mb_s"],
-                 repeats, row["wall_s"])
+        log.info(
+            "%d partition(s), %d reader(s): %.0f MB read in %.2fs = %.1f MB/s (median of %d; step %.2fs "
+            "with process start-up)",
+            n,
+            readers,
+            row["bytes"] / 1e6,
+            row["read_s"],
+            row["mb_s"],
+            repeats,
+            row["wall_s"],
+        )
         rows.append(row)
     return rows
 
@@ -84,9 +106,15 @@ def _consume_once(settings: Settings, workdir: Path, topic: str, readers: int, e
     from wavepipe.plan import new_run_id
 
     home = workdir / f"{topic}-{readers}r"
-    s = settings.replace(home=home, topic=topic, group=f"bench-{uuid.uuid4().hex[:10]}",
-                         max_records_per_partition=0, max_bytes_per_partition=0, consume_parallelism=readers,
-                         consume_in_process_max_records=0)  # reader processes, whatever the backlog's size
+    s = settings.replace(
+        home=home,
+        topic=topic,
+        group=f"bench-{uuid.uuid4().hex[:10]}",
+        max_records_per_partition=0,
+        max_bytes_per_partition=0,
+        consume_parallelism=readers,
+        consume_in_process_max_records=0,
+    )  # reader processes, whatever the backlog's size
     plan = plan_step(s, new_run_id(), topic=topic, group=s.group, new_group_start="earliest")
     began = time.monotonic()
     results = consume_all(s, plan.run_id, partitions_to_read(plan))
@@ -98,8 +126,12 @@ def _consume_once(settings: Settings, workdir: Path, topic: str, readers: int, e
     # reading: from the first reader's start to the last one's end (readers start one after another,
     # so their reading overlaps only in part); starting the reader processes is in wall_s only
     reading = max(r["ended"] for r in results) - min(r["began"] for r in results)
-    return {"bytes": nbytes, "wall_s": round(wall, 2), "read_s": round(reading, 2),
-            "chunks_per_partition": {r["partition"]: r["chunks"] for r in results}}
+    return {
+        "bytes": nbytes,
+        "wall_s": round(wall, 2),
+        "read_s": round(reading, 2),
+        "chunks_per_partition": {r["partition"]: r["chunks"] for r in results},
+    }
 
 
 def _cpus() -> int:
@@ -125,9 +157,11 @@ def to_markdown(result: dict) -> str:
         "|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in result["rows"]:
-        lines.append(f"| {r['partitions']} | {r['readers']} | {r['mb_s']} | {r['read_s']} | {r['wall_s']} | "
-                     f"{r['vs_1_partition']}x | {r['vs_one_reader']}x | "
-                     f"{', '.join(str(v) for _, v in sorted(r['chunks_per_partition'].items()))} |")
+        lines.append(
+            f"| {r['partitions']} | {r['readers']} | {r['mb_s']} | {r['read_s']} | {r['wall_s']} | "
+            f"{r['vs_1_partition']}x | {r['vs_one_reader']}x | "
+            f"{', '.join(str(v) for _, v in sorted(r['chunks_per_partition'].items()))} |"
+        )
     return "\n".join(lines) + "\n"
 
 

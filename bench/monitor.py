@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from dataclasses import dataclass, field
 
 import psutil
@@ -76,7 +75,7 @@ class Monitor:
     _broker_cpu0: float = 0.0
     _harness_cpu0: float = 0.0
 
-    def __enter__(self) -> "Monitor":
+    def __enter__(self) -> Monitor:
         self._stop = threading.Event()
         self._me = psutil.Process()
         self._harness_cpu0 = _cpu(self._me)
@@ -135,8 +134,11 @@ class Monitor:
                 sums[proc.role] = sums.get(proc.role, 0.0) + rss_kb / 1024
             except (psutil.Error, FileNotFoundError, ProcessLookupError):
                 continue
-        for role, rss_mb in [*sums.items(), ("harness", _rss_hwm_kb(os.getpid())[0] / 1024),
-                             ("broker", self._broker_rss_mb())]:
+        for role, rss_mb in [
+            *sums.items(),
+            ("harness", _rss_hwm_kb(os.getpid())[0] / 1024),
+            ("broker", self._broker_rss_mb()),
+        ]:
             self._peaks[role] = max(self._peaks.get(role, 0.0), rss_mb)
 
     def _broker_rss_mb(self) -> float:
@@ -165,8 +167,11 @@ class Monitor:
             except psutil.Error:
                 pass
         out.setdefault("harness", RoleStats(processes=1)).cpu_s = _cpu(self._me) - self._harness_cpu0
-        return {role: {k: round(v, 1) if isinstance(v, float) else v for k, v in vars(s).items()}
-                for role, s in sorted(out.items()) if s.peak_rss_mb or s.cpu_s}
+        return {
+            role: {k: round(v, 1) if isinstance(v, float) else v for k, v in vars(s).items()}
+            for role, s in sorted(out.items())
+            if s.peak_rss_mb or s.cpu_s
+        }
 
 
 def _cpu(proc: psutil.Process) -> float:

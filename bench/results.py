@@ -46,8 +46,9 @@ WARM_RUN_GOAL_S = 5.0
 
 def warm_runs(results: dict) -> list[dict]:
     """The warm small runs, in order (the first one in a new home creates its tables)."""
-    return sorted((m for m in _by(results, workload="warm_small") if not m["error"]),
-                  key=lambda m: m["info"].get("repeat", 0))
+    return sorted(
+        (m for m in _by(results, workload="warm_small") if not m["error"]), key=lambda m: m["info"].get("repeat", 0)
+    )
 
 
 def warm_run_seconds(results: dict) -> float | None:
@@ -74,27 +75,46 @@ def goals(results: dict) -> list[tuple[str, bool | None, str]]:
     for workload in ("large", "small"):
         for alt, need in (("spark_kafka_source", 2.0), ("python_consumer", 0.5)):
             speedup = _speedup(results, workload, 1, alt)
-            out.append((f"wavepipe >= {need}x {LABELS[alt]} ({workload})",
-                        None if speedup is None else speedup >= need,
-                        "not measured" if speedup is None else f"{speedup:.2f}x"))
+            out.append(
+                (
+                    f"wavepipe >= {need}x {LABELS[alt]} ({workload})",
+                    None if speedup is None else speedup >= need,
+                    "not measured" if speedup is None else f"{speedup:.2f}x",
+                )
+            )
     if scale > 1:
         speedup = _speedup(results, "large", scale, "python_consumer")
-        out.append((f"wavepipe ahead of {LABELS['python_consumer']} (large x{scale})",
-                    None if speedup is None else speedup > 1.0,
-                    "not measured" if speedup is None else f"{speedup:.2f}x"))
+        out.append(
+            (
+                f"wavepipe ahead of {LABELS['python_consumer']} (large x{scale})",
+                None if speedup is None else speedup > 1.0,
+                "not measured" if speedup is None else f"{speedup:.2f}x",
+            )
+        )
         many = _one(results, system="wavepipe", workload="large", scale=scale)
         share = many["of_ceiling"] if many else None
-        out.append((f"wavepipe end to end >= 15% of the ceiling (large x{scale})",
-                    None if share is None else share >= 0.15,
-                    "not measured" if share is None else f"{share:.0%} of the ceiling"))
+        out.append(
+            (
+                f"wavepipe end to end >= 15% of the ceiling (large x{scale})",
+                None if share is None else share >= 0.15,
+                "not measured" if share is None else f"{share:.0%} of the ceiling",
+            )
+        )
     warm = warm_run_seconds(results)
     runs = warm_runs(results)
-    out.append((f"a small run (ten 1 MiB waveforms) with the engine warm takes <= {WARM_RUN_GOAL_S:.0f} s "
-                "from plan to commit", None if warm is None else warm <= WARM_RUN_GOAL_S,
-                "not measured" if warm is None else
-                f"{warm:.1f} s, one run, the first in its home" if len(runs) == 1 else
-                f"{warm:.1f} s, the median of {len(runs) - 1} run(s) after the first; the first took "
-                f"{runs[0]['wall_s']:.1f} s"))
+    out.append(
+        (
+            f"a small run (ten 1 MiB waveforms) with the engine warm takes <= {WARM_RUN_GOAL_S:.0f} s "
+            "from plan to commit",
+            None if warm is None else warm <= WARM_RUN_GOAL_S,
+            "not measured"
+            if warm is None
+            else f"{warm:.1f} s, one run, the first in its home"
+            if len(runs) == 1
+            else f"{warm:.1f} s, the median of {len(runs) - 1} run(s) after the first; the first took "
+            f"{runs[0]['wall_s']:.1f} s",
+        )
+    )
     for workload in ("large", "small"):
         wp = _one(results, system="wavepipe", workload=workload, scale=1)
         gate = sum(v for k, v in (wp or {}).get("stages", {}).items() if k.startswith("validate: "))
@@ -103,9 +123,14 @@ def goals(results: dict) -> list[tuple[str, bool | None, str]]:
             out.append((name, None, "not measured"))
         else:
             rest = wp["wall_s"] - gate
-            out.append((name, gate <= rest / 3,
-                        f"+{gate:.1f} s on {rest:.1f} s ({gate / rest:.0%}; publishing, the run's one write of "
-                        "the output, not included)"))
+            out.append(
+                (
+                    name,
+                    gate <= rest / 3,
+                    f"+{gate:.1f} s on {rest:.1f} s ({gate / rest:.0%}; publishing, the run's one write of "
+                    "the output, not included)",
+                )
+            )
     if scale > 1:
         for workload in ("large", "small"):
             one = _one(results, system="wavepipe", workload=workload, scale=1)
@@ -140,7 +165,8 @@ def markdown(results: dict, chart_name: str) -> str:
         f"**Machine:** {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; {m['os']}; Python {m['python']}; "
         f"Kafka {m['kafka']} (local KRaft broker); pyspark {m['pyspark']} (local[{o['parallelism']}]), "
         f"delta-spark {m['delta_spark']}; confluent-kafka {m['confluent_kafka']} (librdkafka {m['librdkafka']})"
-        + (f"; {m['kcat']}" if m.get("kcat") else "; kcat not installed") + ".",
+        + (f"; {m['kcat']}" if m.get("kcat") else "; kcat not installed")
+        + ".",
         "",
         f"All systems read the same offset ranges of one topic ({o['partitions']} partitions) right after it was "
         "produced, so the broker serves them from the page cache for everyone. Readers that run per partition "
@@ -162,11 +188,15 @@ def markdown(results: dict, chart_name: str) -> str:
             if not rows:
                 continue
             first = rows[0]
-            lines += ["", f"## {workload} x{scale}: {first['waveforms']} waveforms, {first['chunks']} chunks, "
-                          f"{first['payload_bytes'] / 2**20:.0f} MiB", "",
-                      "| system | wall s | MB/s | chunks/s | of ceiling | peak RSS MB: consumer | Spark JVM "
-                      "| Spark Python driver | Spark Python workers | broker | CPU s (all roles) |",
-                      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            lines += [
+                "",
+                f"## {workload} x{scale}: {first['waveforms']} waveforms, {first['chunks']} chunks, "
+                f"{first['payload_bytes'] / 2**20:.0f} MiB",
+                "",
+                "| system | wall s | MB/s | chunks/s | of ceiling | peak RSS MB: consumer | Spark JVM "
+                "| Spark Python driver | Spark Python workers | broker | CPU s (all roles) |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            ]
             for r in rows:
                 if r["error"]:
                     lines.append(f"| {LABELS[r['system']]} | failed: {r['error'][:120]} |||||||||||")
@@ -179,31 +209,50 @@ def markdown(results: dict, chart_name: str) -> str:
                     f"| {_fmt(r['of_ceiling'], '.0%')} | {_fmt(_peak(r, 'consumer'), '.0f')} "
                     f"| {_fmt(_peak(r, 'spark_jvm'), '.0f')} | {_fmt(_peak(r, 'spark_python_driver'), '.0f')} "
                     f"| {_fmt(mem.get('spark_python_workers', {}).get('peak_rss_mb'), '.0f')} "
-                    f"| {_fmt(_peak(r, 'broker'), '.0f')} | {cpu:.0f} |")
+                    f"| {_fmt(_peak(r, 'broker'), '.0f')} | {cpu:.0f} |"
+                )
     lines += _warm_section(results)
-    lines += ["", "## Where wavepipe's time goes", "",
-              "| workload | stage | seconds | share of wall |", "|---|---|---:|---:|"]
+    lines += [
+        "",
+        "## Where wavepipe's time goes",
+        "",
+        "| workload | stage | seconds | share of wall |",
+        "|---|---|---:|---:|",
+    ]
     for r in _by(results, system="wavepipe"):
         if r["error"] or r["workload"] == "warm_small":  # in its own section
             continue
         for stage, seconds in r["stages"].items():
             lines.append(f"| {r['workload']} x{r['scale']} | {stage} | {seconds:.1f} | {seconds / r['wall_s']:.0%} |")
-    lines += ["", "## Scaling: the same systems at {}x the backlog".format(o["scale"]), "",
-              "| system | workload | wall 1x s | wall {0}x s | time ratio (ideal {0}) | peak RSS 1x -> {0}x MB "
-              "(largest process) |".format(o["scale"]), "|---|---|---:|---:|---:|---|"]
+    lines += [
+        "",
+        "## Scaling: the same systems at {}x the backlog".format(o["scale"]),
+        "",
+        "| system | workload | wall 1x s | wall {0}x s | time ratio (ideal {0}) | peak RSS 1x -> {0}x MB "
+        "(largest process) |".format(o["scale"]),
+        "|---|---|---:|---:|---:|---|",
+    ]
     for r in _by(results, scale=o["scale"]):
         base = _one(results, system=r["system"], workload=r["workload"], scale=1)
         if r["error"] or not base or o["scale"] == 1:
             continue
-        biggest = max((k for k in r["memory"] if k not in ("broker", "harness")),
-                      key=lambda k: r["memory"][k]["max_process_rss_mb"], default=None)
-        mem = "-" if biggest is None else (f"{biggest}: {_peak(base, biggest) or 0:.0f} -> "
-                                           f"{_peak(r, biggest):.0f}")
-        lines.append(f"| {LABELS[r['system']]} | {r['workload']} | {base['wall_s']:.1f} | {r['wall_s']:.1f} "
-                     f"| {r['wall_s'] / base['wall_s']:.2f} | {mem} |")
-    lines += ["", "Roles: " + "; ".join(f"*{k}*: {v}" for k, v in ROLES.items()) + ". Peak RSS is each process's "
-              "kernel high-water mark (VmHWM); for Spark's Python workers it is the largest sum of the workers "
-              "alive at one sample.", ""]
+        biggest = max(
+            (k for k in r["memory"] if k not in ("broker", "harness")),
+            key=lambda k: r["memory"][k]["max_process_rss_mb"],
+            default=None,
+        )
+        mem = "-" if biggest is None else (f"{biggest}: {_peak(base, biggest) or 0:.0f} -> {_peak(r, biggest):.0f}")
+        lines.append(
+            f"| {LABELS[r['system']]} | {r['workload']} | {base['wall_s']:.1f} | {r['wall_s']:.1f} "
+            f"| {r['wall_s'] / base['wall_s']:.2f} | {mem} |"
+        )
+    lines += [
+        "",
+        "Roles: " + "; ".join(f"*{k}*: {v}" for k, v in ROLES.items()) + ". Peak RSS is each process's "
+        "kernel high-water mark (VmHWM); for Spark's Python workers it is the largest sum of the workers "
+        "alive at one sample.",
+        "",
+    ]
     if results.get("skipped"):
         lines += [f"Not run: {', '.join(results['skipped'])} (kcat is not installed).", ""]
     return "\n".join(lines)
@@ -217,27 +266,42 @@ def _warm_section(results: dict) -> list[str]:
         return lines
     lines += ["", "## The Spark engine: cold start, and a small run with it warm", ""]
     if start:
-        lines += [f"Cold start of the local Spark Connect server, on its own: {start['up_s']:.1f} s until it "
-                  f"accepts connections, then {start['attach_and_first_query_s']:.1f} s for a new session to "
-                  f"attach and run a first query; a query on the attached session then takes "
-                  f"{start['warm_query_s']:.2f} s. Every run below attaches to the warm server.", ""]
+        lines += [
+            f"Cold start of the local Spark Connect server, on its own: {start['up_s']:.1f} s until it "
+            f"accepts connections, then {start['attach_and_first_query_s']:.1f} s for a new session to "
+            f"attach and run a first query; a query on the attached session then takes "
+            f"{start['warm_query_s']:.2f} s. Every run below attaches to the warm server.",
+            "",
+        ]
     else:
-        lines += ["The engine's cold start was not measured (runs used a remote engine, spark-submit, or the "
-                  "engine was busy).", ""]
+        lines += [
+            "The engine's cold start was not measured (runs used a remote engine, spark-submit, or the "
+            "engine was busy).",
+            "",
+        ]
     warmup = results.get("engine_warmup") or []
     if warmup:
         walls = ", ".join("failed" if w["error"] else f"{w['wall_s']:.1f} s" for w in warmup)
-        lines += [f"Then, before any measurement, {len(warmup)} throw-away small run(s) like those below warmed "
-                  f"the engine up (its JIT, its caches), as a long-lived engine is: {walls}.", ""]
+        lines += [
+            f"Then, before any measurement, {len(warmup)} throw-away small run(s) like those below warmed "
+            f"the engine up (its JIT, its caches), as a long-lived engine is: {walls}.",
+            "",
+        ]
     if runs:
         stages = [k for k in runs[0]["stages"] if ":" not in k]
-        lines += ["Ten 1 MiB waveforms (64 KiB chunks) produced, then one run timed from plan to commit, "
-                  "repeated in one home and group (the first run creates the tables):", "",
-                  "| run | wall s | " + " | ".join(f"{k} s" for k in stages) + " |",
-                  "|---:|---:|" + "---:|" * len(stages)]
+        lines += [
+            "Ten 1 MiB waveforms (64 KiB chunks) produced, then one run timed from plan to commit, "
+            "repeated in one home and group (the first run creates the tables):",
+            "",
+            "| run | wall s | " + " | ".join(f"{k} s" for k in stages) + " |",
+            "|---:|---:|" + "---:|" * len(stages),
+        ]
         for m in runs:
-            lines.append(f"| {m['info'].get('repeat', '?')} | {m['wall_s']:.1f} | "
-                         + " | ".join(f"{m['stages'].get(k, 0):.1f}" for k in stages) + " |")
+            lines.append(
+                f"| {m['info'].get('repeat', '?')} | {m['wall_s']:.1f} | "
+                + " | ".join(f"{m['stages'].get(k, 0):.1f}" for k in stages)
+                + " |"
+            )
     return lines
 
 
@@ -259,7 +323,9 @@ def chart(results: dict, path) -> None:
             values.append(m["mb_s"] if m else 0)
         bars = ax.bar([x + i * width for x in range(2)], values, width, label=LABELS[system])
         ax.bar_label(bars, fmt="%.0f", fontsize=7)
-    ax.set_xticks([x + width * (len(systems) - 1) / 2 for x in range(2)], ["large (1 MiB / 64 KiB)", "small (16 KiB / 4 KiB)"])
+    ax.set_xticks(
+        [x + width * (len(systems) - 1) / 2 for x in range(2)], ["large (1 MiB / 64 KiB)", "small (16 KiB / 4 KiB)"]
+    )
     ax.set_ylabel("MB/s (payload, wall time)")
     ax.set_title("Throughput on the same ranges (x1)")
     ax.legend(fontsize=7)

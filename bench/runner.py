@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -14,13 +15,15 @@ import shutil
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
+import psutil
+
 from wavepipe.bench.monitor import Monitor
+from wavepipe.bench.results import default_results_dir
 from wavepipe.bench.systems import LABELS, SYSTEMS, Ranges, resolve_spark_kafka_jars
 from wavepipe.bench.workloads import KiB, MiB, SignalPool, Workload, default_workloads, produce_backlog
-from wavepipe.bench.results import default_results_dir
 from wavepipe.config import Settings, source_checkout
 from wavepipe.jars import RESOURCES
 
@@ -47,13 +50,21 @@ class BenchOptions:
     command: str = "wavepipe bench"
 
     @classmethod
-    def quick_options(cls, **changes) -> "BenchOptions":
+    def quick_options(cls, **changes) -> BenchOptions:
         """Small sizes for a smoke test: every system once, the scaling pass for wavepipe, the
         read ceiling and the hand-written consumer (what the scaling goals compare), two warm runs."""
-        return cls(**{"large_bytes": 8 * MiB, "small_bytes": 2 * MiB, "scale": 2,
-                      "scale_systems": ("ceiling_confluent", "wavepipe", "python_consumer"), "warm_runs": 2,
-                      "warmup_runs": 1, "quick": True,
-                      **changes})
+        return cls(
+            **{
+                "large_bytes": 8 * MiB,
+                "small_bytes": 2 * MiB,
+                "scale": 2,
+                "scale_systems": ("ceiling_confluent", "wavepipe", "python_consumer"),
+                "warm_runs": 2,
+                "warmup_runs": 1,
+                "quick": True,
+                **changes,
+            }
+        )
 
 
 @dataclass
@@ -90,14 +101,17 @@ def run_bench(settings: Settings, options: BenchOptions) -> dict:
     engine_start = measure_engine_start(settings) if "wavepipe" in systems else None
     if "spark_kafka_source" in systems:
         resolve_spark_kafka_jars(settings)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     work = settings.home / "bench" / stamp
     warmup = []
     if "wavepipe" in systems and options.warmup_runs:
         log.info("warming the engine up: %d throw-away small run(s), not measured", options.warmup_runs)
-        warmup = [{"repeat": m.info.get("repeat"), "wall_s": m.wall_s, "check": m.check, "error": m.error}
-                  for m in warm_small_runs(settings, options, stamp, work / "warmup", broker.pid(),
-                                           options.warmup_runs, name="warmup")]
+        warmup = [
+            {"repeat": m.info.get("repeat"), "wall_s": m.wall_s, "check": m.check, "error": m.error}
+            for m in warm_small_runs(
+                settings, options, stamp, work / "warmup", broker.pid(), options.warmup_runs, name="warmup"
+            )
+        ]
     pool = SignalPool()
     measurements: list[Measurement] = []
     for workload in default_workloads(options.large_bytes, options.small_bytes):
@@ -109,22 +123,35 @@ def run_bench(settings: Settings, options: BenchOptions) -> dict:
             for scale in sorted({1, options.scale}):
                 target = workload.scaled(scale)
                 log.info("workload %s (x%d)", target.describe(), scale)
-                manifest.update(produce_backlog(settings, topic, workload, first_index=produced,
-                                                count=target.waveforms - produced, pool=pool))
+                manifest.update(
+                    produce_backlog(
+                        settings, topic, workload, first_index=produced, count=target.waveforms - produced, pool=pool
+                    )
+                )
                 produced = target.waveforms
                 ranges = _ranges(settings, topic, options.partitions)
                 wanted = systems if scale == 1 else [s for s in systems if s in options.scale_systems]
                 for system in wanted:
-                    m = _measure(settings, system, workload, target, scale, topic, ranges, manifest,
-                                 work / f"{workload.name}-x{scale}" / system, broker.pid(), options)
+                    m = _measure(
+                        settings,
+                        system,
+                        workload,
+                        target,
+                        scale,
+                        topic,
+                        ranges,
+                        manifest,
+                        work / f"{workload.name}-x{scale}" / system,
+                        broker.pid(),
+                        options,
+                    )
                     measurements.append(m)
                 _ratios([m for m in measurements if m.workload == workload.name and m.scale == scale])
         finally:
             if not options.keep:
                 _delete_topic(settings, topic)
     if "wavepipe" in systems and options.warm_runs:
-        measurements += warm_small_runs(settings, options, stamp, work / "warm-small", broker.pid(),
-                                        options.warm_runs)
+        measurements += warm_small_runs(settings, options, stamp, work / "warm-small", broker.pid(), options.warm_runs)
     if not options.keep:
         shutil.rmtree(work, ignore_errors=True)
     return {
@@ -157,8 +184,9 @@ def measure_engine_start(settings: Settings) -> dict | None:
     engine = LocalEngine(settings)
     if engine.pid() is not None:
         if not engine.idle():
-            log.warning("the Spark engine is running a step: its cold start is not measured (it is not "
-                        "stopped under a run)")
+            log.warning(
+                "the Spark engine is running a step: its cold start is not measured (it is not stopped under a run)"
+            )
             return None
         log.info("%s", engine.down())
     began = time.monotonic()
@@ -171,22 +199,32 @@ def measure_engine_start(settings: Settings) -> dict | None:
         began = time.monotonic()
         spark.range(1).count()
         again_s = time.monotonic() - began
-    result = {"up_s": round(up_s, 3), "attach_and_first_query_s": round(first_s, 3),
-              "warm_query_s": round(again_s, 3)}
-    log.info("Spark engine cold start: %.1f s to answer, %.1f s to attach and run a first query, "
-             "then %.2f s a query", up_s, first_s, again_s)
+    result = {"up_s": round(up_s, 3), "attach_and_first_query_s": round(first_s, 3), "warm_query_s": round(again_s, 3)}
+    log.info(
+        "Spark engine cold start: %.1f s to answer, %.1f s to attach and run a first query, then %.2f s a query",
+        up_s,
+        first_s,
+        again_s,
+    )
     return result
 
 
-def warm_small_runs(settings: Settings, options: "BenchOptions", stamp: str, workdir: Path,
-                    broker_pid: int | None, runs: int, name: str = "warm") -> list[Measurement]:
+def warm_small_runs(
+    settings: Settings,
+    options: BenchOptions,
+    stamp: str,
+    workdir: Path,
+    broker_pid: int | None,
+    runs: int,
+    name: str = "warm",
+) -> list[Measurement]:
     """A small run with the engine warm, as a user who triggers a run for fresh data sees it:
     ten 1 MiB waveforms produced, then one run timed from plan to commit; ``runs`` times
     in one home and group (the first run creates the tables and the
     Great Expectations project; the later ones are the steady state). ``name`` keeps the topic and
     group of the engine's warm-up apart from the measured runs'."""
-    from wavepipe.consumers.kafka_admin import ensure_topic
     from wavepipe.bench.systems import wavepipe_run
+    from wavepipe.consumers.kafka_admin import ensure_topic
 
     topic = f"bench-{WARM_SMALL.name}-{name}-{stamp}"
     group = f"bench-{name}-{stamp}"
@@ -197,14 +235,34 @@ def warm_small_runs(settings: Settings, options: "BenchOptions", stamp: str, wor
         before = _ranges(settings, topic, options.partitions)
         manifest: dict[str, str] = {}
         for i in range(runs):
-            manifest.update(produce_backlog(settings, topic, WARM_SMALL, first_index=i * WARM_SMALL.waveforms,
-                                            count=WARM_SMALL.waveforms, pool=pool))
+            manifest.update(
+                produce_backlog(
+                    settings,
+                    topic,
+                    WARM_SMALL,
+                    first_index=i * WARM_SMALL.waveforms,
+                    count=WARM_SMALL.waveforms,
+                    pool=pool,
+                )
+            )
             after = _ranges(settings, topic, options.partitions)
             ranges = {p: (before[p][1], after[p][1]) for p in after}
             before = after
-            m = _measure(settings, "wavepipe", WARM_SMALL, WARM_SMALL, 1, topic, ranges, manifest, workdir,
-                         broker_pid, options, keep_workdir=True,
-                         run=functools.partial(wavepipe_run, group=group, small_reads_in_process=True))
+            m = _measure(
+                settings,
+                "wavepipe",
+                WARM_SMALL,
+                WARM_SMALL,
+                1,
+                topic,
+                ranges,
+                manifest,
+                workdir,
+                broker_pid,
+                options,
+                keep_workdir=True,
+                run=functools.partial(wavepipe_run, group=group, small_reads_in_process=True),
+            )
             m.info["repeat"] = i + 1
             out.append(m)
     finally:
@@ -214,9 +272,21 @@ def warm_small_runs(settings: Settings, options: "BenchOptions", stamp: str, wor
     return out
 
 
-def _measure(settings: Settings, system: str, workload: Workload, target: Workload, scale: int, topic: str,
-             ranges: Ranges, manifest: dict[str, str], workdir: Path, broker_pid: int | None,
-             options: BenchOptions, keep_workdir: bool = False, run=None) -> Measurement:
+def _measure(
+    settings: Settings,
+    system: str,
+    workload: Workload,
+    target: Workload,
+    scale: int,
+    topic: str,
+    ranges: Ranges,
+    manifest: dict[str, str],
+    workdir: Path,
+    broker_pid: int | None,
+    options: BenchOptions,
+    keep_workdir: bool = False,
+    run=None,
+) -> Measurement:
     """Run ``system`` (or ``run``, a system's function with arguments bound) on ``ranges`` under
     a monitor; check its output against ``manifest``. ``keep_workdir``: for a run that continues
     where the previous one left off (its home and output stay)."""
@@ -225,8 +295,9 @@ def _measure(settings: Settings, system: str, workload: Workload, target: Worklo
     try:
         # the engine's processes are wavepipe's: the other systems run beside it, idle, not on it
         engine = _engine_pid(settings)
-        with Monitor(broker_pid, engine if system == "wavepipe" else None,
-                     ignore_pid=None if system == "wavepipe" else engine) as monitor:
+        with Monitor(
+            broker_pid, engine if system == "wavepipe" else None, ignore_pid=None if system == "wavepipe" else engine
+        ) as monitor:
             outcome = (run or SYSTEMS[system])(settings, topic, ranges, workdir, options.parallelism)
         m.memory = monitor.stats()
         m.wall_s = round(outcome.wall_s, 3)
@@ -235,9 +306,16 @@ def _measure(settings: Settings, system: str, workload: Workload, target: Worklo
         m.stages = {k: round(v, 3) for k, v in outcome.stages.items()}
         m.info = outcome.info
         m.check = _check(system, outcome, target, manifest)
-        log.info("  %-34s x%d: %.1fs, %.1f MB/s, %d chunks/s; %s", LABELS[system], scale, m.wall_s, m.mb_s,
-                 m.chunks_s, m.check)
-    except Exception as exc:  # noqa: BLE001 - one failed system does not stop the others
+        log.info(
+            "  %-34s x%d: %.1fs, %.1f MB/s, %d chunks/s; %s",
+            LABELS[system],
+            scale,
+            m.wall_s,
+            m.mb_s,
+            m.chunks_s,
+            m.check,
+        )
+    except Exception as exc:
         m.error = f"{type(exc).__name__}: {exc}"
         log.error("  %s failed: %s", LABELS[system], m.error)
     finally:
@@ -269,16 +347,18 @@ def _check(system: str, outcome, target: Workload, manifest: dict[str, str]) -> 
     ids = table["waveform_id"].to_pylist()
     if len(ids) != len(set(ids)):
         raise AssertionError(f"{len(ids) - len(set(ids))} waveforms appear more than once")
-    got = dict(zip(ids, table["checksum"].to_pylist()))
+    got = dict(zip(ids, table["checksum"].to_pylist(), strict=True))
     if got.keys() != manifest.keys():
         missing, extra = len(manifest.keys() - got.keys()), len(got.keys() - manifest.keys())
-        raise AssertionError(f"output has {len(got)} waveforms, expected {len(manifest)} ({missing} missing, {extra} unknown)")
+        raise AssertionError(
+            f"output has {len(got)} waveforms, expected {len(manifest)} ({missing} missing, {extra} unknown)"
+        )
     wrong = [w for w, c in got.items() if manifest[w] != c]
     if wrong:
         raise AssertionError(f"{len(wrong)} waveforms carry the wrong checksum, e.g. {wrong[0]}")
     sample = random.Random(0).sample(sorted(got), min(8, len(got)))
     rows = dataset.to_table(columns=["waveform_id", "payload"], filter=ds.field("waveform_id").isin(sample))
-    for wid, payload in zip(rows["waveform_id"].to_pylist(), rows["payload"].to_pylist()):
+    for wid, payload in zip(rows["waveform_id"].to_pylist(), rows["payload"].to_pylist(), strict=True):
         if "sha256:" + hashlib.sha256(payload).hexdigest() != manifest[wid]:
             raise AssertionError(f"waveform {wid} is not bit-exact")
     return f"{len(got)} waveforms once each, checksums match, {len(sample)} re-hashed bit-exact"
@@ -293,6 +373,7 @@ def _ratios(group: list[Measurement]) -> None:
 
 def _ranges(settings: Settings, topic: str, partitions: int) -> Ranges:
     from confluent_kafka.admin import OffsetSpec
+
     from wavepipe.consumers.kafka_admin import list_offsets
 
     low = list_offsets(settings, topic, range(partitions), OffsetSpec.earliest())
@@ -310,7 +391,7 @@ def _delete_topic(settings: Settings, topic: str) -> None:
     try:
         admin = admin_client(settings)
         admin.delete_topics([topic])[topic].result(timeout=30)
-    except Exception as exc:  # noqa: BLE001 - leftover topic is a disk cost, not a failure
+    except Exception as exc:
         log.warning("could not delete topic %s (%s); delete it by hand to free disk", topic, exc)
 
 
@@ -320,15 +401,9 @@ def machine_info() -> dict:
     import confluent_kafka
 
     cpu = ""
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    mem_kb = 0
-    try:
-        mem_kb = int(next(line.split()[1] for line in open("/proc/meminfo") if line.startswith("MemTotal")))
-    except (OSError, StopIteration):
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as info:  # psutil does not name the CPU model
+        cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "")
+    mem_kb = psutil.virtual_memory().total // 1024
     kcat = shutil.which("kcat")
     kafka_pom = RESOURCES / "kafka-pom.xml"
     kafka_version = ""
@@ -336,17 +411,30 @@ def machine_info() -> dict:
         found = re.search(r"<kafka.version>([^<]+)<", kafka_pom.read_text())
         kafka_version = found.group(1) if found else ""
     root = source_checkout()  # an installed wavepipe names its version instead
-    commit = ((subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True).stdout.strip() if root and shutil.which("git") else "")
-              or f"wavepipe {version('wavepipe')}")
+    commit = (
+        subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        if root and shutil.which("git")
+        else ""
+    ) or f"wavepipe {version('wavepipe')}"
     return {
         "wavepipe_commit": commit,
-        "cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_kb / 1024 / 1024, 1),
-        "os": f"{platform.system()} {platform.release()}", "python": platform.python_version(),
-        "kafka": kafka_version, "pyspark": version("pyspark"), "delta_spark": version("delta-spark"),
-        "confluent_kafka": confluent_kafka.version()[0], "librdkafka": confluent_kafka.libversion()[0],
-        "kcat": (subprocess.run([kcat, "-V"], capture_output=True, text=True).stdout.splitlines() or [""])[0]
-        if kcat else None,
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_kb / 1024 / 1024, 1),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "kafka": kafka_version,
+        "pyspark": version("pyspark"),
+        "delta_spark": version("delta-spark"),
+        "confluent_kafka": confluent_kafka.version()[0],
+        "librdkafka": confluent_kafka.libversion()[0],
+        "kcat": (subprocess.run([kcat, "-V"], capture_output=True, text=True, check=False).stdout.splitlines() or [""])[
+            0
+        ]
+        if kcat
+        else None,
     }
 
 

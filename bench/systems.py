@@ -41,12 +41,12 @@ def _client(*args: str) -> list[str]:
 def _run_parallel(commands: list[list[str]], parallelism: int, outputs: list[Path] | None = None) -> list[str]:
     """Run commands, ``parallelism`` at a time; return each one's stdout, or write it to the
     matching file of ``outputs`` (fsynced). Raise on the first failure, stopping the others."""
-    queue = list(zip(commands, outputs or [None] * len(commands)))
+    queue = list(zip(commands, outputs or [None] * len(commands), strict=True))
     running, results = [], []
     while queue or running:
         while queue and len(running) < parallelism:
             cmd, out = queue.pop(0)
-            sink = open(out, "wb") if out else None
+            sink = open(out, "wb") if out else None  # noqa: SIM115 (closed when the process ends, below)
             running.append((cmd, sink, subprocess.Popen(cmd, stdout=sink or subprocess.PIPE)))
         time.sleep(0.02)
         for item in list(running):
@@ -74,12 +74,30 @@ def ceiling_confluent(settings: Settings, topic: str, ranges: Ranges, workdir: P
     """A minimal confluent-kafka loop per partition, values appended to one file each."""
     workdir.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
-    commands = [_client("ceiling", "--bootstrap", settings.bootstrap_servers, "--topic", topic,
-                        "--partition", str(p), "--start", str(s), "--end", str(e), "--out", str(workdir / f"p{p}.bin"))
-                for p, (s, e) in sorted(ranges.items()) if e > s]
+    commands = [
+        _client(
+            "ceiling",
+            "--bootstrap",
+            settings.bootstrap_servers,
+            "--topic",
+            topic,
+            "--partition",
+            str(p),
+            "--start",
+            str(s),
+            "--end",
+            str(e),
+            "--out",
+            str(workdir / f"p{p}.bin"),
+        )
+        for p, (s, e) in sorted(ranges.items())
+        if e > s
+    ]
     results = _json_lines(_run_parallel(commands, parallelism))
     wall = time.monotonic() - began
-    return Outcome(wall, info={"records": sum(r["records"] for r in results), "bytes": sum(r["bytes"] for r in results)})
+    return Outcome(
+        wall, info={"records": sum(r["records"] for r in results), "bytes": sum(r["bytes"] for r in results)}
+    )
 
 
 def ceiling_kcat(settings: Settings, topic: str, ranges: Ranges, workdir: Path, parallelism: int) -> Outcome:
@@ -89,10 +107,33 @@ def ceiling_kcat(settings: Settings, topic: str, ranges: Ranges, workdir: Path, 
         raise FileNotFoundError("kcat is not installed (apt-get install kcat)")
     workdir.mkdir(parents=True, exist_ok=True)
     todo = [(p, s, e) for p, (s, e) in sorted(ranges.items()) if e > s]
-    commands = [[kcat, "-C", "-q", "-b", settings.bootstrap_servers, "-t", topic, "-p", str(p), "-o", str(s),
-                 "-c", str(e - s), "-e", "-f", "%s", "-X", "fetch.max.bytes=67108864",
-                 "-X", "max.partition.fetch.bytes=16777216", "-X", "queued.max.messages.kbytes=131072"]
-                for p, s, e in todo]
+    commands = [
+        [
+            kcat,
+            "-C",
+            "-q",
+            "-b",
+            settings.bootstrap_servers,
+            "-t",
+            topic,
+            "-p",
+            str(p),
+            "-o",
+            str(s),
+            "-c",
+            str(e - s),
+            "-e",
+            "-f",
+            "%s",
+            "-X",
+            "fetch.max.bytes=67108864",
+            "-X",
+            "max.partition.fetch.bytes=16777216",
+            "-X",
+            "queued.max.messages.kbytes=131072",
+        ]
+        for p, s, e in todo
+    ]
     began = time.monotonic()
     _run_parallel(commands, parallelism, [workdir / f"p{p}.bin" for p, _, _ in todo])
     wall = time.monotonic() - began
@@ -100,8 +141,15 @@ def ceiling_kcat(settings: Settings, topic: str, ranges: Ranges, workdir: Path, 
     return Outcome(wall, info={"bytes": nbytes})
 
 
-def wavepipe_run(settings: Settings, topic: str, ranges: Ranges, workdir: Path, parallelism: int,
-                 group: str | None = None, small_reads_in_process: bool = False) -> Outcome:
+def wavepipe_run(
+    settings: Settings,
+    topic: str,
+    ranges: Ranges,
+    workdir: Path,
+    parallelism: int,
+    group: str | None = None,
+    small_reads_in_process: bool = False,
+) -> Outcome:
     """wavepipe end to end, the steps ``wavepipe run`` takes: plan, consume, reassemble with validation and
     publishing in the same Spark app, commit. ``group``: continue that group (default: a new group per
     call, reading the ranges from the start). Readers are processes (the monitor's ``consumer`` role),
@@ -111,10 +159,15 @@ def wavepipe_run(settings: Settings, topic: str, ranges: Ranges, workdir: Path, 
     from wavepipe.plan import new_run_id
 
     group = group or f"bench-{uuid.uuid4().hex[:10]}"
-    s = settings.replace(home=workdir / "home", topic=topic, group=group, max_records_per_partition=0,
-                         max_bytes_per_partition=0, consume_parallelism=parallelism,
-                         consume_in_process_max_records=settings.consume_in_process_max_records
-                         if small_reads_in_process else 0)
+    s = settings.replace(
+        home=workdir / "home",
+        topic=topic,
+        group=group,
+        max_records_per_partition=0,
+        max_bytes_per_partition=0,
+        consume_parallelism=parallelism,
+        consume_in_process_max_records=settings.consume_in_process_max_records if small_reads_in_process else 0,
+    )
     if s.spark_engine == "connect" and not s.spark_remote:  # the bench home's engine, warm, not one per workdir
         from wavepipe.engine import LocalEngine
 
@@ -124,8 +177,9 @@ def wavepipe_run(settings: Settings, topic: str, ranges: Ranges, workdir: Path, 
     plan = plan_step(s, new_run_id(), topic=topic, group=group, new_group_start="earliest")
     planned = {r.partition: (r.start, r.end) for r in plan.ranges}
     if planned != {p: tuple(r) for p, r in ranges.items()}:
-        raise RuntimeError(f"wavepipe planned {planned}, the benchmark expected {ranges}: did something else "
-                           f"write to topic {topic}?")
+        raise RuntimeError(
+            f"wavepipe planned {planned}, the benchmark expected {ranges}: did something else write to topic {topic}?"
+        )
     stages["plan"], t = time.monotonic() - t, time.monotonic()
     consume_all(s, plan.run_id, partitions_to_read(plan))
     stages["consume"], t = time.monotonic() - t, time.monotonic()
@@ -138,31 +192,43 @@ def wavepipe_run(settings: Settings, topic: str, ranges: Ranges, workdir: Path, 
     checked = {k: v for k, v in report.get("timings_s", {}).items() if k.startswith("validate_")}
     if "spark_app_s" in inner:
         # the plot is drawn in a thread beside the suites and publishing: not a stage of its own
-        known = (sum(inner.get(k, 0.0) for k in ("spark_app_s", "session_start_s", "session_stop_s"))
-                 + sum(v for k, v in checked.items() if k != "validate_plot_s"))
+        known = sum(inner.get(k, 0.0) for k in ("spark_app_s", "session_start_s", "session_stop_s")) + sum(
+            v for k, v in checked.items() if k != "validate_plot_s"
+        )
         on_engine = s.spark_engine == "connect"
         # spark-submit: the rest of the app's wall is the JVM's and Python's start and exit; attached
         # to the engine: the step's own bookkeeping (locks, reading the plan, saving results)
-        stages["reassemble: outside the measured stages" if on_engine
-               else "reassemble: JVM and Python start and exit"] = stages["reassemble + validate"] - known
-        for key, label in (("session_start_s", "reassemble: attach to the Spark engine" if on_engine
-                            else "reassemble: Spark session start"),
-                           ("classify_s", "reassemble: classify (metadata only)"),
-                           ("assemble_write_s", "reassemble: verify, write the manifest (and assemble waveforms read out of order)"),
-                           ("accounting_s", "reassemble: final status and accounting"),
-                           ("session_stop_s", "reassemble: Spark session stop")):
+        stages[
+            "reassemble: outside the measured stages" if on_engine else "reassemble: JVM and Python start and exit"
+        ] = stages["reassemble + validate"] - known
+        for key, label in (
+            (
+                "session_start_s",
+                "reassemble: attach to the Spark engine" if on_engine else "reassemble: Spark session start",
+            ),
+            ("classify_s", "reassemble: classify (metadata only)"),
+            ("assemble_write_s", "reassemble: verify, write the manifest (and assemble waveforms read out of order)"),
+            ("accounting_s", "reassemble: final status and accounting"),
+            ("session_stop_s", "reassemble: Spark session stop"),
+        ):
             if key in inner:
                 stages[label] = inner[key]
-        for key, label in (("validate_prepare_s", "validate: checked columns (from the manifest, no payload)"),
-                           ("validate_expectations_s", "validate: Great Expectations suites, Data Docs"),
-                           ("validate_plot_start_s", "validate: waveform plot, choosing (and reading any not from the staged chunks)"),
-                           ("validate_plot_wait_s", "validate: waveform plot, waiting for its drawing after publishing"),
-                           ("validate_plot_s", "beside validate: waveform plot (drawn while the suites run and publishing writes)"),
-                           ("validate_publish_s", PUBLISH_STAGE)):
+        for key, label in (
+            ("validate_prepare_s", "validate: checked columns (from the manifest, no payload)"),
+            ("validate_expectations_s", "validate: Great Expectations suites, Data Docs"),
+            ("validate_plot_start_s", "validate: waveform plot, choosing (and reading any not from the staged chunks)"),
+            ("validate_plot_wait_s", "validate: waveform plot, waiting for its drawing after publishing"),
+            ("validate_plot_s", "beside validate: waveform plot (drawn while the suites run and publishing writes)"),
+            ("validate_publish_s", PUBLISH_STAGE),
+        ):
             if key in checked:
                 stages[label] = checked[key]
-    return Outcome(wall, stages, s.output_table, info={"waveforms": report["waveforms"],
-                                                       "balance_errors": report["balance_errors"]})
+    return Outcome(
+        wall,
+        stages,
+        s.output_table,
+        info={"waveforms": report["waveforms"], "balance_errors": report["balance_errors"]},
+    )
 
 
 #: The run's one write of its waveforms' bytes (not part of the validation gate's cost).
@@ -174,9 +240,24 @@ def python_consumer(settings: Settings, topic: str, ranges: Ranges, workdir: Pat
     out = workdir / "output"
     out.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
-    [result] = _json_lines(_run_parallel([_client("pyconsumer", "--bootstrap", settings.bootstrap_servers, "--topic", topic,
-                                      "--ranges", json.dumps({str(p): list(r) for p, r in ranges.items()}),
-                                      "--out", str(out / "part-0.parquet"))], 1))
+    [result] = _json_lines(
+        _run_parallel(
+            [
+                _client(
+                    "pyconsumer",
+                    "--bootstrap",
+                    settings.bootstrap_servers,
+                    "--topic",
+                    topic,
+                    "--ranges",
+                    json.dumps({str(p): list(r) for p, r in ranges.items()}),
+                    "--out",
+                    str(out / "part-0.parquet"),
+                )
+            ],
+            1,
+        )
+    )
     return Outcome(time.monotonic() - began, output=out, info=result)
 
 
@@ -191,9 +272,20 @@ def spark_kafka_source(settings: Settings, topic: str, ranges: Ranges, workdir: 
     workdir.mkdir(parents=True, exist_ok=True)
     out, result_file = workdir / "output", workdir / "result.json"
     began = time.monotonic()
-    spark.submit(s, HERE / "spark_kafka_app.py", "--bootstrap", settings.bootstrap_servers, "--topic", topic,
-                 "--ranges", json.dumps({str(p): list(r) for p, r in ranges.items()}), "--out", str(out),
-                 "--result", str(result_file))
+    spark.submit(
+        s,
+        HERE / "spark_kafka_app.py",
+        "--bootstrap",
+        settings.bootstrap_servers,
+        "--topic",
+        topic,
+        "--ranges",
+        json.dumps({str(p): list(r) for p, r in ranges.items()}),
+        "--out",
+        str(out),
+        "--result",
+        str(result_file),
+    )
     wall = time.monotonic() - began
     info = json.loads(result_file.read_text())
     stages = {"spark-submit start and stop": wall - info["spark_app_s"], "read, reassemble, write": info["spark_app_s"]}

@@ -6,7 +6,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 
@@ -41,12 +41,14 @@ class Workload:
     def payload_bytes(self) -> int:
         return self.waveforms * self.waveform_bytes
 
-    def scaled(self, factor: int) -> "Workload":
+    def scaled(self, factor: int) -> Workload:
         return replace(self, total_bytes=self.total_bytes * factor)
 
     def describe(self) -> str:
-        return (f"{self.name}: {self.waveforms} waveforms of {_size(self.waveform_bytes)} in "
-                f"{_size(self.chunk_bytes)} chunks ({self.chunks} chunks, {self.payload_bytes / MiB:.0f} MiB)")
+        return (
+            f"{self.name}: {self.waveforms} waveforms of {_size(self.waveform_bytes)} in "
+            f"{_size(self.chunk_bytes)} chunks ({self.chunks} chunks, {self.payload_bytes / MiB:.0f} MiB)"
+        )
 
 
 def default_workloads(large_bytes: int, small_bytes: int) -> list[Workload]:
@@ -74,11 +76,12 @@ class SignalPool:
         n = nbytes // 4
         start = (index * 7919) % (len(self.samples) - n)
         gain = np.float32(1.0 + (index % 9973) * 1e-5)
-        return self.samples[start:start + n] * gain + np.float32(index * 1e-3)
+        return self.samples[start : start + n] * gain + np.float32(index * 1e-3)
 
 
-def produce_backlog(settings: Settings, topic: str, workload: Workload, *, first_index: int, count: int,
-                    pool: SignalPool) -> dict[str, str]:
+def produce_backlog(
+    settings: Settings, topic: str, workload: Workload, *, first_index: int, count: int, pool: SignalPool
+) -> dict[str, str]:
     """Produce ``count`` waveforms of ``workload`` (ids from ``first_index``); return id -> sha256.
 
     Keyed and batched like a real wavepipe producer, so one waveform's chunks travel together.
@@ -87,12 +90,15 @@ def produce_backlog(settings: Settings, topic: str, workload: Workload, *, first
 
     producer = ChunkProducer(settings, topic, **{"queue.buffering.max.kbytes": 256 * 1024})
     manifest: dict[str, str] = {}
-    base = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    base = datetime(2026, 1, 1, tzinfo=UTC)
     began = last = time.monotonic()
     for i in range(first_index, first_index + count):
         sent = producer.send(
-            pool.waveform(i, workload.waveform_bytes), waveform_id=f"{workload.name}-{i:09d}",
-            sample_rate=1000.0, start_time=base + timedelta(seconds=i), source=f"bench-{workload.name}",
+            pool.waveform(i, workload.waveform_bytes),
+            waveform_id=f"{workload.name}-{i:09d}",
+            sample_rate=1000.0,
+            start_time=base + timedelta(seconds=i),
+            source=f"bench-{workload.name}",
             chunk_size=workload.chunk_bytes,
         )
         manifest[sent.waveform_id] = sent.checksum
@@ -100,10 +106,21 @@ def produce_backlog(settings: Settings, topic: str, workload: Workload, *, first
         if now - last >= 5:
             last = now
             done = i - first_index + 1
-            log.info("  producing %s: %d/%d waveforms, %.0f MB/s", workload.name, done, count,
-                     done * workload.waveform_bytes / 1e6 / (now - began))
+            log.info(
+                "  producing %s: %d/%d waveforms, %.0f MB/s",
+                workload.name,
+                done,
+                count,
+                done * workload.waveform_bytes / 1e6 / (now - began),
+            )
     producer.flush()
     seconds = time.monotonic() - began
-    log.info("  produced %d %s waveforms (%.0f MiB) in %.1fs, %.0f MB/s", count, workload.name,
-             count * workload.waveform_bytes / MiB, seconds, count * workload.waveform_bytes / 1e6 / max(seconds, 1e-9))
+    log.info(
+        "  produced %d %s waveforms (%.0f MiB) in %.1fs, %.0f MB/s",
+        count,
+        workload.name,
+        count * workload.waveform_bytes / MiB,
+        seconds,
+        count * workload.waveform_bytes / 1e6 / max(seconds, 1e-9),
+    )
     return manifest

@@ -30,8 +30,9 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable, NamedTuple
+from typing import NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
@@ -109,8 +110,9 @@ def _group(chunks: Iterable[ChunkPosition | tuple[int, str, int, int]]) -> dict[
     return waveforms
 
 
-def decide_boundaries(chunks: Iterable[ChunkPosition | tuple[int, str, int, int]], offset: int, *,
-                      end_reached: bool = False) -> Boundaries:
+def decide_boundaries(
+    chunks: Iterable[ChunkPosition | tuple[int, str, int, int]], offset: int, *, end_reached: bool = False
+) -> Boundaries:
     """``first_offset`` / ``close_offset`` around ``offset`` from ``(offset, id, seq, count)`` chunk
     positions (pure). ``end_reached``: the chunks run up to the partition's end, so a waveform
     still missing chunks there is open (its rest is still to come)."""
@@ -131,17 +133,27 @@ def decide_boundaries(chunks: Iterable[ChunkPosition | tuple[int, str, int, int]
             break
         snapped += [wid for wid, w in movable if w.offsets[0] < start and wid not in snapped]
         start = target
-    closing = [w.offsets[-1] + 1 for w in waveforms.values()
-               if w.first_seq0 is not None and w.first_seq0 < offset and w.offsets[-1] >= offset]
-    incomplete = [wid for wid, w in waveforms.items()
-                  if w.first_seq0 is not None and w.offsets[0] < offset and not w.complete]
-    headless = [wid for wid, w in waveforms.items()
-                if w.first_seq0 is None and w.offsets[-1] >= start and wid not in unresolved]
+    closing = [
+        w.offsets[-1] + 1
+        for w in waveforms.values()
+        if w.first_seq0 is not None and w.first_seq0 < offset and w.offsets[-1] >= offset
+    ]
+    incomplete = [
+        wid for wid, w in waveforms.items() if w.first_seq0 is not None and w.offsets[0] < offset and not w.complete
+    ]
+    headless = [
+        wid for wid, w in waveforms.items() if w.first_seq0 is None and w.offsets[-1] >= start and wid not in unresolved
+    ]
     return Boundaries(
-        offset=offset, first_offset=start, close_offset=max(closing, default=offset),
-        snapped_for=tuple(sorted(snapped)), unresolved=tuple(sorted(unresolved)),
-        incomplete=tuple(sorted(incomplete)), headless=tuple(sorted(headless)),
-        scanned_from=offset, scanned_to=offset,
+        offset=offset,
+        first_offset=start,
+        close_offset=max(closing, default=offset),
+        snapped_for=tuple(sorted(snapped)),
+        unresolved=tuple(sorted(unresolved)),
+        incomplete=tuple(sorted(incomplete)),
+        headless=tuple(sorted(headless)),
+        scanned_from=offset,
+        scanned_to=offset,
     )
 
 
@@ -178,8 +190,10 @@ def read_positions(consumer, topic: str, partition: int, start: int, stop: int) 
     try:
         while True:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"scanning {topic}[{partition}] [{start}, {stop}) made no progress for "
-                                   f"{READ_TIMEOUT_S:.0f}s; is the broker up?")
+                raise TimeoutError(
+                    f"scanning {topic}[{partition}] [{start}, {stop}) made no progress for "
+                    f"{READ_TIMEOUT_S:.0f}s; is the broker up?"
+                )
             # ask for exactly what is left, so the call returns as soon as it is there (a short
             # batch waits the whole timeout: only when markers sit in the range)
             msgs = consumer.consume(max(1, min(1000, stop - expected)), timeout=1.0)
@@ -212,8 +226,9 @@ def read_positions(consumer, topic: str, partition: int, start: int, stop: int) 
     return out, read
 
 
-def scan_boundaries(settings: Settings, topic: str, partition: int, offset: int, *,
-                    low: int, high: int, max_scan: int | None = None) -> Boundaries:
+def scan_boundaries(
+    settings: Settings, topic: str, partition: int, offset: int, *, low: int, high: int, max_scan: int | None = None
+) -> Boundaries:
     """Read the partition's records around ``offset`` and apply the rule of this module.
 
     ``low``/``high`` are the earliest retained and the last stable offset; ``max_scan`` (default
@@ -229,10 +244,15 @@ def scan_boundaries(settings: Settings, topic: str, partition: int, offset: int,
     max_scan = max_scan if max_scan > 0 else max(high - low, 1)
     offset = min(max(offset, low), high)
     floor, ceiling = max(low, offset - max_scan), min(high, offset + max_scan)
-    consumer = group_consumer(settings, f"wavepipe-scan-{uuid.uuid4().hex[:12]}", **{
-        "enable.partition.eof": True, "fetch.max.bytes": 16 * 1024 * 1024,
-        "max.partition.fetch.bytes": 4 * 1024 * 1024,
-    })
+    consumer = group_consumer(
+        settings,
+        f"wavepipe-scan-{uuid.uuid4().hex[:12]}",
+        **{
+            "enable.partition.eof": True,
+            "fetch.max.bytes": 16 * 1024 * 1024,
+            "max.partition.fetch.bytes": 4 * 1024 * 1024,
+        },
+    )
     chunks: list[ChunkPosition] = []
     back = fwd = offset
     records = 0
@@ -258,12 +278,31 @@ def scan_boundaries(settings: Settings, topic: str, partition: int, offset: int,
         consumer.close()
     notes = []
     if result.unresolved:
-        notes.append(f"waveform(s) {', '.join(result.unresolved[:5])} started before offset {back} "
-                     f"({'the earliest retained' if back <= low else 'the scan limit'}) and cannot be completed")
-    log.info("%s[%d] around %d: first %d, close %d (scanned [%d, %d), %d records)", topic, partition, offset,
-             result.first_offset, result.close_offset, back, fwd, records)
+        notes.append(
+            f"waveform(s) {', '.join(result.unresolved[:5])} started before offset {back} "
+            f"({'the earliest retained' if back <= low else 'the scan limit'}) and cannot be completed"
+        )
+    log.info(
+        "%s[%d] around %d: first %d, close %d (scanned [%d, %d), %d records)",
+        topic,
+        partition,
+        offset,
+        result.first_offset,
+        result.close_offset,
+        back,
+        fwd,
+        records,
+    )
     return Boundaries(
-        offset=offset, first_offset=result.first_offset, close_offset=result.close_offset,
-        snapped_for=result.snapped_for, unresolved=result.unresolved, incomplete=result.incomplete,
-        headless=result.headless, scanned_from=back, scanned_to=fwd, records_scanned=records, notes=notes,
+        offset=offset,
+        first_offset=result.first_offset,
+        close_offset=result.close_offset,
+        snapped_for=result.snapped_for,
+        unresolved=result.unresolved,
+        incomplete=result.incomplete,
+        headless=result.headless,
+        scanned_from=back,
+        scanned_to=fwd,
+        records_scanned=records,
+        notes=notes,
     )

@@ -20,8 +20,8 @@ from __future__ import annotations
 import bisect
 import json
 import logging
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 from confluent_kafka import TopicPartition
 
@@ -46,8 +46,9 @@ class DeadLetterPublishError(RuntimeError):
     """Dead letters could not be published; nothing was committed and a retry may succeed."""
 
 
-def commit_metadata(plan: RunPlan, partition: int, published: Intervals | None = None,
-                    dead_letter_topic: str = "") -> str:
+def commit_metadata(
+    plan: RunPlan, partition: int, published: Intervals | None = None, dead_letter_topic: str = ""
+) -> str:
     """The committed offset's metadata: the run id and planned end; with a dead-letter topic, also
     that topic and the origin offsets whose dead letters are on it (``dlq``, the newest intervals
     that fit in ``METADATA_MAX_CHARS``)."""
@@ -133,9 +134,12 @@ def committed_run_id(metadata: str | None) -> str | None:
         return None
 
 
-def commit_safe_offsets(settings: Settings, plan: RunPlan, safe: dict[int, int],
-                        dead_letters: Callable[[dict[int, Intervals]], Iterable[dict]] | None = None,
-                        ) -> dict[int, dict]:
+def commit_safe_offsets(
+    settings: Settings,
+    plan: RunPlan,
+    safe: dict[int, int],
+    dead_letters: Callable[[dict[int, Intervals]], Iterable[dict]] | None = None,
+) -> dict[int, dict]:
     """Commit ``safe[partition]`` for every planned partition; return before/after per partition
     (and, with a dead-letter topic, ``dead_letters_published``).
 
@@ -149,13 +153,18 @@ def commit_safe_offsets(settings: Settings, plan: RunPlan, safe: dict[int, int],
     if not settings.dead_letter_topic:
         return _commit_offsets(settings, plan, safe, None)
     path = ledger_path(settings, plan.topic)
-    with RunStore(settings).lock(path.with_name(f".{path.name}.lock"), f"the dead-letter ledger of {plan.topic}",
-                                 wait_s=300):
+    with RunStore(settings).lock(
+        path.with_name(f".{path.name}.lock"), f"the dead-letter ledger of {plan.topic}", wait_s=300
+    ):
         return _commit_offsets(settings, plan, safe, dead_letters)
 
 
-def _commit_offsets(settings: Settings, plan: RunPlan, safe: dict[int, int],
-                    dead_letters: Callable[[dict[int, Intervals]], Iterable[dict]] | None) -> dict[int, dict]:
+def _commit_offsets(
+    settings: Settings,
+    plan: RunPlan,
+    safe: dict[int, int],
+    dead_letters: Callable[[dict[int, Intervals]], Iterable[dict]] | None,
+) -> dict[int, dict]:
     partitions = [r.partition for r in plan.ranges]
     dlq = settings.dead_letter_topic
     current = committed_positions(settings, plan.group, plan.topic, partitions)
@@ -179,13 +188,19 @@ def _commit_offsets(settings: Settings, plan: RunPlan, safe: dict[int, int],
     published, counts = {}, {}
     if dlq:
         ledger = ledger_published(settings, plan.topic)
-        published = {p: merge_intervals(published_in_metadata(current[p][1], dlq) + ledger.get(p, []))
-                     for p in partitions}
+        published = {
+            p: merge_intervals(published_in_metadata(current[p][1], dlq) + ledger.get(p, [])) for p in partitions
+        }
         after_commit = {r.partition: merge_intervals(published[r.partition] + [[r.start, r.end]]) for r in plan.ranges}
-        to_commit = [TopicPartition(plan.topic, p, safe[p], metadata=commit_metadata(plan, p, after_commit[p], dlq))
-                     for p in partitions]
-        rows = (row for row in (dead_letters(published) if dead_letters else ())
-                if not covers(published.get(row["partition"], []), row["offset"]))
+        to_commit = [
+            TopicPartition(plan.topic, p, safe[p], metadata=commit_metadata(plan, p, after_commit[p], dlq))
+            for p in partitions
+        ]
+        rows = (
+            row
+            for row in (dead_letters(published) if dead_letters else ())
+            if not covers(published.get(row["partition"], []), row["offset"])
+        )
         counts = _commit_in_transaction(settings, plan, to_commit, rows)
         record_published(settings, plan.topic, after_commit)
         log.info("run %s: %d dead letters published to %s with the offsets", plan.run_id, sum(counts.values()), dlq)
@@ -208,8 +223,9 @@ def _commit_offsets(settings: Settings, plan: RunPlan, safe: dict[int, int],
     return {p: {"before": before[p], "after": after[p], **extra(p)} for p in partitions}
 
 
-def _published_by_commit(plan: RunPlan, current: dict[int, tuple[int | None, str | None]],
-                         dead_letter_topic: str) -> dict[int, Intervals]:
+def _published_by_commit(
+    plan: RunPlan, current: dict[int, tuple[int | None, str | None]], dead_letter_topic: str
+) -> dict[int, Intervals]:
     """What a commit of ``plan`` that went through published: its ranges (when it committed with
     this dead-letter topic) and what its metadata lists."""
     out = {}
@@ -233,8 +249,9 @@ def dead_letter_record(row: dict) -> tuple[bytes | None, bytes | None, list[tupl
     return row["key"], row["value"], headers
 
 
-def _commit_in_transaction(settings: Settings, plan: RunPlan, offsets: list[TopicPartition],
-                           dead_letters: Iterable[dict]) -> dict[int, int]:
+def _commit_in_transaction(
+    settings: Settings, plan: RunPlan, offsets: list[TopicPartition], dead_letters: Iterable[dict]
+) -> dict[int, int]:
     """Produce ``dead_letters`` and commit ``offsets`` in one transaction; per partition, the
     dead letters produced."""
     errors: list[str] = []
@@ -245,8 +262,11 @@ def _commit_in_transaction(settings: Settings, plan: RunPlan, offsets: list[Topi
 
     # One transactional id per group: a second committer of the same group fences the first.
     # Dead letters can be as large as anything the readers fetch (16 MiB a partition).
-    producer = new_producer(settings.kafka_config(**{"transactional.id": f"wavepipe-commit-{plan.group}",
-                                                 "message.max.bytes": 20 * 1024 * 1024}))
+    producer = new_producer(
+        settings.kafka_config(
+            **{"transactional.id": f"wavepipe-commit-{plan.group}", "message.max.bytes": 20 * 1024 * 1024}
+        )
+    )
     consumer = group_consumer(settings, plan.group)
     try:
         producer.init_transactions(TIMEOUT_S)
@@ -256,8 +276,9 @@ def _commit_in_transaction(settings: Settings, plan: RunPlan, offsets: list[Topi
             key, value, headers = dead_letter_record(row)
             while True:
                 try:
-                    producer.produce(settings.dead_letter_topic, value=value, key=key, headers=headers,
-                                     on_delivery=delivered)
+                    producer.produce(
+                        settings.dead_letter_topic, value=value, key=key, headers=headers, on_delivery=delivered
+                    )
                     break
                 except BufferError:  # the local queue is full: let deliveries drain
                     producer.poll(1)

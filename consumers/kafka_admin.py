@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Iterable, Mapping, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
@@ -145,15 +146,20 @@ def cluster_metadata(settings: Settings, topic: str | None = None, timeout: floa
                     "or in Airflow the extra of the connection wavepipe_kafka."
                 ) from exc
             if time.monotonic() >= deadline:
-                raise KafkaUnreachableError(unreachable_message(
-                    settings.bootstrap_servers, _why_unreachable(errors, exc), time.monotonic() - began)) from None
+                raise KafkaUnreachableError(
+                    unreachable_message(
+                        settings.bootstrap_servers, _why_unreachable(errors, exc), time.monotonic() - began
+                    )
+                ) from None
 
 
 def unreachable_message(servers: str, why: str, seconds: float) -> str:
     """One line for a cluster that did not answer: the servers, why, and what to do."""
-    return (f"Kafka at {servers} did not answer in {seconds:.0f}s ({why}). Start the local broker with "
-            f"`wavepipe kafka up`, or point WAVEPIPE_BOOTSTRAP_SERVERS (setting bootstrap_servers; in "
-            f"Airflow the connection wavepipe_kafka) at a running cluster.")
+    return (
+        f"Kafka at {servers} did not answer in {seconds:.0f}s ({why}). Start the local broker with "
+        f"`wavepipe kafka up`, or point WAVEPIPE_BOOTSTRAP_SERVERS (setting bootstrap_servers; in "
+        f"Airflow the connection wavepipe_kafka) at a running cluster."
+    )
 
 
 def _why_unreachable(errors: list[KafkaError], exc: KafkaException) -> str:
@@ -170,14 +176,18 @@ def group_consumer(settings: Settings, group: str, **extra) -> Consumer:
     """A consumer that never joins the group (assign only) and never commits on its own, of a
     cluster that has answered (``require_reachable``)."""
     require_reachable(settings)
-    return new_consumer(settings.kafka_config(**{
-        "group.id": group,
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "isolation.level": "read_committed",
-        "auto.offset.reset": "error",
-        **extra,
-    }))
+    return new_consumer(
+        settings.kafka_config(
+            **{
+                "group.id": group,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "error",
+                **extra,
+            }
+        )
+    )
 
 
 def ensure_topic(settings: Settings, topic: str | None = None, partitions: int | None = None) -> None:
@@ -186,9 +196,16 @@ def ensure_topic(settings: Settings, topic: str | None = None, partitions: int |
     if topic in cluster_metadata(settings).topics:
         return
     admin = admin_client(settings)
-    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions or settings.partitions,
-                                            replication_factor=settings.topic_replication_factor,
-                                            config={k: str(v) for k, v in settings.topic_config.items()})])
+    futures = admin.create_topics(
+        [
+            NewTopic(
+                topic,
+                num_partitions=partitions or settings.partitions,
+                replication_factor=settings.topic_replication_factor,
+                config={k: str(v) for k, v in settings.topic_config.items()},
+            )
+        ]
+    )
     try:
         futures[topic].result(timeout=TIMEOUT_S)
     except KafkaException as exc:
@@ -203,13 +220,19 @@ def partitions_of(settings: Settings, topic: str) -> list[int]:
         from wavepipe.errors import UsageError, did_you_mean
 
         existing = [t for t in cluster_metadata(settings).topics if not t.startswith("__")]
-        raise UsageError(f"topic {topic!r} does not exist on {settings.bootstrap_servers}"
-                         f"{did_you_mean(topic, existing)}")
+        raise UsageError(
+            f"topic {topic!r} does not exist on {settings.bootstrap_servers}{did_you_mean(topic, existing)}"
+        )
     return sorted(info.partitions)
 
 
-def list_offsets(settings: Settings, topic: str, partitions: Iterable[int], spec: OffsetSpec,
-                 isolation: IsolationLevel = IsolationLevel.READ_COMMITTED) -> dict[int, int]:
+def list_offsets(
+    settings: Settings,
+    topic: str,
+    partitions: Iterable[int],
+    spec: OffsetSpec,
+    isolation: IsolationLevel = IsolationLevel.READ_COMMITTED,
+) -> dict[int, int]:
     """Per partition, the offset ``spec`` names (earliest, latest = last stable offset, ...)."""
     request = {TopicPartition(topic, p): spec for p in partitions}
 
@@ -226,8 +249,9 @@ def committed_offsets(settings: Settings, group: str, topic: str, partitions: It
     return {p: offset for p, (offset, _) in committed_positions(settings, group, topic, partitions).items()}
 
 
-def committed_positions(settings: Settings, group: str, topic: str,
-                        partitions: Iterable[int]) -> dict[int, tuple[int | None, str | None]]:
+def committed_positions(
+    settings: Settings, group: str, topic: str, partitions: Iterable[int]
+) -> dict[int, tuple[int | None, str | None]]:
     """The group's committed offset and its metadata string per partition (None where none)."""
     partitions = list(partitions)
 
@@ -248,6 +272,9 @@ def committed_positions(settings: Settings, group: str, topic: str,
 
 
 _TRANSIENT = {
-    KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS, KafkaError.COORDINATOR_NOT_AVAILABLE,
-    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
 }

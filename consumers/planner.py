@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from confluent_kafka.admin import OffsetSpec
 
+from wavepipe.config import Settings
 from wavepipe.consumers.committer import committed_run_id
 from wavepipe.consumers.kafka_admin import admin_client, committed_positions, list_offsets, partitions_of
-from wavepipe.config import Settings
 from wavepipe.errors import UsageError, closest
 from wavepipe.faults import failpoint
 from wavepipe.plan import OffsetRange, RunPlan, RunStore, as_utc, parse_datetime, utc_now
@@ -46,8 +46,9 @@ def parse_group_start(text: str) -> str:
     try:
         return parse_datetime(value).isoformat()
     except ValueError:
-        raise UsageError(f"new group start {text!r} must be earliest, latest or an ISO-8601 instant "
-                         "(e.g. 2026-11-20T00:00:00Z)") from None
+        raise UsageError(
+            f"new group start {text!r} must be earliest, latest or an ISO-8601 instant (e.g. 2026-11-20T00:00:00Z)"
+        ) from None
 
 
 #: Groups whose offsets a refusal looks at (one request each), the most alike the typed one first.
@@ -70,7 +71,7 @@ def groups_on_topic(settings: Settings, topic: str, like: str) -> list[str]:
             if any(tp.topic == topic and tp.offset >= 0 for tp in tps):
                 found.append(g)
         return found
-    except Exception as exc:  # noqa: BLE001 - only a hint in an error message
+    except Exception as exc:
         log.info("could not list the groups of %s: %s", topic, exc)
         return []
 
@@ -79,16 +80,18 @@ def new_group_message(settings: Settings, group: str, topic: str) -> str:
     """Why a run of a group without committed offsets is refused, and the choices."""
     known = groups_on_topic(settings, topic, like=group)
     near = closest(group, known)
-    listed = (f"Groups with offsets on {topic}: {', '.join(known)}" if known
-              else f"No group has offsets on {topic} yet")
+    listed = f"Groups with offsets on {topic}: {', '.join(known)}" if known else f"No group has offsets on {topic} yet"
     hint = f" Did you mean {' or '.join(repr(g) for g in near)}?" if near else ""
-    return (f"group {group!r} has no committed offsets on {topic}, so it would read the topic from a place "
-            f"nobody chose.{hint} {listed}. To start this group, choose where: --new-group-start "
-            "earliest|latest|<ISO time> (DAG param new_group_start, setting new_group_start).")
+    return (
+        f"group {group!r} has no committed offsets on {topic}, so it would read the topic from a place "
+        f"nobody chose.{hint} {listed}. To start this group, choose where: --new-group-start "
+        "earliest|latest|<ISO time> (DAG param new_group_start, setting new_group_start)."
+    )
 
 
-def _group_starts(settings: Settings, topic: str, partitions: list[int], choice: str,
-                  earliest: dict[int, int], stable: dict[int, int]) -> dict[int, int]:
+def _group_starts(
+    settings: Settings, topic: str, partitions: list[int], choice: str, earliest: dict[int, int], stable: dict[int, int]
+) -> dict[int, int]:
     """Per partition, where a new group starts for ``choice`` (see ``parse_group_start``)."""
     if choice == "earliest":
         return dict(earliest)
@@ -97,8 +100,9 @@ def _group_starts(settings: Settings, topic: str, partitions: list[int], choice:
     return offsets_for_time(settings, topic, partitions, datetime.fromisoformat(choice), stable)
 
 
-def offsets_moved(store: RunStore, previous: dict[int, list[int]],
-                  positions: dict[int, tuple[int | None, str | None]]) -> dict[int, dict]:
+def offsets_moved(
+    store: RunStore, previous: dict[int, list[int]], positions: dict[int, tuple[int | None, str | None]]
+) -> dict[int, dict]:
     """Per partition, a move of the group's offset since this home's last commit there: where this
     home left it (``from``), where it is (``to``), who moved it (``by``) and the range that is
     skipped (moved forward) or read again (moved back). Kafka is the source of truth, so the run
@@ -111,9 +115,13 @@ def offsets_moved(store: RunStore, previous: dict[int, list[int]],
         run = committed_run_id(metadata)
         if run is not None and store.load_plan(run) is not None:
             continue  # this home's own commit (its record of it was cut short)
-        moved[p] = {"from": left, "to": offset, "by": describe_committer(metadata, store),
-                    "skipped": [left, offset] if offset is not None and offset > left else None,
-                    "reread": [offset, left] if offset is not None and offset < left else None}
+        moved[p] = {
+            "from": left,
+            "to": offset,
+            "by": describe_committer(metadata, store),
+            "skipped": [left, offset] if offset is not None and offset > left else None,
+            "reread": [offset, left] if offset is not None and offset < left else None,
+        }
     return moved
 
 
@@ -143,15 +151,27 @@ def release_stale_claim(store: RunStore, group: str, run_id: str) -> None:
     if holder is None or holder == run_id or store.load_plan(holder) is not None:
         return
     if store.claim_is_orphaned(group) or store.claim_age_s(group) > PLANNING_GRACE_S:
-        log.warning("run %s of group %s claimed the group but never stored a plan, and its planner is gone: "
-                    "released (nothing was read)", holder, group)
+        log.warning(
+            "run %s of group %s claimed the group but never stored a plan, and its planner is gone: "
+            "released (nothing was read)",
+            holder,
+            group,
+        )
         store.release_group(group, holder)
         store.discard_staging(holder)
 
 
-def plan_run(settings: Settings, run_id: str, *, topic: str | None = None, group: str | None = None,
-             max_records: int | None = None, max_bytes: int | None = None,
-             skip_lost_offsets: bool = False, new_group_start: str | None = None) -> RunPlan:
+def plan_run(
+    settings: Settings,
+    run_id: str,
+    *,
+    topic: str | None = None,
+    group: str | None = None,
+    max_records: int | None = None,
+    max_bytes: int | None = None,
+    skip_lost_offsets: bool = False,
+    new_group_start: str | None = None,
+) -> RunPlan:
     """The frozen plan of ``run_id``: loaded if it exists, else planned now and stored first.
 
     Per partition, ``start`` is the group's committed offset and ``end`` is the last stable offset
@@ -192,21 +212,31 @@ def plan_run(settings: Settings, run_id: str, *, topic: str | None = None, group
                 message = new_group_message(settings, group, topic)
                 if previous:  # this home committed there before: Kafka dropped the group's offsets
                     left = ", ".join(f"{topic}[{p}] {v[0]}" for p, v in sorted(previous.items()))
-                    message += (f" This home's last commit left the group at {left}: its offsets may have expired "
-                                "(the broker's offsets.retention.minutes) or been deleted; to go on from there, "
-                                "choose a time with --new-group-start or set them with `wavepipe rewind "
-                                "--to-offset`.")
+                    message += (
+                        f" This home's last commit left the group at {left}: its offsets may have expired "
+                        "(the broker's offsets.retention.minutes) or been deleted; to go on from there, "
+                        "choose a time with --new-group-start or set them with `wavepipe rewind "
+                        "--to-offset`."
+                    )
                 raise NewGroupError(message)
             started = choice
             committed_or_start = _group_starts(settings, topic, partitions, choice, earliest, stable)
-            log.info("run %s: group %s is new on %s and starts at %s: %s", run_id, group, topic, choice,
-                     committed_or_start)
+            log.info(
+                "run %s: group %s is new on %s and starts at %s: %s", run_id, group, topic, choice, committed_or_start
+            )
         else:
             committed_or_start = {p: earliest[p] if committed[p] is None else committed[p] for p in partitions}
         moved = offsets_moved(store, previous, positions)
         for p, move in moved.items():
-            log.warning("run %s: %s[%d] was moved from %s to %s by %s since this home's last commit", run_id,
-                        topic, p, move["from"], move["to"], move["by"])
+            log.warning(
+                "run %s: %s[%d] was moved from %s to %s by %s since this home's last commit",
+                run_id,
+                topic,
+                p,
+                move["from"],
+                move["to"],
+                move["by"],
+            )
         ranges, lost, gaps = [], {}, []
         for p in partitions:
             start = committed_or_start[p]
@@ -232,9 +262,18 @@ def plan_run(settings: Settings, run_id: str, *, topic: str | None = None, group
         if gaps:
             log.warning("run %s: skipping offsets the topic no longer retains: %s", run_id, ", ".join(gaps))
         plan = RunPlan(
-            run_id=run_id, topic=topic, group=group, created_at=utc_now(), ranges=tuple(ranges),
-            previous=previous, caps={"records_per_partition": cap}, committed=committed, lost=lost,
-            latest={p: stable[p] for p in partitions}, new_group_start=started, moved=moved,
+            run_id=run_id,
+            topic=topic,
+            group=group,
+            created_at=utc_now(),
+            ranges=tuple(ranges),
+            previous=previous,
+            caps={"records_per_partition": cap},
+            committed=committed,
+            lost=lost,
+            latest={p: stable[p] for p in partitions},
+            new_group_start=started,
+            moved=moved,
         )
         store.save_plan(plan)
     except BaseException:
@@ -254,8 +293,9 @@ def backfill_lane(group: str) -> str:
     return f"{group}.backfill"
 
 
-def offsets_for_time(settings: Settings, topic: str, partitions: list[int], when: datetime,
-                     ends: dict[int, int]) -> dict[int, int]:
+def offsets_for_time(
+    settings: Settings, topic: str, partitions: list[int], when: datetime, ends: dict[int, int]
+) -> dict[int, int]:
     """Per partition, the first offset whose record timestamp is at or after ``when`` (Kafka's
     offsets-for-times lookup); ``ends[p]`` where no record is that late yet."""
     ms = int(when.timestamp() * 1000)
@@ -263,8 +303,15 @@ def offsets_for_time(settings: Settings, topic: str, partitions: list[int], when
     return {p: ends[p] if found[p] < 0 else min(found[p], ends[p]) for p in partitions}
 
 
-def plan_window_run(settings: Settings, run_id: str, *, start: datetime, end: datetime,
-                    topic: str | None = None, group: str | None = None) -> RunPlan:
+def plan_window_run(
+    settings: Settings,
+    run_id: str,
+    *,
+    start: datetime,
+    end: datetime,
+    topic: str | None = None,
+    group: str | None = None,
+) -> RunPlan:
     """The frozen plan of a time-window run (a backfill of ``[start, end)``).
 
     Per partition the window is ``[offsets_for_time(start), offsets_for_time(end))``: adjacent
@@ -283,17 +330,26 @@ def plan_window_run(settings: Settings, run_id: str, *, start: datetime, end: da
     start, end = as_utc(start), as_utc(end)
     existing = store.load_plan(run_id)
     if existing is not None:
-        if existing.window is None or [existing.window["start"], existing.window["end"]] != [start.isoformat(), end.isoformat()]:
-            raise WindowError(f"run {run_id} was planned {'as an incremental run' if existing.window is None else 'for the window [' + existing.window['start'] + ', ' + existing.window['end'] + ')'}; "
-                              "start a new run id for this window")
+        if existing.window is None or [existing.window["start"], existing.window["end"]] != [
+            start.isoformat(),
+            end.isoformat(),
+        ]:
+            planned = (
+                "as an incremental run"
+                if existing.window is None
+                else f"for the window [{existing.window['start']}, {existing.window['end']})"
+            )
+            raise WindowError(f"run {run_id} was planned {planned}; start a new run id for this window")
         store.claim_group(existing.group, run_id)
         log.info("run %s: reusing its frozen window plan", run_id)
         return existing
     if not start < end:
         raise WindowError(f"window [{start.isoformat()}, {end.isoformat()}) is empty")
-    if end > datetime.now(timezone.utc):
-        raise WindowError(f"window [{start.isoformat()}, {end.isoformat()}) has not closed yet; "
-                          "backfill windows that ended (the incremental runs cover the present)")
+    if end > datetime.now(UTC):
+        raise WindowError(
+            f"window [{start.isoformat()}, {end.isoformat()}) has not closed yet; "
+            "backfill windows that ended (the incremental runs cover the present)"
+        )
     topic = topic or settings.topic
     lane = backfill_lane(group or settings.group)
     release_stale_claim(store, lane, run_id)
@@ -308,17 +364,35 @@ def plan_window_run(settings: Settings, run_id: str, *, start: datetime, end: da
         for p in partitions:
             a, b = first[p], max(first[p], last[p])
             if 0 < earliest[p] == a < b:
-                notes.append(f"{topic}[{p}]: the window starts at the earliest retained offset {a}; records "
-                             "before it were deleted by retention, so any of them in the window cannot be reprocessed")
+                notes.append(
+                    f"{topic}[{p}]: the window starts at the earliest retained offset {a}; records "
+                    "before it were deleted by retention, so any of them in the window cannot be reprocessed"
+                )
             read_end = b
             if a < b < stable[p]:  # waveforms begun in the window may go on after it
-                read_end = max(b, scan_boundaries(settings, topic, p, b, low=earliest[p], high=stable[p],
-                                                  max_scan=settings.incomplete_after_offsets).close_offset)
+                read_end = max(
+                    b,
+                    scan_boundaries(
+                        settings,
+                        topic,
+                        p,
+                        b,
+                        low=earliest[p],
+                        high=stable[p],
+                        max_scan=settings.incomplete_after_offsets,
+                    ).close_offset,
+                )
             offsets[str(p)] = [a, b]
             ranges.append(OffsetRange(topic, p, a, read_end))
         plan = RunPlan(
-            run_id=run_id, topic=topic, group=lane, created_at=utc_now(), ranges=tuple(ranges),
-            caps={}, committed={}, latest={p: stable[p] for p in partitions},
+            run_id=run_id,
+            topic=topic,
+            group=lane,
+            created_at=utc_now(),
+            ranges=tuple(ranges),
+            caps={},
+            committed={},
+            latest={p: stable[p] for p in partitions},
             window={"start": start.isoformat(), "end": end.isoformat(), "offsets": offsets, "notes": notes},
         )
         for note in notes:
@@ -327,6 +401,12 @@ def plan_window_run(settings: Settings, run_id: str, *, start: datetime, end: da
     except BaseException:
         store.release_group(lane, run_id)
         raise
-    log.info("run %s: window [%s, %s) is offsets %s; reading %s", run_id, start.isoformat(), end.isoformat(),
-             offsets, {r.partition: [r.start, r.end] for r in plan.ranges})
+    log.info(
+        "run %s: window [%s, %s) is offsets %s; reading %s",
+        run_id,
+        start.isoformat(),
+        end.isoformat(),
+        offsets,
+        {r.partition: [r.start, r.end] for r in plan.ranges},
+    )
     return plan

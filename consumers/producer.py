@@ -9,9 +9,9 @@ if any record failed: nothing is dropped silently.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta, timezone
-from typing import Iterator
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 from confluent_kafka import KafkaError, Message
@@ -45,16 +45,20 @@ class ChunkProducer:
         self._errors: list[str] = []
         self.delivered = 0
         require_reachable(settings)
-        self._producer = new_producer(settings.kafka_config(**{
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": settings.linger_ms,
-            "batch.size": settings.batch_size,
-            "partitioner": "murmur2_random",
-            "compression.type": "none",  # waveform samples barely compress; keep CPU for throughput
-            "message.max.bytes": max(2 * settings.chunk_size, 1_000_000),
-            **extra_config,
-        }))
+        self._producer = new_producer(
+            settings.kafka_config(
+                **{
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "linger.ms": settings.linger_ms,
+                    "batch.size": settings.batch_size,
+                    "partitioner": "murmur2_random",
+                    "compression.type": "none",  # waveform samples barely compress; keep CPU for throughput
+                    "message.max.bytes": max(2 * settings.chunk_size, 1_000_000),
+                    **extra_config,
+                }
+            )
+        )
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         if err is not None:
@@ -62,18 +66,31 @@ class ChunkProducer:
         else:
             self.delivered += 1
 
-    def send(self, samples: np.ndarray, *, waveform_id: str, sample_rate: float,
-             start_time: datetime, source: str, chunk_size: int | None = None) -> ProducedWaveform:
+    def send(
+        self,
+        samples: np.ndarray,
+        *,
+        waveform_id: str,
+        sample_rate: float,
+        start_time: datetime,
+        source: str,
+        chunk_size: int | None = None,
+    ) -> ProducedWaveform:
         """Queue one waveform's chunks; call ``flush`` to wait for delivery."""
         records = split_waveform(
-            samples, waveform_id=waveform_id, sample_rate=sample_rate, start_time=start_time,
-            source=source, chunk_size=chunk_size or self.settings.chunk_size,
+            samples,
+            waveform_id=waveform_id,
+            sample_rate=sample_rate,
+            start_time=start_time,
+            source=source,
+            chunk_size=chunk_size or self.settings.chunk_size,
         )
         for key, headers, value in records:
             while True:
                 try:
-                    self._producer.produce(self.topic, value=value, key=key, headers=headers,
-                                           on_delivery=self._on_delivery)
+                    self._producer.produce(
+                        self.topic, value=value, key=key, headers=headers, on_delivery=self._on_delivery
+                    )
                     break
                 except BufferError:  # local queue full: let deliveries drain, then retry
                     self._producer.poll(0.5)
@@ -92,6 +109,7 @@ class ChunkProducer:
 
 # --- demo source ------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class DemoWaveform:
     samples: np.ndarray
@@ -106,7 +124,7 @@ def demo_waveforms(count: int, *, seed: int, batch: str, target_bytes: int = 512
     arrival, 12-lead ECGs (int16, 500 Hz), and stereo audio (int16, 16 kHz) with a chirp.
     ``target_bytes`` sets the approximate size of each; ``batch`` makes the ids unique."""
     rng = np.random.default_rng(seed)
-    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(minutes=int(rng.integers(0, 60 * 24 * 14)))
+    t0 = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(minutes=int(rng.integers(0, 60 * 24 * 14)))
     kinds = ("seismic", "ecg", "audio")
     for i in range(count):
         kind = kinds[i % len(kinds)]
@@ -118,12 +136,14 @@ def demo_waveforms(count: int, *, seed: int, batch: str, target_bytes: int = 512
             p_at, s_at = rng.uniform(0.1, 0.4) * t[-1], rng.uniform(0.5, 0.8) * t[-1]
             for at, amp, freq in ((p_at, 1.0, 6.0), (s_at, 2.5, 2.0)):
                 env = np.where(t >= at, np.exp(-(t - at) / 3.0), 0.0)
-                x += (amp * env * np.sin(2 * np.pi * freq * (t - at)))[:, None].astype(np.float32) * rng.uniform(0.5, 1.0, 3).astype(np.float32)
+                x += (amp * env * np.sin(2 * np.pi * freq * (t - at)))[:, None].astype(np.float32) * rng.uniform(
+                    0.5, 1.0, 3
+                ).astype(np.float32)
             yield DemoWaveform(x, f"{batch}-seismic-{i:05d}", 100.0, start, f"station-{i % 4:02d}")
         elif kind == "ecg":
             n = max(64, target_bytes // (2 * 12))
             t = np.arange(n) / 500.0
-            beat = np.exp(-((t % 0.8) - 0.2) ** 2 / 0.0005) * 1200 - np.exp(-((t % 0.8) - 0.5) ** 2 / 0.004) * 150
+            beat = np.exp(-(((t % 0.8) - 0.2) ** 2) / 0.0005) * 1200 - np.exp(-(((t % 0.8) - 0.5) ** 2) / 0.004) * 150
             leads = beat[:, None] * rng.uniform(0.3, 1.0, 12) + rng.normal(0, 15, size=(n, 12))
             yield DemoWaveform(leads.astype(np.int16), f"{batch}-ecg-{i:05d}", 500.0, start, f"ward-{i % 3}")
         else:
@@ -134,15 +154,22 @@ def demo_waveforms(count: int, *, seed: int, batch: str, target_bytes: int = 512
             yield DemoWaveform(stereo.astype(np.int16), f"{batch}-audio-{i:05d}", 16000.0, start, f"mic-{i % 2}")
 
 
-def produce_demo(settings: Settings, *, count: int = 24, batch: str | None = None,
-                 target_bytes: int = 512 * 1024, seed: int | None = None) -> list[ProducedWaveform]:
+def produce_demo(
+    settings: Settings,
+    *,
+    count: int = 24,
+    batch: str | None = None,
+    target_bytes: int = 512 * 1024,
+    seed: int | None = None,
+) -> list[ProducedWaveform]:
     """Produce ``count`` demo waveforms to the configured topic and wait for delivery."""
-    batch = batch or "demo-" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%f")
+    batch = batch or "demo-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
     seed = seed if seed is not None else abs(hash(batch)) % (2**32)
     producer = ChunkProducer(settings)
     sent = [
-        producer.send(w.samples, waveform_id=w.waveform_id, sample_rate=w.sample_rate,
-                      start_time=w.start_time, source=w.source)
+        producer.send(
+            w.samples, waveform_id=w.waveform_id, sample_rate=w.sample_rate, start_time=w.start_time, source=w.source
+        )
         for w in demo_waveforms(count, seed=seed, batch=batch, target_bytes=target_bytes)
     ]
     producer.flush()

@@ -17,7 +17,13 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from wavepipe.config import Settings
 from wavepipe.consumers.kafka_admin import group_consumer
 from wavepipe.consumers.staging import (
-    CHUNK_SCHEMA, DEAD_LETTER_SCHEMA, DIGEST_SCHEMA, InOrderDigests, StagedFile, chunk_row, dead_letter_row,
+    CHUNK_SCHEMA,
+    DEAD_LETTER_SCHEMA,
+    DIGEST_SCHEMA,
+    InOrderDigests,
+    StagedFile,
+    chunk_row,
+    dead_letter_row,
 )
 from wavepipe.faults import failpoint
 from wavepipe.plan import OffsetRange, RunStore
@@ -89,21 +95,41 @@ def read_range(settings: Settings, run_id: str, partition: int) -> ReadStats:
         raise
     stats.seconds = round(time.monotonic() - began, 3)
     store.save_step(run_id, f"consume-{rng.topic}-{rng.partition}", asdict(stats) | {"gap_offsets": stats.gap_offsets})
-    log.info("%s[%d] [%d, %d): %d chunks, %d dead letters, %d gap offsets, %.1f MB in %.1fs (%.1f MB/s)",
-             rng.topic, rng.partition, rng.start, rng.end, stats.chunks, stats.dead_letters,
-             stats.gap_offsets, stats.payload_bytes / 1e6, stats.seconds,
-             stats.payload_bytes / 1e6 / max(stats.seconds, 1e-9))
+    log.info(
+        "%s[%d] [%d, %d): %d chunks, %d dead letters, %d gap offsets, %.1f MB in %.1fs (%.1f MB/s)",
+        rng.topic,
+        rng.partition,
+        rng.start,
+        rng.end,
+        stats.chunks,
+        stats.dead_letters,
+        stats.gap_offsets,
+        stats.payload_bytes / 1e6,
+        stats.seconds,
+        stats.payload_bytes / 1e6 / max(stats.seconds, 1e-9),
+    )
     return stats
 
 
-def _consume(settings: Settings, group: str, rng: OffsetRange, stats: ReadStats,
-             chunks: StagedFile, dead: StagedFile, digests: StagedFile) -> None:
-    consumer = group_consumer(settings, group, **{
-        "enable.partition.eof": True,
-        "fetch.max.bytes": 64 * 1024 * 1024,
-        "max.partition.fetch.bytes": 16 * 1024 * 1024,
-        "queued.max.messages.kbytes": 128 * 1024,
-    })
+def _consume(
+    settings: Settings,
+    group: str,
+    rng: OffsetRange,
+    stats: ReadStats,
+    chunks: StagedFile,
+    dead: StagedFile,
+    digests: StagedFile,
+) -> None:
+    consumer = group_consumer(
+        settings,
+        group,
+        **{
+            "enable.partition.eof": True,
+            "fetch.max.bytes": 64 * 1024 * 1024,
+            "max.partition.fetch.bytes": 16 * 1024 * 1024,
+            "queued.max.messages.kbytes": 128 * 1024,
+        },
+    )
     tp = TopicPartition(rng.topic, rng.partition, rng.start)
     consumer.assign([tp])
     hashing = InOrderDigests(rng.topic, rng.partition)
@@ -166,8 +192,10 @@ def progress_line(rng: OffsetRange, stats: ReadStats, seconds: float) -> str:
     """One progress line of a partition being read: records of the range, MB and MB/s so far."""
     done = (stats.last_offset + 1 - rng.start) if stats.last_offset is not None else 0
     mb = stats.payload_bytes / 1e6
-    return (f"consuming {rng.topic}[{rng.partition}]: {stats.records} records ({100 * done / max(rng.size, 1):.0f}% "
-            f"of [{rng.start}, {rng.end})), {mb:.1f} MB, {mb / max(seconds, 1e-9):.1f} MB/s")
+    return (
+        f"consuming {rng.topic}[{rng.partition}]: {stats.records} records ({100 * done / max(rng.size, 1):.0f}% "
+        f"of [{rng.start}, {rng.end})), {mb:.1f} MB, {mb / max(seconds, 1e-9):.1f} MB/s"
+    )
 
 
 def _position(consumer, tp: TopicPartition) -> int:
@@ -175,8 +203,15 @@ def _position(consumer, tp: TopicPartition) -> int:
     return pos if pos >= 0 else tp.offset
 
 
-def _stage(msg, rng: OffsetRange, stats: ReadStats, chunks: StagedFile, dead: StagedFile, digests: StagedFile,
-           hashing: InOrderDigests) -> None:
+def _stage(
+    msg,
+    rng: OffsetRange,
+    stats: ReadStats,
+    chunks: StagedFile,
+    dead: StagedFile,
+    digests: StagedFile,
+    hashing: InOrderDigests,
+) -> None:
     offset = msg.offset()
     _, timestamp_ms = msg.timestamp()
     value = msg.value()
@@ -186,10 +221,12 @@ def _stage(msg, rng: OffsetRange, stats: ReadStats, chunks: StagedFile, dead: St
     stats.last_offset = offset
     try:
         chunk = parse_chunk(headers, value)
-    except Exception as exc:  # noqa: BLE001 - one bad record never stops the range
+    except Exception as exc:
         reason, detail = (exc.reason, exc.detail) if isinstance(exc, ProtocolError) else ("unparseable", repr(exc))
-        dead.add(dead_letter_row(rng.topic, rng.partition, offset, timestamp_ms, msg.key(), headers,
-                                 value, reason, detail), len(value or b""))
+        dead.add(
+            dead_letter_row(rng.topic, rng.partition, offset, timestamp_ms, msg.key(), headers, value, reason, detail),
+            len(value or b""),
+        )
         stats.dead_letters += 1
         failpoint("consume.record", scope=rng.name)  # hits counted per reader
         return

@@ -27,10 +27,11 @@ import os
 import re
 import sys
 import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from confluent_kafka import ConsumerGroupState, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import OffsetSpec
@@ -38,7 +39,12 @@ from confluent_kafka.admin import OffsetSpec
 from wavepipe.config import Settings
 from wavepipe.consumers.boundaries import scan_boundaries
 from wavepipe.consumers.kafka_admin import (
-    TIMEOUT_S, admin_client, committed_positions, list_offsets, partitions_of, retrying,
+    TIMEOUT_S,
+    admin_client,
+    committed_positions,
+    list_offsets,
+    partitions_of,
+    retrying,
 )
 from wavepipe.plan import ActiveRunError, RunStore, parse_datetime
 
@@ -52,7 +58,7 @@ class RewindRefused(RuntimeError):
     """The rewind must not be applied now; the message says why and what to do. ``plan`` is the
     dry-run plan when one could be made (so a refused dry run still shows its table)."""
 
-    def __init__(self, message: str, plan: "RewindPlan | None" = None):
+    def __init__(self, message: str, plan: RewindPlan | None = None):
         super().__init__(message)
         self.plan = plan
 
@@ -80,8 +86,10 @@ def parse_duration(text: str) -> timedelta:
     elif raw and _DURATION_RE.sub("", raw).strip() == "":
         seconds = sum(float(n) * _DURATION_UNITS[u.lower()] for n, u in _DURATION_RE.findall(raw))
     if seconds is None:
-        raise ValueError(f"duration {text!r} is not understood: use a number and a unit (30s, 90m, 2h, 1d, "
-                         f"1h30m) or ISO-8601 (PT1H30M, P1D)")
+        raise ValueError(
+            f"duration {text!r} is not understood: use a number and a unit (30s, 90m, 2h, 1d, "
+            f"1h30m) or ISO-8601 (PT1H30M, P1D)"
+        )
     if seconds <= 0:
         raise ValueError(f"duration {text!r} must be positive")
     return timedelta(seconds=seconds)
@@ -95,7 +103,7 @@ class RewindTarget:
     value: int | datetime | timedelta | None = None
 
     @classmethod
-    def parse(cls, mode: str, value: Any = None) -> "RewindTarget":
+    def parse(cls, mode: str, value: Any = None) -> RewindTarget:
         """From text (the CLI's and the DAG form's values); ValueError says what is wrong."""
         mode = (mode or "").strip().lower()
         if mode not in MODES:
@@ -118,17 +126,23 @@ class RewindTarget:
         return cls(mode, parse_duration(text))
 
     @classmethod
-    def from_args(cls, args) -> "RewindTarget":
+    def from_args(cls, args) -> RewindTarget:
         """From the ``wavepipe rewind`` arguments (exactly one of the --to-*/--shift-by/--by-* options)."""
         if getattr(args, "to_earliest", False):
             return cls("earliest")
         if getattr(args, "to_latest", False):
             return cls("latest")
-        for attr, mode in (("to_offset", "offset"), ("to_datetime", "datetime"), ("shift_by", "shift"),
-                           ("by_duration", "duration")):
+        for attr, mode in (
+            ("to_offset", "offset"),
+            ("to_datetime", "datetime"),
+            ("shift_by", "shift"),
+            ("by_duration", "duration"),
+        ):
             if getattr(args, attr, None) is not None:
                 return cls.parse(mode, getattr(args, attr))
-        raise ValueError("give one of --to-earliest, --to-latest, --to-offset, --to-datetime, --shift-by, --by-duration")
+        raise ValueError(
+            "give one of --to-earliest, --to-latest, --to-offset, --to-datetime, --shift-by, --by-duration"
+        )
 
     @property
     def value_text(self) -> str | None:
@@ -143,6 +157,7 @@ class RewindTarget:
 
 
 # --- the plan -------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class PartitionRewind:
@@ -218,6 +233,7 @@ def clamp(requested: int, earliest: int, end: int, *, force: bool) -> tuple[int,
 
 def group_members(settings: Settings, group: str) -> tuple[str, list[str]]:
     """(state, members as ``client_id@host``) of the group as the coordinator describes it."""
+
     def fetch():
         admin = admin_client(settings)
         return admin.describe_consumer_groups([group], request_timeout=TIMEOUT_S)[group].result(timeout=TIMEOUT_S + 5)
@@ -252,8 +268,9 @@ def check_refusals(settings: Settings, group: str, claimed_by: str | None = None
     return reasons
 
 
-def _requested(target: RewindTarget, committed: int | None, earliest: int, end: int,
-               by_time: dict[int, int] | None, partition: int) -> int:
+def _requested(
+    target: RewindTarget, committed: int | None, earliest: int, end: int, by_time: dict[int, int] | None, partition: int
+) -> int:
     if target.mode == "earliest":
         return earliest
     if target.mode == "latest":
@@ -266,9 +283,16 @@ def _requested(target: RewindTarget, committed: int | None, earliest: int, end: 
     return end if found < 0 else found  # -1: no record at or after the instant
 
 
-def plan_rewind(settings: Settings, *, topic: str, group: str, target: RewindTarget,
-                partitions: Iterable[int] | None = None, force: bool = False,
-                max_scan: int | None = None) -> RewindPlan:
+def plan_rewind(
+    settings: Settings,
+    *,
+    topic: str,
+    group: str,
+    target: RewindTarget,
+    partitions: Iterable[int] | None = None,
+    force: bool = False,
+    max_scan: int | None = None,
+) -> RewindPlan:
     """The rewind as it would be applied now; changes nothing.
 
     Raises ``RewindRefused`` (with the plan attached, for its table) when it must not be
@@ -286,7 +310,7 @@ def plan_rewind(settings: Settings, *, topic: str, group: str, target: RewindTar
     end = list_offsets(settings, topic, selected, OffsetSpec.latest())
     instant, by_time = None, None
     if target.mode in ("datetime", "duration"):
-        when = target.value if target.mode == "datetime" else datetime.now(timezone.utc) - target.value
+        when = target.value if target.mode == "datetime" else datetime.now(UTC) - target.value
         instant = when.isoformat(timespec="milliseconds")
         by_time = list_offsets(settings, topic, selected, OffsetSpec.for_timestamp(int(when.timestamp() * 1000)))
     rows, outside = [], []
@@ -306,24 +330,42 @@ def plan_rewind(settings: Settings, *, topic: str, group: str, target: RewindTar
             bounds = scan_boundaries(settings, topic, p, offset, low=earliest[p], high=end[p], max_scan=max_scan)
             if bounds.first_offset != offset:
                 snapped_from, final = offset, bounds.first_offset
-                notes.append(f"snapped from {offset} to the first chunk of {', '.join(bounds.snapped_for[:3])}"
-                             + (" ..." if len(bounds.snapped_for) > 3 else ""))
+                notes.append(
+                    f"snapped from {offset} to the first chunk of {', '.join(bounds.snapped_for[:3])}"
+                    + (" ..." if len(bounds.snapped_for) > 3 else "")
+                )
             notes += bounds.notes
         if final == committed[p] and not notes:
             notes.append("unchanged")
-        rows.append(PartitionRewind(
-            partition=p, committed=committed[p], earliest=earliest[p], end=end[p], requested=requested,
-            final=final, snapped_from=snapped_from, clamped_from=clamped_from, out_of_range=out_of_range,
-            note="; ".join(notes),
-        ))
+        rows.append(
+            PartitionRewind(
+                partition=p,
+                committed=committed[p],
+                earliest=earliest[p],
+                end=end[p],
+                requested=requested,
+                final=final,
+                snapped_from=snapped_from,
+                clamped_from=clamped_from,
+                out_of_range=out_of_range,
+                note="; ".join(notes),
+            )
+        )
     if outside and not force:
         refusals.append(
             f"{'; '.join(outside)}. Kafka no longer has (or does not yet have) those offsets: pick a target "
             f"inside the range, or add --force (DAG param force) to clamp to it"
         )
-    plan = RewindPlan(topic=topic, group=group, target=target, force=force,
-                      planned_at=datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
-                      partitions=tuple(rows), instant=instant, refusals=tuple(refusals))
+    plan = RewindPlan(
+        topic=topic,
+        group=group,
+        target=target,
+        force=force,
+        planned_at=datetime.now(UTC).isoformat(timespec="milliseconds"),
+        partitions=tuple(rows),
+        instant=instant,
+        refusals=tuple(refusals),
+    )
     if refusals:
         raise RewindRefused(f"rewind of group {group!r} refused: " + " | ".join(refusals), plan)
     return plan
@@ -331,8 +373,9 @@ def plan_rewind(settings: Settings, *, topic: str, group: str, target: RewindTar
 
 # --- applying it --------------------------------------------------------------------------
 
+
 def new_audit_id() -> str:
-    return "rw_" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ") + "_" + uuid.uuid4().hex[:6]
+    return "rw_" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ") + "_" + uuid.uuid4().hex[:6]
 
 
 def audit_path(settings: Settings) -> Path:
@@ -350,17 +393,44 @@ def append_audit(settings: Settings, record: dict) -> Path:
     return path
 
 
-def audit_record(plan: RewindPlan, *, audit_id: str, who: str, reason: str, outcome: str,
-                 message: str | None = None, origin: str | None = None) -> dict:
+def audit_record(
+    plan: RewindPlan,
+    *,
+    audit_id: str,
+    who: str,
+    reason: str,
+    outcome: str,
+    message: str | None = None,
+    origin: str | None = None,
+) -> dict:
     return {
-        "id": audit_id, "who": who, "origin": origin, "when": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
-        "outcome": outcome, "message": message, "group": plan.group, "topic": plan.topic,
-        "mode": plan.target.mode, "value": plan.target.value_text, "instant": plan.instant, "force": plan.force,
-        "reason": reason, "planned_at": plan.planned_at,
-        "partitions": {str(p.partition): {"from": p.committed, "to": p.final, "requested": p.requested,
-                                          "earliest": p.earliest, "end": p.end, "snapped_from": p.snapped_from,
-                                          "clamped_from": p.clamped_from, "note": p.note}
-                       for p in plan.partitions},
+        "id": audit_id,
+        "who": who,
+        "origin": origin,
+        "when": datetime.now(UTC).isoformat(timespec="milliseconds"),
+        "outcome": outcome,
+        "message": message,
+        "group": plan.group,
+        "topic": plan.topic,
+        "mode": plan.target.mode,
+        "value": plan.target.value_text,
+        "instant": plan.instant,
+        "force": plan.force,
+        "reason": reason,
+        "planned_at": plan.planned_at,
+        "partitions": {
+            str(p.partition): {
+                "from": p.committed,
+                "to": p.final,
+                "requested": p.requested,
+                "earliest": p.earliest,
+                "end": p.end,
+                "snapped_from": p.snapped_from,
+                "clamped_from": p.clamped_from,
+                "note": p.note,
+            }
+            for p in plan.partitions
+        },
     }
 
 
@@ -368,8 +438,9 @@ def rewind_metadata(audit_id: str) -> str:
     return json.dumps({"rewind": audit_id}, separators=(",", ":"))
 
 
-def execute_rewind(settings: Settings, plan: RewindPlan, *, who: str | None = None, reason: str = "",
-                   origin: str | None = None) -> dict:
+def execute_rewind(
+    settings: Settings, plan: RewindPlan, *, who: str | None = None, reason: str = "", origin: str | None = None
+) -> dict:
     """Apply ``plan``: re-check the refusals, compare-and-set the committed offsets, verify, audit.
 
     Refused (``RewindRefused``, and an audit record with outcome "refused") when the plan was
@@ -380,8 +451,12 @@ def execute_rewind(settings: Settings, plan: RewindPlan, *, who: str | None = No
     audit_id = new_audit_id()
 
     def refuse(message: str) -> RewindRefused:
-        append_audit(settings, audit_record(plan, audit_id=audit_id, who=who, reason=reason, outcome="refused",
-                                            message=message, origin=origin))
+        append_audit(
+            settings,
+            audit_record(
+                plan, audit_id=audit_id, who=who, reason=reason, outcome="refused", message=message, origin=origin
+            ),
+        )
         return RewindRefused(message, plan)
 
     if plan.refusals:
@@ -395,25 +470,37 @@ def execute_rewind(settings: Settings, plan: RewindPlan, *, who: str | None = No
         reasons = check_refusals(settings, plan.group)
         raise refuse(f"rewind of group {plan.group!r} refused: " + " | ".join(reasons)) from None
     try:
-        return _apply(settings, plan, audit_id=audit_id, claim=claim, who=who, reason=reason, origin=origin,
-                      refuse=refuse)
+        return _apply(
+            settings, plan, audit_id=audit_id, claim=claim, who=who, reason=reason, origin=origin, refuse=refuse
+        )
     except RewindRefused:
         raise
-    except Exception as exc:  # noqa: BLE001 - the broker may have moved the group: record it, then raise
+    except Exception as exc:
         now = committed_positions(settings, plan.group, plan.topic, [p.partition for p in plan.partitions])
-        append_audit(settings, audit_record(
-            plan, audit_id=audit_id, who=who, reason=reason, outcome="unknown", origin=origin,
-            message=f"{exc}; committed offsets afterwards: "
-                    f"{ {p: offset for p, (offset, _) in now.items()} }"))
-        raise RuntimeError(f"rewind {audit_id} of group {plan.group!r} did not finish ({exc}); "
-                           "the group may or may not have moved: check `wavepipe status`, then plan the rewind "
-                           "again") from exc
+        append_audit(
+            settings,
+            audit_record(
+                plan,
+                audit_id=audit_id,
+                who=who,
+                reason=reason,
+                outcome="unknown",
+                origin=origin,
+                message=f"{exc}; committed offsets afterwards: { {p: offset for p, (offset, _) in now.items()} }",
+            ),
+        )
+        raise RuntimeError(
+            f"rewind {audit_id} of group {plan.group!r} did not finish ({exc}); "
+            "the group may or may not have moved: check `wavepipe status`, then plan the rewind "
+            "again"
+        ) from exc
     finally:
         store.release_group(plan.group, claim)
 
 
-def audit_refused(settings: Settings, refused: RewindRefused, *, who: str | None = None, reason: str = "",
-                  origin: str | None = None) -> None:
+def audit_refused(
+    settings: Settings, refused: RewindRefused, *, who: str | None = None, reason: str = "", origin: str | None = None
+) -> None:
     """Record an attempt to apply a rewind that was refused while planning (when a plan could be
     made), as ``execute_rewind`` records the refusals it finds itself."""
     if refused.plan is None:
@@ -424,68 +511,119 @@ def audit_refused(settings: Settings, refused: RewindRefused, *, who: str | None
         pass
 
 
-def _apply(settings: Settings, plan: RewindPlan, *, audit_id: str, claim: str, who: str, reason: str,
-           origin: str | None, refuse) -> dict:
+def _apply(
+    settings: Settings,
+    plan: RewindPlan,
+    *,
+    audit_id: str,
+    claim: str,
+    who: str,
+    reason: str,
+    origin: str | None,
+    refuse,
+) -> dict:
     """``execute_rewind``'s work while it holds the group's claim."""
     reasons = check_refusals(settings, plan.group, claimed_by=claim)
     if reasons:
         raise refuse(f"rewind of group {plan.group!r} refused: " + " | ".join(reasons))
     partitions = [p.partition for p in plan.partitions]
     now = {p: c for p, (c, _) in committed_positions(settings, plan.group, plan.topic, partitions).items()}
-    moved = [f"{plan.topic}[{p}] is at {now[p]}, was {plan.committed[p]} when planned"
-             for p in partitions if now[p] != plan.committed[p]]
+    moved = [
+        f"{plan.topic}[{p}] is at {now[p]}, was {plan.committed[p]} when planned"
+        for p in partitions
+        if now[p] != plan.committed[p]
+    ]
     if moved:
-        raise refuse(f"group {plan.group!r} moved since the rewind was planned ({'; '.join(moved)}): nothing was "
-                     "changed; plan the rewind again (dry run) and apply that")
+        raise refuse(
+            f"group {plan.group!r} moved since the rewind was planned ({'; '.join(moved)}): nothing was "
+            "changed; plan the rewind again (dry run) and apply that"
+        )
     metadata = rewind_metadata(audit_id)
-    request = ConsumerGroupTopicPartitions(plan.group, [
-        TopicPartition(plan.topic, p.partition, p.final, metadata=metadata) for p in plan.partitions
-    ])
+    request = ConsumerGroupTopicPartitions(
+        plan.group, [TopicPartition(plan.topic, p.partition, p.final, metadata=metadata) for p in plan.partitions]
+    )
     admin = admin_client(settings)
     try:
         result = admin.alter_consumer_group_offsets([request], request_timeout=TIMEOUT_S)[plan.group].result(
-            timeout=TIMEOUT_S + 5)
+            timeout=TIMEOUT_S + 5
+        )
     except KafkaException as exc:
         err = exc.args[0]
-        raise refuse(f"Kafka refused to move group {plan.group!r}: {err.name()} ({err.str()}); if consumers of "
-                     "the group are running, stop them first, then plan the rewind again") from exc
+        raise refuse(
+            f"Kafka refused to move group {plan.group!r}: {err.name()} ({err.str()}); if consumers of "
+            "the group are running, stop them first, then plan the rewind again"
+        ) from exc
     failed = [f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in result.topic_partitions if tp.error is not None]
     if failed:
         raise refuse(f"Kafka refused to move group {plan.group!r} for {', '.join(failed)}")
     after = committed_positions(settings, plan.group, plan.topic, partitions)
-    wrong = [f"{plan.topic}[{p.partition}] is at {after[p.partition][0]}, wanted {p.final}"
-             for p in plan.partitions if after[p.partition] != (p.final, metadata)]
-    record = audit_record(plan, audit_id=audit_id, who=who, reason=reason,
-                          outcome="failed" if wrong else "applied", message="; ".join(wrong) or None, origin=origin)
+    wrong = [
+        f"{plan.topic}[{p.partition}] is at {after[p.partition][0]}, wanted {p.final}"
+        for p in plan.partitions
+        if after[p.partition] != (p.final, metadata)
+    ]
+    record = audit_record(
+        plan,
+        audit_id=audit_id,
+        who=who,
+        reason=reason,
+        outcome="failed" if wrong else "applied",
+        message="; ".join(wrong) or None,
+        origin=origin,
+    )
     path = append_audit(settings, record)
     if wrong:
-        raise RuntimeError(f"rewind {audit_id}: the committed offsets are not what was set ({'; '.join(wrong)}); "
-                           f"another client moved the group meanwhile. See {path}; check `wavepipe status` and "
-                           "plan the rewind again")
-    log.info("rewind %s of group %r on %s applied: %s", audit_id, plan.group, plan.topic,
-             {p.partition: (p.committed, p.final) for p in plan.partitions})
+        raise RuntimeError(
+            f"rewind {audit_id}: the committed offsets are not what was set ({'; '.join(wrong)}); "
+            f"another client moved the group meanwhile. See {path}; check `wavepipe status` and "
+            "plan the rewind again"
+        )
+    log.info(
+        "rewind %s of group %r on %s applied: %s",
+        audit_id,
+        plan.group,
+        plan.topic,
+        {p.partition: (p.committed, p.final) for p in plan.partitions},
+    )
     return {**record, "audit_path": str(path)}
 
 
 # --- presenting it --------------------------------------------------------------------------
 
+
 def format_plan(plan: RewindPlan) -> str:
     """The plan as a table: where each partition is, where it would go, and the lag either way."""
+
     def show(v):
         return "-" if v is None else str(v)
 
     when = f" (at {plan.instant})" if plan.instant else ""
-    head = [f"rewind of group {plan.group!r} on {plan.topic}: {plan.target.describe()}{when}"
-            + (" (force)" if plan.force else "")]
+    head = [
+        f"rewind of group {plan.group!r} on {plan.topic}: {plan.target.describe()}{when}"
+        + (" (force)" if plan.force else "")
+    ]
     cols = ("partition", "committed", "requested", "after", "earliest", "end", "lag before -> after", "note")
     rows = [cols] + [
-        (str(p.partition), show(p.committed), str(p.requested), str(p.final), str(p.earliest), str(p.end),
-         f"{p.lag_before} -> {p.lag_after}", p.note)
+        (
+            str(p.partition),
+            show(p.committed),
+            str(p.requested),
+            str(p.final),
+            str(p.earliest),
+            str(p.end),
+            f"{p.lag_before} -> {p.lag_after}",
+            p.note,
+        )
         for p in plan.partitions
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols) - 1)]
-    lines = ["  " + "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
-             + "  " + r[-1] for r in rows]
+    lines = [
+        "  "
+        + "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=False)))
+        + "  "
+        + r[-1]
+        for r in rows
+    ]
     return "\n".join(head + [line.rstrip() for line in lines])
 
 
@@ -496,8 +634,7 @@ def run_cli(settings: Settings, args) -> int:
     try:
         target = RewindTarget.from_args(args)
         partitions = parse_partitions(args.partitions)
-        plan = plan_rewind(settings, topic=topic, group=group, target=target, partitions=partitions,
-                           force=args.force)
+        plan = plan_rewind(settings, topic=topic, group=group, target=target, partitions=partitions, force=args.force)
     except ValueError as exc:
         print(f"wavepipe rewind: {exc}", file=sys.stderr)
         return 2
@@ -514,16 +651,20 @@ def run_cli(settings: Settings, args) -> int:
         print("dry run: nothing changed; add --execute to apply")
         return 0
     if not args.reason.strip():
-        print("wavepipe rewind: --execute needs --reason \"...\" (kept in the audit record); nothing changed",
-              file=sys.stderr)
+        print(
+            'wavepipe rewind: --execute needs --reason "..." (kept in the audit record); nothing changed',
+            file=sys.stderr,
+        )
         return 2
     try:
         done = execute_rewind(settings, plan, reason=args.reason)
     except RewindRefused as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return 2
-    print(f"applied rewind {done['id']}: " + ", ".join(
-        f"{plan.topic}[{p}] {part['from']} -> {part['to']}" for p, part in done["partitions"].items()))
+    print(
+        f"applied rewind {done['id']}: "
+        + ", ".join(f"{plan.topic}[{p}] {part['from']} -> {part['to']}" for p, part in done["partitions"].items())
+    )
     print(f"audit: {done['audit_path']}")
     return 0
 

@@ -16,60 +16,66 @@ import pyarrow.parquet as pq
 
 from wavepipe.protocol import CHECKSUM_PREFIX, Chunk, output_facts
 
-CHUNK_SCHEMA = pa.schema([
-    ("topic", pa.string()),
-    ("partition", pa.int32()),
-    ("offset", pa.int64()),
-    ("timestamp_ms", pa.int64()),
-    ("waveform_id", pa.string()),
-    ("seq", pa.int32()),
-    ("chunk_count", pa.int32()),
-    ("total_size", pa.int64()),
-    ("checksum", pa.string()),
-    ("dtype", pa.string()),
-    ("channels", pa.int32()),
-    ("sample_rate", pa.float64()),
-    ("start_ns", pa.int64()),
-    ("source", pa.string()),
-    ("chunk_len", pa.int32()),
-    ("payload", pa.binary()),
-])
+CHUNK_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp_ms", pa.int64()),
+        ("waveform_id", pa.string()),
+        ("seq", pa.int32()),
+        ("chunk_count", pa.int32()),
+        ("total_size", pa.int64()),
+        ("checksum", pa.string()),
+        ("dtype", pa.string()),
+        ("channels", pa.int32()),
+        ("sample_rate", pa.float64()),
+        ("start_ns", pa.int64()),
+        ("source", pa.string()),
+        ("chunk_len", pa.int32()),
+        ("payload", pa.binary()),
+    ]
+)
 
-DEAD_LETTER_SCHEMA = pa.schema([
-    ("topic", pa.string()),
-    ("partition", pa.int32()),
-    ("offset", pa.int64()),
-    ("timestamp_ms", pa.int64()),
-    ("key", pa.binary()),
-    ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
-    ("headers_json", pa.string()),
-    ("value", pa.binary()),
-    ("reason", pa.string()),
-    ("detail", pa.string()),
-])
+DEAD_LETTER_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp_ms", pa.int64()),
+        ("key", pa.binary()),
+        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+        ("headers_json", pa.string()),
+        ("value", pa.binary()),
+        ("reason", pa.string()),
+        ("detail", pa.string()),
+    ]
+)
 
 
 #: A whole waveform the reader hashed while staging its chunks: its output row without the payload
 #: (``protocol.output_facts``) and ``digest``, the sha256 of its chunks joined in sequence order.
-DIGEST_SCHEMA = pa.schema([
-    ("waveform_id", pa.string()),
-    ("source", pa.string()),
-    ("start_time", pa.timestamp("us", tz="UTC")),
-    ("date", pa.date32()),
-    ("dtype", pa.string()),
-    ("channels", pa.int32()),
-    ("sample_rate", pa.float64()),
-    ("n_samples", pa.int64()),
-    ("duration_s", pa.float64()),
-    ("size_bytes", pa.int64()),
-    ("n_chunks", pa.int32()),
-    ("checksum", pa.string()),
-    ("topic", pa.string()),
-    ("partition", pa.int32()),
-    ("first_offset", pa.int64()),
-    ("last_offset", pa.int64()),
-    ("digest", pa.string()),
-])
+DIGEST_SCHEMA = pa.schema(
+    [
+        ("waveform_id", pa.string()),
+        ("source", pa.string()),
+        ("start_time", pa.timestamp("us", tz="UTC")),
+        ("date", pa.date32()),
+        ("dtype", pa.string()),
+        ("channels", pa.int32()),
+        ("sample_rate", pa.float64()),
+        ("n_samples", pa.int64()),
+        ("duration_s", pa.float64()),
+        ("size_bytes", pa.int64()),
+        ("n_chunks", pa.int32()),
+        ("checksum", pa.string()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("first_offset", pa.int64()),
+        ("last_offset", pa.int64()),
+        ("digest", pa.string()),
+    ]
+)
 
 
 class InOrderDigests:
@@ -96,12 +102,26 @@ class InOrderDigests:
         w = self._open.pop(wid, None)
         if chunk.seq == 0:
             m = chunk.meta
-            w = {"facts": {"waveform_id": wid, "source": m.source, "dtype": m.dtype, "channels": m.channels,
-                           "sample_rate": m.sample_rate, "start_ns": m.start_ns, "checksum": chunk.checksum,
-                           "topic": self.topic},
-                 "count": chunk.count, "next": 0, "size": 0, "first": offset, "hash": hashlib.sha256()}
-        elif w is None or chunk.seq != w["next"] or chunk.checksum != w["facts"]["checksum"] \
-                or chunk.count != w["count"]:
+            w = {
+                "facts": {
+                    "waveform_id": wid,
+                    "source": m.source,
+                    "dtype": m.dtype,
+                    "channels": m.channels,
+                    "sample_rate": m.sample_rate,
+                    "start_ns": m.start_ns,
+                    "checksum": chunk.checksum,
+                    "topic": self.topic,
+                },
+                "count": chunk.count,
+                "next": 0,
+                "size": 0,
+                "first": offset,
+                "hash": hashlib.sha256(),
+            }
+        elif (
+            w is None or chunk.seq != w["next"] or chunk.checksum != w["facts"]["checksum"] or chunk.count != w["count"]
+        ):
             return None  # out of order or another content: verified from its chunks instead
         w["hash"].update(chunk.payload)
         w["size"] += len(chunk.payload)
@@ -118,21 +138,48 @@ class InOrderDigests:
 def chunk_row(topic: str, partition: int, offset: int, timestamp_ms: int, chunk: Chunk) -> dict:
     m = chunk.meta
     return {
-        "topic": topic, "partition": partition, "offset": offset, "timestamp_ms": timestamp_ms,
-        "waveform_id": m.waveform_id, "seq": chunk.seq, "chunk_count": chunk.count,
-        "total_size": chunk.size, "checksum": chunk.checksum, "dtype": m.dtype,
-        "channels": m.channels, "sample_rate": m.sample_rate, "start_ns": m.start_ns,
-        "source": m.source, "chunk_len": len(chunk.payload), "payload": chunk.payload,
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "timestamp_ms": timestamp_ms,
+        "waveform_id": m.waveform_id,
+        "seq": chunk.seq,
+        "chunk_count": chunk.count,
+        "total_size": chunk.size,
+        "checksum": chunk.checksum,
+        "dtype": m.dtype,
+        "channels": m.channels,
+        "sample_rate": m.sample_rate,
+        "start_ns": m.start_ns,
+        "source": m.source,
+        "chunk_len": len(chunk.payload),
+        "payload": chunk.payload,
     }
 
 
-def dead_letter_row(topic: str, partition: int, offset: int, timestamp_ms: int, key: bytes | None,
-                    headers, value: bytes | None, reason: str, detail: str) -> dict:
+def dead_letter_row(
+    topic: str,
+    partition: int,
+    offset: int,
+    timestamp_ms: int,
+    key: bytes | None,
+    headers,
+    value: bytes | None,
+    reason: str,
+    detail: str,
+) -> dict:
     printable = [[k, v.decode("utf-8", "backslashreplace") if v is not None else None] for k, v in headers or ()]
     return {
-        "topic": topic, "partition": partition, "offset": offset, "timestamp_ms": timestamp_ms,
-        "key": key, "headers": [{"key": k, "value": v} for k, v in headers or ()],
-        "headers_json": json.dumps(printable), "value": value, "reason": reason, "detail": detail,
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "timestamp_ms": timestamp_ms,
+        "key": key,
+        "headers": [{"key": k, "value": v} for k, v in headers or ()],
+        "headers_json": json.dumps(printable),
+        "value": value,
+        "reason": reason,
+        "detail": detail,
     }
 
 
@@ -149,8 +196,13 @@ class StagedFile:
         self._buffer: dict[str, list] = {name: [] for name in schema.names}
         self._buffered_bytes = 0
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._writer = pq.ParquetWriter(self._tmp, schema, compression="none", use_dictionary=False,
-                                        write_statistics=["partition", "offset", "waveform_id"])
+        self._writer = pq.ParquetWriter(
+            self._tmp,
+            schema,
+            compression="none",
+            use_dictionary=False,
+            write_statistics=["partition", "offset", "waveform_id"],
+        )
 
     def add(self, row: dict, payload_bytes: int) -> None:
         for name, column in self._buffer.items():

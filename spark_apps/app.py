@@ -31,5 +31,8 @@ def output_lock(settings: Settings, store: RunStore):
     keeps running (it has its own session); a retry, a new run after `wavepipe abandon`, or a
     backfill beside the incremental runs waits here (up to ``OUTPUT_LOCK_WAIT_S``) instead of
     writing beside it."""
-    return store.lock(settings.tables_dir / ".reassemble.lock", f"a Spark app writing {settings.tables_dir}",
-                      wait_s=OUTPUT_LOCK_WAIT_S)
+    return store.lock(
+        settings.tables_dir / ".reassemble.lock",
+        f"a Spark app writing {settings.tables_dir}",
+        wait_s=OUTPUT_LOCK_WAIT_S,
+    )

@@ -27,8 +27,8 @@ import logging
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -44,7 +44,11 @@ from wavepipe.protocol import checksum, output_facts
 from wavepipe.report import empty_partition
 from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_apps.tables import (
-    delta_checksums, delta_version, read_delta, window_predicate, write_candidate,
+    delta_checksums,
+    delta_version,
+    read_delta,
+    window_predicate,
+    write_candidate,
 )
 
 log = logging.getLogger("wavepipe.reassemble")
@@ -56,37 +60,60 @@ OUTPUT = "output"
 #: In a time-window run: a waveform whose first chunk is outside the window (another window's).
 OTHER_WINDOW = "other_window"
 
-OUTPUT_SCHEMA = T.StructType([
-    T.StructField("waveform_id", T.StringType(), False),
-    T.StructField("source", T.StringType(), False),
-    T.StructField("start_time", T.TimestampType(), False),
-    T.StructField("date", T.DateType(), False),
-    T.StructField("dtype", T.StringType(), False),
-    T.StructField("channels", T.IntegerType(), False),
-    T.StructField("sample_rate", T.DoubleType(), False),
-    T.StructField("n_samples", T.LongType(), False),
-    T.StructField("duration_s", T.DoubleType(), False),
-    T.StructField("size_bytes", T.LongType(), False),
-    T.StructField("n_chunks", T.IntegerType(), False),
-    T.StructField("checksum", T.StringType(), False),
-    T.StructField("payload", T.BinaryType(), True),
-    T.StructField("topic", T.StringType(), False),
-    T.StructField("partition", T.IntegerType(), False),
-    T.StructField("first_offset", T.LongType(), False),
-    T.StructField("last_offset", T.LongType(), False),
-    T.StructField("checksum_ok", T.BooleanType(), False),
-])
+OUTPUT_SCHEMA = T.StructType(
+    [
+        T.StructField("waveform_id", T.StringType(), False),
+        T.StructField("source", T.StringType(), False),
+        T.StructField("start_time", T.TimestampType(), False),
+        T.StructField("date", T.DateType(), False),
+        T.StructField("dtype", T.StringType(), False),
+        T.StructField("channels", T.IntegerType(), False),
+        T.StructField("sample_rate", T.DoubleType(), False),
+        T.StructField("n_samples", T.LongType(), False),
+        T.StructField("duration_s", T.DoubleType(), False),
+        T.StructField("size_bytes", T.LongType(), False),
+        T.StructField("n_chunks", T.IntegerType(), False),
+        T.StructField("checksum", T.StringType(), False),
+        T.StructField("payload", T.BinaryType(), True),
+        T.StructField("topic", T.StringType(), False),
+        T.StructField("partition", T.IntegerType(), False),
+        T.StructField("first_offset", T.LongType(), False),
+        T.StructField("last_offset", T.LongType(), False),
+        T.StructField("checksum_ok", T.BooleanType(), False),
+    ]
+)
 META_COLUMNS = [
-    "topic", "partition", "offset", "timestamp_ms", "waveform_id", "seq", "chunk_count", "total_size", "checksum",
-    "dtype", "channels", "sample_rate", "start_ns", "source", "chunk_len",
+    "topic",
+    "partition",
+    "offset",
+    "timestamp_ms",
+    "waveform_id",
+    "seq",
+    "chunk_count",
+    "total_size",
+    "checksum",
+    "dtype",
+    "channels",
+    "sample_rate",
+    "start_ns",
+    "source",
+    "chunk_len",
 ]
 
 
 # --- pure transformations ------------------------------------------------------------------------
 
-def classify(meta: DataFrame, *, max_waveform_bytes: int = 0, ends: dict[int, int] | None = None,
-             newest_ms: dict[int, int] | None = None, incomplete_after_offsets: int = 0,
-             incomplete_after_ms: int = 0, window: dict[int, tuple[int, int]] | None = None) -> DataFrame:
+
+def classify(
+    meta: DataFrame,
+    *,
+    max_waveform_bytes: int = 0,
+    ends: dict[int, int] | None = None,
+    newest_ms: dict[int, int] | None = None,
+    incomplete_after_offsets: int = 0,
+    incomplete_after_ms: int = 0,
+    window: dict[int, tuple[int, int]] | None = None,
+) -> DataFrame:
     """Per waveform, from chunk metadata only (no payload is read): its status and reason.
 
     ``candidate``: every chunk present, chunks agree, sizes add up (checksum still to verify);
@@ -142,38 +169,70 @@ def classify(meta: DataFrame, *, max_waveform_bytes: int = 0, ends: dict[int, in
     if incomplete_after_ms:
         stalled = stalled | (F.col("ms_since") > incomplete_after_ms)
     # one id, two contents in this run (a reused id, or damaged headers): say so, with both checksums
-    two_checksums = F.format_string("; its chunks carry wp-checksum %s and %s (an id used for two contents in "
-                                    "one run, or damaged chunks)", "checksum", "checksum_max")
+    two_checksums = F.format_string(
+        "; its chunks carry wp-checksum %s and %s (an id used for two contents in one run, or damaged chunks)",
+        "checksum",
+        "checksum_max",
+    )
     disagree = F.when(F.col("checksum") != F.col("checksum_max"), two_checksums).otherwise(F.lit(""))
     return per.select(
-        "waveform_id", "records", "distinct_chunks", "chunk_count", "total_size", "unique_bytes",
-        "partition", "one_partition", "checksum",
+        "waveform_id",
+        "records",
+        "distinct_chunks",
+        "chunk_count",
+        "total_size",
+        "unique_bytes",
+        "partition",
+        "one_partition",
+        "checksum",
         F.when(outside, F.lit(OTHER_WINDOW))
         .when(F.col("counts_differ"), F.lit(QUARANTINED))
         .when(F.col("facts_differ"), F.lit(QUARANTINED))
         .when(too_large, F.lit(QUARANTINED))
         .when(missing, F.lit(PENDING))
         .when(F.col("unique_bytes") != F.col("total_size"), F.lit(QUARANTINED))
-        .otherwise(F.lit(CANDIDATE)).alias("status"),
+        .otherwise(F.lit(CANDIDATE))
+        .alias("status"),
         F.when(outside, F.lit(None))
         .when(F.col("counts_differ"), F.lit("chunk_count_mismatch"))
         .when(F.col("facts_differ"), F.lit("metadata_mismatch"))
         .when(too_large, F.lit("too_large"))
         .when(missing, F.lit(None))
         .when(F.col("unique_bytes") != F.col("total_size"), F.lit("size_mismatch"))
-        .otherwise(F.lit(None)).cast("string").alias("reason"),
+        .otherwise(F.lit(None))
+        .cast("string")
+        .alias("reason"),
         F.when(outside, F.lit("its first chunk is outside the window"))
         .when(F.col("counts_differ"), F.concat(F.lit("chunks disagree on wp-count"), disagree))
-        .when(F.col("facts_differ"), F.concat(F.lit("chunks disagree on wp-size, wp-checksum or the waveform's metadata"),
-                                              disagree))
-        .when(too_large, F.format_string("%d bytes by header, %d in chunks; the maximum is %d",
-                                         "total_size", "unique_bytes", F.lit(max_waveform_bytes)))
-        .when(missing, F.format_string("%d of %d chunks; none in the last %d offsets (%d s) of its partition",
-                                       "distinct_chunks", "chunk_count", "offsets_since",
-                                       (F.col("ms_since") / 1000).cast("long")))
-        .when(F.col("unique_bytes") != F.col("total_size"),
-              F.format_string("chunks hold %d bytes, wp-size says %d", "unique_bytes", "total_size"))
-        .otherwise(F.lit(None)).alias("detail"),
+        .when(
+            F.col("facts_differ"),
+            F.concat(F.lit("chunks disagree on wp-size, wp-checksum or the waveform's metadata"), disagree),
+        )
+        .when(
+            too_large,
+            F.format_string(
+                "%d bytes by header, %d in chunks; the maximum is %d",
+                "total_size",
+                "unique_bytes",
+                F.lit(max_waveform_bytes),
+            ),
+        )
+        .when(
+            missing,
+            F.format_string(
+                "%d of %d chunks; none in the last %d offsets (%d s) of its partition",
+                "distinct_chunks",
+                "chunk_count",
+                "offsets_since",
+                (F.col("ms_since") / 1000).cast("long"),
+            ),
+        )
+        .when(
+            F.col("unique_bytes") != F.col("total_size"),
+            F.format_string("chunks hold %d bytes, wp-size says %d", "unique_bytes", "total_size"),
+        )
+        .otherwise(F.lit(None))
+        .alias("detail"),
         (~outside & missing & ~too_large & stalled).alias("expired"),
     )
 
@@ -193,8 +252,7 @@ MAX_WAVEFORM_BYTES_LIMIT = 1024 * 1024 * 1024
 _FACTS = ("waveform_id", "source", "dtype", "channels", "sample_rate", "start_ns", "checksum", "topic")
 
 
-def output_row(facts: dict, payload: bytes, n_chunks: int, partition: int, first_offset: int,
-               last_offset: int) -> dict:
+def output_row(facts: dict, payload: bytes, n_chunks: int, partition: int, first_offset: int, last_offset: int) -> dict:
     """One output row (a dict in OUTPUT_SCHEMA's order) for a joined payload; checksum verified,
     payload dropped (None) when it does not match."""
     ok = checksum(payload) == facts["checksum"]
@@ -219,8 +277,10 @@ def _batch(rows: list[dict]) -> pa.RecordBatch:
 def assemble_arrow(table: pa.Table, failpoints: str | None = None, scope: str = "") -> pa.Table:
     """One waveform's chunk rows -> one output row: chunks in sequence order (first copy of each),
     payload joined, checksum verified. Runs in the Python workers; holds one waveform at a time."""
-    order = sorted(range(table.num_rows), key=lambda i: (
-        table["seq"][i].as_py(), table["partition"][i].as_py(), table["offset"][i].as_py()))
+    order = sorted(
+        range(table.num_rows),
+        key=lambda i: (table["seq"][i].as_py(), table["partition"][i].as_py(), table["offset"][i].as_py()),
+    )
     seqs = table["seq"].to_pylist()
     payloads = table["payload"]
     picked, seen = [], set()
@@ -242,8 +302,12 @@ def assemble_arrow(table: pa.Table, failpoints: str | None = None, scope: str = 
 STAGED_CHANGED = "wavepipe: staged chunks changed on disk"
 
 
-def assemble_file(path: str, wanted: dict[str, str | None] | set[str], strict: bool = False,
-                  batch_bytes: int = Settings.output_batch_bytes) -> Iterator[pa.RecordBatch]:
+def assemble_file(
+    path: str,
+    wanted: dict[str, str | None] | set[str],
+    strict: bool = False,
+    batch_bytes: int = Settings.output_batch_bytes,
+) -> Iterator[pa.RecordBatch]:
     """Whole waveforms from one staged file, streamed: the ``wanted`` ids (id -> ``wp-checksum``,
     or a set: any checksum) must have every chunk carrying that checksum, once, in this file (one
     Kafka partition); chunks of the same id with another checksum (another content under a reused
@@ -276,16 +340,22 @@ def assemble_file(path: str, wanted: dict[str, str | None] | set[str], strict: b
             w = open_.get(wid)
             if w is None:
                 facts = {name: batch.column(name)[i].as_py() for name in _FACTS}
-                w = open_[wid] = {"facts": facts, "parts": {}, "partition": batch.column("partition")[i].as_py(),
-                                  "first": offsets[i]}
+                w = open_[wid] = {
+                    "facts": facts,
+                    "parts": {},
+                    "partition": batch.column("partition")[i].as_py(),
+                    "first": offsets[i],
+                }
             w["parts"][seqs[i]] = payloads[i].as_py()
             if len(w["parts"]) == counts[i]:
                 del open_[wid]
                 payload = b"".join(w["parts"][k] for k in sorted(w["parts"]))
                 row = output_row(w["facts"], payload, counts[i], w["partition"], w["first"], offsets[i])
                 if strict and not row["checksum_ok"]:
-                    raise RuntimeError(f"{STAGED_CHANGED}: {path}: the chunks of {wid} no longer hash to "
-                                       f"{w['facts']['checksum']}, as they did when they were read")
+                    raise RuntimeError(
+                        f"{STAGED_CHANGED}: {path}: the chunks of {wid} no longer hash to "
+                        f"{w['facts']['checksum']}, as they did when they were read"
+                    )
                 rows.append(row)
                 done += 1
                 buffered += len(payload)
@@ -293,11 +363,14 @@ def assemble_file(path: str, wanted: dict[str, str | None] | set[str], strict: b
                     yield _batch(rows)
                     rows, buffered = [], 0
     if open_:  # classify said these were complete in this file: the file changed under us
-        raise RuntimeError(f"{STAGED_CHANGED if strict else 'staged chunks changed'}: {path}: {len(open_)} waveforms "
-                           f"expected complete are not, e.g. {next(iter(open_))}")
+        raise RuntimeError(
+            f"{STAGED_CHANGED if strict else 'staged chunks changed'}: {path}: {len(open_)} waveforms "
+            f"expected complete are not, e.g. {next(iter(open_))}"
+        )
     if strict and done < len(wanted):
-        raise RuntimeError(f"{STAGED_CHANGED}: {path}: {len(wanted) - done} waveforms it held when it was read "
-                           "are not in it")
+        raise RuntimeError(
+            f"{STAGED_CHANGED}: {path}: {len(wanted) - done} waveforms it held when it was read are not in it"
+        )
     if rows:
         yield _batch(rows)
 
@@ -308,24 +381,35 @@ def _row_group_batches(staged: pq.ParquetFile, rows: int = 256) -> Iterator[pa.R
         yield from staged.read_row_group(index).to_batches(max_chunksize=rows)
 
 
-def _assemble_tasks(batches: Iterator[pa.RecordBatch], failpoints: str | None, scope: str, strict: bool,
-                    batch_bytes: int) -> Iterator[pa.RecordBatch]:
+def _assemble_tasks(
+    batches: Iterator[pa.RecordBatch], failpoints: str | None, scope: str, strict: bool, batch_bytes: int
+) -> Iterator[pa.RecordBatch]:
     for batch in batches:
-        for path, ids in zip(batch.column("path").to_pylist(), batch.column("ids").to_pylist()):
+        for path, ids in zip(batch.column("path").to_pylist(), batch.column("ids").to_pylist(), strict=True):
             for out in assemble_file(path, {w["waveform_id"]: w["checksum"] for w in ids}, strict, batch_bytes):
                 yield out
                 failpoint("assemble.batch", failpoints, scope)
 
 
-def assemble_local(spark: SparkSession, files: dict[int, str], candidates: DataFrame, batch_bytes: int,
-                   scope: str = "", strict: bool = False) -> DataFrame:
+def assemble_local(
+    spark: SparkSession,
+    files: dict[int, str],
+    candidates: DataFrame,
+    batch_bytes: int,
+    scope: str = "",
+    strict: bool = False,
+) -> DataFrame:
     """Whole waveforms for candidates whose chunks are all in one partition's staged file, each
     file streamed by one task: no shuffle of payloads (the common case with keyed producers).
     ``batch_bytes``: the setting ``output_batch_bytes``; ``scope``: what the run's failpoints count
     their hits in (the run id); ``strict``: see ``assemble_file``."""
     paths = spark.createDataFrame(sorted(files.items()), "partition int, path string")
-    tasks = (candidates.groupBy("partition").agg(F.collect_list(F.struct("waveform_id", "checksum")).alias("ids"))
-             .join(paths, "partition").select("path", "ids"))
+    tasks = (
+        candidates.groupBy("partition")
+        .agg(F.collect_list(F.struct("waveform_id", "checksum")).alias("ids"))
+        .join(paths, "partition")
+        .select("path", "ids")
+    )
     failpoints = armed()  # the workers (a Spark engine's) do not have this process's environment
 
     def tasks_of_this_run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -357,18 +441,29 @@ def route(candidates: DataFrame, digests: DataFrame | None) -> DataFrame:
     assembled and verified from that file. ``shuffle``: chunks over partitions or repeated."""
     simple = F.col("one_partition") & (F.col("records") == F.col("distinct_chunks"))
     if digests is None:
-        return candidates.select("*", F.when(simple, F.lit(LOCAL)).otherwise(F.lit(SHUFFLE)).alias("route"),
-                                 F.lit(None).cast("boolean").alias("digest_ok"))
-    one = (digests.groupBy("waveform_id")
-           .agg(F.count(F.lit(1)).alias("n"), F.first(F.struct("checksum", "n_chunks", "partition", "digest")).alias("d"))
-           .where("n = 1").select("waveform_id", "d"))
-    has = (simple & (F.col("d.checksum") == F.col("checksum")) & (F.col("d.n_chunks") == F.col("chunk_count"))
-           & (F.col("d.partition") == F.col("partition")))
+        return candidates.select(
+            "*",
+            F.when(simple, F.lit(LOCAL)).otherwise(F.lit(SHUFFLE)).alias("route"),
+            F.lit(None).cast("boolean").alias("digest_ok"),
+        )
+    one = (
+        digests.groupBy("waveform_id")
+        .agg(F.count(F.lit(1)).alias("n"), F.first(F.struct("checksum", "n_chunks", "partition", "digest")).alias("d"))
+        .where("n = 1")
+        .select("waveform_id", "d")
+    )
+    has = (
+        simple
+        & (F.col("d.checksum") == F.col("checksum"))
+        & (F.col("d.n_chunks") == F.col("chunk_count"))
+        & (F.col("d.partition") == F.col("partition"))
+    )
     has = F.coalesce(has, F.lit(False))
     return candidates.join(one, "waveform_id", "left").select(
         *candidates.columns,
         F.when(has, F.lit(DIGEST)).when(simple, F.lit(LOCAL)).otherwise(F.lit(SHUFFLE)).alias("route"),
-        F.when(has, F.col("d.digest") == F.col("checksum")).alias("digest_ok"))
+        F.when(has, F.col("d.digest") == F.col("checksum")).alias("digest_ok"),
+    )
 
 
 def assemble(chunks: DataFrame, candidates: DataFrame, scope: str = "") -> DataFrame:
@@ -385,8 +480,9 @@ def assemble(chunks: DataFrame, candidates: DataFrame, scope: str = "") -> DataF
     return wanted.groupBy("waveform_id").applyInArrow(one_waveform, OUTPUT_SCHEMA)
 
 
-def final_status(classified: DataFrame, before_ids: DataFrame, after_ids: DataFrame,
-                 quarantined_ids: DataFrame) -> DataFrame:
+def final_status(
+    classified: DataFrame, before_ids: DataFrame, after_ids: DataFrame, quarantined_ids: DataFrame
+) -> DataFrame:
     """Per waveform, where it ended: ``output`` (written now or already before), ``pending``, or
     ``quarantined`` with a reason.
 
@@ -401,8 +497,11 @@ def final_status(classified: DataFrame, before_ids: DataFrame, after_ids: DataFr
     before = before_ids.select("waveform_id", F.lit(True).alias("was_there"))
     after = after_ids.select("waveform_id", F.lit(True).alias("is_there"))
     quarantined = quarantined_ids.groupBy("waveform_id").agg(F.first("reason").alias("q_reason"))
-    joined = (classified.join(before, "waveform_id", "left").join(after, "waveform_id", "left")
-              .join(quarantined, "waveform_id", "left"))
+    joined = (
+        classified.join(before, "waveform_id", "left")
+        .join(after, "waveform_id", "left")
+        .join(quarantined, "waveform_id", "left")
+    )
     is_candidate = F.col("status") == CANDIDATE
     stale = F.col("status") == PENDING
     earlier = (is_candidate | stale) & F.col("was_there").isNull() & F.col("q_reason").isNotNull()
@@ -413,16 +512,18 @@ def final_status(classified: DataFrame, before_ids: DataFrame, after_ids: DataFr
         .when(is_candidate, F.lit(QUARANTINED))
         .when(stale & F.col("was_there").isNotNull(), F.lit(OUTPUT))
         .when(stale & F.col("expired"), F.lit(QUARANTINED))
-        .otherwise(F.col("status")).alias("status"),
+        .otherwise(F.col("status"))
+        .alias("status"),
         F.when(earlier, F.col("q_reason"))
         .when(is_candidate & F.col("is_there").isNull(), F.lit("checksum_mismatch"))
         .when(stale & F.col("was_there").isNotNull(), F.lit(None))
         .when(stale & F.col("expired"), F.lit("incomplete"))
-        .otherwise(F.col("reason")).alias("reason"),
+        .otherwise(F.col("reason"))
+        .alias("reason"),
         F.when(earlier, F.lit("chunks of a waveform quarantined earlier"))
-        .when(is_candidate & F.col("is_there").isNull(),
-               F.lit("the joined chunks' sha256 differs from wp-checksum"))
-        .otherwise(F.col("detail")).alias("detail"),
+        .when(is_candidate & F.col("is_there").isNull(), F.lit("the joined chunks' sha256 differs from wp-checksum"))
+        .otherwise(F.col("detail"))
+        .alias("detail"),
         F.coalesce(F.col("was_there"), F.lit(False)).alias("already_written"),
     )
 
@@ -454,8 +555,15 @@ def conflict_status(conflicts: DataFrame, window: dict[int, tuple[int, int]] | N
         F.when(other, F.lit(OTHER_WINDOW)).otherwise(F.lit(QUARANTINED)).alias("status"),
         F.when(other, F.lit(None)).otherwise(F.lit("id_conflict")).cast("string").alias("reason"),
         F.when(other, F.lit("its first chunk is outside the window"))
-        .otherwise(F.format_string("wp-id %s is in the output with wp-checksum %s; these chunks carry wp-checksum %s "
-                                   "(another content under the same id)", "waveform_id", "output_checksum", "checksum"))
+        .otherwise(
+            F.format_string(
+                "wp-id %s is in the output with wp-checksum %s; these chunks carry wp-checksum %s "
+                "(another content under the same id)",
+                "waveform_id",
+                "output_checksum",
+                "checksum",
+            )
+        )
         .alias("detail"),
         F.lit(False).alias("already_written"),
         "output_checksum",
@@ -471,27 +579,49 @@ def quarantine_rows(meta: DataFrame, status: DataFrame, run_id: str) -> DataFram
     return (
         meta.join(status.where(F.col("status") == QUARANTINED), "waveform_id")
         .groupBy("waveform_id", "reason")
-        .agg(F.first("detail").alias("detail"), F.first("topic").alias("topic"), F.min(F.struct("partition", "offset")).alias("first"),
-             F.max("offset").alias("last_offset"), F.count(F.lit(1)).alias("records"),
-             F.max("chunk_count").alias("chunk_count"), F.max("total_size").alias("total_size"),
-             F.first("source").alias("source"), F.min("checksum").alias("checksum"),
-             F.first("output_checksum").alias("output_checksum"))
-        .select("waveform_id", "reason", "detail", "topic", F.col("first.partition").alias("partition"),
-                F.col("first.offset").alias("first_offset"), "last_offset", "records", "chunk_count",
-                "total_size", "source", "checksum", "output_checksum", F.lit(run_id).alias("run_id"),
-                F.current_timestamp().alias("quarantined_at"))
+        .agg(
+            F.first("detail").alias("detail"),
+            F.first("topic").alias("topic"),
+            F.min(F.struct("partition", "offset")).alias("first"),
+            F.max("offset").alias("last_offset"),
+            F.count(F.lit(1)).alias("records"),
+            F.max("chunk_count").alias("chunk_count"),
+            F.max("total_size").alias("total_size"),
+            F.first("source").alias("source"),
+            F.min("checksum").alias("checksum"),
+            F.first("output_checksum").alias("output_checksum"),
+        )
+        .select(
+            "waveform_id",
+            "reason",
+            "detail",
+            "topic",
+            F.col("first.partition").alias("partition"),
+            F.col("first.offset").alias("first_offset"),
+            "last_offset",
+            "records",
+            "chunk_count",
+            "total_size",
+            "source",
+            "checksum",
+            "output_checksum",
+            F.lit(run_id).alias("run_id"),
+            F.current_timestamp().alias("quarantined_at"),
+        )
     )
 
 
 def accounting(meta: DataFrame, status: DataFrame) -> DataFrame:
     """Per partition and final status: records, payload bytes, and first offset."""
-    return (meta.join(status, "waveform_id", "left")
-            .groupBy("partition", "status", "reason", "already_written")
-            .agg(F.count(F.lit(1)).alias("records"), F.sum("chunk_len").alias("bytes"),
-                 F.min("offset").alias("min_offset")))
+    return (
+        meta.join(status, "waveform_id", "left")
+        .groupBy("partition", "status", "reason", "already_written")
+        .agg(F.count(F.lit(1)).alias("records"), F.sum("chunk_len").alias("bytes"), F.min("offset").alias("min_offset"))
+    )
 
 
 # --- I/O -------------------------------------------------------------------------------------------
+
 
 def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     """Reassemble run ``plan``'s staged chunks into the tables; return the accounting."""
@@ -516,8 +646,9 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     candidates = store.candidate_dir(plan.run_id)
     v0 = delta_version(out_path)
     # a window run recomputes the window's rows: the tables' other rows are what was there before
-    outside = (None if not plan.is_window
-               else f"NOT ({window_predicate(plan.topic, plan.window_offsets(), 'first_offset')})")
+    outside = (
+        None if not plan.is_window else f"NOT ({window_predicate(plan.topic, plan.window_offsets(), 'first_offset')})"
+    )
     # the output's ids among the run's, with their checksums (read once): an id there under another
     # checksum is a reused id, a conflict; its chunks are set apart, the rest are the waveforms'
     known = delta_checksums(spark, out_path, v0, chunks, counted=outside).persist()
@@ -533,16 +664,24 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     if not 0 < settings.max_waveform_bytes <= MAX_WAVEFORM_BYTES_LIMIT:
         raise ValueError(f"max_waveform_bytes must be in 1..{MAX_WAVEFORM_BYTES_LIMIT} (a waveform is one Spark row)")
     classified = classify(
-        meta, max_waveform_bytes=settings.max_waveform_bytes, ends={r.partition: r.end for r in plan.ranges},
-        newest_ms=newest, incomplete_after_offsets=settings.incomplete_after_offsets,
+        meta,
+        max_waveform_bytes=settings.max_waveform_bytes,
+        ends={r.partition: r.end for r in plan.ranges},
+        newest_ms=newest,
+        incomplete_after_offsets=settings.incomplete_after_offsets,
         incomplete_after_ms=int(settings.incomplete_after_s * 1000),
         window=plan.window_offsets() if plan.is_window else None,
     ).persist()
     q_version = delta_version(settings.quarantine_table)
     # an id_conflict row is about another content under the id: it does not quarantine this one
-    q_before = (read_delta(spark, settings.quarantine_table, q_version).where(outside or "true")
-                .where(F.col("reason") != "id_conflict").select("waveform_id", "reason")
-                if q_version is not None else spark.createDataFrame([], "waveform_id string, reason string"))
+    q_before = (
+        read_delta(spark, settings.quarantine_table, q_version)
+        .where(outside or "true")
+        .where(F.col("reason") != "id_conflict")
+        .select("waveform_id", "reason")
+        if q_version is not None
+        else spark.createDataFrame([], "waveform_id string, reason string")
+    )
     new_candidates = classified.where(F.col("status") == CANDIDATE)
     if q_version is not None:  # quarantined once, quarantined for good (e.g. late chunks of an incomplete one)
         new_candidates = new_candidates.join(q_before.select("waveform_id"), "waveform_id", "left_anti")
@@ -558,8 +697,11 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
     after = before
     parts = []  # waveforms not verified while they were read: assembled and verified now
     if kinds.get((LOCAL, None)):
-        parts.append(assemble_local(spark, files, routed.where(F.col("route") == LOCAL),
-                                    settings.output_batch_bytes, scope=plan.run_id))
+        parts.append(
+            assemble_local(
+                spark, files, routed.where(F.col("route") == LOCAL), settings.output_batch_bytes, scope=plan.run_id
+            )
+        )
     if kinds.get((SHUFFLE, None)):
         parts.append(assemble(chunks, routed.where(F.col("route") == SHUFFLE), scope=plan.run_id))
     manifest, written = [], []  # the manifest's rows, and their ids (not read back from it)
@@ -567,20 +709,31 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
         assembled = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         verified = assembled.where("checksum_ok").drop("checksum_ok").withColumn("run_id", F.lit(plan.run_id))
         write_candidate(verified, candidates / "waveforms")
-        manifest.append(read_delta(spark, candidates / "waveforms").select(
-            *MANIFEST_COLUMNS, "run_id", F.concat(F.lit("sha256:"), F.sha2("payload", 256)).alias("payload_sha256"),
-            F.lit("candidate").alias("written_from")))
+        manifest.append(
+            read_delta(spark, candidates / "waveforms").select(
+                *MANIFEST_COLUMNS,
+                "run_id",
+                F.concat(F.lit("sha256:"), F.sha2("payload", 256)).alias("payload_sha256"),
+                F.lit("candidate").alias("written_from"),
+            )
+        )
         written.append(manifest[-1].select("waveform_id"))
     from_digests = kinds.get((DIGEST, True), 0)
     if from_digests:  # verified by the readers: written once, at publish, from the staged chunks
         ids = routed.where((F.col("route") == DIGEST) & F.col("digest_ok")).select("waveform_id")
-        manifest.append(digests.join(ids, "waveform_id", "left_semi").select(
-            *MANIFEST_COLUMNS, F.lit(plan.run_id).alias("run_id"), F.col("digest").alias("payload_sha256"),
-            F.lit("staged").alias("written_from")))
+        manifest.append(
+            digests.join(ids, "waveform_id", "left_semi").select(
+                *MANIFEST_COLUMNS,
+                F.lit(plan.run_id).alias("run_id"),
+                F.col("digest").alias("payload_sha256"),
+                F.lit("staged").alias("written_from"),
+            )
+        )
         written.append(ids)  # one digest row each (``route``): the manifest's ids
     if manifest:  # else: no new rows, no candidate tables
-        write_candidate(manifest[0] if len(manifest) == 1 else manifest[0].unionByName(manifest[1]),
-                        candidates / "manifest")
+        write_candidate(
+            manifest[0] if len(manifest) == 1 else manifest[0].unionByName(manifest[1]), candidates / "manifest"
+        )
         failpoint("reassemble.after_write")
         after = before
         for ids in written:
@@ -598,19 +751,34 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
         counted = counted.unionByName(accounting(conflicts.select(*META_COLUMNS), conflicted))
     # waveforms by final status, and records by partition and final status: one Spark job
     by_waveform = placed.groupBy("status", "reason", "already_written").agg(F.count(F.lit(1)).alias("records"))
-    rows = (counted.withColumn("per_waveform", F.lit(False))
-            .unionByName(by_waveform.select(
-                F.lit(None).cast("int").alias("partition"), "status", "reason", "already_written", "records",
-                F.lit(None).cast("long").alias("bytes"), F.lit(None).cast("long").alias("min_offset"),
-                F.lit(True).alias("per_waveform")))
-            .collect())
-    waveforms = [{"status": r["status"], "reason": r["reason"], "already_written": r["already_written"],
-                  "count": r["records"]} for r in rows if r["per_waveform"]]
+    rows = (
+        counted.withColumn("per_waveform", F.lit(False))
+        .unionByName(
+            by_waveform.select(
+                F.lit(None).cast("int").alias("partition"),
+                "status",
+                "reason",
+                "already_written",
+                "records",
+                F.lit(None).cast("long").alias("bytes"),
+                F.lit(None).cast("long").alias("min_offset"),
+                F.lit(True).alias("per_waveform"),
+            )
+        )
+        .collect()
+    )
+    waveforms = [
+        {"status": r["status"], "reason": r["reason"], "already_written": r["already_written"], "count": r["records"]}
+        for r in rows
+        if r["per_waveform"]
+    ]
     rows = [r for r in rows if not r["per_waveform"]]
     if any(w["status"] == QUARANTINED for w in waveforms):
         quarantine = quarantine_rows(meta, status, plan.run_id)
         if conflicts is not None:
-            quarantine = quarantine.unionByName(quarantine_rows(conflicts.select(*META_COLUMNS), conflicted, plan.run_id))
+            quarantine = quarantine.unionByName(
+                quarantine_rows(conflicts.select(*META_COLUMNS), conflicted, plan.run_id)
+            )
         write_candidate(quarantine, candidates / "quarantine")
     dead_files = [f for f in dead_files if pq.ParquetFile(f).metadata.num_rows]
     dead_counts: dict[int, tuple[int, int]] = {}
@@ -641,8 +809,11 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
         "dead_letter": sum(n for n, _ in dead_counts.values()),
     }
     # how the new candidates were verified (the rest failed their checksum: quarantined)
-    result["verified"] = {"while_read": from_digests, "from_one_staged_file": kinds.get((LOCAL, None), 0),
-                          "by_a_shuffle": kinds.get((SHUFFLE, None), 0)}
+    result["verified"] = {
+        "while_read": from_digests,
+        "from_one_staged_file": kinds.get((LOCAL, None), 0),
+        "by_a_shuffle": kinds.get((SHUFFLE, None), 0),
+    }
     if plan.is_window:
         result["window_rows"] = window_rows(spark, plan, status, candidates)
     status.unpersist()
@@ -657,25 +828,36 @@ def window_rows(spark: SparkSession, plan: RunPlan, status: DataFrame, candidate
     ``extra`` (per table): waveforms the run owns whose row's first offset is outside the window
     (chunks spread over partitions, or out of order): their rows are replaced too. Both are small:
     waveforms at the window's edges."""
-    keep = [r["waveform_id"] for r in status.where(F.col("status").isin(OTHER_WINDOW, PENDING))
-            .select("waveform_id").collect()]
+    keep = [
+        r["waveform_id"]
+        for r in status.where(F.col("status").isin(OTHER_WINDOW, PENDING)).select("waveform_id").collect()
+    ]
     inside = window_predicate(plan.topic, plan.window_offsets(), "first_offset")
     extra = {}
     for name, table in (("waveforms", "manifest"), ("quarantine", "quarantine")):
         path = candidates / table
-        extra[name] = ([r["waveform_id"] for r in read_delta(spark, path).where(f"NOT ({inside})")
-                        .select("waveform_id").distinct().collect()] if delta_version(path) is not None else [])
+        extra[name] = (
+            [
+                r["waveform_id"]
+                for r in read_delta(spark, path).where(f"NOT ({inside})").select("waveform_id").distinct().collect()
+            ]
+            if delta_version(path) is not None
+            else []
+        )
     return {"keep": sorted(keep), "extra": extra}
 
 
 def _count_by_partition(rows: DataFrame) -> dict[int, tuple[int, int]]:
     """Per partition: (rows, value bytes) of staged dead-letter rows."""
-    return {r["partition"]: (r["n"], r["bytes"] or 0) for r in rows.groupBy("partition").agg(
-        F.count(F.lit(1)).alias("n"), F.sum(F.length("value")).alias("bytes")).collect()}
+    return {
+        r["partition"]: (r["n"], r["bytes"] or 0)
+        for r in rows.groupBy("partition")
+        .agg(F.count(F.lit(1)).alias("n"), F.sum(F.length("value")).alias("bytes"))
+        .collect()
+    }
 
 
-def summarize(plan: RunPlan, rows, waveforms, dead_counts: dict, timings: dict,
-              other_dead: dict | None = None) -> dict:
+def summarize(plan: RunPlan, rows, waveforms, dead_counts: dict, timings: dict, other_dead: dict | None = None) -> dict:
     """Collected aggregates -> per-partition accounting and safe offsets (plain dicts).
     ``other_dead``: per partition, dead letters of a window run that are the next window's."""
     partitions = {}
@@ -708,18 +890,26 @@ def summarize(plan: RunPlan, rows, waveforms, dead_counts: dict, timings: dict,
             raise RuntimeError(f"chunk rows of partition {row['partition']} have no status: {row}")
     counts: dict[str, int] = {}
     for w in waveforms:
-        key = w["status"] if w["status"] != OUTPUT else ("output_already_written" if w["already_written"] else "output_new")
+        key = (
+            w["status"]
+            if w["status"] != OUTPUT
+            else ("output_already_written" if w["already_written"] else "output_new")
+        )
         if w["status"] == QUARANTINED:
             key = f"quarantined:{w['reason']}"
         counts[key] = counts.get(key, 0) + w["count"]
     return {
-        "run_id": plan.run_id, "finished_at": utc_now(), "partitions": {str(k): v for k, v in partitions.items()},
-        "waveforms": counts, "timings": {k: round(v, 3) for k, v in timings.items()},
+        "run_id": plan.run_id,
+        "finished_at": utc_now(),
+        "partitions": {str(k): v for k, v in partitions.items()},
+        "waveforms": counts,
+        "timings": {k: round(v, 3) for k, v in timings.items()},
     }
 
 
-def reassemble_and_save(spark: SparkSession, settings, store: RunStore, plan: RunPlan, *, validate: bool,
-                        session_s: float) -> dict:
+def reassemble_and_save(
+    spark: SparkSession, settings, store: RunStore, plan: RunPlan, *, validate: bool, session_s: float
+) -> dict:
     """Reassemble run ``plan`` and save the result as its ``reassemble`` step; ``validate``: then
     validate and publish in the same session. ``session_s``: what getting the session took."""
     began = time.monotonic()
@@ -738,8 +928,11 @@ def reassemble_and_save(spark: SparkSession, settings, store: RunStore, plan: Ru
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Reassemble one wavepipe run's staged chunks.")
     parser.add_argument("--run-id", required=True)
-    parser.add_argument("--validate", action="store_true",
-                        help="then validate and publish in the same Spark session (what `wavepipe run` does)")
+    parser.add_argument(
+        "--validate",
+        action="store_true",
+        help="then validate and publish in the same Spark session (what `wavepipe run` does)",
+    )
     args = parser.parse_args(argv)
     settings, store, plan = load_run(args.run_id, log)
     if plan is None:
@@ -752,8 +945,9 @@ def main(argv: list[str] | None = None) -> int:
             import_in_background()
         spark = SparkSession.builder.appName(f"wavepipe-reassemble-{plan.run_id}").getOrCreate()
         try:
-            result = reassemble_and_save(spark, settings, store, plan, validate=args.validate,
-                                         session_s=time.monotonic() - began)
+            result = reassemble_and_save(
+                spark, settings, store, plan, validate=args.validate, session_s=time.monotonic() - began
+            )
         finally:
             began = time.monotonic()
             spark.stop()

@@ -84,8 +84,10 @@ def window_predicate(topic: str, offsets: dict[int, tuple[int, int]], offset_col
     outside it; topic names are ``[a-zA-Z0-9._-]`` (Kafka's rule), so quoting is plain."""
     if not offsets:
         return "false"
-    parts = " OR ".join(f"(`partition` = {int(p)} AND `{offset_column}` >= {int(a)} AND `{offset_column}` < {int(b)})"
-                        for p, (a, b) in sorted(offsets.items()))
+    parts = " OR ".join(
+        f"(`partition` = {int(p)} AND `{offset_column}` >= {int(a)} AND `{offset_column}` < {int(b)})"
+        for p, (a, b) in sorted(offsets.items())
+    )
     return f"(topic = '{topic}' AND ({parts}))"
 
 
@@ -94,8 +96,9 @@ def sql_string(text: str) -> str:
     return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def replace_predicate(topic: str, offsets: dict[int, tuple[int, int]], offset_column: str,
-                      keep: list[str] = (), extra: list[str] = ()) -> str:
+def replace_predicate(
+    topic: str, offsets: dict[int, tuple[int, int]], offset_column: str, keep: list[str] = (), extra: list[str] = ()
+) -> str:
     """SQL: the rows a window run replaces: those inside the window (``window_predicate``) but
     not of a waveform in ``keep``, and those of a waveform in ``extra`` wherever they are."""
     where = window_predicate(topic, offsets, offset_column)
@@ -106,8 +109,15 @@ def replace_predicate(topic: str, offsets: dict[int, tuple[int, int]], offset_co
     return where
 
 
-def append_new(df: DataFrame, path: Path, keys: list[str], partition_by: list[str] | None = None,
-               checked_version: int | None = None, merge_schema: bool = False, txn: str | None = None) -> None:
+def append_new(
+    df: DataFrame,
+    path: Path,
+    keys: list[str],
+    partition_by: list[str] | None = None,
+    checked_version: int | None = None,
+    merge_schema: bool = False,
+    txn: str | None = None,
+) -> None:
     """Append the rows of ``df`` whose ``keys`` are not in the table yet, in one atomic commit.
 
     ``checked_version``: ``df`` already excludes the keys of that version of the table; they are
@@ -136,12 +146,18 @@ def append_new(df: DataFrame, path: Path, keys: list[str], partition_by: list[st
 def write_candidate(df: DataFrame, path: Path) -> None:
     """Replace the run's candidate table ``path`` with ``df`` (one atomic commit). Uncompressed:
     it is read once or twice and then deleted; the published tables are compressed when written."""
-    (df.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
-     .option("compression", "uncompressed").save(str(path)))
+    (
+        df.write.format("delta")
+        .mode("overwrite")
+        .option("overwriteSchema", "true")
+        .option("compression", "uncompressed")
+        .save(str(path))
+    )
 
 
-def delta_checksums(spark: SparkSession, path: Path, version: int | None, ids: DataFrame,
-                    counted: str | None = None) -> DataFrame:
+def delta_checksums(
+    spark: SparkSession, path: Path, version: int | None, ids: DataFrame, counted: str | None = None
+) -> DataFrame:
     """``waveform_id``, ``checksum`` and ``counted`` (the row matches SQL ``counted``; true if not
     given) of the table's rows at ``version`` whose id is in ``ids`` (a semi-join: only the ids a
     run read are kept, and only these two columns of the table are scanned, never the payloads).

@@ -25,12 +25,12 @@ import sys
 import threading
 import time
 import warnings
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 import pandas as pd
+import pyarrow.parquet as pq
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -42,10 +42,22 @@ from wavepipe.plan import RunPlan, RunStore, utc_now
 from wavepipe.report import append_validation_history, describe_safely, plot_path
 from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_apps.reassemble import (
-    MANIFEST_COLUMNS, OUTPUT_SCHEMA, STAGED_CHANGED, assemble_file, assemble_local, chunk_files, per_partition,
+    MANIFEST_COLUMNS,
+    OUTPUT_SCHEMA,
+    STAGED_CHANGED,
+    assemble_file,
+    assemble_local,
+    chunk_files,
+    per_partition,
 )
 from wavepipe.spark_apps.tables import (
-    TABLE_KEYS, append_new, delta_row_count, delta_version, read_delta, replace_predicate, window_predicate,
+    TABLE_KEYS,
+    append_new,
+    delta_row_count,
+    delta_version,
+    read_delta,
+    replace_predicate,
+    window_predicate,
 )
 
 log = logging.getLogger("wavepipe.validate")
@@ -64,13 +76,17 @@ _PLOT_MAX_BYTES = 16 * 1024 * 1024
 
 # --- pure transformations ------------------------------------------------------------------------
 
+
 def output_checks(manifest: DataFrame, published: DataFrame, run_id: str) -> DataFrame:
     """The run's new waveforms (its manifest: one row each, no payload, ``payload_sha256`` as it
     was verified) with the columns the output suite checks. ``published``: (waveform_id, run_id)
     of the output table; only its rows with the run's ids are looked at."""
     itemsize = F.regexp_extract("dtype", r"(\d+)$", 1).cast("long")  # numpy dtype.str: "<f4", "|u1"
-    seen = (published.join(manifest.select("waveform_id"), "waveform_id", "left_semi").groupBy("waveform_id").agg(
-        F.max(F.col("run_id") != F.lit(run_id)).alias("published_by_other_run"), F.lit(True).alias("in_table")))
+    seen = (
+        published.join(manifest.select("waveform_id"), "waveform_id", "left_semi")
+        .groupBy("waveform_id")
+        .agg(F.max(F.col("run_id") != F.lit(run_id)).alias("published_by_other_run"), F.lit(True).alias("in_table"))
+    )
     return manifest.join(seen, "waveform_id", "left").select(
         *expectations.METADATA_COLUMNS,
         (F.col("n_samples") * itemsize * F.col("channels")).alias("expected_size_bytes"),
@@ -91,6 +107,7 @@ def chunk_checks(staged: DataFrame, plan: RunPlan) -> DataFrame:
 
 
 # --- Great Expectations ----------------------------------------------------------------------------
+
 
 def _jsonable(value):
     if isinstance(value, np.generic):  # from a frame validated in the client (pandas)
@@ -122,20 +139,37 @@ def _summarize_result(name: str, result, docs_url: str | None) -> dict:
         config = r.expectation_config
         kwargs = {k: v for k, v in config.kwargs.items() if k in ("column", "column_A", "column_B", "column_list")}
         res = r.result or {}
-        failed.append({
-            "expectation": config.type, **_jsonable(kwargs), "description": config.description,
-            "unexpected_count": res.get("unexpected_count"),
-            "unexpected_percent": None if res.get("unexpected_percent") is None else round(res["unexpected_percent"], 4),
-            "examples": _jsonable((res.get("partial_unexpected_list") or [])[:3]),
-            "error": _exception_message(r.exception_info),
-        })
+        failed.append(
+            {
+                "expectation": config.type,
+                **_jsonable(kwargs),
+                "description": config.description,
+                "unexpected_count": res.get("unexpected_count"),
+                "unexpected_percent": None
+                if res.get("unexpected_percent") is None
+                else round(res["unexpected_percent"], 4),
+                "examples": _jsonable((res.get("partial_unexpected_list") or [])[:3]),
+                "error": _exception_message(r.exception_info),
+            }
+        )
     stats = result.statistics
-    return {"suite": name, "success": bool(result.success), "evaluated": stats["evaluated_expectations"],
-            "failed_count": stats["unsuccessful_expectations"], "failed": failed, "data_docs": docs_url}
+    return {
+        "suite": name,
+        "success": bool(result.success),
+        "evaluated": stats["evaluated_expectations"],
+        "failed_count": stats["unsuccessful_expectations"],
+        "failed": failed,
+        "data_docs": docs_url,
+    }
 
 
-def run_suites(settings: Settings, run_id: str, frames: dict[str, DataFrame | pd.DataFrame], now: datetime,
-               notes: list[str] | None = None) -> tuple[list[dict], str]:
+def run_suites(
+    settings: Settings,
+    run_id: str,
+    frames: dict[str, DataFrame | pd.DataFrame],
+    now: datetime,
+    notes: list[str] | None = None,
+) -> tuple[list[dict], str]:
     """Each suite on its frame through a GX checkpoint (results stored, Data Docs updated): a
     Spark DataFrame on the engine, a pandas frame (``in_client``) in this process.
     Returns the per-suite summaries and the Data Docs index URL. Data Docs only describe the
@@ -158,30 +192,49 @@ def run_suites(settings: Settings, run_id: str, frames: dict[str, DataFrame | pd
             batch = asset.get_batch_definition("run")
         except (KeyError, LookupError):
             batch = asset.add_batch_definition_whole_dataframe("run")
-        suite = context.suites.add_or_update(gx.ExpectationSuite(
-            name=name, expectations=expectation_list, meta={"wavepipe_suite_version": expectations.SUITE_VERSION}))
+        suite = context.suites.add_or_update(
+            gx.ExpectationSuite(
+                name=name, expectations=expectation_list, meta={"wavepipe_suite_version": expectations.SUITE_VERSION}
+            )
+        )
         definition = context.validation_definitions.add_or_update(
-            gx.ValidationDefinition(name=name, data=batch, suite=suite))
+            gx.ValidationDefinition(name=name, data=batch, suite=suite)
+        )
         # Pass/fail first: one aggregate job for all expectations. Only if one fails, again with
         # counts and examples (a job per expectation): a failing run may take longer, a passing
         # run should not. Each pass is stored and gets its Data Docs page.
-        for result_format in ({"result_format": "BOOLEAN_ONLY"},
-                              {"result_format": "SUMMARY", "partial_unexpected_count": 5}):
-            checkpoint = context.checkpoints.add_or_update(gx.Checkpoint(
-                name=name, validation_definitions=[definition], result_format=result_format))
-            outcome = checkpoint.run(batch_parameters={"dataframe": frames[name]},
-                                     run_id=RunIdentifier(run_name=run_id, run_time=datetime.now(timezone.utc)))
+        for result_format in (
+            {"result_format": "BOOLEAN_ONLY"},
+            {"result_format": "SUMMARY", "partial_unexpected_count": 5},
+        ):
+            checkpoint = context.checkpoints.add_or_update(
+                gx.Checkpoint(name=name, validation_definitions=[definition], result_format=result_format)
+            )
+            outcome = checkpoint.run(
+                batch_parameters={"dataframe": frames[name]},
+                run_id=RunIdentifier(run_name=run_id, run_time=datetime.now(UTC)),
+            )
             identifiers += outcome.run_results
             if outcome.success:
                 break
-        (identifier, run_result), = list(outcome.run_results.items())[-1:]
+        ((identifier, run_result),) = list(outcome.run_results.items())[-1:]
         summaries.append((name, run_result, identifier))
-    docs = describe_safely(notes, "Great Expectations Data Docs", _build_docs, context,
-                           [identifier for _, _, identifier in summaries], identifiers) or ([], "")
+    docs = describe_safely(
+        notes,
+        "Great Expectations Data Docs",
+        _build_docs,
+        context,
+        [identifier for _, _, identifier in summaries],
+        identifiers,
+    ) or ([], "")
     pages = docs[0] or [None] * len(summaries)
-    out = [{**_summarize_result(name, run_result, page),
-            "validated_in": "client" if isinstance(frames[name], pd.DataFrame) else "spark"}
-           for (name, run_result, _), page in zip(summaries, pages)]
+    out = [
+        {
+            **_summarize_result(name, run_result, page),
+            "validated_in": "client" if isinstance(frames[name], pd.DataFrame) else "spark",
+        }
+        for (name, run_result, _), page in zip(summaries, pages, strict=True)
+    ]
     return out, docs[1]
 
 
@@ -221,7 +274,8 @@ def _build_docs(context, shown: list, identifiers: list) -> tuple[list[str | Non
 
 MANIFEST_SCHEMA = T.StructType(
     [f for f in OUTPUT_SCHEMA.fields if f.name in MANIFEST_COLUMNS]
-    + [T.StructField(name, T.StringType(), False) for name in ("run_id", "payload_sha256", "written_from")])
+    + [T.StructField(name, T.StringType(), False) for name in ("run_id", "payload_sha256", "written_from")]
+)
 
 
 def _manifest(spark: SparkSession, candidates: Path) -> DataFrame:
@@ -247,7 +301,7 @@ def _staged_records(spark: SparkSession, files: list[str]) -> DataFrame:
 IN_CLIENT_MAX_ROWS = 250_000
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def _for_validation(frame: DataFrame, rows: int) -> DataFrame | pd.DataFrame:
@@ -266,17 +320,25 @@ def _in_client(frame: DataFrame) -> pd.DataFrame:
     collected = frame.withColumn("start_time", F.unix_micros("start_time")).toPandas()
     collected["start_time"] = pd.Series(
         [None if pd.isna(us) else _EPOCH + timedelta(microseconds=int(us)) for us in collected["start_time"]],
-        index=collected.index, dtype=object)
+        index=collected.index,
+        dtype=object,
+    )
     return collected
 
 
 def _output_counts(checked: DataFrame | pd.DataFrame) -> dict:
     """Rows, rows already in the output table, and bytes of the run's new waveforms."""
     if isinstance(checked, pd.DataFrame):
-        return {"rows": len(checked), "in_table": int(checked["in_table"].sum()),
-                "bytes": int(checked["size_bytes"].fillna(0).sum())}
-    row = checked.agg(F.count(F.lit(1)).alias("rows"), F.sum(F.col("in_table").cast("long")).alias("in_table"),
-                      F.sum("size_bytes").alias("bytes")).first()
+        return {
+            "rows": len(checked),
+            "in_table": int(checked["in_table"].sum()),
+            "bytes": int(checked["size_bytes"].fillna(0).sum()),
+        }
+    row = checked.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.sum(F.col("in_table").cast("long")).alias("in_table"),
+        F.sum("size_bytes").alias("bytes"),
+    ).first()
     return {"rows": row["rows"], "in_table": row["in_table"] or 0, "bytes": row["bytes"] or 0}
 
 
@@ -286,7 +348,7 @@ PLOT_TITLE_CHARS = 60
 
 
 def _short(text: str, limit: int = PLOT_TITLE_CHARS) -> str:
-    return text if len(text) <= limit else text[:limit - 1] + "\u2026"
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def _scale_exponent(peak: float) -> int:
@@ -332,7 +394,7 @@ def plot_waveforms(rows: list, path: Path) -> Path:
     fig = Figure(figsize=(8, 1.9 * len(rows)))
     axes = fig.subplots(len(rows), 1, squeeze=False)
     with np.errstate(all="ignore"):
-        for ax, row in zip(axes[:, 0], rows):
+        for ax, row in zip(axes[:, 0], rows, strict=True):
             raw = rebuild(bytes(row["payload"]), row["dtype"], row["channels"])
             step = max(1, len(raw) // 2000)
             values, y_exp, bad = plottable(raw[::step, :PLOT_CHANNELS])
@@ -357,8 +419,14 @@ def plot_waveforms(rows: list, path: Path) -> Path:
     return path
 
 
-def start_plot(spark: SparkSession, checked: DataFrame | pd.DataFrame, store: RunStore, plan: RunPlan,
-               settings: Settings, notes: list[str]):
+def start_plot(
+    spark: SparkSession,
+    checked: DataFrame | pd.DataFrame,
+    store: RunStore,
+    plan: RunPlan,
+    settings: Settings,
+    notes: list[str],
+):
     """Begin the plot of the first few waveforms the run publishes (the earliest of one partition,
     so their bytes are near the start of its staged file); returns a function that waits for it
     and gives the plot's path. Reading the staged chunks and drawing go on in a thread, beside the
@@ -372,8 +440,9 @@ def start_plot(spark: SparkSession, checked: DataFrame | pd.DataFrame, store: Ru
     def draw() -> None:
         began = time.monotonic()
         staged = describe_safely(notes, "fetching waveforms to plot", _staged_rows, picks, store, plan) or []
-        drawn["path"] = plot_rows(sorted(rows + staged, key=lambda r: r["waveform_id"]),
-                                  plot_path(settings, plan.run_id), notes)
+        drawn["path"] = plot_rows(
+            sorted(rows + staged, key=lambda r: r["waveform_id"]), plot_path(settings, plan.run_id), notes
+        )
         drawn["s"] = time.monotonic() - began
 
     thread = threading.Thread(target=draw, name=f"wavepipe-plot-{plan.run_id}", daemon=True)
@@ -386,8 +455,16 @@ def start_plot(spark: SparkSession, checked: DataFrame | pd.DataFrame, store: Ru
     return wait
 
 
-_PLOT_PICK_COLUMNS = ["waveform_id", "source", "dtype", "channels", "sample_rate", "checksum", "partition",
-                      "written_from"]
+_PLOT_PICK_COLUMNS = [
+    "waveform_id",
+    "source",
+    "dtype",
+    "channels",
+    "sample_rate",
+    "checksum",
+    "partition",
+    "written_from",
+]
 
 
 def _plot_picks(checked: DataFrame | pd.DataFrame) -> list[dict]:
@@ -395,8 +472,14 @@ def _plot_picks(checked: DataFrame | pd.DataFrame) -> list[dict]:
     if isinstance(checked, pd.DataFrame):
         small = checked[checked["size_bytes"] <= _PLOT_MAX_BYTES].sort_values(["partition", "first_offset"])
         return small.head(3)[_PLOT_PICK_COLUMNS].to_dict("records")
-    return [r.asDict() for r in checked.where(F.col("size_bytes") <= _PLOT_MAX_BYTES)
-            .orderBy("partition", "first_offset").select(*_PLOT_PICK_COLUMNS).limit(3).collect()]
+    return [
+        r.asDict()
+        for r in checked.where(F.col("size_bytes") <= _PLOT_MAX_BYTES)
+        .orderBy("partition", "first_offset")
+        .select(*_PLOT_PICK_COLUMNS)
+        .limit(3)
+        .collect()
+    ]
 
 
 def _staged_rows(picks: list[dict], store: RunStore, plan: RunPlan) -> list[dict]:
@@ -405,8 +488,9 @@ def _staged_rows(picks: list[dict], store: RunStore, plan: RunPlan) -> list[dict
     staged = [r for r in picks if r["written_from"] == "staged"]
     for partition in {int(r["partition"]) for r in staged}:
         mine = {r["waveform_id"]: r["checksum"] for r in staged if int(r["partition"]) == partition}
-        for batch in assemble_file(chunk_files(store, plan)[partition], mine, strict=True,
-                                   batch_bytes=store.settings.output_batch_bytes):
+        for batch in assemble_file(
+            chunk_files(store, plan)[partition], mine, strict=True, batch_bytes=store.settings.output_batch_bytes
+        ):
             rows += [r for r in batch.to_pylist() if r["checksum_ok"]]
     return rows
 
@@ -416,9 +500,13 @@ def _candidate_rows(spark: SparkSession, picks: list[dict], store: RunStore, pla
     others = [r["waveform_id"] for r in picks if r["written_from"] != "staged"]
     if not others:
         return []
-    return [r.asDict() for r in read_delta(spark, store.candidate_dir(plan.run_id) / "waveforms")
-            .where(F.col("waveform_id").isin(others))
-            .select("waveform_id", "source", "dtype", "channels", "sample_rate", "payload").collect()]
+    return [
+        r.asDict()
+        for r in read_delta(spark, store.candidate_dir(plan.run_id) / "waveforms")
+        .where(F.col("waveform_id").isin(others))
+        .select("waveform_id", "source", "dtype", "channels", "sample_rate", "payload")
+        .collect()
+    ]
 
 
 def plot_rows(rows: list, path: Path, notes: list[str]) -> str | None:
@@ -444,27 +532,50 @@ def publish_source(spark: SparkSession, store: RunStore, plan: RunPlan, name: st
     frame = read_delta(spark, source) if delta_version(source) is not None else None
     counts = (store.load_step(plan.run_id, "reassemble") or {}).get("candidates", {})
     if name == "waveforms" and counts.get("manifest", 0) > counts.get("waveforms", 0):
-        wanted = (read_delta(spark, store.candidate_dir(plan.run_id) / "manifest")
-                  .where(F.col("written_from") == "staged").select("waveform_id", "checksum", "partition"))
-        staged = (assemble_local(spark, chunk_files(store, plan), wanted, store.settings.output_batch_bytes,
-                                 scope=plan.run_id, strict=True)
-                  .drop("checksum_ok").withColumn("run_id", F.lit(plan.run_id)))
+        wanted = (
+            read_delta(spark, store.candidate_dir(plan.run_id) / "manifest")
+            .where(F.col("written_from") == "staged")
+            .select("waveform_id", "checksum", "partition")
+        )
+        staged = (
+            assemble_local(
+                spark,
+                chunk_files(store, plan),
+                wanted,
+                store.settings.output_batch_bytes,
+                scope=plan.run_id,
+                strict=True,
+            )
+            .drop("checksum_ok")
+            .withColumn("run_id", F.lit(plan.run_id))
+        )
         frame = staged if frame is None else frame.unionByName(staged)
     return frame
 
 
-def publish_run(spark: SparkSession, settings: Settings, plan: RunPlan, *, candidates_in_table: int,
-                candidates_total: int, checked_version: int | None) -> int | None:
+def publish_run(
+    spark: SparkSession,
+    settings: Settings,
+    plan: RunPlan,
+    *,
+    candidates_in_table: int,
+    candidates_total: int,
+    checked_version: int | None,
+) -> int | None:
     """Append the run's rows to the published tables (keys not there yet only); returns the
     output table's version after."""
     store = RunStore(settings)
-    targets = {"waveforms": settings.output_table, "quarantine": settings.quarantine_table,
-               "dead_letter": settings.dead_letter_table}
+    targets = {
+        "waveforms": settings.output_table,
+        "quarantine": settings.quarantine_table,
+        "dead_letter": settings.dead_letter_table,
+    }
     if plan.is_window:
         rows = (store.load_step(plan.run_id, "reassemble") or {}).get("window_rows")
         if rows is None:
-            raise CandidatesMismatchError(f"run {plan.run_id}: its reassembly recorded no window rows; "
-                                          "run the reassemble step again")
+            raise CandidatesMismatchError(
+                f"run {plan.run_id}: its reassembly recorded no window rows; run the reassemble step again"
+            )
         for name in PUBLISHED:
             replace_window(spark, publish_source(spark, store, plan, name), targets[name], name, plan, rows)
         failpoint("publish.after_write")
@@ -482,16 +593,23 @@ def publish_run(spark: SparkSession, settings: Settings, plan: RunPlan, *, candi
         if source is None:
             continue
         if name == "waveforms":
-            append_new(source, targets[name], keys, partition_by,
-                       checked_version=checked_version if candidates_in_table == 0 else None, txn=txn)
+            append_new(
+                source,
+                targets[name],
+                keys,
+                partition_by,
+                checked_version=checked_version if candidates_in_table == 0 else None,
+                txn=txn,
+            )
         else:
             append_new(source, targets[name], keys, merge_schema=True, txn=txn)
     failpoint("publish.after_write")
     return delta_version(settings.output_table)
 
 
-def replace_window(spark: SparkSession, source: DataFrame | None, target: Path, name: str, plan: RunPlan,
-                   rows: dict) -> None:
+def replace_window(
+    spark: SparkSession, source: DataFrame | None, target: Path, name: str, plan: RunPlan, rows: dict
+) -> None:
     """Replace the rows of window run ``plan``'s window in ``target`` by ``source`` (what
     ``publish_source`` gives), in one atomic Delta commit (``replaceWhere``): readers see the old
     window or the new one, and a retry replaces it again with the same rows. No rows (None): the
@@ -502,8 +620,9 @@ def replace_window(spark: SparkSession, source: DataFrame | None, target: Path, 
     if name == "dead_letter":  # records, not waveforms: the window's offsets say it all
         where = window_predicate(plan.topic, plan.window_offsets(), "offset")
     else:
-        where = replace_predicate(plan.topic, plan.window_offsets(), "first_offset", rows["keep"],
-                                  rows["extra"].get(name, []))
+        where = replace_predicate(
+            plan.topic, plan.window_offsets(), "first_offset", rows["keep"], rows["extra"].get(name, [])
+        )
     if delta_version(target) is None:
         if source is not None:
             append_new(source, target, keys, partition_by)
@@ -511,8 +630,13 @@ def replace_window(spark: SparkSession, source: DataFrame | None, target: Path, 
     if source is None:  # SQL: Delta's Python API needs a plugin over Spark Connect
         spark.sql(f"DELETE FROM delta.`{target}` WHERE {where}")
         return
-    (source.write.format("delta").mode("overwrite").option("replaceWhere", where)
-     .option("mergeSchema", "true").save(str(target)))
+    (
+        source.write.format("delta")
+        .mode("overwrite")
+        .option("replaceWhere", where)
+        .option("mergeSchema", "true")
+        .save(str(target))
+    )
 
 
 class StagedChunksChangedError(RuntimeError):
@@ -532,8 +656,9 @@ def check_candidates(spark: SparkSession, store: RunStore, run_id: str) -> dict:
     if reassembled is None or "candidates" not in reassembled:
         raise CandidatesMismatchError(f"run {run_id} has no reassembly result; run its reassemble step first")
     if "manifest" not in reassembled["candidates"]:
-        raise CandidatesMismatchError(f"run {run_id} was reassembled by an earlier wavepipe (no manifest); "
-                                      "run its reassemble step again")
+        raise CandidatesMismatchError(
+            f"run {run_id} was reassembled by an earlier wavepipe (no manifest); run its reassemble step again"
+        )
     for name, expected in reassembled["candidates"].items():
         path = store.candidate_dir(run_id) / name
         found = 0
@@ -544,7 +669,8 @@ def check_candidates(spark: SparkSession, store: RunStore, run_id: str) -> dict:
         if found != expected:
             raise CandidatesMismatchError(
                 f"run {run_id}: the candidate table {name} holds {found} rows, its reassembly recorded {expected}; "
-                "run the reassemble step again")
+                "run the reassemble step again"
+            )
     return reassembled
 
 
@@ -556,14 +682,18 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
     reassembled = check_candidates(spark, store, plan.run_id)
     timings: dict[str, float] = {}
     t = time.monotonic()
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     manifest = _manifest(spark, store.candidate_dir(plan.run_id))
     version = delta_version(settings.output_table)
     # a window run replaces the window's rows: only the rows outside it stay published beside it
-    outside = (f"NOT ({window_predicate(plan.topic, plan.window_offsets(), 'first_offset')})"
-               if plan.is_window else "true")
-    published = (read_delta(spark, settings.output_table, version).where(outside).select("waveform_id", "run_id")
-                 if version is not None else spark.createDataFrame([], "waveform_id string, run_id string"))
+    outside = (
+        f"NOT ({window_predicate(plan.topic, plan.window_offsets(), 'first_offset')})" if plan.is_window else "true"
+    )
+    published = (
+        read_delta(spark, settings.output_table, version).where(outside).select("waveform_id", "run_id")
+        if version is not None
+        else spark.createDataFrame([], "waveform_id string, run_id string")
+    )
     # small frames (a run's new waveforms, its staged records: most runs) are validated in this
     # process after one collect each; large ones on the engine
     checked = _for_validation(output_checks(manifest, published, plan.run_id), reassembled["candidates"]["manifest"])
@@ -578,8 +708,10 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
     timings["plot_start_s"] = time.monotonic() - t
     try:
         t = time.monotonic()
-        frames = {expectations.suite_name(expectations.OUTPUT_SUITE): checked,
-                  expectations.suite_name(expectations.CHUNKS_SUITE): staged}
+        frames = {
+            expectations.suite_name(expectations.OUTPUT_SUITE): checked,
+            expectations.suite_name(expectations.CHUNKS_SUITE): staged,
+        }
         suites, docs_index = run_suites(settings, plan.run_id, frames, now, notes)
         timings["expectations_s"] = time.monotonic() - t
         for frame in (checked, staged):
@@ -587,18 +719,32 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
                 frame.unpersist()
         success = all(s["success"] for s in suites)
         result = {
-            "run_id": plan.run_id, "group": plan.group, "topic": plan.topic, "checked_at": utc_now(), "suite_version": expectations.SUITE_VERSION,
-            "success": success, "suites": suites, "data_docs_index": docs_index,
+            "run_id": plan.run_id,
+            "group": plan.group,
+            "topic": plan.topic,
+            "checked_at": utc_now(),
+            "suite_version": expectations.SUITE_VERSION,
+            "success": success,
+            "suites": suites,
+            "data_docs_index": docs_index,
             "rows": {"waveforms": counts["rows"], "waveform_bytes": counts["bytes"], "staged_records": staged_rows},
             "thresholds": {k: v for k, v in settings.as_dict().items() if k.startswith("validate_")},
-            "plot": None, "published": False, "output_table_version": version, "timings": timings,
+            "plot": None,
+            "published": False,
+            "output_table_version": version,
+            "timings": timings,
         }
         if success:
             t = time.monotonic()
             try:
                 result["output_table_version"] = publish_run(
-                    spark, settings, plan, candidates_in_table=counts["in_table"], candidates_total=counts["rows"],
-                    checked_version=version)
+                    spark,
+                    settings,
+                    plan,
+                    candidates_in_table=counts["in_table"],
+                    candidates_total=counts["rows"],
+                    checked_version=version,
+                )
             except Exception as exc:
                 found = re.search(re.escape(STAGED_CHANGED) + r"[^\n]*", str(exc))
                 if found is None:
@@ -608,7 +754,8 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
                 raise StagedChunksChangedError(
                     f"run {plan.run_id}: {found.group(0)}. None of the run's waveforms was published and no offset "
                     "moved. Its staged copies were removed: retry the run (`wavepipe run` resumes it) and it reads "
-                    "its planned ranges again from Kafka; in Airflow, clear the run's tasks from consume on.") from None
+                    "its planned ranges again from Kafka; in Airflow, clear the run's tasks from consume on."
+                ) from None
             result["published"] = True
             timings["publish_s"] = time.monotonic() - t
     finally:
@@ -620,10 +767,12 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
     describe_safely(notes, "the validation history", append_validation_history, settings, result)
     result["notes"] = notes
     store.save_step(plan.run_id, "validate", result)
-    failed = [f"{f['expectation']}({f.get('column') or f.get('column_A') or f.get('column_list')})"
-              for s in suites for f in s["failed"]]
-    log.info("run %s validation %s%s", plan.run_id, "passed; published" if success else "FAILED: ",
-             ", ".join(failed))
+    failed = [
+        f"{f['expectation']}({f.get('column') or f.get('column_A') or f.get('column_list')})"
+        for s in suites
+        for f in s["failed"]
+    ]
+    log.info("run %s validation %s%s", plan.run_id, "passed; published" if success else "FAILED: ", ", ".join(failed))
     return result
 
 

@@ -32,14 +32,26 @@ import pytest
 
 from wavepipe.config import Settings, load_settings
 
-
 #: Test files that take longest (real Airflow, many Spark runs), started first so that the two
 #: workers of ``make test`` (pytest-xdist, one file per worker at a time) finish close together.
 #: Order only: a file missing here runs after these, in the usual order.
 LONGEST_FIRST = [  # by their times in a two-worker run
-    "test_faults.py", "test_bad_input.py", "test_airflow_ui.py", "test_bounded_run.py", "test_dag.py",
-    "test_rewind.py", "test_spark_cluster.py", "test_chaos.py", "test_validation.py", "test_kafka_cluster.py",
-    "test_bench.py", "test_wheel.py", "test_backfill.py", "test_redelivery.py", "test_hostile_waveforms.py", "test_operator_input.py",
+    "test_faults.py",
+    "test_bad_input.py",
+    "test_airflow_ui.py",
+    "test_bounded_run.py",
+    "test_dag.py",
+    "test_rewind.py",
+    "test_spark_cluster.py",
+    "test_chaos.py",
+    "test_validation.py",
+    "test_kafka_cluster.py",
+    "test_bench.py",
+    "test_wheel.py",
+    "test_backfill.py",
+    "test_redelivery.py",
+    "test_hostile_waveforms.py",
+    "test_operator_input.py",
 ]
 
 
@@ -71,8 +83,14 @@ def engine(tmp_path_factory):
     from wavepipe.engine import LocalEngine
     from wavepipe.localkafka import free_port
 
-    server = LocalEngine(load_settings(home=tmp_path_factory.mktemp("engine"), spark_connect_port=free_port(),
-                                       spark_master="local[2]", spark_remote=""))
+    server = LocalEngine(
+        load_settings(
+            home=tmp_path_factory.mktemp("engine"),
+            spark_connect_port=free_port(),
+            spark_master="local[2]",
+            spark_remote="",
+        )
+    )
     server.up()
     yield server
     server.down(force=True)
@@ -84,10 +102,19 @@ def settings(kafka, engine, tmp_path) -> Settings:
     on the session's engine."""
     tag = uuid.uuid4().hex[:8]
     return load_settings(
-        home=tmp_path / "home", bootstrap_servers=kafka.bootstrap, topic=f"wf-{tag}", group=f"grp-{tag}",
-        partitions=2, kafka_client_config={}, max_records_per_partition=0, max_bytes_per_partition=0,
-        spark_master="local[2]", reader_stall_timeout_s=30, new_group_start="earliest",
-        spark_engine="connect", spark_remote=engine.url(),
+        home=tmp_path / "home",
+        bootstrap_servers=kafka.bootstrap,
+        topic=f"wf-{tag}",
+        group=f"grp-{tag}",
+        partitions=2,
+        kafka_client_config={},
+        max_records_per_partition=0,
+        max_bytes_per_partition=0,
+        spark_master="local[2]",
+        reader_stall_timeout_s=30,
+        new_group_start="earliest",
+        spark_engine="connect",
+        spark_remote=engine.url(),
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 from confluent_kafka import Producer
@@ -10,14 +10,15 @@ from confluent_kafka import Producer
 from wavepipe.config import Settings
 from wavepipe.protocol import checksum, split_waveform
 
-START = datetime(2026, 11, 2, 8, 30, tzinfo=timezone.utc)
+START = datetime(2026, 11, 2, 8, 30, tzinfo=UTC)
 
 
 def waveform_records(waveform_id: str, n_chunks: int, chunk_size: int = 256, seed: int = 0):
     """(records, checksum) of a float32 two-channel waveform split into exactly ``n_chunks``."""
     samples = np.random.default_rng(seed).normal(size=(n_chunks * chunk_size // 8, 2)).astype("<f4")
-    records = split_waveform(samples, waveform_id=waveform_id, sample_rate=100.0, start_time=START,
-                             source="test-src", chunk_size=chunk_size)
+    records = split_waveform(
+        samples, waveform_id=waveform_id, sample_rate=100.0, start_time=START, source="test-src", chunk_size=chunk_size
+    )
     assert len(records) == n_chunks
     return records, checksum(samples.tobytes())
 
@@ -37,8 +38,14 @@ def produce_in_order(settings: Settings, records, partition: int = 0, producer: 
     producer = producer or Producer(settings.kafka_config(**{"enable.idempotence": True, "acks": "all"}))
     errors = []
     for key, headers, value in records:
-        producer.produce(settings.topic, value=value, key=key, headers=headers, partition=partition,
-                         on_delivery=lambda err, msg: errors.append(err) if err else None)
+        producer.produce(
+            settings.topic,
+            value=value,
+            key=key,
+            headers=headers,
+            partition=partition,
+            on_delivery=lambda err, msg: errors.append(err) if err else None,
+        )
     if own:
         assert producer.flush(30) == 0
     assert not errors, errors
@@ -50,8 +57,9 @@ def output_rows(spark, settings: Settings):
     df = spark.read.format("delta").load(str(settings.output_table))
     return sorted(
         (r["waveform_id"], r["checksum"], r["payload_sha"], r["run_id"])
-        for r in df.select("waveform_id", "checksum", F.concat(F.lit("sha256:"), F.sha2("payload", 256)).alias("payload_sha"),
-                           "run_id").collect()
+        for r in df.select(
+            "waveform_id", "checksum", F.concat(F.lit("sha256:"), F.sha2("payload", 256)).alias("payload_sha"), "run_id"
+        ).collect()
     )
 
 
@@ -122,7 +130,9 @@ def assert_accounted(spark, settings: Settings, report: dict, gaps: bool = False
     if report["totals"]["dead_letter"]:  # each once, also when an earlier run dead-lettered it first
         dead = spark.read.format("delta").load(str(settings.dead_letter_table)).where(F.col("topic") == report["topic"])
         for p, part in report["partitions"].items():
-            in_range = dead.where((F.col("partition") == int(p)) & F.col("offset").between(part["start"], part["end"] - 1))
+            in_range = dead.where(
+                (F.col("partition") == int(p)) & F.col("offset").between(part["start"], part["end"] - 1)
+            )
             assert in_range.count() == part["dead_letter"], (p, part)
     assert_output_unique(spark, settings)
 
@@ -138,16 +148,24 @@ def assert_output_unique(spark, settings: Settings) -> None:
 def quarantine_reasons(spark, settings: Settings) -> dict[str, str]:
     if not (settings.quarantine_table / "_delta_log").exists():
         return {}
-    return {r["waveform_id"]: r["reason"] for r in
-            spark.read.format("delta").load(str(settings.quarantine_table)).select("waveform_id", "reason").collect()}
+    return {
+        r["waveform_id"]: r["reason"]
+        for r in spark.read.format("delta")
+        .load(str(settings.quarantine_table))
+        .select("waveform_id", "reason")
+        .collect()
+    }
 
 
 def read_topic(settings: Settings, topic: str, partition: int = 0) -> list[tuple[bytes, dict[str, bytes]]]:
     """Every committed record of one partition, as (value, headers), read until it goes quiet."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer(settings.kafka_config(**{"group.id": "test-reader", "isolation.level": "read_committed",
-                                                 "enable.auto.commit": False}))
+    consumer = Consumer(
+        settings.kafka_config(
+            **{"group.id": "test-reader", "isolation.level": "read_committed", "enable.auto.commit": False}
+        )
+    )
     consumer.assign([TopicPartition(topic, partition, 0)])
     out, idle = [], 0
     try:
@@ -167,8 +185,14 @@ def read_topic(settings: Settings, topic: str, partition: int = 0) -> list[tuple
 def produce_at(settings: Settings, records, when: datetime, producer: Producer, partition: int = 0) -> None:
     """Produce ``records`` with record timestamp ``when`` (CreateTime); the caller flushes."""
     for key, headers, value in records:
-        producer.produce(settings.topic, value=value, key=key, headers=headers, partition=partition,
-                         timestamp=int(when.timestamp() * 1000))
+        producer.produce(
+            settings.topic,
+            value=value,
+            key=key,
+            headers=headers,
+            partition=partition,
+            timestamp=int(when.timestamp() * 1000),
+        )
 
 
 def quarter_hour_ago(hours: float = 2.0) -> datetime:
@@ -176,7 +200,7 @@ def quarter_hour_ago(hours: float = 2.0) -> datetime:
     recent enough for the topic's retention (records older than 7 days are deleted)."""
     from datetime import timedelta
 
-    t = datetime.now(timezone.utc) - timedelta(hours=hours)
+    t = datetime.now(UTC) - timedelta(hours=hours)
     return t.replace(minute=t.minute - t.minute % 15, second=0, microsecond=0)
 
 

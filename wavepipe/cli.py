@@ -30,15 +30,25 @@ def cmd_spark(args) -> int:
 
     settings = _settings(args)
     if settings.spark_remote and args.action not in ("status", "serve"):  # serve: the remote server itself
-        print(f"spark_remote is set ({redact_url(settings.spark_remote)}): runs attach to that server, not to "
-              "this home's; `wavepipe spark` manages this home's own server", file=sys.stderr)
+        print(
+            f"spark_remote is set ({redact_url(settings.spark_remote)}): runs attach to that server, not to "
+            "this home's; `wavepipe spark` manages this home's own server",
+            file=sys.stderr,
+        )
     engine = LocalEngine(settings)
     if args.action == "serve":
-        print(f"serving the Spark engine on sc://{args.host}:{args.port} (master {settings.spark_master}) "
-              "in the foreground", flush=True)
+        print(
+            f"serving the Spark engine on sc://{args.host}:{args.port} (master {settings.spark_master}) "
+            "in the foreground",
+            flush=True,
+        )
         engine.serve(args.host, args.port)
-    actions = {"up": engine.up, "status": engine.status,
-               "down": lambda: engine.down(force=args.force), "restart": lambda: engine.restart(force=args.force)}
+    actions = {
+        "up": engine.up,
+        "status": engine.status,
+        "down": lambda: engine.down(force=args.force),
+        "restart": lambda: engine.restart(force=args.force),
+    }
     print(actions[args.action]())
     return 0 if args.action != "status" or engine.pid() else 1
 
@@ -50,8 +60,10 @@ def cmd_spark_cluster(args) -> int:
     cluster = LocalSparkCluster(settings.home / "spark", port=args.port, workers=args.workers)
     print({"up": cluster.up, "down": cluster.down, "status": cluster.status}[args.action]())
     if args.action == "up":
-        print(f"Send runs there with WAVEPIPE_SPARK_MASTER={cluster.master_url} (then `wavepipe spark restart`: "
-              "the engine runs on that master); `wavepipe spark-cluster down` stops it.")
+        print(
+            f"Send runs there with WAVEPIPE_SPARK_MASTER={cluster.master_url} (then `wavepipe spark restart`: "
+            "the engine runs on that master); `wavepipe spark-cluster down` stops it."
+        )
     return 0 if args.action != "status" or cluster.pids() else 1
 
 
@@ -61,8 +73,11 @@ def cmd_produce(args) -> int:
 
     settings = _settings(args)
     if not args.demo:
-        print("only --demo is available from the command line; use wavepipe.consumers.producer.ChunkProducer "
-              "in Python to produce your own arrays", file=sys.stderr)
+        print(
+            "only --demo is available from the command line; use wavepipe.consumers.producer.ChunkProducer "
+            "in Python to produce your own arrays",
+            file=sys.stderr,
+        )
         return 2
     ensure_topic(settings, args.topic)
     if args.topic:
@@ -74,8 +89,10 @@ def cmd_produce(args) -> int:
     manifest = settings.home / "produced" / f"{sent[0].waveform_id.rsplit('-', 2)[0]}.jsonl"
     manifest.parent.mkdir(parents=True, exist_ok=True)
     manifest.write_text("".join(json.dumps(line) + "\n" for line in manifest_lines(sent)))
-    print(f"produced {len(sent)} waveforms ({sum(s.chunks for s in sent)} chunks, {total / 1e6:.1f} MB) "
-          f"to {settings.topic} in {seconds:.1f}s; manifest: {manifest}")
+    print(
+        f"produced {len(sent)} waveforms ({sum(s.chunks for s in sent)} chunks, {total / 1e6:.1f} MB) "
+        f"to {settings.topic} in {seconds:.1f}s; manifest: {manifest}"
+    )
     return 0
 
 
@@ -84,12 +101,16 @@ def _print_report(report: dict) -> None:
     if report.get("skipped"):
         print(f"run {report['run_id']}: {report['skipped']}; nothing read, nothing written")
     else:
-        print(f"run {report['run_id']}: {t['records_read']} records read, {t['output']} chunks into "
-              f"{report['waveforms'].get('output_new', 0)} new waveforms, {t['pending']} pending, "
-              f"{t['quarantined']} quarantined, {t['dead_letter']} dead-lettered, {t['gap']} gap offsets")
+        print(
+            f"run {report['run_id']}: {t['records_read']} records read, {t['output']} chunks into "
+            f"{report['waveforms'].get('output_new', 0)} new waveforms, {t['pending']} pending, "
+            f"{t['quarantined']} quarantined, {t['dead_letter']} dead-lettered, {t['gap']} gap offsets"
+        )
     if report.get("window"):
-        print(f"  window [{report['window']['start']}, {report['window']['end']}): its output was replaced; "
-              "no offset was committed")
+        print(
+            f"  window [{report['window']['start']}, {report['window']['end']}): its output was replaced; "
+            "no offset was committed"
+        )
     if t.get("lost"):
         print(f"  {t['lost']} offsets were no longer retained and were skipped (--skip-lost-offsets)")
     if report.get("new_group_start"):
@@ -100,15 +121,21 @@ def _print_report(report: dict) -> None:
         commit = report.get("commit", {}).get(p, {})
         if report.get("window"):
             a, b = report["window"]["offsets"][p]
-            print(f"  {part['topic']}[{p}] window [{a}, {b}), read [{part['start']}, {part['end']}); "
-                  f"{part.get('other_window', 0)} records of other windows set aside")
+            print(
+                f"  {part['topic']}[{p}] window [{a}, {b}), read [{part['start']}, {part['end']}); "
+                f"{part.get('other_window', 0)} records of other windows set aside"
+            )
             continue
-        print(f"  {part['topic']}[{p}] [{part['start']}, {part['end']}) committed "
-              f"{commit.get('before')} -> {commit.get('after')}")
+        print(
+            f"  {part['topic']}[{p}] [{part['start']}, {part['end']}) committed "
+            f"{commit.get('before')} -> {commit.get('after')}"
+        )
     if report.get("validation"):
         v = report["validation"]
-        print(f"validation: {'passed' if v['success'] else 'FAILED'} ({sum(s['evaluated'] for s in v['suites'])} "
-              f"expectations, suite v{v['suite_version']}); Data Docs: {v['data_docs_index']}")
+        print(
+            f"validation: {'passed' if v['success'] else 'FAILED'} ({sum(s['evaluated'] for s in v['suites'])} "
+            f"expectations, suite v{v['suite_version']}); Data Docs: {v['data_docs_index']}"
+        )
     for note in report.get("notes") or []:  # what could not be described; the run itself went through
         print(f"note: {note}")
     if report.get("report_path"):
@@ -120,9 +147,13 @@ def _print_report(report: dict) -> None:
 
 def _describe_move(move: dict) -> str:
     """One moved partition in words: from where to where, by whom, what is skipped or re-read."""
-    what = (f"offsets [{move['skipped'][0]}, {move['skipped'][1]}) were skipped here" if move.get("skipped") else
-            f"offsets [{move['reread'][0]}, {move['reread'][1]}) are read again" if move.get("reread") else
-            "its committed offset was removed")
+    what = (
+        f"offsets [{move['skipped'][0]}, {move['skipped'][1]}) were skipped here"
+        if move.get("skipped")
+        else f"offsets [{move['reread'][0]}, {move['reread'][1]}) are read again"
+        if move.get("reread")
+        else "its committed offset was removed"
+    )
     return f"from {move['from']} to {move['to']} by {move['by']}; {what}"
 
 
@@ -141,10 +172,17 @@ def cmd_run(args) -> int:
         if args.new_group_start:
             raise UsageError("--new-group-start applies to incremental runs, not to --window")
     try:
-        report = run_once(settings, run_id=args.run_id, topic=args.topic, group=args.group,
-                          max_records=args.max_records, max_bytes=args.max_bytes,
-                          skip_lost_offsets=args.skip_lost_offsets, window=window,
-                          new_group_start=args.new_group_start)
+        report = run_once(
+            settings,
+            run_id=args.run_id,
+            topic=args.topic,
+            group=args.group,
+            max_records=args.max_records,
+            max_bytes=args.max_bytes,
+            skip_lost_offsets=args.skip_lost_offsets,
+            window=window,
+            new_group_start=args.new_group_start,
+        )
     except ValidationFailedError as exc:
         print(f"wavepipe run: {exc}", file=sys.stderr)
         return EXIT_VALIDATION
@@ -163,17 +201,24 @@ def cmd_abandon(args) -> int:
         print(f"group {group!r} has no active run")
         return 0
     if store.is_locked(active, "run"):
-        print(f"wavepipe abandon: run {active} of group {group!r} is executing right now; stop it first", file=sys.stderr)
+        print(
+            f"wavepipe abandon: run {active} of group {group!r} is executing right now; stop it first", file=sys.stderr
+        )
         return EXIT_FAILED
     plan = store.load_plan(active)
     if plan is not None and _committed_by(settings, plan):
-        print(f"wavepipe abandon: run {active} already committed its offsets; finish it with `wavepipe run` (it "
-              "resumes the run and only writes its report)", file=sys.stderr)
+        print(
+            f"wavepipe abandon: run {active} already committed its offsets; finish it with `wavepipe run` (it "
+            "resumes the run and only writes its report)",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     store.release_group(group, active)
     store.discard_staging(active)
-    print(f"released run {active} of group {group!r} and deleted its staged files; its offsets were not committed, "
-          "the next run re-reads them")
+    print(
+        f"released run {active} of group {group!r} and deleted its staged files; its offsets were not committed, "
+        "the next run re-reads them"
+    )
     return EXIT_OK
 
 
@@ -227,11 +272,19 @@ def cmd_status(args) -> int:
         after = (last or {}).get("commit", {}).get(str(p), {}).get("after")
         pending = str(part.get("pending", 0)) if last and after == committed[p] else "?"
         lag = "-" if committed[p] is None else str(ends[p] - committed[p])
-        rows.append((str(p), "-" if committed[p] is None else str(committed[p]), str(ends[p]), lag, pending,
-                     moved[p]["by"] if p in moved else "-"))
+        rows.append(
+            (
+                str(p),
+                "-" if committed[p] is None else str(committed[p]),
+                str(ends[p]),
+                lag,
+                pending,
+                moved[p]["by"] if p in moved else "-",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
-        print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+        print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
     for p, move in sorted(moved.items()):
         print(f"moved since this home's last commit: {topic}[{p}] {_describe_move(move)}")
     if last and last.get("waveforms", {}).get("pending"):
@@ -245,23 +298,31 @@ def cmd_status(args) -> int:
         outcome = rep.get("status") or ("committed" if rep.get("commit") else "?")
         if rep.get("window"):
             outcome += f" [{rep['window']['start']}, {rep['window']['end']})"
-        print(f"  {rep['run_id']}: {outcome}; {rep['totals']['output']} chunks out, {rep['totals']['pending']} pending, "
-              f"{rep['totals']['quarantined']} quarantined, {rep['totals']['dead_letter']} dead-lettered; "
-              f"file://{path.with_suffix('.html')}")
+        print(
+            f"  {rep['run_id']}: {outcome}; {rep['totals']['output']} chunks out, {rep['totals']['pending']} pending, "
+            f"{rep['totals']['quarantined']} quarantined, {rep['totals']['dead_letter']} dead-lettered; "
+            f"file://{path.with_suffix('.html')}"
+        )
     print(_engine_line(settings))
     idle = store.idle_runs(group)
     if idle:
-        print(f"idle runs (nothing new to read) since the last run that read something: {idle['count']}, "
-              f"from {idle['first_at']} to {idle['last_at']} (last: {idle['last_run_id']})")
+        print(
+            f"idle runs (nothing new to read) since the last run that read something: {idle['count']}, "
+            f"from {idle['first_at']} to {idle['last_at']} (last: {idle['last_run_id']})"
+        )
     trend = validation_trend(settings, group=group)
     if trend:
         passed = sum(1 for e in trend if e["success"])
-        print(f"validation, last {len(trend)} attempts: {passed} passed, {len(trend) - passed} failed "
-              f"(oldest first: {''.join('+' if e['success'] else 'x' for e in trend)})")
+        print(
+            f"validation, last {len(trend)} attempts: {passed} passed, {len(trend) - passed} failed "
+            f"(oldest first: {''.join('+' if e['success'] else 'x' for e in trend)})"
+        )
         for e in trend[-5:]:
             failed = f"; failed: {', '.join(e['failed_expectations'])}" if e["failed_expectations"] else ""
-            print(f"  {e['checked_at']} {e['run_id']}: {'passed' if e['success'] else 'FAILED'}, "
-                  f"{e['waveforms']} waveforms, {e['evaluated']} expectations{failed}")
+            print(
+                f"  {e['checked_at']} {e['run_id']}: {'passed' if e['success'] else 'FAILED'}, "
+                f"{e['waveforms']} waveforms, {e['evaluated']} expectations{failed}"
+            )
     return EXIT_OK
 
 
@@ -317,8 +378,13 @@ def cmd_bench(args) -> int:
     settings = _settings(args)
     if args.consume_scaling:
         return _bench_consume_scaling(settings, args)
-    changes = {"parallelism": args.parallelism, "partitions": args.partitions, "scale": args.scale,
-               "keep": args.keep, "command": " ".join(["wavepipe", "bench", *sys.argv[2:]])}
+    changes = {
+        "parallelism": args.parallelism,
+        "partitions": args.partitions,
+        "scale": args.scale,
+        "keep": args.keep,
+        "command": " ".join(["wavepipe", "bench", *sys.argv[2:]]),
+    }
     if args.large_mib is not None:
         changes["large_bytes"] = args.large_mib * 2**20
     if args.small_mib is not None:
@@ -333,7 +399,9 @@ def cmd_bench(args) -> int:
         return 2
     changes = {k: v for k, v in changes.items() if v is not None}
     options = BenchOptions.quick_options(**changes) if args.quick else BenchOptions(**changes)
-    options.out_dir = Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else options.out_dir)
+    options.out_dir = (
+        Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else options.out_dir)
+    )
     results = run_bench(settings, options)
     paths = save(results, options.out_dir)
     failed = [m for m in results["measurements"] if m["error"]]
@@ -344,8 +412,11 @@ def cmd_bench(args) -> int:
         print(f"  {'n/a ' if met is None else ('met ' if met else 'MISS')} {name}: {numbers}")
     print(f"results: {', '.join(map(str, paths))}")
     if failed:
-        print(f"{len(failed)} measurement(s) failed: " + "; ".join(f"{m['system']} {m['workload']} x{m['scale']}: "
-                                                                   f"{m['error']}" for m in failed), file=sys.stderr)
+        print(
+            f"{len(failed)} measurement(s) failed: "
+            + "; ".join(f"{m['system']} {m['workload']} x{m['scale']}: {m['error']}" for m in failed),
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -358,9 +429,10 @@ def _bench_consume_scaling(settings, args) -> int:
     from wavepipe.bench.results import default_results_dir
 
     total = (args.large_mib or (16 if args.quick else 1024)) * 2**20
-    out = Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else
-                                           default_results_dir())
-    with tempfile.TemporaryDirectory(prefix="consume-scaling-", dir=settings.home if settings.home.exists() else None) as tmp:
+    out = Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else default_results_dir())
+    with tempfile.TemporaryDirectory(
+        prefix="consume-scaling-", dir=settings.home if settings.home.exists() else None
+    ) as tmp:
         result = consume_scaling.measure_consume_scaling(settings, Path(tmp), total_bytes=total)
     print(consume_scaling.to_markdown(result))
     print(f"results: {', '.join(map(str, consume_scaling.save(result, out)))}")
@@ -406,18 +478,30 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("action", choices=["up", "down", "status"])
     k.set_defaults(func=cmd_kafka)
 
-    sp = sub.add_parser("spark", help="this home's Spark engine: a Spark Connect server on loopback that runs "
-                                      "attach to (runs start it on demand); status shows its memory")
-    sp.add_argument("action", choices=["up", "down", "status", "restart", "serve"],
-                    help="serve: run a Spark Connect server in the foreground, bound to --host (a container's command)")
+    sp = sub.add_parser(
+        "spark",
+        help="this home's Spark engine: a Spark Connect server on loopback that runs "
+        "attach to (runs start it on demand); status shows its memory",
+    )
+    sp.add_argument(
+        "action",
+        choices=["up", "down", "status", "restart", "serve"],
+        help="serve: run a Spark Connect server in the foreground, bound to --host (a container's command)",
+    )
     sp.add_argument("--host", default="0.0.0.0", help="serve: the address to bind (default 0.0.0.0)")
     sp.add_argument("--port", type=_positive, default=15002, help="serve: the port (default 15002)")
-    sp.add_argument("--force", action="store_true",
-                    help="down, restart: at once, failing the steps attached to it (default: wait until they end)")
+    sp.add_argument(
+        "--force",
+        action="store_true",
+        help="down, restart: at once, failing the steps attached to it (default: wait until they end)",
+    )
     sp.set_defaults(func=cmd_spark)
 
-    sc = sub.add_parser("spark-cluster", help="a local Spark standalone cluster (master and workers on loopback) "
-                                              "to try the cluster path; the engine uses it with WAVEPIPE_SPARK_MASTER")
+    sc = sub.add_parser(
+        "spark-cluster",
+        help="a local Spark standalone cluster (master and workers on loopback) "
+        "to try the cluster path; the engine uses it with WAVEPIPE_SPARK_MASTER",
+    )
     sc.add_argument("action", choices=["up", "down", "status"])
     sc.add_argument("--port", type=_positive, default=7077, help="the master's port (default 7077)")
     sc.add_argument("--workers", type=_positive, default=1, help="workers to start (default 1)")
@@ -426,30 +510,50 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("produce", help="produce chunked waveforms")
     p.add_argument("--demo", action="store_true", help="synthetic seismic, ECG and audio recordings")
     p.add_argument("--count", type=_positive, default=24, help="waveforms to produce (default 24)")
-    p.add_argument("--waveform-bytes", type=_positive, default=512 * 1024,
-                   help="about this many bytes per waveform (default 524288)")
+    p.add_argument(
+        "--waveform-bytes",
+        type=_positive,
+        default=512 * 1024,
+        help="about this many bytes per waveform (default 524288)",
+    )
     p.add_argument("--topic", help="default: config `topic` (created if missing)")
     p.set_defaults(func=cmd_produce)
 
-    r = sub.add_parser("run", help="one bounded run without Airflow (plan, consume, reassemble, commit)",
-                       epilog=EPILOG)
+    r = sub.add_parser("run", help="one bounded run without Airflow (plan, consume, reassemble, commit)", epilog=EPILOG)
     r.add_argument("--run-id", help="resume or repeat this run id (default: the active run, else a new one)")
     r.add_argument("--topic", help="the topic to read (default: config `topic`)")
-    r.add_argument("--group", help="the consumer group whose committed offsets are the progress (default: config "
-                                   "`group`)")
-    r.add_argument("--max-records", type=_count, help="cap: records per partition in this run (0: no cap; default: "
-                                                      "config `max_records_per_partition`)")
-    r.add_argument("--max-bytes", type=_count, help="cap: payload bytes per partition in this run (0: no cap; "
-                                                    "default: config `max_bytes_per_partition`)")
-    r.add_argument("--new-group-start", metavar="earliest|latest|TIME",
-                   help="where a group with no committed offsets on the topic starts (default: config "
-                        "`new_group_start`; without one such a run is refused, so a typo'd group reads nothing)")
-    r.add_argument("--skip-lost-offsets", action="store_true",
-                   help="if the group is behind what the topic retains, start at the earliest retained offsets "
-                        "and record the lost range in the report (default: fail, naming the range)")
-    r.add_argument("--window", nargs=2, metavar=("START", "END"),
-                   help="reprocess the time window [START, END) (ISO-8601, UTC if no zone) instead of continuing "
-                        "from the group's offsets: its output is replaced, no offset is committed")
+    r.add_argument(
+        "--group", help="the consumer group whose committed offsets are the progress (default: config `group`)"
+    )
+    r.add_argument(
+        "--max-records",
+        type=_count,
+        help="cap: records per partition in this run (0: no cap; default: config `max_records_per_partition`)",
+    )
+    r.add_argument(
+        "--max-bytes",
+        type=_count,
+        help="cap: payload bytes per partition in this run (0: no cap; default: config `max_bytes_per_partition`)",
+    )
+    r.add_argument(
+        "--new-group-start",
+        metavar="earliest|latest|TIME",
+        help="where a group with no committed offsets on the topic starts (default: config "
+        "`new_group_start`; without one such a run is refused, so a typo'd group reads nothing)",
+    )
+    r.add_argument(
+        "--skip-lost-offsets",
+        action="store_true",
+        help="if the group is behind what the topic retains, start at the earliest retained offsets "
+        "and record the lost range in the report (default: fail, naming the range)",
+    )
+    r.add_argument(
+        "--window",
+        nargs=2,
+        metavar=("START", "END"),
+        help="reprocess the time window [START, END) (ISO-8601, UTC if no zone) instead of continuing "
+        "from the group's offsets: its output is replaced, no offset is committed",
+    )
     r.set_defaults(func=cmd_run)
 
     a = sub.add_parser("abandon", help="release a group's unfinished run without committing it")
@@ -473,8 +577,11 @@ def build_parser() -> argparse.ArgumentParser:
     to.add_argument("--shift-by", type=int, help="move by N offsets from the committed one (negative: back)")
     to.add_argument("--by-duration", help="the first record at or after now minus this duration (e.g. 2h, 90m, P1D)")
     rw.add_argument("--execute", action="store_true", help="apply it (default: dry run, print before/after/lag)")
-    rw.add_argument("--force", action="store_true", help="accept a target outside what the topic retains "
-                                                         "(clamped to the retained range)")
+    rw.add_argument(
+        "--force",
+        action="store_true",
+        help="accept a target outside what the topic retains (clamped to the retained range)",
+    )
     rw.add_argument("--reason", default="", help="why: kept in the audit record")
     rw.set_defaults(func=cmd_rewind)
 
@@ -484,34 +591,47 @@ def build_parser() -> argparse.ArgumentParser:
     af.add_argument("--to-date", help="backfill: last logical date (ISO-8601, inclusive)")
     af.add_argument("--dag-id", default="wavepipe_ingest", help="backfill: the DAG (default wavepipe_ingest)")
     af.add_argument("--conf", help='backfill: params as JSON, e.g. \'{"topic": "waveforms"}\'')
-    af.add_argument("--max-active-runs", type=_positive, help="backfill: runs at once (window runs of a group still "
-                                                         "take turns)")
+    af.add_argument(
+        "--max-active-runs", type=_positive, help="backfill: runs at once (window runs of a group still take turns)"
+    )
     af.set_defaults(func=cmd_airflow)
 
     d = sub.add_parser("demo", help="the main job end to end: Kafka up, demo data, the DAG through Airflow, checks")
     d.add_argument("--count", type=_positive, default=24, help="demo waveforms to produce (default 24)")
-    d.add_argument("--waveform-bytes", type=_positive, default=512 * 1024,
-                   help="about this many bytes per waveform (default 524288)")
+    d.add_argument(
+        "--waveform-bytes",
+        type=_positive,
+        default=512 * 1024,
+        help="about this many bytes per waveform (default 524288)",
+    )
     d.set_defaults(func=cmd_demo)
 
     st = sub.add_parser("setup", help="resolve the Kafka and Delta Lake jars from Maven Central (idempotent)")
     st.set_defaults(func=cmd_setup)
 
     b = sub.add_parser("bench", help="throughput and memory against the read ceiling and two alternatives")
-    b.add_argument("--quick", action="store_true", help="small sizes (a smoke test): 8 + 2 MiB, scaling x2 for wavepipe")
+    b.add_argument(
+        "--quick", action="store_true", help="small sizes (a smoke test): 8 + 2 MiB, scaling x2 for wavepipe"
+    )
     b.add_argument("--large-mib", type=int, help="backlog of the large workload, MiB (default 1024)")
     b.add_argument("--small-mib", type=int, help="backlog of the small workload, MiB (default 1024)")
     b.add_argument("--scale", type=int, help="the scaling pass's multiple of the backlog (default 4; 1 skips it)")
     b.add_argument("--partitions", type=int, help="partitions of the benchmark topics (default 4)")
     b.add_argument("--parallelism", type=int, help="readers at once, and Spark's local[N] (default 2)")
-    b.add_argument("--systems", help="comma-separated subset of: ceiling_kcat, ceiling_confluent, wavepipe, "
-                                     "python_consumer, spark_kafka_source")
+    b.add_argument(
+        "--systems",
+        help="comma-separated subset of: ceiling_kcat, ceiling_confluent, wavepipe, "
+        "python_consumer, spark_kafka_source",
+    )
     b.add_argument("--scale-systems", help="systems that also run the scaling pass (default: all)")
     b.add_argument("--out", help="results folder (default docs/benchmarks, or <home>/bench/quick with --quick)")
     b.add_argument("--keep", action="store_true", help="keep the topics and outputs (they are deleted by default)")
-    b.add_argument("--consume-scaling", action="store_true",
-                   help="only the consume step's scale-out over 1, 2 and 4 partitions (backlog: --large-mib, default "
-                        "1024; 16 with --quick); results in docs/benchmarks/consume-scaling.*")
+    b.add_argument(
+        "--consume-scaling",
+        action="store_true",
+        help="only the consume step's scale-out over 1, 2 and 4 partitions (backlog: --large-mib, default "
+        "1024; 16 with --quick); results in docs/benchmarks/consume-scaling.*",
+    )
     b.set_defaults(func=cmd_bench)
 
     c = sub.add_parser("config", help="print the effective settings")
@@ -522,8 +642,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: see ``wavepipe.errors`` (0 done, 1 failed, 2 usage or configuration, 3 validation)."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
     logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
         return args.func(args)
@@ -538,11 +661,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"wavepipe {args.command}: interrupted; a retry resumes where it stopped", file=sys.stderr)
         return 130
-    except Exception as exc:  # noqa: BLE001 - one clear line, then the traceback with -v
+    except Exception as exc:
         if args.verbose:
             raise
-        print(f"wavepipe {args.command} failed: {exc or 'unexpected error (run with -v for the traceback)'}",
-              file=sys.stderr)
+        print(
+            f"wavepipe {args.command} failed: {exc or 'unexpected error (run with -v for the traceback)'}",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
 
 

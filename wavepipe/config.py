@@ -18,10 +18,11 @@ import math
 import os
 import re
 import tomllib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from wavepipe.errors import UsageError, did_you_mean
 
@@ -233,7 +234,7 @@ class Settings:
         conf.update(extra)
         return conf
 
-    def replace(self, **changes: Any) -> "Settings":
+    def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied, each checked against its rule; ``None`` values are
         ignored (unset CLI flags)."""
         changes = {k: v for k, v in changes.items() if v is not None}
@@ -266,7 +267,9 @@ def is_secret(key: str) -> bool:
     return any(word in part for part in re.split(r"[._\-\s]+", str(key).lower()) for word in SECRET_WORDS)
 
 
-_CONNECT_URL = re.compile(r"sc://(?P<host>[^\s/;:\[\]]+|\[[0-9a-fA-F:.]+\])(:(?P<port>\d{1,5}))?/?(?P<params>(;[^\s;=]+=[^\s;=]*)*)")
+_CONNECT_URL = re.compile(
+    r"sc://(?P<host>[^\s/;:\[\]]+|\[[0-9a-fA-F:.]+\])(:(?P<port>\d{1,5}))?/?(?P<params>(;[^\s;=]+=[^\s;=]*)*)"
+)
 
 
 def valid_connect_url(url: str) -> bool:
@@ -322,8 +325,10 @@ def _valid_start(text: str) -> bool:
 
 
 def _servers(text: str) -> bool:
-    return bool(text) and all(re.fullmatch(r"[^\s,:]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}|[A-Za-z]+://[^\s,]+", s.strip())
-                              for s in text.split(","))
+    return bool(text) and all(
+        re.fullmatch(r"[^\s,:]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}|[A-Za-z]+://[^\s,]+", s.strip())
+        for s in text.split(",")
+    )
 
 
 #: Each setting's rule, checked wherever settings are read (file, environment, flags, params):
@@ -341,13 +346,18 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "linger_ms": (lambda v: v >= 0, "must be 0 or more milliseconds"),
     "batch_size": (lambda v: v >= 1, "must be at least 1 byte"),
     "spark_engine": (lambda v: v in ("connect", "submit"), "must be connect or submit"),
-    "spark_remote": (lambda v: v == "" or valid_connect_url(v),
-                     "must be empty (this home's own server) or a Spark Connect URL, sc://host:port[/;param=value...] "
-                     "(port 1-65535; values URL-encoded, no '=' or ';' in them; session_id a UUID)"),
+    "spark_remote": (
+        lambda v: v == "" or valid_connect_url(v),
+        "must be empty (this home's own server) or a Spark Connect URL, sc://host:port[/;param=value...] "
+        "(port 1-65535; values URL-encoded, no '=' or ';' in them; session_id a UUID)",
+    ),
     "spark_connect_port": (lambda v: 0 <= v <= 65535, "must be a TCP port, or 0 for any free port"),
     "spark_engine_max_rss_mb": (lambda v: v >= 0, "must be 0 (never restart) or a number of MB"),
     "spark_master": (lambda v: bool(v.strip()), "must name a Spark master, e.g. local[2] or spark://host:7077"),
-    "spark_driver_memory": (lambda v: bool(re.fullmatch(r"\d+[kmgtKMGT]?", v)), "must be a JVM size such as 2g or 512m"),
+    "spark_driver_memory": (
+        lambda v: bool(re.fullmatch(r"\d+[kmgtKMGT]?", v)),
+        "must be a JVM size such as 2g or 512m",
+    ),
     "spark_small_run_bytes": (lambda v: v >= 0, "must be 0 (off) or a number of bytes"),
     "staging_flush_bytes": (lambda v: v >= 1, "must be at least 1 byte"),
     "output_batch_bytes": (lambda v: v >= 1, "must be at least 1 byte"),
@@ -374,12 +384,16 @@ def _coerce(name: str, value: Any, source: str) -> Any:
     """``value`` as setting ``name``'s type, checked against its rule; ``source`` says where it
     was read (``WAVEPIPE_X``, ``<file> key x``, ``--flag``) for the error message."""
     if name not in _FIELDS:
-        raise SettingsError(f"{source}: {name!r} is not a wavepipe setting{did_you_mean(name, _FIELDS)} "
-                            "(`wavepipe config` lists them)")
+        raise SettingsError(
+            f"{source}: {name!r} is not a wavepipe setting{did_you_mean(name, _FIELDS)} (`wavepipe config` lists them)"
+        )
     spec = _FIELDS[name]
     default = spec.default if spec.default_factory is dataclasses.MISSING else spec.default_factory()
-    shown = MASK if is_secret(name) else repr(redact_url(value) if name == "spark_remote" and isinstance(value, str)
-                                              else value)
+    shown = (
+        MASK
+        if is_secret(name)
+        else repr(redact_url(value) if name == "spark_remote" and isinstance(value, str) else value)
+    )
     where = "" if source == name else f"{source}: "
     try:
         if isinstance(default, Mapping):
@@ -408,9 +422,17 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         else:
             value = str(value).strip()
     except (ValueError, TypeError, OverflowError):
-        kind = ("a JSON object or TOML table" if isinstance(default, Mapping) else
-                "true or false" if isinstance(default, bool) else "an integer" if isinstance(default, int) else
-                "a number" if isinstance(default, float) else "a string")
+        kind = (
+            "a JSON object or TOML table"
+            if isinstance(default, Mapping)
+            else "true or false"
+            if isinstance(default, bool)
+            else "an integer"
+            if isinstance(default, int)
+            else "a number"
+            if isinstance(default, float)
+            else "a string"
+        )
         raise SettingsError(f"{where}{name} must be {kind}, got {shown}") from None
     rule = RULES.get(name)
     if rule is not None and not rule[0](value):
@@ -436,14 +458,18 @@ def _check_together(values: Mapping[str, Any], sources: Mapping[str, str]) -> No
     """Rules between settings."""
     lo, hi = values["validate_sample_rate_min"], values["validate_sample_rate_max"]
     if lo > hi:
-        raise SettingsError(f"{sources.get('validate_sample_rate_min', 'validate_sample_rate_min')}: "
-                            f"validate_sample_rate_min ({lo:g}) is above validate_sample_rate_max ({hi:g})")
+        raise SettingsError(
+            f"{sources.get('validate_sample_rate_min', 'validate_sample_rate_min')}: "
+            f"validate_sample_rate_min ({lo:g}) is above validate_sample_rate_max ({hi:g})"
+        )
     if values["dead_letter_topic"] and values["dead_letter_topic"] == values["topic"]:
-        raise SettingsError(f"{sources.get('dead_letter_topic', 'dead_letter_topic')}: dead_letter_topic "
-                            "must not be the topic it collects dead letters of")
+        raise SettingsError(
+            f"{sources.get('dead_letter_topic', 'dead_letter_topic')}: dead_letter_topic "
+            "must not be the topic it collects dead letters of"
+        )
 
 
-def _validated(settings: "Settings", sources: Mapping[str, str]) -> "Settings":
+def _validated(settings: Settings, sources: Mapping[str, str]) -> Settings:
     _check_together(settings.as_dict(), sources)
     return settings
 
@@ -463,8 +489,14 @@ def _config_file() -> Path | None:
 
 
 #: ``WAVEPIPE_*`` variables that are not settings (so an unknown one is worth a warning).
-OTHER_VARIABLES = {"WAVEPIPE_CONFIG", "WAVEPIPE_JARS", "WAVEPIPE_FAILPOINTS", "WAVEPIPE_CHAOS_SEED",
-                   "WAVEPIPE_CHAOS_ROUNDS", "WAVEPIPE_AIRFLOW_SERVICES"}
+OTHER_VARIABLES = {
+    "WAVEPIPE_CONFIG",
+    "WAVEPIPE_JARS",
+    "WAVEPIPE_FAILPOINTS",
+    "WAVEPIPE_CHAOS_SEED",
+    "WAVEPIPE_CHAOS_ROUNDS",
+    "WAVEPIPE_AIRFLOW_SERVICES",
+}
 _warned: set[str] = set()
 
 
@@ -492,8 +524,9 @@ def load_settings(**overrides: Any) -> Settings:
     known = {f"WAVEPIPE_{name.upper()}" for name in _FIELDS} | OTHER_VARIABLES
     for var in sorted(v for v in os.environ if v.startswith("WAVEPIPE_") and v not in known and v not in _warned):
         _warned.add(var)
-        logging.getLogger(__name__).warning("%s is not a wavepipe setting and is ignored%s", var,
-                                            did_you_mean(var, known))
+        logging.getLogger(__name__).warning(
+            "%s is not a wavepipe setting and is ignored%s", var, did_you_mean(var, known)
+        )
     for name, value in overrides.items():
         if value is not None:
             values[name], sources[name] = value, name

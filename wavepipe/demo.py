@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from wavepipe.config import Settings
 
@@ -22,8 +22,11 @@ def run_demo(settings: Settings, *, count: int, waveform_bytes: int, dags_test: 
         print(f"      {LocalEngine(settings).up()}", flush=True)
     ensure_topic(settings)
     sent = produce_demo(settings, count=count, target_bytes=waveform_bytes)
-    print(f"[2/4] produced {len(sent)} demo waveforms ({sum(s.chunks for s in sent)} chunks, "
-          f"{sum(s.size for s in sent) / 1e6:.1f} MB) to topic {settings.topic!r}", flush=True)
+    print(
+        f"[2/4] produced {len(sent)} demo waveforms ({sum(s.chunks for s in sent)} chunks, "
+        f"{sum(s.size for s in sent) / 1e6:.1f} MB) to topic {settings.topic!r}",
+        flush=True,
+    )
     reports_before = set(settings.reports_dir.glob("*.json"))
     print("[3/4] running DAG wavepipe_ingest through Airflow (airflow dags test) ...", flush=True)
     # the demo's group starts at the earliest offset the first time (a later demo continues from its offsets)
@@ -48,23 +51,31 @@ def run_demo(settings: Settings, *, count: int, waveform_bytes: int, dags_test: 
             problems.append(f"partition {p}: committed {committed[int(p)]}, planned end {part['end']}")
     t = report["totals"]
     print()
-    print(f"run {report['run_id']}: read {t['records_read']} records ({t['payload_bytes_read'] / 1e6:.1f} MB) "
-          f"from {len(partitions)} partitions; {report['waveforms']}")
+    print(
+        f"run {report['run_id']}: read {t['records_read']} records ({t['payload_bytes_read'] / 1e6:.1f} MB) "
+        f"from {len(partitions)} partitions; {report['waveforms']}"
+    )
     for p, part in sorted(report["partitions"].items(), key=lambda kv: int(kv[0])):
-        print(f"  partition {p}: [{part['start']}, {part['end']}) output {part['output']}, pending "
-              f"{part['pending']}, quarantined {part['quarantined']}, dead letter {part['dead_letter']}, "
-              f"gap {part['gap']}; committed {committed[int(p)]}")
+        print(
+            f"  partition {p}: [{part['start']}, {part['end']}) output {part['output']}, pending "
+            f"{part['pending']}, quarantined {part['quarantined']}, dead letter {part['dead_letter']}, "
+            f"gap {part['gap']}; committed {committed[int(p)]}"
+        )
     if validation:
-        print(f"validation: {'passed' if validation['success'] else 'FAILED'}, "
-              f"{sum(s['evaluated'] for s in validation['suites'])} expectations; "
-              f"Great Expectations Data Docs: {validation['data_docs_index']}")
+        print(
+            f"validation: {'passed' if validation['success'] else 'FAILED'}, "
+            f"{sum(s['evaluated'] for s in validation['suites'])} expectations; "
+            f"Great Expectations Data Docs: {validation['data_docs_index']}"
+        )
     print(f"output table (Delta Lake): {settings.output_table}")
     print(f"run report: file://{new_reports[-1].with_suffix('.html')} (JSON: {new_reports[-1]})")
     if problems:
         print("FAILED checks:\n  " + "\n  ".join(problems))
         return 1
-    print(f"OK: all {len(sent)} produced waveforms are in the output once and bit-exact (sha256), "
-          f"offsets committed at the planned ends, counts add up ({time.monotonic() - began:.0f}s in all)")
+    print(
+        f"OK: all {len(sent)} produced waveforms are in the output once and bit-exact (sha256), "
+        f"offsets committed at the planned ends, counts add up ({time.monotonic() - began:.0f}s in all)"
+    )
     return 0
 
 
@@ -73,7 +84,9 @@ def _check_output(settings: Settings, sent) -> list[str]:
     from wavepipe.spark_apps.verify import compare_to_manifest
 
     with reading_session(settings) as spark:
-        manifest = spark.createDataFrame([(s.waveform_id, s.checksum) for s in sent], "waveform_id string, checksum string")
+        manifest = spark.createDataFrame(
+            [(s.waveform_id, s.checksum) for s in sent], "waveform_id string, checksum string"
+        )
         output = spark.read.format("delta").load(str(settings.output_table))
         bad = compare_to_manifest(output, manifest).where("rows != 1 OR NOT bit_exact OR bit_exact IS NULL").collect()
     return [f"waveform {r['waveform_id']}: {r['rows']} output rows, bit-exact {r['bit_exact']}" for r in bad]

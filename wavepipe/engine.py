@@ -36,9 +36,9 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 from urllib.parse import urlparse
 
 from wavepipe.config import Settings, redact_url
@@ -150,13 +150,15 @@ class LocalEngine:
         from wavepipe.spark import pyspark_bin, spark_conf
 
         conf = spark_conf(self.settings)
-        conf.update({
-            "spark.connect.grpc.binding.address": host,
-            "spark.connect.grpc.binding.port": str(port),
-            # sessions idle this long are closed; runs share one session, renewed if it was closed
-            "spark.connect.session.manager.defaultSessionTimeout": "7d",
-            "spark.app.name": "wavepipe-engine",
-        })
+        conf.update(
+            {
+                "spark.connect.grpc.binding.address": host,
+                "spark.connect.grpc.binding.port": str(port),
+                # sessions idle this long are closed; runs share one session, renewed if it was closed
+                "spark.connect.session.manager.defaultSessionTimeout": "7d",
+                "spark.app.name": "wavepipe-engine",
+            }
+        )
         conf.pop("spark.pyspark.driver.python", None)
         cmd = [str(pyspark_bin("spark-submit")), "--master", self.settings.spark_master, "--class", SERVER_CLASS]
         for key, value in conf.items():
@@ -174,13 +176,14 @@ class LocalEngine:
 
     def _start(self) -> str:
         from wavepipe.localkafka import free_port, port_is_free
-        from wavepipe.spark import _local_env, without_connect_mode
 
         require_tool("java", "Install Java 17 (apt-get install openjdk-17-jre-headless).")
         port = self.settings.spark_connect_port or free_port()
         if not port_is_free(HOST, port):
-            raise SetupError(f"port {port} on {HOST} is in use by another process: stop it, or set "
-                             "spark_connect_port (WAVEPIPE_SPARK_CONNECT_PORT) to a free port, or 0 for any")
+            raise SetupError(
+                f"port {port} on {HOST} is in use by another process: stop it, or set "
+                "spark_connect_port (WAVEPIPE_SPARK_CONNECT_PORT) to a free port, or 0 for any"
+            )
         self.folder.mkdir(parents=True, exist_ok=True)
         env = {**self._env(), "SPARK_LOCAL_IP": HOST}
         began = time.monotonic()
@@ -188,19 +191,37 @@ class LocalEngine:
             self.log_file.replace(self.log_file.with_suffix(".log.1"))  # one older log is kept
         with self.log_file.open("ab") as out:
             log_offset = out.tell()
-            proc = subprocess.Popen(self.command(port), env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.folder)
+            proc = subprocess.Popen(
+                self.command(port),
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.folder,
+            )
         session_id = str(uuid.uuid4())
-        write_json_atomic(self.state_file, {"pid": proc.pid, "port": port, "session_id": session_id,
-                                            "started_at": time.time(), "master": self.settings.spark_master,
-                                            "log_offset": log_offset, "settings": self.fingerprint()})
+        write_json_atomic(
+            self.state_file,
+            {
+                "pid": proc.pid,
+                "port": port,
+                "session_id": session_id,
+                "started_at": time.time(),
+                "master": self.settings.spark_master,
+                "log_offset": log_offset,
+                "settings": self.fingerprint(),
+            },
+        )
         try:
             self.wait_ready(proc)
         except BaseException:
             self._stop(proc.pid)
             raise
-        return (f"Spark engine started at {self.address()} in {time.monotonic() - began:.1f}s "
-                f"(pid {proc.pid}, master {self.settings.spark_master}, log {self.log_file})")
+        return (
+            f"Spark engine started at {self.address()} in {time.monotonic() - began:.1f}s "
+            f"(pid {proc.pid}, master {self.settings.spark_master}, log {self.log_file})"
+        )
 
     def serve(self, host: str, port: int) -> None:
         """Run the server in the foreground, in place of this process (a container's command):
@@ -215,8 +236,13 @@ class LocalEngine:
         `wavepipe airflow down`)."""
         from wavepipe.spark import _local_env, without_connect_mode
 
-        env = {**without_connect_mode(os.environ), **_local_env(self.settings), "PYSPARK_PYTHON": sys.executable,
-               "ARROW_DEFAULT_MEMORY_POOL": "system", APP_MARKER: "engine"}
+        env = {
+            **without_connect_mode(os.environ),
+            **_local_env(self.settings),
+            "PYSPARK_PYTHON": sys.executable,
+            "ARROW_DEFAULT_MEMORY_POOL": "system",
+            APP_MARKER: "engine",
+        }
         for name in ("WAVEPIPE_FAILPOINTS", "WAVEPIPE_AIRFLOW_SERVICES"):
             env.pop(name, None)
         return env
@@ -225,8 +251,9 @@ class LocalEngine:
         """What the server is started with (its command line but the port): a running server
         whose fingerprint differs was started with other settings."""
         cmd = self.command(0)
-        return hashlib.sha256("\0".join(c for c in cmd if not c.startswith("spark.connect.grpc.binding.port="))
-                              .encode()).hexdigest()[:16]
+        return hashlib.sha256(
+            "\0".join(c for c in cmd if not c.startswith("spark.connect.grpc.binding.port=")).encode()
+        ).hexdigest()[:16]
 
     def address(self) -> str:
         return f"sc://{HOST}:{self.state().get('port')}"
@@ -239,8 +266,10 @@ class LocalEngine:
         sid = proc.pid if proc is not None else self.pid()
         while time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
-                raise SetupError(f"the Spark engine exited with code {proc.returncode} while starting; its log: "
-                                 f"{self.log_file} (last lines: {_tail(self.log_file)})")
+                raise SetupError(
+                    f"the Spark engine exited with code {proc.returncode} while starting; its log: "
+                    f"{self.log_file} (last lines: {_tail(self.log_file)})"
+                )
             if proc is None and self.pid() is None:
                 raise SetupError(f"the Spark engine is not running; its log: {self.log_file}")
             if port and sid and _listens(sid, port) and _accepts(HOST, port, 1.0):
@@ -287,13 +316,21 @@ class LocalEngine:
             return "Spark engine is not running (`wavepipe spark up` starts it; runs start it on demand)"
         mem = self.memory()
         up_s = time.time() - self.state().get("started_at", time.time())
-        held = (f"; memory: JVM {mem.jvm_mb:.0f} MB, {mem.python_processes} Python worker process(es) "
-                f"{mem.python_mb:.0f} MB, restarted between runs above {self.settings.spark_engine_max_rss_mb} MB"
-                if mem else "")
-        stale = ("; started with other settings than today's: `wavepipe spark restart` applies them"
-                 if self.state().get("settings") != self.fingerprint() else "")
-        return (f"Spark engine running at {self.address()} (pid {pid}, master {self.state().get('master')}, "
-                f"up {up_s / 60:.0f} min){held}{stale}; log {self.log_file}")
+        held = (
+            f"; memory: JVM {mem.jvm_mb:.0f} MB, {mem.python_processes} Python worker process(es) "
+            f"{mem.python_mb:.0f} MB, restarted between runs above {self.settings.spark_engine_max_rss_mb} MB"
+            if mem
+            else ""
+        )
+        stale = (
+            "; started with other settings than today's: `wavepipe spark restart` applies them"
+            if self.state().get("settings") != self.fingerprint()
+            else ""
+        )
+        return (
+            f"Spark engine running at {self.address()} (pid {pid}, master {self.state().get('master')}, "
+            f"up {up_s / 60:.0f} min){held}{stale}; log {self.log_file}"
+        )
 
     # --- sharing it between runs ---------------------------------------------------------------
     @contextlib.contextmanager
@@ -328,8 +365,12 @@ class LocalEngine:
         if force:
             yield
             return
-        with self._flock("in-use.lock", fcntl.LOCK_EX, waiting="a step is using the Spark engine: waiting until "
-                         "it ends (Ctrl-C to cancel; --force stops the engine under it)"):
+        with self._flock(
+            "in-use.lock",
+            fcntl.LOCK_EX,
+            waiting="a step is using the Spark engine: waiting until "
+            "it ends (Ctrl-C to cancel; --force stops the engine under it)",
+        ):
             yield
 
     def in_use(self):
@@ -351,8 +392,10 @@ class LocalEngine:
                 if mem is not None and limit and mem.total_mb > limit:
                     why = f"holds {mem.total_mb:.0f} MB (limit {limit} MB)"
                 elif self.heartbeat_lost():
-                    why = ("lost its executor heartbeat (Spark's race SPARK-59451; the executor would be "
-                           "declared dead after spark.network.timeout)")
+                    why = (
+                        "lost its executor heartbeat (Spark's race SPARK-59451; the executor would be "
+                        "declared dead after spark.network.timeout)"
+                    )
                 if why:
                     with self._exclusive_if_idle() as idle:
                         if idle:
@@ -362,8 +405,10 @@ class LocalEngine:
                         else:
                             log.info("the Spark engine %s; a step is using it: restarting it later", why)
                 elif self.state().get("settings") != self.fingerprint():
-                    log.warning("the Spark engine was started with other settings than this run's (e.g. "
-                                "spark_master, spark_conf): it keeps them until `wavepipe spark restart`")
+                    log.warning(
+                        "the Spark engine was started with other settings than this run's (e.g. "
+                        "spark_master, spark_conf): it keeps them until `wavepipe spark restart`"
+                    )
             return self.url()
 
     def _answering_pid(self, wait_s: float = 20.0) -> int | None:
@@ -409,8 +454,10 @@ def _listens(sid: int, port: int) -> bool:
 
     for pid in session_processes(sid):
         try:
-            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
-                   for c in psutil.Process(pid).net_connections(kind="tcp")):
+            if any(
+                c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                for c in psutil.Process(pid).net_connections(kind="tcp")
+            ):
                 return True
         except psutil.Error:
             continue
@@ -457,6 +504,7 @@ def _tail(path: Path, lines: int = 3) -> str:
 
 # --- attaching ---------------------------------------------------------------------------------
 
+
 def shared_session_id(key: str) -> str:
     """A stable session id (a UUID, as Spark Connect requires) for ``key``."""
     return str(uuid.UUID(bytes=hashlib.sha256(key.encode()).digest()[:16], version=4))
@@ -493,8 +541,11 @@ def remote_url(settings: Settings, restart: bool = True) -> tuple[str, str]:
             session_id = shared_session_id(f"{settings.home}|{_url_key(url)}")
         return with_session_id(url, session_id), (
             f"check that the Spark Connect server {redact_url(settings.spark_remote)} is up and reachable (the "
-            "spark_remote setting, or the Airflow Connection wavepipe_spark)")
-    return LocalEngine(settings).ensure_up(restart), "start it with `wavepipe spark up` (its log is under <home>/spark-connect/)"
+            "spark_remote setting, or the Airflow Connection wavepipe_spark)"
+        )
+    return LocalEngine(settings).ensure_up(
+        restart
+    ), "start it with `wavepipe spark up` (its log is under <home>/spark-connect/)"
 
 
 def _renew(settings: Settings) -> None:
@@ -545,12 +596,14 @@ def _session(url: str):
         spark = _sessions.pop(url, None)
         if spark is not None and not spark.is_stopped:
             try:
-                spark.version  # one round trip: a server restarted since has another session
+                _ = spark.version  # one round trip: a server restarted since has another session
                 _sessions[url] = spark
                 return spark
-            except Exception as exc:  # noqa: BLE001 - attach afresh below
-                log.info("the Spark engine's session of this process is gone (%s): attaching again",
-                         redact_url(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__)
+            except Exception as exc:
+                log.info(
+                    "the Spark engine's session of this process is gone (%s): attaching again",
+                    redact_url(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__,
+                )
                 _close_quietly(spark)
         from pyspark.sql.connect.client import DefaultChannelBuilder
         from pyspark.sql.connect.session import SparkSession as ConnectSession
@@ -565,7 +618,7 @@ def _session(url: str):
         spark.release_session_on_close = False  # shared with other runs: never released
         spark.client.set_retry_policies([_short_retries()])
         try:
-            spark.version  # one round trip: a closed session id fails here, not in the step
+            _ = spark.version  # one round trip: a closed session id fails here, not in the step
         except Exception:
             with contextlib.suppress(Exception):
                 spark.client.close()
@@ -607,7 +660,7 @@ def attached(settings: Settings) -> Iterator[object]:
 
     engine = None if settings.spark_remote else LocalEngine(settings)
     remote_url(settings)  # starts a local server that is down; may restart an idle one that holds too much
-    with (engine.in_use() if engine else contextlib.nullcontext()):
+    with engine.in_use() if engine else contextlib.nullcontext():
         # as it is now that no restart can happen under this step (started again if it stopped
         # meanwhile; a start in progress is waited for)
         url, hint = remote_url(settings, restart=False)
@@ -619,12 +672,16 @@ def attached(settings: Settings) -> Iterator[object]:
             if "INVALID_CONNECT_URL" in str(exc):
                 from wavepipe.config import SettingsError
 
-                raise SettingsError(f"spark_remote {redact_url(settings.spark_remote)}: Spark Connect refuses it "
-                                    f"({redact_url(str(exc).splitlines()[0])})") from None
+                raise SettingsError(
+                    f"spark_remote {redact_url(settings.spark_remote)}: Spark Connect refuses it "
+                    f"({redact_url(str(exc).splitlines()[0])})"
+                ) from None
             if not _closed_session(exc):
-                raise EngineUnavailableError(f"the Spark engine at sc://{host}:{port} did not answer "
-                                             f"({redact_url(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)})"
-                                             f": {hint}") from exc
+                raise EngineUnavailableError(
+                    f"the Spark engine at sc://{host}:{port} did not answer "
+                    f"({redact_url(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)})"
+                    f": {hint}"
+                ) from exc
             log.info("the Spark engine closed the shared session: attaching to a new one")
             _renew(settings)
             url, _ = remote_url(settings, restart=False)  # this step holds the in-use lock: no restart now
@@ -650,8 +707,9 @@ def sole_writer(spark, settings: Settings) -> Iterator[None]:
     tag = "wavepipe-writer-" + hashlib.sha256(str(settings.tables_dir).encode()).hexdigest()[:16]
     stale = spark.interruptTag(tag)
     if stale:
-        log.warning("interrupted %d operation(s) of an earlier step that died writing %s", len(stale),
-                    settings.tables_dir)
+        log.warning(
+            "interrupted %d operation(s) of an earlier step that died writing %s", len(stale), settings.tables_dir
+        )
     spark.addTag(tag)
     try:
         yield

@@ -29,9 +29,9 @@ POINTS = {
     "plan.after_claim": "the plan step, after it claimed the group, before it asked Kafka for offsets",
     "consume.record": "a reader, after staging a record",
     "assemble.batch": "a Spark Python worker, after the writer took a batch of assembled waveforms (publishing "
-                      "into the output table, or a reassembly's candidates)",
+    "into the output table, or a reassembly's candidates)",
     "reassemble.after_write": "the reassemble step, after the run's manifest (and candidate waveforms) are written, "
-                              "before its candidate quarantine and dead letters are written and the result is saved",
+    "before its candidate quarantine and dead letters are written and the result is saved",
     "publish.after_write": "the validate step, after the run's tables are published, before that is recorded",
     "commit.before_offsets": "the commit step, after the counts were checked, before offsets are committed",
     "commit.after_offsets": "the commit step, after offsets are committed, before the report and release",
@@ -120,8 +120,10 @@ def kill_spark_app() -> None:
     me = os.getpid()
     if not leader.exists() or b"org.apache.spark.deploy.SparkSubmit" not in leader.read_bytes():
         if _engine_pid is None:
-            raise InjectedFault("kill-app: this process is not inside an app started by wavepipe.spark.submit "
-                                "and works on no local Spark engine")
+            raise InjectedFault(
+                "kill-app: this process is not inside an app started by wavepipe.spark.submit "
+                "and works on no local Spark engine"
+            )
         from wavepipe.engine import signal_session
 
         signal_session(_engine_pid, signal.SIGKILL)  # the engine this step is attached to: JVM and Python workers

@@ -26,8 +26,13 @@ def require_tool(name: str, hint: str) -> str:
     return path
 
 
-def resolve_jars(pom_name: str | Path, jars_dir: Path, *, include_group_ids: str | None = None,
-                 include_artifact_ids: str | None = None) -> Path:
+def resolve_jars(
+    pom_name: str | Path,
+    jars_dir: Path,
+    *,
+    include_group_ids: str | None = None,
+    include_artifact_ids: str | None = None,
+) -> Path:
     """Copy the dependencies of ``pom_name`` (a file name in resources/, or a path) into a cache
     folder and return it."""
     pom = RESOURCES / pom_name if isinstance(pom_name, str) else pom_name
@@ -44,7 +49,7 @@ def resolve_jars(pom_name: str | Path, jars_dir: Path, *, include_group_ids: str
         cmd.append(f"-DincludeGroupIds={include_group_ids}")
     if include_artifact_ids:
         cmd.append(f"-DincludeArtifactIds={include_artifact_ids}")
-    result = subprocess.run(cmd, capture_output=True, text=True)
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise SetupError(
             f"Maven could not resolve {pom}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}\n"

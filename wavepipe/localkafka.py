@@ -12,20 +12,24 @@ of a node live under one folder. ``up`` returns only once the node answers metad
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import signal
 import socket
 import subprocess
 import time
 import uuid
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from wavepipe.jars import RESOURCES, SetupError, kafka_jars, require_tool
 
 READY_TIMEOUT_S = 90.0
+
+log = logging.getLogger(__name__)
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -63,8 +67,12 @@ def new_cluster_id() -> str:
 
 def sasl_client_config(username: str, password: str) -> dict[str, str]:
     """librdkafka properties of a client of a SASL/PLAIN listener (without TLS)."""
-    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
-            "sasl.username": username, "sasl.password": password}
+    return {
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": username,
+        "sasl.password": password,
+    }
 
 
 def _jaas_quote(text: str) -> str:
@@ -111,7 +119,7 @@ class LocalKafka:
         self._proc: subprocess.Popen | None = None
 
     @classmethod
-    def from_settings(cls, settings) -> "LocalKafka":
+    def from_settings(cls, settings) -> LocalKafka:
         host, port = parse_hostport(settings.bootstrap_servers)
         if host not in ("127.0.0.1", "localhost"):
             raise SetupError(
@@ -215,8 +223,7 @@ class LocalKafka:
             prefix = f"listener.name.{client.lower()}"
             props |= {
                 f"{prefix}.sasl.enabled.mechanisms": "PLAIN",
-                f"{prefix}.plain.sasl.jaas.config":
-                    f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};",
+                f"{prefix}.plain.sasl.jaas.config": f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};",
             }
         props |= {k: str(v) for k, v in self.server_config.items()}
         return props
@@ -226,9 +233,17 @@ class LocalKafka:
         jars = kafka_jars(self.jars_dir)
         gc = [] if any(o.startswith("-XX:+Use") and o.endswith("GC") for o in self.jvm_options) else ["-XX:+UseG1GC"]
         return [
-            java, f"-Xmx{self.heap}", "-Xms128m", *gc, *self.jvm_options, "-Djava.awt.headless=true",
+            java,
+            f"-Xmx{self.heap}",
+            "-Xms128m",
+            *gc,
+            *self.jvm_options,
+            "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={RESOURCES / log_config}",
-            "-cp", f"{jars}/*", main_class, *args,
+            "-cp",
+            f"{jars}/*",
+            main_class,
+            *args,
         ]
 
     def up(self) -> str:
@@ -256,26 +271,40 @@ class LocalKafka:
         once (a node of a cluster is not ready before a majority of the controllers runs)."""
         busy = [p for p in self._ports() if not port_is_free(self.host, p)]
         if busy:
-            raise SetupError(f"ports {busy} on {self.host} are in use by another process; node {self.node_id} "
-                             f"of {self.folder} cannot start")
+            raise SetupError(
+                f"ports {busy} on {self.host} are in use by another process; node {self.node_id} "
+                f"of {self.folder} cannot start"
+            )
         controller_port = self.controller_port or (
-            self.port + 1 if port_is_free(self.host, self.port + 1) else free_port())
+            self.port + 1 if port_is_free(self.host, self.port + 1) else free_port()
+        )
         internal_port = self.internal_port or (free_port() if self.sasl_users else None)
         self.folder.mkdir(parents=True, exist_ok=True)
         props = self._server_properties(controller_port, internal_port)
         self.config_file.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         if self.formatted_cluster_id() is None:
             result = subprocess.run(
-                self._java("kafka.tools.StorageTool", "format", "-t", self.cluster_id or new_cluster_id(),
-                           "-c", str(self.config_file)),
-                capture_output=True, text=True,
+                self._java(
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "-t",
+                    self.cluster_id or new_cluster_id(),
+                    "-c",
+                    str(self.config_file),
+                ),
+                capture_output=True,
+                text=True,
+                check=False,
             )
             if result.returncode != 0:
                 raise SetupError(f"formatting Kafka storage failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
         with self.log_file.open("ab") as log:
             self._proc = subprocess.Popen(
                 self._java("kafka.Kafka", str(self.config_file)),
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         self.pid_file.write_text(f"{self._proc.pid}\n")
         return self._proc
@@ -287,8 +316,9 @@ class LocalKafka:
         except SetupError:
             return False
 
-    def wait_ready(self, proc: subprocess.Popen | None = None, timeout: float = READY_TIMEOUT_S,
-                   brokers: int = 1) -> None:
+    def wait_ready(
+        self, proc: subprocess.Popen | None = None, timeout: float = READY_TIMEOUT_S, brokers: int = 1
+    ) -> None:
         """Wait until the node answers metadata requests on its client listener and at least
         ``brokers`` brokers (this one among them) are registered and unfenced."""
         from wavepipe.consumers.kafka_admin import new_admin
@@ -302,8 +332,8 @@ class LocalKafka:
                 meta = admin.list_topics(timeout=2)
                 if len(meta.brokers) >= brokers and (self.quorum_voters is None or self.node_id in meta.brokers):
                     return
-            except Exception:  # noqa: BLE001 - not ready yet
-                pass
+            except Exception as exc:  # not answering yet: ask again until the deadline
+                log.debug("Kafka node %s not ready: %s", self.node_id, exc)
             time.sleep(0.5)
         raise SetupError(f"Kafka node {self.node_id} did not become ready in {timeout:.0f}s; see {self.log_file}")
 
@@ -349,7 +379,7 @@ class LocalKafka:
     def tool(self, main_class: str, *args: str) -> subprocess.CompletedProcess:
         """Run one of Kafka's own command-line tools (e.g. the consumer-groups command)."""
         cmd = self._java(main_class, *args, log_config="kafka-tools-log4j2.properties")
-        return subprocess.run(cmd, capture_output=True, text=True)
+        return subprocess.run(cmd, capture_output=True, text=True, check=False)
 
 
 def _security(sasl_users: Mapping[str, str], user: str | None) -> dict[str, str]:
@@ -376,10 +406,19 @@ class LocalKafkaCluster:
     ``server_config`` is added to every node's server.properties.
     """
 
-    def __init__(self, folder: Path, nodes: int = 3, *, jars_dir: Path, host: str = "127.0.0.1",
-                 heap: str = "384m", default_partitions: int = 4, sasl_users: Mapping[str, str] | None = None,
-                 server_config: Mapping[str, Any] | None = None,
-                 jvm_options: tuple[str, ...] = CLUSTER_JVM_OPTIONS):
+    def __init__(
+        self,
+        folder: Path,
+        nodes: int = 3,
+        *,
+        jars_dir: Path,
+        host: str = "127.0.0.1",
+        heap: str = "384m",
+        default_partitions: int = 4,
+        sasl_users: Mapping[str, str] | None = None,
+        server_config: Mapping[str, Any] | None = None,
+        jvm_options: tuple[str, ...] = CLUSTER_JVM_OPTIONS,
+    ):
         if nodes < 1:
             raise ValueError("a cluster has at least one node")
         self.folder = Path(folder)
@@ -389,10 +428,22 @@ class LocalKafkaCluster:
         ports = {i: (free_port(), free_port(), free_port()) for i in ids}  # client, controller, internal
         voters = ",".join(f"{i}@{host}:{ports[i][1]}" for i in ids)
         self.nodes: dict[int, LocalKafka] = {
-            i: LocalKafka(self.folder / f"node-{i}", host, ports[i][0], Path(jars_dir), default_partitions, heap,
-                          node_id=i, controller_port=ports[i][1], internal_port=ports[i][2],
-                          quorum_voters=voters, replication=min(3, nodes), sasl_users=self.sasl_users,
-                          server_config=dict(server_config or {}), jvm_options=tuple(jvm_options))
+            i: LocalKafka(
+                self.folder / f"node-{i}",
+                host,
+                ports[i][0],
+                Path(jars_dir),
+                default_partitions,
+                heap,
+                node_id=i,
+                controller_port=ports[i][1],
+                internal_port=ports[i][2],
+                quorum_voters=voters,
+                replication=min(3, nodes),
+                sasl_users=self.sasl_users,
+                server_config=dict(server_config or {}),
+                jvm_options=tuple(jvm_options),
+            )
             for i in ids
         }
 
@@ -430,8 +481,10 @@ class LocalKafkaCluster:
             for node in stopped:
                 node.down(timeout=5)
             raise
-        return (f"Kafka cluster of {len(self.nodes)} nodes at {self.bootstrap} "
-                f"(started {sorted(started) or 'none'}; pids {self.node_pids()})")
+        return (
+            f"Kafka cluster of {len(self.nodes)} nodes at {self.bootstrap} "
+            f"(started {sorted(started) or 'none'}; pids {self.node_pids()})"
+        )
 
     def kill(self, node_id: int) -> int | None:
         """SIGKILL node ``node_id`` (a real crash); returns the pid it had."""
@@ -441,7 +494,7 @@ class LocalKafkaCluster:
         """Stop all nodes at once (a node left alone could wait for a quorum that is gone)."""
         with ThreadPoolExecutor(len(self.nodes)) as pool:
             results = list(pool.map(lambda node: node.down(timeout), self.nodes.values()))
-        return "; ".join(f"node {i}: {r}" for i, r in zip(self.nodes, results))
+        return "; ".join(f"node {i}: {r}" for i, r in zip(self.nodes, results, strict=True))
 
     def status(self) -> str:
         return "; ".join(f"node {i}: {node.status()}" for i, node in self.nodes.items())

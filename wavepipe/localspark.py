@@ -64,15 +64,25 @@ class LocalSparkCluster:
         return alive
 
     def _daemon(self, name: str, main_class: str, *args: str) -> subprocess.Popen:
-        env = {**os.environ, "SPARK_LOCAL_IP": HOST, "SPARK_DAEMON_MEMORY": self.daemon_heap,
-               "SPARK_LOG_DIR": str(self.folder / "logs"), "SPARK_NO_DAEMONIZE": "1"}
+        env = {
+            **os.environ,
+            "SPARK_LOCAL_IP": HOST,
+            "SPARK_DAEMON_MEMORY": self.daemon_heap,
+            "SPARK_LOG_DIR": str(self.folder / "logs"),
+            "SPARK_NO_DAEMONIZE": "1",
+        }
         with (self.folder / "logs" / f"{name}.log").open("ab") as log:
-            return subprocess.Popen([str(pyspark_bin("spark-class")), main_class, *args], env=env, stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+            return subprocess.Popen(
+                [str(pyspark_bin("spark-class")), main_class, *args],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
 
     def _save_state(self, procs: list[subprocess.Popen], ui_port: int) -> None:
-        self.state_file.write_text(json.dumps({"pids": [p.pid for p in procs], "ui_port": ui_port,
-                                               "port": self.port}))
+        self.state_file.write_text(json.dumps({"pids": [p.pid for p in procs], "ui_port": ui_port, "port": self.port}))
 
     def up(self) -> str:
         """Start the master and its workers; return once every worker has registered."""
@@ -82,30 +92,55 @@ class LocalSparkCluster:
         self.state_file.unlink(missing_ok=True)  # left by a cluster that did not stop through down()
         require_tool("java", "Install Java 17 (apt-get install openjdk-17-jre-headless).")
         if not port_is_free(HOST, self.port):
-            raise SetupError(f"port {self.port} on {HOST} is in use: set another port for the Spark master "
-                             "(wavepipe spark up --port <free port>)")
+            raise SetupError(
+                f"port {self.port} on {HOST} is in use: set another port for the Spark master "
+                "(wavepipe spark up --port <free port>)"
+            )
         (self.folder / "logs").mkdir(parents=True, exist_ok=True)
         ui_port = free_port()
-        master = self._daemon("master", "org.apache.spark.deploy.master.Master",
-                              "--host", HOST, "--port", str(self.port), "--webui-port", str(ui_port))
+        master = self._daemon(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            HOST,
+            "--port",
+            str(self.port),
+            "--webui-port",
+            str(ui_port),
+        )
         procs = [master]
         self._save_state(procs, ui_port)  # from here on, down() stops what was started
         for i in range(self.workers):
             work_dir = self.folder / f"worker-{i + 1}"
             work_dir.mkdir(parents=True, exist_ok=True)
-            procs.append(self._daemon(
-                f"worker-{i + 1}", "org.apache.spark.deploy.worker.Worker", "--host", HOST,
-                "--webui-port", str(free_port()), "--cores", str(self.worker_cores),
-                "--memory", self.worker_memory, "--work-dir", str(work_dir), f"spark://{HOST}:{self.port}"))
+            procs.append(
+                self._daemon(
+                    f"worker-{i + 1}",
+                    "org.apache.spark.deploy.worker.Worker",
+                    "--host",
+                    HOST,
+                    "--webui-port",
+                    str(free_port()),
+                    "--cores",
+                    str(self.worker_cores),
+                    "--memory",
+                    self.worker_memory,
+                    "--work-dir",
+                    str(work_dir),
+                    f"spark://{HOST}:{self.port}",
+                )
+            )
             self._save_state(procs, ui_port)
         try:
             self.wait_ready(procs)
         except BaseException:
             self.down()
             raise
-        return (f"Spark standalone master {self.master_url} with {self.workers} worker(s) of "
-                f"{self.worker_cores} cores / {self.worker_memory} started (web UI http://{HOST}:{ui_port}, "
-                f"logs in {self.folder / 'logs'})")
+        return (
+            f"Spark standalone master {self.master_url} with {self.workers} worker(s) of "
+            f"{self.worker_cores} cores / {self.worker_memory} started (web UI http://{HOST}:{ui_port}, "
+            f"logs in {self.folder / 'logs'})"
+        )
 
     def alive_workers(self) -> int:
         """Workers registered and alive, from the master's JSON status page."""
@@ -118,16 +153,18 @@ class LocalSparkCluster:
         while time.monotonic() < deadline:
             for proc in procs or []:
                 if proc.poll() is not None:
-                    raise SetupError(f"a Spark daemon exited with code {proc.returncode}; see the logs in "
-                                     f"{self.folder / 'logs'}")
+                    raise SetupError(
+                        f"a Spark daemon exited with code {proc.returncode}; see the logs in {self.folder / 'logs'}"
+                    )
             try:
                 if self.alive_workers() >= self.workers:
                     return
             except (OSError, ValueError):
                 pass  # the master's web UI is not up yet (or answered half a page)
             time.sleep(0.5)
-        raise SetupError(f"the Spark standalone cluster was not ready in {timeout:.0f}s; see the logs in "
-                         f"{self.folder / 'logs'}")
+        raise SetupError(
+            f"the Spark standalone cluster was not ready in {timeout:.0f}s; see the logs in {self.folder / 'logs'}"
+        )
 
     def down(self, timeout: float = 20.0) -> str:
         pids = self.pids()

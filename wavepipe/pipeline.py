@@ -17,11 +17,10 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from wavepipe import spark
+from wavepipe import report_html, spark
 from wavepipe.config import Settings
 from wavepipe.errors import UsageError
 from wavepipe.plan import RunPlan, RunStore, as_utc, new_run_id, safe_run_id, write_json_atomic
-from wavepipe import report_html
 from wavepipe.report import build_report, failed_expectations, html_path, json_path, validation_trend
 
 log = logging.getLogger(__name__)
@@ -46,10 +45,18 @@ def _timed(store: RunStore, run_id: str, step: str, began: float) -> None:
     store.save_step(run_id, "timings", timings)
 
 
-def plan_step(settings: Settings, run_id: str, *, topic: str | None = None, group: str | None = None,
-              max_records: int | None = None, max_bytes: int | None = None,
-              skip_lost_offsets: bool = False, window: tuple[datetime, datetime] | None = None,
-              new_group_start: str | None = None) -> RunPlan:
+def plan_step(
+    settings: Settings,
+    run_id: str,
+    *,
+    topic: str | None = None,
+    group: str | None = None,
+    max_records: int | None = None,
+    max_bytes: int | None = None,
+    skip_lost_offsets: bool = False,
+    window: tuple[datetime, datetime] | None = None,
+    new_group_start: str | None = None,
+) -> RunPlan:
     """Freeze the run's ranges: from the group's committed offsets (incremental; a group without
     any starts at ``new_group_start``), or, with ``window=(start, end)``, the offsets of that time
     window (a backfill: see ``plan_window_run``)."""
@@ -60,13 +67,22 @@ def plan_step(settings: Settings, run_id: str, *, topic: str | None = None, grou
     with RunStore(settings).step_lock(run_id, "run"):  # two first attempts must not plan twice
         if window is not None:
             if max_records or max_bytes or skip_lost_offsets:
-                raise UsageError("a window run reads its whole window: max_records, max_bytes and "
-                                 "skip_lost_offsets apply to incremental runs only")
+                raise UsageError(
+                    "a window run reads its whole window: max_records, max_bytes and "
+                    "skip_lost_offsets apply to incremental runs only"
+                )
             plan = plan_window_run(settings, run_id, start=window[0], end=window[1], topic=topic, group=group)
         else:
-            plan = plan_run(settings, run_id, topic=topic, group=group, max_records=max_records,
-                            max_bytes=max_bytes, skip_lost_offsets=skip_lost_offsets,
-                            new_group_start=new_group_start)
+            plan = plan_run(
+                settings,
+                run_id,
+                topic=topic,
+                group=group,
+                max_records=max_records,
+                max_bytes=max_bytes,
+                skip_lost_offsets=skip_lost_offsets,
+                new_group_start=new_group_start,
+            )
     _timed(RunStore(settings), run_id, "plan", began)
     return plan
 
@@ -107,7 +123,7 @@ def partition_ranges(partitions: list[int], limit: int = 200) -> str:
     if len(text) <= limit:
         return text
     tail = f"... ({len(partitions)} partitions)"
-    return text[:max(0, limit - len(tail))].rsplit(",", 1)[0] + tail
+    return text[: max(0, limit - len(tail))].rsplit(",", 1)[0] + tail
 
 
 def consume_step(settings: Settings, run_id: str, partition: int) -> dict:
@@ -121,9 +137,16 @@ def consume_step(settings: Settings, run_id: str, partition: int) -> dict:
         began = time.monotonic()
         stats = read_range(settings, run_id, partition)  # records its own timing
     # began/ended: this machine's monotonic clock, comparable between the readers of one step
-    return {"partition": partition, "records": stats.records, "chunks": stats.chunks,
-            "dead_letters": stats.dead_letters, "bytes": stats.payload_bytes, "seconds": stats.seconds,
-            "began": began, "ended": time.monotonic()}
+    return {
+        "partition": partition,
+        "records": stats.records,
+        "chunks": stats.chunks,
+        "dead_letters": stats.dead_letters,
+        "bytes": stats.payload_bytes,
+        "seconds": stats.seconds,
+        "began": began,
+        "ended": time.monotonic(),
+    }
 
 
 def consume_all(settings: Settings, run_id: str, partitions: list[int]) -> list[dict]:
@@ -147,19 +170,23 @@ def consume_all(settings: Settings, run_id: str, partitions: list[int]) -> list[
         pool = ThreadPoolExecutor(workers, thread_name_prefix=f"wavepipe-reader-{run_id}")
     else:
         level = logging.getLogger().getEffectiveLevel()
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_worker_logging, initargs=(level,))
+        pool = ProcessPoolExecutor(
+            workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_logging, initargs=(level,)
+        )
     with pool:
         futures = [pool.submit(consume_step, settings, run_id, p) for p in partitions]
         results, errors = [], []
-        for partition, future in zip(partitions, futures):
+        for partition, future in zip(partitions, futures, strict=True):
             try:
                 results.append(future.result())
-            except Exception as exc:  # noqa: BLE001 - collect, then raise once
+            except Exception as exc:
                 errors.append(f"partition {partition}: {exc}")
     if errors:
-        raise RuntimeError(f"run {run_id}: consuming failed for " + "; ".join(errors) +
-                           ". The plan is kept: a retry re-reads the same planned ranges.")
+        raise RuntimeError(
+            f"run {run_id}: consuming failed for "
+            + "; ".join(errors)
+            + ". The plan is kept: a retry re-reads the same planned ranges."
+        )
     return results
 
 
@@ -178,8 +205,14 @@ def reassemble_step(settings: Settings, run_id: str, *, validate: bool = False) 
     began = time.monotonic()
     with store.step_lock(run_id, "run"):
         if settings.spark_engine == "submit":
-            spark.submit(settings, REASSEMBLE_APP, "--run-id", run_id, *(["--validate"] if validate else []),
-                         staged_bytes=store.staged_bytes(run_id))
+            spark.submit(
+                settings,
+                REASSEMBLE_APP,
+                "--run-id",
+                run_id,
+                *(["--validate"] if validate else []),
+                staged_bytes=store.staged_bytes(run_id),
+            )
         else:
             _on_engine(settings, store, plan, "reassemble", validate=validate)
     _timed(store, run_id, "reassemble", began)
@@ -223,8 +256,11 @@ def _on_engine(settings: Settings, store: RunStore, plan: RunPlan, step: str, *,
     staged = store.staged_bytes(plan.run_id)
     with output_lock(settings, store):
         began = time.monotonic()
-        with engine.attached(settings) as session, engine.sole_writer(session, settings), \
-                spark.progress(f"Spark step {step}", staged):
+        with (
+            engine.attached(settings) as session,
+            engine.sole_writer(session, settings),
+            spark.progress(f"Spark step {step}", staged),
+        ):
             attach_s = time.monotonic() - began
             log.info("run %s: attached to the Spark engine in %.2fs", plan.run_id, attach_s)
             try:
@@ -263,7 +299,9 @@ def _check_validation(settings: Settings, store: RunStore, plan: RunPlan) -> dic
     lines = failed_expectations(validation)
     raise ValidationFailedError(
         f"run {plan.run_id} failed validation ({len(lines)} expectation(s)); nothing was published and no "
-        f"offset moved:\n  " + "\n  ".join(lines) + f"\nReport: {page}\nData Docs: {validation.get('data_docs_index')}\n"
+        f"offset moved:\n  "
+        + "\n  ".join(lines)
+        + f"\nReport: {page}\nData Docs: {validation.get('data_docs_index')}\n"
         "Fix the data and run reassemble and validate again, or relax the threshold (validate_* settings) "
         "and retry the validate step (`wavepipe run` resumes the run); `wavepipe abandon` gives the run up."
     )
@@ -279,8 +317,18 @@ def _write_report(settings: Settings, report: dict) -> Path:
     trend = describe_safely(notes, "the validation trend", validation_trend, settings, group=report["group"])
     plot = (report.get("validation") or {}).get("plot")  # this attempt's, not an earlier one's
     page = html_path(settings, report["run_id"])
-    if describe_safely(notes, "the run's page", report_html.write, report, page, trend=trend or [],
-                       plot_png=Path(plot) if plot else None) is None:
+    if (
+        describe_safely(
+            notes,
+            "the run's page",
+            report_html.write,
+            report,
+            page,
+            trend=trend or [],
+            plot_png=Path(plot) if plot else None,
+        )
+        is None
+    ):
         describe_safely(notes, "the run's plain page", report_html.write_plain, report, page)
     write_json_atomic(json_path(settings, report["run_id"]), report)
     return page
@@ -292,8 +340,14 @@ def _report(store: RunStore, plan: RunPlan, *, validation: dict | None, skipped:
         step = store.load_step(plan.run_id, f"consume-{r.topic}-{r.partition}")
         if step is not None:
             consumed[r.partition] = step
-    report = build_report(plan, consumed, store.load_step(plan.run_id, "reassemble"),
-                          store.load_step(plan.run_id, "timings") or {}, skipped_reason=skipped, validation=validation)
+    report = build_report(
+        plan,
+        consumed,
+        store.load_step(plan.run_id, "reassemble"),
+        store.load_step(plan.run_id, "timings") or {},
+        skipped_reason=skipped,
+        validation=validation,
+    )
     if plan.moved:  # the group was moved by someone else since this home's last commit
         report["moved"] = {str(p): move for p, move in plan.moved.items()}
     if plan.new_group_start:
@@ -348,8 +402,11 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
         done = store.load_step(run_id, "report")
         if done is not None and "commit" in done:  # a retry of a commit that went through
             written = json_path(settings, run_id).exists()
-            return {**done, "report_path": str(json_path(settings, run_id)) if written else None,
-                    "report_html": str(html_path(settings, run_id)) if written else None}
+            return {
+                **done,
+                "report_path": str(json_path(settings, run_id)) if written else None,
+                "report_html": str(html_path(settings, run_id)) if written else None,
+            }
         raise RuntimeError(
             f"run {run_id} no longer holds group {plan.group!r} (active: {holder or 'none'}); it was "
             "abandoned or superseded, so it must not commit. Start a new run."
@@ -364,16 +421,20 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
         raise RuntimeError(f"run {run_id}: no reassembly result; run the reassemble step")
     validation = store.load_step(run_id, "validate") if to_read else None
     if to_read and not (validation and validation["success"] and validation["published"]):
-        raise RuntimeError(f"run {run_id}: its output was not validated and published"
-                           + (" (validation failed)" if validation else "") + "; run the validate step first. "
-                           "No offset was committed.")
+        raise RuntimeError(
+            f"run {run_id}: its output was not validated and published"
+            + (" (validation failed)" if validation else "")
+            + "; run the validate step first. "
+            "No offset was committed."
+        )
     skipped = None if to_read else ("no new records since the last run" if plan.total_offsets else "no records")
     report = _report(store, plan, validation=validation, skipped=skipped)
     if report["balance_errors"]:
         store.save_step(run_id, "report", report)
         raise AccountingError(
             f"run {run_id}: the counts do not add up, so no offset was committed: "
-            + "; ".join(report["balance_errors"]) + f". Report: {store.step_path(run_id, 'report')}"
+            + "; ".join(report["balance_errors"])
+            + f". Report: {store.step_path(run_id, 'report')}"
         )
     if plan.is_window:  # a backfill: the window's output was replaced; the group's offsets stay
         report["commit"] = {}
@@ -382,15 +443,18 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
         safe = {int(p): part["safe_offset"] for p, part in report["partitions"].items()}
         failpoint("commit.before_offsets")
         try:
-            committed = commit_safe_offsets(settings, plan, safe,
-                                            lambda published: _new_dead_letters(store, plan, published))
+            committed = commit_safe_offsets(
+                settings, plan, safe, lambda published: _new_dead_letters(store, plan, published)
+            )
         except OffsetsMovedError:
             store.release_group(plan.group, run_id)  # this run can never commit: free the group
             store.discard_staging(run_id)
             raise
         failpoint("commit.after_offsets")
         report["commit"] = {str(p): v for p, v in committed.items()}
-        store.save_previous_ranges(plan.group, plan.topic, {r.partition: [safe[r.partition], r.end] for r in plan.ranges})
+        store.save_previous_ranges(
+            plan.group, plan.topic, {r.partition: [safe[r.partition], r.end] for r in plan.ranges}
+        )
     else:  # nothing new was read
         if plan.new_group_start:  # a new group starting where nothing is to read yet: its offsets are created
             starts = {r.partition: r.start for r in plan.ranges}
@@ -429,7 +493,7 @@ def _lag_after(settings: Settings, plan: RunPlan, report: dict) -> None:
 
     try:
         latest = list_offsets(settings, plan.topic, [r.partition for r in plan.ranges], OffsetSpec.latest())
-    except Exception as exc:  # noqa: BLE001 - the commit went through; only the figure is missing
+    except Exception as exc:
         log.warning("run %s: could not read the end offsets for the lag after the commit: %s", plan.run_id, exc)
         latest = {}
     for p, part in report["partitions"].items():
@@ -437,10 +501,18 @@ def _lag_after(settings: Settings, plan: RunPlan, report: dict) -> None:
         part["lag_after"] = latest[int(p)] - after if int(p) in latest and after is not None else None
 
 
-def run_once(settings: Settings, *, run_id: str | None = None, topic: str | None = None,
-             group: str | None = None, max_records: int | None = None, max_bytes: int | None = None,
-             skip_lost_offsets: bool = False, window: tuple[datetime, datetime] | None = None,
-             new_group_start: str | None = None) -> dict:
+def run_once(
+    settings: Settings,
+    *,
+    run_id: str | None = None,
+    topic: str | None = None,
+    group: str | None = None,
+    max_records: int | None = None,
+    max_bytes: int | None = None,
+    skip_lost_offsets: bool = False,
+    window: tuple[datetime, datetime] | None = None,
+    new_group_start: str | None = None,
+) -> dict:
     """All steps in this process; resumes the group's active run if one was left unfinished.
     ``window=(start, end)``: a backfill of that time window instead (it replaces the window's
     output and commits no offsets).
@@ -461,8 +533,17 @@ def run_once(settings: Settings, *, run_id: str | None = None, topic: str | None
             run_id = new_run_id()
     run_id = safe_run_id(run_id)
     with store.step_lock(run_id, "run"):
-        plan = plan_step(settings, run_id, topic=topic, group=group, max_records=max_records, max_bytes=max_bytes,
-                         skip_lost_offsets=skip_lost_offsets, window=window, new_group_start=new_group_start)
+        plan = plan_step(
+            settings,
+            run_id,
+            topic=topic,
+            group=group,
+            max_records=max_records,
+            max_bytes=max_bytes,
+            skip_lost_offsets=skip_lost_offsets,
+            window=window,
+            new_group_start=new_group_start,
+        )
         staged = [p for p in partitions_to_read(plan) if _is_staged(store, plan, p)]
         if staged:
             log.info("run %s: partitions %s were staged by an earlier attempt; not read again", run_id, staged)
@@ -496,7 +577,7 @@ def _engine_ready(settings: Settings, *, needed: bool):
     def start() -> None:
         try:
             engine.LocalEngine(settings).ensure_up()
-        except BaseException as exc:  # noqa: BLE001 - reported after the readers, by the Spark step
+        except BaseException as exc:
             errors.append(exc)
 
     starter = threading.Thread(target=start, name="spark-engine-start", daemon=True)
@@ -522,7 +603,9 @@ def _is_staged(store: RunStore, plan: RunPlan, partition: int) -> bool:
 
     r = plan.range_for(partition)
     chunks, dead = staged_paths(store, plan.run_id, r)
-    return store.load_step(plan.run_id, f"consume-{r.topic}-{partition}") is not None and chunks.exists() and dead.exists()
+    return (
+        store.load_step(plan.run_id, f"consume-{r.topic}-{partition}") is not None and chunks.exists() and dead.exists()
+    )
 
 
 def _require_plan(store: RunStore, run_id: str) -> RunPlan:

@@ -16,11 +16,12 @@ import re
 import socket
 import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from wavepipe.config import Settings
 from wavepipe.errors import UsageError
@@ -108,7 +109,7 @@ class RunPlan:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "RunPlan":
+    def from_json(cls, data: dict[str, Any]) -> RunPlan:
         return cls(
             run_id=data["run_id"],
             topic=data["topic"],
@@ -153,16 +154,16 @@ def safe_run_id(raw: str) -> str:
 
 
 def new_run_id() -> str:
-    return "run_" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+    return "run_" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
 
 
 def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 def as_utc(when: datetime) -> datetime:
     """``when`` as an aware UTC datetime (naive ones are taken as UTC)."""
-    return when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when.astimezone(timezone.utc)
+    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
 
 
 def parse_datetime(text: str) -> datetime:
@@ -171,8 +172,10 @@ def parse_datetime(text: str) -> datetime:
     try:
         value = datetime.fromisoformat(raw)
     except ValueError:
-        raise UsageError(f"datetime {text!r} is not ISO-8601: use e.g. 2026-11-02T08:30:00Z or "
-                         f"2026-11-02T09:30:00+01:00 (no zone means UTC)") from None
+        raise UsageError(
+            f"datetime {text!r} is not ISO-8601: use e.g. 2026-11-02T08:30:00Z or "
+            f"2026-11-02T09:30:00+01:00 (no zone means UTC)"
+        ) from None
     return as_utc(value)
 
 
@@ -227,8 +230,7 @@ class RunStore:
     def staged_bytes(self, run_id: str) -> int:
         """Bytes of the run's staged chunk and dead-letter files (what its Spark app reads)."""
         staging = self.staging_dir(run_id)
-        return sum(f.stat().st_size for kind in ("chunks", "dead_letter")
-                   for f in (staging / kind).glob("*.parquet"))
+        return sum(f.stat().st_size for kind in ("chunks", "dead_letter") for f in (staging / kind).glob("*.parquet"))
 
     def candidate_dir(self, run_id: str) -> Path:
         """The run's candidate tables (waveforms, quarantine, dead_letter): written by the
@@ -318,7 +320,7 @@ class RunStore:
         if not path.exists():
             return 0.0
         since = datetime.fromisoformat(read_json(path)["since"])
-        return (datetime.now(timezone.utc) - since).total_seconds()
+        return (datetime.now(UTC) - since).total_seconds()
 
     def release_group(self, group: str, run_id: str) -> None:
         if self.active_run(group) == run_id:
@@ -394,7 +396,8 @@ class RunStore:
                     if waited >= wait_s:
                         raise StepBusyError(
                             f"{what} is running in another process right now (pid {holder}); two of them "
-                            "must not overlap." + (f" Waited {waited:.0f}s." if wait_s else "")
+                            "must not overlap."
+                            + (f" Waited {waited:.0f}s." if wait_s else "")
                             + " Wait for it, or stop it and retry."
                         ) from None
                     if int(waited) % 60 == 0:

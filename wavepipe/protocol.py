@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Sequence
+from datetime import UTC, datetime
 
 import numpy as np
 
@@ -31,8 +31,17 @@ H_START = "wp-start-ns"
 H_SOURCE = "wp-source"
 
 REQUIRED_HEADERS = (
-    H_VERSION, H_ID, H_SEQ, H_COUNT, H_SIZE, H_CHECKSUM,
-    H_DTYPE, H_CHANNELS, H_RATE, H_START, H_SOURCE,
+    H_VERSION,
+    H_ID,
+    H_SEQ,
+    H_COUNT,
+    H_SIZE,
+    H_CHECKSUM,
+    H_DTYPE,
+    H_CHANNELS,
+    H_RATE,
+    H_START,
+    H_SOURCE,
 )
 CHECKSUM_PREFIX = "sha256:"
 #: numpy dtype kinds a waveform may have: signed/unsigned integers, floats, complex.
@@ -62,7 +71,7 @@ class WaveformMeta:
 
     @property
     def start_time(self) -> datetime:
-        return datetime.fromtimestamp(self.start_ns / 1e9, tz=timezone.utc)
+        return datetime.fromtimestamp(self.start_ns / 1e9, tz=UTC)
 
 
 @dataclass(frozen=True)
@@ -128,7 +137,7 @@ def split_waveform(
     key = waveform_id.encode()
     view = memoryview(data)
     return [
-        (key, common + [(H_SEQ, str(seq).encode())], bytes(view[seq * chunk_size:(seq + 1) * chunk_size]))
+        (key, common + [(H_SEQ, str(seq).encode())], bytes(view[seq * chunk_size : (seq + 1) * chunk_size]))
         for seq in range(count)
     ]
 
@@ -208,8 +217,7 @@ def parse_chunk(headers: Sequence[tuple[str, bytes | None]] | None, value: bytes
     return Chunk(meta, seq, count, size, check, value)
 
 
-def output_facts(facts: dict, size: int, n_chunks: int, partition: int, first_offset: int,
-                 last_offset: int) -> dict:
+def output_facts(facts: dict, size: int, n_chunks: int, partition: int, first_offset: int, last_offset: int) -> dict:
     """What the output table says about a whole waveform of ``size`` bytes, all but its payload.
     ``facts``: the chunks' ``waveform_id``, ``source``, ``dtype``, ``channels``, ``sample_rate``,
     ``start_ns``, ``checksum`` and ``topic``. One definition for both places that make these rows:
@@ -217,16 +225,25 @@ def output_facts(facts: dict, size: int, n_chunks: int, partition: int, first_of
     n_samples = size // (np.dtype(facts["dtype"]).itemsize * facts["channels"])
     start_us = facts["start_ns"] // 1000
     return {
-        "waveform_id": facts["waveform_id"], "source": facts["source"],
-        "start_time": start_us, "date": start_us // 86_400_000_000, "dtype": facts["dtype"],
-        "channels": facts["channels"], "sample_rate": facts["sample_rate"], "n_samples": n_samples,
-        "duration_s": n_samples / facts["sample_rate"], "size_bytes": size, "n_chunks": n_chunks,
-        "checksum": facts["checksum"], "topic": facts["topic"],
-        "partition": partition, "first_offset": first_offset, "last_offset": last_offset,
+        "waveform_id": facts["waveform_id"],
+        "source": facts["source"],
+        "start_time": start_us,
+        "date": start_us // 86_400_000_000,
+        "dtype": facts["dtype"],
+        "channels": facts["channels"],
+        "sample_rate": facts["sample_rate"],
+        "n_samples": n_samples,
+        "duration_s": n_samples / facts["sample_rate"],
+        "size_bytes": size,
+        "n_chunks": n_chunks,
+        "checksum": facts["checksum"],
+        "topic": facts["topic"],
+        "partition": partition,
+        "first_offset": first_offset,
+        "last_offset": last_offset,
     }
 
 
 def rebuild(payload: bytes, dtype: str, channels: int) -> np.ndarray:
     """The (samples, channels) array a reassembled payload stands for."""
     return np.frombuffer(payload, dtype=np.dtype(dtype)).reshape(-1, channels)
-

@@ -2,16 +2,18 @@
 
 Per partition: ``output + pending + quarantined + dead_letter + gap (+ other_window) == end - start``,
 where ``gap`` counts offsets Kafka delivered no record for (transaction markers, aborted or compacted
-records) and ``other_window`` (time-window runs only) the records read that another window owns. ``check_balance`` states every way the numbers fail to add up; the commit refuses to
-move offsets while the list is not empty.
+records) and ``other_window`` (time-window runs only) the records read that another window owns.
+``check_balance`` states every way the numbers fail to add up; the commit refuses to move offsets
+while the list is not empty.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from wavepipe.config import Settings
 from wavepipe.plan import RunPlan, utc_now
@@ -31,7 +33,7 @@ def describe_safely(notes: list[str], what: str, step: Callable[..., T], *args: 
     and exits (``BaseException``) are not caught."""
     try:
         return step(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - a description must not decide whether data is ingested
+    except Exception as exc:
         lines = str(exc).strip().splitlines()
         reason = lines[0][:NOTE_REASON_CHARS] if lines else "no reason given"
         note = f"{what} failed: {reason}"
@@ -43,11 +45,21 @@ def describe_safely(notes: list[str], what: str, step: Callable[..., T], *args: 
 
 def empty_partition(start: int, end: int) -> dict[str, Any]:
     return {
-        "output": 0, "output_already_written": 0, "pending": 0, "quarantined": 0, "dead_letter": 0,
-        "output_bytes": 0, "pending_bytes": 0, "quarantined_bytes": 0, "dead_letter_bytes": 0,
+        "output": 0,
+        "output_already_written": 0,
+        "pending": 0,
+        "quarantined": 0,
+        "dead_letter": 0,
+        "output_bytes": 0,
+        "pending_bytes": 0,
+        "quarantined_bytes": 0,
+        "dead_letter_bytes": 0,
         # a window run: records of waveforms (chunks) and dead letters that are another window's
-        "other_window": 0, "other_window_bytes": 0, "other_window_chunks": 0,
-        "quarantine_reasons": {}, "safe_offset": end,
+        "other_window": 0,
+        "other_window_bytes": 0,
+        "other_window_chunks": 0,
+        "quarantine_reasons": {},
+        "safe_offset": end,
     }
 
 
@@ -71,14 +83,23 @@ def history_path(settings: Settings) -> Path:
 def append_validation_history(settings: Settings, validation: dict) -> None:
     """One line per validation attempt: the trend of pass/fail and counts over runs."""
     entry = {
-        "run_id": validation["run_id"], "group": validation.get("group"), "topic": validation.get("topic"),
-        "checked_at": validation["checked_at"], "success": validation["success"],
-        "suite_version": validation["suite_version"], "waveforms": validation["rows"]["waveforms"],
+        "run_id": validation["run_id"],
+        "group": validation.get("group"),
+        "topic": validation.get("topic"),
+        "checked_at": validation["checked_at"],
+        "success": validation["success"],
+        "suite_version": validation["suite_version"],
+        "waveforms": validation["rows"]["waveforms"],
         "staged_records": validation["rows"]["staged_records"],
         "evaluated": sum(s["evaluated"] for s in validation["suites"]),
         "failed": sum(s["failed_count"] for s in validation["suites"]),
-        "failed_expectations": sorted({f"{f['expectation']}:{f.get('column') or f.get('column_A') or ''}"
-                                       for s in validation["suites"] for f in s["failed"]}),
+        "failed_expectations": sorted(
+            {
+                f"{f['expectation']}:{f.get('column') or f.get('column_A') or ''}"
+                for s in validation["suites"]
+                for f in s["failed"]
+            }
+        ),
     }
     path = history_path(settings)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -100,7 +121,7 @@ def validation_trend(settings: Settings, last: int | None = None, group: str | N
             continue  # a line cut short by a crash
         if group is None or entry.get("group") == group:
             entries.append(entry)
-    return entries[-(last or settings.report_trend_runs):]
+    return entries[-(last or settings.report_trend_runs) :]
 
 
 def failed_expectations(validation: dict) -> list[str]:
@@ -108,18 +129,30 @@ def failed_expectations(validation: dict) -> list[str]:
     lines = []
     for suite in validation.get("suites", []):
         for f in suite["failed"]:
-            where = f.get("column") or (f"{f['column_A']} = {f['column_B']}" if f.get("column_A") else None) \
+            where = (
+                f.get("column")
+                or (f"{f['column_A']} = {f['column_B']}" if f.get("column_A") else None)
                 or ", ".join(f.get("column_list") or [])
-            count = f"{f['unexpected_count']} rows ({f['unexpected_percent']}%)" if f.get("unexpected_count") is not None \
+            )
+            count = (
+                f"{f['unexpected_count']} rows ({f['unexpected_percent']}%)"
+                if f.get("unexpected_count") is not None
                 else (f"error: {f['error']}" if f.get("error") else "failed")
+            )
             example = f"; e.g. {f['examples'][:2]}" if f.get("examples") else ""
             lines.append(f"{suite['suite']}: {f['expectation']} on {where}: {count}{example}")
     return lines
 
 
-def build_report(plan: RunPlan, consumed: dict[int, dict], reassembled: dict | None,
-                 timings: dict[str, float], *, skipped_reason: str | None = None,
-                 validation: dict | None = None) -> dict[str, Any]:
+def build_report(
+    plan: RunPlan,
+    consumed: dict[int, dict],
+    reassembled: dict | None,
+    timings: dict[str, float],
+    *,
+    skipped_reason: str | None = None,
+    validation: dict | None = None,
+) -> dict[str, Any]:
     """Merge what each step recorded into one report (commit fields are added by the commit)."""
     parts_out = (reassembled or {}).get("partitions", {})
     partitions = {}
@@ -128,9 +161,13 @@ def build_report(plan: RunPlan, consumed: dict[int, dict], reassembled: dict | N
         acc = parts_out.get(str(r.partition)) or empty_partition(r.start, r.end)
         records = read.get("records", 0)
         partitions[str(r.partition)] = {
-            "topic": r.topic, "start": r.start, "end": r.end, "offsets": r.size,
+            "topic": r.topic,
+            "start": r.start,
+            "end": r.end,
+            "offsets": r.size,
             "read": r.partition in consumed,
-            "records_read": records, "chunks_read": read.get("chunks", 0),
+            "records_read": records,
+            "chunks_read": read.get("chunks", 0),
             "payload_bytes_read": read.get("payload_bytes", 0),
             "gap": r.size - records if read else 0,
             "read_seconds": read.get("seconds", 0.0),
@@ -143,23 +180,52 @@ def build_report(plan: RunPlan, consumed: dict[int, dict], reassembled: dict | N
         }
     totals: dict[str, int] = {}
     for part in partitions.values():
-        for key in ("offsets", "records_read", "output", "output_already_written", "pending", "quarantined",
-                    "dead_letter", "gap", "payload_bytes_read", "output_bytes", "other_window"):
+        for key in (
+            "offsets",
+            "records_read",
+            "output",
+            "output_already_written",
+            "pending",
+            "quarantined",
+            "dead_letter",
+            "gap",
+            "payload_bytes_read",
+            "output_bytes",
+            "other_window",
+        ):
             totals[key] = totals.get(key, 0) + part.get(key, 0)
     totals["lost"] = sum(to - start for start, to in plan.lost.values())
     report = {
         "report_version": REPORT_VERSION,
-        "run_id": plan.run_id, "topic": plan.topic, "group": plan.group,
-        "planned_at": plan.created_at, "reported_at": utc_now(),
+        "run_id": plan.run_id,
+        "topic": plan.topic,
+        "group": plan.group,
+        "planned_at": plan.created_at,
+        "reported_at": utc_now(),
         "skipped": skipped_reason,
-        "partitions": partitions, "totals": totals,
+        "partitions": partitions,
+        "totals": totals,
         "waveforms": (reassembled or {}).get("waveforms", {}),
         # how the new waveforms were verified: hashed by their reader as it staged them, or by Spark
         "verified": (reassembled or {}).get("verified", {}),
         "output_table_version": (validation or {}).get("output_table_version"),
-        "validation": None if validation is None else {
-            k: validation.get(k) for k in ("success", "suite_version", "checked_at", "suites", "rows",
-                                            "data_docs_index", "published", "plot", "thresholds", "notes")},
+        "validation": None
+        if validation is None
+        else {
+            k: validation.get(k)
+            for k in (
+                "success",
+                "suite_version",
+                "checked_at",
+                "suites",
+                "rows",
+                "data_docs_index",
+                "published",
+                "plot",
+                "thresholds",
+                "notes",
+            )
+        },
         # what could not be described (a plot, Data Docs, the page, the trend): never a failure
         "notes": list((validation or {}).get("notes") or []),
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
@@ -188,7 +254,8 @@ def check_balance(report: dict[str, Any]) -> list[str]:
             errors.append(
                 f"partition {p}: output {part['output']} + pending {part['pending']} + quarantined "
                 f"{part['quarantined']} + dead letter {part['dead_letter']} + gap {part['gap']}"
-                + (f" + other windows' {other}" if other else "") + f" = {placed}, "
+                + (f" + other windows' {other}" if other else "")
+                + f" = {placed}, "
                 f"but the range [{part['start']}, {part['end']}) holds {part['offsets']} offsets"
             )
         chunks = part["output"] + part["pending"] + part["quarantined"] + part.get("other_window_chunks", 0)

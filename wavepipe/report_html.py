@@ -63,38 +63,68 @@ def _status(report: dict) -> tuple[str, str]:
 
 def _cards(report: dict) -> str:
     t = report["totals"]
-    items = [("offsets", "offsets planned"), ("records_read", "records read"), ("output", "chunks in output"),
-             ("output_already_written", "of them written before"), ("pending", "pending"),
-             ("quarantined", "quarantined"), ("dead_letter", "dead-lettered"), ("gap", "gap"), ("lost", "lost")]
-    cards = [f'<div class="card"><div class="v" data-key="totals.{k}" data-value="{t.get(k, 0)}">'
-             f'{_fmt(t.get(k, 0))}</div><div class="l">{escape(label)}</div></div>' for k, label in items]
-    cards.append(f'<div class="card"><div class="v">{_mb(t.get("payload_bytes_read"))}</div>'
-                 f'<div class="l">payload read</div></div>')
+    items = [
+        ("offsets", "offsets planned"),
+        ("records_read", "records read"),
+        ("output", "chunks in output"),
+        ("output_already_written", "of them written before"),
+        ("pending", "pending"),
+        ("quarantined", "quarantined"),
+        ("dead_letter", "dead-lettered"),
+        ("gap", "gap"),
+        ("lost", "lost"),
+    ]
+    cards = [
+        f'<div class="card"><div class="v" data-key="totals.{k}" data-value="{t.get(k, 0)}">'
+        f'{_fmt(t.get(k, 0))}</div><div class="l">{escape(label)}</div></div>'
+        for k, label in items
+    ]
+    cards.append(
+        f'<div class="card"><div class="v">{_mb(t.get("payload_bytes_read"))}</div>'
+        f'<div class="l">payload read</div></div>'
+    )
     tp = report.get("throughput_mb_s")
-    cards.append(f'<div class="card"><div class="v" data-key="throughput_mb_s" data-value="{"" if tp is None else tp}">'
-                 f'{_fmt(tp)}</div><div class="l">MB/s end to end</div></div>')
+    cards.append(
+        f'<div class="card"><div class="v" data-key="throughput_mb_s" data-value="{"" if tp is None else tp}">'
+        f'{_fmt(tp)}</div><div class="l">MB/s end to end</div></div>'
+    )
     return '<div class="cards">' + "".join(cards) + "</div>"
 
 
 PARTITION_COLUMNS = [
-    ("start", "start"), ("end", "end"), ("offsets", "offsets"), ("lag_before", "lag before"),
-    ("safe_offset", "safe offset"), ("lag_after", "lag after"), ("output", "output"),
-    ("output_already_written", "written before"), ("pending", "pending"), ("quarantined", "quarantined"),
-    ("dead_letter", "dead letter"), ("gap", "gap"), ("payload_bytes_read", "bytes read"),
-    ("output_bytes", "output bytes"), ("read_seconds", "read s"),
+    ("start", "start"),
+    ("end", "end"),
+    ("offsets", "offsets"),
+    ("lag_before", "lag before"),
+    ("safe_offset", "safe offset"),
+    ("lag_after", "lag after"),
+    ("output", "output"),
+    ("output_already_written", "written before"),
+    ("pending", "pending"),
+    ("quarantined", "quarantined"),
+    ("dead_letter", "dead letter"),
+    ("gap", "gap"),
+    ("payload_bytes_read", "bytes read"),
+    ("output_bytes", "output bytes"),
+    ("read_seconds", "read s"),
 ]
 
 
 def _partitions(report: dict) -> str:
-    head = '<tr><th class="t">partition</th>' + "".join(f"<th>{escape(h)}</th>" for _, h in PARTITION_COLUMNS) \
+    head = (
+        '<tr><th class="t">partition</th>'
+        + "".join(f"<th>{escape(h)}</th>" for _, h in PARTITION_COLUMNS)
         + '<th class="t">quarantine reasons</th></tr>'
+    )
     rows = []
     for p, part in sorted(report["partitions"].items(), key=lambda kv: int(kv[0])):
         cells = "".join(_num(f"partitions.{p}.{k}", part.get(k)) for k, _ in PARTITION_COLUMNS)
         reasons = ", ".join(f"{escape(r)}: {n}" for r, n in sorted(part.get("quarantine_reasons", {}).items()))
         lost = f" (lost {part['lost'][0]}..{part['lost'][1]})" if part.get("lost") else ""
-        rows.append(f'<tr><td class="t">{escape(part["topic"])}[{p}]{escape(lost)}</td>{cells}'
-                    f'<td class="t">{reasons or "–"}</td></tr>')
+        rows.append(
+            f'<tr><td class="t">{escape(part["topic"])}[{p}]{escape(lost)}</td>{cells}'
+            f'<td class="t">{reasons or "–"}</td></tr>'
+        )
     return f"<table>{head}{''.join(rows)}</table>"
 
 
@@ -114,7 +144,8 @@ def _timings(report: dict) -> str:
     rows = "".join(
         f'<tr><td class="t">{escape(k)}</td>{_num(f"timings_s.{k}", v)}'
         f'<td class="t"><span class="bar" style="width:{int(300 * v / top)}px"></span></td></tr>'
-        for k, v in timings.items())
+        for k, v in timings.items()
+    )
     return f'<table><tr><th class="t">stage</th><th>seconds</th><th class="t"></th></tr>{rows}</table>'
 
 
@@ -123,28 +154,43 @@ def _validation(report: dict) -> str:
     if not v:
         return "<p>Not validated (nothing new was read).</p>" if report.get("skipped") else "<p>Not validated yet.</p>"
     verdict = '<span class="badge ok">passed</span>' if v["success"] else '<span class="badge bad">failed</span>'
-    docs = f' · <a href="{escape(v["data_docs_index"])}">Great Expectations Data Docs</a>' if v.get("data_docs_index") else ""
-    out = [f"<p>{verdict} suite version {escape(str(v.get('suite_version')))}, checked {escape(str(v.get('checked_at')))}"
-           f"{docs}</p>"]
+    docs = (
+        f' · <a href="{escape(v["data_docs_index"])}">Great Expectations Data Docs</a>'
+        if v.get("data_docs_index")
+        else ""
+    )
+    out = [
+        f"<p>{verdict} suite version {escape(str(v.get('suite_version')))}, checked {escape(str(v.get('checked_at')))}"
+        f"{docs}</p>"
+    ]
     rows = []
     for i, s in enumerate(v.get("suites", [])):
         link = f'<a href="{escape(s["data_docs"])}">results</a>' if s.get("data_docs") else ""
-        rows.append(f'<tr class="{"pass" if s["success"] else "fail"}"><td class="t">{escape(s["suite"])}</td>'
-                    f'{_num(f"validation.suites.{i}.evaluated", s["evaluated"])}'
-                    f'{_num(f"validation.suites.{i}.failed_count", s["failed_count"])}'
-                    f'<td class="t">{link}</td></tr>')
-    out.append('<table><tr><th class="t">suite</th><th>expectations</th><th>failed</th><th class="t"></th></tr>'
-               + "".join(rows) + "</table>")
+        rows.append(
+            f'<tr class="{"pass" if s["success"] else "fail"}"><td class="t">{escape(s["suite"])}</td>'
+            f"{_num(f'validation.suites.{i}.evaluated', s['evaluated'])}"
+            f"{_num(f'validation.suites.{i}.failed_count', s['failed_count'])}"
+            f'<td class="t">{link}</td></tr>'
+        )
+    out.append(
+        '<table><tr><th class="t">suite</th><th>expectations</th><th>failed</th><th class="t"></th></tr>'
+        + "".join(rows)
+        + "</table>"
+    )
     failed = [(i, j, f) for i, s in enumerate(v.get("suites", [])) for j, f in enumerate(s["failed"])]
     if failed:
         body = "".join(
             f'<tr class="fail"><td class="t">{escape(f["expectation"])}</td>'
             f'<td class="t">{escape(str(f.get("column") or f.get("column_A") or f.get("column_list") or ""))}</td>'
-            f'{_num(f"validation.suites.{i}.failed.{j}.unexpected_count", f.get("unexpected_count"))}'
+            f"{_num(f'validation.suites.{i}.failed.{j}.unexpected_count', f.get('unexpected_count'))}"
             f'<td class="t">{escape(str(f.get("examples") or f.get("error") or ""))}</td>'
-            f'<td class="t">{escape(f.get("description") or "")}</td></tr>' for i, j, f in failed)
-        out.append('<table><tr><th class="t">failed expectation</th><th class="t">column</th><th>rows</th>'
-                   '<th class="t">examples</th><th class="t">what it checks</th></tr>' + body + "</table>")
+            f'<td class="t">{escape(f.get("description") or "")}</td></tr>'
+            for i, j, f in failed
+        )
+        out.append(
+            '<table><tr><th class="t">failed expectation</th><th class="t">column</th><th>rows</th>'
+            '<th class="t">examples</th><th class="t">what it checks</th></tr>' + body + "</table>"
+        )
     return "".join(out)
 
 
@@ -154,10 +200,14 @@ def _trend(trend: list[dict]) -> str:
     rows = "".join(
         f'<tr class="{"pass" if e["success"] else "fail"}"><td class="t">{escape(e["run_id"])}</td>'
         f'<td class="t">{escape(e["checked_at"])}</td><td class="t">{"passed" if e["success"] else "failed"}</td>'
-        f'<td>{_fmt(e["waveforms"])}</td><td>{_fmt(e["staged_records"])}</td><td>{_fmt(e["failed"])}</td>'
-        f'<td class="t">{escape(", ".join(e.get("failed_expectations", [])))}</td></tr>' for e in reversed(trend))
-    return ('<table><tr><th class="t">run</th><th class="t">checked</th><th class="t">outcome</th><th>waveforms</th>'
-            '<th>staged records</th><th>failed</th><th class="t">failed expectations</th></tr>' + rows + "</table>")
+        f"<td>{_fmt(e['waveforms'])}</td><td>{_fmt(e['staged_records'])}</td><td>{_fmt(e['failed'])}</td>"
+        f'<td class="t">{escape(", ".join(e.get("failed_expectations", [])))}</td></tr>'
+        for e in reversed(trend)
+    )
+    return (
+        '<table><tr><th class="t">run</th><th class="t">checked</th><th class="t">outcome</th><th>waveforms</th>'
+        '<th>staged records</th><th>failed</th><th class="t">failed expectations</th></tr>' + rows + "</table>"
+    )
 
 
 def _notes(report: dict) -> str:
@@ -179,19 +229,28 @@ def render(report: dict, *, trend: list[dict], plot_png: Path | None = None, jso
     commit = report.get("commit") or {}
     commit_rows = "".join(
         f'<tr><td class="t">{escape(p)}</td>{_num(f"commit.{p}.before", c.get("before"))}'
-        f'{_num(f"commit.{p}.after", c.get("after"))}</tr>' for p, c in sorted(commit.items(), key=lambda kv: int(kv[0])))
-    commit_html = ('<table><tr><th class="t">partition</th><th>committed before</th><th>after</th></tr>'
-                   + commit_rows + "</table>") if commit_rows else "<p>No offsets were committed by this run.</p>"
+        f"{_num(f'commit.{p}.after', c.get('after'))}</tr>"
+        for p, c in sorted(commit.items(), key=lambda kv: int(kv[0]))
+    )
+    commit_html = (
+        (
+            '<table><tr><th class="t">partition</th><th>committed before</th><th>after</th></tr>'
+            + commit_rows
+            + "</table>"
+        )
+        if commit_rows
+        else "<p>No offsets were committed by this run.</p>"
+    )
     errors = "".join(f"<li>{escape(e)}</li>" for e in report.get("balance_errors", []))
     return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>wavepipe run {escape(report['run_id'])}</title>
+<html lang="en"><head><meta charset="utf-8"><title>wavepipe run {escape(report["run_id"])}</title>
 <style>{STYLE}</style></head><body>
-<h1>Run <code data-key="run_id" data-value="{escape(report['run_id'])}">{escape(report['run_id'])}</code>
+<h1>Run <code data-key="run_id" data-value="{escape(report["run_id"])}">{escape(report["run_id"])}</code>
  <span class="badge {badge_class}" id="status">{escape(badge_text)}</span></h1>
-<div class="sub">{escape(report['topic'])} · group {escape(report['group'])} · planned {escape(report['planned_at'])}
- · reported {escape(report['reported_at'])}{twin}</div>
+<div class="sub">{escape(report["topic"])} · group {escape(report["group"])} · planned {escape(report["planned_at"])}
+ · reported {escape(report["reported_at"])}{twin}</div>
 {f'<p class="sub">Skipped: {escape(report["skipped"])}</p>' if report.get("skipped") else ""}
-{f'<h2>Counts do not add up</h2><ul>{errors}</ul>' if errors else ""}
+{f"<h2>Counts do not add up</h2><ul>{errors}</ul>" if errors else ""}
 {_notes(report)}
 {_cards(report)}
 <h2>Validation</h2>{_validation(report)}
@@ -218,10 +277,12 @@ def render_plain(report: dict) -> str:
 
     run_id = escape(str(report.get("run_id")))
     text = escape(json.dumps(report, indent=1, default=str))
-    return (f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>wavepipe run {run_id}</title>'
-            f"<style>{STYLE}</style></head><body><h1>Run <code>{run_id}</code></h1>"
-            f"<p>The full page could not be made; the report follows as JSON.</p>{_notes(report)}"
-            f"<h2>Report</h2><pre>{text}</pre></body></html>\n")
+    return (
+        f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>wavepipe run {run_id}</title>'
+        f"<style>{STYLE}</style></head><body><h1>Run <code>{run_id}</code></h1>"
+        f"<p>The full page could not be made; the report follows as JSON.</p>{_notes(report)}"
+        f"<h2>Report</h2><pre>{text}</pre></body></html>\n"
+    )
 
 
 def write_plain(report: dict, path: Path) -> Path:

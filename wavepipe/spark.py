@@ -120,26 +120,35 @@ def _local_env(settings: Settings) -> dict[str, str]:
 
 def is_small_run(settings: Settings, staged_bytes: int) -> bool:
     """Whether a run of ``staged_bytes`` staged bytes gets the small-run JVM options."""
-    return 0 < settings.spark_small_run_bytes and staged_bytes <= settings.spark_small_run_bytes
+    return settings.spark_small_run_bytes > 0 and staged_bytes <= settings.spark_small_run_bytes
 
 
 def submit(settings: Settings, app: Path, *args: str, staged_bytes: int | None = None) -> None:
     """Run a Spark app through spark-submit, streaming its output; raise if it fails.
     ``staged_bytes``: the size of the run's staged files (a small run gets a short-lived JVM)."""
-    env = {**without_connect_mode(os.environ), **settings_env(settings), **_local_env(settings),
-           "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-           "ARROW_DEFAULT_MEMORY_POOL": "system"}
+    env = {
+        **without_connect_mode(os.environ),
+        **settings_env(settings),
+        **_local_env(settings),
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "ARROW_DEFAULT_MEMORY_POOL": "system",
+    }
     small_run = staged_bytes is not None and is_small_run(settings, staged_bytes)
     if small_run:
-        log.info("a small run (%d bytes staged): the Spark app's driver JVM starts with %s",
-                 staged_bytes, SMALL_RUN_JAVA_OPTIONS)
+        log.info(
+            "a small run (%d bytes staged): the Spark app's driver JVM starts with %s",
+            staged_bytes,
+            SMALL_RUN_JAVA_OPTIONS,
+        )
     cmd = spark_submit_command(settings, app, *args, small_run=small_run)
     # Its own session, so the app's processes (JVM, Python driver, Python workers) can be stopped
     # together: here when this step is interrupted (Airflow stopping the task), and by a
     # ``kill-app`` failpoint in tests. Its output is relayed line by line at the level each line
     # states (a task log shows Spark's warnings as warnings, not as errors).
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        cmd, env=env, start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     relays = [_relay(proc.stdout, "stdout"), _relay(proc.stderr, "stderr")]
     try:
         _wait_with_progress(proc, app, staged_bytes)
@@ -198,6 +207,7 @@ def progress(what: str, staged_bytes: int | None = None, outcome=None):
 def _relay(stream, name: str) -> threading.Thread:
     """A thread that logs each line of ``stream`` to ``app_log`` at the level ``AppOutput`` reads
     from it (its own timestamp and level stripped)."""
+
     def run() -> None:
         lines = AppOutput()
         with stream:
@@ -210,17 +220,28 @@ def _relay(stream, name: str) -> threading.Thread:
     return thread
 
 
-_LEVEL_NAMES = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "NOTICE": logging.INFO,
-                "WARN": logging.WARNING, "WARNING": logging.WARNING, "ERROR": logging.ERROR,
-                "SEVERE": logging.ERROR, "FATAL": logging.CRITICAL, "CRITICAL": logging.CRITICAL}
+_LEVEL_NAMES = {
+    "TRACE": logging.DEBUG,
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "NOTICE": logging.INFO,
+    "WARN": logging.WARNING,
+    "WARNING": logging.WARNING,
+    "ERROR": logging.ERROR,
+    "SEVERE": logging.ERROR,
+    "FATAL": logging.CRITICAL,
+    "CRITICAL": logging.CRITICAL,
+}
 #: A log line's prefix: up to two timestamp fields (log4j ``yy/MM/dd HH:mm:ss``, Python
 #: ``yyyy-mm-dd HH:MM:SS,mmm``), then the level (``ERROR:root:...`` too).
 _PREFIX = re.compile(r"^(?:[\d/:,.\-T+Z]+\s+){0,2}(?P<level>" + "|".join(_LEVEL_NAMES) + r")(?::|\s+)\s*(?P<rest>.*)$")
 _PY_WARNING = re.compile(r"^\S+:\d+: \w*Warning: ")
 _ERROR_START = ("Traceback (most recent call last)", "Exception in thread ")
 #: Lines that continue the one before: stack frames, exception lines, chained-exception headers.
-_CONTINUATION = re.compile(r"^(?:\s|$|Caused by:|Suppressed:|\.\.\. \d+ more|During handling of the above"
-                           r"|The above exception|[A-Za-z_][\w.$]*(?:Exception|Error|Exit|Interrupt|Throwable)\b)")
+_CONTINUATION = re.compile(
+    r"^(?:\s|$|Caused by:|Suppressed:|\.\.\. \d+ more|During handling of the above"
+    r"|The above exception|[A-Za-z_][\w.$]*(?:Exception|Error|Exit|Interrupt|Throwable)\b)"
+)
 
 
 #: The start of Spark's message for SPARK-59451 (see ``AppOutput``).

@@ -12,14 +12,20 @@ invalid topic is an import error in the UI, never a run on the defaults.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any, Mapping
+from typing import Any
 
 from airflow.sdk import DAG, DeltaDataIntervalTimetable, Param, TriggerRule
 
 from wavepipe.airflow.hooks import SPARK_CONN_ID, WavepipeHook
 from wavepipe.airflow.operators import (
-    CommitOperator, ConsumeOperator, PlanOperator, ReassembleOperator, ValidateOperator, plain_settings,
+    CommitOperator,
+    ConsumeOperator,
+    PlanOperator,
+    ReassembleOperator,
+    ValidateOperator,
+    plain_settings,
 )
 from wavepipe.airflow.rewind import RewindOperator
 from wavepipe.config import check_settings
@@ -30,8 +36,9 @@ EVERY_15_MINUTES = DeltaDataIntervalTimetable(timedelta(minutes=15))
 START_DATE = datetime(2026, 1, 1)
 
 
-def _pipeline(topic: str | None, group: str | None, settings: Mapping[str, Any] | None, *,
-              kafka_conn_id: str, spark_conn_id: str) -> dict[str, Any]:
+def _pipeline(
+    topic: str | None, group: str | None, settings: Mapping[str, Any] | None, *, kafka_conn_id: str, spark_conn_id: str
+) -> dict[str, Any]:
     """The operators' common arguments, after checking what the DAG file gave."""
     named = {k: v for k, v in (("topic", topic), ("group", group)) if v is not None}
     check_settings(named, "the factory's arguments")
@@ -42,26 +49,52 @@ def _pipeline(topic: str | None, group: str | None, settings: Mapping[str, Any] 
     return {"settings_overrides": overrides, "wavepipe_conn_id": kafka_conn_id, "spark_conn_id": spark_conn_id}
 
 
-def _dag(dag_id: str, topic: str | None, group: str | None, description: str, *, params: dict[str, Param],
-         tags: list[str] | None, **kwargs: Any) -> DAG:
+def _dag(
+    dag_id: str,
+    topic: str | None,
+    group: str | None,
+    description: str,
+    *,
+    params: dict[str, Param],
+    tags: list[str] | None,
+    **kwargs: Any,
+) -> DAG:
     """A wavepipe DAG: one run at a time, no catchup, the ``topic`` and ``group`` params first."""
     return DAG(
-        dag_id=dag_id, description=description, catchup=False, max_active_runs=1,
+        dag_id=dag_id,
+        description=description,
+        catchup=False,
+        max_active_runs=1,
         params={
-            "topic": Param(topic, type=["null", "string"], description="Topic to read (default: wavepipe config `topic`)"),
-            "group": Param(group, type=["null", "string"], description="Consumer group whose offsets are the progress "
-                                                                       "(default: config `group`)"),
+            "topic": Param(
+                topic, type=["null", "string"], description="Topic to read (default: wavepipe config `topic`)"
+            ),
+            "group": Param(
+                group,
+                type=["null", "string"],
+                description="Consumer group whose offsets are the progress (default: config `group`)",
+            ),
             **params,
         },
-        tags=tags if tags is not None else ["wavepipe"], **kwargs,
+        tags=tags if tags is not None else ["wavepipe"],
+        **kwargs,
     )
 
 
-def wavepipe_ingest_dag(dag_id: str = "wavepipe_ingest", *, topic: str | None = None, group: str | None = None,
-                        schedule: Any = EVERY_15_MINUTES, settings: Mapping[str, Any] | None = None,
-                        kafka_conn_id: str = WavepipeHook.default_conn_name, spark_conn_id: str = SPARK_CONN_ID,
-                        start_date: datetime = START_DATE, retries: int = 2, tags: list[str] | None = None,
-                        **dag_kwargs: Any) -> DAG:
+def wavepipe_ingest_dag(
+    dag_id: str = "wavepipe_ingest",
+    *,
+    topic: str | None = None,
+    group: str | None = None,
+    schedule: Any = EVERY_15_MINUTES,
+    settings: Mapping[str, Any] | None = None,
+    kafka_conn_id: str = WavepipeHook.default_conn_name,
+    spark_conn_id: str = SPARK_CONN_ID,
+    start_date: datetime = START_DATE,
+    retries: int = 2,
+    tags: list[str] | None = None,
+    **dag_kwargs: Any,
+) -> DAG:
     """The ingest DAG: plan -> consume (one mapped task per partition group) -> reassemble ->
     validate (then publish) -> commit, one bounded run at a time.
 
@@ -73,22 +106,51 @@ def wavepipe_ingest_dag(dag_id: str = "wavepipe_ingest", *, topic: str | None = 
     Other keyword arguments go to ``DAG``."""
     common = _pipeline(topic, group, settings, kafka_conn_id=kafka_conn_id, spark_conn_id=spark_conn_id)
     with _dag(
-        dag_id, topic, group, "Bounded run: frozen offset ranges -> staged chunks -> reassembled waveforms -> "
-        "validated -> committed offsets", schedule=schedule, start_date=start_date, tags=tags,
+        dag_id,
+        topic,
+        group,
+        "Bounded run: frozen offset ranges -> staged chunks -> reassembled waveforms -> validated -> committed offsets",
+        schedule=schedule,
+        start_date=start_date,
+        tags=tags,
         default_args={"retries": retries, "retry_delay": timedelta(seconds=15)},
         params={
-            "max_records": Param(None, type=["null", "integer"], minimum=1, description="Cap: records per partition in this run"),
-            "max_bytes": Param(None, type=["null", "integer"], minimum=1, description="Cap: payload bytes per partition in this run"),
-            "skip_lost_offsets": Param(False, type="boolean", description="If the group is behind what the topic still retains, go on from the earliest retained offsets and record the lost range in the report (default: fail and name it)"),
-            "window_start": Param(None, type=["null", "string"], format="date-time", description="Reprocess a time window instead of continuing from the group's offsets: its start (ISO-8601). The window's output is replaced and no offset is committed. Backfill runs use their data interval without this."),
-            "window_end": Param(None, type=["null", "string"], format="date-time", description="End (exclusive) of the time window to reprocess; give it with window_start"),
-            "new_group_start": Param(None, type=["null", "string"], description="Only for a group with no committed offsets on the topic: where it starts (earliest, latest or an ISO-8601 instant). Without it (or the setting new_group_start) such a run is refused, so a mistyped group reads nothing"),
+            "max_records": Param(
+                None, type=["null", "integer"], minimum=1, description="Cap: records per partition in this run"
+            ),
+            "max_bytes": Param(
+                None, type=["null", "integer"], minimum=1, description="Cap: payload bytes per partition in this run"
+            ),
+            "skip_lost_offsets": Param(
+                False,
+                type="boolean",
+                description="If the group is behind what the topic still retains, go on from the earliest retained offsets and record the lost range in the report (default: fail and name it)",
+            ),
+            "window_start": Param(
+                None,
+                type=["null", "string"],
+                format="date-time",
+                description="Reprocess a time window instead of continuing from the group's offsets: its start (ISO-8601). The window's output is replaced and no offset is committed. Backfill runs use their data interval without this.",
+            ),
+            "window_end": Param(
+                None,
+                type=["null", "string"],
+                format="date-time",
+                description="End (exclusive) of the time window to reprocess; give it with window_start",
+            ),
+            "new_group_start": Param(
+                None,
+                type=["null", "string"],
+                description="Only for a group with no committed offsets on the topic: where it starts (earliest, latest or an ISO-8601 instant). Without it (or the setting new_group_start) such a run is refused, so a mistyped group reads nothing",
+            ),
         },
         **dag_kwargs,
     ) as dag:
         plan = PlanOperator(task_id="plan", **common)  # its arguments: the run's params, typed
         consume = ConsumeOperator.partial(
-            task_id="consume", map_index_template="{{ task.partitions_label }}", **common,
+            task_id="consume",
+            map_index_template="{{ task.partitions_label }}",
+            **common,
         ).expand(partitions=plan.output)
         reassemble = ReassembleOperator(task_id="reassemble", trigger_rule=TriggerRule.NONE_FAILED, **common)
         validate = ValidateOperator(task_id="validate", trigger_rule=TriggerRule.NONE_FAILED, **common)
@@ -97,27 +159,61 @@ def wavepipe_ingest_dag(dag_id: str = "wavepipe_ingest", *, topic: str | None = 
     return dag
 
 
-def wavepipe_rewind_dag(dag_id: str = "wavepipe_rewind", *, topic: str | None = None, group: str | None = None,
-                        settings: Mapping[str, Any] | None = None,
-                        kafka_conn_id: str = WavepipeHook.default_conn_name, spark_conn_id: str = SPARK_CONN_ID,
-                        start_date: datetime = START_DATE, tags: list[str] | None = None, **dag_kwargs: Any) -> DAG:
+def wavepipe_rewind_dag(
+    dag_id: str = "wavepipe_rewind",
+    *,
+    topic: str | None = None,
+    group: str | None = None,
+    settings: Mapping[str, Any] | None = None,
+    kafka_conn_id: str = WavepipeHook.default_conn_name,
+    spark_conn_id: str = SPARK_CONN_ID,
+    start_date: datetime = START_DATE,
+    tags: list[str] | None = None,
+    **dag_kwargs: Any,
+) -> DAG:
     """The rewind DAG: manual only, a dry run unless ``execute`` (with a reason); every applied
     or refused rewind is audited. Arguments as for ``wavepipe_ingest_dag``: give a pipeline's
     rewind DAG the same ``topic``, ``group`` and ``settings`` as its ingest DAG."""
     common = _pipeline(topic, group, settings, kafka_conn_id=kafka_conn_id, spark_conn_id=spark_conn_id)
     with _dag(
-        dag_id, topic, group, "Rewind (or fast-forward) a consumer group's offsets: dry run unless execute, audited",
-        schedule=None, start_date=start_date, tags=tags, default_args={"retries": 0},
+        dag_id,
+        topic,
+        group,
+        "Rewind (or fast-forward) a consumer group's offsets: dry run unless execute, audited",
+        schedule=None,
+        start_date=start_date,
+        tags=tags,
+        default_args={"retries": 0},
         params={
-            "partitions": Param("", type=["null", "string"], description="Comma-separated partitions, e.g. 0,2 (empty: all of the topic's)"),
-            "mode": Param("earliest", type="string", enum=["earliest", "latest", "offset", "datetime", "shift", "duration"],
-                          description="earliest: the oldest retained record; latest: the end (skip everything); offset: this offset; "
-                                      "datetime: the first record at or after an ISO-8601 instant (UTC if no zone); "
-                                      "shift: N offsets from the committed one (negative: back); duration: the first record at or after now minus e.g. 2h, 90m, P1D"),
-            "value": Param("", type=["null", "string"], description="The offset, instant, shift or duration the mode needs (empty for earliest/latest)"),
-            "execute": Param(False, type="boolean", description="Apply it. Off: a dry run that only shows the table in the task log"),
-            "force": Param(False, type="boolean", description="Accept a target outside what the topic retains, clamped to the retained range"),
-            "reason": Param("", type=["null", "string"], description="Why (required with execute): kept in the audit record"),
+            "partitions": Param(
+                "",
+                type=["null", "string"],
+                description="Comma-separated partitions, e.g. 0,2 (empty: all of the topic's)",
+            ),
+            "mode": Param(
+                "earliest",
+                type="string",
+                enum=["earliest", "latest", "offset", "datetime", "shift", "duration"],
+                description="earliest: the oldest retained record; latest: the end (skip everything); offset: this offset; "
+                "datetime: the first record at or after an ISO-8601 instant (UTC if no zone); "
+                "shift: N offsets from the committed one (negative: back); duration: the first record at or after now minus e.g. 2h, 90m, P1D",
+            ),
+            "value": Param(
+                "",
+                type=["null", "string"],
+                description="The offset, instant, shift or duration the mode needs (empty for earliest/latest)",
+            ),
+            "execute": Param(
+                False, type="boolean", description="Apply it. Off: a dry run that only shows the table in the task log"
+            ),
+            "force": Param(
+                False,
+                type="boolean",
+                description="Accept a target outside what the topic retains, clamped to the retained range",
+            ),
+            "reason": Param(
+                "", type=["null", "string"], description="Why (required with execute): kept in the audit record"
+            ),
         },
         **dag_kwargs,
     ) as dag:

@@ -22,20 +22,24 @@ def spark_master_from_connection(host: str | None, port: int | None, extra: dict
     ``master`` in the extra wins."""
     mode = str(extra.get("deploy-mode") or extra.get("deploy_mode") or "client")
     if mode != "client":
-        raise ValueError(f"Airflow connection {SPARK_CONN_ID!r} asks for deploy mode {mode!r}: "
-                         "wavepipe submits in client mode only (the step waits for its Spark app and reads "
-                         "its result); remove deploy-mode from the connection's extra")
+        raise ValueError(
+            f"Airflow connection {SPARK_CONN_ID!r} asks for deploy mode {mode!r}: "
+            "wavepipe submits in client mode only (the step waits for its Spark app and reads "
+            "its result); remove deploy-mode from the connection's extra"
+        )
     if extra.get("master"):
         return str(extra["master"])
     host = (host or "").strip()
     if not host:
-        raise ValueError(f"Airflow connection {SPARK_CONN_ID!r} has no host: give e.g. spark://spark-master "
-                         "with port 7077, or yarn, or k8s://https://<api server>")
+        raise ValueError(
+            f"Airflow connection {SPARK_CONN_ID!r} has no host: give e.g. spark://spark-master "
+            "with port 7077, or yarn, or k8s://https://<api server>"
+        )
     if host.startswith(("local", "yarn", "k8s://")):
         return host
     if "://" not in host:
         host = f"spark://{host}"
-    if host.startswith("spark://") and ":" in host[len("spark://"):]:
+    if host.startswith("spark://") and ":" in host[len("spark://") :]:
         return host  # the port (or standby masters' ports) already in the host
     return f"{host}:{port or 7077}"  # a standalone master's default port
 
@@ -73,11 +77,12 @@ class WavepipeHook(BaseHook):
     def _connection(self, conn_id: str):
         try:
             return self.get_connection(conn_id)
-        except Exception as exc:  # noqa: BLE001 - AirflowNotFoundException and friends
+        except Exception as exc:
             env = f"AIRFLOW_CONN_{conn_id.upper()}"
             if os.environ.get(env):  # defined, but Airflow could not read it: never fall back silently
-                raise ValueError(f"{env} is set, but Airflow could not read it as a connection "
-                                 f"({exc}); fix its JSON or URI form") from exc
+                raise ValueError(
+                    f"{env} is set, but Airflow could not read it as a connection ({exc}); fix its JSON or URI form"
+                ) from exc
             log.info("no Airflow connection %r (%s)", conn_id, type(exc).__name__)
             return None
 
@@ -90,13 +95,20 @@ class WavepipeHook(BaseHook):
             servers = conn.host if conn.port is None else f"{conn.host}:{conn.port}"
             extra = json.loads(conn.extra) if conn.extra else {}
             log.info("Kafka from Airflow connection %r: %s", self.wavepipe_conn_id, servers)
-            settings = settings.replace(bootstrap_servers=servers,
-                                        kafka_client_config={**settings.kafka_client_config, **extra})
+            settings = settings.replace(
+                bootstrap_servers=servers, kafka_client_config={**settings.kafka_client_config, **extra}
+            )
         conn = self._connection(self.spark_conn_id)
         if conn is None:
-            log.info("Spark from wavepipe config: %s", redact_url(settings.spark_remote) or
-                     (f"this home's Spark engine ({settings.spark_master})" if settings.spark_engine == "connect"
-                      else f"spark-submit to {settings.spark_master}"))
+            log.info(
+                "Spark from wavepipe config: %s",
+                redact_url(settings.spark_remote)
+                or (
+                    f"this home's Spark engine ({settings.spark_master})"
+                    if settings.spark_engine == "connect"
+                    else f"spark-submit to {settings.spark_master}"
+                ),
+            )
             return settings
         if conn.conn_type == "spark_connect":
             from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
@@ -107,5 +119,8 @@ class WavepipeHook(BaseHook):
         extra = json.loads(conn.extra) if conn.extra else {}
         master = spark_master_from_connection(conn.host, conn.port, extra)
         log.info("Spark from Airflow connection %r: %s", self.spark_conn_id, master)
-        return settings.replace(spark_engine="submit", spark_master=master,
-                                spark_conf={**settings.spark_conf, **dict(extra.get("conf") or {})})
+        return settings.replace(
+            spark_engine="submit",
+            spark_master=master,
+            spark_conf={**settings.spark_conf, **dict(extra.get("conf") or {})},
+        )

@@ -46,8 +46,9 @@ def airflow_env(settings: Settings) -> dict[str, str]:
 
 def _airflow(settings: Settings, *args: str, capture: bool = False) -> subprocess.CompletedProcess:
     airflow = Path(sys.executable).parent / "airflow"
-    return subprocess.run([str(airflow), *args], env=airflow_env(settings), text=True,
-                          capture_output=capture)
+    return subprocess.run(
+        [str(airflow), *args], env=airflow_env(settings), text=True, capture_output=capture, check=False
+    )
 
 
 def ensure_db(settings: Settings) -> None:
@@ -63,8 +64,9 @@ def ensure_db(settings: Settings) -> None:
     marker.write_text(version + "\n")
 
 
-def dags_test(settings: Settings, dag_id: str, conf: dict | None = None, *,
-              capture: bool = False) -> subprocess.CompletedProcess:
+def dags_test(
+    settings: Settings, dag_id: str, conf: dict | None = None, *, capture: bool = False
+) -> subprocess.CompletedProcess:
     """Run one DAG run in this machine's Airflow (``airflow dags test``); raise if it fails, unless
     ``capture`` (then the caller reads the task logs from the result's output)."""
     ensure_db(settings)
@@ -228,8 +230,16 @@ def _commands(settings: Settings) -> dict[str, list[str]]:
     airflow = str(Path(sys.executable).parent / "airflow")
     on_loopback = [sys.executable, "-c", f"from {__name__} import run_service; run_service()"]
     return {
-        "api-server": [airflow, "api-server", "--host", LOOPBACK, "--port", str(settings.airflow_port),
-                       "--workers", "1"],
+        "api-server": [
+            airflow,
+            "api-server",
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(settings.airflow_port),
+            "--workers",
+            "1",
+        ],
         "scheduler": [*on_loopback, "scheduler"],
         "dag-processor": [airflow, "dag-processor"],
         "triggerer": [*on_loopback, "triggerer"],
@@ -258,9 +268,15 @@ def serve_logs_on_loopback(port: int | None = None) -> None:
     setproctitle("airflow serve-logs")
     port = port or conf.getint("logging", "worker_log_server_port")
     logging.getLogger(__name__).info("Starting log server on http://%s:%d", LOOPBACK, port)
-    uvicorn.run("airflow.utils.serve_logs.log_server:get_app", factory=True, host=LOOPBACK, port=port,
-                log_level=conf.get("logging", "uvicorn_logging_level", fallback="info").lower(),
-                log_config=None, access_log=False)
+    uvicorn.run(
+        "airflow.utils.serve_logs.log_server:get_app",
+        factory=True,
+        host=LOOPBACK,
+        port=port,
+        log_level=conf.get("logging", "uvicorn_logging_level", fallback="info").lower(),
+        log_config=None,
+        access_log=False,
+    )
 
 
 def _read_pid(settings: Settings, name: str) -> int | None:
@@ -302,8 +318,9 @@ def _port_free(port: int) -> bool:
     return True
 
 
-def _http_json(url: str, *, method: str = "GET", body: dict | None = None, token: str | None = None,
-               timeout: float = 10.0) -> tuple[int, dict | str]:
+def _http_json(
+    url: str, *, method: str = "GET", body: dict | None = None, token: str | None = None, timeout: float = 10.0
+) -> tuple[int, dict | str]:
     """One REST call with the standard library (no client package needed for the CLI)."""
     import urllib.error
     import urllib.request
@@ -328,8 +345,11 @@ def _http_json(url: str, *, method: str = "GET", body: dict | None = None, token
 
 def api_token(settings: Settings) -> str:
     """A JWT for the REST API: ``POST /auth/token`` with the admin's user name and password."""
-    status, body = _http_json(f"{airflow_url(settings)}/auth/token", method="POST",
-                              body={"username": ADMIN_USER, "password": admin_password(settings)})
+    status, body = _http_json(
+        f"{airflow_url(settings)}/auth/token",
+        method="POST",
+        body={"username": ADMIN_USER, "password": admin_password(settings)},
+    )
     if status != 201 or not isinstance(body, dict):
         raise RuntimeError(f"POST /auth/token answered {status}: {body}")
     return body["access_token"]
@@ -358,12 +378,14 @@ def sync_kafka_connection(settings: Settings) -> None:
     DAG's tasks (WavepipeHook) then take Kafka from the Connection, which users may edit in the UI
     for other clusters. The host is the whole bootstrap list (no port field), the extra the
     librdkafka properties. The temporary file can hold SASL secrets: mode 600, removed after."""
-    conn = {KAFKA_CONN_ID: {
-        "conn_type": "kafka",
-        "description": "Kafka for wavepipe (written by `wavepipe airflow up` from the wavepipe settings)",
-        "host": settings.bootstrap_servers,
-        "extra": json.dumps(dict(settings.kafka_client_config)),
-    }}
+    conn = {
+        KAFKA_CONN_ID: {
+            "conn_type": "kafka",
+            "description": "Kafka for wavepipe (written by `wavepipe airflow up` from the wavepipe settings)",
+            "host": settings.bootstrap_servers,
+            "extra": json.dumps(dict(settings.kafka_client_config)),
+        }
+    }
     path = settings.airflow_home / f".connection-{os.getpid()}.json"
     _write_private(path, json.dumps(conn))
     try:
@@ -371,8 +393,10 @@ def sync_kafka_connection(settings: Settings) -> None:
     finally:
         path.unlink(missing_ok=True)
     if result.returncode != 0 or f"Imported connection {KAFKA_CONN_ID}" not in result.stdout:
-        raise RuntimeError(f"`airflow connections import` failed (exit {result.returncode}):\n"
-                           f"{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+        raise RuntimeError(
+            f"`airflow connections import` failed (exit {result.returncode}):\n"
+            f"{result.stdout[-2000:]}\n{result.stderr[-2000:]}"
+        )
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -393,9 +417,11 @@ def up(settings: Settings, *, timeout_s: float = READY_TIMEOUT_S, out=None) -> i
         _print_login(settings, out)
         return 0
     if not state["api-server"] and not _port_free(settings.airflow_port):
-        out(f"error: port {settings.airflow_port} on 127.0.0.1 is in use by another program. Choose another "
+        out(
+            f"error: port {settings.airflow_port} on 127.0.0.1 is in use by another program. Choose another "
             f"port with the setting `airflow_port` (WAVEPIPE_AIRFLOW_PORT=8081 or airflow_port = 8081 in the "
-            f"config file), or stop that program.")
+            f"config file), or stop that program."
+        )
         return 1
     began = time.monotonic()
     settings.airflow_home.mkdir(parents=True, exist_ok=True)
@@ -413,8 +439,15 @@ def up(settings: Settings, *, timeout_s: float = READY_TIMEOUT_S, out=None) -> i
             continue
         log = log_file(settings, name)
         with open(log, "ab") as sink:
-            proc = subprocess.Popen(commands[name], env=env, stdout=sink, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, cwd=settings.airflow_home, start_new_session=True)
+            proc = subprocess.Popen(
+                commands[name],
+                env=env,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=settings.airflow_home,
+                start_new_session=True,
+            )
         _pid_file(settings, name).write_text(f"{proc.pid}\n")
         out(f"started {name} (pid {proc.pid}); log: {log}")
     out(f"waiting for {url}/api/v2/monitor/health (up to {timeout_s:.0f}s) ...")
@@ -427,7 +460,9 @@ def up(settings: Settings, *, timeout_s: float = READY_TIMEOUT_S, out=None) -> i
             dead = [n for n, pid in running(settings).items() if pid is None]
         if dead:
             for name in dead:
-                out(f"error: {name} exited. Last lines of {log_file(settings, name)}:\n{_tail(log_file(settings, name))}")
+                out(
+                    f"error: {name} exited. Last lines of {log_file(settings, name)}:\n{_tail(log_file(settings, name))}"
+                )
             out("Fix the cause above, then run `wavepipe airflow down` and `wavepipe airflow up` again.")
             return 1
         report = health(settings)
@@ -435,8 +470,10 @@ def up(settings: Settings, *, timeout_s: float = READY_TIMEOUT_S, out=None) -> i
         if not waiting:
             break
         if elapsed > timeout_s:
-            out(f"error: not ready after {elapsed:.0f}s, still waiting for: {', '.join(waiting)}. "
-                f"See the logs in {settings.airflow_home / 'logs'}; `wavepipe airflow down` stops what started.")
+            out(
+                f"error: not ready after {elapsed:.0f}s, still waiting for: {', '.join(waiting)}. "
+                f"See the logs in {settings.airflow_home / 'logs'}; `wavepipe airflow down` stops what started."
+            )
             return 1
         if elapsed - last_print >= 10:
             out(f"  {elapsed:4.0f}s: waiting for {', '.join(waiting)}")
@@ -448,14 +485,15 @@ def up(settings: Settings, *, timeout_s: float = READY_TIMEOUT_S, out=None) -> i
 
 
 def _print_login(settings: Settings, out) -> None:
-    out(f"  UI and REST API: {airflow_url(settings)}   (REST: {airflow_url(settings)}/api/v2, "
-        f"token: POST /auth/token)")
+    out(f"  UI and REST API: {airflow_url(settings)}   (REST: {airflow_url(settings)}/api/v2, token: POST /auth/token)")
     out(f"  user: {ADMIN_USER}   password: {admin_password(settings)}")
     out(f"  the password is stored in {passwords_file(settings)}")
     out(f"  logs: {settings.airflow_home / 'logs'}")
-    out("  new DAGs start paused, and runs of a paused DAG (also REST triggers) wait in 'queued' for ever: unpause "
-        "wavepipe_ingest with its toggle in the UI, or PATCH /api/v2/dags/wavepipe_ingest {\"is_paused\": false}, or "
-        f"AIRFLOW_HOME={settings.airflow_home} airflow dags unpause wavepipe_ingest")
+    out(
+        "  new DAGs start paused, and runs of a paused DAG (also REST triggers) wait in 'queued' for ever: unpause "
+        'wavepipe_ingest with its toggle in the UI, or PATCH /api/v2/dags/wavepipe_ingest {"is_paused": false}, or '
+        f"AIRFLOW_HOME={settings.airflow_home} airflow dags unpause wavepipe_ingest"
+    )
 
 
 def _stop_group(pid: int, grace_s: float) -> bool:
@@ -565,13 +603,23 @@ def status(settings: Settings, *, out=None) -> int:
         out(f"{airflow_url(settings)}: {'healthy' if not bad else 'unhealthy: ' + ', '.join(bad)}")
         out(f"  user: {ADMIN_USER}; password in {passwords_file(settings)}")
     else:
-        out(f"{airflow_url(settings)}: not answering" + ("" if all(state.values()) else
-                                                         " (start it with `wavepipe airflow up`)"))
+        out(
+            f"{airflow_url(settings)}: not answering"
+            + ("" if all(state.values()) else " (start it with `wavepipe airflow up`)")
+        )
     return 0 if all(state.values()) else 1
 
 
-def backfill(settings: Settings, start: str, end: str, *, dag_id: str = "wavepipe_ingest",
-             conf: dict | None = None, max_active_runs: int | None = None, out=None) -> int:
+def backfill(
+    settings: Settings,
+    start: str,
+    end: str,
+    *,
+    dag_id: str = "wavepipe_ingest",
+    conf: dict | None = None,
+    max_active_runs: int | None = None,
+    out=None,
+) -> int:
     """``airflow backfill create`` against this machine's Airflow (its home and metadata DB): the
     scheduler of ``wavepipe airflow up`` then runs one DAG run per data interval in
     ``[start, end]`` (logical dates, inclusive). Window runs of a group go one at a time: the
@@ -600,6 +648,12 @@ def run_cli(settings: Settings, args) -> int:
         if not (args.from_date and args.to_date):
             _say("wavepipe airflow backfill needs --from-date and --to-date (ISO-8601)")
             return 2
-        return backfill(settings, args.from_date, args.to_date, dag_id=args.dag_id,
-                        conf=json.loads(args.conf) if args.conf else None, max_active_runs=args.max_active_runs)
+        return backfill(
+            settings,
+            args.from_date,
+            args.to_date,
+            dag_id=args.dag_id,
+            conf=json.loads(args.conf) if args.conf else None,
+            max_active_runs=args.max_active_runs,
+        )
     return {"up": up, "down": down, "status": status}[args.action](settings)

@@ -10,12 +10,13 @@ compare-and-set on the group's offsets.
 from __future__ import annotations
 
 import os
-from datetime import datetime, timedelta, timezone
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
 from wavepipe import pipeline
 from wavepipe.airflow.hooks import SPARK_CONN_ID, WavepipeHook
@@ -45,9 +46,11 @@ def check_conf(conf: dict | None, known) -> None:
     unknown = sorted(set(conf or {}) - set(known))
     if unknown:
         raise AirflowFailException(
-            "unknown keys in the run's conf: " + ", ".join(f"{k!r}{did_you_mean(k, known)}" for k in unknown)
+            "unknown keys in the run's conf: "
+            + ", ".join(f"{k!r}{did_you_mean(k, known)}" for k in unknown)
             + f". The params of this DAG are: {', '.join(sorted(known))}. Nothing was read; trigger it again "
-            "with the right names.")
+            "with the right names."
+        )
 
 
 def run_window(context, start: Any = None, end: Any = None) -> tuple[datetime, datetime] | None:
@@ -75,7 +78,8 @@ def run_window(context, start: Any = None, end: Any = None) -> tuple[datetime, d
             raise AirflowFailException(
                 f"this backfill run has no data interval ({start} to {end}), so it names no window: give the "
                 "DAG a timetable with data intervals (e.g. DeltaDataIntervalTimetable), or trigger it with "
-                "window_start/window_end")
+                "window_start/window_end"
+            )
         return start, end
     return None
 
@@ -89,12 +93,15 @@ def plain_settings(values: Mapping[str, Any] | None, where: str) -> dict[str, An
     """Settings for a DAG's tasks, checked (an error names ``where`` and the setting) and kept as
     plain values (paths as strings): a mapped task's arguments are serialized. A path must be
     absolute: the file is parsed in one working folder and its tasks run in others."""
-    plain = {k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in dict(values or {}).items()
-             if v is not None}
+    plain = {
+        k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in dict(values or {}).items() if v is not None
+    }
     for name, value in check_settings(plain, where).items():
         if isinstance(value, Path) and not os.path.isabs(os.path.expanduser(str(plain[name]))):
-            raise SettingsError(f"{where}[{name!r}]: {name} must be an absolute path in a DAG's settings (its tasks "
-                                f"run in other working folders than the DAG file is parsed in), got {plain[name]!r}")
+            raise SettingsError(
+                f"{where}[{name!r}]: {name} must be an absolute path in a DAG's settings (its tasks "
+                f"run in other working folders than the DAG file is parsed in), got {plain[name]!r}"
+            )
     return plain
 
 
@@ -103,8 +110,14 @@ class WavepipeOperator(BaseOperator):
     Connections ``wavepipe_conn_id`` and ``spark_conn_id``; ``settings_overrides``: wavepipe
     settings of this task's pipeline (a DAG factory's ``settings``), checked here, at parse time."""
 
-    def __init__(self, *, wavepipe_conn_id: str = WavepipeHook.default_conn_name, spark_conn_id: str = SPARK_CONN_ID,
-                 settings_overrides: Mapping[str, Any] | None = None, **kwargs):
+    def __init__(
+        self,
+        *,
+        wavepipe_conn_id: str = WavepipeHook.default_conn_name,
+        spark_conn_id: str = SPARK_CONN_ID,
+        settings_overrides: Mapping[str, Any] | None = None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.wavepipe_conn_id, self.spark_conn_id = wavepipe_conn_id, spark_conn_id
         self.settings_overrides = plain_settings(settings_overrides, f"{self.task_id}: settings_overrides")
@@ -129,12 +142,30 @@ class PlanOperator(WavepipeOperator):
     Each argument not given is taken from the run's param of the same name (``arg``), as the DAG
     factories' DAGs do; a DAG of your own may give them instead (templates are rendered)."""
 
-    template_fields = ("topic", "group", "max_records", "max_bytes", "skip_lost_offsets", "window_start", "window_end",
-                       "new_group_start")
+    template_fields = (
+        "topic",
+        "group",
+        "max_records",
+        "max_bytes",
+        "skip_lost_offsets",
+        "window_start",
+        "window_end",
+        "new_group_start",
+    )
 
-    def __init__(self, *, topic: str | None = None, group: str | None = None,
-                 max_records: Any = None, max_bytes: Any = None, skip_lost_offsets: Any = None,
-                 window_start: Any = None, window_end: Any = None, new_group_start: Any = None, **kwargs):
+    def __init__(
+        self,
+        *,
+        topic: str | None = None,
+        group: str | None = None,
+        max_records: Any = None,
+        max_bytes: Any = None,
+        skip_lost_offsets: Any = None,
+        window_start: Any = None,
+        window_end: Any = None,
+        new_group_start: Any = None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.window_start, self.window_end = window_start, window_end
         self.topic, self.group, self.max_records, self.max_bytes = topic, group, max_records, max_bytes
@@ -146,16 +177,22 @@ class PlanOperator(WavepipeOperator):
             check_conf(getattr(dag_run, "conf", None), self.dag.params.keys())
         window = run_window(context, self.arg(context, "window_start"), self.arg(context, "window_end"))
         if window:
-            self.log.info("a window run: [%s, %s) is reprocessed and replaces that window's output; "
-                          "no offsets are committed", *(t.isoformat() for t in window))
+            self.log.info(
+                "a window run: [%s, %s) is reprocessed and replaces that window's output; no offsets are committed",
+                *(t.isoformat() for t in window),
+            )
         try:  # what a user typed is refused at once, without retries: a retry would fail the same way
             settings = self.settings()
             new_group_start = self.arg(context, "new_group_start")
             plan = pipeline.plan_step(
-                settings, context["run_id"], topic=self.arg(context, "topic"), group=self.arg(context, "group"),
+                settings,
+                context["run_id"],
+                topic=self.arg(context, "topic"),
+                group=self.arg(context, "group"),
                 max_records=_int_or_none(self.arg(context, "max_records"), "max_records"),
                 max_bytes=_int_or_none(self.arg(context, "max_bytes"), "max_bytes"),
-                skip_lost_offsets=flag(self.arg(context, "skip_lost_offsets")), window=window,
+                skip_lost_offsets=flag(self.arg(context, "skip_lost_offsets")),
+                window=window,
                 new_group_start=None if new_group_start in (None, "None") else str(new_group_start),
             )
         except UsageError as exc:
@@ -166,18 +203,20 @@ class PlanOperator(WavepipeOperator):
             # window runs go one at a time (a backfill may start several): wait for the lane
             # without holding a worker slot, however long the window before takes
             self.log.info("%s; trying again in %ds", exc, WINDOW_LANE_RETRY_S)
-            raise AirflowRescheduleException(datetime.now(timezone.utc) + timedelta(seconds=WINDOW_LANE_RETRY_S))
+            raise AirflowRescheduleException(datetime.now(UTC) + timedelta(seconds=WINDOW_LANE_RETRY_S)) from exc
         for p, (lost_from, lost_to) in plan.lost.items():
-            self.log.warning("%s[%d]: offsets [%d, %d) were no longer retained and are skipped",
-                             plan.topic, p, lost_from, lost_to)
+            self.log.warning(
+                "%s[%d]: offsets [%d, %d) were no longer retained and are skipped", plan.topic, p, lost_from, lost_to
+            )
         for r in plan.ranges:
             self.log.info("%s[%d]: [%d, %d) = %d offsets", r.topic, r.partition, r.start, r.end, r.size)
         groups = pipeline.partition_groups(plan, settings.consume_tasks)
         if not groups:
             self.log.info("nothing new to read since the last run")
         elif settings.consume_tasks:
-            self.log.info("%d consume tasks (consume_tasks=%d): partitions %s", len(groups),
-                          settings.consume_tasks, groups)
+            self.log.info(
+                "%d consume tasks (consume_tasks=%d): partitions %s", len(groups), settings.consume_tasks, groups
+            )
         return groups
 
 
@@ -231,8 +270,11 @@ class ValidateOperator(WavepipeOperator):
         except pipeline.ValidationFailedError as exc:
             raise AirflowFailException(str(exc)) from exc
         if result:
-            self.log.info("validation passed (%d expectations) and the output is published; Data Docs: %s",
-                          sum(s["evaluated"] for s in result["suites"]), result["data_docs_index"])
+            self.log.info(
+                "validation passed (%d expectations) and the output is published; Data Docs: %s",
+                sum(s["evaluated"] for s in result["suites"]),
+                result["data_docs_index"],
+            )
         return None if result is None else {"success": result["success"], "rows": result["rows"]}
 
 

@@ -11,7 +11,8 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from wavepipe.airflow.operators import WavepipeOperator, flag as _flag
+from wavepipe.airflow.operators import WavepipeOperator
+from wavepipe.airflow.operators import flag as _flag
 from wavepipe.consumers import rewind
 
 
@@ -25,8 +26,19 @@ class RewindOperator(WavepipeOperator):
 
     template_fields = ("topic", "group", "partitions", "mode", "value", "apply", "force", "reason")
 
-    def __init__(self, *, mode: str | None = None, value: Any = None, topic: str | None = None, group: str | None = None,
-                 partitions: Any = None, apply: Any = None, force: Any = None, reason: str | None = None, **kwargs):
+    def __init__(
+        self,
+        *,
+        mode: str | None = None,
+        value: Any = None,
+        topic: str | None = None,
+        group: str | None = None,
+        partitions: Any = None,
+        apply: Any = None,
+        force: Any = None,
+        reason: str | None = None,
+        **kwargs,
+    ):
         kwargs.setdefault("retries", 0)
         super().__init__(**kwargs)
         self.topic, self.group, self.partitions = topic, group, partitions
@@ -42,11 +54,16 @@ class RewindOperator(WavepipeOperator):
         settings = self.settings()
         topic, group = self.arg(context, "topic") or settings.topic, self.arg(context, "group") or settings.group
         apply, reason = _flag(self.arg(context, "apply", "execute")), str(self.arg(context, "reason") or "").strip()
-        mode, value, partitions = (self.arg(context, "mode"), self.arg(context, "value"),
-                                   self.arg(context, "partitions"))
+        mode, value, partitions = (
+            self.arg(context, "mode"),
+            self.arg(context, "value"),
+            self.arg(context, "partitions"),
+        )
         if apply and not reason:
-            raise AirflowFailException("execute is on but reason is empty: say why the group is rewound "
-                                       "(it is kept in the audit record), then trigger again")
+            raise AirflowFailException(
+                "execute is on but reason is empty: say why the group is rewound "
+                "(it is kept in the audit record), then trigger again"
+            )
         try:
             target = rewind.RewindTarget.parse(mode, value)
             partitions = rewind.parse_partitions(partitions if partitions not in (None, "None") else None)
@@ -55,8 +72,14 @@ class RewindOperator(WavepipeOperator):
         who = self.who(context)
         origin = f"airflow:{context['dag'].dag_id}/{context['run_id']}"
         try:
-            plan = rewind.plan_rewind(settings, topic=topic, group=group, target=target,
-                                      partitions=partitions, force=_flag(self.arg(context, "force")))
+            plan = rewind.plan_rewind(
+                settings,
+                topic=topic,
+                group=group,
+                target=target,
+                partitions=partitions,
+                force=_flag(self.arg(context, "force")),
+            )
         except rewind.RewindRefused as exc:
             if exc.plan is not None:
                 self.log.info("rewind plan:\n%s", rewind.format_plan(exc.plan))

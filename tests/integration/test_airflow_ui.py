@@ -8,8 +8,8 @@ and group on the session's Kafka broker, built the same way as the ``settings`` 
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 import sys
 import time
@@ -36,16 +36,28 @@ pytestmark = pytest.mark.integration
 DAG_ID = "wavepipe_ingest"
 RUN_TIMEOUT_S = 900  # generous: a contended machine running two test files at once is slow
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def _cli(settings, action: str, timeout: float = 400) -> tuple[int, str, float]:
     """``wavepipe airflow <action>`` as a user runs it: (exit code, output, seconds)."""
     began = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "wavepipe.cli", "airflow", action],
-                            env={**os.environ, **settings_env(settings)}, capture_output=True, text=True,
-                            timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, "-m", "wavepipe.cli", "airflow", action],
+        env={**os.environ, **settings_env(settings)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     return result.returncode, result.stdout + result.stderr, time.monotonic() - began
 
 
@@ -80,10 +92,18 @@ def airflow(kafka, engine, tmp_path_factory):
     """``wavepipe airflow up`` on a free port; ``down`` afterwards, whatever happened."""
     tag = uuid.uuid4().hex[:8]
     settings = load_settings(
-        home=tmp_path_factory.mktemp("airflow-ui") / "home", bootstrap_servers=kafka.bootstrap,
-        topic=f"wf-{tag}", group=f"grp-{tag}", partitions=2, kafka_client_config={},
-        max_records_per_partition=0, max_bytes_per_partition=0, spark_master="local[2]",
-        reader_stall_timeout_s=30, airflow_port=free_port(), new_group_start="earliest",
+        home=tmp_path_factory.mktemp("airflow-ui") / "home",
+        bootstrap_servers=kafka.bootstrap,
+        topic=f"wf-{tag}",
+        group=f"grp-{tag}",
+        partitions=2,
+        kafka_client_config={},
+        max_records_per_partition=0,
+        max_bytes_per_partition=0,
+        spark_master="local[2]",
+        reader_stall_timeout_s=30,
+        airflow_port=free_port(),
+        new_group_start="earliest",
         spark_remote=engine.url(),
     )
     sessions: set[int] = set()
@@ -105,11 +125,13 @@ def api(airflow):
     """An httpx client for the REST API, logged in as the admin with a JWT from ``POST /auth/token``."""
     settings, *_ = airflow
     base = local.airflow_url(settings)
-    response = httpx.post(f"{base}/auth/token", json={"username": local.ADMIN_USER,
-                                                      "password": local.admin_password(settings)})
+    response = httpx.post(
+        f"{base}/auth/token", json={"username": local.ADMIN_USER, "password": local.admin_password(settings)}
+    )
     assert response.status_code == 201, response.text
-    with httpx.Client(base_url=base, timeout=30,
-                      headers={"Authorization": f"Bearer {response.json()['access_token']}"}) as client:
+    with httpx.Client(
+        base_url=base, timeout=30, headers={"Authorization": f"Bearer {response.json()['access_token']}"}
+    ) as client:
         yield client
 
 
@@ -138,9 +160,18 @@ def test_up_reports_the_login_and_is_idempotent(airflow):
     # a writer on the sqlite metadata DB waits for the write lock instead of failing after 5 s
     # ("database is locked" from `airflow backfill create` while the scheduler wrote, on a loaded machine)
     probe = subprocess.run(
-        [sys.executable, "-c", "from airflow import settings; from sqlalchemy import text\n"
-         "with settings.engine.connect() as c: print(c.execute(text('PRAGMA busy_timeout')).scalar())"],
-        env=local.airflow_env(settings), capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-c",
+            "from airflow import settings; from sqlalchemy import text\n"
+            "with settings.engine.connect() as c: print(c.execute(text('PRAGMA busy_timeout')).scalar())",
+        ],
+        env=local.airflow_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert probe.returncode == 0 and int(probe.stdout.split()[-1]) >= 30_000, (probe.stdout, probe.stderr[-2000:])
 
 
@@ -148,8 +179,11 @@ def _listening(pids: set[int]) -> set[tuple[str, int]]:
     """(address, port) of every listening TCP socket of ``pids``."""
     import psutil
 
-    return {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections(kind="inet")
-            if c.status == psutil.CONN_LISTEN and c.pid in pids}
+    return {
+        (c.laddr.ip, c.laddr.port)
+        for c in psutil.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN and c.pid in pids
+    }
 
 
 def test_every_service_listens_on_loopback_only(airflow):
@@ -181,7 +215,9 @@ def test_trigger_form_params_come_through_the_rest_api(api):
     assert details.status_code == 200, details.text
     params = details.json()["params"]
     # the DAG file may gain params; these are the ones a run needs, and every param must explain itself
-    assert {"topic", "group", "max_records", "max_bytes", "skip_lost_offsets", "window_start", "window_end"} <= set(params)
+    assert {"topic", "group", "max_records", "max_bytes", "skip_lost_offsets", "window_start", "window_end"} <= set(
+        params
+    )
     assert params["window_start"]["schema"]["format"] == "date-time"
     assert params["topic"]["description"].startswith("Topic to read")
     assert params["topic"]["schema"]["type"] == ["null", "string"]
@@ -205,8 +241,10 @@ def test_a_run_triggered_through_the_rest_api_ingests_and_commits(airflow, api, 
     assert conn.json()["host"] == settings.bootstrap_servers and conn.json()["conn_type"] == "kafka"
 
     began = time.monotonic()
-    trigger = api.post(f"/api/v2/dags/{DAG_ID}/dagRuns",
-                       json={"logical_date": None, "conf": {"topic": settings.topic, "group": settings.group}})
+    trigger = api.post(
+        f"/api/v2/dags/{DAG_ID}/dagRuns",
+        json={"logical_date": None, "conf": {"topic": settings.topic, "group": settings.group}},
+    )
     assert trigger.status_code == 200, trigger.text
     run_id = trigger.json()["dag_run_id"]
     assert trigger.json()["conf"] == {"topic": settings.topic, "group": settings.group}
@@ -222,27 +260,37 @@ def test_a_run_triggered_through_the_rest_api_ingests_and_commits(airflow, api, 
             break
         if elapsed - last_print >= 15:
             tis = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
-            _progress(f"  {elapsed:5.0f}s run {run_id}: {state}; "
-                      + ", ".join(f"{t['task_id']}{'' if t['map_index'] < 0 else '[' + str(t['map_index']) + ']'}="
-                                  f"{t['state']}" for t in tis))
+            _progress(
+                f"  {elapsed:5.0f}s run {run_id}: {state}; "
+                + ", ".join(
+                    f"{t['task_id']}{'' if t['map_index'] < 0 else '[' + str(t['map_index']) + ']'}={t['state']}"
+                    for t in tis
+                )
+            )
             last_print = elapsed
-        assert elapsed < RUN_TIMEOUT_S, f"run {run_id} still {state} after {RUN_TIMEOUT_S}s; logs: {settings.airflow_home / 'logs'}"
+        assert elapsed < RUN_TIMEOUT_S, (
+            f"run {run_id} still {state} after {RUN_TIMEOUT_S}s; logs: {settings.airflow_home / 'logs'}"
+        )
         time.sleep(3)
     seconds = time.monotonic() - began
     _progress(f"run {run_id}: {state} {seconds:.1f}s after the trigger")
     assert state == "success", f"run {run_id} {state}; task logs under {settings.airflow_home / 'logs'}"
 
     # the tasks took Kafka from the Airflow Connection (the hook says so in the task log)
-    log = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/plan/logs/1",
-                  headers={"Accept": "application/json"})
+    log = api.get(
+        f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/plan/logs/1", headers={"Accept": "application/json"}
+    )
     assert log.status_code == 200, log.text
-    assert f"Kafka from Airflow connection '{local.KAFKA_CONN_ID}': {settings.bootstrap_servers}" in log.text, \
-        log.text[-3000:]
+    assert f"Kafka from Airflow connection '{local.KAFKA_CONN_ID}': {settings.bootstrap_servers}" in log.text, log.text[
+        -3000:
+    ]
     # a successful task's log has no ERROR lines; the Spark steps attached to the engine
     for task_id, map_index in (("plan", -1), ("consume", 0), ("reassemble", -1), ("validate", -1), ("commit", -1)):
-        entries = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/logs/1",
-                          params={"full_content": True, "map_index": map_index},
-                          headers={"Accept": "application/json"}).json()["content"]
+        entries = api.get(
+            f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/logs/1",
+            params={"full_content": True, "map_index": map_index},
+            headers={"Accept": "application/json"},
+        ).json()["content"]
         errors = [e for e in entries if str(e.get("level", "")).lower() in ("error", "critical")]
         assert not errors, (task_id, errors[:5])
         if task_id in ("reassemble", "validate"):
@@ -296,11 +344,28 @@ def test_a_backfill_of_two_windows_reprocesses_them_into_identical_output(airflo
     # `airflow backfill create` in wavepipe's Airflow; both windows' runs start at once (the
     # backfill's default max active runs), the second waits for the first's backfill lane
     created = subprocess.run(
-        [sys.executable, "-m", "wavepipe.cli", "airflow", "backfill", "--from-date", t0.isoformat(),
-         "--to-date", (t0 + quarter).isoformat(), "--conf", json.dumps({"topic": settings.topic, "group": settings.group})],
-        env={**os.environ, **settings_env(defaults)}, capture_output=True, text=True, timeout=180)
-    assert created.returncode == 0 and "backfill of wavepipe_ingest created" in created.stdout, \
+        [
+            sys.executable,
+            "-m",
+            "wavepipe.cli",
+            "airflow",
+            "backfill",
+            "--from-date",
+            t0.isoformat(),
+            "--to-date",
+            (t0 + quarter).isoformat(),
+            "--conf",
+            json.dumps({"topic": settings.topic, "group": settings.group}),
+        ],
+        env={**os.environ, **settings_env(defaults)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert created.returncode == 0 and "backfill of wavepipe_ingest created" in created.stdout, (
         created.stdout[-3000:] + created.stderr[-3000:]
+    )
     unpause = api.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False})
     assert unpause.status_code == 200, unpause.text
     runs: dict[str, str] = {}

@@ -4,7 +4,7 @@ where one Airflow serves the module.)"""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -17,7 +17,7 @@ from wavepipe.plan import RunStore
 
 def test_a_window_that_is_empty_or_has_not_closed_is_refused(settings):
     ensure_topic(settings, partitions=1)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     with pytest.raises(WindowError, match="has not closed yet"):
         run_once(settings, window=(now - timedelta(minutes=10), now + timedelta(minutes=5)))
     with pytest.raises(WindowError, match="is empty"):

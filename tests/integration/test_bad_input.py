@@ -7,7 +7,14 @@ import pytest
 from confluent_kafka import Producer, TopicPartition
 
 from tests.helpers import (
-    START, assert_accounted, output_rows, produce_in_order, quarantine_reasons, read_topic, run_cli, waveform_records,
+    START,
+    assert_accounted,
+    output_rows,
+    produce_in_order,
+    quarantine_reasons,
+    read_topic,
+    run_cli,
+    waveform_records,
     with_headers,
 )
 from wavepipe import pipeline
@@ -25,13 +32,30 @@ def test_reordered_duplicated_interleaved_and_spread_chunks_each_land_once(setti
     a, a_sum = waveform_records("inter-a", 3, seed=4)
     b, b_sum = waveform_records("inter-b", 3, seed=5)
     spread, spread_sum = waveform_records("spread", 4, seed=6)  # unkeyed, sticky batches
-    produce_in_order(settings, [
-        *rev[::-1],
-        dup[0], dup[1], dup[1], dup[2], dup[2],
-        resent[0], resent[1], resent[2], resent[0],
-        a[0], b[0], a[1], b[1], b[2], a[2],
-        spread[0], spread[1],
-    ], partition=0)
+    produce_in_order(
+        settings,
+        [
+            *rev[::-1],
+            dup[0],
+            dup[1],
+            dup[1],
+            dup[2],
+            dup[2],
+            resent[0],
+            resent[1],
+            resent[2],
+            resent[0],
+            a[0],
+            b[0],
+            a[1],
+            b[1],
+            b[2],
+            a[2],
+            spread[0],
+            spread[1],
+        ],
+        partition=0,
+    )
     produce_in_order(settings, [spread[2], spread[3]], partition=1)
 
     report = pipeline.run_once(settings)
@@ -41,8 +65,14 @@ def test_reordered_duplicated_interleaved_and_spread_chunks_each_land_once(setti
     # duplicate copies are accounted with their waveform's output, not dropped silently
     assert (p0["output"], p0["pending"], p0["quarantined"], p0["dead_letter"], p0["safe_offset"]) == (21, 0, 0, 0, 21)
     assert (p1["output"], p1["safe_offset"]) == (2, 2)
-    expected = {"reversed": rev_sum, "retried": dup_sum, "resent-first": resent_sum, "inter-a": a_sum,
-                "inter-b": b_sum, "spread": spread_sum}
+    expected = {
+        "reversed": rev_sum,
+        "retried": dup_sum,
+        "resent-first": resent_sum,
+        "inter-a": a_sum,
+        "inter-b": b_sum,
+        "spread": spread_sum,
+    }
     rows = output_rows(spark, settings)
     assert {r[0]: r[1] for r in rows} == expected
     assert all(r[1] == r[2] for r in rows), "payloads must be bit-exact"
@@ -63,11 +93,11 @@ def test_broken_waveforms_are_quarantined_and_junk_is_dead_lettered_with_reasons
     meta, _ = waveform_records("meta", 2, seed=10)
     meta[1] = with_headers(meta, 1, **{"wp-sample-rate": b"250.0"})  # chunks disagree on metadata
     junk = [
-        (b"k1", None, b"not a chunk"),                                   # no headers at all
-        with_headers(good, 0, **{"wp-version": b"9"}),                       # unknown protocol version
-        with_headers(good, 0, **{"wp-seq": b"two"}),                         # malformed header
-        with_headers(good, 0, **{"wp-checksum": None}),                      # missing header
-        (good[0][0], good[0][1], b""),                                   # empty value
+        (b"k1", None, b"not a chunk"),  # no headers at all
+        with_headers(good, 0, **{"wp-version": b"9"}),  # unknown protocol version
+        with_headers(good, 0, **{"wp-seq": b"two"}),  # malformed header
+        with_headers(good, 0, **{"wp-checksum": None}),  # missing header
+        (good[0][0], good[0][1], b""),  # empty value
     ]
     produce_in_order(settings, good + corrupt + short + count + meta + junk)
 
@@ -82,22 +112,37 @@ def test_broken_waveforms_are_quarantined_and_junk_is_dead_lettered_with_reasons
     assert_accounted(spark, settings, report)
     p0 = report["partitions"]["0"]
     assert (p0["output"], p0["quarantined"], p0["dead_letter"], p0["pending"]) == (2, 8, 5, 0)
-    assert p0["quarantine_reasons"] == {"checksum_mismatch": 2, "size_mismatch": 2, "chunk_count_mismatch": 2,
-                                        "metadata_mismatch": 2}
+    assert p0["quarantine_reasons"] == {
+        "checksum_mismatch": 2,
+        "size_mismatch": 2,
+        "chunk_count_mismatch": 2,
+        "metadata_mismatch": 2,
+    }
     assert p0["safe_offset"] == 15, "quarantined and dead-lettered records do not hold the commit back"
     assert [(r[0], r[1]) for r in output_rows(spark, settings)] == [("good", good_sum)]
-    assert quarantine_reasons(spark, settings) == {"corrupt": "checksum_mismatch", "short": "size_mismatch",
-                                                  "count": "chunk_count_mismatch", "meta": "metadata_mismatch"}
-    dead = sorted((r["offset"], r["reason"], bytes(r["value"])) for r in
-                  spark.read.format("delta").load(str(settings.dead_letter_table)).collect())
-    assert dead == [(10, "missing_header", b"not a chunk"), (11, "unknown_version", good[0][2]),
-                    (12, "malformed_header", good[0][2]), (13, "missing_header", good[0][2]),
-                    (14, "empty_value", b"")]
+    assert quarantine_reasons(spark, settings) == {
+        "corrupt": "checksum_mismatch",
+        "short": "size_mismatch",
+        "count": "chunk_count_mismatch",
+        "meta": "metadata_mismatch",
+    }
+    dead = sorted(
+        (r["offset"], r["reason"], bytes(r["value"]))
+        for r in spark.read.format("delta").load(str(settings.dead_letter_table)).collect()
+    )
+    assert dead == [
+        (10, "missing_header", b"not a chunk"),
+        (11, "unknown_version", good[0][2]),
+        (12, "malformed_header", good[0][2]),
+        (13, "missing_header", good[0][2]),
+        (14, "empty_value", b""),
+    ]
 
     # the dead-letter topic got the same records, original bytes and headers, once
     published = read_topic(settings, settings.dead_letter_topic)
     assert [(h["wp-dlq-origin"], h["wp-dlq-reason"], v) for v, h in published] == [
-        (f"{settings.topic}/0/{offset}".encode(), reason.encode(), value) for offset, reason, value in dead]
+        (f"{settings.topic}/0/{offset}".encode(), reason.encode(), value) for offset, reason, value in dead
+    ]
     assert published[1][1]["wp-version"] == b"9" and published[1][1]["wp-id"] == b"good"
 
 
@@ -134,8 +179,9 @@ def test_a_waveform_that_never_completes_is_pending_then_quarantined_as_incomple
     rewind.close()
     again = pipeline.run_once(settings, run_id="again")
     assert_accounted(spark, settings, again)
-    assert again["waveforms"] == {"output_already_written": 2, "quarantined:incomplete": 1}, \
+    assert again["waveforms"] == {"output_already_written": 2, "quarantined:incomplete": 1}, (
         "complete now, but quarantined once is quarantined for good"
+    )
     assert again["partitions"]["0"]["quarantine_reasons"] == {"incomplete": 4}
     assert sorted(r[0] for r in output_rows(spark, settings)) == ["x", "y"]
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 9}
@@ -176,4 +222,3 @@ def test_a_waveform_over_the_maximum_is_quarantined_before_it_is_whole(settings,
     rest = pipeline.run_once(settings)
     assert_accounted(spark, settings, rest)
     assert rest["partitions"]["0"]["quarantine_reasons"] == {"too_large": 2}
-

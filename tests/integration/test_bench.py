@@ -16,9 +16,12 @@ pytestmark = pytest.mark.integration
 
 
 def test_quick_bench_runs_every_system_and_checks_every_output(settings, tmp_path):
-    options = BenchOptions.quick_options(large_bytes=4 * 2**20, small_bytes=1 * 2**20, out_dir=tmp_path / "out",
-                                         systems=("ceiling_confluent", "wavepipe", "python_consumer",
-                                                  "spark_kafka_source"))
+    options = BenchOptions.quick_options(
+        large_bytes=4 * 2**20,
+        small_bytes=1 * 2**20,
+        out_dir=tmp_path / "out",
+        systems=("ceiling_confluent", "wavepipe", "python_consumer", "spark_kafka_source"),
+    )
     results = run_bench(settings, options)
     assert [m["error"] for m in results["measurements"] if m["error"]] == []
     warm = [m for m in results["measurements"] if m["workload"] == "warm_small"]
@@ -43,11 +46,17 @@ def test_quick_bench_runs_every_system_and_checks_every_output(settings, tmp_pat
             assert m["of_ceiling"] == 1.0
         else:
             assert m["check"].startswith(f"{m['waveforms']} waveforms once each"), (key, m["check"])
-            assert 0 < m["of_ceiling"]
+            assert m["of_ceiling"] > 0
     wavepipe = measured[("wavepipe", "large", 2)]
     assert wavepipe["waveforms"] == 2 * measured[("wavepipe", "large", 1)]["waveforms"]
-    assert {"plan", "consume", "reassemble + validate", "commit", "validate: Great Expectations suites, Data Docs",
-            PUBLISH_STAGE} <= set(wavepipe["stages"])
+    assert {
+        "plan",
+        "consume",
+        "reassemble + validate",
+        "commit",
+        "validate: Great Expectations suites, Data Docs",
+        PUBLISH_STAGE,
+    } <= set(wavepipe["stages"])
     assert wavepipe["memory"]["consumer"]["processes"] >= 1
     # the warm small runs read as `wavepipe run` does a small plan: in threads, no reader process
     assert all("consumer" not in m["memory"] for m in warm), [m["memory"].keys() for m in warm]
@@ -60,15 +69,18 @@ def test_quick_bench_runs_every_system_and_checks_every_output(settings, tmp_pat
     page = paths[1].read_text()
     assert f"| wavepipe (end to end) | {wavepipe['wall_s']:.1f} |" in page
     assert f"| 2 | {warm[1]['wall_s']:.1f} |" in page
-    assert f"1 throw-away small run(s) like those below warmed the engine up (its JIT, its caches), as a " \
-           f"long-lived engine is: {warmup['wall_s']:.1f} s." in page
+    assert (
+        f"1 throw-away small run(s) like those below warmed the engine up (its JIT, its caches), as a "
+        f"long-lived engine is: {warmup['wall_s']:.1f} s." in page
+    )
     assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     verdicts = {name: met for name, met, _ in goals(results)}
     assert None not in verdicts.values(), verdicts  # every goal had its numbers
 
 
 def test_consume_scaling_reads_the_same_backlog_over_1_2_and_4_partitions(settings, tmp_path):
-    from wavepipe.bench.consume_scaling import measure_consume_scaling, save as save_scaling
+    from wavepipe.bench.consume_scaling import measure_consume_scaling
+    from wavepipe.bench.consume_scaling import save as save_scaling
 
     result = measure_consume_scaling(settings, tmp_path / "work", total_bytes=8 * 2**20, repeats=1)
     rows = {(r["partitions"], r["readers"]): r for r in result["rows"]}

@@ -120,8 +120,9 @@ def test_waveform_split_across_run_end_is_emitted_once_in_the_next_run(settings,
     # and Kafka's own tool sees the same progress
     from wavepipe.localkafka import CONSUMER_GROUPS_TOOL
 
-    described = kafka.tool(CONSUMER_GROUPS_TOOL, "--bootstrap-server", kafka.bootstrap, "--describe",
-                           "--group", settings.group)
+    described = kafka.tool(
+        CONSUMER_GROUPS_TOOL, "--bootstrap-server", kafka.bootstrap, "--describe", "--group", settings.group
+    )
     assert described.returncode == 0, described.stderr[-2000:]
     row = next(line.split() for line in described.stdout.splitlines() if settings.topic in line)
     assert row[:4] == [settings.group, settings.topic, "0", "7"], described.stdout  # group topic partition offset
@@ -203,15 +204,34 @@ def test_one_run_assembles_streamed_and_shuffled_waveforms_together(settings, sp
     swapped, swapped_sum = waveform_records("swapped", 3, seed=14)
     bad, _ = waveform_records("bad", 2, seed=15)
     key, headers, value = bad[1]
-    produce_in_order(settings, [*local, spread[0], spread[1], dup[0], dup[0], dup[1], dup[2],
-                                swapped[1], swapped[0], swapped[2], bad[0], (key, headers, bytes(len(value)))],
-                     partition=0)
+    produce_in_order(
+        settings,
+        [
+            *local,
+            spread[0],
+            spread[1],
+            dup[0],
+            dup[0],
+            dup[1],
+            dup[2],
+            swapped[1],
+            swapped[0],
+            swapped[2],
+            bad[0],
+            (key, headers, bytes(len(value))),
+        ],
+        partition=0,
+    )
     produce_in_order(settings, [spread[2], spread[3]], partition=1)
     report = pipeline.run_once(settings)
-    assert report["balance_errors"] == [] and report["waveforms"] == {"output_new": 4, "quarantined:checksum_mismatch": 1}
+    assert report["balance_errors"] == [] and report["waveforms"] == {
+        "output_new": 4,
+        "quarantined:checksum_mismatch": 1,
+    }
     assert report["verified"] == {"while_read": 1, "from_one_staged_file": 1, "by_a_shuffle": 2}
     rows = output_rows(spark, settings)
-    assert [(r[0], r[1]) for r in rows] == sorted([("dup", dup_sum), ("local", local_sum), ("spread", spread_sum),
-                                                   ("swapped", swapped_sum)])
+    assert [(r[0], r[1]) for r in rows] == sorted(
+        [("dup", dup_sum), ("local", local_sum), ("spread", spread_sum), ("swapped", swapped_sum)]
+    )
     assert all(r[1] == r[2] for r in rows)
     assert {int(p): part["safe_offset"] for p, part in report["partitions"].items()} == {0: 15, 1: 2}

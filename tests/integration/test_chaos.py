@@ -19,7 +19,13 @@ from confluent_kafka.admin import OffsetSpec
 from pyspark.sql import functions as F
 
 from tests.helpers import (
-    assert_accounted, output_rows, produce_in_order, quarantine_reasons, read_topic, run_cli, waveform_records,
+    assert_accounted,
+    output_rows,
+    produce_in_order,
+    quarantine_reasons,
+    read_topic,
+    run_cli,
+    waveform_records,
     with_headers,
 )
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets
@@ -28,12 +34,12 @@ pytestmark = pytest.mark.integration
 
 #: Each is a real failure of one step; ``{k}`` is a random record number.
 FAULTS = [
-    "consume.record@{k}=kill",          # a reader SIGKILLed mid-range
-    "assemble.batch=kill-app",          # the Spark engine SIGKILLed while it writes the output
-    "publish.after_write=kill-app",     # ... after the output is published, before that is recorded
-    "commit.before_offsets=kill",       # the output is durable, the offsets not yet committed
-    "commit.after_offsets=kill",        # the offsets are committed, the report is not written
-    "consume.record@{k}=raise",         # a clean failure of a reader
+    "consume.record@{k}=kill",  # a reader SIGKILLed mid-range
+    "assemble.batch=kill-app",  # the Spark engine SIGKILLed while it writes the output
+    "publish.after_write=kill-app",  # ... after the output is published, before that is recorded
+    "commit.before_offsets=kill",  # the output is durable, the offsets not yet committed
+    "commit.after_offsets=kill",  # the offsets are committed, the report is not written
+    "consume.record@{k}=raise",  # a clean failure of a reader
 ]
 
 
@@ -116,11 +122,15 @@ def _run_until_done(settings, failpoints: str | None, log: list[str], faulted=No
 
 def test_chaos_rounds_end_exactly_once(settings, own_engine, spark):
     seed = int(os.environ.get("WAVEPIPE_CHAOS_SEED", time.time_ns() % 2**32))
-    rounds = int(os.environ.get("WAVEPIPE_CHAOS_ROUNDS", 3))
+    rounds = int(os.environ.get("WAVEPIPE_CHAOS_ROUNDS", "3"))
     rng = random.Random(seed)
     # reader processes even for these small rounds: a fault kills one reader, not the whole run
-    changes = dict(incomplete_after_offsets=30, incomplete_after_s=0, dead_letter_topic=f"{settings.topic}-dlq",
-                   consume_in_process_max_records=0)
+    changes = {
+        "incomplete_after_offsets": 30,
+        "incomplete_after_s": 0,
+        "dead_letter_topic": f"{settings.topic}-dlq",
+        "consume_in_process_max_records": 0,
+    }
     settings = settings.replace(**changes)
     # a kill-app fault kills the Spark engine of the run it hits: this test's own (started by that
     # run); every other attempt runs on the shared engine (a run's state is in its home)

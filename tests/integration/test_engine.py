@@ -104,9 +104,11 @@ def test_an_unreachable_engine_is_one_line_before_anything_is_read(settings):
     seconds = time.monotonic() - began
     assert code == 1, out
     lines = [line for line in out.splitlines() if line.strip()]
-    assert lines[-1] == ("wavepipe run failed: the Spark engine at sc://127.0.0.1:1 is not reachable: check that the "
-                         "Spark Connect server sc://127.0.0.1:1 is up and reachable (the spark_remote setting, or the "
-                         "Airflow Connection wavepipe_spark)"), out
+    assert lines[-1] == (
+        "wavepipe run failed: the Spark engine at sc://127.0.0.1:1 is not reachable: check that the "
+        "Spark Connect server sc://127.0.0.1:1 is up and reachable (the spark_remote setting, or the "
+        "Airflow Connection wavepipe_spark)"
+    ), out
     assert not any("Traceback" in line or "RETRIES_EXCEEDED" in line for line in lines), out
     assert seconds < 60, f"{seconds:.0f}s: an unreachable engine is said at once, not after retries"
     assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: None, 1: None}

@@ -13,7 +13,13 @@ from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
 from tests.helpers import (
-    assert_accounted, output_rows, produce_in_order, quarantine_reasons, run_cli, start_cli, start_python,
+    assert_accounted,
+    output_rows,
+    produce_in_order,
+    quarantine_reasons,
+    run_cli,
+    start_cli,
+    start_python,
     waveform_records,
 )
 from wavepipe import pipeline
@@ -27,8 +33,9 @@ from wavepipe.spark_apps.tables import delta_version
 pytestmark = pytest.mark.integration
 
 
-def _produce(settings, count: int, partitions=(0,), chunks: int = 4, prefix: str = "w",
-             chunk_size: int = 256) -> dict[str, str]:
+def _produce(
+    settings, count: int, partitions=(0,), chunks: int = 4, prefix: str = "w", chunk_size: int = 256
+) -> dict[str, str]:
     """``count`` waveforms of ``chunks`` chunks, round-robin over ``partitions``; id -> checksum."""
     expected = {}
     for i in range(count):
@@ -56,9 +63,12 @@ def test_consume_killed_mid_range_then_retried(settings, spark):
     ensure_topic(settings, partitions=1)
     expected = _produce(settings, 12)
     pipeline.plan_step(settings, "kill-consume")
-    child = start_python(settings, "from wavepipe import pipeline; from wavepipe.config import load_settings; "
-                             "pipeline.consume_step(load_settings(), 'kill-consume', 0)",
-                   failpoints="consume.record@20=kill")
+    child = start_python(
+        settings,
+        "from wavepipe import pipeline; from wavepipe.config import load_settings; "
+        "pipeline.consume_step(load_settings(), 'kill-consume', 0)",
+        failpoints="consume.record@20=kill",
+    )
     assert child.wait(120) == -signal.SIGKILL
     staging = RunStore(settings).staging_dir("kill-consume")
     for kind in ("chunks", "digests"):  # 5 of the 12 waveforms were complete: the digest file was open too
@@ -82,8 +92,9 @@ def test_a_run_whose_reader_threads_are_killed_mid_range_resumes_exactly_once(se
     a reader's kill takes the whole run; the plain retry resumes the same plan and ends exactly once."""
     ensure_topic(settings, partitions=2)
     expected = _produce(settings, 8, partitions=(0, 1))
-    code, out = run_cli(settings, "run", "--run-id", "threads", "--new-group-start", "earliest",
-                        failpoints="consume.record@10=kill")  # each partition's 10th record: mid-range
+    code, out = run_cli(
+        settings, "run", "--run-id", "threads", "--new-group-start", "earliest", failpoints="consume.record@10=kill"
+    )  # each partition's 10th record: mid-range
     assert code == -signal.SIGKILL, out  # a reader process's kill would fail the run with exit 1 instead
     staging = RunStore(settings).staging_dir("threads") / "chunks"
     assert any(p.name.endswith(".tmp") for p in staging.iterdir()), "killed while a reader thread staged"
@@ -200,7 +211,9 @@ def test_two_runs_of_a_group_started_at_once_only_one_consumes_and_commits(setti
     if same_run:  # the same run's steps are locked
         assert "is running in another process right now" in loser, loser[-2000:]
     else:  # the group has one active run, planned or being planned
-        assert re.search(r"of group '[^']+' is (planned but not committed|being planned right now)", loser), loser[-2000:]
+        assert re.search(r"of group '[^']+' is (planned but not committed|being planned right now)", loser), loser[
+            -2000:
+        ]
     assert not re.search(r"\b[A-Z]\w*(Error|Exception)\b", loser.splitlines()[-1]), loser[-2000:]
     winner = ids[codes.index(0)]
     report = _report(settings, winner)
@@ -264,8 +277,9 @@ def test_open_and_abandoned_transactions_do_not_stall_runs(settings, spark):
     produce_in_order(settings, a)  # 0-1
     # held open across a whole run: well past librdkafka's default 60 s timeout, after which the
     # broker aborts the transaction and fences the producer (a slow machine takes that long)
-    tx = Producer(settings.kafka_config(**{"transactional.id": f"open-{settings.topic}",
-                                           "transaction.timeout.ms": 600_000}))
+    tx = Producer(
+        settings.kafka_config(**{"transactional.id": f"open-{settings.topic}", "transaction.timeout.ms": 600_000})
+    )
     tx.init_transactions(30)
     tx.begin_transaction()
     produce_in_order(settings, t, producer=tx)  # 2-4, not committed yet

@@ -24,8 +24,9 @@ I64 = np.iinfo(np.int64)
 def _records(waveform_id: str, samples: np.ndarray, rate: float = 100.0, chunk_size: int = 64, **headers):
     """(records, checksum) of one waveform; ``headers`` replace a header on every chunk (the
     protocol requires all chunks to agree), e.g. ``**{"wp-start-ns": b"..."}``."""
-    records = split_waveform(samples, waveform_id=waveform_id, sample_rate=rate, start_time=START,
-                             source="hostile", chunk_size=chunk_size)
+    records = split_waveform(
+        samples, waveform_id=waveform_id, sample_rate=rate, start_time=START, source="hostile", chunk_size=chunk_size
+    )
     for i in range(len(records)):
         records[i] = with_headers(records, i, **headers) if headers else records[i]
     return records, checksum(np.ascontiguousarray(samples).tobytes())
@@ -35,8 +36,11 @@ def test_waveforms_hostile_to_plots_and_pages_are_ingested_and_the_run_commits(s
     # Thresholds opened to what the protocol allows, so every waveform here passes validation:
     # this test is about the steps that describe a run. That the defaults (1e-3 Hz, 1900-01-01)
     # reject a 1e-9 Hz waveform or a start in 1677 by design is test_validation's business.
-    settings = settings.replace(validate_sample_rate_min=1e-9, validate_start_time_min="1677-09-21T00:00:00Z",
-                                validate_start_time_max_ahead_s=1e10)
+    settings = settings.replace(
+        validate_sample_rate_min=1e-9,
+        validate_start_time_min="1677-09-21T00:00:00Z",
+        validate_start_time_max_ahead_s=1e10,
+    )
     ensure_topic(settings, partitions=1)  # one staged file, one candidate file: the plot takes the first three
     rng = np.random.default_rng(15)
     waveforms = {  # id -> (records, checksum); the first three produced are the ones plotted
@@ -76,8 +80,11 @@ def test_waveforms_hostile_to_plots_and_pages_are_ingested_and_the_run_commits(s
 def test_a_waveform_of_the_size_limit_is_ingested_and_one_sample_more_is_quarantined(settings, spark):
     # the default limit with the default Spark settings (the fixture changes neither)
     defaults = Settings()
-    assert (settings.max_waveform_bytes, settings.spark_driver_memory, settings.spark_master) == \
-        (defaults.max_waveform_bytes, defaults.spark_driver_memory, "local[2]")
+    assert (settings.max_waveform_bytes, settings.spark_driver_memory, settings.spark_master) == (
+        defaults.max_waveform_bytes,
+        defaults.spark_driver_memory,
+        "local[2]",
+    )
     ensure_topic(settings, partitions=2)
     limit, chunk = settings.max_waveform_bytes, 512 * 1024
     sums = {}

@@ -37,7 +37,10 @@ def cluster(tmp_path_factory):
     from wavepipe.localkafka import LocalKafkaCluster
 
     nodes = LocalKafkaCluster(
-        tmp_path_factory.mktemp("kafka-cluster"), 3, jars_dir=load_settings().jars_dir, heap="384m",
+        tmp_path_factory.mktemp("kafka-cluster"),
+        3,
+        jars_dir=load_settings().jars_dir,
+        heap="384m",
         sasl_users={USER: PASSWORD, "admin": "admin-secret"},
         # Small fetch responses (at least one record batch each): with the readers' small
         # prefetch queue below, a reader paused mid-range has not fetched the rest of its range
@@ -55,15 +58,26 @@ def cluster(tmp_path_factory):
 def cluster_settings(cluster, engine, tmp_path):
     tag = uuid.uuid4().hex[:8]
     return load_settings(
-        home=tmp_path / "home", bootstrap_servers=cluster.bootstrap, topic=f"wf-{tag}", group=f"grp-{tag}",
-        partitions=2, max_records_per_partition=0, max_bytes_per_partition=0, spark_master="local[2]",
+        home=tmp_path / "home",
+        bootstrap_servers=cluster.bootstrap,
+        topic=f"wf-{tag}",
+        group=f"grp-{tag}",
+        partitions=2,
+        max_records_per_partition=0,
+        max_bytes_per_partition=0,
+        spark_master="local[2]",
         # SASL credentials for every client; queued.min.messages keeps a reader's prefetch to a
         # few records (librdkafka warns that producers ignore it).
         kafka_client_config={**cluster.security_config(USER), "queued.min.messages": 8},
         # record batches of a few chunks; each staged record is flushed at once, so the test sees
         # how far a reader has got
-        batch_size=256 * 1024, staging_flush_bytes=1, reader_stall_timeout_s=60, new_group_start="earliest",
-        dead_letter_topic=f"dlq-{tag}", topic_replication_factor=3, topic_config={"min.insync.replicas": "2"},
+        batch_size=256 * 1024,
+        staging_flush_bytes=1,
+        reader_stall_timeout_s=60,
+        new_group_start="earliest",
+        dead_letter_topic=f"dlq-{tag}",
+        topic_replication_factor=3,
+        topic_config={"min.insync.replicas": "2"},
         spark_remote=engine.url(),
     )
 
@@ -93,13 +107,20 @@ def _describe(settings, topic: str) -> dict[int, dict]:
     """Per partition: leader id, replica ids and in-sync replica ids, as the cluster reports them."""
     admin = AdminClient(settings.kafka_config())
     [future] = admin.describe_topics(TopicCollection([topic]), request_timeout=30).values()
-    return {p.id: {"leader": p.leader.id if p.leader else None, "replicas": [n.id for n in p.replicas],
-                   "isr": [n.id for n in p.isr]} for p in future.result(timeout=60).partitions}
+    return {
+        p.id: {
+            "leader": p.leader.id if p.leader else None,
+            "replicas": [n.id for n in p.replicas],
+            "isr": [n.id for n in p.isr],
+        }
+        for p in future.result(timeout=60).partitions
+    }
 
 
 def test_wrong_password_fails_at_once_naming_the_authentication_failure(cluster_settings):
-    settings = cluster_settings.replace(kafka_client_config={**cluster_settings.kafka_client_config,
-                                                             "sasl.password": "not-the-password"})
+    settings = cluster_settings.replace(
+        kafka_client_config={**cluster_settings.kafka_client_config, "sasl.password": "not-the-password"}
+    )
     began = time.monotonic()
     code, out = run_cli(settings, "run", timeout=120)
     seconds = time.monotonic() - began
@@ -167,6 +188,8 @@ def test_partition_leader_killed_mid_range_then_the_run_completes_exactly_once(c
     after = _describe(settings, settings.topic)
     assert after[target]["leader"] not in (None, killed), after
     assert all(p["leader"] not in (None, killed) and killed not in p["isr"] for p in after.values()), after
-    print(f"killed node {killed}, leader of partition {target} ({ends[target]} offsets); leaders now "
-          f"{({p: d['leader'] for p, d in after.items()})}; {attempts} attempt(s) in {run_seconds:.0f}s; reads took "
-          f"{({p: part['read_seconds'] for p, part in report['partitions'].items()})}s")
+    print(
+        f"killed node {killed}, leader of partition {target} ({ends[target]} offsets); leaders now "
+        f"{ ({p: d['leader'] for p, d in after.items()}) }; {attempts} attempt(s) in {run_seconds:.0f}s; reads took "
+        f"{ ({p: part['read_seconds'] for p, part in report['partitions'].items()}) }s"
+    )

@@ -44,8 +44,11 @@ def _listening(pid: int) -> set[tuple[str, int]]:
     import psutil
 
     pids = {pid} | {child.pid for child in psutil.Process(pid).children(recursive=True)}
-    return {(c.laddr.ip, c.laddr.port) for c in psutil.net_connections(kind="inet")
-            if c.status == psutil.CONN_LISTEN and c.pid in pids}
+    return {
+        (c.laddr.ip, c.laddr.port)
+        for c in psutil.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN and c.pid in pids
+    }
 
 
 def _loopback(address: str) -> bool:

@@ -34,8 +34,15 @@ def cli(settings, *args, env: dict | None = None, drop: tuple = (), failpoints: 
         full.pop(name, None)
     if failpoints:
         full["WAVEPIPE_FAILPOINTS"] = failpoints
-    proc = subprocess.run([sys.executable, "-m", "wavepipe.cli", *args], env=full, cwd=PROJECT_ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "wavepipe.cli", *args],
+        env=full,
+        cwd=PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -53,8 +60,10 @@ def commit_as_another_client(settings, offsets: dict[int, int], metadata: str = 
     """Move the group like ``kafka-consumer-groups --reset-offsets`` (or another client) would."""
     consumer = Consumer(settings.kafka_config(**{"group.id": settings.group, "enable.auto.commit": False}))
     try:
-        consumer.commit(offsets=[TopicPartition(settings.topic, p, o, metadata=metadata) for p, o in offsets.items()],
-                        asynchronous=False)
+        consumer.commit(
+            offsets=[TopicPartition(settings.topic, p, o, metadata=metadata) for p, o in offsets.items()],
+            asynchronous=False,
+        )
     finally:
         consumer.close()
 
@@ -74,12 +83,16 @@ def test_bad_input_from_operators_never_reads_or_commits(settings, tmp_path):
     # negative caps: as a flag (argparse), in the environment and in the TOML file, each named
     err = cli(settings, "run", "--max-records", "-5")[2]
     assert "--max-records: -5 is negative" in err
-    refused(cli(settings, "run", env={"WAVEPIPE_MAX_RECORDS_PER_PARTITION": "-5"}),
-            "WAVEPIPE_MAX_RECORDS_PER_PARTITION: max_records_per_partition must be 0 (no cap) or a positive")
+    refused(
+        cli(settings, "run", env={"WAVEPIPE_MAX_RECORDS_PER_PARTITION": "-5"}),
+        "WAVEPIPE_MAX_RECORDS_PER_PARTITION: max_records_per_partition must be 0 (no cap) or a positive",
+    )
     toml = tmp_path / "wavepipe.toml"
     toml.write_text("[wavepipe]\nmax_records_per_partition = -5\n")
-    refused(cli(settings, "run", env={"WAVEPIPE_CONFIG": str(toml)}, drop=("WAVEPIPE_MAX_RECORDS_PER_PARTITION",)),
-            f"{toml}, key max_records_per_partition: max_records_per_partition must be 0")
+    refused(
+        cli(settings, "run", env={"WAVEPIPE_CONFIG": str(toml)}, drop=("WAVEPIPE_MAX_RECORDS_PER_PARTITION",)),
+        f"{toml}, key max_records_per_partition: max_records_per_partition must be 0",
+    )
     refused(cli(settings, "run", "--new-group-start", "yesterday"), "must be earliest, latest or an ISO-8601")
 
     # a typo'd group reads nothing, commits nothing, and names the group that has offsets
@@ -87,8 +100,12 @@ def test_bad_input_from_operators_never_reads_or_commits(settings, tmp_path):
     # one character off (never the group itself: a swap of two equal characters would be)
     typo = settings.group[:-1] + ("x" if settings.group[-1] != "x" else "y")
     assert typo != settings.group
-    err = refused(cli(settings, "run", "--group", typo), f"group {typo!r} has no committed offsets",
-                  f"Did you mean {settings.group!r}?", "--new-group-start")
+    err = refused(
+        cli(settings, "run", "--group", typo),
+        f"group {typo!r} has no committed offsets",
+        f"Did you mean {settings.group!r}?",
+        "--new-group-start",
+    )
     assert settings.group in err.split("Groups with offsets on")[1]
     refused(cli(settings, "status", "--group", typo), f"group {typo!r} has no committed offsets")
     assert committed_offsets(settings, typo, settings.topic, [0, 1]) == {0: None, 1: None}
@@ -165,7 +182,9 @@ def test_offsets_moved_by_someone_else_are_reported_and_idle_runs_keep_one_line(
     assert "[0] was moved by someone else: from 0 to 3 by a commit without wavepipe metadata" in out
     assert "offsets [0, 3) were skipped here" in out and "offsets [0, 2) were skipped here" in out
     report = json.loads(max(settings.reports_dir.glob("*.json"), key=lambda p: p.stat().st_mtime).read_text())
-    assert report["moved"]["0"]["skipped"] == [0, 3] and report["moved"]["1"]["by"].startswith("run run_of_another_home")
+    assert report["moved"]["0"]["skipped"] == [0, 3] and report["moved"]["1"]["by"].startswith(
+        "run run_of_another_home"
+    )
     assert store.idle_runs(settings.group) is None, "a run that says something resets the idle line"
     code, out, err = cli(settings, "run")  # said once: the next run is idle again
     assert code == 0 and "moved" not in out and "no report for an idle run" in out, out
@@ -179,8 +198,12 @@ def test_a_trigger_with_unknown_or_malformed_conf_fails_its_plan_task_at_once(se
     log = result.stdout + result.stderr
     assert result.returncode != 0, log[-3000:]
     assert "unknown keys in the run's conf: 'topik'; did you mean 'topic'?" in log, log[-3000:]
-    result = dags_test(settings, "wavepipe_ingest", capture=True,
-                       conf={"window_start": "garbage", "window_end": "2026-11-20T00:15:00Z"})
+    result = dags_test(
+        settings,
+        "wavepipe_ingest",
+        capture=True,
+        conf={"window_start": "garbage", "window_end": "2026-11-20T00:15:00Z"},
+    )
     log = result.stdout + result.stderr
     assert result.returncode != 0
     assert "param window_start: datetime 'garbage' is not ISO-8601" in log, log[-3000:]

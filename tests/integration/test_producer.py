@@ -18,7 +18,7 @@ def java_murmur2_partition(key: bytes, partitions: int) -> int:
     length = len(key)
     h = (seed ^ length) & 0xFFFFFFFF
     for i in range(0, length - length % 4, 4):
-        k = int.from_bytes(key[i:i + 4], "little")
+        k = int.from_bytes(key[i : i + 4], "little")
         k = (k * m) & 0xFFFFFFFF
         k ^= k >> r
         k = (k * m) & 0xFFFFFFFF

@@ -11,7 +11,14 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.helpers import (
-    assert_accounted, produce_at, quarter_hour_ago, read_topic, rows_by_id, run_cli, waveform_records, with_headers,
+    assert_accounted,
+    produce_at,
+    quarter_hour_ago,
+    read_topic,
+    rows_by_id,
+    run_cli,
+    waveform_records,
+    with_headers,
 )
 from wavepipe import pipeline
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
@@ -52,12 +59,19 @@ def test_dead_letters_go_out_once_and_a_reused_id_is_a_visible_conflict(settings
     b_other, b_other_sum = waveform_records("b", 2, seed=4)  # the id reused for another recording
     assert b_other_sum != b_sum
     # offsets 0-5: c stays pending (its second chunk comes later), so the next run re-reads 0-5
-    _produce(settings, [c[0], *a, (b"k1", None, b"junk 1"), *b, with_headers(a, 0, **{"wp-version": b"9"})],
-             t0 + timedelta(minutes=1))
+    _produce(
+        settings,
+        [c[0], *a, (b"k1", None, b"junk 1"), *b, with_headers(a, 0, **{"wp-version": b"9"})],
+        t0 + timedelta(minutes=1),
+    )
     first = pipeline.run_once(settings, run_id="first")
     assert_accounted(spark, settings, first)
     assert first["waveforms"] == {"output_new": 2, "pending": 1} and first["partitions"]["0"]["safe_offset"] == 0
-    assert _published_origins(settings) == _table_origins(spark, settings) == [(settings.topic, 0, 3), (settings.topic, 0, 5)]
+    assert (
+        _published_origins(settings)
+        == _table_origins(spark, settings)
+        == [(settings.topic, 0, 3), (settings.topic, 0, 5)]
+    )
 
     # offsets 6-11: c completes, a is delivered again (same content), b returns with other content
     _produce(settings, [c[1], *a, *b_other, (b"k3", None, b"junk 3")], t0 + timedelta(minutes=2))
@@ -66,13 +80,20 @@ def test_dead_letters_go_out_once_and_a_reused_id_is_a_visible_conflict(settings
     assert second["waveforms"] == {"output_new": 1, "output_already_written": 2, "quarantined:id_conflict": 1}
     assert second["partitions"]["0"]["quarantine_reasons"] == {"id_conflict": 2}
     [conflict] = _quarantine(spark, settings)  # none for a: a re-delivery is not a conflict
-    assert (conflict["waveform_id"], conflict["reason"], conflict["first_offset"], conflict["records"]) == ("b", "id_conflict", 9, 2)
+    assert (conflict["waveform_id"], conflict["reason"], conflict["first_offset"], conflict["records"]) == (
+        "b",
+        "id_conflict",
+        9,
+        2,
+    )
     assert (conflict["checksum"], conflict["output_checksum"]) == (b_other_sum, b_sum)
     assert b_sum in conflict["detail"] and b_other_sum in conflict["detail"], conflict["detail"]
     output = rows_by_id(spark, settings)
     assert {k: v[0] for k, v in output.items()} == {"a": a_sum, "b": b_sum, "c": c_sum}
     origins = [(settings.topic, 0, o) for o in (3, 5, 11)]
-    assert _published_origins(settings) == _table_origins(spark, settings) == origins, "the re-read 3 and 5 went out once"
+    assert _published_origins(settings) == _table_origins(spark, settings) == origins, (
+        "the re-read 3 and 5 went out once"
+    )
 
     # a rewind to earliest re-reads everything: nothing is published or quarantined again
     code, out = run_cli(settings, "rewind", "--to-earliest", "--execute", "--reason", "reprocess")
@@ -91,6 +112,7 @@ def test_dead_letters_go_out_once_and_a_reused_id_is_a_visible_conflict(settings
     assert window["status"] == "window_replaced"
     assert window["waveforms"] == {"output_new": 3, "quarantined:id_conflict": 1}
     assert _published_origins(settings) == _table_origins(spark, settings) == origins
-    assert [(q["waveform_id"], q["reason"], q["checksum"], q["output_checksum"]) for q in _quarantine(spark, settings)] \
-        == [("b", "id_conflict", b_other_sum, b_sum)]
+    assert [
+        (q["waveform_id"], q["reason"], q["checksum"], q["output_checksum"]) for q in _quarantine(spark, settings)
+    ] == [("b", "id_conflict", b_other_sum, b_sum)]
     assert {k: v[:2] for k, v in rows_by_id(spark, settings).items()} == {k: v[:2] for k, v in output.items()}

@@ -7,16 +7,27 @@ from __future__ import annotations
 import getpass
 import json
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from tests.helpers import assert_output_unique, committed_metadata, output_rows, produce_in_order, run_cli, waveform_records
+from tests.helpers import (
+    assert_output_unique,
+    committed_metadata,
+    output_rows,
+    produce_in_order,
+    run_cli,
+    waveform_records,
+)
 from wavepipe import pipeline
 from wavepipe.consumers.kafka_admin import admin_client, committed_offsets, ensure_topic, group_consumer
 from wavepipe.consumers.rewind import (
-    RewindRefused, RewindTarget, audit_path, execute_rewind, plan_rewind,
+    RewindRefused,
+    RewindTarget,
+    audit_path,
+    execute_rewind,
+    plan_rewind,
 )
 from wavepipe.localkafka import CONSUMER_GROUPS_TOOL
 from wavepipe.plan import RunStore
@@ -47,8 +58,9 @@ def _committed(settings, partitions=(0,)) -> dict[int, int | None]:
 
 
 def _plan(settings, mode: str, value=None, **kw):
-    return plan_rewind(settings, topic=settings.topic, group=settings.group,
-                       target=RewindTarget.parse(mode, value), **kw)
+    return plan_rewind(
+        settings, topic=settings.topic, group=settings.group, target=RewindTarget.parse(mode, value), **kw
+    )
 
 
 def _audit(settings) -> list[dict]:
@@ -58,7 +70,7 @@ def _audit(settings) -> list[dict]:
 
 def test_every_mode_moves_the_group_where_it_says(settings):
     ensure_topic(settings, partitions=1)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     old, recent = now - timedelta(hours=3), now - timedelta(hours=1)
     stamps = [int(old.timestamp() * 1000)] * 5 + [int(recent.timestamp() * 1000)] * 5
     _singles(settings, 10, timestamps=stamps)
@@ -68,10 +80,17 @@ def test_every_mode_moves_the_group_where_it_says(settings):
     _commit(settings, {0: 7})
     between = (now - timedelta(hours=2)).isoformat()
     steps = [
-        ("earliest", None, 0), ("latest", None, 10), ("offset", "4", 4), ("shift", "-3", 1), ("shift", "+5", 6),
-        ("datetime", between, 5), ("datetime", (now + timedelta(hours=1)).isoformat(), 10),  # nothing after: the end
+        ("earliest", None, 0),
+        ("latest", None, 10),
+        ("offset", "4", 4),
+        ("shift", "-3", 1),
+        ("shift", "+5", 6),
+        ("datetime", between, 5),
+        ("datetime", (now + timedelta(hours=1)).isoformat(), 10),  # nothing after: the end
         ("datetime", (old - timedelta(days=1)).replace(tzinfo=None).isoformat(), 0),  # naive: UTC
-        ("duration", "90m", 5), ("duration", "PT2H30M", 5), ("duration", "1d", 0),
+        ("duration", "90m", 5),
+        ("duration", "PT2H30M", 5),
+        ("duration", "1d", 0),
     ]
     for mode, value, expected in steps:
         before = _committed(settings)[0]
@@ -115,15 +134,29 @@ def test_cli_dry_run_changes_nothing_and_execute_applies_and_audits(settings):
     assert code == 2 and "--execute needs --reason" in out, out
     assert _committed(settings, (0, 1)) == {0: 5, 1: 3} and _audit(settings) == []
 
-    code, out = run_cli(settings, "rewind", "--shift-by", "-2", "--partitions", "0", "--execute",
-                        "--reason", "reprocess after a bad deploy")
+    code, out = run_cli(
+        settings,
+        "rewind",
+        "--shift-by",
+        "-2",
+        "--partitions",
+        "0",
+        "--execute",
+        "--reason",
+        "reprocess after a bad deploy",
+    )
     assert code == 0, out
     assert RunStore(settings).active_run(settings.group) is None  # the rewind's claim was released
     assert f"{settings.topic}[0] 5 -> 3" in out and f"audit: {audit_path(settings)}" in out
     assert _committed(settings, (0, 1)) == {0: 3, 1: 3}
     [record] = _audit(settings)
     assert record["outcome"] == "applied" and record["who"] == getpass.getuser()
-    assert (record["group"], record["topic"], record["mode"], record["value"]) == (settings.group, settings.topic, "shift", "-2")
+    assert (record["group"], record["topic"], record["mode"], record["value"]) == (
+        settings.group,
+        settings.topic,
+        "shift",
+        "-2",
+    )
     assert record["reason"] == "reprocess after a bad deploy" and record["force"] is False
     assert record["partitions"]["0"]["from"] == 5 and record["partitions"]["0"]["to"] == 3
     assert datetime.fromisoformat(record["when"]).tzinfo is not None
@@ -137,8 +170,16 @@ def test_refused_while_the_group_has_a_live_member(settings):
     ensure_topic(settings, partitions=1)
     _singles(settings, 3)
     _commit(settings, {0: 3})
-    live = Consumer(settings.kafka_config(**{"group.id": settings.group, "client.id": "live-reader",
-                                             "enable.auto.commit": False, "session.timeout.ms": 10000}))
+    live = Consumer(
+        settings.kafka_config(
+            **{
+                "group.id": settings.group,
+                "client.id": "live-reader",
+                "enable.auto.commit": False,
+                "session.timeout.ms": 10000,
+            }
+        )
+    )
     live.subscribe([settings.topic])
     try:
         deadline = time.monotonic() + 60
@@ -222,8 +263,9 @@ def test_snap_scans_back_further_than_the_first_window(settings):
     produce_in_order(settings, head + long)  # long's chunks at 1..700
     part = _plan(settings, "offset", "690").partitions[0]
     assert (part.final, part.snapped_from) == (1, 690)
-    assert _plan(settings, "offset", "690", max_scan=100).partitions[0].final == 690, \
+    assert _plan(settings, "offset", "690", max_scan=100).partitions[0].final == 690, (
         "beyond the scan limit the waveform would be quarantined as incomplete anyway: not moved"
+    )
 
 
 def test_kafka_tool_describes_what_a_rewind_set(settings, kafka):
@@ -232,8 +274,9 @@ def test_kafka_tool_describes_what_a_rewind_set(settings, kafka):
     _commit(settings, {0: 6})
     code, out = run_cli(settings, "rewind", "--to-offset", "2", "--execute", "--reason", "tool interop")
     assert code == 0, out
-    described = kafka.tool(CONSUMER_GROUPS_TOOL, "--bootstrap-server", kafka.bootstrap, "--describe",
-                           "--group", settings.group)
+    described = kafka.tool(
+        CONSUMER_GROUPS_TOOL, "--bootstrap-server", kafka.bootstrap, "--describe", "--group", settings.group
+    )
     assert described.returncode == 0, described.stderr[-2000:]
     row = next(line.split() for line in described.stdout.splitlines() if settings.topic in line)
     assert row[:6] == [settings.group, settings.topic, "0", "2", "6", "4"], described.stdout  # offset, end, lag
@@ -242,8 +285,19 @@ def test_kafka_tool_describes_what_a_rewind_set(settings, kafka):
 def test_a_reset_by_kafka_tool_is_honoured_by_the_next_run(settings, kafka):
     ensure_topic(settings, partitions=1)
     _singles(settings, 6)
-    reset = kafka.tool(CONSUMER_GROUPS_TOOL, "--bootstrap-server", kafka.bootstrap, "--reset-offsets",
-                       "--to-offset", "4", "--topic", f"{settings.topic}:0", "--group", settings.group, "--execute")
+    reset = kafka.tool(
+        CONSUMER_GROUPS_TOOL,
+        "--bootstrap-server",
+        kafka.bootstrap,
+        "--reset-offsets",
+        "--to-offset",
+        "4",
+        "--topic",
+        f"{settings.topic}:0",
+        "--group",
+        settings.group,
+        "--execute",
+    )
     assert reset.returncode == 0, reset.stderr[-2000:]
     assert _committed(settings) == {0: 4}
     report = pipeline.run_once(settings, run_id="after-tool-reset")
@@ -290,8 +344,15 @@ def test_the_rewind_dag_refuses_then_applies_and_audits_who(settings):
     _singles(settings, 5, partition=0)
     _singles(settings, 5, partition=1)
     _commit(settings, {0: 5, 1: 5})
-    conf = {"topic": settings.topic, "group": settings.group, "partitions": "1", "mode": "offset", "value": "2",
-            "execute": True, "reason": "dag test"}
+    conf = {
+        "topic": settings.topic,
+        "group": settings.group,
+        "partitions": "1",
+        "mode": "offset",
+        "value": "2",
+        "execute": True,
+        "reason": "dag test",
+    }
     store = RunStore(settings)
     store.claim_group(settings.group, "run-in-flight")
     refused = dags_test(settings, "wavepipe_rewind", conf=conf, capture=True)

@@ -26,8 +26,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def spark_cluster(tmp_path_factory):
-    cluster = LocalSparkCluster(tmp_path_factory.mktemp("spark-standalone"), port=free_port(), workers=1,
-                                worker_cores=2, worker_memory="1g")
+    cluster = LocalSparkCluster(
+        tmp_path_factory.mktemp("spark-standalone"), port=free_port(), workers=1, worker_cores=2, worker_memory="1g"
+    )
     cluster.up()
     yield cluster
     pids = cluster.pids()
@@ -55,8 +56,11 @@ def _table_rows(spark, path) -> list[tuple]:
     from pyspark.sql import functions as F
 
     df = spark.read.format("delta").load(str(path))
-    cols = [F.sha2(F.col(c), 256).alias(c) if t == "binary" else F.col(c) for c, t in df.dtypes
-            if c not in ("run_id", "quarantined_at")]
+    cols = [
+        F.sha2(F.col(c), 256).alias(c) if t == "binary" else F.col(c)
+        for c, t in df.dtypes
+        if c not in ("run_id", "quarantined_at")
+    ]
     return sorted(tuple(r) for r in df.select(*cols).collect())
 
 
@@ -67,20 +71,30 @@ def test_reassembly_on_a_standalone_cluster_equals_local_mode(settings, spark, s
     produce_in_order(settings, good, partition=0)  # so both partitions have records (all 6 in partition 1: 1 in 64)
     broken, _ = waveform_records("wf-bad-checksum", 3, seed=7)
     broken[1] = (broken[1][0], broken[1][1], b"\x00" * len(broken[1][2]))  # payload no longer matches
-    produce_in_order(settings, [*broken, (b"junk", [], b"not a chunk"),
-                                with_headers(broken, 0, **{"wp-version": b"9"})], partition=1)
+    produce_in_order(
+        settings, [*broken, (b"junk", [], b"not a chunk"), with_headers(broken, 0, **{"wp-version": b"9"})], partition=1
+    )
 
     local = settings.replace(home=tmp_path / "local", group=f"{settings.group}-local")
     code, out = run_cli(local, "run")
     assert code == 0, out[-4000:]
 
     # and both partitions read by one mapped consume task (a partition group), two processes in it
-    on_cluster = settings.replace(home=tmp_path / "cluster", group=f"{settings.group}-cluster", consume_tasks=1,
-                                  consume_parallelism=2)
+    on_cluster = settings.replace(
+        home=tmp_path / "cluster", group=f"{settings.group}-cluster", consume_tasks=1, consume_parallelism=2
+    )
     before = {app["id"] for app in _master_status(spark_cluster)["completedapps"]}
-    monkeypatch.setenv("AIRFLOW_CONN_WAVEPIPE_SPARK", json.dumps({
-        "conn_type": "spark", "host": "spark://127.0.0.1", "port": spark_cluster.port,
-        "extra": {"conf": {"spark.executor.memory": "1g", "spark.cores.max": "2"}}}))
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_WAVEPIPE_SPARK",
+        json.dumps(
+            {
+                "conn_type": "spark",
+                "host": "spark://127.0.0.1",
+                "port": spark_cluster.port,
+                "extra": {"conf": {"spark.executor.memory": "1g", "spark.cores.max": "2"}},
+            }
+        ),
+    )
     result = dags_test(on_cluster, "wavepipe_ingest", capture=True)
     log = result.stdout + result.stderr
     assert result.returncode == 0, log[-6000:]

@@ -33,11 +33,17 @@ def test_classify_names_each_case(spark):
     part, _ = waveform_records("partial", 3, seed=3)
     count, _ = waveform_records("count", 2, seed=4)
     meta, _ = waveform_records("meta", 2, seed=5)
-    rows = (_rows(ok) + _rows(dup + [dup[0]], first_offset=10) + _rows(part[:2], first_offset=20)
-            + _rows(count, first_offset=30, overrides={1: {"chunk_count": 3}})
-            + _rows(meta, first_offset=40, overrides={1: {"sample_rate": 99.0}}))
-    got = {r["waveform_id"]: (r["status"], r["reason"], r["records"], r["distinct_chunks"])
-           for r in classify(_frame(spark, rows).select(*META_COLUMNS)).collect()}
+    rows = (
+        _rows(ok)
+        + _rows(dup + [dup[0]], first_offset=10)
+        + _rows(part[:2], first_offset=20)
+        + _rows(count, first_offset=30, overrides={1: {"chunk_count": 3}})
+        + _rows(meta, first_offset=40, overrides={1: {"sample_rate": 99.0}})
+    )
+    got = {
+        r["waveform_id"]: (r["status"], r["reason"], r["records"], r["distinct_chunks"])
+        for r in classify(_frame(spark, rows).select(*META_COLUMNS)).collect()
+    }
     assert got == {
         "ok": ("candidate", None, 3, 3),
         "dup": ("candidate", None, 3, 2),
@@ -55,16 +61,26 @@ def test_classify_in_a_window_sets_aside_waveforms_whose_first_chunk_is_outside(
     straddles, _ = waveform_records("straddles", 3, seed=3)
     late, _ = waveform_records("late", 2, seed=4)
     shuffled, _ = waveform_records("shuffled", 2, seed=5)
-    rows = (_rows(tail[1:], first_offset=10) + _rows(inside, first_offset=12)
-            + _rows(straddles, first_offset=18) + _rows(late, first_offset=21)
-            # seq 1 at 15, inside; seq 0 at 25, outside: the later window's
-            + _rows([shuffled[1]], first_offset=15) + _rows([shuffled[0]], first_offset=25))
+    rows = (
+        _rows(tail[1:], first_offset=10)
+        + _rows(inside, first_offset=12)
+        + _rows(straddles, first_offset=18)
+        + _rows(late, first_offset=21)
+        # seq 1 at 15, inside; seq 0 at 25, outside: the later window's
+        + _rows([shuffled[1]], first_offset=15)
+        + _rows([shuffled[0]], first_offset=25)
+    )
     frame = _frame(spark, rows).select(*META_COLUMNS)
-    got = {r["waveform_id"]: (r["status"], r["expired"])
-           for r in classify(frame, window={0: (10, 20)}, ends={0: 30}, incomplete_after_offsets=1).collect()}
+    got = {
+        r["waveform_id"]: (r["status"], r["expired"])
+        for r in classify(frame, window={0: (10, 20)}, ends={0: 30}, incomplete_after_offsets=1).collect()
+    }
     assert got == {
-        "inside": ("candidate", False), "straddles": ("candidate", False),
-        "tail": ("other_window", False), "late": ("other_window", False), "shuffled": ("other_window", False),
+        "inside": ("candidate", False),
+        "straddles": ("candidate", False),
+        "tail": ("other_window", False),
+        "late": ("other_window", False),
+        "shuffled": ("other_window", False),
     }
     # without a window the same chunks are an incremental run's: the tail is pending (and stalled)
     plain = {r["waveform_id"]: r["status"] for r in classify(frame).collect()}
@@ -109,7 +125,12 @@ def test_assemble_file_streams_interleaved_waveforms_without_spark(tmp_path):
     assert set(out) == {"a", "b"}
     assert out["a"]["payload"] == b"".join(v for _, _, v in a) and out["a"]["checksum"] == a_sum
     assert out["b"]["payload"] == b"".join(v for _, _, v in b) and out["b"]["checksum"] == b_sum
-    assert (out["a"]["partition"], out["a"]["first_offset"], out["a"]["last_offset"], out["a"]["n_chunks"]) == (1, 10, 16, 3)
+    assert (out["a"]["partition"], out["a"]["first_offset"], out["a"]["last_offset"], out["a"]["n_chunks"]) == (
+        1,
+        10,
+        16,
+        3,
+    )
     assert all(r["checksum_ok"] for r in out.values())
     # output_batch_bytes: a batch closes once it holds that many payload bytes (at least one waveform)
     assert [batch.num_rows for batch in assemble_file(str(path), {"a", "b"})] == [2]
@@ -167,6 +188,11 @@ def test_a_publish_append_commits_once_per_transaction_id(spark, tmp_path):
     assert delta_version(path) == version, "the second append of the same transaction committed"
     assert sorted(r[0] for r in read_delta(spark, path).collect()) == ["a", "b"]
     # another transaction (another run's publish) is appended as usual
-    append_new(spark.createDataFrame([("c",)], "waveform_id string"), path, ["waveform_id"],
-               checked_version=version, txn="wavepipe-publish-r2-waveforms-y")
+    append_new(
+        spark.createDataFrame([("c",)], "waveform_id string"),
+        path,
+        ["waveform_id"],
+        checked_version=version,
+        txn="wavepipe-publish-r2-waveforms-y",
+    )
     assert sorted(r[0] for r in read_delta(spark, path).collect()) == ["a", "b", "c"]

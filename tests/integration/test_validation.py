@@ -75,8 +75,14 @@ def test_output_out_of_bounds_commits_nothing_until_the_threshold_is_relaxed(set
 
     # the page shows the JSON twin's numbers, and links the Data Docs that GX built
     values, _ = parse_numbers(html_path(settings, "gate").read_text())
-    for key in ("totals.output", "totals.dead_letter", "partitions.0.end", "partitions.0.lag_before",
-                "partitions.0.lag_after", "commit.0.after"):
+    for key in (
+        "totals.output",
+        "totals.dead_letter",
+        "partitions.0.end",
+        "partitions.0.lag_before",
+        "partitions.0.lag_after",
+        "commit.0.after",
+    ):
         node = report
         for part in key.split("."):
             node = node[part]
@@ -88,7 +94,8 @@ def test_output_out_of_bounds_commits_nothing_until_the_threshold_is_relaxed(set
 
 
 def test_a_staged_chunk_damaged_after_it_was_read_publishes_nothing_and_the_retry_reads_kafka_again(
-        settings, own_engine, spark, monkeypatch):
+    settings, own_engine, spark, monkeypatch
+):
     """The DAG's separate steps: a staged chunk is damaged on disk after its reader hashed it (a bad
     disk, a bad writer). The reassembly trusts the reader's hash, validation passes on the
     metadata, and the one write at publish hashes the bytes again: the write fails, nothing is
@@ -119,8 +126,11 @@ def test_a_staged_chunk_damaged_after_it_was_read_publishes_nothing_and_the_retr
     table[4]["payload"] = bytes(len(table[4]["payload"]))  # w1's second chunk, zeroed on disk
     pq.write_table(pa.Table.from_pylist(table, schema=pq.read_schema(staged)), staged)
 
-    with pytest.raises(StagedChunksChangedError, match=r"staged chunks changed on disk: .* w1 no longer hash to "
-                                                       r".* reads its planned ranges again from Kafka"):
+    with pytest.raises(
+        StagedChunksChangedError,
+        match=r"staged chunks changed on disk: .* w1 no longer hash to "
+        r".* reads its planned ranges again from Kafka",
+    ):
         pipeline.validate_step(settings, "damaged")
     _published_nothing(settings)
     assert not staged.exists()
@@ -132,7 +142,7 @@ def test_a_staged_chunk_damaged_after_it_was_read_publishes_nothing_and_the_retr
 
     # a reassembly that dies half way leaves no result, and validation refuses what it left behind
     monkeypatch.setenv("WAVEPIPE_FAILPOINTS", "reassemble.after_write=kill-app")
-    with pytest.raises(RuntimeError, match="the Spark engine .* was killed under this step"):
+    with pytest.raises(RuntimeError, match=r"the Spark engine .* was killed under this step"):
         pipeline.reassemble_step(own_engine, "damaged")
     monkeypatch.delenv("WAVEPIPE_FAILPOINTS")
     with pytest.raises(RuntimeError, match="no reassembly result"):
@@ -148,6 +158,7 @@ def test_a_staged_chunk_damaged_after_it_was_read_publishes_nothing_and_the_retr
     report = pipeline.commit_step(settings, "damaged")
     assert_accounted(spark, settings, report)
     out = spark.read.format("delta").load(str(settings.output_table))
-    assert {r[0]: r[1] for r in out.select("waveform_id", F.concat(F.lit("sha256:"), F.sha2("payload", 256))).collect()} \
-        == digests
+    assert {
+        r[0]: r[1] for r in out.select("waveform_id", F.concat(F.lit("sha256:"), F.sha2("payload", 256))).collect()
+    } == digests
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 12}

@@ -7,10 +7,14 @@ from wavepipe.bench.results import goals, markdown
 
 
 def test_processes_are_filed_under_their_role():
-    assert role_of(["/usr/lib/jvm/bin/java", "-cp", "x", "org.apache.spark.deploy.SparkSubmit", "app.py"]) == "spark_jvm"
+    assert (
+        role_of(["/usr/lib/jvm/bin/java", "-cp", "x", "org.apache.spark.deploy.SparkSubmit", "app.py"]) == "spark_jvm"
+    )
     assert role_of(["/venv/bin/python", "-m", "pyspark.daemon"]) == "spark_python_workers"
     assert role_of(["/venv/bin/python3", "/repo/spark_apps/reassemble.py", "--run-id", "r"]) == "spark_python_driver"
-    assert role_of(["/venv/bin/python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()"]) == "consumer"
+    assert (
+        role_of(["/venv/bin/python", "-c", "from multiprocessing.spawn import spawn_main; spawn_main()"]) == "consumer"
+    )
     assert role_of(["/venv/bin/python", "-c", "from multiprocessing.resource_tracker import main;main(5)"]) is None
     assert role_of(["/usr/bin/kcat", "-C"]) == "consumer"
     assert role_of(["/bin/bash", "spark-submit"]) is None
@@ -22,16 +26,48 @@ def _m(system, workload, scale, wall, consumer=None, jvm=None, of_ceiling=None):
         memory["consumer"] = {"peak_rss_mb": consumer, "max_process_rss_mb": consumer, "cpu_s": 1.0, "processes": 2}
     if jvm:
         memory["spark_jvm"] = {"peak_rss_mb": jvm, "max_process_rss_mb": jvm, "cpu_s": 1.0, "processes": 1}
-    return {"system": system, "workload": workload, "scale": scale, "waveforms": 10, "chunks": 160,
-            "payload_bytes": 10 * 2**20, "wall_s": wall, "mb_s": 10.0, "chunks_s": 100, "of_ceiling": of_ceiling,
-            "stages": {"consume": wall / 2}, "memory": memory, "check": "ok", "error": None, "info": {}}
+    return {
+        "system": system,
+        "workload": workload,
+        "scale": scale,
+        "waveforms": 10,
+        "chunks": 160,
+        "payload_bytes": 10 * 2**20,
+        "wall_s": wall,
+        "mb_s": 10.0,
+        "chunks_s": 100,
+        "of_ceiling": of_ceiling,
+        "stages": {"consume": wall / 2},
+        "memory": memory,
+        "check": "ok",
+        "error": None,
+        "info": {},
+    }
 
 
 def _results(measurements):
-    machine = {"cpu": "cpu", "cores": 2, "memory_gib": 24, "os": "Linux", "python": "3.11", "kafka": "4.2.0",
-               "pyspark": "4.2.0", "delta_spark": "4.4.0", "confluent_kafka": "2", "librdkafka": "2", "kcat": None}
-    return {"command": "wavepipe bench", "started_at": "t", "seconds": 1.0, "machine": machine,
-            "options": {"scale": 4, "partitions": 4, "parallelism": 2}, "skipped": [], "measurements": measurements}
+    machine = {
+        "cpu": "cpu",
+        "cores": 2,
+        "memory_gib": 24,
+        "os": "Linux",
+        "python": "3.11",
+        "kafka": "4.2.0",
+        "pyspark": "4.2.0",
+        "delta_spark": "4.4.0",
+        "confluent_kafka": "2",
+        "librdkafka": "2",
+        "kcat": None,
+    }
+    return {
+        "command": "wavepipe bench",
+        "started_at": "t",
+        "seconds": 1.0,
+        "machine": machine,
+        "options": {"scale": 4, "partitions": 4, "parallelism": 2},
+        "skipped": [],
+        "measurements": measurements,
+    }
 
 
 def _warm(repeat, wall):
@@ -42,18 +78,25 @@ def _warm(repeat, wall):
 
 
 def test_goals_follow_from_the_numbers():
-    results = _results([
-        _m("ceiling_confluent", "large", 1, 2.0, of_ceiling=1.0),
-        _m("wavepipe", "large", 1, 5.0, consumer=100, jvm=1000, of_ceiling=0.4),
-        _m("python_consumer", "large", 1, 9.0),
-        _m("spark_kafka_source", "large", 1, 6.0),
-        _m("wavepipe", "large", 4, 18.0, consumer=110, jvm=1300, of_ceiling=0.1),
-        _m("python_consumer", "large", 4, 20.0),
-        _warm(1, 12.0), _warm(3, 4.0), _warm(2, 6.0), _warm(4, 4.5),
-    ])
+    results = _results(
+        [
+            _m("ceiling_confluent", "large", 1, 2.0, of_ceiling=1.0),
+            _m("wavepipe", "large", 1, 5.0, consumer=100, jvm=1000, of_ceiling=0.4),
+            _m("python_consumer", "large", 1, 9.0),
+            _m("spark_kafka_source", "large", 1, 6.0),
+            _m("wavepipe", "large", 4, 18.0, consumer=110, jvm=1300, of_ceiling=0.1),
+            _m("python_consumer", "large", 4, 20.0),
+            _warm(1, 12.0),
+            _warm(3, 4.0),
+            _warm(2, 6.0),
+            _warm(4, 4.5),
+        ]
+    )
     results["engine_start"] = {"up_s": 7.5, "attach_and_first_query_s": 1.25, "warm_query_s": 0.05}
-    results["engine_warmup"] = [{"repeat": 1, "wall_s": 9.25, "check": "ok", "error": None},
-                                {"repeat": 2, "wall_s": 0, "check": "", "error": "RuntimeError: boom"}]
+    results["engine_warmup"] = [
+        {"repeat": 1, "wall_s": 9.25, "check": "ok", "error": None},
+        {"repeat": 2, "wall_s": 0, "check": "", "error": "RuntimeError: boom"},
+    ]
     verdicts = {name: (met, numbers) for name, met, numbers in goals(results)}
     assert verdicts["wavepipe >= 2.0x Spark Kafka source + group-by (large)"] == (False, "1.20x")
     assert verdicts["wavepipe >= 0.5x hand-written Python consumer (large)"] == (True, "1.80x")
@@ -61,9 +104,14 @@ def test_goals_follow_from_the_numbers():
     assert verdicts["wavepipe end to end >= 15% of the ceiling (large x4)"] == (False, "10% of the ceiling")
     # the steady state: the median of the runs after the first (4.0, 4.5, 6.0), not the first's 12 s
     assert verdicts["a small run (ten 1 MiB waveforms) with the engine warm takes <= 5 s from plan to commit"] == (
-        True, "4.5 s, the median of 3 run(s) after the first; the first took 12.0 s")
+        True,
+        "4.5 s, the median of 3 run(s) after the first; the first took 12.0 s",
+    )
     growth = {k: v for k, v in verdicts.items() if "grows" in k and "(large)" in k}
-    assert growth["wavepipe Kafka reader / consumer processes peak RSS grows < 20% at 4x (large)"] == (True, "100 -> 110 MB (+10%)")
+    assert growth["wavepipe Kafka reader / consumer processes peak RSS grows < 20% at 4x (large)"] == (
+        True,
+        "100 -> 110 MB (+10%)",
+    )
     assert growth["wavepipe Spark JVM peak RSS grows < 20% at 4x (large)"] == (False, "1000 -> 1300 MB (+30%)")
     assert not any("Python driver" in k for k in growth)  # a role neither run had is no goal
     assert all(met is None for name, (met, _) in verdicts.items() if "(small)" in name)  # nothing measured there
@@ -74,8 +122,10 @@ def test_goals_follow_from_the_numbers():
     assert "| wavepipe (end to end) | large | 5.0 | 18.0 | 3.60 | spark_jvm: 1000 -> 1300 |" in page
     assert "7.5 s until it accepts connections, then 1.2 s for a new session" in page
     assert "| 1 | 12.0 | 0.1 | 0.5 | 11.0 | 0.4 |" in page
-    assert "2 throw-away small run(s) like those below warmed the engine up (its JIT, its caches), as a long-lived " \
-           "engine is: 9.2 s, failed." in page
+    assert (
+        "2 throw-away small run(s) like those below warmed the engine up (its JIT, its caches), as a long-lived "
+        "engine is: 9.2 s, failed." in page
+    )
     assert page.index("| 1 | 12.0 |") < page.index("| 2 | 6.0 |") < page.index("| 3 | 4.0 |")
 
 
@@ -83,18 +133,25 @@ def test_a_failed_warm_run_is_left_out_and_one_run_is_its_own_steady_state():
     failed = dict(_warm(2, 1.0), error="RuntimeError: boom")
     verdicts = {name: (met, numbers) for name, met, numbers in goals(_results([_warm(1, 7.0), failed]))}
     assert verdicts["a small run (ten 1 MiB waveforms) with the engine warm takes <= 5 s from plan to commit"] == (
-        False, "7.0 s, one run, the first in its home")
+        False,
+        "7.0 s, one run, the first in its home",
+    )
 
 
 def test_the_gate_goal_follows_from_the_stages():
     wp = _m("wavepipe", "small", 1, 40.0)
-    wp["stages"] = {"consume": 4.0, "validate: Great Expectations suites, Data Docs": 6.0,
-                    "validate: checked columns (from the manifest, no payload)": 4.0,
-                    "publish: assemble from the staged chunks, write the output once": 9.0}
+    wp["stages"] = {
+        "consume": 4.0,
+        "validate: Great Expectations suites, Data Docs": 6.0,
+        "validate: checked columns (from the manifest, no payload)": 4.0,
+        "publish: assemble from the staged chunks, write the output once": 9.0,
+    }
     slow = dict(_m("wavepipe", "large", 1, 40.0), stages={"validate: waveform plot": 12.0})
     verdicts = {name: (met, numbers) for name, met, numbers in goals(_results([wp, slow]))}
     assert verdicts["the validation gate adds <= 1/3 to wavepipe's wall time (small)"] == (
-        True, "+10.0 s on 30.0 s (33%; publishing, the run's one write of the output, not included)")
+        True,
+        "+10.0 s on 30.0 s (33%; publishing, the run's one write of the output, not included)",
+    )
     assert verdicts["the validation gate adds <= 1/3 to wavepipe's wall time (large)"][0] is False
 
 
@@ -108,8 +165,9 @@ def test_a_server_beside_the_measured_system_is_not_counted_as_its_memory():
     from wavepipe.bench.monitor import Monitor
 
     # a stand-in process whose command line reads as a Spark JVM (only the role is looked at)
-    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)",
-                               "org.apache.spark.deploy.SparkSubmit"])
+    server = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)", "org.apache.spark.deploy.SparkSubmit"]
+    )
     try:
         time.sleep(0.3)
         with Monitor(interval=0.05) as counted:

@@ -11,13 +11,17 @@ def _parsers(parser: argparse.ArgumentParser):
     yield parser.prog, parser
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
+            for sub in action.choices.values():
                 yield from _parsers(sub)
 
 
 def test_every_option_of_every_command_has_a_help_text():
-    missing = [f"{prog} {'/'.join(a.option_strings)}" for prog, parser in _parsers(build_parser())
-               for a in parser._actions if a.option_strings and not a.help]
+    missing = [
+        f"{prog} {'/'.join(a.option_strings)}"
+        for prog, parser in _parsers(build_parser())
+        for a in parser._actions
+        if a.option_strings and not a.help
+    ]
     assert missing == []
 
 

@@ -8,8 +8,10 @@ from wavepipe.config import SettingsError, load_settings
 
 def test_precedence_defaults_file_env_overrides(tmp_path, monkeypatch):
     cfg = tmp_path / "wavepipe.toml"
-    cfg.write_text('[wavepipe]\ntopic = "from-file"\ngroup = "g-file"\nchunk_size = 1024\n'
-                   '[wavepipe.kafka_client_config]\n"security.protocol" = "SSL"\n')
+    cfg.write_text(
+        '[wavepipe]\ntopic = "from-file"\ngroup = "g-file"\nchunk_size = 1024\n'
+        '[wavepipe.kafka_client_config]\n"security.protocol" = "SSL"\n'
+    )
     monkeypatch.setenv("WAVEPIPE_CONFIG", str(cfg))
     monkeypatch.setenv("WAVEPIPE_GROUP", "g-env")
     monkeypatch.delenv("WAVEPIPE_TOPIC", raising=False)
@@ -34,27 +36,30 @@ def test_unknown_setting_and_bad_values_are_clear_errors(monkeypatch):
     with pytest.raises(ValueError, match="'no_such_thing' is not a wavepipe setting"):
         load_settings(no_such_thing=1)
     monkeypatch.setenv("WAVEPIPE_KAFKA_CLIENT_CONFIG", "[1, 2]")
-    with pytest.raises(ValueError, match="^WAVEPIPE_KAFKA_CLIENT_CONFIG: kafka_client_config must be a JSON object"):
+    with pytest.raises(ValueError, match=r"^WAVEPIPE_KAFKA_CLIENT_CONFIG: kafka_client_config must be a JSON object"):
         load_settings()
 
 
-@pytest.mark.parametrize("name, value, rule", [
-    ("max_records_per_partition", "-5", "0 \\(no cap\\) or a positive"),
-    ("max_bytes_per_partition", "-1", "0 \\(no cap\\) or a positive"),
-    ("partitions", "0", "at least 1"),
-    ("partitions", "two", "an integer"),
-    ("partitions", "1.5", "an integer"),
-    ("consume_parallelism", "0", "at least 1"),
-    ("consume_in_process_max_records", "-1", "0 or more records"),
-    ("reader_stall_timeout_s", "nan", "positive number of seconds"),
-    ("validate_mostly", "1.5", "fraction"),
-    ("max_waveform_bytes", str(2**31), "1 to 1073741824"),
-    ("output_batch_bytes", "0", "at least 1 byte"),
-    ("topic", "wave forms", "Kafka topic name"),
-    ("new_group_start", "yesterday", "earliest, latest, an ISO-8601 instant"),
-    ("spark_driver_memory", "2 gb", "JVM size"),
-    ("bootstrap_servers", "localhost", "host:port"),
-])
+@pytest.mark.parametrize(
+    "name, value, rule",
+    [
+        ("max_records_per_partition", "-5", "0 \\(no cap\\) or a positive"),
+        ("max_bytes_per_partition", "-1", "0 \\(no cap\\) or a positive"),
+        ("partitions", "0", "at least 1"),
+        ("partitions", "two", "an integer"),
+        ("partitions", "1.5", "an integer"),
+        ("consume_parallelism", "0", "at least 1"),
+        ("consume_in_process_max_records", "-1", "0 or more records"),
+        ("reader_stall_timeout_s", "nan", "positive number of seconds"),
+        ("validate_mostly", "1.5", "fraction"),
+        ("max_waveform_bytes", str(2**31), "1 to 1073741824"),
+        ("output_batch_bytes", "0", "at least 1 byte"),
+        ("topic", "wave forms", "Kafka topic name"),
+        ("new_group_start", "yesterday", "earliest, latest, an ISO-8601 instant"),
+        ("spark_driver_memory", "2 gb", "JVM size"),
+        ("bootstrap_servers", "localhost", "host:port"),
+    ],
+)
 def test_every_source_of_a_setting_is_checked_and_named(monkeypatch, tmp_path, name, value, rule):
     """The same bad value is refused from the TOML file (naming the file and key), from the
     environment (naming the variable) and as an override (a flag or DAG param)."""
@@ -80,13 +85,15 @@ def test_every_source_of_a_setting_is_checked_and_named(monkeypatch, tmp_path, n
 def test_a_typo_in_the_file_suggests_the_setting_and_secrets_are_masked(monkeypatch, tmp_path):
     monkeypatch.delenv("WAVEPIPE_CONFIG", raising=False)
     toml = tmp_path / "wavepipe.toml"
-    toml.write_text('[wavepipe]\nmax_record_per_partition = 5\n')
+    toml.write_text("[wavepipe]\nmax_record_per_partition = 5\n")
     monkeypatch.setenv("WAVEPIPE_CONFIG", str(toml))
     with pytest.raises(SettingsError, match="did you mean 'max_records_per_partition'"):
         load_settings()
     monkeypatch.delenv("WAVEPIPE_CONFIG")
-    s = load_settings(kafka_client_config={"sasl.password": "hunter2", "ssl.key.pem": "PEM", "sasl.username": "u"},
-                      spark_conf={"spark.hadoop.fs.s3a.secret.key": "abc", "spark.ui.enabled": "false"})
+    s = load_settings(
+        kafka_client_config={"sasl.password": "hunter2", "ssl.key.pem": "PEM", "sasl.username": "u"},
+        spark_conf={"spark.hadoop.fs.s3a.secret.key": "abc", "spark.ui.enabled": "false"},
+    )
     shown = s.as_dict(redact=True)
     assert shown["kafka_client_config"] == {"sasl.password": "*****", "ssl.key.pem": "*****", "sasl.username": "u"}
     assert shown["spark_conf"] == {"spark.hadoop.fs.s3a.secret.key": "*****", "spark.ui.enabled": "false"}
@@ -96,8 +103,9 @@ def test_a_typo_in_the_file_suggests_the_setting_and_secrets_are_masked(monkeypa
 def test_a_small_run_gets_the_short_lived_jvm_options_and_a_large_one_the_defaults(tmp_path):
     from wavepipe.spark import SMALL_RUN_JAVA_OPTIONS, is_small_run, spark_submit_command
 
-    s = load_settings(home=tmp_path, spark_small_run_bytes=1000,
-                      spark_conf={"spark.driver.extraJavaOptions": "-Dmine=1"})
+    s = load_settings(
+        home=tmp_path, spark_small_run_bytes=1000, spark_conf={"spark.driver.extraJavaOptions": "-Dmine=1"}
+    )
     assert is_small_run(s, 0) and is_small_run(s, 1000) and not is_small_run(s, 1001)
     assert not is_small_run(s.replace(spark_small_run_bytes=0), 10), "0 turns it off"
 
@@ -152,8 +160,10 @@ def test_an_installed_wavepipe_keeps_its_state_in_the_users_folders(tmp_path, mo
 def test_check_settings_names_where_and_which_setting():
     from wavepipe.config import check_settings
 
-    assert check_settings({"home": "/srv/w", "partitions": "3", "topic": None}, "x") == \
-        {"home": Path("/srv/w"), "partitions": 3}
+    assert check_settings({"home": "/srv/w", "partitions": "3", "topic": None}, "x") == {
+        "home": Path("/srv/w"),
+        "partitions": 3,
+    }
     with pytest.raises(SettingsError, match=r"^the DAG's settings\['hme'\]: 'hme' is not a wavepipe setting.*home"):
         check_settings({"hme": "/srv/w"}, "the DAG's settings")
     with pytest.raises(SettingsError, match=r"^s\['partitions'\]: partitions must be an integer"):

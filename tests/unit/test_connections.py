@@ -5,16 +5,19 @@ import pytest
 from wavepipe.airflow.hooks import spark_master_from_connection
 
 
-@pytest.mark.parametrize("host, port, extra, master", [
-    ("spark://spark-master", 7077, {}, "spark://spark-master:7077"),
-    ("spark-master", 7077, {}, "spark://spark-master:7077"),  # the Spark provider's form: host and port
-    ("yarn", None, {}, "yarn"),
-    ("k8s://https://kube-api:6443", None, {}, "k8s://https://kube-api:6443"),
-    ("local[4]", None, {}, "local[4]"),
-    ("spark-master", None, {}, "spark://spark-master:7077"),  # no port: the standalone default
-    ("spark://a:7078", None, {}, "spark://a:7078"),
-    ("ignored", 1, {"master": "spark://a:7077,b:7077"}, "spark://a:7077,b:7077"),  # standby masters
-])
+@pytest.mark.parametrize(
+    "host, port, extra, master",
+    [
+        ("spark://spark-master", 7077, {}, "spark://spark-master:7077"),
+        ("spark-master", 7077, {}, "spark://spark-master:7077"),  # the Spark provider's form: host and port
+        ("yarn", None, {}, "yarn"),
+        ("k8s://https://kube-api:6443", None, {}, "k8s://https://kube-api:6443"),
+        ("local[4]", None, {}, "local[4]"),
+        ("spark-master", None, {}, "spark://spark-master:7077"),  # no port: the standalone default
+        ("spark://a:7078", None, {}, "spark://a:7078"),
+        ("ignored", 1, {"master": "spark://a:7077,b:7077"}, "spark://a:7077,b:7077"),  # standby masters
+    ],
+)
 def test_spark_connection_names_the_master(host, port, extra, master):
     assert spark_master_from_connection(host, port, extra) == master
 

@@ -21,8 +21,16 @@ def test_the_dag_folder_imports_with_its_wiring():
     dag = bag.dags["wavepipe_ingest"]
     assert [t.task_id for t in dag.topological_sort()] == ["plan", "consume", "reassemble", "validate", "commit"]
     assert dag.max_active_runs == 1 and not dag.catchup
-    assert set(dag.params) == {"topic", "group", "max_records", "max_bytes", "skip_lost_offsets", "window_start", "window_end",
-                               "new_group_start"}
+    assert set(dag.params) == {
+        "topic",
+        "group",
+        "max_records",
+        "max_bytes",
+        "skip_lost_offsets",
+        "window_start",
+        "window_end",
+        "new_group_start",
+    }
     assert type(dag.timetable).__name__ == "DeltaDataIntervalTimetable"  # data intervals: a backfill run's window
     rewind = bag.dags["wavepipe_rewind"]
     assert [t.task_id for t in rewind.tasks] == ["rewind"] and rewind.schedule is None
@@ -32,10 +40,20 @@ def test_the_dag_folder_imports_with_its_wiring():
 def test_two_pipelines_side_by_side_each_with_its_own_settings_and_connections():
     from wavepipe.airflow.dags import wavepipe_ingest_dag, wavepipe_rewind_dag
 
-    seismic = wavepipe_ingest_dag(dag_id="seismic", topic="seismic", group="seismic-ingest",
-                                  settings={"home": Path("/data/seismic"), "max_records_per_partition": 500})
-    wards = wavepipe_ingest_dag(dag_id="wards", topic="ecg", schedule=None, kafka_conn_id="wards_kafka",
-                                spark_conn_id="wards_spark", tags=["wards"])
+    seismic = wavepipe_ingest_dag(
+        dag_id="seismic",
+        topic="seismic",
+        group="seismic-ingest",
+        settings={"home": Path("/data/seismic"), "max_records_per_partition": 500},
+    )
+    wards = wavepipe_ingest_dag(
+        dag_id="wards",
+        topic="ecg",
+        schedule=None,
+        kafka_conn_id="wards_kafka",
+        spark_conn_id="wards_spark",
+        tags=["wards"],
+    )
     rewind = wavepipe_rewind_dag(dag_id="seismic_rewind", topic="seismic", settings={"home": "/data/seismic"})
     assert [t.task_id for t in seismic.topological_sort()] == ["plan", "consume", "reassemble", "validate", "commit"]
     assert seismic.params["topic"] == "seismic" and seismic.params["group"] == "seismic-ingest"
@@ -48,24 +66,34 @@ def test_two_pipelines_side_by_side_each_with_its_own_settings_and_connections()
         assert kwargs["settings_overrides"] == {"home": "/data/seismic", "max_records_per_partition": 500}, task
     plan = seismic.get_task("plan")
     assert (plan.wavepipe_conn_id, plan.spark_conn_id) == ("wavepipe_kafka", "wavepipe_spark")
-    assert (wards.get_task("plan").wavepipe_conn_id, wards.get_task("commit").spark_conn_id) == \
-        ("wards_kafka", "wards_spark")
+    assert (wards.get_task("plan").wavepipe_conn_id, wards.get_task("commit").spark_conn_id) == (
+        "wards_kafka",
+        "wards_spark",
+    )
     assert rewind.get_task("rewind").settings_overrides == {"home": "/data/seismic"}
     # None is no value (as for load_settings' overrides); ~ is the workers' home, kept as written
-    assert wavepipe_ingest_dag(dag_id="n", settings={"topic": None, "home": "~/w"}).get_task("plan") \
-        .settings_overrides == {"home": "~/w"}
+    assert wavepipe_ingest_dag(dag_id="n", settings={"topic": None, "home": "~/w"}).get_task(
+        "plan"
+    ).settings_overrides == {"home": "~/w"}
     assert rewind.params["topic"] == "seismic" and rewind.schedule is None
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    ({"settings": {"hme": "/x"}}, SettingsError, "'hme' is not a wavepipe setting; did you mean 'home'"),
-    ({"settings": {"partitions": "many"}}, SettingsError, "partitions must be an integer"),
-    ({"topic": "two words"}, SettingsError, "must be a Kafka topic name"),
-    ({"group": " "}, SettingsError, "must be a non-empty consumer group name"),
-    ({"topic": "a", "settings": {"topic": "b"}}, ValueError, "topic as the factory's argument or in settings, not both"),
-    ({"settings": {"home": "data/seismic"}}, SettingsError, "home must be an absolute path in a DAG's settings"),
-    ({"settings": {"home": 7}}, SettingsError, "home must be a string, got 7"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"settings": {"hme": "/x"}}, SettingsError, "'hme' is not a wavepipe setting; did you mean 'home'"),
+        ({"settings": {"partitions": "many"}}, SettingsError, "partitions must be an integer"),
+        ({"topic": "two words"}, SettingsError, "must be a Kafka topic name"),
+        ({"group": " "}, SettingsError, "must be a non-empty consumer group name"),
+        (
+            {"topic": "a", "settings": {"topic": "b"}},
+            ValueError,
+            "topic as the factory's argument or in settings, not both",
+        ),
+        ({"settings": {"home": "data/seismic"}}, SettingsError, "home must be an absolute path in a DAG's settings"),
+        ({"settings": {"home": 7}}, SettingsError, "home must be a string, got 7"),
+    ],
+)
 def test_what_a_dag_file_gets_wrong_is_an_import_error_naming_it(kwargs, error, match):
     from wavepipe.airflow.dags import wavepipe_ingest_dag
 

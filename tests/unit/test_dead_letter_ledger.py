@@ -5,7 +5,12 @@ import json
 
 from wavepipe.config import load_settings
 from wavepipe.consumers.committer import (
-    METADATA_MAX_CHARS, commit_metadata, covers, ledger_published, merge_intervals, published_in_metadata,
+    METADATA_MAX_CHARS,
+    commit_metadata,
+    covers,
+    ledger_published,
+    merge_intervals,
+    published_in_metadata,
     record_published,
 )
 from wavepipe.plan import OffsetRange, RunPlan
@@ -19,7 +24,7 @@ def test_intervals_merge_when_they_overlap_or_touch_and_empty_ones_vanish():
     assert merge_intervals([[5, 8], [0, 3], [3, 5], [10, 12], [12, 12], [11, 15]]) == [[0, 8], [10, 15]]
     assert merge_intervals([]) == []
     merged = [[0, 8], [10, 15]]
-    assert [o for o in range(17) if covers(merged, o)] == [*range(0, 8), *range(10, 15)]
+    assert [o for o in range(17) if covers(merged, o)] == [*range(8), *range(10, 15)]
     assert not covers([], 0)
 
 
@@ -38,7 +43,7 @@ def test_metadata_stays_within_kafkas_limit_keeping_the_newest_intervals():
     metadata = commit_metadata(_plan(), 0, many, "dlq")
     assert len(metadata) <= METADATA_MAX_CHARS < 4096
     kept = published_in_metadata(metadata, "dlq")
-    assert kept and kept[-1] == many[-1] and kept == many[-len(kept):]
+    assert kept and kept[-1] == many[-1] and kept == many[-len(kept) :]
 
 
 def test_the_ledger_adds_up_per_dead_letter_topic_and_partition(tmp_path):

@@ -39,8 +39,14 @@ HOSTILE = {
 
 def _row(name: str, samples: np.ndarray, rate: float, waveform_id: str | None = None) -> dict:
     samples = samples if samples.ndim == 2 else samples[:, None]
-    return {"waveform_id": waveform_id or name, "source": "s" * 500, "dtype": samples.dtype.str,
-            "channels": samples.shape[1], "sample_rate": rate, "payload": samples.tobytes()}
+    return {
+        "waveform_id": waveform_id or name,
+        "source": "s" * 500,
+        "dtype": samples.dtype.str,
+        "channels": samples.shape[1],
+        "sample_rate": rate,
+        "payload": samples.tobytes(),
+    }
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
@@ -102,8 +108,13 @@ def test_a_failing_page_or_trend_becomes_a_note_with_a_plain_page(tmp_path, monk
     from wavepipe import pipeline
 
     settings = load_settings(home=tmp_path / "home")
-    report = build_report(PLAN, CONSUMED, _reassembled(dead_letter=1), {},
-                          validation={"success": True, "suites": [], "rows": {}, "notes": ["plot failed: x"]})
+    report = build_report(
+        PLAN,
+        CONSUMED,
+        _reassembled(dead_letter=1),
+        {},
+        validation={"success": True, "suites": [], "rows": {}, "notes": ["plot failed: x"]},
+    )
 
     def broken(*args, **kwargs):
         raise OSError("no space left on device")
@@ -113,8 +124,11 @@ def test_a_failing_page_or_trend_becomes_a_note_with_a_plain_page(tmp_path, monk
     page = pipeline._write_report(settings, report)
     assert page == html_path(settings, PLAN.run_id) and page.exists()
     notes = json.loads(json_path(settings, PLAN.run_id).read_text())["notes"]
-    assert notes == ["plot failed: x", "the validation trend failed: no space left on device",
-                     "the run's page failed: no space left on device"]
+    assert notes == [
+        "plot failed: x",
+        "the validation trend failed: no space left on device",
+        "the run's page failed: no space left on device",
+    ]
     assert "the run&#x27;s page failed" in page.read_text()
     assert "Error" not in " ".join(notes)
 
@@ -122,13 +136,20 @@ def test_a_failing_page_or_trend_becomes_a_note_with_a_plain_page(tmp_path, monk
 def test_the_plot_picks_the_earliest_small_waveforms_of_a_frame_collected_in_the_client():
     import pandas as pd
 
-    checked = pd.DataFrame({
-        "waveform_id": ["late", "big", "first", "second", "other-partition"],
-        "source": "s", "dtype": "<f4", "channels": 1, "sample_rate": 1.0, "checksum": "sha256:x",
-        "written_from": "staged",
-        "partition": [0, 0, 0, 0, 1], "first_offset": [90, 1, 5, 7, 0],
-        "size_bytes": [10, validate._PLOT_MAX_BYTES + 1, 10, 10, 10],
-        "in_table": [False, True, False, False, False],
-    })
+    checked = pd.DataFrame(
+        {
+            "waveform_id": ["late", "big", "first", "second", "other-partition"],
+            "source": "s",
+            "dtype": "<f4",
+            "channels": 1,
+            "sample_rate": 1.0,
+            "checksum": "sha256:x",
+            "written_from": "staged",
+            "partition": [0, 0, 0, 0, 1],
+            "first_offset": [90, 1, 5, 7, 0],
+            "size_bytes": [10, validate._PLOT_MAX_BYTES + 1, 10, 10, 10],
+            "in_table": [False, True, False, False, False],
+        }
+    )
     assert [p["waveform_id"] for p in validate._plot_picks(checked)] == ["first", "second", "late"]
     assert validate._output_counts(checked) == {"rows": 5, "in_table": 1, "bytes": validate._PLOT_MAX_BYTES + 41}

@@ -22,14 +22,28 @@ def test_interleaved_in_order_waveforms_each_get_the_sha256_of_their_joined_chun
     one, one_sum = waveform_records("one", 1, seed=3)
     rows = _feed(InOrderDigests("t", 4), [a[0], b[0], a[1], one[0], b[1], a[2]], first_offset=100)
     assert [(r["waveform_id"], r["digest"], r["checksum"]) for r in rows] == [
-        ("one", one_sum, one_sum), ("b", b_sum, b_sum), ("a", a_sum, a_sum)]
+        ("one", one_sum, one_sum),
+        ("b", b_sum, b_sum),
+        ("a", a_sum, a_sum),
+    ]
     by_id = {r["waveform_id"]: r for r in rows}
-    assert (by_id["a"]["partition"], by_id["a"]["first_offset"], by_id["a"]["last_offset"], by_id["a"]["n_chunks"]) \
-        == (4, 100, 105, 3)
+    assert (by_id["a"]["partition"], by_id["a"]["first_offset"], by_id["a"]["last_offset"], by_id["a"]["n_chunks"]) == (
+        4,
+        100,
+        105,
+        3,
+    )
     chunk = parse_chunk(a[0][1], a[0][2])
-    facts = {"waveform_id": "a", "source": chunk.meta.source, "dtype": chunk.meta.dtype,
-             "channels": chunk.meta.channels, "sample_rate": chunk.meta.sample_rate, "start_ns": chunk.meta.start_ns,
-             "checksum": a_sum, "topic": "t"}
+    facts = {
+        "waveform_id": "a",
+        "source": chunk.meta.source,
+        "dtype": chunk.meta.dtype,
+        "channels": chunk.meta.channels,
+        "sample_rate": chunk.meta.sample_rate,
+        "start_ns": chunk.meta.start_ns,
+        "checksum": a_sum,
+        "topic": "t",
+    }
     size = sum(len(v) for _, _, v in a)
     assert by_id["a"] == {**output_facts(facts, size, 3, 4, 100, 105), "digest": a_sum}
     pa.Table.from_pylist(rows, schema=DIGEST_SCHEMA)  # the rows fit the staged file's schema
@@ -49,10 +63,20 @@ def test_out_of_order_repeated_or_mixed_chunks_get_no_digest():
     other, _ = waveform_records("b", 3, seed=9)  # another content under b's id
     c, c_sum = waveform_records("c", 2, seed=3)
     d, _ = waveform_records("d", 2, seed=4)
-    records = [a[1], a[0], a[2],                 # out of order
-               b[0], other[1], b[1], b[2],       # a chunk of another content in between
-               c[0], c[0], c[1],                 # a repeated chunk: seq 0 starts over, so c still completes
-               d[0], with_headers(d, 1, **{"wp-count": b"3"})]  # chunks disagree on wp-count
+    records = [
+        a[1],
+        a[0],
+        a[2],  # out of order
+        b[0],
+        other[1],
+        b[1],
+        b[2],  # a chunk of another content in between
+        c[0],
+        c[0],
+        c[1],  # a repeated chunk: seq 0 starts over, so c still completes
+        d[0],
+        with_headers(d, 1, **{"wp-count": b"3"}),
+    ]  # chunks disagree on wp-count
     rows = _feed(InOrderDigests("t", 0), records)
     assert [(r["waveform_id"], r["digest"]) for r in rows] == [("c", c_sum)]
 

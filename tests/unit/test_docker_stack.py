@@ -17,9 +17,10 @@ import shutil
 import subprocess
 import tempfile
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -207,6 +208,7 @@ def _hostnames(name: str, service: dict) -> set[str]:
 
 # --- the checks ------------------------------------------------------------------------------------
 
+
 def check_wavepipe_settings(stack: Stack) -> list[str]:
     """Every WAVEPIPE_* variable names a wavepipe setting, takes a valid value for it, and every
     container that has any has the same set (the shared x-wavepipe-env)."""
@@ -216,7 +218,7 @@ def check_wavepipe_settings(stack: Stack) -> list[str]:
     for name, service in services(stack).items():
         env = {k: v for k, v in environment(service).items() if k.startswith("WAVEPIPE_")}
         for key in env:
-            if key[len("WAVEPIPE_"):].lower() not in fields:
+            if key[len("WAVEPIPE_") :].lower() not in fields:
                 problems.append(f"{name}: {key} is not a wavepipe setting (wavepipe/config.py)")
         if env:
             sets[name] = env
@@ -264,8 +266,9 @@ def check_bootstrap_servers(stack: Stack) -> list[str]:
         advertised.append(f"{host}:{port}")
     configured = [s.strip() for s in wavepipe_env(stack).get("WAVEPIPE_BOOTSTRAP_SERVERS", "").split(",") if s.strip()]
     if sorted(configured) != sorted(advertised) or len(configured) != len(set(configured)):
-        problems.append(f"WAVEPIPE_BOOTSTRAP_SERVERS is {','.join(configured)}; the brokers advertise "
-                        f"{','.join(advertised)}")
+        problems.append(
+            f"WAVEPIPE_BOOTSTRAP_SERVERS is {','.join(configured)}; the brokers advertise {','.join(advertised)}"
+        )
     return problems
 
 
@@ -285,13 +288,17 @@ def check_kafka_cluster(stack: Stack) -> list[str]:
         voters.add(f"{env.get('KAFKA_NODE_ID')}@{brokers[name].get('hostname') or name}:{controller[1]}")
     for name, env in envs.items():
         if set(env.get("KAFKA_CONTROLLER_QUORUM_VOTERS", "").split(",")) != voters:
-            problems.append(f"{name}: quorum voters {env.get('KAFKA_CONTROLLER_QUORUM_VOTERS')} are not the "
-                            f"three nodes ({','.join(sorted(voters))})")
+            problems.append(
+                f"{name}: quorum voters {env.get('KAFKA_CONTROLLER_QUORUM_VOTERS')} are not the "
+                f"three nodes ({','.join(sorted(voters))})"
+            )
         if set(env.get("KAFKA_PROCESS_ROLES", "").split(",")) != {"broker", "controller"}:
             problems.append(f"{name}: process roles {env.get('KAFKA_PROCESS_ROLES')}, not broker,controller")
         expected = {
-            "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "3", "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "3",
-            "KAFKA_DEFAULT_REPLICATION_FACTOR": "3", "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "2",
+            "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR": "3",
+            "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "3",
+            "KAFKA_DEFAULT_REPLICATION_FACTOR": "3",
+            "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR": "2",
             "KAFKA_MIN_INSYNC_REPLICAS": "2",
         }
         for key, value in expected.items():
@@ -312,8 +319,11 @@ def check_kafka_image_version(stack: Stack) -> list[str]:
     brokers = kafka_services(stack)
     if not brokers:
         return ["no apache/kafka service"]
-    return [f"{name}: image {s['image']}, but wavepipe resolves Kafka {version} (wavepipe/resources/kafka-pom.xml)"
-            for name, s in brokers.items() if s["image"] != f"apache/kafka:{version}"]
+    return [
+        f"{name}: image {s['image']}, but wavepipe resolves Kafka {version} (wavepipe/resources/kafka-pom.xml)"
+        for name, s in brokers.items()
+        if s["image"] != f"apache/kafka:{version}"
+    ]
 
 
 def check_spark_cluster(stack: Stack) -> list[str]:
@@ -327,7 +337,7 @@ def check_spark_cluster(stack: Stack) -> list[str]:
         return [f"WAVEPIPE_SPARK_MASTER is {url!r}, not spark://<host>:<port>"]
     if len(masters) != 1:
         return [f"expected one Spark master service, found {sorted(masters)}"]
-    (name, master), = masters.items()
+    ((name, master),) = masters.items()
     words = runs(master).split()
     option = lambda flag, default=None: words[words.index(flag) + 1] if flag in words else default  # noqa: E731
     if match[1] not in _hostnames(name, master):
@@ -344,7 +354,9 @@ def check_spark_cluster(stack: Stack) -> list[str]:
             problems.append(f"{worker_name} does not register with {url}: {runs(worker)}")
     images = {s.get("image") for s in [*masters.values(), *workers.values(), *task_runners(stack).values()]}
     if len(images) != 1:
-        problems.append(f"Spark and the Airflow workers must run one image (the driver's packages): {sorted(map(str, images))}")
+        problems.append(
+            f"Spark and the Airflow workers must run one image (the driver's packages): {sorted(map(str, images))}"
+        )
     return problems
 
 
@@ -360,7 +372,7 @@ def check_spark_engine(stack: Stack) -> list[str]:
     engines = spark_engines(stack)
     if len(engines) != 1:
         return [f"expected one service running `wavepipe spark serve`, found {sorted(engines)}"]
-    (name, engine), = engines.items()
+    ((name, engine),) = engines.items()
     words = runs(engine).split()
     option = lambda flag, default=None: words[words.index(flag) + 1] if flag in words else default  # noqa: E731
     if match[1] not in _hostnames(name, engine):
@@ -478,11 +490,11 @@ def check_connections(stack: Stack) -> list[str]:
     try:
         conns = {conn_id: _connection(env, conn_id) for conn_id in ids}
         for conn in conns.values():
-            conn.extra_dejson  # noqa: B018 - parses the extra
+            conn.extra_dejson
             json.loads(conn.extra or "{}")
     except (ValueError, TypeError) as exc:
         return [f"an AIRFLOW_CONN_* value does not parse as a JSON connection: {exc}"]
-    for conn_id, conn_type in zip(ids, ("kafka", "spark_connect")):
+    for conn_id, conn_type in zip(ids, ("kafka", "spark_connect"), strict=True):
         if conns[conn_id].conn_type != conn_type:
             problems.append(f"{conn_id}: conn_type {conns[conn_id].conn_type!r}, expected {conn_type!r}")
 
@@ -495,19 +507,29 @@ def check_connections(stack: Stack) -> list[str]:
 
     wp_env = wavepipe_env(stack)
     try:
-        with mock.patch.object(WavepipeHook, "get_connection", side_effect=get_connection), \
-                mock.patch.object(SparkConnectHook, "get_connection", side_effect=get_connection):
-            with only_these_wavepipe_variables(wp_env):
-                through_hook = WavepipeHook().get_settings()
+        with (
+            mock.patch.object(WavepipeHook, "get_connection", side_effect=get_connection),
+            mock.patch.object(SparkConnectHook, "get_connection", side_effect=get_connection),
+            only_these_wavepipe_variables(wp_env),
+        ):
+            through_hook = WavepipeHook().get_settings()
         direct = settings_of(wp_env)
     except (ValueError, TypeError) as exc:
         return problems + [f"wavepipe's hook rejects the connections: {exc}"]
     same = lambda field, v: v.rstrip("/") if field == "spark_remote" else v  # noqa: E731 - sc://h:p/ is sc://h:p
-    for field in ("bootstrap_servers", "kafka_client_config", "spark_engine", "spark_remote", "spark_master",
-                  "spark_conf"):
+    for field in (
+        "bootstrap_servers",
+        "kafka_client_config",
+        "spark_engine",
+        "spark_remote",
+        "spark_master",
+        "spark_conf",
+    ):
         if same(field, getattr(through_hook, field)) != same(field, getattr(direct, field)):
-            problems.append(f"{field}: the Airflow Connections give {getattr(through_hook, field)!r}, "
-                            f"WAVEPIPE_{field.upper()} gives {getattr(direct, field)!r}")
+            problems.append(
+                f"{field}: the Airflow Connections give {getattr(through_hook, field)!r}, "
+                f"WAVEPIPE_{field.upper()} gives {getattr(direct, field)!r}"
+            )
     return problems
 
 
@@ -544,7 +566,9 @@ def check_shell_snippets(stack: Stack) -> list[str]:
         if shell == "python-error":
             problems.append(f"{where}: {script}")
             continue
-        result = subprocess.run([shutil.which(shell) or shell, "-n", "-c", script], capture_output=True, text=True)
+        result = subprocess.run(
+            [shutil.which(shell) or shell, "-n", "-c", script], capture_output=True, text=True, check=False
+        )
         if result.returncode != 0:
             problems.append(f"{where}: {shell} -n says {result.stderr.strip()}")
     return problems
@@ -582,12 +606,14 @@ def check_image(dockerfile: str, deploy_lock: str, project_lock: str, pyproject:
             problems.append(f"docker/Dockerfile's pip install lacks `{needed}`: {install.strip()}")
     if " -e " in f"{install} " or "wavepipe-*.whl" not in install:
         problems.append(f"docker/Dockerfile does not install wavepipe's built wheel: {install.strip()}")
-    into_dags = {source for words in copies if words[-1].rstrip("/") == dags_folder.rstrip("/")
-                 for source in words[1:-1]}
+    into_dags = {
+        source for words in copies if words[-1].rstrip("/") == dags_folder.rstrip("/") for source in words[1:-1]
+    }
     for dag_file in sorted(p.name for p in (PROJECT_ROOT / "dags").glob("*.py") if p.name != "__init__.py"):
         if f"dags/{dag_file}" not in into_dags:
-            problems.append(f"docker/Dockerfile does not COPY dags/{dag_file} into the Airflow services' DAG "
-                            f"folder {dags_folder}")
+            problems.append(
+                f"docker/Dockerfile does not COPY dags/{dag_file} into the Airflow services' DAG folder {dags_folder}"
+            )
     if "pip check" not in dockerfile:
         problems.append("docker/Dockerfile does not run pip check")
     deploy, project = _pins(deploy_lock), _pins(project_lock)
@@ -603,27 +629,39 @@ def check_image(dockerfile: str, deploy_lock: str, project_lock: str, pyproject:
         if name in deploy and name not in project:
             problems.append(f"docker/requirements-deploy.lock has {name}, which replaces pyspark")
     if "apache-airflow-providers-apache-spark" in project and project.get("pyspark-client") != project.get("pyspark"):
-        problems.append(f"requirements.lock lacks pyspark-client=={project.get('pyspark')} (exactly pyspark's "
-                        f"version, so the Spark provider's pyspark-client does not replace pyspark's files)")
+        problems.append(
+            f"requirements.lock lacks pyspark-client=={project.get('pyspark')} (exactly pyspark's "
+            f"version, so the Spark provider's pyspark-client does not replace pyspark's files)"
+        )
     return problems
 
 
 def _image_inputs() -> dict[str, str]:
-    return {"dockerfile": (PROJECT_ROOT / "docker" / "Dockerfile").read_text(),
-            "deploy_lock": (PROJECT_ROOT / "docker" / "requirements-deploy.lock").read_text(),
-            "project_lock": (PROJECT_ROOT / "requirements.lock").read_text(),
-            "pyproject": (PROJECT_ROOT / "pyproject.toml").read_text(),
-            "dags_folder": environment(services(load_stack())["airflow-scheduler"])["AIRFLOW__CORE__DAGS_FOLDER"]}
+    return {
+        "dockerfile": (PROJECT_ROOT / "docker" / "Dockerfile").read_text(),
+        "deploy_lock": (PROJECT_ROOT / "docker" / "requirements-deploy.lock").read_text(),
+        "project_lock": (PROJECT_ROOT / "requirements.lock").read_text(),
+        "pyproject": (PROJECT_ROOT / "pyproject.toml").read_text(),
+        "dags_folder": environment(services(load_stack())["airflow-scheduler"])["AIRFLOW__CORE__DAGS_FOLDER"],
+    }
 
 
 CHECKS: list[Callable[[Stack], list[str]]] = [
-    check_wavepipe_settings, check_bootstrap_servers, check_kafka_cluster, check_kafka_image_version,
-    check_spark_cluster, check_spark_engine, check_shared_home, check_celery_on_postgres, check_connections,
+    check_wavepipe_settings,
+    check_bootstrap_servers,
+    check_kafka_cluster,
+    check_kafka_image_version,
+    check_spark_cluster,
+    check_spark_engine,
+    check_shared_home,
+    check_celery_on_postgres,
+    check_connections,
     check_shell_snippets,
 ]
 
 
 # --- the tests ---------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def stack() -> Stack:
@@ -675,7 +713,7 @@ def _edit_conn(stack: Stack, variable: str, **changes) -> None:
 
 def _break_script(stack: Stack) -> None:
     svc = services(stack)["airflow-init"]
-    svc["command"] = [svc["command"][0] + "\nif [ -n \"$x\" ]; then\n  echo unterminated\n"]
+    svc["command"] = [svc["command"][0] + '\nif [ -n "$x" ]; then\n  echo unterminated\n']
 
 
 #: (the check, an edit of the stack that breaks what it checks, a phrase of the problem it reports)
@@ -684,21 +722,46 @@ MUTATIONS = [
     (check_wavepipe_settings, lambda s: _set_everywhere(s, "WAVEPIPE_CONSUME_TASKS", "-1"), "WAVEPIPE_CONSUME_TASKS"),
     (check_wavepipe_settings, lambda s: _set_everywhere(s, "WAVEPIPE_CONSUME_TASKS", "four"), "not valid"),
     (check_wavepipe_settings, lambda s: _set_everywhere(s, "WAVEPIPE_SPARK_CONF", "[1]"), "not valid"),
-    (check_wavepipe_settings, lambda s: _set_in(s, "airflow-worker", "WAVEPIPE_PARTITON", "12"), "not a wavepipe setting"),
+    (
+        check_wavepipe_settings,
+        lambda s: _set_in(s, "airflow-worker", "WAVEPIPE_PARTITON", "12"),
+        "not a wavepipe setting",
+    ),
     (check_wavepipe_settings, lambda s: _set_in(s, "spark-worker", "WAVEPIPE_TOPIC", "other"), "differ"),
     (check_wavepipe_settings, lambda s: _set_everywhere(s, "WAVEPIPE_HOME", "data"), "absolute"),
-    (check_bootstrap_servers, lambda s: _set_everywhere(s, "WAVEPIPE_BOOTSTRAP_SERVERS", "kafka-1:9092,kafka-2:9092"),
-     "WAVEPIPE_BOOTSTRAP_SERVERS"),
-    (check_bootstrap_servers, lambda s: _set_everywhere(s, "WAVEPIPE_BOOTSTRAP_SERVERS",
-                                                        "kafka-1:9092,kafka-2:9092,kafka-3:9091"), "advertise"),
-    (check_bootstrap_servers, lambda s: _set_in(s, "kafka-2", "KAFKA_ADVERTISED_LISTENERS",
-                                                "CLIENT://kafka-2:9095,INTERNAL://kafka-2:9091"), "listens on"),
-    (check_bootstrap_servers, lambda s: _set_in(s, "kafka-3", "KAFKA_ADVERTISED_LISTENERS",
-                                                "CLIENT://localhost:9092,INTERNAL://kafka-3:9091"), "not a name"),
+    (
+        check_bootstrap_servers,
+        lambda s: _set_everywhere(s, "WAVEPIPE_BOOTSTRAP_SERVERS", "kafka-1:9092,kafka-2:9092"),
+        "WAVEPIPE_BOOTSTRAP_SERVERS",
+    ),
+    (
+        check_bootstrap_servers,
+        lambda s: _set_everywhere(s, "WAVEPIPE_BOOTSTRAP_SERVERS", "kafka-1:9092,kafka-2:9092,kafka-3:9091"),
+        "advertise",
+    ),
+    (
+        check_bootstrap_servers,
+        lambda s: _set_in(s, "kafka-2", "KAFKA_ADVERTISED_LISTENERS", "CLIENT://kafka-2:9095,INTERNAL://kafka-2:9091"),
+        "listens on",
+    ),
+    (
+        check_bootstrap_servers,
+        lambda s: _set_in(
+            s, "kafka-3", "KAFKA_ADVERTISED_LISTENERS", "CLIENT://localhost:9092,INTERNAL://kafka-3:9091"
+        ),
+        "not a name",
+    ),
     (check_kafka_cluster, lambda s: _set_in(s, "kafka-2", "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1"), "MIN_ISR"),
-    (check_kafka_cluster, lambda s: _set_in(s, "kafka-1", "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "1"), "REPLICATION"),
-    (check_kafka_cluster, lambda s: _set_in(s, "kafka-3", "KAFKA_CONTROLLER_QUORUM_VOTERS",
-                                            "1@kafka-1:9093,2@kafka-2:9093"), "quorum voters"),
+    (
+        check_kafka_cluster,
+        lambda s: _set_in(s, "kafka-1", "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR", "1"),
+        "REPLICATION",
+    ),
+    (
+        check_kafka_cluster,
+        lambda s: _set_in(s, "kafka-3", "KAFKA_CONTROLLER_QUORUM_VOTERS", "1@kafka-1:9093,2@kafka-2:9093"),
+        "quorum voters",
+    ),
     (check_kafka_cluster, lambda s: services(s).pop("kafka-3"), "expected 3"),
     (check_kafka_image_version, lambda s: services(s)["kafka-2"].update(image="apache/kafka:4.1.0"), "resolves Kafka"),
     (check_spark_cluster, lambda s: _replace_word(s, "spark-master", "7077", "7078"), "listens on"),
@@ -709,13 +772,26 @@ MUTATIONS = [
     (check_shared_home, lambda s: _drop_mount(s, "airflow-worker", "/data"), "nothing is mounted"),
     (check_shared_home, lambda s: _drop_mount(s, "spark-worker", "/data"), "nothing is mounted"),
     (check_shared_home, lambda s: _set_everywhere(s, "WAVEPIPE_HOME", "/srv/wavepipe"), "nothing is mounted"),
-    (check_shared_home, lambda s: services(s)["spark-worker"].update(volumes=["/tmp/data:/data"]), "not a named volume"),
-    (check_celery_on_postgres, lambda s: _set_in(s, "airflow-scheduler", "AIRFLOW__CORE__EXECUTOR", "LocalExecutor"),
-     "not CeleryExecutor"),
-    (check_celery_on_postgres, lambda s: _set_everywhere(s, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
-                                                         "sqlite:////opt/airflow/airflow.db"), "metadata DB"),
-    (check_celery_on_postgres, lambda s: _set_everywhere(s, "AIRFLOW__CELERY__BROKER_URL", "redis://cache:6379/0"),
-     "broker"),
+    (
+        check_shared_home,
+        lambda s: services(s)["spark-worker"].update(volumes=["/tmp/data:/data"]),
+        "not a named volume",
+    ),
+    (
+        check_celery_on_postgres,
+        lambda s: _set_in(s, "airflow-scheduler", "AIRFLOW__CORE__EXECUTOR", "LocalExecutor"),
+        "not CeleryExecutor",
+    ),
+    (
+        check_celery_on_postgres,
+        lambda s: _set_everywhere(s, "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "sqlite:////opt/airflow/airflow.db"),
+        "metadata DB",
+    ),
+    (
+        check_celery_on_postgres,
+        lambda s: _set_everywhere(s, "AIRFLOW__CELERY__BROKER_URL", "redis://cache:6379/0"),
+        "broker",
+    ),
     (check_celery_on_postgres, lambda s: services(s)["airflow-worker"].update(deploy={"replicas": 1}), "two Celery"),
     (check_celery_on_postgres, lambda s: _set_everywhere(s, "AIRFLOW__CELERY__WORKER_CONCURRENCY", "16"), "slots"),
     (check_celery_on_postgres, lambda s: services(s).pop("airflow-triggerer"), "triggerer"),
@@ -727,11 +803,13 @@ MUTATIONS = [
     (check_spark_engine, lambda s: services(s)["spark-connect"].update(image="apache/spark:4.2.0"), "one image"),
     (check_connections, lambda s: _edit_conn(s, SPARK_CONN, port=15003), "spark_remote"),
     (check_connections, lambda s: _edit_conn(s, SPARK_CONN, host="spark-master"), "spark_remote"),
-    (check_connections, lambda s: _edit_conn(s, SPARK_CONN, conn_type="spark", host="spark://spark-master", port=7077),
-     "conn_type"),
+    (
+        check_connections,
+        lambda s: _edit_conn(s, SPARK_CONN, conn_type="spark", host="spark://spark-master", port=7077),
+        "conn_type",
+    ),
     (check_connections, lambda s: _edit_conn(s, KAFKA_CONN, host="kafka-1:9092"), "bootstrap_servers"),
-    (check_connections, lambda s: _edit_conn(s, KAFKA_CONN, extra={"security.protocol": "SSL"}),
-     "kafka_client_config"),
+    (check_connections, lambda s: _edit_conn(s, KAFKA_CONN, extra={"security.protocol": "SSL"}), "kafka_client_config"),
     (check_connections, lambda s: _edit_conn(s, KAFKA_CONN, conn_type="http"), "conn_type"),
     (check_connections, lambda s: _set_in(s, "airflow-worker", "AIRFLOW_CONN_WAVEPIPE_KAFKA", "{not json"), "differs"),
     (check_connections, lambda s: _set_everywhere(s, "AIRFLOW_CONN_WAVEPIPE_SPARK", "{not json"), "does not parse"),
@@ -740,8 +818,9 @@ MUTATIONS = [
 ]
 
 
-@pytest.mark.parametrize("check, edit, phrase", MUTATIONS,
-                         ids=[f"{c.__name__}-{i}" for i, (c, _, _) in enumerate(MUTATIONS)])
+@pytest.mark.parametrize(
+    "check, edit, phrase", MUTATIONS, ids=[f"{c.__name__}-{i}" for i, (c, _, _) in enumerate(MUTATIONS)]
+)
 def test_each_check_catches_its_mistake(stack, check, edit, phrase):
     broken = copy.deepcopy(stack)
     edit(broken)
@@ -754,20 +833,26 @@ def test_the_image_installs_the_project_and_the_deployment_pins():
     assert check_image(**_image_inputs()) == []
 
 
-@pytest.mark.parametrize("part, edit, phrase", [
-    ("dockerfile", lambda t: t.replace("COPY bench bench\n", ""), "COPY bench/"),
-    ("dockerfile", lambda t: t.replace("-r docker/requirements-deploy.lock ", ""), "lacks `-r"),
-    ("dockerfile", lambda t: t.replace("pip check", "true"), "pip check"),
-    ("dockerfile", lambda t: t.replace("/opt/wavepipe/dist/wavepipe-*.whl", "-e ."), "built wheel"),
-    ("dockerfile", lambda t: t.replace("dags/wavepipe_rewind.py ", ""), "dags/wavepipe_rewind.py"),
-    ("dags_folder", lambda t: "/opt/wavepipe/src/dags", "DAG folder /opt/wavepipe/src/dags"),
-    ("deploy_lock", lambda t: t + "pyspark==4.2.0\n", "re-pins pyspark"),
-    ("deploy_lock", lambda t: t + "apache-airflow-providers-apache-spark==5.0.0\n",
-     "re-pins apache-airflow-providers-apache-spark"),
-    ("project_lock", lambda t: t.replace("pyspark-client==4.2.0\n", ""), "lacks pyspark-client"),
-    ("deploy_lock", lambda t: t.replace("redis==", "redis>="), "not pinned exactly"),
-    ("deploy_lock", lambda t: t.replace("psycopg2-binary==", "# psycopg2-binary=="), "lacks psycopg2-binary"),
-])
+@pytest.mark.parametrize(
+    "part, edit, phrase",
+    [
+        ("dockerfile", lambda t: t.replace("COPY bench bench\n", ""), "COPY bench/"),
+        ("dockerfile", lambda t: t.replace("-r docker/requirements-deploy.lock ", ""), "lacks `-r"),
+        ("dockerfile", lambda t: t.replace("pip check", "true"), "pip check"),
+        ("dockerfile", lambda t: t.replace("/opt/wavepipe/dist/wavepipe-*.whl", "-e ."), "built wheel"),
+        ("dockerfile", lambda t: t.replace("dags/wavepipe_rewind.py ", ""), "dags/wavepipe_rewind.py"),
+        ("dags_folder", lambda t: "/opt/wavepipe/src/dags", "DAG folder /opt/wavepipe/src/dags"),
+        ("deploy_lock", lambda t: t + "pyspark==4.2.0\n", "re-pins pyspark"),
+        (
+            "deploy_lock",
+            lambda t: t + "apache-airflow-providers-apache-spark==5.0.0\n",
+            "re-pins apache-airflow-providers-apache-spark",
+        ),
+        ("project_lock", lambda t: t.replace("pyspark-client==4.2.0\n", ""), "lacks pyspark-client"),
+        ("deploy_lock", lambda t: t.replace("redis==", "redis>="), "not pinned exactly"),
+        ("deploy_lock", lambda t: t.replace("psycopg2-binary==", "# psycopg2-binary=="), "lacks psycopg2-binary"),
+    ],
+)
 def test_the_image_check_catches_its_mistakes(part, edit, phrase):
     inputs = _image_inputs()
     inputs[part] = edit(inputs[part])
@@ -776,8 +861,10 @@ def test_the_image_check_catches_its_mistakes(part, edit, phrase):
 
 def test_interpolation_follows_compose():
     env = {"SET": "v", "EMPTY": ""}
-    assert interpolate("a$$b ${SET} $SET ${UNSET:-d} ${EMPTY:-d} ${EMPTY-d} ${SET:+alt} ${UNSET:+alt}", env) == \
-        "a$b v v d d  alt "
+    assert (
+        interpolate("a$$b ${SET} $SET ${UNSET:-d} ${EMPTY:-d} ${EMPTY-d} ${SET:+alt} ${UNSET:+alt}", env)
+        == "a$b v v d d  alt "
+    )
     with pytest.raises(ValueError, match="required"):
         interpolate("${UNSET:?give it}", env)
 
@@ -788,19 +875,26 @@ def test_the_checks_see_every_part_of_the_stack(stack):
     assert set(task_runners(stack)) == {"airflow-worker"}
     assert set(spark_workers(stack)) == {"spark-worker"} and set(spark_masters(stack)) == {"spark-master"}
     assert set(spark_engines(stack)) == {"spark-connect"}
-    assert {"airflow-init", "airflow-api-server", "airflow-scheduler", "airflow-dag-processor",
-            "airflow-triggerer", "airflow-worker"} <= set(airflow_services(stack))
+    assert {
+        "airflow-init",
+        "airflow-api-server",
+        "airflow-scheduler",
+        "airflow-dag-processor",
+        "airflow-triggerer",
+        "airflow-worker",
+    } <= set(airflow_services(stack))
     assert wavepipe_env(stack)["WAVEPIPE_CONSUME_TASKS"].isdigit()
     assert kafka_jars_version().count(".") == 2
 
 
 # --- the real Compose CLI, where it is installed -------------------------------------------------------
 
+
 def compose_command() -> list[str] | None:
     """``docker compose`` if the plugin works, else the one docker/check built into .cache/."""
     docker = shutil.which("docker")
     if docker:
-        probe = subprocess.run([docker, "compose", "version"], capture_output=True, text=True)
+        probe = subprocess.run([docker, "compose", "version"], capture_output=True, text=True, check=False)
         if probe.returncode == 0:
             return [docker, "compose"]
     if os.access(CACHED_COMPOSE, os.X_OK):
@@ -811,17 +905,26 @@ def compose_command() -> list[str] | None:
 def test_docker_compose_config_accepts_the_stack_and_reads_it_as_these_tests_do(stack):
     command = compose_command()
     if command is None:
-        pytest.skip("no Docker Compose CLI (`docker compose` or .cache/docker-compose/): run docker/check, "
-                    "which builds it with Go, to include this test")
+        pytest.skip(
+            "no Docker Compose CLI (`docker compose` or .cache/docker-compose/): run docker/check, "
+            "which builds it with Go, to include this test"
+        )
     # the same variables as load_stack: none set, so the defaults apply
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("POSTGRES_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "WAVEPIPE_IMAGE") and not k.startswith("COMPOSE_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("POSTGRES_PASSWORD", "AIRFLOW_ADMIN_PASSWORD", "WAVEPIPE_IMAGE") and not k.startswith("COMPOSE_")
+    }
     base = [*command, "-f", str(COMPOSE_FILE), *(a for p in PROFILES for a in ("--profile", p))]
-    quiet = subprocess.run([*base, "config", "--quiet"], capture_output=True, text=True, env=env)
+    quiet = subprocess.run([*base, "config", "--quiet"], capture_output=True, text=True, env=env, check=False)
     assert quiet.returncode == 0, quiet.stderr
-    rendered = subprocess.run([*base, "config", "--format", "json"], capture_output=True, text=True, env=env)
+    rendered = subprocess.run(
+        [*base, "config", "--format", "json"], capture_output=True, text=True, env=env, check=False
+    )
     assert rendered.returncode == 0, rendered.stderr
     model = json.loads(rendered.stdout)
     assert set(model["services"]) == set(services(stack))
     for name, service in model["services"].items():
-        assert {k: v or "" for k, v in (service.get("environment") or {}).items()} == environment(services(stack)[name]), name
+        assert {k: v or "" for k, v in (service.get("environment") or {}).items()} == environment(
+            services(stack)[name]
+        ), name

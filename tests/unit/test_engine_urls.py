@@ -32,13 +32,24 @@ def test_session_ids_and_addresses():
     assert _host_port("sc://h.example") == ("h.example", 15002)
 
 
-@pytest.mark.parametrize("value, ok", [
-    ("", True), ("sc://host:15002", True), ("sc://host", True), ("sc://host:15002/;token=x;use_ssl=true", True),
-    ("http://host:15002", False), ("sc://host:port", False), ("sc:// host", False),
-    ("sc://host:0", False), ("sc://host:99999", False), ("sc://host/path", False),
-    ("sc://host/;token=abc==", False),  # an unencoded '=' in a value: pyspark refuses it
-    ("sc://host/;session_id=not-a-uuid", False), ("sc://host/;session_id=" + str(uuid.UUID(int=1)), True),
-])
+@pytest.mark.parametrize(
+    "value, ok",
+    [
+        ("", True),
+        ("sc://host:15002", True),
+        ("sc://host", True),
+        ("sc://host:15002/;token=x;use_ssl=true", True),
+        ("http://host:15002", False),
+        ("sc://host:port", False),
+        ("sc:// host", False),
+        ("sc://host:0", False),
+        ("sc://host:99999", False),
+        ("sc://host/path", False),
+        ("sc://host/;token=abc==", False),  # an unencoded '=' in a value: pyspark refuses it
+        ("sc://host/;session_id=not-a-uuid", False),
+        ("sc://host/;session_id=" + str(uuid.UUID(int=1)), True),
+    ],
+)
 def test_spark_remote_is_checked_where_it_is_read(value, ok, monkeypatch):
     monkeypatch.setenv("WAVEPIPE_SPARK_REMOTE", value)
     if ok:
@@ -51,10 +62,15 @@ def test_spark_remote_is_checked_where_it_is_read(value, ok, monkeypatch):
 def test_one_server_is_one_session_however_its_url_is_spelled(tmp_path):
     """The CLI's ``sc://h:15002`` and the Airflow hook's ``sc://h:15002/`` attach to one session (one
     Python worker daemon on the server, and a retry can interrupt what the other started)."""
-    spellings = ["sc://spark-connect:15002", "sc://spark-connect:15002/", "sc://Spark-Connect:15002/;token=x",
-                 "sc://spark-connect/;use_ssl=false"]
-    sessions = {remote_url(load_settings(home=tmp_path, spark_remote=u))[0].rsplit("session_id=", 1)[1]
-                for u in spellings}
+    spellings = [
+        "sc://spark-connect:15002",
+        "sc://spark-connect:15002/",
+        "sc://Spark-Connect:15002/;token=x",
+        "sc://spark-connect/;use_ssl=false",
+    ]
+    sessions = {
+        remote_url(load_settings(home=tmp_path, spark_remote=u))[0].rsplit("session_id=", 1)[1] for u in spellings
+    }
     assert len(sessions) == 1
     other_user = load_settings(home=tmp_path, spark_remote="sc://spark-connect:15002/;user_id=bob")
     assert remote_url(other_user)[0].rsplit("session_id=", 1)[1] not in sessions

@@ -7,11 +7,14 @@ from wavepipe import faults
 
 def test_parse_names_hits_and_chained_actions():
     assert faults.parse("consume.record@3=kill, commit.before_offsets=sleep:1.5+raise") == {
-        "consume.record": (3, "kill"), "commit.before_offsets": (1, "sleep:1.5+raise")}
+        "consume.record": (3, "kill"),
+        "commit.before_offsets": (1, "sleep:1.5+raise"),
+    }
 
 
-@pytest.mark.parametrize("spec", ["consume.recrd=kill", "consume.record=explode", "consume.record",
-                                  "consume.record=sleep:soon"])
+@pytest.mark.parametrize(
+    "spec", ["consume.recrd=kill", "consume.record=explode", "consume.record", "consume.record=sleep:soon"]
+)
 def test_bad_specs_are_errors(spec):
     with pytest.raises(ValueError, match="failpoint"):
         faults.parse(spec)

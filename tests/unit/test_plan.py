@@ -6,8 +6,15 @@ from wavepipe.plan import ActiveRunError, OffsetRange, RunPlan, RunStore, safe_r
 
 def test_plan_round_trips_through_its_file(tmp_path):
     store = RunStore(load_settings(home=tmp_path))
-    plan = RunPlan("r1", "t", "g", "2026-11-22T00:00:00Z", (OffsetRange("t", 0, 5, 9), OffsetRange("t", 1, 0, 0)),
-                   previous={0: [5, 5]}, caps={"records_per_partition": 4})
+    plan = RunPlan(
+        "r1",
+        "t",
+        "g",
+        "2026-11-22T00:00:00Z",
+        (OffsetRange("t", 0, 5, 9), OffsetRange("t", 1, 0, 0)),
+        previous={0: [5, 5]},
+        caps={"records_per_partition": 4},
+    )
     store.save_plan(plan)
     assert store.load_plan("r1") == plan
     assert store.load_plan("other") is None
@@ -45,13 +52,17 @@ def test_replace_predicate_selects_the_window_keeps_its_edges_and_quotes_ids():
     from wavepipe.spark_apps.tables import replace_predicate, sql_string, window_predicate
 
     inside = window_predicate("wf.1", {1: (5, 9), 0: (0, 3)}, "first_offset")
-    assert inside == ("(topic = 'wf.1' AND ((`partition` = 0 AND `first_offset` >= 0 AND `first_offset` < 3) OR "
-                      "(`partition` = 1 AND `first_offset` >= 5 AND `first_offset` < 9)))")
+    assert inside == (
+        "(topic = 'wf.1' AND ((`partition` = 0 AND `first_offset` >= 0 AND `first_offset` < 3) OR "
+        "(`partition` = 1 AND `first_offset` >= 5 AND `first_offset` < 9)))"
+    )
     assert window_predicate("t", {}, "offset") == "false"
     assert sql_string("it's a \\ path") == "'it\\'s a \\\\ path'"
     where = replace_predicate("t", {0: (0, 3)}, "first_offset", keep=["b"], extra=["x'y"])
-    assert where == (f"(({window_predicate('t', {0: (0, 3)}, 'first_offset')} AND waveform_id NOT IN ('b')) "
-                     "OR waveform_id IN ('x\\'y'))")
+    assert where == (
+        f"(({window_predicate('t', {0: (0, 3)}, 'first_offset')} AND waveform_id NOT IN ('b')) "
+        "OR waveform_id IN ('x\\'y'))"
+    )
     assert replace_predicate("t", {0: (0, 3)}, "offset") == window_predicate("t", {0: (0, 3)}, "offset")
 
 

@@ -1,11 +1,11 @@
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import pytest
 
 from wavepipe import protocol as p
 
-START = datetime(2026, 11, 1, 12, 0, 0, 123456, tzinfo=timezone.utc)
+START = datetime(2026, 11, 1, 12, 0, 0, 123456, tzinfo=UTC)
 
 
 @pytest.mark.parametrize("dtype", ["<i2", ">i4", "<u1", "<f4", ">f8", "<c8", "<i8"])
@@ -13,8 +13,9 @@ START = datetime(2026, 11, 1, 12, 0, 0, 123456, tzinfo=timezone.utc)
 def test_split_then_parse_round_trips(dtype, channels):
     rng = np.random.default_rng(7)
     samples = (rng.normal(size=(1001, channels)) * 100).astype(np.dtype(dtype))
-    records = p.split_waveform(samples, waveform_id="w-1", sample_rate=250.0, start_time=START,
-                               source="st-01", chunk_size=1000)
+    records = p.split_waveform(
+        samples, waveform_id="w-1", sample_rate=250.0, start_time=START, source="st-01", chunk_size=1000
+    )
     size = samples.nbytes
     assert len(records) == -(-size // 1000)
     chunks = [p.parse_chunk(headers, value) for _, headers, value in records]
@@ -30,15 +31,17 @@ def test_split_then_parse_round_trips(dtype, channels):
 
 
 def test_one_dimensional_waveform_is_one_channel():
-    records = p.split_waveform(np.arange(10, dtype="<i2"), waveform_id="w", sample_rate=1.0,
-                               start_time=START, source="s", chunk_size=64)
+    records = p.split_waveform(
+        np.arange(10, dtype="<i2"), waveform_id="w", sample_rate=1.0, start_time=START, source="s", chunk_size=64
+    )
     assert len(records) == 1
     assert p.parse_chunk(records[0][1], records[0][2]).meta.channels == 1
 
 
 def _headers(**changes):
-    _, headers, value = p.split_waveform(np.arange(8, dtype="<f4"), waveform_id="w", sample_rate=10.0,
-                                         start_time=START, source="s", chunk_size=1024)[0]
+    _, headers, value = p.split_waveform(
+        np.arange(8, dtype="<f4"), waveform_id="w", sample_rate=10.0, start_time=START, source="s", chunk_size=1024
+    )[0]
     hd = dict(headers)
     for name, new in changes.items():
         name = name.replace("_", "-")
@@ -49,21 +52,24 @@ def _headers(**changes):
     return list(hd.items()), value
 
 
-@pytest.mark.parametrize("changes,reason", [
-    ({"wp_version": None}, "missing_header"),
-    ({"wp_version": b"2"}, "unknown_version"),
-    ({"wp_checksum": None}, "missing_header"),
-    ({"wp_seq": b"x"}, "malformed_header"),
-    ({"wp_seq": b"5"}, "malformed_header"),  # seq >= count
-    ({"wp_count": b"0"}, "malformed_header"),
-    ({"wp_dtype": b"<U4"}, "malformed_header"),
-    ({"wp_dtype": b"nonsense"}, "malformed_header"),
-    ({"wp_sample_rate": b"-1"}, "malformed_header"),
-    ({"wp_sample_rate": b"nan"}, "malformed_header"),
-    ({"wp_size": b"31"}, "malformed_header"),  # not whole <f4 samples
-    ({"wp_checksum": b"md5:abc"}, "malformed_header"),
-    ({"wp_id": b"\xff\xfe"}, "malformed_header"),
-])
+@pytest.mark.parametrize(
+    "changes,reason",
+    [
+        ({"wp_version": None}, "missing_header"),
+        ({"wp_version": b"2"}, "unknown_version"),
+        ({"wp_checksum": None}, "missing_header"),
+        ({"wp_seq": b"x"}, "malformed_header"),
+        ({"wp_seq": b"5"}, "malformed_header"),  # seq >= count
+        ({"wp_count": b"0"}, "malformed_header"),
+        ({"wp_dtype": b"<U4"}, "malformed_header"),
+        ({"wp_dtype": b"nonsense"}, "malformed_header"),
+        ({"wp_sample_rate": b"-1"}, "malformed_header"),
+        ({"wp_sample_rate": b"nan"}, "malformed_header"),
+        ({"wp_size": b"31"}, "malformed_header"),  # not whole <f4 samples
+        ({"wp_checksum": b"md5:abc"}, "malformed_header"),
+        ({"wp_id": b"\xff\xfe"}, "malformed_header"),
+    ],
+)
 def test_bad_headers_are_protocol_errors_with_reasons(changes, reason):
     headers, value = _headers(**changes)
     with pytest.raises(p.ProtocolError) as err:
@@ -85,17 +91,27 @@ def test_split_rejects_what_the_protocol_cannot_carry():
     with pytest.raises(ValueError):
         p.split_waveform(np.array(["a"]), waveform_id="w", sample_rate=1.0, start_time=START, source="s", chunk_size=8)
     with pytest.raises(ValueError):
-        p.split_waveform(np.zeros(4), waveform_id="w", sample_rate=1.0,
-                         start_time=datetime(2026, 1, 1), source="s", chunk_size=8)
+        p.split_waveform(
+            np.zeros(4), waveform_id="w", sample_rate=1.0, start_time=datetime(2026, 1, 1), source="s", chunk_size=8
+        )
     with pytest.raises(ValueError):
-        p.split_waveform(np.zeros((2, 2, 2)), waveform_id="w", sample_rate=1.0, start_time=START, source="s", chunk_size=8)
+        p.split_waveform(
+            np.zeros((2, 2, 2)), waveform_id="w", sample_rate=1.0, start_time=START, source="s", chunk_size=8
+        )
 
 
-@pytest.mark.parametrize("changes", [
-    {"wp_dtype": b"(-1,)f4"}, {"wp_dtype": b"(2,)f4"}, {"wp_count": b"3000000000"},
-    {"wp_channels": b"3000000000"}, {"wp_start_ns": str(2**63).encode()},
-    {"wp_checksum": ("sha256:" + "A" * 64).encode()}, {"wp_checksum": ("sha256:" + "g" * 64).encode()},
-])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"wp_dtype": b"(-1,)f4"},
+        {"wp_dtype": b"(2,)f4"},
+        {"wp_count": b"3000000000"},
+        {"wp_channels": b"3000000000"},
+        {"wp_start_ns": str(2**63).encode()},
+        {"wp_checksum": ("sha256:" + "A" * 64).encode()},
+        {"wp_checksum": ("sha256:" + "g" * 64).encode()},
+    ],
+)
 def test_values_the_staging_columns_cannot_hold_are_malformed(changes):
     headers, value = _headers(**changes)
     with pytest.raises(p.ProtocolError) as err:

@@ -1,5 +1,5 @@
-from wavepipe.consumers.planner import record_cap
 from wavepipe.config import load_settings
+from wavepipe.consumers.planner import record_cap
 from wavepipe.plan import OffsetRange, RunPlan
 from wavepipe.report import build_report
 
@@ -7,16 +7,28 @@ PLAN = RunPlan("r1", "t", "g", "now", (OffsetRange("t", 0, 10, 20), OffsetRange(
 
 
 def _reassembled(**p0):
-    part0 = {"output": 6, "output_already_written": 0, "pending": 2, "quarantined": 1, "dead_letter": 0,
-             "output_bytes": 60, "pending_bytes": 20, "quarantined_bytes": 10, "dead_letter_bytes": 0,
-             "quarantine_reasons": {"size_mismatch": 1}, "safe_offset": 14}
+    part0 = {
+        "output": 6,
+        "output_already_written": 0,
+        "pending": 2,
+        "quarantined": 1,
+        "dead_letter": 0,
+        "output_bytes": 60,
+        "pending_bytes": 20,
+        "quarantined_bytes": 10,
+        "dead_letter_bytes": 0,
+        "quarantine_reasons": {"size_mismatch": 1},
+        "safe_offset": 14,
+    }
     part0.update(p0)
     part1 = dict(part0, output=5, pending=0, quarantined=0, dead_letter=0, safe_offset=5, quarantine_reasons={})
     return {"partitions": {"0": part0, "1": part1}, "waveforms": {}, "timings": {}}
 
 
-CONSUMED = {0: {"records": 10, "chunks": 9, "dead_letters": 1, "payload_bytes": 90, "seconds": 1.0},
-            1: {"records": 5, "chunks": 5, "dead_letters": 0, "payload_bytes": 50, "seconds": 1.0}}
+CONSUMED = {
+    0: {"records": 10, "chunks": 9, "dead_letters": 1, "payload_bytes": 90, "seconds": 1.0},
+    1: {"records": 5, "chunks": 5, "dead_letters": 0, "payload_bytes": 50, "seconds": 1.0},
+}
 
 
 def test_counts_that_add_up_balance():
@@ -57,13 +69,33 @@ def test_window_runs_account_for_other_windows_records():
     from wavepipe.plan import OffsetRange, RunPlan
     from wavepipe.report import build_report
 
-    plan = RunPlan(run_id="w1", topic="t", group="g.backfill", created_at="2026-11-22T00:00:00Z",
-                   ranges=(OffsetRange("t", 0, 5, 15),), window={"start": "a", "end": "b", "offsets": {"0": [5, 12]}})
+    plan = RunPlan(
+        run_id="w1",
+        topic="t",
+        group="g.backfill",
+        created_at="2026-11-22T00:00:00Z",
+        ranges=(OffsetRange("t", 0, 5, 15),),
+        window={"start": "a", "end": "b", "offsets": {"0": [5, 12]}},
+    )
     consumed = {0: {"records": 10, "chunks": 9, "payload_bytes": 900}}
-    part = {"start": 5, "end": 15, "output": 6, "output_already_written": 0, "pending": 0, "quarantined": 0,
-            "dead_letter": 0, "output_bytes": 600, "pending_bytes": 0, "quarantined_bytes": 0, "dead_letter_bytes": 0,
-            "quarantine_reasons": {}, "safe_offset": 15,
-            "other_window": 4, "other_window_bytes": 300, "other_window_chunks": 3}
+    part = {
+        "start": 5,
+        "end": 15,
+        "output": 6,
+        "output_already_written": 0,
+        "pending": 0,
+        "quarantined": 0,
+        "dead_letter": 0,
+        "output_bytes": 600,
+        "pending_bytes": 0,
+        "quarantined_bytes": 0,
+        "dead_letter_bytes": 0,
+        "quarantine_reasons": {},
+        "safe_offset": 15,
+        "other_window": 4,
+        "other_window_bytes": 300,
+        "other_window_chunks": 3,
+    }
     report = build_report(plan, consumed, {"partitions": {"0": part}, "waveforms": {}}, {})
     assert report["balance_errors"] == [] and report["totals"]["other_window"] == 4
     short = build_report(plan, consumed, {"partitions": {"0": {**part, "other_window": 3}}, "waveforms": {}}, {})

@@ -43,22 +43,50 @@ def parse_numbers(html: str) -> tuple[dict[str, str], dict[str, str]]:
 
 
 VALIDATION = {
-    "success": False, "suite_version": 1, "checked_at": "2026-11-22T00:00:00Z", "data_docs_index": "file:///d/index.html",
-    "published": False, "plot": None, "thresholds": {}, "rows": {"waveforms": 11, "staged_records": 15},
+    "success": False,
+    "suite_version": 1,
+    "checked_at": "2026-11-22T00:00:00Z",
+    "data_docs_index": "file:///d/index.html",
+    "published": False,
+    "plot": None,
+    "thresholds": {},
+    "rows": {"waveforms": 11, "staged_records": 15},
     "timings": {"expectations_s": 1.5},
-    "suites": [{"suite": "wavepipe_output.v1", "success": False, "evaluated": 24, "failed_count": 1,
-                "data_docs": "file:///d/v.html",
-                "failed": [{"expectation": "expect_column_values_to_be_between", "column": "sample_rate",
-                            "description": "sample rate within bounds", "unexpected_count": 2,
-                            "unexpected_percent": 18.18, "examples": [16000.0, 16000.0], "error": None}]},
-               {"suite": "wavepipe_staged_chunks.v1", "success": True, "evaluated": 5, "failed_count": 0,
-                "data_docs": None, "failed": []}],
+    "suites": [
+        {
+            "suite": "wavepipe_output.v1",
+            "success": False,
+            "evaluated": 24,
+            "failed_count": 1,
+            "data_docs": "file:///d/v.html",
+            "failed": [
+                {
+                    "expectation": "expect_column_values_to_be_between",
+                    "column": "sample_rate",
+                    "description": "sample rate within bounds",
+                    "unexpected_count": 2,
+                    "unexpected_percent": 18.18,
+                    "examples": [16000.0, 16000.0],
+                    "error": None,
+                }
+            ],
+        },
+        {
+            "suite": "wavepipe_staged_chunks.v1",
+            "success": True,
+            "evaluated": 5,
+            "failed_count": 0,
+            "data_docs": None,
+            "failed": [],
+        },
+    ],
 }
 
 
 def _report(validation=VALIDATION, commit=None):
-    report = build_report(PLAN, CONSUMED, _reassembled(dead_letter=1), {"plan": 0.1, "reassemble": 9.5},
-                          validation=validation)
+    report = build_report(
+        PLAN, CONSUMED, _reassembled(dead_letter=1), {"plan": 0.1, "reassemble": 9.5}, validation=validation
+    )
     if commit:
         report["commit"] = commit
     return report
@@ -73,7 +101,9 @@ def test_every_number_on_the_page_is_the_reports():
         if not key:
             continue
         expected = _lookup(report, key)
-        assert raw == ("" if expected is None else str(expected).lower() if isinstance(expected, bool) else str(expected)), key
+        assert raw == (
+            "" if expected is None else str(expected).lower() if isinstance(expected, bool) else str(expected)
+        ), key
         shown = texts.get(key, "").replace(",", "")
         if isinstance(expected, int) and not isinstance(expected, bool):
             assert shown == str(expected), (key, shown)
@@ -88,8 +118,20 @@ def test_every_number_on_the_page_is_the_reports():
 
 def test_a_failed_validation_names_the_expectation_on_the_page_and_in_the_message():
     report = _report()
-    html = report_html.render(report, trend=[{"run_id": "r0", "checked_at": "t", "success": True, "waveforms": 3,
-                                              "staged_records": 9, "failed": 0, "failed_expectations": []}])
+    html = report_html.render(
+        report,
+        trend=[
+            {
+                "run_id": "r0",
+                "checked_at": "t",
+                "success": True,
+                "waveforms": 3,
+                "staged_records": 9,
+                "failed": 0,
+                "failed_expectations": [],
+            }
+        ],
+    )
     assert "validation failed" in html and "expect_column_values_to_be_between" in html and "sample_rate" in html
     assert "file:///d/index.html" in html  # Data Docs linked
     assert '<td class="t">r0</td>' in html  # the trend
@@ -106,6 +148,18 @@ def test_text_from_the_data_is_escaped():
     report["skipped"] = evil
     report["topic"] = evil
     report["partitions"]["0"]["quarantine_reasons"] = {evil: 1}
-    html = report_html.render(report, trend=[{"run_id": evil, "checked_at": evil, "success": False, "waveforms": 1,
-                                              "staged_records": 1, "failed": 1, "failed_expectations": [evil]}])
+    html = report_html.render(
+        report,
+        trend=[
+            {
+                "run_id": evil,
+                "checked_at": evil,
+                "success": False,
+                "waveforms": 1,
+                "staged_records": 1,
+                "failed": 1,
+                "failed_expectations": [evil],
+            }
+        ],
+    )
     assert "<script>" not in html and html.count("&lt;script&gt;") >= 8

@@ -3,22 +3,40 @@
 from __future__ import annotations
 
 import argparse
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from wavepipe.consumers.boundaries import chunk_position, decide_boundaries
 from wavepipe.consumers.rewind import (
-    PartitionRewind, RewindPlan, RewindTarget, clamp, format_plan, parse_duration,
+    PartitionRewind,
+    RewindPlan,
+    RewindTarget,
+    clamp,
+    format_plan,
+    parse_duration,
     parse_partitions,
 )
 from wavepipe.plan import parse_datetime
 
 
-@pytest.mark.parametrize("text, seconds", [
-    ("2h", 7200), ("90m", 5400), ("30s", 30), ("1d", 86400), ("1h30m", 5400), ("1w", 604800),
-    ("500ms", 0.5), ("PT1H30M", 5400), ("P1D", 86400), ("pt45s", 45), ("P1DT2H", 93600), (" 2H ", 7200),
-])
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("2h", 7200),
+        ("90m", 5400),
+        ("30s", 30),
+        ("1d", 86400),
+        ("1h30m", 5400),
+        ("1w", 604800),
+        ("500ms", 0.5),
+        ("PT1H30M", 5400),
+        ("P1D", 86400),
+        ("pt45s", 45),
+        ("P1DT2H", 93600),
+        (" 2H ", 7200),
+    ],
+)
 def test_durations(text, seconds):
     assert parse_duration(text) == timedelta(seconds=seconds)
 
@@ -30,10 +48,10 @@ def test_bad_durations_say_what_is_expected(text):
 
 
 def test_datetimes_naive_is_utc_and_zones_convert():
-    assert parse_datetime("2026-11-02T08:30:00") == datetime(2026, 11, 2, 8, 30, tzinfo=timezone.utc)
-    assert parse_datetime("2026-11-02T08:30:00Z") == datetime(2026, 11, 2, 8, 30, tzinfo=timezone.utc)
-    assert parse_datetime("2026-11-02T09:30:00+01:00") == datetime(2026, 11, 2, 8, 30, tzinfo=timezone.utc)
-    assert parse_datetime("2026-11-02") == datetime(2026, 11, 2, tzinfo=timezone.utc)
+    assert parse_datetime("2026-11-02T08:30:00") == datetime(2026, 11, 2, 8, 30, tzinfo=UTC)
+    assert parse_datetime("2026-11-02T08:30:00Z") == datetime(2026, 11, 2, 8, 30, tzinfo=UTC)
+    assert parse_datetime("2026-11-02T09:30:00+01:00") == datetime(2026, 11, 2, 8, 30, tzinfo=UTC)
+    assert parse_datetime("2026-11-02") == datetime(2026, 11, 2, tzinfo=UTC)
     with pytest.raises(ValueError, match="not ISO-8601"):
         parse_datetime("yesterday")
 
@@ -44,12 +62,17 @@ def test_targets_from_text_and_from_cli_args():
     assert RewindTarget.parse("shift", "-5") == RewindTarget("shift", -5)
     assert RewindTarget.parse("duration", "2h").value == timedelta(hours=2)
     assert RewindTarget.parse("datetime", "2026-11-02T08:30").describe() == "datetime 2026-11-02T08:30:00+00:00"
-    for mode, value, match in [("sideways", "1", "not one of"), ("offset", "", "needs a value"),
-                               ("offset", "-1", "negative"), ("shift", "x", "not an integer")]:
+    for mode, value, match in [
+        ("sideways", "1", "not one of"),
+        ("offset", "", "needs a value"),
+        ("offset", "-1", "negative"),
+        ("shift", "x", "not an integer"),
+    ]:
         with pytest.raises(ValueError, match=match):
             RewindTarget.parse(mode, value)
-    args = argparse.Namespace(to_earliest=False, to_latest=False, to_offset=None, to_datetime=None,
-                              shift_by=-3, by_duration=None)
+    args = argparse.Namespace(
+        to_earliest=False, to_latest=False, to_offset=None, to_datetime=None, shift_by=-3, by_duration=None
+    )
     assert RewindTarget.from_args(args) == RewindTarget("shift", -3)
 
 
@@ -124,21 +147,31 @@ def test_duplicate_chunks_and_the_end_of_the_partition():
 def test_chunk_position_needs_valid_protocol_headers():
     ok = [("wp-id", b"w1"), ("wp-seq", b"2"), ("wp-count", b"3"), ("other", None)]
     assert chunk_position(7, ok) == (7, "w1", 2, 3)
-    for bad in ([("wp-id", b"w1"), ("wp-seq", b"3"), ("wp-count", b"3")],
-                [("wp-id", b"w1"), ("wp-seq", b"x"), ("wp-count", b"3")],
-                [("wp-seq", b"0"), ("wp-count", b"1")],
-                [("wp-id", b""), ("wp-seq", b"0"), ("wp-count", b"1")],
-                [("wp-id", b"a"), ("wp-id", b"b"), ("wp-seq", b"0"), ("wp-count", b"1")],
-                None):
+    for bad in (
+        [("wp-id", b"w1"), ("wp-seq", b"3"), ("wp-count", b"3")],
+        [("wp-id", b"w1"), ("wp-seq", b"x"), ("wp-count", b"3")],
+        [("wp-seq", b"0"), ("wp-count", b"1")],
+        [("wp-id", b""), ("wp-seq", b"0"), ("wp-count", b"1")],
+        [("wp-id", b"a"), ("wp-id", b"b"), ("wp-seq", b"0"), ("wp-count", b"1")],
+        None,
+    ):
         assert chunk_position(0, bad) is None
 
 
 def test_table_shows_before_after_and_notes():
     plan = RewindPlan(
-        topic="t", group="g", target=RewindTarget("offset", 2), force=True, planned_at="now",
+        topic="t",
+        group="g",
+        target=RewindTarget("offset", 2),
+        force=True,
+        planned_at="now",
         partitions=(
-            PartitionRewind(0, 10, 0, 12, requested=2, final=1, snapped_from=2, note="snapped from 2 to the first chunk of b"),
-            PartitionRewind(1, None, 5, 9, requested=2, final=5, clamped_from=2, out_of_range=True, note="clamped from 2"),
+            PartitionRewind(
+                0, 10, 0, 12, requested=2, final=1, snapped_from=2, note="snapped from 2 to the first chunk of b"
+            ),
+            PartitionRewind(
+                1, None, 5, 9, requested=2, final=5, clamped_from=2, out_of_range=True, note="clamped from 2"
+            ),
         ),
     )
     text = format_plan(plan)
