@@ -89,7 +89,7 @@ def ceiling(bootstrap: str, topic: str, partition: int, start: int, end: int, ou
 
 def pyconsumer(bootstrap: str, topic: str, ranges: dict[int, tuple[int, int]], out: Path) -> dict:
     """One process reads every partition, reassembles in a dict, verifies sha256, writes Parquet."""
-    from wavepipe.protocol import checksum, parse_chunk
+    from wavepipe.contracts.protocol import checksum, parse_chunk
 
     consumer = _consumer(bootstrap)
     todo = {p for p, (s, e) in ranges.items() if e > s}

@@ -11,7 +11,7 @@ from wavepipe.bench.systems import LABELS
 def default_results_dir() -> Path:
     """Where a full bench saves its results: a checkout's docs/benchmarks (they are committed),
     else ``wavepipe-bench`` in the working folder (an installed wavepipe has no docs/)."""
-    from wavepipe.config import source_checkout
+    from wavepipe.contracts.config import source_checkout
 
     root = source_checkout()
     return root / "docs" / "benchmarks" if root else Path.cwd() / "wavepipe-bench"

@@ -24,8 +24,8 @@ from wavepipe.bench.monitor import Monitor
 from wavepipe.bench.results import default_results_dir
 from wavepipe.bench.systems import LABELS, SYSTEMS, Ranges, resolve_spark_kafka_jars
 from wavepipe.bench.workloads import KiB, MiB, SignalPool, Workload, default_workloads, produce_backlog
-from wavepipe.config import Settings, source_checkout
-from wavepipe.jars import RESOURCES
+from wavepipe.contracts.config import Settings, source_checkout
+from wavepipe.local.jars import RESOURCES
 
 log = logging.getLogger("wavepipe.bench")
 CEILINGS = ("ceiling_kcat", "ceiling_confluent")
@@ -88,7 +88,7 @@ class Measurement:
 
 def run_bench(settings: Settings, options: BenchOptions) -> dict:
     from wavepipe.consumers.kafka_admin import ensure_topic
-    from wavepipe.localkafka import LocalKafka
+    from wavepipe.local.kafka import LocalKafka
 
     began = time.monotonic()  # "in all": the engine's cold start and warm-up included
     systems = [s for s in options.systems if s != "ceiling_kcat" or shutil.which("kcat")]
@@ -179,7 +179,8 @@ def measure_engine_start(settings: Settings) -> dict | None:
     where the engine is busy with someone's step (it is not stopped under a run)."""
     if settings.spark_engine != "connect" or settings.spark_remote:
         return None
-    from wavepipe.engine import LocalEngine, attached
+    from wavepipe.engine import attached
+    from wavepipe.local.engine import LocalEngine
 
     engine = LocalEngine(settings)
     if engine.pid() is not None:
@@ -326,7 +327,7 @@ def _measure(
 
 def _engine_pid(settings: Settings) -> int | None:
     """The pid of the local Spark engine wavepipe's runs attach to (None: none on this machine)."""
-    from wavepipe.engine import LocalEngine
+    from wavepipe.local.engine import LocalEngine
 
     return LocalEngine(settings).pid() if settings.spark_engine == "connect" and not settings.spark_remote else None
 

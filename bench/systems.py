@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from wavepipe.config import Settings
+from wavepipe.contracts.config import Settings
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
@@ -155,8 +155,8 @@ def wavepipe_run(
     call, reading the ranges from the start). Readers are processes (the monitor's ``consumer`` role),
     also for the quick bench's small backlogs; ``small_reads_in_process``: as ``wavepipe run`` reads
     a small plan by default, in threads of its own process (``consume_in_process_max_records``)."""
+    from wavepipe.contracts.plan import new_run_id
     from wavepipe.pipeline import commit_step, consume_all, partitions_to_read, plan_step, reassemble_step
-    from wavepipe.plan import new_run_id
 
     group = group or f"bench-{uuid.uuid4().hex[:10]}"
     s = settings.replace(
@@ -169,7 +169,7 @@ def wavepipe_run(
         consume_in_process_max_records=settings.consume_in_process_max_records if small_reads_in_process else 0,
     )
     if s.spark_engine == "connect" and not s.spark_remote:  # the bench home's engine, warm, not one per workdir
-        from wavepipe.engine import LocalEngine
+        from wavepipe.local.engine import LocalEngine
 
         s = s.replace(spark_remote=LocalEngine(settings).ensure_up())
     stages: dict[str, float] = {}
@@ -264,7 +264,7 @@ def python_consumer(settings: Settings, topic: str, ranges: Ranges, workdir: Pat
 def spark_kafka_source(settings: Settings, topic: str, ranges: Ranges, workdir: Path, parallelism: int) -> Outcome:
     """Spark's own Kafka batch source with a group-by reassembly, through spark-submit."""
     from wavepipe import spark
-    from wavepipe.jars import spark_jars
+    from wavepipe.local.jars import spark_jars
 
     kafka_jars = sorted(resolve_spark_kafka_jars(settings).glob("*.jar"))
     jars = ",".join(str(j) for j in [*spark_jars(settings.jars_dir), *kafka_jars])
@@ -293,7 +293,7 @@ def spark_kafka_source(settings: Settings, topic: str, ranges: Ranges, workdir: 
 
 
 def resolve_spark_kafka_jars(settings: Settings) -> Path:
-    from wavepipe.jars import resolve_jars
+    from wavepipe.local.jars import resolve_jars
 
     return resolve_jars(HERE / "spark-kafka-pom.xml", settings.jars_dir, include_artifact_ids=SPARK_KAFKA_ARTIFACTS)
 

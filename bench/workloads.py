@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 
-from wavepipe.config import Settings
+from wavepipe.contracts.config import Settings
 
 log = logging.getLogger(__name__)
 MiB = 1024 * 1024

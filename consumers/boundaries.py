@@ -36,9 +36,9 @@ from typing import NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from wavepipe.config import Settings
 from wavepipe.consumers.kafka_admin import group_consumer
-from wavepipe.protocol import H_COUNT, H_ID, H_SEQ
+from wavepipe.contracts.config import Settings
+from wavepipe.contracts.protocol import H_COUNT, H_ID, H_SEQ
 
 log = logging.getLogger(__name__)
 #: Records read on each side in the first scan window; the window doubles until it suffices.

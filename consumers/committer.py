@@ -25,9 +25,10 @@ from pathlib import Path
 
 from confluent_kafka import TopicPartition
 
-from wavepipe.config import Settings
 from wavepipe.consumers.kafka_admin import committed_positions, group_consumer, new_producer
-from wavepipe.plan import RunPlan, RunStore, read_json, write_json_atomic
+from wavepipe.contracts.config import Settings
+from wavepipe.contracts.plan import RunPlan
+from wavepipe.contracts.runfiles import RunStore, read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 60.0

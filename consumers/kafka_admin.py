@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from wavepipe.config import Settings
+from wavepipe.contracts.config import Settings
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 30.0
@@ -217,7 +217,7 @@ def partitions_of(settings: Settings, topic: str) -> list[int]:
     """The topic's partitions; an unknown topic is a ``UsageError`` naming the closest topics."""
     info = cluster_metadata(settings, topic).topics.get(topic)
     if info is None or info.error is not None or not info.partitions:
-        from wavepipe.errors import UsageError, did_you_mean
+        from wavepipe.contracts.errors import UsageError, did_you_mean
 
         existing = [t for t in cluster_metadata(settings).topics if not t.startswith("__")]
         raise UsageError(

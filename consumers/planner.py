@@ -7,12 +7,13 @@ from datetime import UTC, datetime
 
 from confluent_kafka.admin import OffsetSpec
 
-from wavepipe.config import Settings
 from wavepipe.consumers.committer import committed_run_id
 from wavepipe.consumers.kafka_admin import admin_client, committed_positions, list_offsets, partitions_of
-from wavepipe.errors import UsageError, closest
+from wavepipe.contracts.config import Settings
+from wavepipe.contracts.errors import UsageError, closest
+from wavepipe.contracts.plan import OffsetRange, RunPlan, as_utc, parse_datetime, utc_now
+from wavepipe.contracts.runfiles import RunStore
 from wavepipe.faults import failpoint
-from wavepipe.plan import OffsetRange, RunPlan, RunStore, as_utc, parse_datetime, utc_now
 
 log = logging.getLogger(__name__)
 #: A claim without a stored plan is taken over only after this long (its planner may be mid-way).

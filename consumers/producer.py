@@ -16,9 +16,9 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 from confluent_kafka import KafkaError, Message
 
-from wavepipe.config import Settings
 from wavepipe.consumers.kafka_admin import new_producer, require_reachable
-from wavepipe.protocol import checksum, split_waveform
+from wavepipe.contracts.config import Settings
+from wavepipe.contracts.protocol import checksum, split_waveform
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-from wavepipe.config import Settings
 from wavepipe.consumers.kafka_admin import group_consumer
 from wavepipe.consumers.staging import (
     CHUNK_SCHEMA,
@@ -25,9 +24,11 @@ from wavepipe.consumers.staging import (
     chunk_row,
     dead_letter_row,
 )
+from wavepipe.contracts.config import Settings
+from wavepipe.contracts.plan import OffsetRange
+from wavepipe.contracts.protocol import ProtocolError, parse_chunk
+from wavepipe.contracts.runfiles import RunStore, Step, digest_path, staged_paths
 from wavepipe.faults import failpoint
-from wavepipe.plan import OffsetRange, RunStore
-from wavepipe.protocol import ProtocolError, parse_chunk
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 5.0
@@ -60,16 +61,6 @@ class ReadStats:
         return (self.end - self.start) - self.records
 
 
-def staged_paths(store: RunStore, run_id: str, rng: OffsetRange):
-    """The range's staged chunks and dead letters (``digest_path``: its in-order waveforms' hashes)."""
-    base = store.staging_dir(run_id)
-    return base / "chunks" / f"{rng.name}.parquet", base / "dead_letter" / f"{rng.name}.parquet"
-
-
-def digest_path(store: RunStore, run_id: str, rng: OffsetRange):
-    return store.staging_dir(run_id) / "digests" / f"{rng.name}.parquet"
-
-
 def read_range(settings: Settings, run_id: str, partition: int) -> ReadStats:
     """Read and stage the planned range of ``partition`` for run ``run_id``; return its counts."""
     store = RunStore(settings)
@@ -94,7 +85,7 @@ def read_range(settings: Settings, run_id: str, partition: int) -> ReadStats:
             f.abort()
         raise
     stats.seconds = round(time.monotonic() - began, 3)
-    store.save_step(run_id, f"consume-{rng.topic}-{rng.partition}", asdict(stats) | {"gap_offsets": stats.gap_offsets})
+    store.save_step(run_id, Step.consume(rng), asdict(stats) | {"gap_offsets": stats.gap_offsets})
     log.info(
         "%s[%d] [%d, %d): %d chunks, %d dead letters, %d gap offsets, %.1f MB in %.1fs (%.1f MB/s)",
         rng.topic,

@@ -36,7 +36,6 @@ from typing import Any
 from confluent_kafka import ConsumerGroupState, ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
-from wavepipe.config import Settings
 from wavepipe.consumers.boundaries import scan_boundaries
 from wavepipe.consumers.kafka_admin import (
     TIMEOUT_S,
@@ -46,7 +45,9 @@ from wavepipe.consumers.kafka_admin import (
     partitions_of,
     retrying,
 )
-from wavepipe.plan import ActiveRunError, RunStore, parse_datetime
+from wavepipe.contracts.config import Settings
+from wavepipe.contracts.plan import ActiveRunError, parse_datetime
+from wavepipe.contracts.runfiles import RunStore
 
 log = logging.getLogger(__name__)
 

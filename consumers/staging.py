@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from wavepipe.protocol import CHECKSUM_PREFIX, Chunk, output_facts
+from wavepipe.contracts.protocol import CHECKSUM_PREFIX, Chunk, output_facts
 
 CHUNK_SCHEMA = pa.schema(
     [

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from wavepipe.config import Settings, load_settings
-from wavepipe.plan import RunPlan, RunStore
+from wavepipe.contracts.config import Settings, load_settings
+from wavepipe.contracts.plan import RunPlan
+from wavepipe.contracts.runfiles import RunStore
 
 
 def load_run(run_id: str, log: logging.Logger) -> tuple[Settings, RunStore, RunPlan | None]:

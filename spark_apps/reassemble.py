@@ -37,11 +37,12 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from wavepipe.config import Settings
+from wavepipe.contracts.config import Settings
+from wavepipe.contracts.plan import RunPlan, utc_now
+from wavepipe.contracts.protocol import checksum, output_facts
+from wavepipe.contracts.report import empty_partition
+from wavepipe.contracts.runfiles import RunStore, Step, staged_paths
 from wavepipe.faults import armed, failpoint
-from wavepipe.plan import RunPlan, RunStore, utc_now
-from wavepipe.protocol import checksum, output_facts
-from wavepipe.report import empty_partition
 from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_apps.tables import (
     delta_checksums,
@@ -420,8 +421,6 @@ def assemble_local(
 
 def chunk_files(store: RunStore, plan: RunPlan) -> dict[int, str]:
     """Per partition read, the run's staged chunk file (where its reader staged it)."""
-    from wavepipe.consumers.reader import staged_paths
-
     return {r.partition: str(staged_paths(store, plan.run_id, r)[0]) for r in plan.ranges if r.size}
 
 
@@ -635,8 +634,8 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
         raise RuntimeError(f"run {plan.run_id}: ranges not staged yet: {', '.join(missing)}; run their consume step")
     # the candidates are made again from the staged chunks: an earlier result, and any validation
     # of it, is void until this one is saved (after every candidate table is written)
-    store.clear_step(plan.run_id, "reassemble")
-    store.clear_step(plan.run_id, "validate")
+    store.clear_step(plan.run_id, Step.REASSEMBLE)
+    store.clear_step(plan.run_id, Step.VALIDATE)
     shutil.rmtree(store.candidate_dir(plan.run_id), ignore_errors=True)
     timings: dict[str, float] = {}
     t = time.monotonic()
@@ -658,7 +657,7 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
         meta, conflicts = split_conflicts(meta, known)
     newest = {}
     for r in plan.ranges:
-        read = store.load_step(plan.run_id, f"consume-{r.topic}-{r.partition}") or {}
+        read = store.load_step(plan.run_id, Step.consume(r)) or {}
         if read.get("max_timestamp_ms") is not None:
             newest[r.partition] = read["max_timestamp_ms"]
     if not 0 < settings.max_waveform_bytes <= MAX_WAVEFORM_BYTES_LIMIT:
@@ -916,7 +915,7 @@ def reassemble_and_save(
     result = reassemble_run(spark, settings, plan)
     result["timings"]["spark_app_s"] = round(time.monotonic() - began, 3)
     result["timings"]["session_start_s"] = round(session_s, 3)
-    store.save_step(plan.run_id, "reassemble", result)
+    store.save_step(plan.run_id, Step.REASSEMBLE, result)
     log.info("run %s reassembled: %s", plan.run_id, result["waveforms"])
     if validate:
         from wavepipe.spark_apps.validate import validate_and_publish
@@ -952,7 +951,7 @@ def main(argv: list[str] | None = None) -> int:
             began = time.monotonic()
             spark.stop()
         result["timings"]["session_stop_s"] = round(time.monotonic() - began, 3)
-        store.save_step(plan.run_id, "reassemble", result)
+        store.save_step(plan.run_id, Step.REASSEMBLE, result)
     return 0
 
 

@@ -36,10 +36,11 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from wavepipe import expectations
-from wavepipe.config import Settings
+from wavepipe.contracts.config import Settings
+from wavepipe.contracts.plan import RunPlan, utc_now
+from wavepipe.contracts.report import append_validation_history, describe_safely
+from wavepipe.contracts.runfiles import RunStore, Step, plot_path
 from wavepipe.faults import failpoint
-from wavepipe.plan import RunPlan, RunStore, utc_now
-from wavepipe.report import append_validation_history, describe_safely, plot_path
 from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_apps.reassemble import (
     MANIFEST_COLUMNS,
@@ -389,7 +390,7 @@ def plot_waveforms(rows: list, path: Path) -> Path:
     are left out, extreme magnitudes and times are drawn in powers of ten, long ids are cut."""
     from matplotlib.figure import Figure
 
-    from wavepipe.protocol import rebuild
+    from wavepipe.contracts.protocol import rebuild
 
     fig = Figure(figsize=(8, 1.9 * len(rows)))
     axes = fig.subplots(len(rows), 1, squeeze=False)
@@ -530,7 +531,7 @@ def publish_source(spark: SparkSession, store: RunStore, plan: RunPlan, name: st
     bytes are written; a staged file changed since its reader hashed it fails the write)."""
     source = store.candidate_dir(plan.run_id) / name
     frame = read_delta(spark, source) if delta_version(source) is not None else None
-    counts = (store.load_step(plan.run_id, "reassemble") or {}).get("candidates", {})
+    counts = (store.load_step(plan.run_id, Step.REASSEMBLE) or {}).get("candidates", {})
     if name == "waveforms" and counts.get("manifest", 0) > counts.get("waveforms", 0):
         wanted = (
             read_delta(spark, store.candidate_dir(plan.run_id) / "manifest")
@@ -571,7 +572,7 @@ def publish_run(
         "dead_letter": settings.dead_letter_table,
     }
     if plan.is_window:
-        rows = (store.load_step(plan.run_id, "reassemble") or {}).get("window_rows")
+        rows = (store.load_step(plan.run_id, Step.REASSEMBLE) or {}).get("window_rows")
         if rows is None:
             raise CandidatesMismatchError(
                 f"run {plan.run_id}: its reassembly recorded no window rows; run the reassemble step again"
@@ -582,7 +583,7 @@ def publish_run(
         return delta_version(settings.output_table)
     # one id per table and reassembly: a publish of these candidates commits once, however often it
     # is tried (a reassembly made again publishes its own candidates)
-    reassembled = store.load_step(plan.run_id, "reassemble") or {}
+    reassembled = store.load_step(plan.run_id, Step.REASSEMBLE) or {}
     attempt = hashlib.sha256(str(reassembled.get("finished_at")).encode()).hexdigest()[:12]
     for name in PUBLISHED:
         keys, partition_by = TABLE_KEYS[name]
@@ -652,7 +653,7 @@ def check_candidates(spark: SparkSession, store: RunStore, run_id: str) -> dict:
     """Refuse to validate candidates that are not the recorded reassembly's: none recorded (a
     reassembly died before saving its result), or tables whose row counts differ from it (counted
     from each table's Delta log where it can say, else by Spark). Returns the recorded result."""
-    reassembled = store.load_step(run_id, "reassemble")
+    reassembled = store.load_step(run_id, Step.REASSEMBLE)
     if reassembled is None or "candidates" not in reassembled:
         raise CandidatesMismatchError(f"run {run_id} has no reassembly result; run its reassemble step first")
     if "manifest" not in reassembled["candidates"]:
@@ -678,7 +679,7 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
     """Validate run ``plan``'s candidates; publish them if every expectation holds. The outcome is
     saved as the run's ``validate`` step (and a line of the validation history) either way."""
     store = RunStore(settings)
-    store.clear_step(plan.run_id, "validate")
+    store.clear_step(plan.run_id, Step.VALIDATE)
     reassembled = check_candidates(spark, store, plan.run_id)
     timings: dict[str, float] = {}
     t = time.monotonic()
@@ -766,7 +767,7 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
     result["timings"] = {k: round(v, 3) for k, v in timings.items()}
     describe_safely(notes, "the validation history", append_validation_history, settings, result)
     result["notes"] = notes
-    store.save_step(plan.run_id, "validate", result)
+    store.save_step(plan.run_id, Step.VALIDATE, result)
     failed = [
         f"{f['expectation']}({f.get('column') or f.get('column_A') or f.get('column_list')})"
         for s in suites
@@ -781,8 +782,8 @@ def _read_again(store: RunStore, plan: RunPlan) -> None:
     planned ranges again (Kafka holds the records; the plan is kept)."""
     store.discard_staging(plan.run_id)
     for r in plan.ranges:
-        store.clear_step(plan.run_id, f"consume-{r.topic}-{r.partition}")
-    for step in ("reassemble", "validate"):
+        store.clear_step(plan.run_id, Step.consume(r))
+    for step in (Step.REASSEMBLE, Step.VALIDATE):
         store.clear_step(plan.run_id, step)
 
 

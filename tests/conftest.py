@@ -30,7 +30,7 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 
 import pytest
 
-from wavepipe.config import Settings, load_settings
+from wavepipe.contracts.config import Settings, load_settings
 
 #: Test files that take longest (real Airflow, many Spark runs), started first so that the two
 #: workers of ``make test`` (pytest-xdist, one file per worker at a time) finish close together.
@@ -67,7 +67,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def kafka(tmp_path_factory):
     """A real Apache Kafka broker (KRaft, one node) on a free loopback port, stopped at the end."""
-    from wavepipe.localkafka import LocalKafka, free_port
+    from wavepipe.local.kafka import LocalKafka, free_port
 
     broker = LocalKafka(tmp_path_factory.mktemp("kafka"), "127.0.0.1", free_port(), load_settings().jars_dir)
     broker.up()
@@ -80,8 +80,8 @@ def engine(tmp_path_factory):
     """One warm Spark engine (a Spark Connect server in local mode) per test worker: every test's
     runs attach to it, as runs attach to a home's engine (``wavepipe.engine``). Its URL carries
     the engine's shared session."""
-    from wavepipe.engine import LocalEngine
-    from wavepipe.localkafka import free_port
+    from wavepipe.local.engine import LocalEngine
+    from wavepipe.local.kafka import free_port
 
     server = LocalEngine(
         load_settings(
@@ -122,8 +122,8 @@ def settings(kafka, engine, tmp_path) -> Settings:
 def own_engine(settings):
     """``settings`` with a Spark engine of the test's own (its home's, started on demand by the
     first run, stopped after the test): for tests that kill the engine."""
-    from wavepipe.engine import LocalEngine
-    from wavepipe.localkafka import free_port
+    from wavepipe.local.engine import LocalEngine
+    from wavepipe.local.kafka import free_port
 
     own = settings.replace(spark_remote="", spark_connect_port=free_port())
     yield own

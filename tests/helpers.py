@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 import numpy as np
 from confluent_kafka import Producer
 
-from wavepipe.config import Settings
-from wavepipe.protocol import checksum, split_waveform
+from wavepipe.contracts.config import Settings
+from wavepipe.contracts.protocol import checksum, split_waveform
 
 START = datetime(2026, 11, 2, 8, 30, tzinfo=UTC)
 
@@ -86,7 +86,7 @@ def start_python(settings: Settings, code: str, failpoints: str | None = None, *
     import subprocess
     import sys
 
-    from wavepipe.config import PROJECT_ROOT
+    from wavepipe.contracts.config import PROJECT_ROOT
     from wavepipe.spark import settings_env
 
     env = {**os.environ, **settings_env(settings)}

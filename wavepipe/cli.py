@@ -8,9 +8,9 @@ import logging
 import sys
 import time
 
-from wavepipe.config import Settings, load_settings, redact_url
-from wavepipe.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, EXIT_VALIDATION, UsageError
-from wavepipe.jars import SetupError
+from wavepipe.contracts.config import Settings, load_settings, redact_url
+from wavepipe.contracts.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, EXIT_VALIDATION, UsageError
+from wavepipe.local.jars import SetupError
 
 
 def _settings(args) -> Settings:
@@ -18,7 +18,7 @@ def _settings(args) -> Settings:
 
 
 def cmd_kafka(args) -> int:
-    from wavepipe.localkafka import LocalKafka
+    from wavepipe.local.kafka import LocalKafka
 
     kafka = LocalKafka.from_settings(_settings(args))
     print({"up": kafka.up, "down": kafka.down, "status": kafka.status}[args.action]())
@@ -26,7 +26,7 @@ def cmd_kafka(args) -> int:
 
 
 def cmd_spark(args) -> int:
-    from wavepipe.engine import LocalEngine
+    from wavepipe.local.engine import LocalEngine
 
     settings = _settings(args)
     if settings.spark_remote and args.action not in ("status", "serve"):  # serve: the remote server itself
@@ -54,7 +54,7 @@ def cmd_spark(args) -> int:
 
 
 def cmd_spark_cluster(args) -> int:
-    from wavepipe.localspark import LocalSparkCluster
+    from wavepipe.local.spark_cluster import LocalSparkCluster
 
     settings = _settings(args)
     cluster = LocalSparkCluster(settings.home / "spark", port=args.port, workers=args.workers)
@@ -163,7 +163,7 @@ def cmd_run(args) -> int:
     settings = _settings(args)
     window = None
     if args.window:
-        from wavepipe.plan import parse_datetime
+        from wavepipe.contracts.plan import parse_datetime
 
         try:
             window = (parse_datetime(args.window[0]), parse_datetime(args.window[1]))
@@ -191,7 +191,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_abandon(args) -> int:
-    from wavepipe.plan import RunStore
+    from wavepipe.contracts.runfiles import RunStore, Step
 
     settings = _settings(args)
     store = RunStore(settings)
@@ -200,7 +200,7 @@ def cmd_abandon(args) -> int:
     if active is None:
         print(f"group {group!r} has no active run")
         return 0
-    if store.is_locked(active, "run"):
+    if store.is_locked(active, Step.RUN):
         print(
             f"wavepipe abandon: run {active} of group {group!r} is executing right now; stop it first", file=sys.stderr
         )
@@ -238,8 +238,8 @@ def cmd_status(args) -> int:
 
     from wavepipe.consumers.kafka_admin import committed_positions, list_offsets, partitions_of
     from wavepipe.consumers.planner import backfill_lane, new_group_message, offsets_moved
-    from wavepipe.plan import RunStore
-    from wavepipe.report import validation_trend
+    from wavepipe.contracts.report import validation_trend
+    from wavepipe.contracts.runfiles import RunStore
 
     settings = _settings(args)
     topic, group = args.topic or settings.topic, args.group or settings.group
@@ -332,7 +332,7 @@ def _engine_line(settings) -> str:
         return f"Spark: a spark-submit app per step, master {settings.spark_master}"
     if settings.spark_remote:
         return f"Spark: the Spark Connect server {redact_url(settings.spark_remote)}"
-    from wavepipe.engine import LocalEngine
+    from wavepipe.local.engine import LocalEngine
 
     return LocalEngine(settings).status()
 
@@ -344,21 +344,21 @@ def cmd_rewind(args) -> int:
 
 
 def cmd_airflow(args) -> int:
-    from wavepipe.airflow.local import run_cli
+    from wavepipe.local.airflow import run_cli
 
     return run_cli(_settings(args), args)
 
 
 def cmd_demo(args) -> int:
-    from wavepipe.airflow.local import dags_test
     from wavepipe.demo import run_demo
+    from wavepipe.local.airflow import dags_test
 
     return run_demo(_settings(args), count=args.count, waveform_bytes=args.waveform_bytes, dags_test=dags_test)
 
 
 def cmd_setup(args) -> int:
     """Resolve everything that is not a Python package: the Kafka, Delta Lake and benchmark jars."""
-    from wavepipe.jars import kafka_jars, spark_jars
+    from wavepipe.local.jars import kafka_jars, spark_jars
 
     settings = _settings(args)
     print(f"Kafka jars: {kafka_jars(settings.jars_dir)}")
@@ -640,7 +640,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit codes: see ``wavepipe.errors`` (0 done, 1 failed, 2 usage or configuration, 3 validation)."""
+    """Exit codes: see ``wavepipe.contracts.errors`` (0 done, 1 failed, 2 usage or configuration, 3 validation)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

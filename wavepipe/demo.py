@@ -6,18 +6,18 @@ import json
 import time
 from collections.abc import Callable
 
-from wavepipe.config import Settings
+from wavepipe.contracts.config import Settings
 
 
 def run_demo(settings: Settings, *, count: int, waveform_bytes: int, dags_test: Callable) -> int:
     from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
     from wavepipe.consumers.producer import produce_demo
-    from wavepipe.localkafka import LocalKafka
+    from wavepipe.local.kafka import LocalKafka
 
     began = time.monotonic()
     print(f"[1/4] {LocalKafka.from_settings(settings).up()}", flush=True)
     if settings.spark_engine == "connect" and not settings.spark_remote:
-        from wavepipe.engine import LocalEngine
+        from wavepipe.local.engine import LocalEngine
 
         print(f"      {LocalEngine(settings).up()}", flush=True)
     ensure_topic(settings)

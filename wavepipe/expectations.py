@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from wavepipe.config import Settings
+from wavepipe.contracts.config import Settings
 
 SUITE_VERSION = 1
 OUTPUT_SUITE = "wavepipe_output"

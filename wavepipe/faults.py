@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 ENV = "WAVEPIPE_FAILPOINTS"
 POINTS = {
@@ -115,25 +114,17 @@ def kill_spark_app() -> None:
     """SIGKILL every process of the session this Spark app runs in (``wavepipe.spark.submit`` and
     ``wavepipe.engine`` start spark-submit as a session leader); in a step attached to a local
     engine, that engine's. Refuse anywhere else (it would be a test runner)."""
+    from wavepipe.local import processes
+
     sid = os.getsid(0)
-    leader = Path(f"/proc/{sid}/cmdline")
-    me = os.getpid()
-    if not leader.exists() or b"org.apache.spark.deploy.SparkSubmit" not in leader.read_bytes():
+    if not processes.alive(sid, "org.apache.spark.deploy.SparkSubmit"):
         if _engine_pid is None:
             raise InjectedFault(
                 "kill-app: this process is not inside an app started by wavepipe.spark.submit "
                 "and works on no local Spark engine"
             )
-        from wavepipe.engine import signal_session
-
-        signal_session(_engine_pid, signal.SIGKILL)  # the engine this step is attached to: JVM and Python workers
+        # the engine this step is attached to: JVM and Python workers
+        processes.send(processes.in_session(_engine_pid), signal.SIGKILL)
         raise InjectedFault(f"kill-app: the Spark engine (pid {_engine_pid}) was killed under this step")
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == me:
-            continue
-        try:
-            if os.getsid(int(proc.name)) == sid:
-                os.kill(int(proc.name), signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-    os.kill(me, signal.SIGKILL)
+    processes.send(processes.in_session(sid), signal.SIGKILL)  # all but this process
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -18,10 +18,11 @@ from datetime import datetime
 from pathlib import Path
 
 from wavepipe import report_html, spark
-from wavepipe.config import Settings
-from wavepipe.errors import UsageError
-from wavepipe.plan import RunPlan, RunStore, as_utc, new_run_id, safe_run_id, write_json_atomic
-from wavepipe.report import build_report, failed_expectations, html_path, json_path, validation_trend
+from wavepipe.contracts.config import Settings
+from wavepipe.contracts.errors import UsageError
+from wavepipe.contracts.plan import RunPlan, as_utc, new_run_id, safe_run_id
+from wavepipe.contracts.report import build_report, failed_expectations, validation_trend
+from wavepipe.contracts.runfiles import RunStore, Step, html_path, json_path, staged_paths, write_json_atomic
 
 log = logging.getLogger(__name__)
 # found through the package (a checkout's spark_apps/ or an installed wheel's), so spark-submit
@@ -40,9 +41,9 @@ class ValidationFailedError(RuntimeError):
 
 
 def _timed(store: RunStore, run_id: str, step: str, began: float) -> None:
-    timings = store.load_step(run_id, "timings") or {}
+    timings = store.load_step(run_id, Step.TIMINGS) or {}
     timings[step] = round(time.monotonic() - began, 3)
-    store.save_step(run_id, "timings", timings)
+    store.save_step(run_id, Step.TIMINGS, timings)
 
 
 def plan_step(
@@ -64,7 +65,7 @@ def plan_step(
 
     began = time.monotonic()
     run_id = safe_run_id(run_id)
-    with RunStore(settings).step_lock(run_id, "run"):  # two first attempts must not plan twice
+    with RunStore(settings).step_lock(run_id, Step.RUN):  # two first attempts must not plan twice
         if window is not None:
             if max_records or max_bytes or skip_lost_offsets:
                 raise UsageError(
@@ -131,8 +132,8 @@ def consume_step(settings: Settings, run_id: str, partition: int) -> dict:
 
     run_id = safe_run_id(run_id)
     store = RunStore(settings)
-    with store.step_lock(run_id, f"consume-{partition}"):
-        for stale in ("reassemble", "validate"):  # made from the staged files this step replaces
+    with store.step_lock(run_id, Step.consume_lock(partition)):
+        for stale in (Step.REASSEMBLE, Step.VALIDATE):  # made from the staged files this step replaces
             store.clear_step(run_id, stale)
         began = time.monotonic()
         stats = read_range(settings, run_id, partition)  # records its own timing
@@ -203,7 +204,7 @@ def reassemble_step(settings: Settings, run_id: str, *, validate: bool = False) 
         return None
     run_id = plan.run_id
     began = time.monotonic()
-    with store.step_lock(run_id, "run"):
+    with store.step_lock(run_id, Step.RUN):
         if settings.spark_engine == "submit":
             spark.submit(
                 settings,
@@ -216,7 +217,7 @@ def reassemble_step(settings: Settings, run_id: str, *, validate: bool = False) 
         else:
             _on_engine(settings, store, plan, "reassemble", validate=validate)
     _timed(store, run_id, "reassemble", began)
-    result = store.load_step(run_id, "reassemble")
+    result = store.load_step(run_id, Step.REASSEMBLE)
     if result is None:
         raise RuntimeError(f"the Spark app finished but left no result for run {run_id}")
     if validate:
@@ -232,10 +233,10 @@ def validate_step(settings: Settings, run_id: str) -> dict | None:
     if plan is None:
         return None
     run_id = plan.run_id
-    if store.load_step(run_id, "reassemble") is None:
+    if store.load_step(run_id, Step.REASSEMBLE) is None:
         raise RuntimeError(f"run {run_id}: no reassembly result; run the reassemble step first")
     began = time.monotonic()
-    with store.step_lock(run_id, "run"):
+    with store.step_lock(run_id, Step.RUN):
         if settings.spark_engine == "submit":
             spark.submit(settings, VALIDATE_APP, "--run-id", run_id, staged_bytes=store.staged_bytes(run_id))
         else:
@@ -288,7 +289,7 @@ def _spark_step(settings: Settings, run_id: str) -> tuple[RunStore, RunPlan | No
 
 
 def _check_validation(settings: Settings, store: RunStore, plan: RunPlan) -> dict:
-    validation = store.load_step(plan.run_id, "validate")
+    validation = store.load_step(plan.run_id, Step.VALIDATE)
     if validation is None:
         raise RuntimeError(f"run {plan.run_id}: the validation app finished but left no result")
     if validation["success"]:
@@ -311,7 +312,7 @@ def _write_report(settings: Settings, report: dict) -> Path:
     """The run's JSON report and its HTML page beside it; returns the page. The page and the
     validation trend on it only describe the run: when one fails, ``report["notes"]`` says so
     (in the JSON, and on a plain page with the notes and the report) and the run goes on."""
-    from wavepipe.report import describe_safely
+    from wavepipe.contracts.report import describe_safely
 
     notes = report.setdefault("notes", [])
     trend = describe_safely(notes, "the validation trend", validation_trend, settings, group=report["group"])
@@ -337,14 +338,14 @@ def _write_report(settings: Settings, report: dict) -> Path:
 def _report(store: RunStore, plan: RunPlan, *, validation: dict | None, skipped: str | None = None) -> dict:
     consumed = {}
     for r in plan.ranges:
-        step = store.load_step(plan.run_id, f"consume-{r.topic}-{r.partition}")
+        step = store.load_step(plan.run_id, Step.consume(r))
         if step is not None:
             consumed[r.partition] = step
     report = build_report(
         plan,
         consumed,
-        store.load_step(plan.run_id, "reassemble"),
-        store.load_step(plan.run_id, "timings") or {},
+        store.load_step(plan.run_id, Step.REASSEMBLE),
+        store.load_step(plan.run_id, Step.TIMINGS) or {},
         skipped_reason=skipped,
         validation=validation,
     )
@@ -359,7 +360,7 @@ def commit_step(settings: Settings, run_id: str) -> dict:
     """Check the accounting, commit the safe offsets, release the group, publish the report."""
     run_id = safe_run_id(run_id)
     store = RunStore(settings)
-    with store.step_lock(run_id, "run"):
+    with store.step_lock(run_id, Step.RUN):
         return _commit(settings, store, run_id)
 
 
@@ -370,8 +371,6 @@ def _new_dead_letters(store: RunStore, plan: RunPlan, published: dict[int, list[
     run re-read them), one row group in memory at a time. So a record is dead-lettered on the
     topic once, however often it is read."""
     import pyarrow.parquet as pq
-
-    from wavepipe.consumers.reader import staged_paths
 
     for r in plan.ranges:
         _, path = staged_paths(store, plan.run_id, r)
@@ -399,7 +398,7 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
     plan = _require_plan(store, run_id)
     holder = store.active_run(plan.group)
     if holder != run_id:
-        done = store.load_step(run_id, "report")
+        done = store.load_step(run_id, Step.REPORT)
         if done is not None and "commit" in done:  # a retry of a commit that went through
             written = json_path(settings, run_id).exists()
             return {
@@ -414,12 +413,12 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
     began = time.monotonic()
     to_read = partitions_to_read(plan)
     for r in plan.ranges:
-        if r.partition in to_read and store.load_step(run_id, f"consume-{r.topic}-{r.partition}") is None:
+        if r.partition in to_read and store.load_step(run_id, Step.consume(r)) is None:
             raise RuntimeError(f"run {run_id}: partition {r.partition} was never consumed; run its consume step")
-    reassembled = store.load_step(run_id, "reassemble") if to_read else None
+    reassembled = store.load_step(run_id, Step.REASSEMBLE) if to_read else None
     if to_read and reassembled is None:
         raise RuntimeError(f"run {run_id}: no reassembly result; run the reassemble step")
-    validation = store.load_step(run_id, "validate") if to_read else None
+    validation = store.load_step(run_id, Step.VALIDATE) if to_read else None
     if to_read and not (validation and validation["success"] and validation["published"]):
         raise RuntimeError(
             f"run {run_id}: its output was not validated and published"
@@ -430,11 +429,11 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
     skipped = None if to_read else ("no new records since the last run" if plan.total_offsets else "no records")
     report = _report(store, plan, validation=validation, skipped=skipped)
     if report["balance_errors"]:
-        store.save_step(run_id, "report", report)
+        store.save_step(run_id, Step.REPORT, report)
         raise AccountingError(
             f"run {run_id}: the counts do not add up, so no offset was committed: "
             + "; ".join(report["balance_errors"])
-            + f". Report: {store.step_path(run_id, 'report')}"
+            + f". Report: {store.step_path(run_id, Step.REPORT)}"
         )
     if plan.is_window:  # a backfill: the window's output was replaced; the group's offsets stay
         report["commit"] = {}
@@ -467,9 +466,9 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
     if not plan.is_window:
         _lag_after(settings, plan, report)
     _timed(store, run_id, "commit", began)
-    report["timings_s"].update(store.load_step(run_id, "timings") or {})
+    report["timings_s"].update(store.load_step(run_id, Step.TIMINGS) or {})
     report["status"] = "window_replaced" if plan.is_window else "committed"
-    store.save_step(run_id, "report", report)
+    store.save_step(run_id, Step.REPORT, report)
     if skipped and not plan.moved and not plan.lost and not plan.new_group_start:
         # an idle run: one line of history for the group instead of a report (96 a day at the schedule)
         store.record_idle_run(plan.group, run_id)
@@ -532,7 +531,7 @@ def run_once(
         else:
             run_id = new_run_id()
     run_id = safe_run_id(run_id)
-    with store.step_lock(run_id, "run"):
+    with store.step_lock(run_id, Step.RUN):
         plan = plan_step(
             settings,
             run_id,
@@ -551,8 +550,8 @@ def run_once(
             consume_all(settings, plan.run_id, [p for p in partitions_to_read(plan) if p not in staged])
         # resume at the first step without a result: a run whose validation failed is validated
         # again (after a threshold was relaxed) without reassembling, a published one only commits
-        validated = store.load_step(plan.run_id, "validate")
-        if store.load_step(plan.run_id, "reassemble") is None:
+        validated = store.load_step(plan.run_id, Step.VALIDATE)
+        if store.load_step(plan.run_id, Step.REASSEMBLE) is None:
             reassemble_step(settings, plan.run_id, validate=True)
         elif not (validated and validated["success"] and validated["published"]):
             validate_step(settings, plan.run_id)
@@ -567,6 +566,7 @@ def _engine_ready(settings: Settings, *, needed: bool):
         yield
         return
     from wavepipe import engine
+    from wavepipe.local.engine import LocalEngine
 
     if settings.spark_remote:
         engine.require_reachable(settings)
@@ -576,7 +576,7 @@ def _engine_ready(settings: Settings, *, needed: bool):
 
     def start() -> None:
         try:
-            engine.LocalEngine(settings).ensure_up()
+            LocalEngine(settings).ensure_up()
         except BaseException as exc:
             errors.append(exc)
 
@@ -599,13 +599,9 @@ def _same_window(plan: RunPlan, window: tuple[datetime, datetime] | None) -> boo
 def _is_staged(store: RunStore, plan: RunPlan, partition: int) -> bool:
     """The partition's range was read completely by an earlier attempt (its result is recorded
     only after its staged files are in place, and they stay until the run commits)."""
-    from wavepipe.consumers.reader import staged_paths
-
     r = plan.range_for(partition)
     chunks, dead = staged_paths(store, plan.run_id, r)
-    return (
-        store.load_step(plan.run_id, f"consume-{r.topic}-{partition}") is not None and chunks.exists() and dead.exists()
-    )
+    return store.load_step(plan.run_id, Step.consume(r)) is not None and chunks.exists() and dead.exists()
 
 
 def _require_plan(store: RunStore, run_id: str) -> RunPlan:

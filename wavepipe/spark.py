@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from wavepipe.config import Settings
-from wavepipe.jars import RESOURCES, spark_jars
+from wavepipe.contracts.config import Settings
+from wavepipe.local.jars import RESOURCES, spark_jars
 
 log = logging.getLogger("wavepipe.spark")
 

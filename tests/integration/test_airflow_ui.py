@@ -7,6 +7,7 @@ and group on the session's Kafka broker, built the same way as the ``settings`` 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,17 +19,19 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from confluent_kafka.admin import OffsetSpec
 
 from tests.helpers import output_rows, produce_two_windows, quarter_hour_ago, rows_by_id, run_cli
-from wavepipe.airflow import local
-from wavepipe.config import load_settings
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets, partitions_of
 from wavepipe.consumers.producer import produce_demo
-from wavepipe.localkafka import free_port
+from wavepipe.contracts.config import load_settings
+from wavepipe.contracts.plan import safe_run_id
+from wavepipe.local import airflow as local
+from wavepipe.local import processes
+from wavepipe.local.kafka import free_port
 from wavepipe.pipeline import run_once
-from wavepipe.plan import safe_run_id
 from wavepipe.spark import settings_env
 
 pytestmark = pytest.mark.integration
@@ -66,20 +69,13 @@ def _processes_of(settings, sessions: set[int] = frozenset()) -> dict[int, str]:
     (one per service: its workers and task supervisors stay in it), and any other process whose
     environment names this AIRFLOW_HOME (tasks' Spark JVMs start sessions of their own). Both
     tests are needed: setproctitle (API server, executor workers) rewrites /proc/<pid>/environ."""
-    marker = local.service_marker(settings)
+    pids = set(processes.with_environment(local.service_marker(settings)))
+    for sid in sessions:
+        pids.update(processes.in_session(sid))
     found = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            if fields[0] in ("Z", "X"):
-                continue
-            if int(fields[3]) not in sessions and marker not in (entry / "environ").read_bytes():
-                continue
-            found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            found[pid] = " ".join(psutil.Process(pid).cmdline())
     return found
 
 

@@ -12,8 +12,9 @@ from tests.helpers import committed_metadata, output_rows, produce_in_order, wav
 from wavepipe import pipeline
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
-from wavepipe.consumers.reader import read_range, staged_paths
-from wavepipe.plan import ActiveRunError, RunStore
+from wavepipe.consumers.reader import read_range
+from wavepipe.contracts.plan import ActiveRunError
+from wavepipe.contracts.runfiles import RunStore, staged_paths
 
 pytestmark = pytest.mark.integration
 
@@ -118,7 +119,7 @@ def test_waveform_split_across_run_end_is_emitted_once_in_the_next_run(settings,
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 7}
     assert committed_metadata(settings) == {"run_id": "second", "planned_end": 7}
     # and Kafka's own tool sees the same progress
-    from wavepipe.localkafka import CONSUMER_GROUPS_TOOL
+    from wavepipe.local.kafka import CONSUMER_GROUPS_TOOL
 
     described = kafka.tool(
         CONSUMER_GROUPS_TOOL, "--bootstrap-server", kafka.bootstrap, "--describe", "--group", settings.group

@@ -11,10 +11,10 @@ import sys
 import pytest
 
 from tests.helpers import output_rows, run_cli
-from wavepipe.airflow.local import dags_test
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
-from wavepipe.plan import RunStore
+from wavepipe.contracts.runfiles import RunStore
+from wavepipe.local.airflow import dags_test
 from wavepipe.spark import settings_env
 
 pytestmark = pytest.mark.integration

@@ -14,7 +14,7 @@ import pytest
 from tests.helpers import assert_accounted, output_rows, produce_in_order, run_cli, waveform_records
 from wavepipe import pipeline
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
-from wavepipe.engine import LocalEngine
+from wavepipe.local.engine import LocalEngine
 
 pytestmark = pytest.mark.integration
 

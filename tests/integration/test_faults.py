@@ -23,11 +23,11 @@ from tests.helpers import (
     waveform_records,
 )
 from wavepipe import pipeline
-from wavepipe.config import load_settings
 from wavepipe.consumers.kafka_admin import admin_client, committed_offsets, ensure_topic, list_offsets
 from wavepipe.consumers.planner import RetentionGapError
-from wavepipe.engine import LocalEngine
-from wavepipe.plan import RunStore
+from wavepipe.contracts.config import load_settings
+from wavepipe.contracts.runfiles import RunStore
+from wavepipe.local.engine import LocalEngine
 from wavepipe.spark_apps.tables import delta_version
 
 pytestmark = pytest.mark.integration
@@ -65,7 +65,7 @@ def test_consume_killed_mid_range_then_retried(settings, spark):
     pipeline.plan_step(settings, "kill-consume")
     child = start_python(
         settings,
-        "from wavepipe import pipeline; from wavepipe.config import load_settings; "
+        "from wavepipe import pipeline; from wavepipe.contracts.config import load_settings; "
         "pipeline.consume_step(load_settings(), 'kill-consume', 0)",
         failpoints="consume.record@20=kill",
     )
@@ -164,7 +164,7 @@ def test_crash_after_the_output_is_durable_then_a_rerun_adds_nothing_twice(reque
 @pytest.fixture
 def own_kafka(tmp_path):
     """A broker of this test's own, so restarting it disturbs no other test."""
-    from wavepipe.localkafka import LocalKafka, free_port
+    from wavepipe.local.kafka import LocalKafka, free_port
 
     broker = LocalKafka(tmp_path / "own-kafka", "127.0.0.1", free_port(), load_settings().jars_dir)
     broker.up()
@@ -256,7 +256,7 @@ _CRASHING_PRODUCER = """
 import os, signal
 from confluent_kafka import Producer
 from tests.helpers import produce_in_order, waveform_records
-from wavepipe.config import load_settings
+from wavepipe.contracts.config import load_settings
 settings = load_settings()
 producer = Producer(settings.kafka_config(**{"transactional.id": "crashing-" + settings.topic,
                                              "transaction.timeout.ms": 20000}))

@@ -12,9 +12,9 @@ import pytest
 
 from tests.helpers import START, assert_accounted, output_rows, produce_in_order, quarantine_reasons, with_headers
 from wavepipe import pipeline
-from wavepipe.config import Settings
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
-from wavepipe.protocol import INT64_MAX, checksum, split_waveform
+from wavepipe.contracts.config import Settings
+from wavepipe.contracts.protocol import INT64_MAX, checksum, split_waveform
 
 pytestmark = pytest.mark.integration
 

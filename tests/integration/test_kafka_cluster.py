@@ -1,5 +1,5 @@
 """wavepipe on a real three-node Apache Kafka cluster (KRaft, every node a broker and a controller,
-started by ``wavepipe.localkafka.LocalKafkaCluster``) whose client listener takes SASL/PLAIN only:
+started by ``wavepipe.local.kafka.LocalKafkaCluster``) whose client listener takes SASL/PLAIN only:
 every Kafka client wavepipe makes (producer, planner, readers, committer, transactional dead-letter
 publisher) must carry ``kafka_client_config``; a wrong password fails at once, naming the
 authentication failure; and a ``wavepipe run`` (CLI subprocess, real Spark) whose partition leader
@@ -21,10 +21,10 @@ from confluent_kafka import KafkaException, Producer, TopicCollection
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 
 from tests.helpers import assert_accounted, output_rows, read_topic, run_cli, start_cli
-from wavepipe.config import load_settings
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets
 from wavepipe.consumers.producer import produce_demo
-from wavepipe.plan import RunStore
+from wavepipe.contracts.config import load_settings
+from wavepipe.contracts.runfiles import RunStore
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ CHUNK = 64 * 1024
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    from wavepipe.localkafka import LocalKafkaCluster
+    from wavepipe.local.kafka import LocalKafkaCluster
 
     nodes = LocalKafkaCluster(
         tmp_path_factory.mktemp("kafka-cluster"),

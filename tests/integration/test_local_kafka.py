@@ -6,9 +6,9 @@ import socket
 
 import pytest
 
-from wavepipe.config import load_settings
-from wavepipe.jars import SetupError
-from wavepipe.localkafka import LocalKafka, free_port
+from wavepipe.contracts.config import load_settings
+from wavepipe.local.jars import SetupError
+from wavepipe.local.kafka import LocalKafka, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -16,9 +16,9 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from tests.helpers import produce_in_order, waveform_records
-from wavepipe.config import PROJECT_ROOT
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
-from wavepipe.plan import RunStore
+from wavepipe.contracts.config import PROJECT_ROOT
+from wavepipe.contracts.runfiles import RunStore
 from wavepipe.spark import settings_env
 
 pytestmark = pytest.mark.integration
@@ -191,7 +191,7 @@ def test_offsets_moved_by_someone_else_are_reported_and_idle_runs_keep_one_line(
 
 
 def test_a_trigger_with_unknown_or_malformed_conf_fails_its_plan_task_at_once(settings):
-    from wavepipe.airflow.local import dags_test
+    from wavepipe.local.airflow import dags_test
 
     ensure_topic(settings)
     result = dags_test(settings, "wavepipe_ingest", conf={"topik": settings.topic}, capture=True)

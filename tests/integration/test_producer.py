@@ -7,7 +7,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from wavepipe.consumers.kafka_admin import ensure_topic
 from wavepipe.consumers.producer import produce_demo
-from wavepipe.protocol import H_ID
+from wavepipe.contracts.protocol import H_ID
 
 pytestmark = pytest.mark.integration
 

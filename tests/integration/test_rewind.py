@@ -29,8 +29,8 @@ from wavepipe.consumers.rewind import (
     execute_rewind,
     plan_rewind,
 )
-from wavepipe.localkafka import CONSUMER_GROUPS_TOOL
-from wavepipe.plan import RunStore
+from wavepipe.contracts.runfiles import RunStore
+from wavepipe.local.kafka import CONSUMER_GROUPS_TOOL
 
 pytestmark = pytest.mark.integration
 
@@ -332,7 +332,7 @@ def test_rewind_to_earliest_re_reads_and_emits_each_waveform_once(settings, spar
 def test_the_rewind_dag_refuses_then_applies_and_audits_who(settings):
     from airflow.dag_processing.dagbag import DagBag
 
-    from wavepipe.airflow.local import DAGS_FOLDER, dags_test
+    from wavepipe.local.airflow import DAGS_FOLDER, dags_test
 
     bag = DagBag(dag_folder=str(DAGS_FOLDER / "wavepipe_rewind.py"))
     assert bag.import_errors == {}

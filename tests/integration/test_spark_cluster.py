@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from pathlib import Path
 
 import pytest
 
 from tests.helpers import produce_in_order, run_cli, waveform_records, with_headers
-from wavepipe.airflow.local import dags_test
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
-from wavepipe.localkafka import free_port
-from wavepipe.localspark import LocalSparkCluster
+from wavepipe.local import processes
+from wavepipe.local.airflow import dags_test
+from wavepipe.local.kafka import free_port
+from wavepipe.local.spark_cluster import LocalSparkCluster
 
 pytestmark = pytest.mark.integration
 
@@ -39,10 +39,7 @@ def spark_cluster(tmp_path_factory):
 
 def _running(pid: int) -> bool:
     """Alive and not a zombie (this process started the daemons, and reaps them only later)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return processes.alive(pid)
 
 
 def _master_status(cluster: LocalSparkCluster) -> dict:

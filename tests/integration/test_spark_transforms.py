@@ -7,7 +7,7 @@ import pytest
 
 from tests.helpers import waveform_records
 from wavepipe.consumers.staging import CHUNK_SCHEMA, chunk_row
-from wavepipe.protocol import parse_chunk
+from wavepipe.contracts.protocol import parse_chunk
 from wavepipe.spark_apps.reassemble import META_COLUMNS, assemble, assemble_arrow, classify
 
 pytestmark = pytest.mark.integration

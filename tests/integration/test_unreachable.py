@@ -15,8 +15,8 @@ import time
 import pytest
 
 from tests.helpers import run_cli
-from wavepipe.config import load_settings
-from wavepipe.localkafka import free_port
+from wavepipe.contracts.config import load_settings
+from wavepipe.local.kafka import free_port
 from wavepipe.spark import settings_env
 
 pytestmark = pytest.mark.integration

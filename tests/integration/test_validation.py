@@ -14,9 +14,9 @@ from tests.unit.test_report_html import parse_numbers
 from wavepipe import pipeline
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
-from wavepipe.engine import LocalEngine
-from wavepipe.plan import RunStore
-from wavepipe.report import html_path, json_path, validation_trend
+from wavepipe.contracts.report import validation_trend
+from wavepipe.contracts.runfiles import RunStore, Step, html_path, json_path
+from wavepipe.local.engine import LocalEngine
 from wavepipe.spark_apps.tables import delta_version
 
 pytestmark = pytest.mark.integration
@@ -105,7 +105,7 @@ def test_a_staged_chunk_damaged_after_it_was_read_publishes_nothing_and_the_retr
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from wavepipe.consumers.reader import staged_paths
+    from wavepipe.contracts.runfiles import staged_paths
     from wavepipe.spark_apps.validate import StagedChunksChangedError
 
     ensure_topic(settings, partitions=1)
@@ -119,7 +119,7 @@ def test_a_staged_chunk_damaged_after_it_was_read_publishes_nothing_and_the_retr
     for p in pipeline.partitions_to_read(plan):
         pipeline.consume_step(settings, "damaged", p)
     pipeline.reassemble_step(settings, "damaged")
-    assert RunStore(settings).load_step("damaged", "reassemble")["verified"]["while_read"] == 4
+    assert RunStore(settings).load_step("damaged", Step.REASSEMBLE)["verified"]["while_read"] == 4
 
     staged, _ = staged_paths(RunStore(settings), "damaged", plan.range_for(0))
     table = pq.read_table(staged).to_pylist()

@@ -17,16 +17,16 @@ import psutil
 import pytest
 
 from tests.helpers import output_rows
-from wavepipe.config import PROJECT_ROOT, load_settings
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
-from wavepipe.engine import LocalEngine
-from wavepipe.localkafka import free_port
+from wavepipe.contracts.config import PROJECT_ROOT, load_settings
+from wavepipe.local.engine import LocalEngine
+from wavepipe.local.kafka import free_port
 
 pytestmark = pytest.mark.integration
 
 USER_DAGS = """\
-    from wavepipe.airflow.dags import wavepipe_ingest_dag, wavepipe_rewind_dag
+    from wavepipe.plugins.airflow_dags import wavepipe_ingest_dag, wavepipe_rewind_dag
 
     seismic = wavepipe_ingest_dag(dag_id="seismic_ingest", topic="{topic}", group="{group}",
                                   settings={{"home": "{home}/seismic"}})
@@ -37,7 +37,7 @@ USER_DAGS = """\
 """
 #: A DAG file with a typo in a setting's name: an import error that names it, never a run.
 TYPO_DAG = """\
-    from wavepipe.airflow.dags import wavepipe_ingest_dag
+    from wavepipe.plugins.airflow_dags import wavepipe_ingest_dag
 
     dag = wavepipe_ingest_dag(dag_id="typo_ingest", settings={"hme": "/tmp/x"})
 """
@@ -145,8 +145,8 @@ def test_the_wheel_holds_the_package_and_no_source_tree_paths(installed):
         [
             venv / "bin" / "python",
             "-c",
-            "import json, wavepipe, wavepipe.spark_apps.reassemble as r, wavepipe.config as c, "
-            "wavepipe.pipeline as p, wavepipe.airflow.local as l, wavepipe.jars as j\n"
+            "import json, wavepipe, wavepipe.spark_apps.reassemble as r, wavepipe.contracts.config as c, "
+            "wavepipe.pipeline as p, wavepipe.local.airflow as l, wavepipe.local.jars as j\n"
             "print(json.dumps({'package': wavepipe.__file__, 'app': r.__file__, 'checkout': str(c.source_checkout()), "
             "'home': str(c.load_settings().home), 'jars': str(c.load_settings().jars_dir), "
             "'reassemble_app': str(p.REASSEMBLE_APP), 'dags': str(l.DAGS_FOLDER), "

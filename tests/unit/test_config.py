@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from wavepipe.config import SettingsError, load_settings
+from wavepipe.contracts.config import SettingsError, load_settings
 
 
 def test_precedence_defaults_file_env_overrides(tmp_path, monkeypatch):
@@ -119,7 +119,7 @@ def test_a_small_run_gets_the_short_lived_jvm_options_and_a_large_one_the_defaul
 
 
 def test_staged_bytes_counts_the_runs_chunk_and_dead_letter_files(tmp_path):
-    from wavepipe.plan import RunStore
+    from wavepipe.contracts.runfiles import RunStore
 
     store = RunStore(load_settings(home=tmp_path))
     assert store.staged_bytes("r1") == 0  # nothing staged yet
@@ -135,7 +135,7 @@ def test_staged_bytes_counts_the_runs_chunk_and_dead_letter_files(tmp_path):
 def test_an_installed_wavepipe_keeps_its_state_in_the_users_folders(tmp_path, monkeypatch):
     """Without a source checkout (a wheel in site-packages) the home, the jars and the config file
     are never looked for beside the code: XDG folders, and the working folder's wavepipe.toml."""
-    from wavepipe import config
+    from wavepipe.contracts import config
 
     for name in ("WAVEPIPE_CONFIG", "WAVEPIPE_HOME", "WAVEPIPE_JARS"):
         monkeypatch.delenv(name, raising=False)
@@ -158,7 +158,7 @@ def test_an_installed_wavepipe_keeps_its_state_in_the_users_folders(tmp_path, mo
 
 
 def test_check_settings_names_where_and_which_setting():
-    from wavepipe.config import check_settings
+    from wavepipe.contracts.config import check_settings
 
     assert check_settings({"home": "/srv/w", "partitions": "3", "topic": None}, "x") == {
         "home": Path("/srv/w"),

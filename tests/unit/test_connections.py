@@ -2,7 +2,7 @@
 
 import pytest
 
-from wavepipe.airflow.hooks import spark_master_from_connection
+from wavepipe.plugins.hooks import spark_master_from_connection
 
 
 @pytest.mark.parametrize(

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from wavepipe.config import SettingsError
+from wavepipe.contracts.config import SettingsError
 
 
 def test_the_dag_folder_imports_with_its_wiring():
     """Airflow's DagBag over the DAG folder ``wavepipe airflow up`` serves (the package's)."""
     from airflow.dag_processing.dagbag import DagBag
 
-    from wavepipe.airflow.local import DAGS_FOLDER
+    from wavepipe.local.airflow import DAGS_FOLDER
 
     bag = DagBag(dag_folder=str(DAGS_FOLDER))
     assert bag.import_errors == {}
@@ -38,7 +38,7 @@ def test_the_dag_folder_imports_with_its_wiring():
 
 
 def test_two_pipelines_side_by_side_each_with_its_own_settings_and_connections():
-    from wavepipe.airflow.dags import wavepipe_ingest_dag, wavepipe_rewind_dag
+    from wavepipe.plugins.airflow_dags import wavepipe_ingest_dag, wavepipe_rewind_dag
 
     seismic = wavepipe_ingest_dag(
         dag_id="seismic",
@@ -95,7 +95,7 @@ def test_two_pipelines_side_by_side_each_with_its_own_settings_and_connections()
     ],
 )
 def test_what_a_dag_file_gets_wrong_is_an_import_error_naming_it(kwargs, error, match):
-    from wavepipe.airflow.dags import wavepipe_ingest_dag
+    from wavepipe.plugins.airflow_dags import wavepipe_ingest_dag
 
     with pytest.raises(error, match=match):
         wavepipe_ingest_dag(dag_id="bad", **kwargs)
@@ -104,8 +104,8 @@ def test_what_a_dag_file_gets_wrong_is_an_import_error_naming_it(kwargs, error, 
 def test_a_tasks_argument_wins_over_the_runs_param_and_params_arrive_typed():
     """The factories' operators take their arguments from the run's params as Airflow checked them:
     a topic named "123" stays a string (a rendered native template would make it an int)."""
-    from wavepipe.airflow.operators import PlanOperator
-    from wavepipe.airflow.rewind import RewindOperator
+    from wavepipe.plugins.operators import PlanOperator
+    from wavepipe.plugins.rewind import RewindOperator
 
     context = {"params": {"topic": "123", "group": None, "max_records": 7, "skip_lost_offsets": True}}
     plan = PlanOperator(task_id="plan", max_records=5)

@@ -3,7 +3,6 @@ offset's metadata (within Kafka's size limit) and in a ledger under home."""
 
 import json
 
-from wavepipe.config import load_settings
 from wavepipe.consumers.committer import (
     METADATA_MAX_CHARS,
     commit_metadata,
@@ -13,7 +12,8 @@ from wavepipe.consumers.committer import (
     published_in_metadata,
     record_published,
 )
-from wavepipe.plan import OffsetRange, RunPlan
+from wavepipe.contracts.config import load_settings
+from wavepipe.contracts.plan import OffsetRange, RunPlan
 
 
 def _plan(end: int = 10) -> RunPlan:

@@ -4,7 +4,7 @@ import pyarrow as pa
 
 from tests.helpers import waveform_records, with_headers
 from wavepipe.consumers.staging import DIGEST_SCHEMA, InOrderDigests
-from wavepipe.protocol import checksum, output_facts, parse_chunk
+from wavepipe.contracts.protocol import checksum, output_facts, parse_chunk
 
 
 def _feed(digests: InOrderDigests, records, first_offset: int = 0) -> list[dict]:

@@ -26,7 +26,7 @@ from unittest import mock
 import pytest
 import yaml
 
-from wavepipe.config import PROJECT_ROOT, Settings, load_settings
+from wavepipe.contracts.config import PROJECT_ROOT, Settings, load_settings
 
 COMPOSE_FILE = PROJECT_ROOT / "docker" / "compose.yaml"
 KAFKA_POM = PROJECT_ROOT / "wavepipe" / "resources" / "kafka-pom.xml"
@@ -219,7 +219,7 @@ def check_wavepipe_settings(stack: Stack) -> list[str]:
         env = {k: v for k, v in environment(service).items() if k.startswith("WAVEPIPE_")}
         for key in env:
             if key[len("WAVEPIPE_") :].lower() not in fields:
-                problems.append(f"{name}: {key} is not a wavepipe setting (wavepipe/config.py)")
+                problems.append(f"{name}: {key} is not a wavepipe setting (wavepipe/contracts/config.py)")
         if env:
             sets[name] = env
     for needs in (task_runners(stack), spark_workers(stack)):
@@ -468,7 +468,7 @@ def check_connections(stack: Stack) -> list[str]:
     Airflow service, and give wavepipe's hook exactly the settings WAVEPIPE_* give the CLI."""
     from airflow.exceptions import AirflowNotFoundException
 
-    from wavepipe.airflow.hooks import WavepipeHook
+    from wavepipe.plugins.hooks import WavepipeHook
 
     problems = []
     ids = ("wavepipe_kafka", "wavepipe_spark")

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from wavepipe.config import SettingsError, load_settings
+from wavepipe.contracts.config import SettingsError, load_settings
 from wavepipe.engine import _host_port, remote_url, shared_session_id, with_session_id
 
 

@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import pytest
 
 from wavepipe import expectations
-from wavepipe.config import load_settings
+from wavepipe.contracts.config import load_settings
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 

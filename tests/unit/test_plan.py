@@ -1,7 +1,8 @@
 import pytest
 
-from wavepipe.config import load_settings
-from wavepipe.plan import ActiveRunError, OffsetRange, RunPlan, RunStore, safe_run_id
+from wavepipe.contracts.config import load_settings
+from wavepipe.contracts.plan import ActiveRunError, OffsetRange, RunPlan, safe_run_id
+from wavepipe.contracts.runfiles import RunStore
 
 
 def test_plan_round_trips_through_its_file(tmp_path):

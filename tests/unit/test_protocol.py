@@ -3,7 +3,7 @@ from datetime import UTC, datetime
 import numpy as np
 import pytest
 
-from wavepipe import protocol as p
+from wavepipe.contracts import protocol as p
 
 START = datetime(2026, 11, 1, 12, 0, 0, 123456, tzinfo=UTC)
 

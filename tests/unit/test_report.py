@@ -1,7 +1,7 @@
-from wavepipe.config import load_settings
 from wavepipe.consumers.planner import record_cap
-from wavepipe.plan import OffsetRange, RunPlan
-from wavepipe.report import build_report
+from wavepipe.contracts.config import load_settings
+from wavepipe.contracts.plan import OffsetRange, RunPlan
+from wavepipe.contracts.report import build_report
 
 PLAN = RunPlan("r1", "t", "g", "now", (OffsetRange("t", 0, 10, 20), OffsetRange("t", 1, 0, 5)))
 
@@ -66,8 +66,8 @@ def test_record_cap_combines_records_and_bytes():
 def test_window_runs_account_for_other_windows_records():
     """A window run's records of other windows' waveforms (and dead letters past its end) are
     placed as ``other_window``; the balance holds with them and fails without them."""
-    from wavepipe.plan import OffsetRange, RunPlan
-    from wavepipe.report import build_report
+    from wavepipe.contracts.plan import OffsetRange, RunPlan
+    from wavepipe.contracts.report import build_report
 
     plan = RunPlan(
         run_id="w1",

@@ -5,7 +5,7 @@ from html.parser import HTMLParser
 
 from tests.unit.test_report import CONSUMED, PLAN, _reassembled
 from wavepipe import report_html
-from wavepipe.report import build_report, failed_expectations
+from wavepipe.contracts.report import build_report, failed_expectations
 
 
 class _Numbers(HTMLParser):

@@ -17,7 +17,7 @@ from wavepipe.consumers.rewind import (
     parse_duration,
     parse_partitions,
 )
-from wavepipe.plan import parse_datetime
+from wavepipe.contracts.plan import parse_datetime
 
 
 @pytest.mark.parametrize(

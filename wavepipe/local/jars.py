@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-RESOURCES = Path(__file__).resolve().parent / "resources"
+RESOURCES = Path(__file__).resolve().parents[1] / "resources"
 
 
 class SetupError(RuntimeError):

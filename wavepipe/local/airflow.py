@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from wavepipe.config import Settings
+from wavepipe.contracts.config import Settings
+from wavepipe.local import processes
 from wavepipe.spark import settings_env
 
 #: The DAG files ``wavepipe airflow up`` serves: the package's ``wavepipe.dags`` (a checkout's dags/,
@@ -172,7 +173,7 @@ def admin_password(settings: Settings) -> str:
 def log_server_ports(settings: Settings) -> dict[str, int]:
     """The ports of the scheduler's and the triggerer's log servers: free ports chosen on the first
     `up` of this home and kept (Airflow's fixed defaults, 8793 and 8794, would clash between homes)."""
-    from wavepipe.localkafka import free_port
+    from wavepipe.local.kafka import free_port
 
     path = settings.airflow_home / "log_server_ports.json"
     if path.exists():
@@ -287,18 +288,9 @@ def _read_pid(settings: Settings, name: str) -> int | None:
 
 
 def _alive(pid: int | None) -> bool:
-    """Whether ``pid`` is a live (not zombie) Airflow process: a recycled pid is not ours."""
-    if pid is None:
-        return False
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return False
-    if stat.rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-        return False
-    # the command line reads empty for an instant while setproctitle rewrites it
-    return not cmdline or b"airflow" in cmdline
+    """Whether ``pid`` is a live (not zombie) Airflow process: a recycled pid is not ours. Its command
+    line reads empty for an instant while setproctitle rewrites it."""
+    return processes.alive(pid, "airflow", allow_blank=True)
 
 
 def running(settings: Settings) -> dict[str, int | None]:
@@ -507,7 +499,7 @@ def _stop_group(pid: int, grace_s: float) -> bool:
         return False
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
-        if not _group_alive(pid):
+        if not processes.in_group(pid):
             return False
         time.sleep(0.3)
     try:
@@ -517,42 +509,16 @@ def _stop_group(pid: int, grace_s: float) -> bool:
     return True
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether any live process is in process group ``pgid``."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
-            return True
-    return False
-
-
-def service_marker(settings: Settings) -> bytes:
-    """The environment entry only ``up``'s services (and what they start) carry: never a user's
-    shell, ``airflow dags test`` or the demo, which share AIRFLOW_HOME but not this."""
-    return f"{SERVICE_MARKER}={settings.airflow_home}".encode() + b"\0"
+def service_marker(settings: Settings) -> str:
+    """The environment entry (``NAME=value``) only ``up``'s services (and what they start) carry:
+    never a user's shell, ``airflow dags test`` or the demo, which share AIRFLOW_HOME but not this."""
+    return f"{SERVICE_MARKER}={settings.airflow_home}"
 
 
 def _strays(settings: Settings) -> list[int]:
     """Live processes outside the services' groups that still carry the services' marker in their
     environment: what a task launched in a session of its own (spark-submit's JVM) and outlived it."""
-    marker = service_marker(settings)
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                continue
-            if marker in (entry / "environ").read_bytes():
-                found.append(int(entry.name))
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            continue
-    return found
+    return processes.with_environment(service_marker(settings))
 
 
 def down(settings: Settings, *, grace_s: float = 30.0, out=None) -> int:
@@ -565,17 +531,13 @@ def down(settings: Settings, *, grace_s: float = 30.0, out=None) -> int:
     # the scheduler first, so that it does not start new tasks while the API server goes away
     for name in ("scheduler", "triggerer", "dag-processor", "api-server"):
         pid = _read_pid(settings, name)
-        if pid is not None and (_alive(pid) or _group_alive(pid)):
+        if pid is not None and (_alive(pid) or processes.in_group(pid)):
             killed = _stop_group(pid, grace_s)
             stopped.append(f"{name} (pid {pid}{', killed after ' + str(int(grace_s)) + 's' if killed else ''})")
         _pid_file(settings, name).unlink(missing_ok=True)
     strays = _strays(settings)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in strays:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+        processes.send(strays, sig)
         deadline = time.monotonic() + 10
         while (strays := _strays(settings)) and time.monotonic() < deadline:
             time.sleep(0.3)

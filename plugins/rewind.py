@@ -11,9 +11,9 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException
 
-from wavepipe.airflow.operators import WavepipeOperator
-from wavepipe.airflow.operators import flag as _flag
 from wavepipe.consumers import rewind
+from wavepipe.plugins.operators import WavepipeOperator
+from wavepipe.plugins.operators import flag as _flag
 
 
 class RewindOperator(WavepipeOperator):

@@ -17,8 +17,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from wavepipe.jars import SetupError, require_tool
-from wavepipe.localkafka import free_port, port_is_free
+from wavepipe.local import processes
+from wavepipe.local.jars import SetupError, require_tool
+from wavepipe.local.kafka import free_port, port_is_free
 from wavepipe.spark import pyspark_bin
 
 READY_TIMEOUT_S = 90.0
@@ -53,15 +54,7 @@ class LocalSparkCluster:
 
     def pids(self) -> list[int]:
         """The cluster's live daemon processes (master first)."""
-        alive = []
-        for pid in self._state().get("pids", []):
-            cmdline = Path(f"/proc/{pid}/cmdline")
-            try:
-                if b"org.apache.spark.deploy" in cmdline.read_bytes():
-                    alive.append(pid)
-            except OSError:
-                pass
-        return alive
+        return [pid for pid in self._state().get("pids", []) if processes.alive(pid, "org.apache.spark.deploy")]
 
     def _daemon(self, name: str, main_class: str, *args: str) -> subprocess.Popen:
         env = {

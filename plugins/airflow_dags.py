@@ -1,7 +1,7 @@
 """DAG factories: a user's DAG file is a few lines that call one, so one Airflow runs several
 pipelines (topics, groups, homes) side by side::
 
-    from wavepipe.airflow.dags import wavepipe_ingest_dag
+    from wavepipe.plugins.airflow_dags import wavepipe_ingest_dag
 
     seismic = wavepipe_ingest_dag(dag_id="seismic_ingest", topic="seismic", group="seismic-ingest",
                                   settings={"home": "/data/wavepipe/seismic"})
@@ -18,8 +18,9 @@ from typing import Any
 
 from airflow.sdk import DAG, DeltaDataIntervalTimetable, Param, TriggerRule
 
-from wavepipe.airflow.hooks import SPARK_CONN_ID, WavepipeHook
-from wavepipe.airflow.operators import (
+from wavepipe.contracts.config import check_settings
+from wavepipe.plugins.hooks import SPARK_CONN_ID, WavepipeHook
+from wavepipe.plugins.operators import (
     CommitOperator,
     ConsumeOperator,
     PlanOperator,
@@ -27,8 +28,7 @@ from wavepipe.airflow.operators import (
     ValidateOperator,
     plain_settings,
 )
-from wavepipe.airflow.rewind import RewindOperator
-from wavepipe.config import check_settings
+from wavepipe.plugins.rewind import RewindOperator
 
 #: The ingest DAG's default schedule: every 15 minutes, with data intervals (Airflow 3's plain
 #: timedelta schedule has none), so a backfill run has a window to reprocess.

@@ -8,7 +8,7 @@ import os
 
 from airflow.sdk import BaseHook
 
-from wavepipe.config import Settings, load_settings, redact_url
+from wavepipe.contracts.config import Settings, load_settings, redact_url
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wavepipe.jars import RESOURCES, SetupError, kafka_jars, require_tool
+from wavepipe.local import processes
+from wavepipe.local.jars import RESOURCES, SetupError, kafka_jars, require_tool
 
 READY_TIMEOUT_S = 90.0
 
@@ -159,14 +160,7 @@ class LocalKafka:
             pid = int(self.pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        cmdline = Path(f"/proc/{pid}/cmdline")
-        if cmdline.exists() and b"kafka.Kafka" not in cmdline.read_bytes():
-            return None  # pid reused by something else, or a zombie
-        return pid
+        return pid if processes.alive(pid, "kafka.Kafka") else None  # else gone, a zombie or a recycled pid
 
     def formatted_cluster_id(self) -> str | None:
         """The cluster id this node's storage was formatted with (None: not formatted yet)."""

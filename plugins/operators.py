@@ -19,10 +19,10 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
 from wavepipe import pipeline
-from wavepipe.airflow.hooks import SPARK_CONN_ID, WavepipeHook
-from wavepipe.config import SettingsError, check_settings
-from wavepipe.errors import UsageError, did_you_mean
-from wavepipe.plan import ActiveRunError, as_utc, parse_datetime
+from wavepipe.contracts.config import SettingsError, check_settings
+from wavepipe.contracts.errors import UsageError, did_you_mean
+from wavepipe.contracts.plan import ActiveRunError, as_utc, parse_datetime
+from wavepipe.plugins.hooks import SPARK_CONN_ID, WavepipeHook
 
 #: Seconds between a waiting window run's attempts to take its group's backfill lane.
 WINDOW_LANE_RETRY_S = 30

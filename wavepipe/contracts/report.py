@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, TypeVar
 
-from wavepipe.config import Settings
-from wavepipe.plan import RunPlan, utc_now
+from wavepipe.contracts.config import Settings
+from wavepipe.contracts.plan import RunPlan, utc_now
+from wavepipe.contracts.runfiles import history_path
 
 REPORT_VERSION = 1
 #: Characters of a failure's reason kept in a note (its first line).
@@ -61,23 +61,6 @@ def empty_partition(start: int, end: int) -> dict[str, Any]:
         "quarantine_reasons": {},
         "safe_offset": end,
     }
-
-
-def json_path(settings: Settings, run_id: str) -> Path:
-    return settings.reports_dir / f"{run_id}.json"
-
-
-def html_path(settings: Settings, run_id: str) -> Path:
-    """The run's page (its JSON twin is ``json_path``)."""
-    return settings.reports_dir / f"{run_id}.html"
-
-
-def plot_path(settings: Settings, run_id: str) -> Path:
-    return settings.reports_dir / run_id / "waveforms.png"
-
-
-def history_path(settings: Settings) -> Path:
-    return settings.reports_dir / "validation_history.jsonl"
 
 
 def append_validation_history(settings: Settings, validation: dict) -> None:

@@ -24,16 +24,18 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from wavepipe.errors import UsageError, did_you_mean
+from wavepipe.contracts.errors import UsageError, did_you_mean
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 def source_checkout() -> Path | None:
     """The wavepipe source checkout this code runs from (an editable install, or the tests), or
     None when wavepipe is installed as a package (``pip install wavepipe``: the code then lives in
     site-packages, and nothing may be written next to it)."""
-    if (PROJECT_ROOT / "pyproject.toml").is_file() and (PROJECT_ROOT / "wavepipe" / "config.py").is_file():
+    if (PROJECT_ROOT / "pyproject.toml").is_file() and (
+        PROJECT_ROOT / "wavepipe" / "contracts" / "config.py"
+    ).is_file():
         return PROJECT_ROOT
     return None
 

@@ -1,9 +1,15 @@
-"""Frozen run plans: the offset ranges a run reads, decided once and stored before any read.
+"""Where a run's files live and how its step records are named: the one place that knows.
 
-A plan is written atomically to ``<home>/runs/<run_id>/plan.json`` and every retry of that run
-reads it back instead of planning again. A group has at most one active (planned, not yet
-committed) run, recorded in ``<home>/groups/<group>/active.json``; a second run for the same
-group is refused until the first commits or is abandoned.
+Under ``<home>`` (the ``home`` setting):
+
+* ``runs/<run_id>/plan.json``: the frozen plan; ``runs/<run_id>/<step>.json``: each step's record
+  (``Step``), written atomically once the step is done; ``runs/<run_id>/.<name>.lock``: the OS
+  locks that keep two processes out of one step.
+* ``staging/<run_id>/``: what the readers staged (``chunks/``, ``dead_letter/``, ``digests/``, one
+  Parquet file per offset range) and the candidate tables (``candidate/``); removed after commit.
+* ``groups/<group>/``: the group's active run (``active.json``), its last ranges and idle runs.
+* ``reports/<run_id>.json`` and ``.html``, ``reports/<run_id>/waveforms.png`` and
+  ``reports/validation_history.jsonl``.
 """
 
 from __future__ import annotations
@@ -12,129 +18,39 @@ import fcntl
 import json
 import logging
 import os
-import re
 import socket
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from wavepipe.config import Settings
-from wavepipe.errors import UsageError
+from wavepipe.contracts.config import Settings
+from wavepipe.contracts.plan import ActiveRunError, OffsetRange, RunPlan, safe_run_id, utc_now
 
 
-@dataclass(frozen=True)
-class OffsetRange:
-    """Offsets ``[start, end)`` of one partition; ``end`` is exclusive."""
+class Step:
+    """The names of a run's step records (``RunStore.save_step``/``load_step``) and step locks."""
 
-    topic: str
-    partition: int
-    start: int
-    end: int
+    #: the whole run (``run_once``, the plan step and the report take it)
+    RUN = "run"
+    REASSEMBLE = "reassemble"
+    VALIDATE = "validate"
+    REPORT = "report"
+    #: seconds each step took, added to the report
+    TIMINGS = "timings"
 
-    @property
-    def size(self) -> int:
-        return max(0, self.end - self.start)
+    @staticmethod
+    def consume(rng: OffsetRange) -> str:
+        """The record of reading one offset range."""
+        return f"consume-{rng.topic}-{rng.partition}"
 
-    @property
-    def name(self) -> str:
-        """File-safe name of the range, used for staged files so a retry overwrites them."""
-        return f"{self.topic}-p{self.partition:05d}-{self.start:020d}-{self.end:020d}"
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    run_id: str
-    topic: str
-    group: str
-    created_at: str
-    ranges: tuple[OffsetRange, ...]
-    #: The previous committed run of this group, per partition: ``[safe offset, end]``. A range
-    #: equal to it holds nothing that run did not see already (only still-pending chunks).
-    previous: dict[int, list[int]] = field(default_factory=dict)
-    caps: dict[str, int] = field(default_factory=dict)
-    #: The group's committed offset per partition when planned (None: it had none). The commit
-    #: is a compare-and-set against these.
-    committed: dict[int, int | None] = field(default_factory=dict)
-    #: Per partition, ``[from, to)`` offsets the topic no longer retained when planned, skipped
-    #: on request (``skip_lost_offsets``): never read, recorded in the report.
-    lost: dict[int, list[int]] = field(default_factory=dict)
-    #: Per partition, the last stable offset when planned (before any cap): the lag before the
-    #: run is ``latest - start``.
-    latest: dict[int, int] = field(default_factory=dict)
-    #: A time-window run (a backfill): ``{"start": iso, "end": iso, "offsets": {partition: [from, to)}}``.
-    #: The waveforms whose first chunk (``wp-seq`` 0) is in ``offsets`` are the window's; the ranges
-    #: read may go past ``to`` to complete the ones that straddle the window's end. Its output
-    #: replaces the window's rows, and it commits no offsets. None: an incremental run.
-    window: dict[str, Any] | None = None
-    #: The group had no committed offsets on the topic and started here by choice (``earliest``,
-    #: ``latest`` or an ISO instant); None for a group that had offsets. Its commit creates them.
-    new_group_start: str | None = None
-    #: Per partition, a move of the group's offset by someone else since this home's last commit:
-    #: ``{"from", "to", "by", "skipped": [a, b) | None, "reread": [a, b) | None}``.
-    moved: dict[int, dict[str, Any]] = field(default_factory=dict)
-
-    @property
-    def is_window(self) -> bool:
-        return self.window is not None
-
-    def window_offsets(self) -> dict[int, tuple[int, int]]:
-        """Per partition, the window's ``[from, to)`` offsets (empty for an incremental run)."""
-        return {int(p): (int(a), int(b)) for p, (a, b) in (self.window or {}).get("offsets", {}).items()}
-
-    @property
-    def total_offsets(self) -> int:
-        return sum(r.size for r in self.ranges)
-
-    @property
-    def has_new_data(self) -> bool:
-        """False when every range repeats the previous run's (from its safe offset to its end):
-        nothing new can complete. A rewind or new records make it True."""
-        return any(r.size and [r.start, r.end] != self.previous.get(r.partition) for r in self.ranges)
-
-    def range_for(self, partition: int) -> OffsetRange:
-        for r in self.ranges:
-            if r.partition == partition:
-                return r
-        raise KeyError(f"partition {partition} is not in plan {self.run_id}")
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        for name in ("previous", "committed", "lost", "latest", "moved"):
-            data[name] = {str(k): v for k, v in getattr(self, name).items()}
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RunPlan:
-        return cls(
-            run_id=data["run_id"],
-            topic=data["topic"],
-            group=data["group"],
-            created_at=data["created_at"],
-            ranges=tuple(OffsetRange(**r) for r in data["ranges"]),
-            previous={int(k): list(v) for k, v in data.get("previous", {}).items()},
-            caps=dict(data.get("caps", {})),
-            committed={int(k): v for k, v in data.get("committed", {}).items()},
-            lost={int(k): list(v) for k, v in data.get("lost", {}).items()},
-            latest={int(k): int(v) for k, v in data.get("latest", {}).items()},
-            window=data.get("window"),
-            new_group_start=data.get("new_group_start"),
-            moved={int(k): dict(v) for k, v in data.get("moved", {}).items()},
-        )
-
-    def expected_committed(self, partition: int) -> int | None:
-        """Where the group's offset must still be for this run to commit."""
-        if partition in self.committed:
-            return self.committed[partition]
-        return self.range_for(partition).start
-
-
-class ActiveRunError(RuntimeError):
-    """Another run of the same group is planned and not committed yet."""
+    @staticmethod
+    def consume_lock(partition: int) -> str:
+        """The lock one partition's reader holds."""
+        return f"consume-{partition}"
 
 
 class StepBusyError(RuntimeError):
@@ -143,40 +59,6 @@ class StepBusyError(RuntimeError):
 
 #: Step locks this process holds, so a step called inside ``run_once`` does not wait on itself.
 _held_locks: dict[Path, int] = {}
-
-
-def safe_run_id(raw: str) -> str:
-    """A run id usable as a folder name (Airflow run ids contain ':' and '+')."""
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", raw).strip("._")
-    if not cleaned:
-        raise ValueError(f"run id {raw!r} has no usable characters")
-    return cleaned
-
-
-def new_run_id() -> str:
-    return "run_" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-
-
-def utc_now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
-
-
-def as_utc(when: datetime) -> datetime:
-    """``when`` as an aware UTC datetime (naive ones are taken as UTC)."""
-    return when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
-
-
-def parse_datetime(text: str) -> datetime:
-    """An ISO-8601 instant (``2026-11-02T08:30:00Z``, ``...+01:00``, ``2026-11-02``); naive is UTC."""
-    raw = (text or "").strip()
-    try:
-        value = datetime.fromisoformat(raw)
-    except ValueError:
-        raise UsageError(
-            f"datetime {text!r} is not ISO-8601: use e.g. 2026-11-02T08:30:00Z or "
-            f"2026-11-02T09:30:00+01:00 (no zone means UTC)"
-        ) from None
-    return as_utc(value)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -207,6 +89,33 @@ def write_text_atomic(path: Path, text: str) -> None:
 def read_json(path: Path) -> Any:
     with path.open() as fh:
         return json.load(fh)
+
+
+def staged_paths(store: RunStore, run_id: str, rng: OffsetRange):
+    """The range's staged chunks and dead letters (``digest_path``: its in-order waveforms' hashes)."""
+    base = store.staging_dir(run_id)
+    return base / "chunks" / f"{rng.name}.parquet", base / "dead_letter" / f"{rng.name}.parquet"
+
+
+def digest_path(store: RunStore, run_id: str, rng: OffsetRange):
+    return store.staging_dir(run_id) / "digests" / f"{rng.name}.parquet"
+
+
+def json_path(settings: Settings, run_id: str) -> Path:
+    return settings.reports_dir / f"{run_id}.json"
+
+
+def html_path(settings: Settings, run_id: str) -> Path:
+    """The run's page (its JSON twin is ``json_path``)."""
+    return settings.reports_dir / f"{run_id}.html"
+
+
+def plot_path(settings: Settings, run_id: str) -> Path:
+    return settings.reports_dir / run_id / "waveforms.png"
+
+
+def history_path(settings: Settings) -> Path:
+    return settings.reports_dir / "validation_history.jsonl"
 
 
 class RunStore:

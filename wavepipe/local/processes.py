@@ -1,0 +1,71 @@
+"""The processes the local services leave: found and signalled through psutil, in one place.
+
+Every service manager keeps a pid file; a pid alone proves nothing (it may have been recycled by
+another program, or be a zombie), so each asks ``alive(pid, marker)``: a live process whose
+command line names what it should be.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+
+import psutil
+
+#: States of a process that has exited but is not reaped yet: it holds no resource and does no work.
+_GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+
+
+def alive(pid: int | None, marker: str | None = None, *, allow_blank: bool = False) -> bool:
+    """Whether ``pid`` is a live process (not a zombie) whose command line contains ``marker``.
+
+    ``allow_blank``: a command line that reads empty also counts (it does for an instant while
+    setproctitle rewrites it, as Airflow's services do)."""
+    if not pid:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() in _GONE:
+            return False
+        if marker is None:
+            return True
+        cmdline = " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+    return (allow_blank and not cmdline) or marker in cmdline
+
+
+def _members(key) -> list[int]:
+    found = []
+    for proc in psutil.process_iter(["status"]):
+        if proc.pid == os.getpid() or proc.info["status"] in _GONE:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError, psutil.Error):
+            if key(proc):
+                found.append(proc.pid)
+    return found
+
+
+def in_session(sid: int) -> list[int]:
+    """The live processes of session ``sid`` (a service started with ``start_new_session`` and all it
+    started), this process left out."""
+    return _members(lambda proc: os.getsid(proc.pid) == sid)
+
+
+def in_group(pgid: int) -> list[int]:
+    """The live processes of process group ``pgid``, this process left out."""
+    return _members(lambda proc: os.getpgid(proc.pid) == pgid)
+
+
+def with_environment(entry: str) -> list[int]:
+    """The live processes whose environment holds ``entry`` (``NAME=value``), this process left out."""
+    name, _, value = entry.partition("=")
+    return _members(lambda proc: proc.environ().get(name) == value)
+
+
+def send(pids: list[int], sig: int = signal.SIGKILL) -> None:
+    """Send ``sig`` to each of ``pids`` that still exists."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
