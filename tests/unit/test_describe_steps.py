@@ -3,6 +3,7 @@ fail it: hostile waveforms are drawn, and any failure becomes a note in the repo
 
 from __future__ import annotations
 
+import html
 import json
 
 import numpy as np
@@ -10,8 +11,9 @@ import pytest
 
 from tests.unit.test_report import CONSUMED, PLAN, _reassembled
 from wavepipe import report_html
-from wavepipe.config import load_settings
-from wavepipe.report import build_report, describe_safely, html_path, json_path
+from wavepipe.contracts.config import load_settings
+from wavepipe.contracts.report import build_report, describe_safely
+from wavepipe.contracts.runfiles import html_path, json_path
 from wavepipe.spark_apps import validate
 
 I64 = np.iinfo(np.int64)
@@ -129,7 +131,7 @@ def test_a_failing_page_or_trend_becomes_a_note_with_a_plain_page(tmp_path, monk
         "the validation trend failed: no space left on device",
         "the run's page failed: no space left on device",
     ]
-    assert "the run&#x27;s page failed" in page.read_text()
+    assert "the run's page failed" in html.unescape(page.read_text())
     assert "Error" not in " ".join(notes)
 
 
