@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
+import tenacity
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
@@ -81,16 +82,21 @@ def new_admin(config: Mapping[str, Any]) -> AdminClient:
 def retrying(call: Callable[[], T], what: str, attempts: int = 20, pause_s: float = 0.5) -> T:
     """``call()``, retried while Kafka reports a quick transient error (a coordinator still
     loading, a leader moving); any other error, or the last attempt's, is raised."""
-    for attempt in range(1, attempts + 1):
-        try:
-            return call()
-        except KafkaException as exc:
-            err = exc.args[0]
-            if attempt == attempts or err.code() not in _TRANSIENT:
-                raise
-            log.info("%s: %s (attempt %d/%d), retrying", what, err.str(), attempt, attempts)
-            time.sleep(pause_s)
-    raise AssertionError("unreachable")
+
+    def transient(exc: BaseException) -> bool:
+        return isinstance(exc, KafkaException) and exc.args[0].code() in _TRANSIENT
+
+    def say(state: tenacity.RetryCallState) -> None:
+        err = state.outcome.exception().args[0]
+        log.info("%s: %s (attempt %d/%d), retrying", what, err.str(), state.attempt_number, attempts)
+
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception(transient),
+        stop=tenacity.stop_after_attempt(attempts),
+        wait=tenacity.wait_fixed(pause_s),
+        before_sleep=say,
+        reraise=True,
+    )(call)
 
 
 class KafkaAuthenticationError(ConnectionError):
