@@ -6,6 +6,7 @@ import json
 import logging
 import os
 
+from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from airflow.sdk import BaseHook
 
 from wavepipe.contracts.config import Settings, load_settings, redact_url
@@ -44,12 +45,40 @@ def spark_master_from_connection(host: str | None, port: int | None, extra: dict
     return f"{host}:{port or 7077}"  # a standalone master's default port
 
 
+def kafka_client_config(conn_id: str, conn=None) -> dict:
+    """The librdkafka configuration of the Kafka Connection ``conn_id``, as the apache-kafka
+    provider's hook builds it from the Connection's extra (``bootstrap.servers`` included)."""
+    conn = conn or BaseHook.get_connection(conn_id)
+    if conn.conn_type != "kafka":
+        raise ValueError(
+            f"Airflow connection {conn_id!r} is of type {conn.conn_type!r}: wavepipe reads Kafka from the "
+            "apache-kafka provider's type 'kafka' (extra = the librdkafka configuration)"
+        )
+    extra = conn.extra_dejson
+    if not extra.get("bootstrap.servers"):
+        where = f" It names {conn.host!r} as its host, which that type does not read." if conn.host else ""
+        raise ValueError(
+            f"Airflow connection {conn_id!r} has no bootstrap.servers in its extra.{where} Give the brokers "
+            'there, e.g. {"bootstrap.servers": "b1:9092,b2:9092"}, beside any other librdkafka property'
+        )
+    return _KafkaConnection(kafka_config_id=conn_id).client_config()
+
+
+class _KafkaConnection(KafkaBaseHook):
+    """The apache-kafka provider's hook, asked only for the configuration it builds."""
+
+    def client_config(self) -> dict:
+        return dict(self._build_config())
+
+
 class WavepipeHook(BaseHook):
     """Settings for a run, with Kafka and Spark taken from Airflow Connections where they exist.
 
-    Kafka, Connection ``conn_id`` (default ``wavepipe_kafka``): its host (``host:port[,host:port...]``)
-    becomes ``bootstrap.servers`` and its extra (a JSON object of librdkafka properties: TLS, SASL,
-    ...) is passed to every Kafka client.
+    Kafka, Connection ``conn_id`` (default ``wavepipe_kafka``) of the apache-kafka provider's type
+    ``kafka``, as that provider defines it: its extra is the librdkafka configuration
+    (``bootstrap.servers`` and TLS, SASL, ... properties), built by the provider's hook
+    (``KafkaBaseHook``: its callback allowlist, MSK and Google Managed Kafka sign-in) and given to
+    every Kafka client, with wavepipe's own keys per client (group, isolation, transactions) on top.
 
     Spark, Connection ``wavepipe_spark``, of either of the apache-spark provider's types:
 
@@ -66,8 +95,6 @@ class WavepipeHook(BaseHook):
 
     conn_name_attr = "wavepipe_conn_id"
     default_conn_name = "wavepipe_kafka"
-    conn_type = "kafka"
-    hook_name = "wavepipe Kafka"
 
     def __init__(self, wavepipe_conn_id: str = default_conn_name, spark_conn_id: str = SPARK_CONN_ID):
         super().__init__()
@@ -92,11 +119,11 @@ class WavepipeHook(BaseHook):
         if conn is None:
             log.info("Kafka from wavepipe config: %s", settings.bootstrap_servers)
         else:
-            servers = conn.host if conn.port is None else f"{conn.host}:{conn.port}"
-            extra = json.loads(conn.extra) if conn.extra else {}
+            config = kafka_client_config(self.wavepipe_conn_id, conn)
+            servers = config.pop("bootstrap.servers")
             log.info("Kafka from Airflow connection %r: %s", self.wavepipe_conn_id, servers)
             settings = settings.replace(
-                bootstrap_servers=servers, kafka_client_config={**settings.kafka_client_config, **extra}
+                bootstrap_servers=servers, kafka_client_config={**settings.kafka_client_config, **config}
             )
         conn = self._connection(self.spark_conn_id)
         if conn is None:

@@ -234,7 +234,16 @@ def test_a_run_triggered_through_the_rest_api_ingests_and_commits(airflow, api, 
 
     conn = api.get(f"/api/v2/connections/{local.KAFKA_CONN_ID}")
     assert conn.status_code == 200, conn.text
-    assert conn.json()["host"] == settings.bootstrap_servers and conn.json()["conn_type"] == "kafka"
+    # the apache-kafka provider's type: extra is the librdkafka configuration, servers included
+    assert conn.json()["conn_type"] == "kafka" and not conn.json()["host"]
+    assert json.loads(conn.json()["extra"])["bootstrap.servers"] == settings.bootstrap_servers
+    # the Connection form's Test button: the provider's hook asks the brokers for their metadata
+    body = {k: conn.json()[k] for k in ("connection_id", "conn_type", "extra")}
+    tested = api.post("/api/v2/connections/test", json=body)
+    assert tested.status_code == 200 and tested.json()["status"] is True, tested.text
+    dead = {**body, "extra": json.dumps({"bootstrap.servers": f"127.0.0.1:{free_port()}", "socket.timeout.ms": 3000})}
+    tested = api.post("/api/v2/connections/test", json=dead)
+    assert tested.status_code == 200 and tested.json()["status"] is False, tested.text
 
     began = time.monotonic()
     trigger = api.post(

@@ -1,5 +1,7 @@
 """How the Airflow Spark connection ``wavepipe_spark`` names the master the Spark apps go to."""
 
+import json
+
 import pytest
 
 from wavepipe.plugins.hooks import spark_master_from_connection
@@ -27,3 +29,32 @@ def test_a_spark_connection_without_host_or_in_cluster_deploy_mode_is_refused():
         spark_master_from_connection("", 7077, {})
     with pytest.raises(ValueError, match="client mode only"):
         spark_master_from_connection("spark://m", 7077, {"deploy-mode": "cluster"})
+
+
+def _kafka_connection(monkeypatch, **conn):
+    monkeypatch.setenv("AIRFLOW_CONN_WP_KAFKA_TEST", json.dumps(conn))
+    return "wp_kafka_test"
+
+
+def test_kafka_comes_from_the_kafka_providers_connection_type(monkeypatch, tmp_path):
+    """extra = the librdkafka configuration, as the apache-kafka provider defines its `kafka` type"""
+    from wavepipe.plugins.hooks import WavepipeHook, kafka_client_config
+
+    extra = {"bootstrap.servers": "b1:9092,b2:9092", "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"}
+    conn_id = _kafka_connection(monkeypatch, conn_type="kafka", extra=extra)
+    assert kafka_client_config(conn_id) == extra
+    monkeypatch.setenv("WAVEPIPE_HOME", str(tmp_path))
+    settings = WavepipeHook(wavepipe_conn_id=conn_id, spark_conn_id="wp_no_such_spark").get_settings()
+    assert settings.bootstrap_servers == "b1:9092,b2:9092"
+    assert settings.kafka_client_config == {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN"}
+
+
+def test_a_kafka_connection_the_provider_would_not_read_is_refused_with_what_to_change(monkeypatch):
+    from wavepipe.plugins.hooks import kafka_client_config
+
+    conn_id = _kafka_connection(monkeypatch, conn_type="kafka", host="b1:9092", extra={"client.id": "x"})
+    with pytest.raises(ValueError, match=r"no bootstrap.servers in its extra\. It names 'b1:9092' as its host"):
+        kafka_client_config(conn_id)
+    conn_id = _kafka_connection(monkeypatch, conn_type="http", extra={"bootstrap.servers": "b1:9092"})
+    with pytest.raises(ValueError, match="of type 'http'"):
+        kafka_client_config(conn_id)

@@ -503,6 +503,7 @@ def check_connections(stack: Stack) -> list[str]:
             raise AirflowNotFoundException(conn_id)
         return conns[conn_id]
 
+    from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
     from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
     wp_env = wavepipe_env(stack)
@@ -510,6 +511,7 @@ def check_connections(stack: Stack) -> list[str]:
         with (
             mock.patch.object(WavepipeHook, "get_connection", side_effect=get_connection),
             mock.patch.object(SparkConnectHook, "get_connection", side_effect=get_connection),
+            mock.patch.object(KafkaBaseHook, "get_connection", side_effect=get_connection),
             only_these_wavepipe_variables(wp_env),
         ):
             through_hook = WavepipeHook().get_settings()
@@ -711,6 +713,12 @@ def _edit_conn(stack: Stack, variable: str, **changes) -> None:
         _set_in(stack, name, variable, json.dumps(conn))
 
 
+def _kafka_extra(stack: Stack, **changes) -> dict:
+    """The Kafka Connection's extra (its librdkafka configuration) with ``changes``."""
+    conn = json.loads(environment(services(stack)["airflow-worker"])[KAFKA_CONN])
+    return {**conn["extra"], **changes}
+
+
 def _break_script(stack: Stack) -> None:
     svc = services(stack)["airflow-init"]
     svc["command"] = [svc["command"][0] + '\nif [ -n "$x" ]; then\n  echo unterminated\n']
@@ -808,8 +816,18 @@ MUTATIONS = [
         lambda s: _edit_conn(s, SPARK_CONN, conn_type="spark", host="spark://spark-master", port=7077),
         "conn_type",
     ),
-    (check_connections, lambda s: _edit_conn(s, KAFKA_CONN, host="kafka-1:9092"), "bootstrap_servers"),
-    (check_connections, lambda s: _edit_conn(s, KAFKA_CONN, extra={"security.protocol": "SSL"}), "kafka_client_config"),
+    (
+        check_connections,
+        lambda s: _edit_conn(s, KAFKA_CONN, extra=_kafka_extra(s, **{"bootstrap.servers": "kafka-1:9092"})),
+        "bootstrap_servers",
+    ),
+    (
+        check_connections,
+        lambda s: _edit_conn(s, KAFKA_CONN, extra=_kafka_extra(s, **{"security.protocol": "SSL"})),
+        "kafka_client_config",
+    ),
+    # the servers where the apache-kafka provider's type does not read them
+    (check_connections, lambda s: _edit_conn(s, KAFKA_CONN, host="kafka-1:9092", extra={}), "no bootstrap.servers"),
     (check_connections, lambda s: _edit_conn(s, KAFKA_CONN, conn_type="http"), "conn_type"),
     (check_connections, lambda s: _set_in(s, "airflow-worker", "AIRFLOW_CONN_WAVEPIPE_KAFKA", "{not json"), "differs"),
     (check_connections, lambda s: _set_everywhere(s, "AIRFLOW_CONN_WAVEPIPE_SPARK", "{not json"), "does not parse"),

@@ -194,6 +194,8 @@ def server_env(settings: Settings) -> dict[str, str]:
         "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
         "AIRFLOW__CORE__PARALLELISM": str(LOCAL_PARALLELISM),
         "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(LOCAL_PARALLELISM),
+        # The Test button of Admin > Connections (the UI wants exactly "Enabled")
+        "AIRFLOW__CORE__TEST_CONNECTION": "Enabled",
         # New DAGs stay paused until a user (or a test, via REST) unpauses them.
         "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
         "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
@@ -368,14 +370,14 @@ def sync_kafka_connection(settings: Settings) -> None:
 
     ``airflow connections import --overwrite`` is an upsert, so `up` can run it every time: the
     DAG's tasks (WavepipeHook) then take Kafka from the Connection, which users may edit in the UI
-    for other clusters. The host is the whole bootstrap list (no port field), the extra the
-    librdkafka properties. The temporary file can hold SASL secrets: mode 600, removed after."""
+    for other clusters. It is the apache-kafka provider's type ``kafka``: its extra is the librdkafka
+    configuration, ``bootstrap.servers`` first. The temporary file can hold SASL secrets: mode 600,
+    removed after."""
     conn = {
         KAFKA_CONN_ID: {
             "conn_type": "kafka",
             "description": "Kafka for wavepipe (written by `wavepipe airflow up` from the wavepipe settings)",
-            "host": settings.bootstrap_servers,
-            "extra": json.dumps(dict(settings.kafka_client_config)),
+            "extra": json.dumps({"bootstrap.servers": settings.bootstrap_servers, **settings.kafka_client_config}),
         }
     }
     path = settings.airflow_home / f".connection-{os.getpid()}.json"
