@@ -242,23 +242,17 @@ def python_consumer(settings: Settings, topic: str, ranges: Ranges, workdir: Pat
     began = time.monotonic()
     [result] = _json_lines(
         _run_parallel(
-            [
-                _client(
-                    "pyconsumer",
-                    "--bootstrap",
-                    settings.bootstrap_servers,
-                    "--topic",
-                    topic,
-                    "--ranges",
-                    json.dumps({str(p): list(r) for p, r in ranges.items()}),
-                    "--out",
-                    str(out / "part-0.parquet"),
-                )
-            ],
+            [_client("pyconsumer", *_ranges_args(settings, topic, ranges, out / "part-0.parquet"))],
             1,
         )
     )
     return Outcome(time.monotonic() - began, output=out, info=result)
+
+
+def _ranges_args(settings: Settings, topic: str, ranges: Ranges, out: Path) -> list[str]:
+    """The command line of a program that reads ``ranges`` of ``topic`` into ``out``."""
+    ranges_json = json.dumps({str(p): list(r) for p, r in ranges.items()})
+    return ["--bootstrap", settings.bootstrap_servers, "--topic", topic, "--ranges", ranges_json, "--out", str(out)]
 
 
 def spark_kafka_source(settings: Settings, topic: str, ranges: Ranges, workdir: Path, parallelism: int) -> Outcome:
@@ -275,14 +269,7 @@ def spark_kafka_source(settings: Settings, topic: str, ranges: Ranges, workdir: 
     spark.submit(
         s,
         HERE / "spark_kafka_app.py",
-        "--bootstrap",
-        settings.bootstrap_servers,
-        "--topic",
-        topic,
-        "--ranges",
-        json.dumps({str(p): list(r) for p, r in ranges.items()}),
-        "--out",
-        str(out),
+        *_ranges_args(settings, topic, ranges, out),
         "--result",
         str(result_file),
     )

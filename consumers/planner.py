@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime
+from typing import Unpack
 
 from confluent_kafka.admin import OffsetSpec
 
@@ -11,7 +12,7 @@ from wavepipe.consumers.committer import committed_run_id
 from wavepipe.consumers.kafka_admin import admin_client, committed_positions, list_offsets, partitions_of
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import UsageError, closest
-from wavepipe.contracts.plan import OffsetRange, RunPlan, as_utc, parse_datetime, utc_now
+from wavepipe.contracts.plan import OffsetRange, RunPlan, RunRequest, as_utc, parse_datetime, run_request, utc_now
 from wavepipe.contracts.runfiles import RunStore
 from wavepipe.faults import failpoint
 
@@ -162,17 +163,7 @@ def release_stale_claim(store: RunStore, group: str, run_id: str) -> None:
         store.discard_staging(holder)
 
 
-def plan_run(
-    settings: Settings,
-    run_id: str,
-    *,
-    topic: str | None = None,
-    group: str | None = None,
-    max_records: int | None = None,
-    max_bytes: int | None = None,
-    skip_lost_offsets: bool = False,
-    new_group_start: str | None = None,
-) -> RunPlan:
+def plan_run(settings: Settings, run_id: str, **request: Unpack[RunRequest]) -> RunPlan:
     """The frozen plan of ``run_id``: loaded if it exists, else planned now and stored first.
 
     Per partition, ``start`` is the group's committed offset and ``end`` is the last stable offset
@@ -184,16 +175,21 @@ def plan_run(
 
     A committed offset the topic no longer retains raises ``RetentionGapError`` naming the lost
     range, unless ``skip_lost_offsets``: then the range starts at the earliest retained offset and
-    the plan (and so the report) records what was skipped.
+    the plan (and so the report) records what was skipped. A ``window`` is ``plan_window_run``'s.
     """
+    request = run_request(request)
+    if request.get("window") is not None:
+        raise TypeError("plan_run plans incremental runs; plan a window with plan_window_run")
+    max_records, max_bytes = request.get("max_records"), request.get("max_bytes")
+    skip_lost_offsets, new_group_start = request.get("skip_lost_offsets", False), request.get("new_group_start")
     store = RunStore(settings)
     existing = store.load_plan(run_id)
     if existing is not None:
         store.claim_group(existing.group, run_id)
         log.info("run %s: reusing its frozen plan (%d offsets)", run_id, existing.total_offsets)
         return existing
-    topic = topic or settings.topic
-    group = group or settings.group
+    topic = request.get("topic") or settings.topic
+    group = request.get("group") or settings.group
     cap = record_cap(settings, max_records, max_bytes)  # refused before anything is claimed
     choice = new_group_start if new_group_start not in (None, "") else settings.new_group_start
     choice = parse_group_start(choice) if choice else ""

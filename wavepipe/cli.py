@@ -158,6 +158,7 @@ def _describe_move(move: dict) -> str:
 
 
 def cmd_run(args) -> int:
+    from wavepipe.contracts.plan import RunRequest
     from wavepipe.pipeline import ValidationFailedError, run_once
 
     settings = _settings(args)
@@ -172,17 +173,9 @@ def cmd_run(args) -> int:
         if args.new_group_start:
             raise UsageError("--new-group-start applies to incremental runs, not to --window")
     try:
-        report = run_once(
-            settings,
-            run_id=args.run_id,
-            topic=args.topic,
-            group=args.group,
-            max_records=args.max_records,
-            max_bytes=args.max_bytes,
-            skip_lost_offsets=args.skip_lost_offsets,
-            window=window,
-            new_group_start=args.new_group_start,
-        )
+        # the run's options are the flags of the same names (``wavepipe run --help``)
+        request = {name: getattr(args, name) for name in RunRequest.__annotations__ if name != "window"}
+        report = run_once(settings, run_id=args.run_id, window=window, **request)
     except ValidationFailedError as exc:
         print(f"wavepipe run: {exc}", file=sys.stderr)
         return EXIT_VALIDATION
@@ -467,6 +460,16 @@ is safe); 2 a flag, setting or name is wrong (nothing ran); 3 the output failed 
 was published, no offset moved)"""
 
 
+def _waveform_options(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--count", type=_positive, default=24, help=f"{what} (default 24)")
+    parser.add_argument(
+        "--waveform-bytes",
+        type=_positive,
+        default=512 * 1024,
+        help="about this many bytes per waveform (default 524288)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wavepipe", description=__doc__, epilog=EPILOG)
     parser.add_argument("--home", help="state folder (default: WAVEPIPE_HOME or <project>/.wavepipe)")
@@ -509,13 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("produce", help="produce chunked waveforms")
     p.add_argument("--demo", action="store_true", help="synthetic seismic, ECG and audio recordings")
-    p.add_argument("--count", type=_positive, default=24, help="waveforms to produce (default 24)")
-    p.add_argument(
-        "--waveform-bytes",
-        type=_positive,
-        default=512 * 1024,
-        help="about this many bytes per waveform (default 524288)",
-    )
+    _waveform_options(p, "waveforms to produce")
     p.add_argument("--topic", help="default: config `topic` (created if missing)")
     p.set_defaults(func=cmd_produce)
 
@@ -597,13 +594,7 @@ def build_parser() -> argparse.ArgumentParser:
     af.set_defaults(func=cmd_airflow)
 
     d = sub.add_parser("demo", help="the main job end to end: Kafka up, demo data, the DAG through Airflow, checks")
-    d.add_argument("--count", type=_positive, default=24, help="demo waveforms to produce (default 24)")
-    d.add_argument(
-        "--waveform-bytes",
-        type=_positive,
-        default=512 * 1024,
-        help="about this many bytes per waveform (default 524288)",
-    )
+    _waveform_options(d, "demo waveforms to produce")
     d.set_defaults(func=cmd_demo)
 
     st = sub.add_parser("setup", help="resolve the Kafka and Delta Lake jars from Maven Central (idempotent)")

@@ -16,11 +16,12 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Unpack
 
 from wavepipe import report_html, spark
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import UsageError
-from wavepipe.contracts.plan import RunPlan, as_utc, new_run_id, safe_run_id
+from wavepipe.contracts.plan import RunPlan, RunRequest, as_utc, new_run_id, run_request, safe_run_id
 from wavepipe.contracts.report import build_report, failed_expectations, validation_trend
 from wavepipe.contracts.runfiles import RunStore, Step, html_path, json_path, staged_paths, write_json_atomic
 
@@ -46,44 +47,27 @@ def _timed(store: RunStore, run_id: str, step: str, began: float) -> None:
     store.save_step(run_id, Step.TIMINGS, timings)
 
 
-def plan_step(
-    settings: Settings,
-    run_id: str,
-    *,
-    topic: str | None = None,
-    group: str | None = None,
-    max_records: int | None = None,
-    max_bytes: int | None = None,
-    skip_lost_offsets: bool = False,
-    window: tuple[datetime, datetime] | None = None,
-    new_group_start: str | None = None,
-) -> RunPlan:
+def plan_step(settings: Settings, run_id: str, **request: Unpack[RunRequest]) -> RunPlan:
     """Freeze the run's ranges: from the group's committed offsets (incremental; a group without
     any starts at ``new_group_start``), or, with ``window=(start, end)``, the offsets of that time
     window (a backfill: see ``plan_window_run``)."""
     from wavepipe.consumers.planner import plan_run, plan_window_run
 
+    request = run_request(request)
+    window = request.pop("window", None)
     began = time.monotonic()
     run_id = safe_run_id(run_id)
     with RunStore(settings).step_lock(run_id, Step.RUN):  # two first attempts must not plan twice
         if window is not None:
-            if max_records or max_bytes or skip_lost_offsets:
+            if request.get("max_records") or request.get("max_bytes") or request.get("skip_lost_offsets"):
                 raise UsageError(
                     "a window run reads its whole window: max_records, max_bytes and "
                     "skip_lost_offsets apply to incremental runs only"
                 )
+            topic, group = request.get("topic"), request.get("group")
             plan = plan_window_run(settings, run_id, start=window[0], end=window[1], topic=topic, group=group)
         else:
-            plan = plan_run(
-                settings,
-                run_id,
-                topic=topic,
-                group=group,
-                max_records=max_records,
-                max_bytes=max_bytes,
-                skip_lost_offsets=skip_lost_offsets,
-                new_group_start=new_group_start,
-            )
+            plan = plan_run(settings, run_id, **request)
     _timed(RunStore(settings), run_id, "plan", began)
     return plan
 
@@ -500,18 +484,7 @@ def _lag_after(settings: Settings, plan: RunPlan, report: dict) -> None:
         part["lag_after"] = latest[int(p)] - after if int(p) in latest and after is not None else None
 
 
-def run_once(
-    settings: Settings,
-    *,
-    run_id: str | None = None,
-    topic: str | None = None,
-    group: str | None = None,
-    max_records: int | None = None,
-    max_bytes: int | None = None,
-    skip_lost_offsets: bool = False,
-    window: tuple[datetime, datetime] | None = None,
-    new_group_start: str | None = None,
-) -> dict:
+def run_once(settings: Settings, *, run_id: str | None = None, **request: Unpack[RunRequest]) -> dict:
     """All steps in this process; resumes the group's active run if one was left unfinished.
     ``window=(start, end)``: a backfill of that time window instead (it replaces the window's
     output and commits no offsets).
@@ -520,8 +493,10 @@ def run_once(
     fails at once (``StepBusyError``) instead of running it twice."""
     from wavepipe.consumers.planner import backfill_lane
 
+    request = run_request(request)
     store = RunStore(settings)
-    group = group or settings.group
+    group = request["group"] = request.get("group") or settings.group
+    window = request.get("window")
     if run_id is None:
         active = store.active_run(backfill_lane(group) if window else group)
         active_plan = store.load_plan(active) if active is not None else None
@@ -532,17 +507,7 @@ def run_once(
             run_id = new_run_id()
     run_id = safe_run_id(run_id)
     with store.step_lock(run_id, Step.RUN):
-        plan = plan_step(
-            settings,
-            run_id,
-            topic=topic,
-            group=group,
-            max_records=max_records,
-            max_bytes=max_bytes,
-            skip_lost_offsets=skip_lost_offsets,
-            window=window,
-            new_group_start=new_group_start,
-        )
+        plan = plan_step(settings, run_id, **request)
         staged = [p for p in partitions_to_read(plan) if _is_staged(store, plan, p)]
         if staged:
             log.info("run %s: partitions %s were staged by an earlier attempt; not read again", run_id, staged)

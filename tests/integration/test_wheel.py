@@ -133,7 +133,10 @@ def test_the_wheel_holds_the_package_and_no_source_tree_paths(installed):
     assert {n.split("/")[0] for n in names} == {"wavepipe", "wavepipe-0.1.0.dist-info"}, sorted(names)
     for needed in (
         "wavepipe/spark_apps/reassemble.py",
-        "wavepipe/airflow/dags.py",
+        "wavepipe/plugins/airflow_dags.py",
+        "wavepipe/contracts/runfiles.py",
+        "wavepipe/local/processes.py",
+        "wavepipe/resources/report.html.j2",
         "wavepipe/dags/wavepipe_ingest.py",
         "wavepipe/resources/kafka-pom.xml",
         "wavepipe/resources/spark-log4j2.properties",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from wavepipe.contracts.errors import UsageError
 
@@ -120,6 +120,32 @@ class RunPlan:
         if partition in self.committed:
             return self.committed[partition]
         return self.range_for(partition).start
+
+
+class RunRequest(TypedDict, total=False):
+    """What one run is asked to read (``wavepipe run``'s options, a DAG run's params); a field left
+    out is the settings' value (``topic``, ``group``, ``new_group_start``) or none (the caps, the
+    window)."""
+
+    topic: str | None
+    group: str | None
+    #: caps on the records new to this run, per partition
+    max_records: int | None
+    max_bytes: int | None
+    #: go on from the earliest retained offsets when the group is behind retention
+    skip_lost_offsets: bool
+    #: (start, end): a backfill of that time window instead of an incremental run
+    window: tuple[datetime, datetime] | None
+    new_group_start: str | None
+
+
+def run_request(fields: dict[str, Any]) -> RunRequest:
+    """``fields`` as a ``RunRequest``; a name it does not have is a ``TypeError`` naming it (a typo
+    must not drop an option silently)."""
+    unknown = sorted(set(fields) - set(RunRequest.__annotations__))
+    if unknown:
+        raise TypeError(f"unknown run option(s) {unknown}; a run takes {sorted(RunRequest.__annotations__)}")
+    return RunRequest(**fields)
 
 
 class ActiveRunError(RuntimeError):
