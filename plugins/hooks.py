@@ -61,7 +61,15 @@ def kafka_client_config(conn_id: str, conn=None) -> dict:
             f"Airflow connection {conn_id!r} has no bootstrap.servers in its extra.{where} Give the brokers "
             'there, e.g. {"bootstrap.servers": "b1:9092,b2:9092"}, beside any other librdkafka property'
         )
-    return _KafkaConnection(kafka_config_id=conn_id).client_config()
+    config = _KafkaConnection(kafka_config_id=conn_id).client_config()
+    callbacks = sorted(key for key, value in config.items() if callable(value))
+    if callbacks:  # the provider's callback allowlist, or its MSK / Google Managed Kafka sign-in
+        raise ValueError(
+            f"Airflow connection {conn_id!r} gives Kafka callbacks {callbacks}: wavepipe hands the Kafka "
+            "configuration to its reader processes as JSON, so it takes plain librdkafka properties only "
+            "(e.g. SASL/SCRAM or mutual TLS instead of an OAuth callback)"
+        )
+    return config
 
 
 class _KafkaConnection(KafkaBaseHook):
@@ -77,7 +85,7 @@ class WavepipeHook(BaseHook):
     Kafka, Connection ``conn_id`` (default ``wavepipe_kafka``) of the apache-kafka provider's type
     ``kafka``, as that provider defines it: its extra is the librdkafka configuration
     (``bootstrap.servers`` and TLS, SASL, ... properties), built by the provider's hook
-    (``KafkaBaseHook``: its callback allowlist, MSK and Google Managed Kafka sign-in) and given to
+    (``KafkaBaseHook``; plain properties only, no callbacks) and given to
     every Kafka client, with wavepipe's own keys per client (group, isolation, transactions) on top.
 
     Spark, Connection ``wavepipe_spark``, of either of the apache-spark provider's types:

@@ -58,3 +58,16 @@ def test_a_kafka_connection_the_provider_would_not_read_is_refused_with_what_to_
     conn_id = _kafka_connection(monkeypatch, conn_type="http", extra={"bootstrap.servers": "b1:9092"})
     with pytest.raises(ValueError, match="of type 'http'"):
         kafka_client_config(conn_id)
+
+
+def test_a_kafka_callback_is_refused_as_it_cannot_reach_the_reader_processes(monkeypatch):
+    """the provider turns some configurations into callables (its MSK IAM and Google OAuth
+    sign-in); wavepipe's readers get the configuration as JSON, so that is refused, not lost"""
+    from wavepipe.plugins import hooks
+
+    conn_id = _kafka_connection(monkeypatch, conn_type="kafka", extra={"bootstrap.servers": "b1:9092"})
+    monkeypatch.setattr(
+        hooks.KafkaBaseHook, "_build_config", lambda self: {"bootstrap.servers": "b1:9092", "oauth_cb": print}
+    )
+    with pytest.raises(ValueError, match=r"callbacks \['oauth_cb'\]"):
+        hooks.kafka_client_config(conn_id)
