@@ -61,7 +61,7 @@ def kafka_client_config(conn_id: str, conn=None) -> dict:
             f"Airflow connection {conn_id!r} has no bootstrap.servers in its extra.{where} Give the brokers "
             'there, e.g. {"bootstrap.servers": "b1:9092,b2:9092"}, beside any other librdkafka property'
         )
-    config = _KafkaConnection(kafka_config_id=conn_id).client_config()
+    config = _KafkaConnection(conn).client_config()
     callbacks = sorted(key for key, value in config.items() if callable(value))
     if callbacks:  # the provider's callback allowlist, or its MSK / Google Managed Kafka sign-in
         raise ValueError(
@@ -73,7 +73,15 @@ def kafka_client_config(conn_id: str, conn=None) -> dict:
 
 
 class _KafkaConnection(KafkaBaseHook):
-    """The apache-kafka provider's hook, asked only for the configuration it builds."""
+    """The apache-kafka provider's hook, asked only for the configuration it builds from ``conn``
+    (the Connection already fetched: a task asks the API server for it once, not twice)."""
+
+    def __init__(self, conn) -> None:
+        super().__init__(kafka_config_id=conn.conn_id)
+        self._conn = conn
+
+    def get_connection(self, conn_id: str):
+        return self._conn
 
     def client_config(self) -> dict:
         return dict(self._build_config())

@@ -503,7 +503,6 @@ def check_connections(stack: Stack) -> list[str]:
             raise AirflowNotFoundException(conn_id)
         return conns[conn_id]
 
-    from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
     from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
     wp_env = wavepipe_env(stack)
@@ -511,7 +510,6 @@ def check_connections(stack: Stack) -> list[str]:
         with (
             mock.patch.object(WavepipeHook, "get_connection", side_effect=get_connection),
             mock.patch.object(SparkConnectHook, "get_connection", side_effect=get_connection),
-            mock.patch.object(KafkaBaseHook, "get_connection", side_effect=get_connection),
             only_these_wavepipe_variables(wp_env),
         ):
             through_hook = WavepipeHook().get_settings()
