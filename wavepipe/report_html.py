@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +114,6 @@ def _by_partition(items: dict) -> list:
 def render(report: dict, *, trend: list[dict], plot_png: Path | None = None, json_name: str | None = None) -> str:
     timings = {k: v for k, v in report.get("timings_s", {}).items() if isinstance(v, (int, float))}
     return _template().render(
-        plain=False,
         report=report,
         style=STYLE,
         status=_status(report),
@@ -139,12 +139,16 @@ def write(report: dict, path: Path, *, trend: list[dict], plot_png: Path | None 
 
 
 def render_plain(report: dict) -> str:
-    """A page that cannot fail on any report: its notes and the report as JSON text."""
-    return _template().render(
-        plain=True,
-        report={"run_id": str(report.get("run_id")), "notes": [str(n) for n in report.get("notes") or []]},
-        style=STYLE,
-        report_json=json.dumps(report, indent=1, default=str),
+    """A page that cannot fail on any report: its notes and the report as JSON text. Written without
+    the template on purpose, so that a broken or missing template still leaves this page."""
+    run_id = escape(str(report.get("run_id")))
+    notes = "".join(f"<li>{escape(str(n))}</li>" for n in report.get("notes") or [])
+    return (
+        f'<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>wavepipe run {run_id}</title>'
+        f"<style>{STYLE}</style></head><body><h1>Run <code>{run_id}</code></h1>"
+        "<p>The full page could not be made; the report follows as JSON.</p>"
+        + (f'<h2>Notes</h2><ul id="notes">{notes}</ul>' if notes else "")
+        + f"<h2>Report</h2><pre>{escape(json.dumps(report, indent=1, default=str))}</pre></body></html>\n"
     )
 
 

@@ -1,5 +1,6 @@
 """The run page shows the numbers its JSON twin holds (parsed back out of the HTML and compared)."""
 
+import html
 import json
 from html.parser import HTMLParser
 
@@ -163,3 +164,17 @@ def test_text_from_the_data_is_escaped():
         ],
     )
     assert "<script>" not in html and html.count("&lt;script&gt;") >= 8
+
+
+def test_the_plain_page_does_not_need_the_template(monkeypatch):
+    """the fallback page is made without the template, so a broken template still leaves a page"""
+    report = _report()
+    report["notes"] = ["the run's page failed: <boom>"]
+
+    def broken():
+        raise OSError("report.html.j2 is missing")
+
+    monkeypatch.setattr(report_html, "_template", broken)
+    page = report_html.render_plain(report)
+    assert "<li>the run&#x27;s page failed: &lt;boom&gt;</li>" in page
+    assert json.loads(html.unescape(page.split("<pre>", 1)[1].split("</pre>", 1)[0]))["run_id"] == report["run_id"]
