@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 
 from wavepipe.contracts.config import Settings, redact_url
 from wavepipe.contracts.runfiles import write_json_atomic
-from wavepipe.local.engine import CONNECT_TIMEOUT_S, DEFAULT_PORT, EngineUnavailableError, LocalEngine, _accepts
+from wavepipe.local.engine import CONNECT_TIMEOUT_S, DEFAULT_PORT, EngineUnavailableError, LocalEngine, accepts
 
 log = logging.getLogger("wavepipe.engine")
 
@@ -108,7 +108,7 @@ def require_reachable(settings: Settings) -> None:
 
 def _require_accepts(url: str, hint: str) -> None:
     host, port = _host_port(url)
-    if not _accepts(host, port, CONNECT_TIMEOUT_S):
+    if not accepts(host, port, CONNECT_TIMEOUT_S):
         raise EngineUnavailableError(f"the Spark engine at sc://{host}:{port} is not reachable: {hint}")
 
 

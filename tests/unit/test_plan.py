@@ -1,7 +1,7 @@
 import pytest
 
 from wavepipe.contracts.config import load_settings
-from wavepipe.contracts.plan import ActiveRunError, OffsetRange, RunPlan, safe_run_id
+from wavepipe.contracts.plan import ActiveRunError, OffsetRange, RunPlan, run_request, safe_run_id
 from wavepipe.contracts.runfiles import RunStore
 
 
@@ -88,3 +88,15 @@ def test_a_consume_task_label_stays_within_airflows_250_characters():
     assert partition_ranges([5]) == "5"
     gappy = partition_ranges(list(range(0, 2000, 2)))
     assert len(gappy) <= 200 and gappy.endswith("... (1000 partitions)") and gappy.startswith("0,2,4,")
+
+
+def test_a_mistyped_run_option_is_refused_before_anything_is_planned(tmp_path):
+    from wavepipe.pipeline import plan_step, run_once
+
+    settings = load_settings(home=tmp_path / "home", bootstrap_servers="127.0.0.1:1")
+    assert run_request({"topic": "t", "max_records": 5}) == {"topic": "t", "max_records": 5}
+    with pytest.raises(TypeError, match=r"unknown run option\(s\) \['max_record'\]"):
+        run_once(settings, max_record=5)
+    with pytest.raises(TypeError, match=r"\['windows'\]"):
+        plan_step(settings, "r1", windows=None)
+    assert not (tmp_path / "home" / "runs").exists() and not (tmp_path / "home" / "groups").exists()

@@ -247,7 +247,7 @@ class LocalEngine:
                 )
             if proc is None and self.pid() is None:
                 raise SetupError(f"the Spark engine is not running; its log: {self.log_file}")
-            if port and sid and _listens(sid, port) and _accepts(HOST, port, 1.0):
+            if port and sid and _listens(sid, port) and accepts(HOST, port, 1.0):
                 return
             time.sleep(0.25)
         raise SetupError(f"the Spark engine did not answer within {timeout:.0f}s; its log: {self.log_file}")
@@ -273,7 +273,7 @@ class LocalEngine:
             time.sleep(0.2)
         processes.send(processes.in_session(pid), signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and (processes.in_session(pid) or (port and _accepts(HOST, port, 0.2))):
+        while time.monotonic() < deadline and (processes.in_session(pid) or (port and accepts(HOST, port, 0.2))):
             time.sleep(0.1)
         self.state_file.unlink(missing_ok=True)
 
@@ -393,7 +393,7 @@ class LocalEngine:
         deadline = time.monotonic() + wait_s
         while True:
             pid, port = self.pid(), self.state().get("port")
-            if pid is None or (port and _accepts(HOST, port, 1.0)):
+            if pid is None or (port and accepts(HOST, port, 1.0)):
                 return pid
             if time.monotonic() >= deadline:
                 log.warning("the Spark engine (pid %d) does not accept connections: stopping it", pid)
@@ -439,7 +439,8 @@ def _listens(sid: int, port: int) -> bool:
     return False
 
 
-def _accepts(host: str, port: int, timeout: float) -> bool:
+def accepts(host: str, port: int, timeout: float) -> bool:
+    """Whether a TCP connection to ``host:port`` opens within ``timeout`` seconds."""
     try:
         with socket.create_connection((host, port), timeout=timeout):
             return True
