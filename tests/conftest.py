@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-import uuid
 
 # Airflow reads its home at import: keep the test process away from ~/airflow.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="wavepipe-test-airflow-"))
@@ -30,6 +29,7 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 
 import pytest
 
+from tests.helpers import make_settings
 from wavepipe.contracts.config import Settings, load_settings
 
 #: Test files that take longest (real Airflow, many Spark runs), started first so that the two
@@ -100,22 +100,7 @@ def engine(tmp_path_factory):
 def settings(kafka, engine, tmp_path) -> Settings:
     """Settings for one test: its own home, topic and group on the session's broker, its Spark work
     on the session's engine."""
-    tag = uuid.uuid4().hex[:8]
-    return load_settings(
-        home=tmp_path / "home",
-        bootstrap_servers=kafka.bootstrap,
-        topic=f"wf-{tag}",
-        group=f"grp-{tag}",
-        partitions=2,
-        kafka_client_config={},
-        max_records_per_partition=0,
-        max_bytes_per_partition=0,
-        spark_master="local[2]",
-        reader_stall_timeout_s=30,
-        new_group_start="earliest",
-        spark_engine="connect",
-        spark_remote=engine.url(),
-    )
+    return make_settings(tmp_path / "home", kafka, engine)
 
 
 @pytest.fixture

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime
+from pathlib import Path
 
 import numpy as np
 from confluent_kafka import Producer
 
-from wavepipe.contracts.config import Settings
+from wavepipe.contracts.config import Settings, load_settings
 from wavepipe.contracts.protocol import checksum, split_waveform
 
 START = datetime(2026, 11, 2, 8, 30, tzinfo=UTC)
@@ -32,8 +34,11 @@ def with_headers(records, index: int, **changes):
     return key, out, value
 
 
-def produce_in_order(settings: Settings, records, partition: int = 0, producer: Producer | None = None) -> None:
-    """Produce ``records`` to one partition in exactly this order (idempotent, acks=all)."""
+def produce_in_order(
+    settings: Settings, records, partition: int = 0, producer: Producer | None = None, when: datetime | None = None
+) -> None:
+    """Produce ``records`` to one partition in exactly this order (idempotent, acks=all), stamped
+    ``when`` (CreateTime) if given. A producer passed in is flushed by the caller."""
     own = producer is None
     producer = producer or Producer(settings.kafka_config(**{"enable.idempotence": True, "acks": "all"}))
     errors = []
@@ -45,6 +50,7 @@ def produce_in_order(settings: Settings, records, partition: int = 0, producer: 
             headers=headers,
             partition=partition,
             on_delivery=lambda err, msg: errors.append(err) if err else None,
+            **({"timestamp": int(when.timestamp() * 1000)} if when else {}),
         )
     if own:
         assert producer.flush(30) == 0
@@ -182,19 +188,6 @@ def read_topic(settings: Settings, topic: str, partition: int = 0) -> list[tuple
     return out
 
 
-def produce_at(settings: Settings, records, when: datetime, producer: Producer, partition: int = 0) -> None:
-    """Produce ``records`` with record timestamp ``when`` (CreateTime); the caller flushes."""
-    for key, headers, value in records:
-        producer.produce(
-            settings.topic,
-            value=value,
-            key=key,
-            headers=headers,
-            partition=partition,
-            timestamp=int(when.timestamp() * 1000),
-        )
-
-
 def quarter_hour_ago(hours: float = 2.0) -> datetime:
     """A quarter hour ``hours`` ago: the start of one of wavepipe_ingest's 15-minute intervals, and
     recent enough for the topic's retention (records older than 7 days are deleted)."""
@@ -216,11 +209,11 @@ def produce_two_windows(settings: Settings, t0: datetime) -> dict[str, int]:
     b, _ = waveform_records("wf-B", 4, seed=2)
     c, _ = waveform_records("wf-C", 2, seed=3)
     d, _ = waveform_records("wf-D", 2, seed=4)
-    produce_at(settings, a, t0 + 1 * minute, producer)
-    produce_at(settings, b[:2], t0 + 14 * minute, producer)
-    produce_at(settings, b[2:], t0 + 16 * minute, producer)
-    produce_at(settings, c, t0 + 20 * minute, producer)
-    produce_at(settings, d, t0 + 31 * minute, producer)
+    produce_in_order(settings, a, producer=producer, when=t0 + 1 * minute)
+    produce_in_order(settings, b[:2], producer=producer, when=t0 + 14 * minute)
+    produce_in_order(settings, b[2:], producer=producer, when=t0 + 16 * minute)
+    produce_in_order(settings, c, producer=producer, when=t0 + 20 * minute)
+    produce_in_order(settings, d, producer=producer, when=t0 + 31 * minute)
     assert producer.flush(30) == 0
     return {"wf-A": 0, "wf-B": 3, "wf-C": 7, "wf-D": 9}
 
@@ -228,3 +221,25 @@ def produce_two_windows(settings: Settings, t0: datetime) -> dict[str, int]:
 def rows_by_id(spark, settings: Settings) -> dict[str, tuple]:
     """Output rows by waveform id: (checksum, payload sha256, run id)."""
     return {wid: (cs, sha, run_id) for wid, cs, sha, run_id in output_rows(spark, settings)}
+
+
+def make_settings(home: Path, kafka, engine, **changes) -> Settings:
+    """A test's settings: ``home``, a topic and group of its own on the session's broker, its Spark
+    work on the session's engine, no caps, new groups from the earliest offsets; then ``changes``."""
+    tag = uuid.uuid4().hex[:8]
+    return load_settings(
+        home=home,
+        bootstrap_servers=kafka.bootstrap,
+        topic=f"wf-{tag}",
+        group=f"grp-{tag}",
+        partitions=2,
+        kafka_client_config={},
+        max_records_per_partition=0,
+        max_bytes_per_partition=0,
+        spark_master="local[2]",
+        reader_stall_timeout_s=30,
+        new_group_start="earliest",
+        spark_engine="connect",
+        spark_remote=engine.url(),
+        **changes,
+    )

@@ -14,7 +14,6 @@ import re
 import subprocess
 import sys
 import time
-import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -23,10 +22,9 @@ import psutil
 import pytest
 from confluent_kafka.admin import OffsetSpec
 
-from tests.helpers import output_rows, produce_two_windows, quarter_hour_ago, rows_by_id, run_cli
+from tests.helpers import make_settings, output_rows, produce_two_windows, quarter_hour_ago, rows_by_id, run_cli
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets, partitions_of
 from wavepipe.consumers.producer import produce_demo
-from wavepipe.contracts.config import load_settings
 from wavepipe.contracts.plan import safe_run_id
 from wavepipe.local import airflow as local
 from wavepipe.local import processes
@@ -86,22 +84,7 @@ def _progress(message: str) -> None:
 @pytest.fixture(scope="module")
 def airflow(kafka, engine, tmp_path_factory):
     """``wavepipe airflow up`` on a free port; ``down`` afterwards, whatever happened."""
-    tag = uuid.uuid4().hex[:8]
-    settings = load_settings(
-        home=tmp_path_factory.mktemp("airflow-ui") / "home",
-        bootstrap_servers=kafka.bootstrap,
-        topic=f"wf-{tag}",
-        group=f"grp-{tag}",
-        partitions=2,
-        kafka_client_config={},
-        max_records_per_partition=0,
-        max_bytes_per_partition=0,
-        spark_master="local[2]",
-        reader_stall_timeout_s=30,
-        airflow_port=free_port(),
-        new_group_start="earliest",
-        spark_remote=engine.url(),
-    )
+    settings = make_settings(tmp_path_factory.mktemp("airflow-ui") / "home", kafka, engine, airflow_port=free_port())
     sessions: set[int] = set()
     try:
         code, out, seconds = _cli(settings, "up")

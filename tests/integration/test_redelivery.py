@@ -12,7 +12,7 @@ from confluent_kafka import Producer
 
 from tests.helpers import (
     assert_accounted,
-    produce_at,
+    produce_in_order,
     quarter_hour_ago,
     read_topic,
     rows_by_id,
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 
 def _produce(settings, records, when) -> None:
     producer = Producer(settings.kafka_config(**{"enable.idempotence": True, "acks": "all"}))
-    produce_at(settings, records, when, producer)
+    produce_in_order(settings, records, producer=producer, when=when)
     assert producer.flush(30) == 0
 
 
