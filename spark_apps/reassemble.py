@@ -307,7 +307,7 @@ def assemble_file(
     path: str,
     wanted: dict[str, str | None] | set[str],
     strict: bool = False,
-    batch_bytes: int = Settings.output_batch_bytes,
+    batch_bytes: int = Settings.model_fields["output_batch_bytes"].default,
 ) -> Iterator[pa.RecordBatch]:
     """Whole waveforms from one staged file, streamed: the ``wanted`` ids (id -> ``wp-checksum``,
     or a set: any checksum) must have every chunk carrying that checksum, once, in this file (one

@@ -172,3 +172,41 @@ def test_check_settings_names_where_and_which_setting():
         check_settings({"topic": "no spaces"}, "s")
     with pytest.raises(SettingsError, match="must be a mapping of wavepipe settings"):
         check_settings(["home"], "s")
+
+
+def test_every_bad_value_is_listed_at_once_with_its_source(monkeypatch, tmp_path):
+    """One refusal names every bad value (not just the first), each with the file and key or the
+    variable it was read from; a rule between two settings names the source of the first."""
+    for var in [v for v in os.environ if v.startswith("WAVEPIPE_")]:
+        monkeypatch.delenv(var)
+    toml = tmp_path / "wavepipe.toml"
+    toml.write_text("[wavepipe]\npartitions = true\nvalidate_sample_rate_min = 50.0\ntopic = 7\n")
+    monkeypatch.setenv("WAVEPIPE_CONFIG", str(toml))
+    monkeypatch.setenv("WAVEPIPE_CHUNK_SIZE", "0")
+    with pytest.raises(SettingsError) as refused:
+        load_settings()
+    assert str(refused.value).splitlines() == [
+        f"{toml}, key topic: topic must be a string, got 7",
+        f"{toml}, key partitions: partitions must be an integer, got True",
+        "WAVEPIPE_CHUNK_SIZE: chunk_size must be at least 1 byte, got '0'",
+    ]
+    toml.write_text("[wavepipe]\nvalidate_sample_rate_min = 50.0\n")
+    monkeypatch.delenv("WAVEPIPE_CHUNK_SIZE")
+    monkeypatch.setenv("WAVEPIPE_VALIDATE_SAMPLE_RATE_MAX", "10")
+    with pytest.raises(SettingsError, match=rf"^{toml}, key validate_sample_rate_min: .* \(50\) is above .* \(10\)$"):
+        load_settings()
+
+
+def test_settings_made_directly_are_checked_too():
+    from pydantic import ValidationError
+
+    from wavepipe.contracts.config import Settings, check_settings
+
+    assert Settings(partitions="3").partitions == 3
+    for bad in ({"partitions": 0}, {"spark_engine": "conect"}, {"max_record_per_partition": 5}, {"topic": "a b"}):
+        with pytest.raises(ValidationError):
+            Settings(**bad)
+    with pytest.raises(ValidationError):
+        Settings().model_copy().__setattr__("partitions", 5)  # frozen
+    with pytest.raises(SettingsError, match=r"^d\['dead_letter_topic'\]: dead_letter_topic must not be the topic"):
+        check_settings({"topic": "t", "dead_letter_topic": "t"}, "d")

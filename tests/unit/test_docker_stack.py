@@ -213,7 +213,7 @@ def check_wavepipe_settings(stack: Stack) -> list[str]:
     """Every WAVEPIPE_* variable names a wavepipe setting, takes a valid value for it, and every
     container that has any has the same set (the shared x-wavepipe-env)."""
     problems = []
-    fields = set(Settings.__dataclass_fields__)
+    fields = set(Settings.model_fields)
     sets = {}
     for name, service in services(stack).items():
         env = {k: v for k, v in environment(service).items() if k.startswith("WAVEPIPE_")}

@@ -11,18 +11,19 @@ staging, output and reports together.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
-import math
 import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
 
 from wavepipe.contracts.errors import UsageError, did_you_mean
 
@@ -59,119 +60,311 @@ def default_jars_dir() -> Path:
     return root / ".cache" / "jars" if root else _user_dir("XDG_CACHE_HOME", ".cache") / "jars"
 
 
+#: Parts of a setting's key that mark its value as a secret (``sasl.password``, ``ssl.key.pem``,
+#: ``sasl.oauthbearer.client.secret``, ``...token``): masked wherever settings are shown or written.
+SECRET_WORDS = ("password", "secret", "key", "token", "credential")
+MASK = "*****"
+
+
+def is_secret(key: str) -> bool:
+    return any(word in part for part in re.split(r"[._\-\s]+", str(key).lower()) for word in SECRET_WORDS)
+
+
+_CONNECT_URL = re.compile(
+    r"sc://(?P<host>[^\s/;:\[\]]+|\[[0-9a-fA-F:.]+\])(:(?P<port>\d{1,5}))?/?(?P<params>(;[^\s;=]+=[^\s;=]*)*)"
+)
+
+
+def valid_connect_url(url: str) -> bool:
+    """Whether ``url`` is a Spark Connect URL pyspark accepts: ``sc://host[:port][/;k=v...]``, a
+    port in 1-65535, parameter values without ``=`` or ``;`` (URL-encode them), and a
+    ``session_id``, if given, that is a UUID."""
+    import uuid
+
+    found = _CONNECT_URL.fullmatch(url)
+    if not found or (found["port"] is not None and not 1 <= int(found["port"]) <= 65535):
+        return False
+    params = dict(p.split("=", 1) for p in found["params"].split(";") if p)
+    if "session_id" in params:
+        try:
+            uuid.UUID(params["session_id"])
+        except ValueError:
+            return False
+    return True
+
+
+def redact_url(url: str) -> str:
+    """A Spark Connect URL with the values of its secret-like parameters (``;token=...``) masked."""
+    return re.sub(r";([^;=]+)=([^;]*)", lambda m: f";{m[1]}={MASK if is_secret(m[1]) else m[2]}", url)
+
+
+def redact_secrets(value: Any) -> Any:
+    """``value`` with the values of secret-like keys masked, at any depth (dicts and lists)."""
+    if isinstance(value, Mapping):
+        return {k: (MASK if is_secret(k) and v not in (None, "") else redact_secrets(v)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_secrets(v) for v in value]
+    return value
+
+
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+def _topic_name(text: str) -> bool:
+    return bool(_TOPIC.match(text))
+
+
+def _valid_instant(text: str) -> bool:
+    try:
+        datetime.fromisoformat(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _valid_start(text: str) -> bool:
+    return text in ("", "earliest", "latest") or _valid_instant(text)
+
+
+def _servers(text: str) -> bool:
+    return bool(text) and all(
+        re.fullmatch(r"[^\s,:]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}|[A-Za-z]+://[^\s,]+", s.strip())
+        for s in text.split(",")
+    )
+
+
+_REMOTE_RULE = (
+    "must be empty (this home's own server) or a Spark Connect URL, sc://host:port[/;param=value...] "
+    "(port 1-65535; values URL-encoded, no '=' or ';' in them; session_id a UUID)"
+)
+
+
 @dataclass(frozen=True)
-class Settings:
-    """Every knob wavepipe has, with its default."""
+class Rule:
+    """A setting's rule in words: the error for any value of the right type that breaks the
+    setting's constraints (``Field(ge=...)``) or its check (``_check``)."""
+
+    words: str
+
+
+def _check(test: Callable[[Any], bool]) -> AfterValidator:
+    """A check of a setting's value beyond pydantic's constraints; the words are the ``Rule``'s."""
+
+    def run(value: Any) -> Any:
+        if not test(value):
+            raise ValueError("breaks the setting's rule")
+        return value
+
+    return AfterValidator(run)
+
+
+def _not_a_bool(value: Any) -> Any:
+    """``true`` is not a count: pydantic's lax mode would read it as 1."""
+    if isinstance(value, bool):
+        raise PydanticCustomError("bool_not_number", "a boolean is not a number")
+    return value
+
+
+def _table(value: Any) -> Any:
+    """A JSON object given as text (an environment variable, a flag) read as a mapping; an empty
+    text is an empty one."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value) if value.strip() else {}
+        except json.JSONDecodeError:
+            raise PydanticCustomError("json_invalid", "not JSON") from None
+    return value
+
+
+#: The kinds of values settings take.
+Count = Annotated[int, BeforeValidator(_not_a_bool)]
+Number = Annotated[float, BeforeValidator(_not_a_bool), Field(allow_inf_nan=False)]
+Table = Annotated[dict[str, Any], BeforeValidator(_table)]
+HomePath = Annotated[Path, AfterValidator(lambda p: p.expanduser().resolve())]
+#: What a value of the wrong type is told it must be, by the setting's type.
+_KIND = {
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    Path: "a string",
+    dict[str, Any]: "a JSON object or TOML table",
+}
+#: pydantic errors for a value of the right type that breaks the setting's rule.
+_RULE_ERRORS = {
+    "greater_than",
+    "greater_than_equal",
+    "less_than",
+    "less_than_equal",
+    "finite_number",
+    "string_pattern_mismatch",
+    "string_too_short",
+    "string_too_long",
+    "value_error",
+}
+
+
+class Settings(BaseModel):
+    """Every knob wavepipe has, with its default and its rule (pydantic checks both the type and
+    the rule wherever a value is read; ``load_settings`` turns a refusal into a ``SettingsError``
+    that names the source: the file and key, the variable, the flag or the DAG's argument)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", str_strip_whitespace=True)
 
     #: Folder for all local state. Default: ``.wavepipe`` in a source checkout (git-ignored), else
     #: ``~/.local/share/wavepipe`` (``default_home``).
-    home: Path = field(default_factory=default_home)
+    home: HomePath = Field(default_factory=default_home)
     #: Kafka bootstrap servers. The local broker started by ``wavepipe kafka up`` listens here.
-    bootstrap_servers: str = "127.0.0.1:9092"
+    bootstrap_servers: Annotated[str, _check(_servers), Rule("must be host:port[,host:port...]")] = "127.0.0.1:9092"
     #: Extra librdkafka properties for every client (TLS, SASL, ...), as a JSON object or table.
-    kafka_client_config: Mapping[str, Any] = field(default_factory=dict)
+    kafka_client_config: Table = {}
     #: Topic holding the chunked waveforms, and how many partitions it is created with.
-    topic: str = "waveforms"
-    partitions: int = 4
+    topic: Annotated[str, _check(_topic_name), Rule("must be a Kafka topic name: 1-249 of A-Z a-z 0-9 . _ -")] = (
+        "waveforms"
+    )
+    partitions: Annotated[Count, Field(ge=1), Rule("must be at least 1")] = 4
     #: When wavepipe creates the topic (``produce``, ``demo``): its replication factor (-1: the
     #: cluster's ``default.replication.factor``) and topic configs, e.g. ``{"min.insync.replicas":
     #: "2"}`` on a 3-broker cluster. An existing topic is used as it is.
-    topic_replication_factor: int = -1
-    topic_config: Mapping[str, Any] = field(default_factory=dict)
+    topic_replication_factor: Annotated[
+        Count, _check(lambda v: v == -1 or v >= 1), Rule("must be -1 (the cluster's default) or at least 1")
+    ] = -1
+    topic_config: Table = {}
     #: Consumer group whose committed offsets are the progress of the ingest.
-    group: str = "wavepipe-ingest"
+    group: Annotated[str, Field(min_length=1, max_length=249), Rule("must be a non-empty consumer group name")] = (
+        "wavepipe-ingest"
+    )
     #: Where a group with no committed offsets on the topic starts: ``earliest``, ``latest`` or an
     #: ISO-8601 instant (the first record at or after it). Empty: such a run is refused and names
     #: the groups that do have offsets there, so a typo'd group never reads the whole topic. Also
     #: ``wavepipe run --new-group-start`` and the DAG param ``new_group_start``.
-    new_group_start: str = ""
+    new_group_start: Annotated[
+        str, _check(_valid_start), Rule("must be earliest, latest, an ISO-8601 instant, or empty (refuse)")
+    ] = ""
     #: Caps on the records new to a run, per partition. 0 means no cap. ``max_bytes_per_partition``
     #: is converted to a record cap at ``chunk_size`` bytes per record. When a waveform longer
     #: than the cap is pending, the next run's range grows by the cap beyond the last run's end.
-    max_records_per_partition: int = 0
-    max_bytes_per_partition: int = 0
+    max_records_per_partition: Annotated[
+        Count, Field(ge=0), Rule("must be 0 (no cap) or a positive number of records")
+    ] = 0
+    max_bytes_per_partition: Annotated[Count, Field(ge=0), Rule("must be 0 (no cap) or a positive number of bytes")] = 0
     #: Payload bytes per chunk produced by the chunking producer.
-    chunk_size: int = 64 * 1024
+    chunk_size: Annotated[Count, Field(ge=1), Rule("must be at least 1 byte")] = 64 * 1024
     #: Producer batching.
-    linger_ms: int = 20
-    batch_size: int = 1024 * 1024
+    linger_ms: Annotated[Count, Field(ge=0), Rule("must be 0 or more milliseconds")] = 20
+    batch_size: Annotated[Count, Field(ge=1), Rule("must be at least 1 byte")] = 1024 * 1024
     #: Where a run's Spark work runs. ``connect``: attached to a long-lived Spark Connect server
     #: (``spark_remote``, or this home's own server, started on demand: ``wavepipe spark up``);
     #: ``submit``: a spark-submit app per step (a cold JVM each time; the fallback).
-    spark_engine: str = "connect"
+    spark_engine: Annotated[str, _check(lambda v: v in ("connect", "submit")), Rule("must be connect or submit")] = (
+        "connect"
+    )
     #: The Spark Connect server to attach to (``sc://host:15002``, with ``;token=...`` etc. as
     #: Spark Connect URLs allow). Empty: this home's local server on ``spark_connect_port``.
-    spark_remote: str = ""
+    spark_remote: Annotated[str, _check(lambda v: v == "" or valid_connect_url(v)), Rule(_REMOTE_RULE)] = ""
     #: The port of this home's local Spark Connect server (loopback only); 0: any free port.
-    spark_connect_port: int = 15002
+    spark_connect_port: Annotated[Count, Field(ge=0, le=65535), Rule("must be a TCP port, or 0 for any free port")] = (
+        15002
+    )
     #: This home's local Spark Connect server is restarted between steps (when no step uses it)
     #: once its JVM and Python workers hold more than this many MB of memory; 0: never.
-    spark_engine_max_rss_mb: int = 6144
+    spark_engine_max_rss_mb: Annotated[Count, Field(ge=0), Rule("must be 0 (never restart) or a number of MB")] = 6144
     #: Spark master of the engine (the local server's, or each spark-submit app's).
-    spark_master: str = "local[2]"
+    spark_master: Annotated[
+        str, Field(min_length=1), Rule("must name a Spark master, e.g. local[2] or spark://host:7077")
+    ] = "local[2]"
     #: The driver JVM's heap (in local mode all of Spark's). 3g holds two waveforms of the default
     #: ``max_waveform_bytes`` written at once (``local[2]``); docs/deployment.md, "Memory".
-    spark_driver_memory: str = "3g"
-    spark_conf: Mapping[str, Any] = field(default_factory=dict)
+    spark_driver_memory: Annotated[
+        str, Field(pattern=r"^\d+[kmgtKMGT]?$"), Rule("must be a JVM size such as 2g or 512m")
+    ] = "3g"
+    spark_conf: Table = {}
     #: A run whose staged chunk files total at most this many bytes starts its Spark app's driver
     #: JVM for a short life (``SMALL_RUN_JAVA_OPTIONS``: no C2 JIT, serial GC): on a run of a few
     #: waveforms that halves the CPU the app burns. 0 turns it off; larger runs keep the defaults.
-    spark_small_run_bytes: int = 64 * 1024 * 1024
+    spark_small_run_bytes: Annotated[Count, Field(ge=0), Rule("must be 0 (off) or a number of bytes")] = (
+        64 * 1024 * 1024
+    )
     #: Rows per Parquet row group while staging (bounds the reader's memory).
-    staging_flush_bytes: int = 64 * 1024 * 1024
+    staging_flush_bytes: Annotated[Count, Field(ge=1), Rule("must be at least 1 byte")] = 64 * 1024 * 1024
     #: Payload bytes of assembled waveforms a Spark Python worker hands to the output's writer at
     #: once (one Arrow batch; at least one waveform): bounds a worker's memory while it assembles.
-    output_batch_bytes: int = 32 * 1024 * 1024
+    output_batch_bytes: Annotated[Count, Field(ge=1), Rule("must be at least 1 byte")] = 32 * 1024 * 1024
     #: Seconds a reader may see no progress before it gives up with an error.
-    reader_stall_timeout_s: float = 60.0
+    reader_stall_timeout_s: Annotated[Number, Field(gt=0), Rule("must be a positive number of seconds")] = 60.0
     #: Partitions read at once (one process each) by ``wavepipe run``, and by one consume task of
     #: the DAG that holds several partitions (``consume_tasks``). How many mapped consume tasks run
     #: together is Airflow's parallelism.
-    consume_parallelism: int = 2
+    consume_parallelism: Annotated[Count, Field(ge=1), Rule("must be at least 1")] = 2
     #: A plan of at most this many records (over the partitions one call reads) is read by threads
     #: of the calling process instead: starting a reader process (``spawn`` and its imports) takes
     #: about a second, longer than such a read. 0: always processes.
-    consume_in_process_max_records: int = 2_000
+    consume_in_process_max_records: Annotated[Count, Field(ge=0), Rule("must be 0 or more records")] = 2_000
     #: In the DAG, how many mapped consume tasks a run's partitions are spread over (each task reads
     #: its partition group with ``consume_parallelism`` processes). 0: one task per partition. Set it
     #: near the number of Airflow worker slots when a topic has many more partitions than workers.
-    consume_tasks: int = 0
+    consume_tasks: Annotated[Count, Field(ge=0), Rule("must be 0 (one task per partition) or more")] = 0
     #: A waveform still missing chunks is quarantined as ``incomplete`` once its partition has
     #: moved this many offsets, or this many seconds of record time, past its newest chunk (so it
     #: cannot hold the partition's commit back forever). 0 turns a limit off. Record time is what
     #: producers stamp (CreateTime) unless the topic uses LogAppendTime: a producer replaying old
     #: recordings with their own timestamps would age its waveforms at once, so the time limit
     #: is off by default; turn it on where timestamps are send times.
-    incomplete_after_offsets: int = 100_000
-    incomplete_after_s: float = 0.0
+    incomplete_after_offsets: Annotated[Count, Field(ge=0), Rule("must be 0 (off) or a number of offsets")] = 100_000
+    incomplete_after_s: Annotated[Number, Field(ge=0), Rule("must be 0 (off) or a number of seconds")] = 0.0
     #: Waveforms larger than this (by their header or by their chunks) are quarantined as
     #: ``too_large`` from their metadata alone, never assembled. At most 1 GiB (a Spark row).
     #: Spark needs about 16 times this in heap per core writing a waveform, plus 0.5 GiB; raise
     #: ``spark_driver_memory`` with it (docs/deployment.md, "Memory").
-    max_waveform_bytes: int = 64 * 1024 * 1024
+    max_waveform_bytes: Annotated[
+        Count, Field(ge=1, le=1024**3), Rule("must be 1 to 1073741824 bytes (a waveform is one Spark row)")
+    ] = 64 * 1024 * 1024
     #: Also publish each run's dead letters to this Kafka topic (original key, value and headers,
     #: plus ``wp-dlq-*`` headers with the reason), in one transaction with the run's offset commit.
     #: Empty: the dead-letter Delta table only (which is always written).
-    dead_letter_topic: str = ""
+    dead_letter_topic: Annotated[
+        str, _check(lambda v: v == "" or _topic_name(v)), Rule("must be empty or a Kafka topic name")
+    ] = ""
     #: Thresholds of the validation gate (the suites are code: ``wavepipe/expectations.py``). A run
     #: whose output breaks one is not published and commits nothing until it passes (after the data
     #: is fixed, or a threshold here is relaxed, the validate step is retried).
     #: Sample rate bounds in Hz, inclusive.
-    validate_sample_rate_min: float = 1e-3
-    validate_sample_rate_max: float = 1e9
+    validate_sample_rate_min: Annotated[Number, Field(gt=0), Rule("must be a positive number of Hz")] = 1e-3
+    validate_sample_rate_max: Annotated[Number, Field(gt=0), Rule("must be a positive number of Hz")] = 1e9
     #: Start-time bounds: not before this ISO-8601 UTC instant, and not more than this many seconds
     #: after the moment of validation (clock skew of the producers).
-    validate_start_time_min: str = "1900-01-01T00:00:00Z"
-    validate_start_time_max_ahead_s: float = 86_400.0
+    validate_start_time_min: Annotated[
+        str, _check(_valid_instant), Rule("must be an ISO-8601 instant, e.g. 1900-01-01T00:00:00Z")
+    ] = "1900-01-01T00:00:00Z"
+    validate_start_time_max_ahead_s: Annotated[Number, Field(ge=0), Rule("must be 0 or more seconds")] = 86_400.0
     #: |duration_s - n_samples / sample_rate| allowed, in seconds.
-    validate_duration_tolerance_s: float = 1e-6
+    validate_duration_tolerance_s: Annotated[Number, Field(ge=0), Rule("must be 0 or more seconds")] = 1e-6
     #: Fraction of rows that must meet each row-level expectation (1.0: every row). Uniqueness,
     #: checksums and planned offset ranges are always required of every row.
-    validate_mostly: float = 1.0
+    validate_mostly: Annotated[Number, Field(gt=0, le=1), Rule("must be a fraction in (0, 1]")] = 1.0
     #: Runs shown in the validation trend (report page and ``wavepipe status``).
-    report_trend_runs: int = 20
+    report_trend_runs: Annotated[Count, Field(ge=0), Rule("must be 0 or more runs")] = 20
     #: ``wavepipe airflow up``: the Airflow API server (UI and REST API) listens on 127.0.0.1 here.
-    airflow_port: int = 8080
+    airflow_port: Annotated[Count, Field(ge=1, le=65535), Rule("must be a TCP port, 1-65535")] = 8080
+
+    @model_validator(mode="after")
+    def _rules_between_settings(self) -> Settings:
+        if self.validate_sample_rate_min > self.validate_sample_rate_max:
+            raise PydanticCustomError(
+                "rule_between_settings",
+                "validate_sample_rate_min ({low}) is above validate_sample_rate_max ({high})",
+                {
+                    "setting": "validate_sample_rate_min",
+                    "low": f"{self.validate_sample_rate_min:g}",
+                    "high": f"{self.validate_sample_rate_max:g}",
+                },
+            )
+        if self.dead_letter_topic and self.dead_letter_topic == self.topic:
+            raise PydanticCustomError(
+                "rule_between_settings",
+                "dead_letter_topic must not be the topic it collects dead letters of",
+                {"setting": "dead_letter_topic"},
+            )
+        return self
 
     # --- derived locations -------------------------------------------------------------------
     @property
@@ -240,11 +433,11 @@ class Settings:
         """A copy with ``changes`` applied, each checked against its rule; ``None`` values are
         ignored (unset CLI flags)."""
         changes = {k: v for k, v in changes.items() if v is not None}
-        return _validated(dataclasses.replace(self, **_coerce_all(changes)), {})
+        return _build({**dict(self), **changes}, {})
 
     def as_dict(self, *, redact: bool = False) -> dict[str, Any]:
         """Every setting; ``redact``: secret-like values masked (for anything shown or written)."""
-        data = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        data = {name: _jsonable(value) for name, value in self}
         if not redact:
             return data
         data["spark_remote"] = redact_url(data["spark_remote"])
@@ -259,191 +452,42 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-#: Parts of a setting's key that mark its value as a secret (``sasl.password``, ``ssl.key.pem``,
-#: ``sasl.oauthbearer.client.secret``, ``...token``): masked wherever settings are shown or written.
-SECRET_WORDS = ("password", "secret", "key", "token", "credential")
-MASK = "*****"
-
-
-def is_secret(key: str) -> bool:
-    return any(word in part for part in re.split(r"[._\-\s]+", str(key).lower()) for word in SECRET_WORDS)
-
-
-_CONNECT_URL = re.compile(
-    r"sc://(?P<host>[^\s/;:\[\]]+|\[[0-9a-fA-F:.]+\])(:(?P<port>\d{1,5}))?/?(?P<params>(;[^\s;=]+=[^\s;=]*)*)"
-)
-
-
-def valid_connect_url(url: str) -> bool:
-    """Whether ``url`` is a Spark Connect URL pyspark accepts: ``sc://host[:port][/;k=v...]``, a
-    port in 1-65535, parameter values without ``=`` or ``;`` (URL-encode them), and a
-    ``session_id``, if given, that is a UUID."""
-    import uuid
-
-    found = _CONNECT_URL.fullmatch(url)
-    if not found or (found["port"] is not None and not 1 <= int(found["port"]) <= 65535):
-        return False
-    params = dict(p.split("=", 1) for p in found["params"].split(";") if p)
-    if "session_id" in params:
-        try:
-            uuid.UUID(params["session_id"])
-        except ValueError:
-            return False
-    return True
-
-
-def redact_url(url: str) -> str:
-    """A Spark Connect URL with the values of its secret-like parameters (``;token=...``) masked."""
-    return re.sub(r";([^;=]+)=([^;]*)", lambda m: f";{m[1]}={MASK if is_secret(m[1]) else m[2]}", url)
-
-
-def redact_secrets(value: Any) -> Any:
-    """``value`` with the values of secret-like keys masked, at any depth (dicts and lists)."""
-    if isinstance(value, Mapping):
-        return {k: (MASK if is_secret(k) and v not in (None, "") else redact_secrets(v)) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [redact_secrets(v) for v in value]
-    return value
-
-
 class SettingsError(UsageError):
     """A setting that is unknown, of the wrong type or outside its rule; names where it was read."""
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
-_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+def _shown(name: str, value: Any) -> str:
+    """A refused value as an error may show it: a secret masked, a URL's token redacted."""
+    if is_secret(name):
+        return MASK
+    return repr(redact_url(value) if name == "spark_remote" and isinstance(value, str) else value)
 
 
-def _valid_instant(text: str) -> bool:
-    try:
-        datetime.fromisoformat(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _valid_start(text: str) -> bool:
-    return text in ("", "earliest", "latest") or _valid_instant(text)
-
-
-def _servers(text: str) -> bool:
-    return bool(text) and all(
-        re.fullmatch(r"[^\s,:]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}|[A-Za-z]+://[^\s,]+", s.strip())
-        for s in text.split(",")
-    )
-
-
-#: Each setting's rule, checked wherever settings are read (file, environment, flags, params):
-#: (check, the rule in words). Settings without an entry only need the right type.
-RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "bootstrap_servers": (_servers, "must be host:port[,host:port...]"),
-    "topic": (lambda v: bool(_TOPIC.match(v)), "must be a Kafka topic name: 1-249 of A-Z a-z 0-9 . _ -"),
-    "partitions": (lambda v: v >= 1, "must be at least 1"),
-    "topic_replication_factor": (lambda v: v == -1 or v >= 1, "must be -1 (the cluster's default) or at least 1"),
-    "group": (lambda v: bool(v.strip()) and len(v) <= 249, "must be a non-empty consumer group name"),
-    "new_group_start": (_valid_start, "must be earliest, latest, an ISO-8601 instant, or empty (refuse)"),
-    "max_records_per_partition": (lambda v: v >= 0, "must be 0 (no cap) or a positive number of records"),
-    "max_bytes_per_partition": (lambda v: v >= 0, "must be 0 (no cap) or a positive number of bytes"),
-    "chunk_size": (lambda v: v >= 1, "must be at least 1 byte"),
-    "linger_ms": (lambda v: v >= 0, "must be 0 or more milliseconds"),
-    "batch_size": (lambda v: v >= 1, "must be at least 1 byte"),
-    "spark_engine": (lambda v: v in ("connect", "submit"), "must be connect or submit"),
-    "spark_remote": (
-        lambda v: v == "" or valid_connect_url(v),
-        "must be empty (this home's own server) or a Spark Connect URL, sc://host:port[/;param=value...] "
-        "(port 1-65535; values URL-encoded, no '=' or ';' in them; session_id a UUID)",
-    ),
-    "spark_connect_port": (lambda v: 0 <= v <= 65535, "must be a TCP port, or 0 for any free port"),
-    "spark_engine_max_rss_mb": (lambda v: v >= 0, "must be 0 (never restart) or a number of MB"),
-    "spark_master": (lambda v: bool(v.strip()), "must name a Spark master, e.g. local[2] or spark://host:7077"),
-    "spark_driver_memory": (
-        lambda v: bool(re.fullmatch(r"\d+[kmgtKMGT]?", v)),
-        "must be a JVM size such as 2g or 512m",
-    ),
-    "spark_small_run_bytes": (lambda v: v >= 0, "must be 0 (off) or a number of bytes"),
-    "staging_flush_bytes": (lambda v: v >= 1, "must be at least 1 byte"),
-    "output_batch_bytes": (lambda v: v >= 1, "must be at least 1 byte"),
-    "reader_stall_timeout_s": (lambda v: 0 < v < math.inf, "must be a positive number of seconds"),
-    "consume_parallelism": (lambda v: v >= 1, "must be at least 1"),
-    "consume_in_process_max_records": (lambda v: v >= 0, "must be 0 or more records"),
-    "consume_tasks": (lambda v: v >= 0, "must be 0 (one task per partition) or more"),
-    "incomplete_after_offsets": (lambda v: v >= 0, "must be 0 (off) or a number of offsets"),
-    "incomplete_after_s": (lambda v: 0 <= v < math.inf, "must be 0 (off) or a number of seconds"),
-    "max_waveform_bytes": (lambda v: 1 <= v <= 1024**3, "must be 1 to 1073741824 bytes (a waveform is one Spark row)"),
-    "dead_letter_topic": (lambda v: v == "" or bool(_TOPIC.match(v)), "must be empty or a Kafka topic name"),
-    "validate_sample_rate_min": (lambda v: 0 < v < math.inf, "must be a positive number of Hz"),
-    "validate_sample_rate_max": (lambda v: 0 < v < math.inf, "must be a positive number of Hz"),
-    "validate_start_time_min": (_valid_instant, "must be an ISO-8601 instant, e.g. 1900-01-01T00:00:00Z"),
-    "validate_start_time_max_ahead_s": (lambda v: 0 <= v < math.inf, "must be 0 or more seconds"),
-    "validate_duration_tolerance_s": (lambda v: 0 <= v < math.inf, "must be 0 or more seconds"),
-    "validate_mostly": (lambda v: 0 < v <= 1, "must be a fraction in (0, 1]"),
-    "report_trend_runs": (lambda v: v >= 0, "must be 0 or more runs"),
-    "airflow_port": (lambda v: 1 <= v <= 65535, "must be a TCP port, 1-65535"),
-}
-
-
-def _coerce(name: str, value: Any, source: str) -> Any:
-    """``value`` as setting ``name``'s type, checked against its rule; ``source`` says where it
-    was read (``WAVEPIPE_X``, ``<file> key x``, ``--flag``) for the error message."""
-    if name not in _FIELDS:
-        raise SettingsError(
-            f"{source}: {name!r} is not a wavepipe setting{did_you_mean(name, _FIELDS)} (`wavepipe config` lists them)"
-        )
-    spec = _FIELDS[name]
-    default = spec.default if spec.default_factory is dataclasses.MISSING else spec.default_factory()
-    shown = (
-        MASK
-        if is_secret(name)
-        else repr(redact_url(value) if name == "spark_remote" and isinstance(value, str) else value)
-    )
+def _refusal(error: Mapping[str, Any], sources: Mapping[str, str]) -> str:
+    """One pydantic error as a line naming where the value was read, the setting and its rule."""
+    loc = error["loc"]
+    name = str(loc[0]) if loc else error.get("ctx", {}).get("setting", "")
+    source = sources.get(name, name)
     where = "" if source == name else f"{source}: "
-    try:
-        if isinstance(default, Mapping):
-            if isinstance(value, str):
-                value = json.loads(value) if value.strip() else {}
-            if not isinstance(value, Mapping):
-                raise ValueError
-            return dict(value)
-        if isinstance(default, Path):
-            return Path(value).expanduser().resolve()
-        if isinstance(default, bool):
-            if isinstance(value, bool):
-                return value
-            text = str(value).strip().lower()
-            if text not in ("1", "true", "yes", "0", "false", "no", ""):
-                raise ValueError
-            return text in ("1", "true", "yes")
-        if isinstance(default, int):
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            value = int(str(value).strip()) if isinstance(value, str) else int(value)
-        elif isinstance(default, float):
-            if isinstance(value, bool):
-                raise ValueError
-            value = float(value)
-        else:
-            value = str(value).strip()
-    except (ValueError, TypeError, OverflowError):
-        kind = (
-            "a JSON object or TOML table"
-            if isinstance(default, Mapping)
-            else "true or false"
-            if isinstance(default, bool)
-            else "an integer"
-            if isinstance(default, int)
-            else "a number"
-            if isinstance(default, float)
-            else "a string"
+    if error["type"] == "extra_forbidden":
+        return (
+            f"{source}: {name!r} is not a wavepipe setting{did_you_mean(name, Settings.model_fields)} "
+            "(`wavepipe config` lists them)"
         )
-        raise SettingsError(f"{where}{name} must be {kind}, got {shown}") from None
-    rule = RULES.get(name)
-    if rule is not None and not rule[0](value):
-        raise SettingsError(f"{where}{name} {rule[1]}, got {shown}")
-    return value
+    if not loc:  # a rule between settings
+        return f"{where}{error['msg']}"
+    spec = Settings.model_fields[name]
+    rule = next((m for m in spec.metadata if isinstance(m, Rule)), None)
+    words = rule.words if rule and error["type"] in _RULE_ERRORS else f"must be {_KIND[spec.annotation]}"
+    return f"{where}{name} {words}, got {_shown(name, error['input'])}"
 
 
-def _coerce_all(values: Mapping[str, Any], sources: Mapping[str, str] | None = None) -> dict[str, Any]:
-    return {k: _coerce(k, v, (sources or {}).get(k, k)) for k, v in values.items()}
+def _build(values: Mapping[str, Any], sources: Mapping[str, str]) -> Settings:
+    """``Settings`` from ``values``; a refusal lists every bad value, each naming its source."""
+    try:
+        return Settings.model_validate(values)
+    except ValidationError as exc:
+        raise SettingsError("\n".join(_refusal(e, sources) for e in exc.errors())) from None
 
 
 def check_settings(values: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -453,27 +497,8 @@ def check_settings(values: Mapping[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(values, Mapping):
         raise SettingsError(f"{where} must be a mapping of wavepipe settings, got {type(values).__name__}")
     given = {k: v for k, v in values.items() if v is not None}
-    return _coerce_all(given, {k: f"{where}[{k!r}]" for k in given})
-
-
-def _check_together(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
-    """Rules between settings."""
-    lo, hi = values["validate_sample_rate_min"], values["validate_sample_rate_max"]
-    if lo > hi:
-        raise SettingsError(
-            f"{sources.get('validate_sample_rate_min', 'validate_sample_rate_min')}: "
-            f"validate_sample_rate_min ({lo:g}) is above validate_sample_rate_max ({hi:g})"
-        )
-    if values["dead_letter_topic"] and values["dead_letter_topic"] == values["topic"]:
-        raise SettingsError(
-            f"{sources.get('dead_letter_topic', 'dead_letter_topic')}: dead_letter_topic "
-            "must not be the topic it collects dead letters of"
-        )
-
-
-def _validated(settings: Settings, sources: Mapping[str, str]) -> Settings:
-    _check_together(settings.as_dict(), sources)
-    return settings
+    settings = _build(given, {k: f"{where}[{k!r}]" for k in given})
+    return {k: getattr(settings, k) for k in given}
 
 
 def _config_file() -> Path | None:
@@ -519,11 +544,11 @@ def load_settings(**overrides: Any) -> Settings:
             raise SettingsError(f"{path}: [wavepipe] must be a table of settings")
         for name, value in table.items():
             values[name], sources[name] = value, f"{path}, key {name}"
-    for name in _FIELDS:
+    for name in Settings.model_fields:
         env = os.environ.get(f"WAVEPIPE_{name.upper()}")
         if env is not None:
             values[name], sources[name] = env, f"WAVEPIPE_{name.upper()}"
-    known = {f"WAVEPIPE_{name.upper()}" for name in _FIELDS} | OTHER_VARIABLES
+    known = {f"WAVEPIPE_{name.upper()}" for name in Settings.model_fields} | OTHER_VARIABLES
     for var in sorted(v for v in os.environ if v.startswith("WAVEPIPE_") and v not in known and v not in _warned):
         _warned.add(var)
         logging.getLogger(__name__).warning(
@@ -532,4 +557,4 @@ def load_settings(**overrides: Any) -> Settings:
     for name, value in overrides.items():
         if value is not None:
             values[name], sources[name] = value, name
-    return _validated(Settings(**_coerce_all(values, sources)), sources)
+    return _build(values, sources)
