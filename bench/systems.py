@@ -183,12 +183,12 @@ def wavepipe_run(
     stages["plan"], t = time.monotonic() - t, time.monotonic()
     consume_all(s, plan.run_id, partitions_to_read(plan))
     stages["consume"], t = time.monotonic() - t, time.monotonic()
-    result = reassemble_step(s, plan.run_id, validate=True) or {}
+    result = reassemble_step(s, plan.run_id, validate=True)
     stages["reassemble + validate"], t = time.monotonic() - t, time.monotonic()
     report = commit_step(s, plan.run_id)
     stages["commit"] = time.monotonic() - t
     wall = time.monotonic() - began
-    inner = result.get("timings", {})
+    inner = result.timings if result else {}
     checked = {k: v for k, v in report.get("timings_s", {}).items() if k.startswith("validate_")}
     if "spark_app_s" in inner:
         # the plot is drawn in a thread beside the suites and publishing: not a stage of its own

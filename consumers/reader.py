@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import asdict, dataclass
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
@@ -28,6 +27,7 @@ from wavepipe.contracts.config import Settings
 from wavepipe.contracts.plan import OffsetRange
 from wavepipe.contracts.protocol import ProtocolError, parse_chunk
 from wavepipe.contracts.runfiles import RunStore, Step, digest_path, staged_paths
+from wavepipe.contracts.steps import ReadStats
 from wavepipe.faults import failpoint
 
 log = logging.getLogger(__name__)
@@ -36,29 +36,6 @@ PROGRESS_EVERY_S = 5.0
 
 class ReaderError(RuntimeError):
     pass
-
-
-@dataclass
-class ReadStats:
-    topic: str
-    partition: int
-    start: int
-    end: int
-    records: int = 0
-    chunks: int = 0
-    dead_letters: int = 0
-    payload_bytes: int = 0
-    first_offset: int | None = None
-    last_offset: int | None = None
-    #: Newest record timestamp read (ms): how far the partition's record time has moved.
-    max_timestamp_ms: int | None = None
-    seconds: float = 0.0
-
-    @property
-    def gap_offsets(self) -> int:
-        """Offsets in the range Kafka delivered no record for (transaction markers, aborted or
-        compacted records)."""
-        return (self.end - self.start) - self.records
 
 
 def read_range(settings: Settings, run_id: str, partition: int) -> ReadStats:
@@ -85,7 +62,7 @@ def read_range(settings: Settings, run_id: str, partition: int) -> ReadStats:
             f.abort()
         raise
     stats.seconds = round(time.monotonic() - began, 3)
-    store.save_step(run_id, Step.consume(rng), asdict(stats) | {"gap_offsets": stats.gap_offsets})
+    store.save_result(run_id, Step.consume(rng), stats)
     log.info(
         "%s[%d] [%d, %d): %d chunks, %d dead letters, %d gap offsets, %.1f MB in %.1fs (%.1f MB/s)",
         rng.topic,

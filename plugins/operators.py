@@ -22,6 +22,7 @@ from wavepipe import pipeline
 from wavepipe.contracts.config import SettingsError, check_settings
 from wavepipe.contracts.errors import UsageError, did_you_mean
 from wavepipe.contracts.plan import ActiveRunError, as_utc, parse_datetime
+from wavepipe.contracts.steps import to_record
 from wavepipe.plugins.hooks import SPARK_CONN_ID, WavepipeHook
 
 #: Seconds between a waiting window run's attempts to take its group's backfill lane.
@@ -253,8 +254,8 @@ class ReassembleOperator(WavepipeOperator):
     def execute(self, context) -> dict | None:
         result = pipeline.reassemble_step(self.settings(), context["run_id"])
         if result:
-            self.log.info("waveforms: %s", result["waveforms"])
-        return None if result is None else result["waveforms"]
+            self.log.info("waveforms: %s", result.waveforms)
+        return None if result is None else result.waveforms
 
 
 class ValidateOperator(WavepipeOperator):
@@ -272,10 +273,10 @@ class ValidateOperator(WavepipeOperator):
         if result:
             self.log.info(
                 "validation passed (%d expectations) and the output is published; Data Docs: %s",
-                sum(s["evaluated"] for s in result["suites"]),
-                result["data_docs_index"],
+                sum(s["evaluated"] for s in result.suites),
+                result.data_docs_index,
             )
-        return None if result is None else {"success": result["success"], "rows": result["rows"]}
+        return None if result is None else {"success": result.success, "rows": to_record(result.rows)}
 
 
 class CommitOperator(WavepipeOperator):

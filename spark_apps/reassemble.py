@@ -40,8 +40,8 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.plan import RunPlan, utc_now
 from wavepipe.contracts.protocol import checksum, output_facts
-from wavepipe.contracts.report import empty_partition
 from wavepipe.contracts.runfiles import RunStore, Step, staged_paths
+from wavepipe.contracts.steps import PartitionAccount, ReadStats, Reassembled, WindowRows
 from wavepipe.faults import armed, failpoint
 from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_apps.tables import (
@@ -622,7 +622,7 @@ def accounting(meta: DataFrame, status: DataFrame) -> DataFrame:
 # --- I/O -------------------------------------------------------------------------------------------
 
 
-def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
+def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> Reassembled:
     """Reassemble run ``plan``'s staged chunks into the tables; return the accounting."""
     store = RunStore(settings)
     staging = store.staging_dir(plan.run_id)
@@ -657,9 +657,9 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
         meta, conflicts = split_conflicts(meta, known)
     newest = {}
     for r in plan.ranges:
-        read = store.load_step(plan.run_id, Step.consume(r)) or {}
-        if read.get("max_timestamp_ms") is not None:
-            newest[r.partition] = read["max_timestamp_ms"]
+        read = store.load_result(plan.run_id, Step.consume(r), ReadStats)
+        if read is not None and read.max_timestamp_ms is not None:
+            newest[r.partition] = read.max_timestamp_ms
     if not 0 < settings.max_waveform_bytes <= MAX_WAVEFORM_BYTES_LIMIT:
         raise ValueError(f"max_waveform_bytes must be in 1..{MAX_WAVEFORM_BYTES_LIMIT} (a waveform is one Spark row)")
     classified = classify(
@@ -800,26 +800,26 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> dict:
         conflicted.unpersist()
     result = summarize(plan, rows, waveforms, dead_counts, timings, other_dead)
     # what validation must find in the candidate tables (anything else: they are not this result's)
-    new = result["waveforms"].get("output_new", 0)
-    result["candidates"] = {
+    new = result.waveforms.get("output_new", 0)
+    result.candidates = {
         "manifest": new,
         "waveforms": new - from_digests,
         "quarantine": sum(w["count"] for w in waveforms if w["status"] == QUARANTINED),
         "dead_letter": sum(n for n, _ in dead_counts.values()),
     }
     # how the new candidates were verified (the rest failed their checksum: quarantined)
-    result["verified"] = {
+    result.verified = {
         "while_read": from_digests,
         "from_one_staged_file": kinds.get((LOCAL, None), 0),
         "by_a_shuffle": kinds.get((SHUFFLE, None), 0),
     }
     if plan.is_window:
-        result["window_rows"] = window_rows(spark, plan, status, candidates)
+        result.window_rows = window_rows(spark, plan, status, candidates)
     status.unpersist()
     return result
 
 
-def window_rows(spark: SparkSession, plan: RunPlan, status: DataFrame, candidates: Path) -> dict:
+def window_rows(spark: SparkSession, plan: RunPlan, status: DataFrame, candidates: Path) -> WindowRows:
     """What a window run's publish replaces, beyond the rows whose first offset is in the window:
 
     ``keep``: waveforms the run read but does not own (their first chunk is another window's) or
@@ -843,7 +843,7 @@ def window_rows(spark: SparkSession, plan: RunPlan, status: DataFrame, candidate
             if delta_version(path) is not None
             else []
         )
-    return {"keep": sorted(keep), "extra": extra}
+    return WindowRows(keep=sorted(keep), extra=extra)
 
 
 def _count_by_partition(rows: DataFrame) -> dict[int, tuple[int, int]]:
@@ -856,35 +856,36 @@ def _count_by_partition(rows: DataFrame) -> dict[int, tuple[int, int]]:
     }
 
 
-def summarize(plan: RunPlan, rows, waveforms, dead_counts: dict, timings: dict, other_dead: dict | None = None) -> dict:
-    """Collected aggregates -> per-partition accounting and safe offsets (plain dicts).
+def summarize(
+    plan: RunPlan, rows, waveforms, dead_counts: dict, timings: dict, other_dead: dict | None = None
+) -> Reassembled:
+    """Collected aggregates -> per-partition accounting and safe offsets.
     ``other_dead``: per partition, dead letters of a window run that are the next window's."""
     partitions = {}
     for r in plan.ranges:
-        part = partitions[r.partition] = empty_partition(r.start, r.end)
-        part["dead_letter"], part["dead_letter_bytes"] = dead_counts.get(r.partition, (0, 0))
-        part["other_window"], part["other_window_bytes"] = (other_dead or {}).get(r.partition, (0, 0))
+        part = partitions[r.partition] = PartitionAccount(safe_offset=r.end)
+        part.dead_letter, part.dead_letter_bytes = dead_counts.get(r.partition, (0, 0))
+        part.other_window, part.other_window_bytes = (other_dead or {}).get(r.partition, (0, 0))
     for row in rows:
         part = partitions[row["partition"]]
         status, n, nbytes = row["status"], row["records"], row["bytes"] or 0
         if status == OUTPUT:
-            part["output"] += n
-            part["output_bytes"] += nbytes
+            part.output += n
+            part.output_bytes += nbytes
             if row["already_written"]:
-                part["output_already_written"] += n
+                part.output_already_written += n
         elif status == PENDING:
-            part["pending"] += n
-            part["pending_bytes"] += nbytes
-            part["safe_offset"] = min(part["safe_offset"], row["min_offset"])
+            part.pending += n
+            part.pending_bytes += nbytes
+            part.safe_offset = min(part.safe_offset, row["min_offset"])
         elif status == OTHER_WINDOW:
-            part["other_window"] += n
-            part["other_window_bytes"] += nbytes
-            part["other_window_chunks"] += n
+            part.other_window += n
+            part.other_window_bytes += nbytes
+            part.other_window_chunks += n
         elif status == QUARANTINED:
-            part["quarantined"] += n
-            part["quarantined_bytes"] += nbytes
-            reasons = part["quarantine_reasons"]
-            reasons[row["reason"]] = reasons.get(row["reason"], 0) + n
+            part.quarantined += n
+            part.quarantined_bytes += nbytes
+            part.quarantine_reasons[row["reason"]] = part.quarantine_reasons.get(row["reason"], 0) + n
         else:
             raise RuntimeError(f"chunk rows of partition {row['partition']} have no status: {row}")
     counts: dict[str, int] = {}
@@ -897,26 +898,26 @@ def summarize(plan: RunPlan, rows, waveforms, dead_counts: dict, timings: dict, 
         if w["status"] == QUARANTINED:
             key = f"quarantined:{w['reason']}"
         counts[key] = counts.get(key, 0) + w["count"]
-    return {
-        "run_id": plan.run_id,
-        "finished_at": utc_now(),
-        "partitions": {str(k): v for k, v in partitions.items()},
-        "waveforms": counts,
-        "timings": {k: round(v, 3) for k, v in timings.items()},
-    }
+    return Reassembled(
+        run_id=plan.run_id,
+        finished_at=utc_now(),
+        partitions=partitions,
+        waveforms=counts,
+        timings={k: round(v, 3) for k, v in timings.items()},
+    )
 
 
 def reassemble_and_save(
     spark: SparkSession, settings, store: RunStore, plan: RunPlan, *, validate: bool, session_s: float
-) -> dict:
+) -> Reassembled:
     """Reassemble run ``plan`` and save the result as its ``reassemble`` step; ``validate``: then
     validate and publish in the same session. ``session_s``: what getting the session took."""
     began = time.monotonic()
     result = reassemble_run(spark, settings, plan)
-    result["timings"]["spark_app_s"] = round(time.monotonic() - began, 3)
-    result["timings"]["session_start_s"] = round(session_s, 3)
-    store.save_step(plan.run_id, Step.REASSEMBLE, result)
-    log.info("run %s reassembled: %s", plan.run_id, result["waveforms"])
+    result.timings["spark_app_s"] = round(time.monotonic() - began, 3)
+    result.timings["session_start_s"] = round(session_s, 3)
+    store.save_result(plan.run_id, Step.REASSEMBLE, result)
+    log.info("run %s reassembled: %s", plan.run_id, result.waveforms)
     if validate:
         from wavepipe.spark_apps.validate import validate_and_publish
 
@@ -950,8 +951,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             began = time.monotonic()
             spark.stop()
-        result["timings"]["session_stop_s"] = round(time.monotonic() - began, 3)
-        store.save_step(plan.run_id, Step.REASSEMBLE, result)
+        result.timings["session_stop_s"] = round(time.monotonic() - began, 3)
+        store.save_result(plan.run_id, Step.REASSEMBLE, result)
     return 0
 
 

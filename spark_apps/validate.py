@@ -40,6 +40,7 @@ from wavepipe.contracts.config import Settings
 from wavepipe.contracts.plan import RunPlan, utc_now
 from wavepipe.contracts.report import append_validation_history, describe_safely
 from wavepipe.contracts.runfiles import RunStore, Step, plot_path
+from wavepipe.contracts.steps import Reassembled, Validated, ValidatedRows, WindowRows
 from wavepipe.faults import failpoint
 from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_apps.reassemble import (
@@ -531,7 +532,8 @@ def publish_source(spark: SparkSession, store: RunStore, plan: RunPlan, name: st
     bytes are written; a staged file changed since its reader hashed it fails the write)."""
     source = store.candidate_dir(plan.run_id) / name
     frame = read_delta(spark, source) if delta_version(source) is not None else None
-    counts = (store.load_step(plan.run_id, Step.REASSEMBLE) or {}).get("candidates", {})
+    reassembled = store.load_result(plan.run_id, Step.REASSEMBLE, Reassembled)
+    counts = reassembled.candidates if reassembled else {}
     if name == "waveforms" and counts.get("manifest", 0) > counts.get("waveforms", 0):
         wanted = (
             read_delta(spark, store.candidate_dir(plan.run_id) / "manifest")
@@ -572,7 +574,8 @@ def publish_run(
         "dead_letter": settings.dead_letter_table,
     }
     if plan.is_window:
-        rows = (store.load_step(plan.run_id, Step.REASSEMBLE) or {}).get("window_rows")
+        reassembled = store.load_result(plan.run_id, Step.REASSEMBLE, Reassembled)
+        rows = reassembled.window_rows if reassembled else None
         if rows is None:
             raise CandidatesMismatchError(
                 f"run {plan.run_id}: its reassembly recorded no window rows; run the reassemble step again"
@@ -583,8 +586,8 @@ def publish_run(
         return delta_version(settings.output_table)
     # one id per table and reassembly: a publish of these candidates commits once, however often it
     # is tried (a reassembly made again publishes its own candidates)
-    reassembled = store.load_step(plan.run_id, Step.REASSEMBLE) or {}
-    attempt = hashlib.sha256(str(reassembled.get("finished_at")).encode()).hexdigest()[:12]
+    reassembled = store.load_result(plan.run_id, Step.REASSEMBLE, Reassembled)
+    attempt = hashlib.sha256(str(reassembled and reassembled.finished_at).encode()).hexdigest()[:12]
     for name in PUBLISHED:
         keys, partition_by = TABLE_KEYS[name]
         txn = f"wavepipe-publish-{plan.run_id}-{name}-{attempt}"
@@ -609,7 +612,7 @@ def publish_run(
 
 
 def replace_window(
-    spark: SparkSession, source: DataFrame | None, target: Path, name: str, plan: RunPlan, rows: dict
+    spark: SparkSession, source: DataFrame | None, target: Path, name: str, plan: RunPlan, rows: WindowRows
 ) -> None:
     """Replace the rows of window run ``plan``'s window in ``target`` by ``source`` (what
     ``publish_source`` gives), in one atomic Delta commit (``replaceWhere``): readers see the old
@@ -622,7 +625,7 @@ def replace_window(
         where = window_predicate(plan.topic, plan.window_offsets(), "offset")
     else:
         where = replace_predicate(
-            plan.topic, plan.window_offsets(), "first_offset", rows["keep"], rows["extra"].get(name, [])
+            plan.topic, plan.window_offsets(), "first_offset", rows.keep, rows.extra.get(name, [])
         )
     if delta_version(target) is None:
         if source is not None:
@@ -649,18 +652,18 @@ class CandidatesMismatchError(RuntimeError):
     """The candidate tables are not what the run's reassembly result says it wrote."""
 
 
-def check_candidates(spark: SparkSession, store: RunStore, run_id: str) -> dict:
+def check_candidates(spark: SparkSession, store: RunStore, run_id: str) -> Reassembled:
     """Refuse to validate candidates that are not the recorded reassembly's: none recorded (a
     reassembly died before saving its result), or tables whose row counts differ from it (counted
     from each table's Delta log where it can say, else by Spark). Returns the recorded result."""
-    reassembled = store.load_step(run_id, Step.REASSEMBLE)
-    if reassembled is None or "candidates" not in reassembled:
+    reassembled = store.load_result(run_id, Step.REASSEMBLE, Reassembled)
+    if reassembled is None:
         raise CandidatesMismatchError(f"run {run_id} has no reassembly result; run its reassemble step first")
-    if "manifest" not in reassembled["candidates"]:
+    if "manifest" not in reassembled.candidates:
         raise CandidatesMismatchError(
             f"run {run_id} was reassembled by an earlier wavepipe (no manifest); run its reassemble step again"
         )
-    for name, expected in reassembled["candidates"].items():
+    for name, expected in reassembled.candidates.items():
         path = store.candidate_dir(run_id) / name
         found = 0
         if delta_version(path) is not None:
@@ -675,7 +678,7 @@ def check_candidates(spark: SparkSession, store: RunStore, run_id: str) -> dict:
     return reassembled
 
 
-def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan) -> dict:
+def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan) -> Validated:
     """Validate run ``plan``'s candidates; publish them if every expectation holds. The outcome is
     saved as the run's ``validate`` step (and a line of the validation history) either way."""
     store = RunStore(settings)
@@ -697,7 +700,7 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
     )
     # small frames (a run's new waveforms, its staged records: most runs) are validated in this
     # process after one collect each; large ones on the engine
-    checked = _for_validation(output_checks(manifest, published, plan.run_id), reassembled["candidates"]["manifest"])
+    checked = _for_validation(output_checks(manifest, published, plan.run_id), reassembled.candidates["manifest"])
     files = _staged_files(store, plan)
     staged_rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
     staged = _for_validation(chunk_checks(_staged_records(spark, files), plan), staged_rows)
@@ -719,26 +722,23 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
             if not isinstance(frame, pd.DataFrame):
                 frame.unpersist()
         success = all(s["success"] for s in suites)
-        result = {
-            "run_id": plan.run_id,
-            "group": plan.group,
-            "topic": plan.topic,
-            "checked_at": utc_now(),
-            "suite_version": expectations.SUITE_VERSION,
-            "success": success,
-            "suites": suites,
-            "data_docs_index": docs_index,
-            "rows": {"waveforms": counts["rows"], "waveform_bytes": counts["bytes"], "staged_records": staged_rows},
-            "thresholds": {k: v for k, v in settings.as_dict().items() if k.startswith("validate_")},
-            "plot": None,
-            "published": False,
-            "output_table_version": version,
-            "timings": timings,
-        }
+        result = Validated(
+            run_id=plan.run_id,
+            group=plan.group,
+            topic=plan.topic,
+            checked_at=utc_now(),
+            suite_version=expectations.SUITE_VERSION,
+            success=success,
+            suites=suites,
+            data_docs_index=docs_index,
+            rows=ValidatedRows(waveforms=counts["rows"], waveform_bytes=counts["bytes"], staged_records=staged_rows),
+            thresholds={k: v for k, v in settings.as_dict().items() if k.startswith("validate_")},
+            output_table_version=version,
+        )
         if success:
             t = time.monotonic()
             try:
-                result["output_table_version"] = publish_run(
+                result.output_table_version = publish_run(
                     spark,
                     settings,
                     plan,
@@ -757,17 +757,17 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
                     "moved. Its staged copies were removed: retry the run (`wavepipe run` resumes it) and it reads "
                     "its planned ranges again from Kafka; in Airflow, clear the run's tasks from consume on."
                 ) from None
-            result["published"] = True
+            result.published = True
             timings["publish_s"] = time.monotonic() - t
     finally:
         t = time.monotonic()
         result_plot, timings["plot_s"] = wait_for_plot()
         timings["plot_wait_s"] = time.monotonic() - t
-    result["plot"] = result_plot
-    result["timings"] = {k: round(v, 3) for k, v in timings.items()}
+    result.plot = result_plot
+    result.timings = {k: round(v, 3) for k, v in timings.items()}
     describe_safely(notes, "the validation history", append_validation_history, settings, result)
-    result["notes"] = notes
-    store.save_step(plan.run_id, Step.VALIDATE, result)
+    result.notes = notes
+    store.save_result(plan.run_id, Step.VALIDATE, result)
     failed = [
         f"{f['expectation']}({f.get('column') or f.get('column_A') or f.get('column_list')})"
         for s in suites
@@ -812,7 +812,7 @@ def main(argv: list[str] | None = None) -> int:
             return 4
         finally:
             spark.stop()
-    print(json.dumps({"success": result["success"], "published": result["published"]}))
+    print(json.dumps({"success": result.success, "published": result.published}))
     return 0
 
 

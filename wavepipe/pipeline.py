@@ -24,6 +24,7 @@ from wavepipe.contracts.errors import UsageError
 from wavepipe.contracts.plan import RunPlan, RunRequest, as_utc, new_run_id, run_request, safe_run_id
 from wavepipe.contracts.report import build_report, failed_expectations, validation_trend
 from wavepipe.contracts.runfiles import RunStore, Step, html_path, json_path, staged_paths, write_json_atomic
+from wavepipe.contracts.steps import ReadStats, Reassembled, Validated
 
 log = logging.getLogger(__name__)
 # found through the package (a checkout's spark_apps/ or an installed wheel's), so spark-submit
@@ -179,7 +180,7 @@ def _worker_logging(level: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
-def reassemble_step(settings: Settings, run_id: str, *, validate: bool = False) -> dict | None:
+def reassemble_step(settings: Settings, run_id: str, *, validate: bool = False) -> Reassembled | None:
     """Run the Spark app on the run's staged chunks (nothing when the run read nothing); it writes
     the run's candidate tables. ``validate``: then validate and publish in the same Spark session
     (as ``validate_step`` would, without starting a second one)."""
@@ -201,7 +202,7 @@ def reassemble_step(settings: Settings, run_id: str, *, validate: bool = False) 
         else:
             _on_engine(settings, store, plan, "reassemble", validate=validate)
     _timed(store, run_id, "reassemble", began)
-    result = store.load_step(run_id, Step.REASSEMBLE)
+    result = store.load_result(run_id, Step.REASSEMBLE, Reassembled)
     if result is None:
         raise RuntimeError(f"the Spark app finished but left no result for run {run_id}")
     if validate:
@@ -209,7 +210,7 @@ def reassemble_step(settings: Settings, run_id: str, *, validate: bool = False) 
     return result
 
 
-def validate_step(settings: Settings, run_id: str) -> dict | None:
+def validate_step(settings: Settings, run_id: str) -> Validated | None:
     """Run the expectation suites on the run's manifest and staged chunks; publish the
     output if all hold, else raise ``ValidationFailedError`` naming the failed expectations (the
     run stays unpublished and uncommitted; retry this step after fixing the data or the config)."""
@@ -217,7 +218,7 @@ def validate_step(settings: Settings, run_id: str) -> dict | None:
     if plan is None:
         return None
     run_id = plan.run_id
-    if store.load_step(run_id, Step.REASSEMBLE) is None:
+    if store.load_result(run_id, Step.REASSEMBLE, Reassembled) is None:
         raise RuntimeError(f"run {run_id}: no reassembly result; run the reassemble step first")
     began = time.monotonic()
     with store.step_lock(run_id, Step.RUN):
@@ -272,21 +273,19 @@ def _spark_step(settings: Settings, run_id: str) -> tuple[RunStore, RunPlan | No
     return store, plan
 
 
-def _check_validation(settings: Settings, store: RunStore, plan: RunPlan) -> dict:
-    validation = store.load_step(plan.run_id, Step.VALIDATE)
+def _check_validation(settings: Settings, store: RunStore, plan: RunPlan) -> Validated:
+    validation = store.load_result(plan.run_id, Step.VALIDATE, Validated)
     if validation is None:
         raise RuntimeError(f"run {plan.run_id}: the validation app finished but left no result")
-    if validation["success"]:
+    if validation.success:
         return validation
     report = _report(store, plan, validation=validation)
     report["status"] = "validation_failed"
     page = _write_report(settings, report)
-    lines = failed_expectations(validation)
+    lines = failed_expectations(validation.suites)
     raise ValidationFailedError(
         f"run {plan.run_id} failed validation ({len(lines)} expectation(s)); nothing was published and no "
-        f"offset moved:\n  "
-        + "\n  ".join(lines)
-        + f"\nReport: {page}\nData Docs: {validation.get('data_docs_index')}\n"
+        f"offset moved:\n  " + "\n  ".join(lines) + f"\nReport: {page}\nData Docs: {validation.data_docs_index}\n"
         "Fix the data and run reassemble and validate again, or relax the threshold (validate_* settings) "
         "and retry the validate step (`wavepipe run` resumes the run); `wavepipe abandon` gives the run up."
     )
@@ -319,16 +318,16 @@ def _write_report(settings: Settings, report: dict) -> Path:
     return page
 
 
-def _report(store: RunStore, plan: RunPlan, *, validation: dict | None, skipped: str | None = None) -> dict:
+def _report(store: RunStore, plan: RunPlan, *, validation: Validated | None, skipped: str | None = None) -> dict:
     consumed = {}
     for r in plan.ranges:
-        step = store.load_step(plan.run_id, Step.consume(r))
+        step = store.load_result(plan.run_id, Step.consume(r), ReadStats)
         if step is not None:
             consumed[r.partition] = step
     report = build_report(
         plan,
         consumed,
-        store.load_step(plan.run_id, Step.REASSEMBLE),
+        store.load_result(plan.run_id, Step.REASSEMBLE, Reassembled),
         store.load_step(plan.run_id, Step.TIMINGS) or {},
         skipped_reason=skipped,
         validation=validation,
@@ -397,13 +396,13 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
     began = time.monotonic()
     to_read = partitions_to_read(plan)
     for r in plan.ranges:
-        if r.partition in to_read and store.load_step(run_id, Step.consume(r)) is None:
+        if r.partition in to_read and store.load_result(run_id, Step.consume(r), ReadStats) is None:
             raise RuntimeError(f"run {run_id}: partition {r.partition} was never consumed; run its consume step")
-    reassembled = store.load_step(run_id, Step.REASSEMBLE) if to_read else None
+    reassembled = store.load_result(run_id, Step.REASSEMBLE, Reassembled) if to_read else None
     if to_read and reassembled is None:
         raise RuntimeError(f"run {run_id}: no reassembly result; run the reassemble step")
-    validation = store.load_step(run_id, Step.VALIDATE) if to_read else None
-    if to_read and not (validation and validation["success"] and validation["published"]):
+    validation = store.load_result(run_id, Step.VALIDATE, Validated) if to_read else None
+    if to_read and not (validation and validation.success and validation.published):
         raise RuntimeError(
             f"run {run_id}: its output was not validated and published"
             + (" (validation failed)" if validation else "")
@@ -515,10 +514,10 @@ def run_once(settings: Settings, *, run_id: str | None = None, **request: Unpack
             consume_all(settings, plan.run_id, [p for p in partitions_to_read(plan) if p not in staged])
         # resume at the first step without a result: a run whose validation failed is validated
         # again (after a threshold was relaxed) without reassembling, a published one only commits
-        validated = store.load_step(plan.run_id, Step.VALIDATE)
-        if store.load_step(plan.run_id, Step.REASSEMBLE) is None:
+        validated = store.load_result(plan.run_id, Step.VALIDATE, Validated)
+        if store.load_result(plan.run_id, Step.REASSEMBLE, Reassembled) is None:
             reassemble_step(settings, plan.run_id, validate=True)
-        elif not (validated and validated["success"] and validated["published"]):
+        elif not (validated and validated.success and validated.published):
             validate_step(settings, plan.run_id)
         return commit_step(settings, plan.run_id)
 
@@ -566,7 +565,7 @@ def _is_staged(store: RunStore, plan: RunPlan, partition: int) -> bool:
     only after its staged files are in place, and they stay until the run commits)."""
     r = plan.range_for(partition)
     chunks, dead = staged_paths(store, plan.run_id, r)
-    return store.load_step(plan.run_id, Step.consume(r)) is not None and chunks.exists() and dead.exists()
+    return store.load_result(plan.run_id, Step.consume(r), ReadStats) is not None and chunks.exists() and dead.exists()
 
 
 def _require_plan(store: RunStore, run_id: str) -> RunPlan:

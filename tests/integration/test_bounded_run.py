@@ -156,8 +156,8 @@ def test_rerunning_the_same_plan_gives_identical_output(settings, spark):
     for partition in pipeline.partitions_to_read(plan):
         pipeline.consume_step(settings, "same", partition)
     again = pipeline.reassemble_step(settings, "same")
-    assert again["waveforms"] == {"output_already_written": len(sent)}
-    assert pipeline.validate_step(settings, "same")["rows"]["waveforms"] == 0, "no candidate: all were written"
+    assert again.waveforms == {"output_already_written": len(sent)}
+    assert pipeline.validate_step(settings, "same").rows.waveforms == 0, "no candidate: all were written"
     assert output_rows(spark, settings) == before
     repeat = pipeline.commit_step(settings, "same")
     assert repeat["balance_errors"] == []

@@ -80,7 +80,7 @@ def test_consume_killed_mid_range_then_retried(settings, spark):
     assert read["records"] == 48
     reassembled = pipeline.reassemble_step(settings, "kill-consume", validate=True)
     # the retry's digests, not the killed reader's leftovers: every waveform verified as it was read
-    assert reassembled["verified"] == {"while_read": 12, "from_one_staged_file": 0, "by_a_shuffle": 0}
+    assert reassembled.verified == {"while_read": 12, "from_one_staged_file": 0, "by_a_shuffle": 0}
     report = pipeline.commit_step(settings, "kill-consume")
     assert_accounted(spark, settings, report)
     _assert_output(spark, settings, expected)

@@ -16,6 +16,7 @@ from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.contracts.report import validation_trend
 from wavepipe.contracts.runfiles import RunStore, Step, html_path, json_path
+from wavepipe.contracts.steps import Reassembled
 from wavepipe.local.engine import LocalEngine
 from wavepipe.spark_apps.tables import delta_version
 
@@ -119,7 +120,7 @@ def test_a_staged_chunk_damaged_after_it_was_read_publishes_nothing_and_the_retr
     for p in pipeline.partitions_to_read(plan):
         pipeline.consume_step(settings, "damaged", p)
     pipeline.reassemble_step(settings, "damaged")
-    assert RunStore(settings).load_step("damaged", Step.REASSEMBLE)["verified"]["while_read"] == 4
+    assert RunStore(settings).load_result("damaged", Step.REASSEMBLE, Reassembled).verified["while_read"] == 4
 
     staged, _ = staged_paths(RunStore(settings), "damaged", plan.range_for(0))
     table = pq.read_table(staged).to_pylist()
@@ -154,7 +155,7 @@ def test_a_staged_chunk_damaged_after_it_was_read_publishes_nothing_and_the_retr
     assert killed.pid() is None
     pipeline.reassemble_step(own_engine, "damaged")
     assert killed.pid() is not None
-    assert pipeline.validate_step(settings, "damaged")["published"]
+    assert pipeline.validate_step(settings, "damaged").published
     report = pipeline.commit_step(settings, "damaged")
     assert_accounted(spark, settings, report)
     out = spark.read.format("delta").load(str(settings.output_table))

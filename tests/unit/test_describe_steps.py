@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.unit.test_report import CONSUMED, PLAN, _reassembled
+from tests.unit.test_report import CONSUMED, PLAN, _reassembled, validated
 from wavepipe import report_html
 from wavepipe.contracts.config import load_settings
 from wavepipe.contracts.report import build_report, describe_safely
@@ -100,7 +100,7 @@ def test_the_guard_records_exceptions_and_lets_interrupts_through():
 
 
 def test_validation_notes_reach_the_report_and_its_page():
-    validation = {"success": True, "suites": [], "rows": {}, "notes": ["the waveform plot failed: boom"]}
+    validation = validated(notes=["the waveform plot failed: boom"])
     report = build_report(PLAN, CONSUMED, _reassembled(dead_letter=1), {}, validation=validation)
     assert report["notes"] == ["the waveform plot failed: boom"]
     assert "<li>the waveform plot failed: boom</li>" in report_html.render(report, trend=[])
@@ -115,7 +115,7 @@ def test_a_failing_page_or_trend_becomes_a_note_with_a_plain_page(tmp_path, monk
         CONSUMED,
         _reassembled(dead_letter=1),
         {},
-        validation={"success": True, "suites": [], "rows": {}, "notes": ["plot failed: x"]},
+        validation=validated(notes=["plot failed: x"]),
     )
 
     def broken(*args, **kwargs):

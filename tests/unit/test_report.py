@@ -1,7 +1,10 @@
+import dataclasses
+
 from wavepipe.consumers.planner import record_cap
 from wavepipe.contracts.config import load_settings
 from wavepipe.contracts.plan import OffsetRange, RunPlan
 from wavepipe.contracts.report import build_report
+from wavepipe.contracts.steps import ReadStats, Reassembled, Validated, from_record
 
 PLAN = RunPlan("r1", "t", "g", "now", (OffsetRange("t", 0, 10, 20), OffsetRange("t", 1, 0, 5)))
 
@@ -22,12 +25,35 @@ def _reassembled(**p0):
     }
     part0.update(p0)
     part1 = dict(part0, output=5, pending=0, quarantined=0, dead_letter=0, safe_offset=5, quarantine_reasons={})
-    return {"partitions": {"0": part0, "1": part1}, "waveforms": {}, "timings": {}}
+    return reassembled({"0": part0, "1": part1})
+
+
+def reassembled(partitions: dict) -> Reassembled:
+    """A reassemble record as read back from its JSON (partitions keyed by their number as text)."""
+    record = {"run_id": "r1", "finished_at": "now", "partitions": partitions, "waveforms": {}, "timings": {}}
+    return from_record(Reassembled, record)
+
+
+def validated(**fields) -> Validated:
+    """A validate record of run r1 with ``fields``."""
+    record = {
+        "run_id": "r1",
+        "group": "g",
+        "topic": "t",
+        "checked_at": "now",
+        "suite_version": 1,
+        "success": True,
+        "suites": [],
+        "data_docs_index": None,
+        "rows": {"waveforms": 0, "waveform_bytes": 0, "staged_records": 0},
+        "thresholds": {},
+    }
+    return from_record(Validated, record | fields)
 
 
 CONSUMED = {
-    0: {"records": 10, "chunks": 9, "dead_letters": 1, "payload_bytes": 90, "seconds": 1.0},
-    1: {"records": 5, "chunks": 5, "dead_letters": 0, "payload_bytes": 50, "seconds": 1.0},
+    0: ReadStats("t", 0, 10, 20, records=10, chunks=9, dead_letters=1, payload_bytes=90, seconds=1.0),
+    1: ReadStats("t", 1, 0, 5, records=5, chunks=5, dead_letters=0, payload_bytes=50, seconds=1.0),
 }
 
 
@@ -44,7 +70,7 @@ def test_a_lost_record_is_reported():
 
 
 def test_gap_offsets_count_as_placed():
-    consumed = {**CONSUMED, 0: dict(CONSUMED[0], records=9, chunks=9, dead_letters=0)}
+    consumed = {**CONSUMED, 0: dataclasses.replace(CONSUMED[0], records=9, chunks=9, dead_letters=0)}
     report = build_report(PLAN, consumed, _reassembled(), {})
     assert report["partitions"]["0"]["gap"] == 1
     assert report["balance_errors"] == []
@@ -77,7 +103,7 @@ def test_window_runs_account_for_other_windows_records():
         ranges=(OffsetRange("t", 0, 5, 15),),
         window={"start": "a", "end": "b", "offsets": {"0": [5, 12]}},
     )
-    consumed = {0: {"records": 10, "chunks": 9, "payload_bytes": 900}}
+    consumed = {0: ReadStats("t", 0, 5, 15, records=10, chunks=9, payload_bytes=900)}
     part = {
         "start": 5,
         "end": 15,
@@ -96,7 +122,7 @@ def test_window_runs_account_for_other_windows_records():
         "other_window_bytes": 300,
         "other_window_chunks": 3,
     }
-    report = build_report(plan, consumed, {"partitions": {"0": part}, "waveforms": {}}, {})
+    report = build_report(plan, consumed, reassembled({"0": part}), {})
     assert report["balance_errors"] == [] and report["totals"]["other_window"] == 4
-    short = build_report(plan, consumed, {"partitions": {"0": {**part, "other_window": 3}}, "waveforms": {}}, {})
+    short = build_report(plan, consumed, reassembled({"0": {**part, "other_window": 3}}), {})
     assert any("other windows' 3" in e for e in short["balance_errors"]), short["balance_errors"]

@@ -4,7 +4,7 @@ import html
 import json
 from html.parser import HTMLParser
 
-from tests.unit.test_report import CONSUMED, PLAN, _reassembled
+from tests.unit.test_report import CONSUMED, PLAN, _reassembled, validated
 from wavepipe import report_html
 from wavepipe.contracts.report import build_report, failed_expectations
 
@@ -44,6 +44,9 @@ def parse_numbers(html: str) -> tuple[dict[str, str], dict[str, str]]:
 
 
 VALIDATION = {
+    "run_id": "r1",
+    "group": "g",
+    "topic": "t",
     "success": False,
     "suite_version": 1,
     "checked_at": "2026-11-22T00:00:00Z",
@@ -51,7 +54,7 @@ VALIDATION = {
     "published": False,
     "plot": None,
     "thresholds": {},
-    "rows": {"waveforms": 11, "staged_records": 15},
+    "rows": {"waveforms": 11, "waveform_bytes": 1100, "staged_records": 15},
     "timings": {"expectations_s": 1.5},
     "suites": [
         {
@@ -86,7 +89,11 @@ VALIDATION = {
 
 def _report(validation=VALIDATION, commit=None):
     report = build_report(
-        PLAN, CONSUMED, _reassembled(dead_letter=1), {"plan": 0.1, "reassemble": 9.5}, validation=validation
+        PLAN,
+        CONSUMED,
+        _reassembled(dead_letter=1),
+        {"plan": 0.1, "reassemble": 9.5},
+        validation=validated(**validation),
     )
     if commit:
         report["commit"] = commit
@@ -136,7 +143,7 @@ def test_a_failed_validation_names_the_expectation_on_the_page_and_in_the_messag
     assert "validation failed" in html and "expect_column_values_to_be_between" in html and "sample_rate" in html
     assert "file:///d/index.html" in html  # Data Docs linked
     assert '<td class="t">r0</td>' in html  # the trend
-    (line,) = failed_expectations(report["validation"])
+    (line,) = failed_expectations(report["validation"]["suites"])
     assert "sample_rate" in line and "2 rows" in line and "16000.0" in line
 
 

@@ -17,8 +17,22 @@ from typing import Any, TypeVar
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.plan import RunPlan, utc_now
 from wavepipe.contracts.runfiles import history_path
+from wavepipe.contracts.steps import PartitionAccount, ReadStats, Reassembled, Validated, to_record
 
 REPORT_VERSION = 1
+#: What the report keeps of the run's validation record.
+VALIDATION_IN_REPORT = (
+    "success",
+    "suite_version",
+    "checked_at",
+    "suites",
+    "rows",
+    "data_docs_index",
+    "published",
+    "plot",
+    "thresholds",
+    "notes",
+)
 #: Characters of a failure's reason kept in a note (its first line).
 NOTE_REASON_CHARS = 300
 
@@ -43,43 +57,23 @@ def describe_safely(notes: list[str], what: str, step: Callable[..., T], *args: 
         return None
 
 
-def empty_partition(start: int, end: int) -> dict[str, Any]:
-    return {
-        "output": 0,
-        "output_already_written": 0,
-        "pending": 0,
-        "quarantined": 0,
-        "dead_letter": 0,
-        "output_bytes": 0,
-        "pending_bytes": 0,
-        "quarantined_bytes": 0,
-        "dead_letter_bytes": 0,
-        # a window run: records of waveforms (chunks) and dead letters that are another window's
-        "other_window": 0,
-        "other_window_bytes": 0,
-        "other_window_chunks": 0,
-        "quarantine_reasons": {},
-        "safe_offset": end,
-    }
-
-
-def append_validation_history(settings: Settings, validation: dict) -> None:
+def append_validation_history(settings: Settings, validation: Validated) -> None:
     """One line per validation attempt: the trend of pass/fail and counts over runs."""
     entry = {
-        "run_id": validation["run_id"],
-        "group": validation.get("group"),
-        "topic": validation.get("topic"),
-        "checked_at": validation["checked_at"],
-        "success": validation["success"],
-        "suite_version": validation["suite_version"],
-        "waveforms": validation["rows"]["waveforms"],
-        "staged_records": validation["rows"]["staged_records"],
-        "evaluated": sum(s["evaluated"] for s in validation["suites"]),
-        "failed": sum(s["failed_count"] for s in validation["suites"]),
+        "run_id": validation.run_id,
+        "group": validation.group,
+        "topic": validation.topic,
+        "checked_at": validation.checked_at,
+        "success": validation.success,
+        "suite_version": validation.suite_version,
+        "waveforms": validation.rows.waveforms,
+        "staged_records": validation.rows.staged_records,
+        "evaluated": sum(s["evaluated"] for s in validation.suites),
+        "failed": sum(s["failed_count"] for s in validation.suites),
         "failed_expectations": sorted(
             {
                 f"{f['expectation']}:{f.get('column') or f.get('column_A') or ''}"
-                for s in validation["suites"]
+                for s in validation.suites
                 for f in s["failed"]
             }
         ),
@@ -107,10 +101,11 @@ def validation_trend(settings: Settings, last: int | None = None, group: str | N
     return entries[-(last or settings.report_trend_runs) :]
 
 
-def failed_expectations(validation: dict) -> list[str]:
-    """Each failed expectation, one line: what, on which column, how many rows, an example."""
+def failed_expectations(suites: list[dict[str, Any]]) -> list[str]:
+    """Each failed expectation of ``suites`` (a validation's), one line: what, on which column,
+    how many rows, an example."""
     lines = []
-    for suite in validation.get("suites", []):
+    for suite in suites:
         for f in suite["failed"]:
             where = (
                 f.get("column")
@@ -129,37 +124,36 @@ def failed_expectations(validation: dict) -> list[str]:
 
 def build_report(
     plan: RunPlan,
-    consumed: dict[int, dict],
-    reassembled: dict | None,
+    consumed: dict[int, ReadStats],
+    reassembled: Reassembled | None,
     timings: dict[str, float],
     *,
     skipped_reason: str | None = None,
-    validation: dict | None = None,
+    validation: Validated | None = None,
 ) -> dict[str, Any]:
-    """Merge what each step recorded into one report (commit fields are added by the commit)."""
-    parts_out = (reassembled or {}).get("partitions", {})
+    """Merge what each step recorded into one report (commit fields are added by the commit).
+    The report is the run's JSON document: its partitions are keyed by their number as text."""
     partitions = {}
     for r in plan.ranges:
-        read = consumed.get(r.partition, {})
-        acc = parts_out.get(str(r.partition)) or empty_partition(r.start, r.end)
-        records = read.get("records", 0)
+        read = consumed.get(r.partition) or ReadStats(r.topic, r.partition, r.start, r.end)
+        acc = (reassembled.partitions.get(r.partition) if reassembled else None) or PartitionAccount(safe_offset=r.end)
         partitions[str(r.partition)] = {
             "topic": r.topic,
             "start": r.start,
             "end": r.end,
             "offsets": r.size,
             "read": r.partition in consumed,
-            "records_read": records,
-            "chunks_read": read.get("chunks", 0),
-            "payload_bytes_read": read.get("payload_bytes", 0),
-            "gap": r.size - records if read else 0,
-            "read_seconds": read.get("seconds", 0.0),
+            "records_read": read.records,
+            "chunks_read": read.chunks,
+            "payload_bytes_read": read.payload_bytes,
+            "gap": r.size - read.records if r.partition in consumed else 0,
+            "read_seconds": read.seconds,
             # offsets before ``start`` the topic no longer retained, skipped on request: [from, to)
             "lost": plan.lost.get(r.partition),
             # records between the run's start and the partition's last stable offset when planned
             "lag_before": max(0, plan.latest[r.partition] - r.start) if r.partition in plan.latest else None,
             "lag_after": None,  # set by the commit: records after the committed offset then
-            **acc,
+            **to_record(acc),
         }
     totals: dict[str, int] = {}
     for part in partitions.values():
@@ -188,37 +182,23 @@ def build_report(
         "skipped": skipped_reason,
         "partitions": partitions,
         "totals": totals,
-        "waveforms": (reassembled or {}).get("waveforms", {}),
+        "waveforms": dict(reassembled.waveforms) if reassembled else {},
         # how the new waveforms were verified: hashed by their reader as it staged them, or by Spark
-        "verified": (reassembled or {}).get("verified", {}),
-        "output_table_version": (validation or {}).get("output_table_version"),
+        "verified": dict(reassembled.verified) if reassembled else {},
+        "output_table_version": validation.output_table_version if validation else None,
         "validation": None
         if validation is None
-        else {
-            k: validation.get(k)
-            for k in (
-                "success",
-                "suite_version",
-                "checked_at",
-                "suites",
-                "rows",
-                "data_docs_index",
-                "published",
-                "plot",
-                "thresholds",
-                "notes",
-            )
-        },
+        else {k: v for k, v in to_record(validation).items() if k in VALIDATION_IN_REPORT},
         # what could not be described (a plot, Data Docs, the page, the trend): never a failure
-        "notes": list((validation or {}).get("notes") or []),
+        "notes": list(validation.notes) if validation else [],
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
     }
     # Readers may run in parallel (one mapped task each): report their sum and their maximum.
     read_seconds = [part["read_seconds"] for part in partitions.values()]
     report["timings_s"]["consume_sum"] = round(sum(read_seconds), 3)
     report["timings_s"]["consume_max"] = round(max(read_seconds, default=0.0), 3)
-    report["timings_s"].update({f"spark_{k}": v for k, v in (reassembled or {}).get("timings", {}).items()})
-    report["timings_s"].update({f"validate_{k}": v for k, v in (validation or {}).get("timings", {}).items()})
+    report["timings_s"].update({f"spark_{k}": v for k, v in (reassembled.timings if reassembled else {}).items()})
+    report["timings_s"].update({f"validate_{k}": v for k, v in (validation.timings if validation else {}).items()})
     wall = sum(timings.get(k, 0.0) for k in ("plan", "reassemble", "validate")) + report["timings_s"]["consume_sum"]
     report["throughput_mb_s"] = round(totals["payload_bytes_read"] / 1e6 / wall, 2) if wall > 0 else None
     report["balance_errors"] = check_balance(report)

@@ -3,7 +3,7 @@
 Under ``<home>`` (the ``home`` setting):
 
 * ``runs/<run_id>/plan.json``: the frozen plan; ``runs/<run_id>/<step>.json``: each step's record
-  (``Step``), written atomically once the step is done; ``runs/<run_id>/.<name>.lock``: the OS
+  (``Step``; its type is in ``wavepipe.contracts.steps``), written atomically once the step is done; ``runs/<run_id>/.<name>.lock``: the OS
   locks that keep two processes out of one step.
 * ``staging/<run_id>/``: what the readers staged (``chunks/``, ``dead_letter/``, ``digests/``, one
   Parquet file per offset range) and the candidate tables (``candidate/``); removed after commit.
@@ -25,10 +25,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
 
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.plan import ActiveRunError, OffsetRange, RunPlan, safe_run_id, utc_now
+from wavepipe.contracts.steps import from_record, to_record
+
+T = TypeVar("T")
 
 
 class Step:
@@ -323,11 +328,32 @@ class RunStore:
             os.close(fd)  # releases the lock
 
     def save_step(self, run_id: str, step: str, data: dict[str, Any]) -> None:
+        """A record kept as JSON as it is (the step timings, the report)."""
         write_json_atomic(self.step_path(run_id, step), data)
 
     def load_step(self, run_id: str, step: str) -> dict[str, Any] | None:
         path = self.step_path(run_id, step)
         return read_json(path) if path.exists() else None
+
+    def save_result(self, run_id: str, step: str, result: Any) -> None:
+        """A step's typed result (``wavepipe.contracts.steps``), once the step is done."""
+        write_json_atomic(self.step_path(run_id, step), to_record(result))
+
+    def load_result(self, run_id: str, step: str, kind: type[T]) -> T | None:
+        """Step ``step``'s result as ``kind``; None before the step is done. A record that is not
+        one (written by another wavepipe, or edited) is refused, naming the step to run again."""
+        data = self.load_step(run_id, step)
+        if data is None:
+            return None
+        try:
+            return from_record(kind, data)
+        except ValidationError as exc:
+            problem = exc.errors()[0]
+            where = ".".join(map(str, problem["loc"])) or "the record"
+            raise RuntimeError(
+                f"run {run_id}: {self.step_path(run_id, step)} is not a {step} record this wavepipe reads "
+                f"({where}: {problem['msg']}); run the run's {step.split('-')[0]} step again"
+            ) from None
 
     def clear_step(self, run_id: str, step: str) -> None:
         """Forget a step's result (its inputs are about to change)."""

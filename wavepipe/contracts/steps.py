@@ -1,0 +1,136 @@
+"""What a run's steps record, typed: read by the steps after them and merged into the run's report.
+
+Each record is saved as ``runs/<run_id>/<step>.json`` (``RunStore.save_result``) once its step is
+done, and read back as the same type (``RunStore.load_result``): JSON's string keys become the
+partition numbers again, and a record that is not what this wavepipe writes is refused with the
+step to run again, never half read.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic import TypeAdapter
+
+T = TypeVar("T")
+
+
+@dataclass
+class ReadStats:
+    """The ``consume`` record of one offset range: what its reader read and staged."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    records: int = 0
+    chunks: int = 0
+    dead_letters: int = 0
+    payload_bytes: int = 0
+    first_offset: int | None = None
+    last_offset: int | None = None
+    #: Newest record timestamp read (ms): how far the partition's record time has moved.
+    max_timestamp_ms: int | None = None
+    seconds: float = 0.0
+
+    @property
+    def gap_offsets(self) -> int:
+        """Offsets in the range Kafka delivered no record for (transaction markers, aborted or
+        compacted records)."""
+        return (self.end - self.start) - self.records
+
+
+@dataclass(kw_only=True)
+class PartitionAccount:
+    """Where the records a reassembly read of one partition went, and the partition's safe offset:
+    the commit moves the group's offset there (before the first chunk of a pending waveform)."""
+
+    safe_offset: int
+    output: int = 0
+    output_already_written: int = 0
+    pending: int = 0
+    quarantined: int = 0
+    dead_letter: int = 0
+    output_bytes: int = 0
+    pending_bytes: int = 0
+    quarantined_bytes: int = 0
+    dead_letter_bytes: int = 0
+    #: a window run: records of waveforms (chunks) and dead letters that are another window's
+    other_window: int = 0
+    other_window_bytes: int = 0
+    other_window_chunks: int = 0
+    quarantine_reasons: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class WindowRows:
+    """What a window run's publish replaces beyond the rows whose first offset is in the window
+    (``spark_apps.reassemble.window_rows``): ids it keeps, and per table the ids it owns outside."""
+
+    keep: list[str]
+    extra: dict[str, list[str]]
+
+
+@dataclass(kw_only=True)
+class Reassembled:
+    """The ``reassemble`` record: the run's accounting and what its candidate tables hold."""
+
+    run_id: str
+    finished_at: str
+    partitions: dict[int, PartitionAccount]
+    #: waveforms by outcome: ``output_new``, ``output_already_written``, ``pending``,
+    #: ``quarantined:<reason>``, ...
+    waveforms: dict[str, int]
+    timings: dict[str, float]
+    #: rows each candidate table must hold (validation refuses tables that do not)
+    candidates: dict[str, int] = field(default_factory=dict)
+    #: how the new waveforms were verified: ``while_read``, ``from_one_staged_file``, ``by_a_shuffle``
+    verified: dict[str, int] = field(default_factory=dict)
+    window_rows: WindowRows | None = None
+
+
+@dataclass(kw_only=True)
+class ValidatedRows:
+    waveforms: int
+    waveform_bytes: int
+    staged_records: int
+
+
+@dataclass(kw_only=True)
+class Validated:
+    """The ``validate`` record: the suites' outcome and whether the output was published."""
+
+    run_id: str
+    group: str
+    topic: str
+    checked_at: str
+    suite_version: int
+    success: bool
+    #: per suite: its name, counts and failed expectations as Great Expectations described them
+    suites: list[dict[str, Any]]
+    data_docs_index: str | None
+    rows: ValidatedRows
+    thresholds: dict[str, Any]
+    plot: str | None = None
+    published: bool = False
+    output_table_version: int | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    #: what could not be described (the plot, Data Docs, the trend): never a failure
+    notes: list[str] = field(default_factory=list)
+
+
+@functools.cache
+def _adapter(kind: type) -> TypeAdapter:
+    return TypeAdapter(kind)
+
+
+def to_record(result: Any) -> dict[str, Any]:
+    """``result`` as the JSON object its step record holds."""
+    return _adapter(type(result)).dump_python(result, mode="json")
+
+
+def from_record(kind: type[T], data: Any) -> T:
+    """A step record read back as ``kind``; pydantic's ``ValidationError`` when it is not one."""
+    return _adapter(kind).validate_python(data)
