@@ -12,7 +12,7 @@ from wavepipe.consumers.committer import committed_run_id
 from wavepipe.consumers.kafka_admin import admin_client, committed_positions, list_offsets, partitions_of
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import UsageError, closest
-from wavepipe.contracts.plan import OffsetRange, RunPlan, RunRequest, as_utc, parse_datetime, run_request, utc_now
+from wavepipe.contracts.plan import OffsetRange, RunPlan, RunRequest, as_utc, parse_datetime, run_request
 from wavepipe.contracts.runfiles import RunStore
 from wavepipe.faults import failpoint
 
@@ -258,12 +258,11 @@ def plan_run(settings: Settings, run_id: str, **request: Unpack[RunRequest]) -> 
             )
         if gaps:
             log.warning("run %s: skipping offsets the topic no longer retains: %s", run_id, ", ".join(gaps))
-        plan = RunPlan(
-            run_id=run_id,
-            topic=topic,
-            group=group,
-            created_at=utc_now(),
-            ranges=tuple(ranges),
+        plan = RunPlan.new(
+            run_id,
+            topic,
+            group,
+            ranges,
             previous=previous,
             caps={"records_per_partition": cap},
             committed=committed,
@@ -381,17 +380,8 @@ def plan_window_run(
                 )
             offsets[str(p)] = [a, b]
             ranges.append(OffsetRange(topic, p, a, read_end))
-        plan = RunPlan(
-            run_id=run_id,
-            topic=topic,
-            group=lane,
-            created_at=utc_now(),
-            ranges=tuple(ranges),
-            caps={},
-            committed={},
-            latest={p: stable[p] for p in partitions},
-            window={"start": start.isoformat(), "end": end.isoformat(), "offsets": offsets, "notes": notes},
-        )
+        window = {"start": start.isoformat(), "end": end.isoformat(), "offsets": offsets, "notes": notes}
+        plan = RunPlan.new(run_id, topic, lane, ranges, latest={p: stable[p] for p in partitions}, window=window)
         for note in notes:
             log.warning("run %s: %s", run_id, note)
         store.save_plan(plan)

@@ -36,6 +36,11 @@ EVERY_15_MINUTES = DeltaDataIntervalTimetable(timedelta(minutes=15))
 START_DATE = datetime(2026, 1, 1)
 
 
+def _optional(kind: str, description: str, **schema: Any) -> Param:
+    """A param a run may leave empty (null: the run's default); else a value of JSON type ``kind``."""
+    return Param(None, type=["null", kind], description=description, **schema)
+
+
 def _pipeline(
     topic: str | None, group: str | None, settings: Mapping[str, Any] | None, *, kafka_conn_id: str, spark_conn_id: str
 ) -> dict[str, Any]:
@@ -115,33 +120,26 @@ def wavepipe_ingest_dag(
         tags=tags,
         default_args={"retries": retries, "retry_delay": timedelta(seconds=15)},
         params={
-            "max_records": Param(
-                None, type=["null", "integer"], minimum=1, description="Cap: records per partition in this run"
-            ),
-            "max_bytes": Param(
-                None, type=["null", "integer"], minimum=1, description="Cap: payload bytes per partition in this run"
-            ),
+            "max_records": _optional("integer", "Cap: records per partition in this run", minimum=1),
+            "max_bytes": _optional("integer", "Cap: payload bytes per partition in this run", minimum=1),
             "skip_lost_offsets": Param(
                 False,
                 type="boolean",
                 description="If the group is behind what the topic still retains, go on from the earliest retained offsets and record the lost range in the report (default: fail and name it)",
             ),
-            "window_start": Param(
-                None,
-                type=["null", "string"],
+            "window_start": _optional(
+                "string",
+                "Reprocess a time window instead of continuing from the group's offsets: its start (ISO-8601). The window's output is replaced and no offset is committed. Backfill runs use their data interval without this.",
                 format="date-time",
-                description="Reprocess a time window instead of continuing from the group's offsets: its start (ISO-8601). The window's output is replaced and no offset is committed. Backfill runs use their data interval without this.",
             ),
-            "window_end": Param(
-                None,
-                type=["null", "string"],
+            "window_end": _optional(
+                "string",
+                "End (exclusive) of the time window to reprocess; give it with window_start",
                 format="date-time",
-                description="End (exclusive) of the time window to reprocess; give it with window_start",
             ),
-            "new_group_start": Param(
-                None,
-                type=["null", "string"],
-                description="Only for a group with no committed offsets on the topic: where it starts (earliest, latest or an ISO-8601 instant). Without it (or the setting new_group_start) such a run is refused, so a mistyped group reads nothing",
+            "new_group_start": _optional(
+                "string",
+                "Only for a group with no committed offsets on the topic: where it starts (earliest, latest or an ISO-8601 instant). Without it (or the setting new_group_start) such a run is refused, so a mistyped group reads nothing",
             ),
         },
         **dag_kwargs,

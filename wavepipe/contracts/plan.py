@@ -9,6 +9,7 @@ group is refused until the first commits or is abandoned.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypedDict
@@ -66,6 +67,11 @@ class RunPlan:
     #: Per partition, a move of the group's offset by someone else since this home's last commit:
     #: ``{"from", "to", "by", "skipped": [a, b) | None, "reread": [a, b) | None}``.
     moved: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def new(cls, run_id: str, topic: str, group: str, ranges: Iterable[OffsetRange], **facts: Any) -> RunPlan:
+        """A plan made now (``created_at``), its ranges frozen; ``facts``: the other fields."""
+        return cls(run_id=run_id, topic=topic, group=group, created_at=utc_now(), ranges=tuple(ranges), **facts)
 
     @property
     def is_window(self) -> bool:

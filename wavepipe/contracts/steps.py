@@ -48,20 +48,24 @@ class PartitionAccount:
     the commit moves the group's offset there (before the first chunk of a pending waveform)."""
 
     safe_offset: int
+    #: Records (chunks) of waveforms in the output, and of those the ones an earlier run wrote.
     output: int = 0
     output_already_written: int = 0
-    pending: int = 0
-    quarantined: int = 0
-    dead_letter: int = 0
     output_bytes: int = 0
+    #: Records of waveforms still missing chunks: read again by the next run.
+    pending: int = 0
     pending_bytes: int = 0
+    #: Records of quarantined waveforms, counted by reason as well.
+    quarantined: int = 0
     quarantined_bytes: int = 0
+    quarantine_reasons: dict[str, int] = field(default_factory=dict)
+    #: Records that break the chunk protocol (the dead-letter table's rows).
+    dead_letter: int = 0
     dead_letter_bytes: int = 0
-    #: a window run: records of waveforms (chunks) and dead letters that are another window's
+    #: A window run: records of waveforms (chunks) and dead letters that are another window's.
     other_window: int = 0
     other_window_bytes: int = 0
     other_window_chunks: int = 0
-    quarantine_reasons: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(kw_only=True)
