@@ -20,7 +20,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
-import json
 import logging
 import os
 import threading
@@ -30,7 +29,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from wavepipe.contracts.config import Settings, redact_url
-from wavepipe.contracts.runfiles import write_json_atomic
+from wavepipe.contracts.runfiles import read_json_or, write_json_atomic
 from wavepipe.local.engine import CONNECT_TIMEOUT_S, DEFAULT_PORT, EngineUnavailableError, LocalEngine, accepts
 
 log = logging.getLogger("wavepipe.engine")
@@ -66,10 +65,9 @@ def remote_url(settings: Settings, restart: bool = True) -> tuple[str, str]:
     if settings.spark_remote:
         url = settings.spark_remote
         given = next((p.split("=", 1)[1] for p in url.split(";")[1:] if p.startswith("session_id=")), None)
-        try:  # renewed after the server closed the shared session (``_renew``)
-            session_id = given or json.loads(_remote_session_file(settings).read_text())[_url_key(url)]
-        except (OSError, ValueError, KeyError):
-            session_id = shared_session_id(f"{settings.home}|{_url_key(url)}")
+        # renewed after the server closed the shared session (``_renew``)
+        known = read_json_or(_remote_session_file(settings), {})
+        session_id = given or known.get(_url_key(url)) or shared_session_id(f"{settings.home}|{_url_key(url)}")
         return with_session_id(url, session_id), (
             f"check that the Spark Connect server {redact_url(settings.spark_remote)} is up and reachable (the "
             "spark_remote setting, or the Airflow Connection wavepipe_spark)"
@@ -85,10 +83,7 @@ def _renew(settings: Settings) -> None:
     if settings.spark_remote:
         path = _remote_session_file(settings)
         path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            known = json.loads(path.read_text())
-        except (OSError, ValueError):
-            known = {}
+        known = read_json_or(path, {})
         known[_url_key(settings.spark_remote)] = new
         write_json_atomic(path, known)
     else:

@@ -96,6 +96,15 @@ def read_json(path: Path) -> Any:
         return json.load(fh)
 
 
+def read_json_or(path: Path, default: Any) -> Any:
+    """``path``'s JSON, or ``default`` where there is none to read: no file, or one that is not
+    JSON (state a killed process left behind is as good as none)."""
+    try:
+        return read_json(path)
+    except (OSError, ValueError):
+        return default
+
+
 def staged_paths(store: RunStore, run_id: str, rng: OffsetRange):
     """The range's staged chunks and dead letters (``digest_path``: its in-order waveforms' hashes)."""
     base = store.staging_dir(run_id)
@@ -198,10 +207,7 @@ class RunStore:
             os.unlink(tmp)
 
     def _claim(self, group: str) -> dict[str, Any]:
-        try:
-            return read_json(self.active_path(group))
-        except (OSError, ValueError):
-            return {}
+        return read_json_or(self.active_path(group), {})
 
     def claim_is_orphaned(self, group: str) -> bool:
         """Whether the group's claim was made by a process on this host that no longer exists."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import json
 import logging
 import os
 import signal
@@ -26,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wavepipe.contracts.config import Settings
-from wavepipe.contracts.runfiles import write_json_atomic
+from wavepipe.contracts.runfiles import read_json_or, write_json_atomic
 from wavepipe.local import processes
 from wavepipe.local.jars import SetupError, require_tool
 
@@ -81,10 +80,7 @@ class LocalEngine:
         return self.folder / "server.log"
 
     def state(self) -> dict:
-        try:
-            return json.loads(self.state_file.read_text())
-        except (OSError, ValueError):
-            return {}
+        return read_json_or(self.state_file, {})
 
     def pid(self) -> int | None:
         """The server's pid if it is running."""

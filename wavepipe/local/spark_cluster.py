@@ -17,6 +17,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from wavepipe.contracts.runfiles import read_json_or
 from wavepipe.local import processes
 from wavepipe.local.jars import SetupError, require_tool
 from wavepipe.local.kafka import free_port, port_is_free
@@ -47,10 +48,7 @@ class LocalSparkCluster:
         return self.folder / "cluster.json"
 
     def _state(self) -> dict:
-        try:
-            return json.loads(self.state_file.read_text())
-        except (OSError, ValueError):
-            return {}
+        return read_json_or(self.state_file, {})
 
     def pids(self) -> list[int]:
         """The cluster's live daemon processes (master first)."""
