@@ -65,9 +65,8 @@ def remote_url(settings: Settings, restart: bool = True) -> tuple[str, str]:
     if settings.spark_remote:
         url = settings.spark_remote
         given = next((p.split("=", 1)[1] for p in url.split(";")[1:] if p.startswith("session_id=")), None)
-        # renewed after the server closed the shared session (``_renew``)
-        known = read_json_or(_remote_session_file(settings), {})
-        session_id = given or known.get(_url_key(url)) or shared_session_id(f"{settings.home}|{_url_key(url)}")
+        session_id = given or _renewed_sessions(settings).get(_url_key(url))
+        session_id = session_id or shared_session_id(f"{settings.home}|{_url_key(url)}")
         return with_session_id(url, session_id), (
             f"check that the Spark Connect server {redact_url(settings.spark_remote)} is up and reachable (the "
             "spark_remote setting, or the Airflow Connection wavepipe_spark)"
@@ -77,13 +76,19 @@ def remote_url(settings: Settings, restart: bool = True) -> tuple[str, str]:
     ), "start it with `wavepipe spark up` (its log is under <home>/spark-connect/)"
 
 
+def _renewed_sessions(settings: Settings) -> dict[str, str]:
+    """The session ids ``_renew`` chose, per remote server: none when the file is missing or damaged."""
+    known = read_json_or(_remote_session_file(settings), {})
+    return known if isinstance(known, dict) else {}
+
+
 def _renew(settings: Settings) -> None:
     """A new shared session id, after the server closed the old one (it never reopens an id)."""
     new = str(uuid.uuid4())
     if settings.spark_remote:
         path = _remote_session_file(settings)
         path.parent.mkdir(parents=True, exist_ok=True)
-        known = read_json_or(path, {})
+        known = _renewed_sessions(settings)
         known[_url_key(settings.spark_remote)] = new
         write_json_atomic(path, known)
     else:

@@ -210,3 +210,27 @@ def test_settings_made_directly_are_checked_too():
         Settings().model_copy().__setattr__("partitions", 5)  # frozen
     with pytest.raises(SettingsError, match=r"^d\['dead_letter_topic'\]: dead_letter_topic must not be the topic"):
         check_settings({"topic": "t", "dead_letter_topic": "t"}, "d")
+
+
+def test_a_dags_settings_are_held_only_to_the_rules_between_settings_they_give(monkeypatch, tmp_path):
+    """A DAG's settings are a part: its dead-letter topic is compared with a topic it gives, not
+    with the default one (the whole set is checked again when a task loads it)."""
+    from wavepipe.contracts.config import check_settings
+
+    assert check_settings({"dead_letter_topic": "waveforms"}, "d") == {"dead_letter_topic": "waveforms"}
+    assert check_settings({"validate_sample_rate_max": 0.0005}, "d") == {"validate_sample_rate_max": 0.0005}
+    with pytest.raises(SettingsError, match=r"validate_sample_rate_min .* is above"):
+        check_settings({"validate_sample_rate_min": 10, "validate_sample_rate_max": 1}, "d")
+    with pytest.raises(SettingsError, match="dead_letter_topic must not be the topic"):
+        load_settings(dead_letter_topic="waveforms", topic="waveforms")
+
+
+def test_an_instant_written_as_a_toml_date_time_is_read_as_one(monkeypatch, tmp_path):
+    for var in [v for v in os.environ if v.startswith("WAVEPIPE_")]:
+        monkeypatch.delenv(var)
+    toml = tmp_path / "wavepipe.toml"
+    toml.write_text("[wavepipe]\nnew_group_start = 2026-01-01T00:00:00Z\nvalidate_start_time_min = 1990-01-01\n")
+    monkeypatch.setenv("WAVEPIPE_CONFIG", str(toml))
+    settings = load_settings()
+    assert settings.new_group_start == "2026-01-01T00:00:00+00:00"
+    assert settings.validate_start_time_min == "1990-01-01"

@@ -62,3 +62,23 @@ def test_a_record_that_is_not_one_is_refused_naming_the_step(tmp_path, change, w
         match=rf"reassemble.json is not a reassemble record .*\({where}.*run the run's reassemble step again",
     ):
         store.load_result("r1", Step.REASSEMBLE, Reassembled)
+
+
+def test_a_nan_example_stays_a_nan_and_a_record_cut_short_is_refused(tmp_path):
+    import math
+
+    from tests.unit.test_report import validated
+    from wavepipe.contracts.steps import Validated
+
+    store = RunStore(load_settings(home=tmp_path))
+    failed = {"expectation": "expect_column_values_to_be_between", "column": "sample_rate"}
+    result = validated(suites=[{"suite": "s", "failed": [failed | {"examples": [math.nan, math.inf]}]}])
+    store.save_result("r1", Step.VALIDATE, result)
+    [examples] = [f["examples"] for s in store.load_result("r1", Step.VALIDATE, Validated).suites for f in s["failed"]]
+    assert math.isnan(examples[0]) and examples[1] == math.inf, "not None: the page shows what failed"
+    path = store.step_path("r1", Step.VALIDATE)
+    path.write_text(path.read_text()[:40])
+    with pytest.raises(
+        RuntimeError, match=r"validate.json is not a validate record .*not JSON.*run the run's validate step"
+    ):
+        store.load_result("r1", Step.VALIDATE, Validated)

@@ -18,11 +18,20 @@ import re
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from wavepipe.contracts.errors import UsageError, did_you_mean
@@ -176,6 +185,11 @@ def _table(value: Any) -> Any:
     return value
 
 
+def _instant_text(value: Any) -> Any:
+    """A TOML date-time written without quotes (``2026-01-01T00:00:00Z``) as the text it stands for."""
+    return value.isoformat() if isinstance(value, (datetime, date)) else value
+
+
 #: The kinds of values settings take.
 Count = Annotated[int, BeforeValidator(_not_a_bool)]
 Number = Annotated[float, BeforeValidator(_not_a_bool), Field(allow_inf_nan=False)]
@@ -212,7 +226,7 @@ class Settings(BaseModel):
 
     #: Folder for all local state. Default: ``.wavepipe`` in a source checkout (git-ignored), else
     #: ``~/.local/share/wavepipe`` (``default_home``).
-    home: HomePath = Field(default_factory=default_home)
+    home: HomePath = Field(default_factory=default_home, validate_default=True)
     #: Kafka bootstrap servers. The local broker started by ``wavepipe kafka up`` listens here.
     bootstrap_servers: Annotated[str, _check(_servers), Rule("must be host:port[,host:port...]")] = "127.0.0.1:9092"
     #: Extra librdkafka properties for every client (TLS, SASL, ...), as a JSON object or table.
@@ -238,7 +252,10 @@ class Settings(BaseModel):
     #: the groups that do have offsets there, so a typo'd group never reads the whole topic. Also
     #: ``wavepipe run --new-group-start`` and the DAG param ``new_group_start``.
     new_group_start: Annotated[
-        str, _check(_valid_start), Rule("must be earliest, latest, an ISO-8601 instant, or empty (refuse)")
+        str,
+        BeforeValidator(_instant_text),
+        _check(_valid_start),
+        Rule("must be earliest, latest, an ISO-8601 instant, or empty (refuse)"),
     ] = ""
     #: Caps on the records new to a run, per partition. 0 means no cap. ``max_bytes_per_partition``
     #: is converted to a record cap at ``chunk_size`` bytes per record. When a waveform longer
@@ -333,7 +350,10 @@ class Settings(BaseModel):
     #: Start-time bounds: not before this ISO-8601 UTC instant, and not more than this many seconds
     #: after the moment of validation (clock skew of the producers).
     validate_start_time_min: Annotated[
-        str, _check(_valid_instant), Rule("must be an ISO-8601 instant, e.g. 1900-01-01T00:00:00Z")
+        str,
+        BeforeValidator(_instant_text),
+        _check(_valid_instant),
+        Rule("must be an ISO-8601 instant, e.g. 1900-01-01T00:00:00Z"),
     ] = "1900-01-01T00:00:00Z"
     validate_start_time_max_ahead_s: Annotated[Number, Field(ge=0), Rule("must be 0 or more seconds")] = 86_400.0
     #: |duration_s - n_samples / sample_rate| allowed, in seconds.
@@ -347,8 +367,17 @@ class Settings(BaseModel):
     airflow_port: Annotated[Count, Field(ge=1, le=65535), Rule("must be a TCP port, 1-65535")] = 8080
 
     @model_validator(mode="after")
-    def _rules_between_settings(self) -> Settings:
-        if self.validate_sample_rate_min > self.validate_sample_rate_max:
+    def _rules_between_settings(self, info: ValidationInfo) -> Settings:
+        # a part of the settings (``check_settings``: a DAG's) is held only to the rules between
+        # settings it gives; the rest is checked with the whole set (``load_settings``)
+        given = (info.context or {}).get("given")
+
+        def applies(*names: str) -> bool:
+            return given is None or set(names) <= given
+
+        if applies("validate_sample_rate_min", "validate_sample_rate_max") and (
+            self.validate_sample_rate_min > self.validate_sample_rate_max
+        ):
             raise PydanticCustomError(
                 "rule_between_settings",
                 "validate_sample_rate_min ({low}) is above validate_sample_rate_max ({high})",
@@ -358,7 +387,7 @@ class Settings(BaseModel):
                     "high": f"{self.validate_sample_rate_max:g}",
                 },
             )
-        if self.dead_letter_topic and self.dead_letter_topic == self.topic:
+        if applies("dead_letter_topic", "topic") and self.dead_letter_topic and self.dead_letter_topic == self.topic:
             raise PydanticCustomError(
                 "rule_between_settings",
                 "dead_letter_topic must not be the topic it collects dead letters of",
@@ -482,10 +511,11 @@ def _refusal(error: Mapping[str, Any], sources: Mapping[str, str]) -> str:
     return f"{where}{name} {words}, got {_shown(name, error['input'])}"
 
 
-def _build(values: Mapping[str, Any], sources: Mapping[str, str]) -> Settings:
-    """``Settings`` from ``values``; a refusal lists every bad value, each naming its source."""
+def _build(values: Mapping[str, Any], sources: Mapping[str, str], *, part: bool = False) -> Settings:
+    """``Settings`` from ``values``; a refusal lists every bad value, each naming its source.
+    ``part``: ``values`` are a part of the settings (the rest to come from elsewhere)."""
     try:
-        return Settings.model_validate(values)
+        return Settings.model_validate(values, context={"given": set(values)} if part else None)
     except ValidationError as exc:
         raise SettingsError("\n".join(_refusal(e, sources) for e in exc.errors())) from None
 
@@ -497,7 +527,7 @@ def check_settings(values: Mapping[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(values, Mapping):
         raise SettingsError(f"{where} must be a mapping of wavepipe settings, got {type(values).__name__}")
     given = {k: v for k, v in values.items() if v is not None}
-    settings = _build(given, {k: f"{where}[{k!r}]" for k in given})
+    settings = _build(given, {k: f"{where}[{k!r}]" for k in given}, part=True)
     return {k: getattr(settings, k) for k in given}
 
 

@@ -3,7 +3,8 @@
 Under ``<home>`` (the ``home`` setting):
 
 * ``runs/<run_id>/plan.json``: the frozen plan; ``runs/<run_id>/<step>.json``: each step's record
-  (``Step``; its type is in ``wavepipe.contracts.steps``), written atomically once the step is done; ``runs/<run_id>/.<name>.lock``: the OS
+  (``Step``; the consume, reassemble and validate records are typed in ``wavepipe.contracts.steps``),
+  written atomically once the step is done; ``runs/<run_id>/.<name>.lock``: the OS
   locks that keep two processes out of one step.
 * ``staging/<run_id>/``: what the readers staged (``chunks/``, ``dead_letter/``, ``digests/``, one
   Parquet file per offset range) and the candidate tables (``candidate/``); removed after commit.
@@ -348,17 +349,20 @@ class RunStore:
     def load_result(self, run_id: str, step: str, kind: type[T]) -> T | None:
         """Step ``step``'s result as ``kind``; None before the step is done. A record that is not
         one (written by another wavepipe, or edited) is refused, naming the step to run again."""
-        data = self.load_step(run_id, step)
-        if data is None:
+        path = self.step_path(run_id, step)
+        if not path.exists():
             return None
         try:
-            return from_record(kind, data)
-        except ValidationError as exc:
-            problem = exc.errors()[0]
-            where = ".".join(map(str, problem["loc"])) or "the record"
+            return from_record(kind, read_json(path))
+        except ValueError as exc:  # not JSON, or pydantic's ValidationError
+            if isinstance(exc, ValidationError):
+                problem = exc.errors()[0]
+                why = f"{'.'.join(map(str, problem['loc'])) or 'the record'}: {problem['msg']}"
+            else:
+                why = f"not JSON: {exc}"
             raise RuntimeError(
-                f"run {run_id}: {self.step_path(run_id, step)} is not a {step} record this wavepipe reads "
-                f"({where}: {problem['msg']}); run the run's {step.split('-')[0]} step again"
+                f"run {run_id}: {path} is not a {step} record this wavepipe reads ({why}); "
+                f"run the run's {step.split('-')[0]} step again"
             ) from None
 
     def clear_step(self, run_id: str, step: str) -> None:

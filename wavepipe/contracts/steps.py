@@ -131,8 +131,9 @@ def _adapter(kind: type) -> TypeAdapter:
 
 
 def to_record(result: Any) -> dict[str, Any]:
-    """``result`` as the JSON object its step record holds."""
-    return _adapter(type(result)).dump_python(result, mode="json")
+    """``result`` as the JSON object its step record holds: plain dicts, lists and numbers (a NaN
+    stays a NaN, as ``json`` writes it: a failed expectation's example may be one)."""
+    return _adapter(type(result)).dump_python(result)
 
 
 def from_record(kind: type[T], data: Any) -> T:
