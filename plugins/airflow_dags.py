@@ -16,9 +16,20 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from airflow.sdk import DAG, DeltaDataIntervalTimetable, Param, TriggerRule
+from airflow.sdk import (
+    DAG,
+    Asset,
+    AssetAlias,
+    AssetOrTimeSchedule,
+    AssetWatcher,
+    DeltaDataIntervalTimetable,
+    Param,
+    TriggerRule,
+)
+from airflow.sdk.bases.timetable import BaseTimetable
 
-from wavepipe.contracts.config import check_settings
+from wavepipe.consumers.lag import Thresholds
+from wavepipe.contracts.config import check_settings, load_settings
 from wavepipe.plugins.hooks import SPARK_CONN_ID, WavepipeHook
 from wavepipe.plugins.operators import (
     CommitOperator,
@@ -29,6 +40,7 @@ from wavepipe.plugins.operators import (
     plain_settings,
 )
 from wavepipe.plugins.rewind import RewindOperator
+from wavepipe.plugins.triggers import GroupLagTrigger
 
 #: The ingest DAG's default schedule: every 15 minutes, with data intervals (Airflow 3's plain
 #: timedelta schedule has none), so a backfill run has a window to reprocess.
@@ -42,16 +54,62 @@ def _optional(kind: str, description: str, **schema: Any) -> Param:
 
 
 def _pipeline(
-    topic: str | None, group: str | None, settings: Mapping[str, Any] | None, *, kafka_conn_id: str, spark_conn_id: str
+    named: Mapping[str, Any], settings: Mapping[str, Any] | None, *, kafka_conn_id: str, spark_conn_id: str
 ) -> dict[str, Any]:
-    """The operators' common arguments, after checking what the DAG file gave."""
-    named = {k: v for k, v in (("topic", topic), ("group", group)) if v is not None}
+    """The operators' common arguments, after checking what the DAG file gave: ``named``, the
+    settings given as the factory's own arguments (topic, group: the params' defaults; the
+    watch thresholds: added to the settings), and ``settings``."""
+    named = {k: v for k, v in named.items() if v is not None}
     check_settings(named, "the factory's arguments")
     overrides = plain_settings(settings, "the DAG's settings")
     clash = sorted(set(named) & set(overrides))
     if clash:
         raise ValueError(f"give {', '.join(clash)} as the factory's argument or in settings, not both")
-    return {"settings_overrides": overrides, "wavepipe_conn_id": kafka_conn_id, "spark_conn_id": spark_conn_id}
+    extra = {k: v for k, v in named.items() if k not in ("topic", "group")}
+    return {
+        "settings_overrides": {**overrides, **extra},
+        "wavepipe_conn_id": kafka_conn_id,
+        "spark_conn_id": spark_conn_id,
+    }
+
+
+def _on_lag(
+    dag_id: str, schedule: Any, topic: str | None, group: str | None, common: Mapping[str, Any]
+) -> tuple[Any, Asset | None]:
+    """``schedule`` and no asset, or when the DAG's settings (the factory's, over the config file
+    and ``WAVEPIPE_*`` as the DAG processor sees them) set a ``watch_*`` threshold: the schedule
+    or an asset whose watcher (``GroupLagTrigger``, in the triggerer) fires when the group's lag
+    reaches it, and that asset."""
+    resolved = load_settings(**common["settings_overrides"])
+    thresholds = Thresholds.of(resolved)
+    if not thresholds.on:
+        return schedule, None
+    topic, group = topic or resolved.topic, group or resolved.group
+    trigger = GroupLagTrigger(
+        topic=topic,
+        group=group,
+        records=thresholds.records,
+        bytes=thresholds.bytes,
+        max_delay_s=thresholds.max_delay_s,
+        poll_s=resolved.watch_poll_s,
+        new_group_start=resolved.new_group_start,
+        settings_overrides=common["settings_overrides"],
+        wavepipe_conn_id=common["wavepipe_conn_id"],
+    )
+    asset = Asset(
+        name=f"{dag_id}__lag",
+        uri=f"x-wavepipe://lag/{dag_id}",
+        extra={"topic": topic, "group": group, "fires_on": thresholds.describe()},
+        watchers=[AssetWatcher(name=f"{dag_id}__lag", trigger=trigger)],
+    )
+    if schedule is None:
+        return [asset], asset
+    if not isinstance(schedule, BaseTimetable):
+        raise ValueError(
+            f"{dag_id}: a DAG that runs on its group's lag (watch_* settings) keeps its schedule as a "
+            f"timetable (e.g. DeltaDataIntervalTimetable(timedelta(minutes=15))) or None, got {schedule!r}"
+        )
+    return AssetOrTimeSchedule(timetable=schedule, assets=[asset]), asset
 
 
 def _dag(
@@ -98,6 +156,10 @@ def wavepipe_ingest_dag(
     start_date: datetime = START_DATE,
     retries: int = 2,
     tags: list[str] | None = None,
+    watch_records: int | None = None,
+    watch_bytes: int | None = None,
+    watch_max_delay_s: float | None = None,
+    watch_poll_s: float | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
     """The ingest DAG: plan -> consume (one mapped task per partition group) -> reassemble ->
@@ -108,8 +170,22 @@ def wavepipe_ingest_dag(
     pipeline's tasks, over the config file and ``WAVEPIPE_*`` (e.g. its own ``home``, so its runs
     and tables are its own). ``kafka_conn_id``/``spark_conn_id``: its Airflow Connections.
     ``schedule``: a timetable with data intervals keeps backfills possible; None: manual only.
-    Other keyword arguments go to ``DAG``."""
-    common = _pipeline(topic, group, settings, kafka_conn_id=kafka_conn_id, spark_conn_id=spark_conn_id)
+    ``watch_records``/``watch_bytes``/``watch_max_delay_s``/``watch_poll_s`` (the settings of
+    those names, which may also come from ``settings``, the config file or ``WAVEPIPE_*``): also
+    run as soon as the group's lag reaches one, besides ``schedule`` (event-driven runs,
+    docs/operations.md). Other keyword arguments go to ``DAG``."""
+    named = {
+        "topic": topic,
+        "group": group,
+        "watch_records": watch_records,
+        "watch_bytes": watch_bytes,
+        "watch_max_delay_s": watch_max_delay_s,
+        "watch_poll_s": watch_poll_s,
+    }
+    common = _pipeline(named, settings, kafka_conn_id=kafka_conn_id, spark_conn_id=spark_conn_id)
+    schedule, lag_asset = _on_lag(dag_id, schedule, topic, group, common)
+    # a run that leaves records it did not plan queues its follow-up through this alias
+    follow_up = {"follow_up": lag_asset, "outlets": [AssetAlias(f"{dag_id}__follow_up")]} if lag_asset else {}
     with _dag(
         dag_id,
         topic,
@@ -152,7 +228,7 @@ def wavepipe_ingest_dag(
         ).expand(partitions=plan.output)
         reassemble = ReassembleOperator(task_id="reassemble", trigger_rule=TriggerRule.NONE_FAILED, **common)
         validate = ValidateOperator(task_id="validate", trigger_rule=TriggerRule.NONE_FAILED, **common)
-        commit = CommitOperator(task_id="commit", trigger_rule=TriggerRule.NONE_FAILED, **common)
+        commit = CommitOperator(task_id="commit", trigger_rule=TriggerRule.NONE_FAILED, **follow_up, **common)
         plan >> consume >> reassemble >> validate >> commit
     return dag
 
@@ -172,7 +248,9 @@ def wavepipe_rewind_dag(
     """The rewind DAG: manual only, a dry run unless ``execute`` (with a reason); every applied
     or refused rewind is audited. Arguments as for ``wavepipe_ingest_dag``: give a pipeline's
     rewind DAG the same ``topic``, ``group`` and ``settings`` as its ingest DAG."""
-    common = _pipeline(topic, group, settings, kafka_conn_id=kafka_conn_id, spark_conn_id=spark_conn_id)
+    common = _pipeline(
+        {"topic": topic, "group": group}, settings, kafka_conn_id=kafka_conn_id, spark_conn_id=spark_conn_id
+    )
     with _dag(
         dag_id,
         topic,

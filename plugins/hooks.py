@@ -129,18 +129,22 @@ class WavepipeHook(BaseHook):
             log.info("no Airflow connection %r (%s)", conn_id, type(exc).__name__)
             return None
 
-    def get_settings(self, **overrides) -> Settings:
+    def kafka_settings(self, **overrides) -> Settings:
+        """The settings with Kafka from the Connection (the Spark part as configured)."""
         settings = load_settings(**overrides)
         conn = self._connection(self.wavepipe_conn_id)
         if conn is None:
             log.info("Kafka from wavepipe config: %s", settings.bootstrap_servers)
-        else:
-            config = kafka_client_config(self.wavepipe_conn_id, conn)
-            servers = config.pop("bootstrap.servers")
-            log.info("Kafka from Airflow connection %r: %s", self.wavepipe_conn_id, servers)
-            settings = settings.replace(
-                bootstrap_servers=servers, kafka_client_config={**settings.kafka_client_config, **config}
-            )
+            return settings
+        config = kafka_client_config(self.wavepipe_conn_id, conn)
+        servers = config.pop("bootstrap.servers")
+        log.info("Kafka from Airflow connection %r: %s", self.wavepipe_conn_id, servers)
+        return settings.replace(
+            bootstrap_servers=servers, kafka_client_config={**settings.kafka_client_config, **config}
+        )
+
+    def get_settings(self, **overrides) -> Settings:
+        settings = self.kafka_settings(**overrides)
         conn = self._connection(self.spark_conn_id)
         if conn is None:
             log.info(

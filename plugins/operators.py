@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
 
 from wavepipe import pipeline
@@ -280,10 +280,24 @@ class ValidateOperator(WavepipeOperator):
 
 
 class CommitOperator(WavepipeOperator):
-    """Commit the safe offsets once the output is validated and published, and write the run report."""
+    """Commit the safe offsets once the output is validated and published, and write the run report.
+
+    ``follow_up``: the asset an event-driven DAG runs on (its outlets then hold an ``AssetAlias``):
+    when records arrived after the run's planned ends (a cap, or data newer than the plan), an
+    event for it queues one follow-up run, while this run still holds the DAG's one active slot
+    (a watcher's event for the same data joins the same queued run)."""
+
+    def __init__(self, *, follow_up: Asset | None = None, **kwargs):
+        super().__init__(**kwargs)
+        self.follow_up = follow_up
 
     def execute(self, context) -> str:
         report = pipeline.commit_step(self.settings(), context["run_id"])
+        unplanned = 0 if report.get("window") else pipeline.unplanned_records(report)
+        if self.follow_up is not None and unplanned:
+            (alias,) = (o for o in self.outlets if isinstance(o, AssetAlias))
+            context["outlet_events"][alias].add(self.follow_up, extra={"unplanned_records": unplanned})
+            self.log.info("%d records arrived after this run's plan: a follow-up run is queued", unplanned)
         self.log.info("run report: file://%s (JSON twin: %s)", report["report_html"], report["report_path"])
         self.log.info("totals: %s", report["totals"])
         return report["report_html"]

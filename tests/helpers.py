@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
+import sys
+import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import numpy as np
 from confluent_kafka import Producer
 
 from wavepipe.contracts.config import Settings, load_settings
 from wavepipe.contracts.protocol import checksum, split_waveform
+from wavepipe.local import airflow as local
+from wavepipe.spark import settings_env
 
 START = datetime(2026, 11, 2, 8, 30, tzinfo=UTC)
 
@@ -243,3 +251,38 @@ def make_settings(home: Path, kafka, engine, **changes) -> Settings:
         spark_remote=engine.url(),
         **changes,
     )
+
+
+# --- the local Airflow services, as a user drives them -------------------------------------------
+
+
+def airflow_cli(settings, action: str, timeout: float = 400) -> tuple[int, str, float]:
+    """``wavepipe airflow <action>`` as a user runs it: (exit code, output, seconds)."""
+    began = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-m", "wavepipe.cli", "airflow", action],
+        env={**os.environ, **settings_env(settings)},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    return result.returncode, result.stdout + result.stderr, time.monotonic() - began
+
+
+def progress(message: str) -> None:
+    print(message, file=sys.__stderr__, flush=True)
+
+
+@contextlib.contextmanager
+def airflow_api(settings: Settings):
+    """An httpx client for the REST API, logged in as the admin with a JWT from ``POST /auth/token``."""
+    base = local.airflow_url(settings)
+    response = httpx.post(
+        f"{base}/auth/token", json={"username": local.ADMIN_USER, "password": local.admin_password(settings)}
+    )
+    assert response.status_code == 201, response.text
+    with httpx.Client(
+        base_url=base, timeout=30, headers={"Authorization": f"Bearer {response.json()['access_token']}"}
+    ) as client:
+        yield client

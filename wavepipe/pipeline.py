@@ -468,7 +468,9 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
 
 
 def _lag_after(settings: Settings, plan: RunPlan, report: dict) -> None:
-    """Per partition, the records after the committed offset at commit time (None if unknown)."""
+    """Per partition, the records after the committed offset at commit time, and of those the
+    ones after the run's planned end (``unplanned``: a cap, or data that came after the plan);
+    None if unknown."""
     from confluent_kafka.admin import OffsetSpec
 
     from wavepipe.consumers.kafka_admin import list_offsets
@@ -478,9 +480,16 @@ def _lag_after(settings: Settings, plan: RunPlan, report: dict) -> None:
     except Exception as exc:
         log.warning("run %s: could not read the end offsets for the lag after the commit: %s", plan.run_id, exc)
         latest = {}
+    ends = {str(r.partition): r.end for r in plan.ranges}
     for p, part in report["partitions"].items():
         after = report["commit"].get(p, {}).get("after")
         part["lag_after"] = latest[int(p)] - after if int(p) in latest and after is not None else None
+        part["unplanned"] = max(0, latest[int(p)] - ends[p]) if int(p) in latest and p in ends else None
+
+
+def unplanned_records(report: dict) -> int:
+    """Records on the topic after the run's planned ends when it committed (0 if unknown)."""
+    return sum(part.get("unplanned") or 0 for part in report.get("partitions", {}).values())
 
 
 def run_once(settings: Settings, *, run_id: str | None = None, **request: Unpack[RunRequest]) -> dict:

@@ -17,12 +17,21 @@ import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
-import httpx
 import psutil
 import pytest
 from confluent_kafka.admin import OffsetSpec
 
-from tests.helpers import make_settings, output_rows, produce_two_windows, quarter_hour_ago, rows_by_id, run_cli
+from tests.helpers import (
+    airflow_api,
+    airflow_cli,
+    make_settings,
+    output_rows,
+    produce_two_windows,
+    progress,
+    quarter_hour_ago,
+    rows_by_id,
+    run_cli,
+)
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets, partitions_of
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.contracts.plan import safe_run_id
@@ -48,20 +57,6 @@ CHROMIUM_ARGS = [
 ]
 
 
-def _cli(settings, action: str, timeout: float = 400) -> tuple[int, str, float]:
-    """``wavepipe airflow <action>`` as a user runs it: (exit code, output, seconds)."""
-    began = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "wavepipe.cli", "airflow", action],
-        env={**os.environ, **settings_env(settings)},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    return result.returncode, result.stdout + result.stderr, time.monotonic() - began
-
-
 def _processes_of(settings, sessions: set[int] = frozenset()) -> dict[int, str]:
     """Live processes (not zombies) of this Airflow: those in the sessions that ``up`` started
     (one per service: its workers and task supervisors stay in it), and any other process whose
@@ -77,40 +72,27 @@ def _processes_of(settings, sessions: set[int] = frozenset()) -> dict[int, str]:
     return found
 
 
-def _progress(message: str) -> None:
-    print(message, file=sys.__stderr__, flush=True)
-
-
 @pytest.fixture(scope="module")
 def airflow(kafka, engine, tmp_path_factory):
     """``wavepipe airflow up`` on a free port; ``down`` afterwards, whatever happened."""
     settings = make_settings(tmp_path_factory.mktemp("airflow-ui") / "home", kafka, engine, airflow_port=free_port())
     sessions: set[int] = set()
     try:
-        code, out, seconds = _cli(settings, "up")
-        _progress(f"\n`wavepipe airflow up`: exit {code} after {seconds:.1f}s\n{out}")
+        code, out, seconds = airflow_cli(settings, "up")
+        progress(f"\n`wavepipe airflow up`: exit {code} after {seconds:.1f}s\n{out}")
         assert code == 0, out[-5000:]
         sessions.update(pid for pid in local.running(settings).values() if pid)
         yield settings, out, seconds, sessions
     finally:
-        code, out, _ = _cli(settings, "down", timeout=120)
-        _progress(f"`wavepipe airflow down` (teardown): {out.strip()}")
+        code, out, _ = airflow_cli(settings, "down", timeout=120)
+        progress(f"`wavepipe airflow down` (teardown): {out.strip()}")
         left = _processes_of(settings, sessions)
         assert code == 0 and not left, f"left running after down: {left}\n{out}"
 
 
 @pytest.fixture(scope="module")
 def api(airflow):
-    """An httpx client for the REST API, logged in as the admin with a JWT from ``POST /auth/token``."""
-    settings, *_ = airflow
-    base = local.airflow_url(settings)
-    response = httpx.post(
-        f"{base}/auth/token", json={"username": local.ADMIN_USER, "password": local.admin_password(settings)}
-    )
-    assert response.status_code == 201, response.text
-    with httpx.Client(
-        base_url=base, timeout=30, headers={"Authorization": f"Bearer {response.json()['access_token']}"}
-    ) as client:
+    with airflow_api(airflow[0]) as client:
         yield client
 
 
@@ -123,9 +105,9 @@ def test_up_reports_the_login_and_is_idempotent(airflow):
     assert json.loads(local.passwords_file(settings).read_text()) == {local.ADMIN_USER: password}
     assert oct(local.passwords_file(settings).stat().st_mode & 0o777) == "0o600"
 
-    code, again, _ = _cli(settings, "up")
+    code, again, _ = airflow_cli(settings, "up")
     assert code == 0 and "already running" in again, again
-    code, status, _ = _cli(settings, "status")
+    code, status, _ = airflow_cli(settings, "status")
     assert code == 0 and status.count("running, pid") == 4 and "healthy" in status, status
 
     # low parallelism: one API server process (no forked workers), at most 2 executor slots
@@ -247,7 +229,7 @@ def test_a_run_triggered_through_the_rest_api_ingests_and_commits(airflow, api, 
             break
         if elapsed - last_print >= 15:
             tis = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
-            _progress(
+            progress(
                 f"  {elapsed:5.0f}s run {run_id}: {state}; "
                 + ", ".join(
                     f"{t['task_id']}{'' if t['map_index'] < 0 else '[' + str(t['map_index']) + ']'}={t['state']}"
@@ -260,7 +242,7 @@ def test_a_run_triggered_through_the_rest_api_ingests_and_commits(airflow, api, 
         )
         time.sleep(3)
     seconds = time.monotonic() - began
-    _progress(f"run {run_id}: {state} {seconds:.1f}s after the trigger")
+    progress(f"run {run_id}: {state} {seconds:.1f}s after the trigger")
     assert state == "success", f"run {run_id} {state}; task logs under {settings.airflow_home / 'logs'}"
 
     # the tasks took Kafka from the Airflow Connection (the hook says so in the task log)
@@ -305,7 +287,7 @@ def _wait_for_runs(api, run_ids: list[str], timeout_s: float = RUN_TIMEOUT_S) ->
         if all(s in ("success", "failed") for s in states.values()):
             return states
         if elapsed - last_print >= 15:
-            _progress(f"  {elapsed:5.0f}s " + ", ".join(f"{r}: {s}" for r, s in states.items()))
+            progress(f"  {elapsed:5.0f}s " + ", ".join(f"{r}: {s}" for r, s in states.items()))
             last_print = elapsed
         assert elapsed < timeout_s, f"runs still {states} after {timeout_s}s"
         time.sleep(3)
@@ -362,7 +344,7 @@ def test_a_backfill_of_two_windows_reprocesses_them_into_identical_output(airflo
         assert time.monotonic() - began < 120, f"backfill runs not created: {listed}"
         time.sleep(2)
     states = _wait_for_runs(api, sorted(runs))
-    _progress(f"backfill of 2 windows: {states} after {time.monotonic() - began:.1f}s")
+    progress(f"backfill of 2 windows: {states} after {time.monotonic() - began:.1f}s")
     assert set(states.values()) == {"success"}, f"{states}; task logs under {defaults.airflow_home / 'logs'}"
 
     by_start = {}
@@ -437,7 +419,7 @@ def test_up_on_a_busy_port_says_which_setting_to_change(settings):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        code, out, _ = _cli(settings.replace(airflow_port=port), "up", timeout=120)
+        code, out, _ = airflow_cli(settings.replace(airflow_port=port), "up", timeout=120)
     assert code == 1, out
     assert f"port {port} on 127.0.0.1 is in use" in out and "airflow_port" in out
     assert "WAVEPIPE_AIRFLOW_PORT" in out and not list(settings.airflow_home.glob("*.pid"))
@@ -446,10 +428,10 @@ def test_up_on_a_busy_port_says_which_setting_to_change(settings):
 def test_down_stops_every_process(airflow):
     settings, *_, sessions = airflow
     assert _processes_of(settings, sessions), "Airflow should be running before down"
-    code, out, seconds = _cli(settings, "down", timeout=120)
-    _progress(f"`wavepipe airflow down`: {seconds:.1f}s: {out.strip()}")
+    code, out, seconds = airflow_cli(settings, "down", timeout=120)
+    progress(f"`wavepipe airflow down`: {seconds:.1f}s: {out.strip()}")
     assert code == 0 and "stopped" in out, out
     assert _processes_of(settings, sessions) == {}
     assert not list(settings.airflow_home.glob("*.pid"))
-    code, status, _ = _cli(settings, "status")
+    code, status, _ = airflow_cli(settings, "status")
     assert code == 1 and status.count("stopped") == 4 and "not answering" in status, status

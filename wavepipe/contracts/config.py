@@ -363,6 +363,15 @@ class Settings(BaseModel):
     validate_mostly: Annotated[Number, Field(gt=0, le=1), Rule("must be a fraction in (0, 1]")] = 1.0
     #: Runs shown in the validation trend (report page and ``wavepipe status``).
     report_trend_runs: Annotated[Count, Field(ge=0), Rule("must be 0 or more runs")] = 20
+    #: Event-driven runs: an ingest DAG whose settings turn one of these on also runs when its
+    #: group's lag on the topic (last stable offset minus committed offset) reaches this many
+    #: records, about this many bytes, or when its oldest uncommitted record is this many seconds
+    #: old (an Airflow asset watcher in the triggerer measures it every ``watch_poll_s``; it never
+    #: reads for the group or commits). 0 turns a threshold off; all 0: the schedule only.
+    watch_records: Annotated[Count, Field(ge=0), Rule("must be 0 (off) or a number of records")] = 0
+    watch_bytes: Annotated[Count, Field(ge=0), Rule("must be 0 (off) or a number of bytes")] = 0
+    watch_max_delay_s: Annotated[Number, Field(ge=0), Rule("must be 0 (off) or a number of seconds")] = 0.0
+    watch_poll_s: Annotated[Number, Field(ge=0.1, le=3600), Rule("must be 0.1 to 3600 seconds")] = 2.0
     #: ``wavepipe airflow up``: the Airflow API server (UI and REST API) listens on 127.0.0.1 here.
     airflow_port: Annotated[Count, Field(ge=1, le=65535), Rule("must be a TCP port, 1-65535")] = 8080
 

@@ -153,6 +153,7 @@ def build_report(
             # records between the run's start and the partition's last stable offset when planned
             "lag_before": max(0, plan.latest[r.partition] - r.start) if r.partition in plan.latest else None,
             "lag_after": None,  # set by the commit: records after the committed offset then
+            "unplanned": None,  # set by the commit: of those, the records after ``end`` (a cap, or newer)
             **to_record(acc),
         }
     totals: dict[str, int] = {}

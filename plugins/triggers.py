@@ -1,0 +1,125 @@
+"""The event-driven ingest's watcher: a trigger in Airflow's triggerer that measures a consumer
+group's lag on its topic and fires an asset event when a threshold is reached.
+
+An ingest DAG scheduled on the asset then runs (``wavepipe_ingest_dag`` with a ``watch_*``
+setting). It never reads for the group or commits (``wavepipe.consumers.lag``); the run it starts
+plans, reads, validates and commits as any other. Runs never overlap: the DAG has
+``max_active_runs=1`` and Airflow keeps one queued run per DAG, however many events arrive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+from asgiref.sync import sync_to_async
+
+from wavepipe.consumers.lag import LagProbe, Thresholds, Watch
+from wavepipe.plugins.hooks import WavepipeHook
+
+log = logging.getLogger(__name__)
+#: The same backlog fires again after this long (the run it started failed, or a waveform still
+#: missing chunks holds the commit back).
+REFIRE_S = 300.0
+#: A line on the watcher's state this often, when nothing fired meanwhile.
+STATUS_EVERY_S = 600.0
+#: Longest pause between attempts while the broker does not answer.
+MAX_BACKOFF_S = 60.0
+
+
+class GroupLagTrigger(BaseEventTrigger):
+    """Fires when ``group``'s lag on ``topic`` reaches ``records``, about ``bytes``, or a record
+    ``max_delay_s`` old (0 turns one off), measured every ``poll_s``. Kafka comes from the Airflow
+    Connection ``wavepipe_conn_id`` when it exists, else from the settings (with
+    ``settings_overrides``, the DAG's settings). An unreachable broker is logged and retried; the
+    watcher never stops on its own."""
+
+    def __init__(
+        self,
+        *,
+        topic: str,
+        group: str,
+        records: int = 0,
+        bytes: int = 0,
+        max_delay_s: float = 0.0,
+        poll_s: float = 2.0,
+        new_group_start: str = "",
+        settings_overrides: Mapping[str, Any] | None = None,
+        wavepipe_conn_id: str = WavepipeHook.default_conn_name,
+    ):
+        super().__init__()
+        self.topic, self.group = topic, group
+        self.thresholds = Thresholds(int(records), int(bytes), float(max_delay_s))
+        self.poll_s, self.new_group_start = float(poll_s), new_group_start
+        self.settings_overrides = dict(settings_overrides or {})
+        self.wavepipe_conn_id = wavepipe_conn_id
+        self._probe: LagProbe | None = None
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "topic": self.topic,
+                "group": self.group,
+                "records": self.thresholds.records,
+                "bytes": self.thresholds.bytes,
+                "max_delay_s": self.thresholds.max_delay_s,
+                "poll_s": self.poll_s,
+                "new_group_start": self.new_group_start,
+                "settings_overrides": self.settings_overrides,
+                "wavepipe_conn_id": self.wavepipe_conn_id,
+            },
+        )
+
+    def _open(self) -> LagProbe:
+        settings = WavepipeHook(self.wavepipe_conn_id).kafka_settings(**self.settings_overrides)
+        return LagProbe(settings, self.topic, self.group)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        watch = Watch(self.thresholds, new_group_start=self.new_group_start, refire_s=REFIRE_S)
+        where = f"group {self.group!r} on {self.topic!r}"
+        log.info(
+            "watching %s every %g s: a run when the lag reaches %s", where, self.poll_s, self.thresholds.describe()
+        )
+        backoff, said_at, polls = self.poll_s, time.monotonic(), 0
+        while True:
+            try:
+                if self._probe is None:
+                    self._probe = await sync_to_async(self._open)()
+                lag = await sync_to_async(self._probe.measure)(oldest=self.thresholds.needs_oldest)
+            except Exception as exc:  # the broker down or restarting: say so, wait, try again
+                log.warning("%s: could not measure the lag (%s); trying again in %.0f s", where, exc, backoff)
+                await self._close()
+                await asyncio.sleep(backoff)
+                backoff = min(MAX_BACKOFF_S, backoff * 2)
+                continue
+            backoff, polls = self.poll_s, polls + 1
+            reasons = watch.decide(lag, time.time())
+            if reasons:
+                log.info("%s: %s; a run is due (lag per partition: %s)", where, "; ".join(reasons), lag.per_partition())
+                said_at = time.monotonic()
+                yield TriggerEvent(
+                    {
+                        "topic": self.topic,
+                        "group": self.group,
+                        "lag_records": lag.records,
+                        "reasons": reasons,
+                        "end_offsets": {str(p): o for p, o in sorted(lag.end.items())},
+                    }
+                )
+            elif time.monotonic() - said_at >= STATUS_EVERY_S:
+                log.info("%s: lag %d records after %d measurements; no run due", where, lag.records, polls)
+                said_at = time.monotonic()
+            await asyncio.sleep(self.poll_s)
+
+    async def _close(self) -> None:
+        probe, self._probe = self._probe, None
+        if probe is not None:
+            await sync_to_async(probe.close)()
+
+    async def cleanup(self) -> None:
+        await self._close()

@@ -1,0 +1,174 @@
+"""Event-driven runs for real: the shipped ingest DAG with a lag threshold set, served by
+`wavepipe airflow up` (api-server, scheduler, dag-processor, triggerer). The watcher in the
+triggerer sees new records on the session's broker and the scheduler starts a run; data arriving
+during that run leads to one follow-up run, never overlapping it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from datetime import datetime
+
+import pytest
+from confluent_kafka.admin import OffsetSpec
+
+from tests.helpers import airflow_api, airflow_cli, make_settings, output_rows, progress
+from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets, partitions_of
+from wavepipe.consumers.producer import produce_demo
+from wavepipe.contracts.plan import safe_run_id
+from wavepipe.local import airflow as local
+from wavepipe.local.kafka import free_port
+from wavepipe.pipeline import run_once
+
+pytestmark = pytest.mark.integration
+
+DAG_ID = "wavepipe_ingest"
+TIMEOUT_S = 900  # generous: a contended machine running two test files at once is slow
+
+
+@pytest.fixture(scope="module")
+def airflow(kafka, engine, tmp_path_factory):
+    """The local Airflow on a free port, its ingest DAG watching its group's lag every second
+    (any new record is worth a run); ``down`` afterwards."""
+    settings = make_settings(
+        tmp_path_factory.mktemp("watcher") / "home",
+        kafka,
+        engine,
+        airflow_port=free_port(),
+        watch_records=1,
+        watch_poll_s=1.0,
+    )
+    ensure_topic(settings)
+    run_once(settings)  # the group's offsets exist (a run on an empty topic: no Spark work)
+    try:
+        code, out, seconds = airflow_cli(settings, "up")
+        progress(f"\n`wavepipe airflow up` (watching): exit {code} after {seconds:.1f}s")
+        assert code == 0, out[-5000:]
+        with airflow_api(settings) as api:
+            yield settings, api
+    finally:
+        code, out, _ = airflow_cli(settings, "down", timeout=120)
+        progress(f"`wavepipe airflow down` (teardown): {out.strip()}")
+
+
+def _runs(api) -> list[dict]:
+    response = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns", params={"order_by": "start_date", "limit": 100})
+    assert response.status_code == 200, response.text
+    return response.json()["dag_runs"]
+
+
+def _when(text: str | None) -> float | None:
+    return datetime.fromisoformat(text).timestamp() if text else None
+
+
+def _wait(what: str, check, timeout_s: float = TIMEOUT_S, every_s: float = 0.5):
+    """Poll ``check()`` until it returns something true; progress every 15 s."""
+    began, said = time.monotonic(), 0.0
+    while True:
+        found = check()
+        if found:
+            return found
+        elapsed = time.monotonic() - began
+        assert elapsed < timeout_s, f"no {what} after {timeout_s}s"
+        if elapsed - said >= 15:
+            progress(f"  {elapsed:5.0f}s waiting for {what}")
+            said = elapsed
+        time.sleep(every_s)
+
+
+def _settled(api, settings) -> bool:
+    """No run queued or running, and the group committed every record."""
+    if any(r["state"] in ("queued", "running") for r in _runs(api)):
+        return False
+    parts = partitions_of(settings, settings.topic)
+    return committed_offsets(settings, settings.group, settings.topic, parts) == list_offsets(
+        settings, settings.topic, parts, OffsetSpec.latest()
+    )
+
+
+def _state(api, run_id: str, task_id: str | None = None) -> str | None:
+    path = f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}" + (f"/taskInstances/{task_id}" if task_id else "")
+    return api.get(path).json().get("state")
+
+
+def test_data_starts_a_run_and_data_during_it_one_follow_up_run(airflow, spark):
+    settings, api = airflow
+    unpause = api.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False})
+    assert unpause.status_code == 200, unpause.text
+    # the 15-minute schedule stays: unpausing starts the latest interval's run, with nothing to read
+    scheduled = _wait("the scheduled run", lambda: _runs(api))
+    _wait("the scheduled run to finish", lambda: _settled(api, settings))
+    assert [r["run_type"] for r in scheduled] == ["scheduled"]
+    assert all(r["state"] == "success" for r in _runs(api)), _runs(api)
+    # the DAG processor registers the watcher of an unpaused DAG, the triggerer starts it
+    triggerer_log = local.log_file(settings, "triggerer")
+    _wait("the watcher to start", lambda: f"watching group {settings.group!r}" in triggerer_log.read_text())
+    before = {r["dag_run_id"] for r in _runs(api)}
+
+    first = produce_demo(settings, count=4, target_bytes=64 * 1024)
+    acked = time.time()  # produce_demo returns once every chunk is acknowledged
+
+    def new_runs() -> list[dict]:
+        return [r for r in _runs(api) if r["dag_run_id"] not in before]
+
+    (run_a,) = _wait("a run started by the watcher", new_runs)
+    assert run_a["run_type"] == "asset_triggered", run_a
+    a_id = run_a["dag_run_id"]
+    progress(f"watcher-triggered run {a_id} queued {_when(run_a['queued_at']) - acked:.1f}s after the data's ack")
+
+    # data while it runs: before and after it planned. The watcher fires for each arrival; the
+    # run's commit asks for a follow-up for what it did not plan; the scheduler keeps one run queued
+    def fired() -> int:
+        return triggerer_log.read_text().count("a run is due")
+
+    _wait("that run to be running", lambda: _state(api, a_id) != "queued")
+    sent = fired()
+    second = produce_demo(settings, count=3, target_bytes=64 * 1024)
+    _wait("the watcher to fire for the second batch", lambda: fired() > sent)
+    _wait("that run's plan", lambda: _state(api, a_id, "plan") == "success")
+    sent = fired()
+    third = produce_demo(settings, count=3, target_bytes=64 * 1024)
+    _wait("the watcher to fire for the third batch", lambda: fired() > sent)
+    last_sent = time.time()
+
+    _wait("every run to finish and the group to commit every record", lambda: _settled(api, settings))
+    time.sleep(5)  # a late event would have queued another run by now
+    runs = {r["dag_run_id"]: r for r in _runs(api)}
+    assert all(r["state"] == "success" for r in runs.values()), runs
+    run_a = runs[a_id]
+    a_start, a_end = _when(run_a["start_date"]), _when(run_a["end_date"])
+    assert a_end > last_sent, "the first run ended before the later data was sent: nothing tested the follow-up"
+    # one follow-up run, after the first one ended; runs never overlapped
+    after_a = [r for r in runs.values() if r["dag_run_id"] not in before and r["dag_run_id"] != a_id]
+    assert [r["run_type"] for r in after_a] == ["asset_triggered"], after_a
+    spans = sorted((_when(r["start_date"]), _when(r["end_date"]), r["dag_run_id"]) for r in runs.values())
+    for (_, end, earlier), (start, _, later) in itertools.pairwise(spans):
+        assert start >= end, f"{later} started before {earlier} ended"
+
+    # the events: the watcher's (each arrival during the first run) and the first run's commit's
+    (asset,) = api.get("/api/v2/assets", params={"name_pattern": f"{DAG_ID}__lag"}).json()["assets"]
+    assert asset["uri"] == f"x-wavepipe://lag/{DAG_ID}" and asset["extra"]["group"] == settings.group
+    events = api.get("/api/v2/assets/events", params={"asset_id": asset["id"], "limit": 100}).json()["asset_events"]
+    fired = [e for e in events if e["extra"].get("from_trigger")]
+    assert fired and {e["extra"]["payload"]["group"] for e in fired} == {settings.group}
+    during = [e for e in fired if a_start < _when(e["timestamp"]) < a_end]
+    assert len(during) >= 2, [(e["timestamp"], e["extra"]) for e in events]
+    report_a = json.loads((settings.reports_dir / f"{safe_run_id(a_id)}.json").read_text())
+    unplanned = sum(p["unplanned"] for p in report_a["partitions"].values())
+    assert unplanned >= len(third), report_a["partitions"]
+    (asked,) = [e for e in events if e["source_run_id"] == a_id]
+    assert asked["source_task_id"] == "commit" and asked["extra"]["unplanned_records"] == unplanned, asked
+    progress(
+        f"{len(fired)} watcher events, {len(during)} during run {a_id}; one follow-up run: {after_a[0]['dag_run_id']}"
+    )
+
+    # every waveform once, bit-exact, and each run that read something has a report
+    sent = first + second + third
+    rows = output_rows(spark, settings)
+    assert sorted((r[0], r[1]) for r in rows) == sorted((s.waveform_id, s.checksum) for s in sent)
+    assert all(r[1] == r[2] for r in rows)
+    readers = {r[3] for r in rows}
+    assert readers == {safe_run_id(a_id), safe_run_id(after_a[0]["dag_run_id"])}
+    assert {p.stem for p in settings.reports_dir.glob("*.json")} >= readers

@@ -1,0 +1,116 @@
+"""When the lag watcher fires (pure logic: ``wavepipe.consumers.lag``), and what the DAG factory
+builds for an event-driven DAG. The watcher against a real broker, scheduler and triggerer is in
+tests/integration/test_watcher.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from wavepipe.consumers.lag import Lag, Thresholds, Watch
+
+NOW_S = 1_800_000_000.0
+
+
+def lag(start, end, committed=None, oldest=None) -> Lag:
+    start, end = dict(enumerate(start)), dict(enumerate(end))
+    return Lag(committed if committed is not None else dict(start), start, end, oldest or {})
+
+
+def test_each_threshold_fires_on_its_own_and_zero_turns_it_off():
+    backlog = lag([10, 0], [15, 3], oldest={0: (int((NOW_S - 9) * 1000), 100), 1: (int((NOW_S - 2) * 1000), 50)})
+    assert backlog.records == 8 and backlog.bytes_estimate == 5 * 100 + 3 * 50
+    assert backlog.oldest_age_s(int(NOW_S * 1000)) == pytest.approx(9.0)
+    now_ms = int(NOW_S * 1000)
+    assert backlog.reasons(Thresholds(records=8), now_ms) == ["lag 8 records >= 8"]
+    assert backlog.reasons(Thresholds(records=9), now_ms) == []
+    assert backlog.reasons(Thresholds(bytes=650), now_ms) == ["lag ~650 bytes >= 650"]
+    assert backlog.reasons(Thresholds(bytes=651), now_ms) == []
+    assert backlog.reasons(Thresholds(max_delay_s=9), now_ms) == ["oldest uncommitted record 9.0 s old >= 9 s"]
+    assert backlog.reasons(Thresholds(max_delay_s=10), now_ms) == []
+    assert backlog.reasons(Thresholds(), now_ms) == [] and not Thresholds().on
+    # nothing to read never fires, whatever the thresholds
+    assert lag([5], [5]).reasons(Thresholds(records=1, bytes=1, max_delay_s=0.001), now_ms) == []
+    # a threshold that needs the oldest record does not fire without it (it could not be read)
+    assert lag([0], [4]).reasons(Thresholds(bytes=1, max_delay_s=1), now_ms) == []
+    # a record without a timestamp has no age
+    assert lag([0], [4], oldest={0: (-1, 10)}).oldest_age_s(now_ms) is None
+
+
+def test_a_backlog_fires_once_then_again_only_for_new_data_or_after_refire():
+    watch = Watch(Thresholds(records=1), refire_s=300)
+    assert watch.decide(lag([0, 0], [4, 0]), NOW_S) == ["lag 4 records >= 1"]
+    # polled again while the run it started is in flight: the same backlog, no event
+    assert watch.decide(lag([0, 0], [4, 0]), NOW_S + 1) == []
+    # new data during the run: one event (Airflow queues one follow-up run for any number)
+    assert watch.decide(lag([0, 0], [4, 2]), NOW_S + 2)
+    assert watch.decide(lag([0, 0], [4, 2]), NOW_S + 3) == []
+    # the run committed everything: nothing left, nothing fired
+    assert watch.decide(lag([4, 2], [4, 2]), NOW_S + 4) == []
+    # a run committed part of it (a waveform missing chunks holds the commit back): no new data,
+    # so the same backlog waits for refire_s (a capped run asks for its follow-up itself)
+    assert watch.decide(lag([3, 2], [4, 2]), NOW_S + 5) == []
+    assert watch.decide(lag([3, 2], [4, 2]), NOW_S + 2 + 299) == []
+    assert watch.decide(lag([3, 2], [4, 2]), NOW_S + 2 + 300)
+    # and new data after that fires at once
+    assert watch.decide(lag([3, 2], [5, 2]), NOW_S + 2 + 301)
+
+
+def test_a_group_without_offsets_fires_only_when_it_has_a_start():
+    new = lag([0], [7], committed={0: None})
+    assert new.new_group
+    assert Watch(Thresholds(records=1)).decide(new, NOW_S) == []  # its run would be refused
+    watch = Watch(Thresholds(records=1), new_group_start="earliest")
+    assert watch.decide(new, NOW_S) == ["the group has no offsets on the topic yet; a run starts it at earliest"]
+    assert watch.decide(new, NOW_S + 1) == []
+
+
+def test_the_factory_adds_a_lag_watcher_beside_the_schedule_when_a_threshold_is_set(monkeypatch):
+    from airflow.sdk import AssetOrTimeSchedule
+
+    from wavepipe.plugins.airflow_dags import wavepipe_ingest_dag
+    from wavepipe.plugins.triggers import GroupLagTrigger
+
+    plain = wavepipe_ingest_dag(dag_id="plain")
+    assert type(plain.timetable).__name__ == "DeltaDataIntervalTimetable"
+
+    live = wavepipe_ingest_dag(dag_id="live", topic="seismic", watch_records=100, watch_max_delay_s=5)
+    assert isinstance(live.timetable, AssetOrTimeSchedule)  # the 15-minute schedule stays
+    (asset,) = live.timetable.asset_condition.objects
+    (watcher,) = asset.watchers
+    assert isinstance(watcher.trigger, GroupLagTrigger)
+    path, kwargs = watcher.trigger.serialize()
+    assert path == "wavepipe.plugins.triggers.GroupLagTrigger"
+    assert kwargs["topic"] == "seismic" and kwargs["group"] == "wavepipe-ingest"
+    assert (kwargs["records"], kwargs["bytes"], kwargs["max_delay_s"]) == (100, 0, 5.0)
+    assert kwargs["settings_overrides"] == {"watch_records": 100, "watch_max_delay_s": 5}
+    assert type(GroupLagTrigger(**kwargs).serialize()[1]) is dict and GroupLagTrigger(**kwargs).serialize() == (
+        path,
+        kwargs,
+    )
+    assert live.max_active_runs == 1
+    # a run that leaves records it did not plan queues its follow-up on the same asset
+    commit = live.get_task("commit")
+    assert commit.follow_up == asset and [o.name for o in commit.outlets] == ["live__follow_up"]
+    assert plain.get_task("commit").follow_up is None and not plain.get_task("commit").outlets
+
+    # from the settings the DAG processor sees (config file, WAVEPIPE_*), on data only
+    monkeypatch.setenv("WAVEPIPE_WATCH_BYTES", "1000000")
+    only_data = wavepipe_ingest_dag(dag_id="only_data", schedule=None)
+    assert type(only_data.timetable).__name__ == "AssetTriggeredTimetable"
+    assert only_data.timetable.asset_condition.objects[0].watchers[0].trigger.thresholds.bytes == 1_000_000
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"watch_records": -1}, "watch_records must be 0 .off. or a number of records, got -1"),
+        ({"watch_poll_s": 0}, "watch_poll_s must be 0.1 to 3600 seconds, got 0"),
+        ({"watch_records": 5, "settings": {"watch_records": 6}}, "give watch_records as the factory's argument"),
+        ({"watch_records": 5, "schedule": "*/15 * * * *"}, "keeps its schedule as a timetable"),
+    ],
+)
+def test_a_watch_the_factory_cannot_honour_is_an_import_error(kwargs, match):
+    from wavepipe.plugins.airflow_dags import wavepipe_ingest_dag
+
+    with pytest.raises(ValueError, match=match):
+        wavepipe_ingest_dag(dag_id="bad", **kwargs)
