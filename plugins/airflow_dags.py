@@ -226,7 +226,10 @@ def wavepipe_ingest_dag(
             map_index_template="{{ task.partitions_label }}",
             **common,
         ).expand(partitions=plan.output)
-        reassemble = ReassembleOperator(task_id="reassemble", trigger_rule=TriggerRule.NONE_FAILED, **common)
+        # an event-driven run validates and publishes in its reassembly's Spark session (fresher)
+        reassemble = ReassembleOperator(
+            task_id="reassemble", trigger_rule=TriggerRule.NONE_FAILED, validate=bool(lag_asset), **common
+        )
         validate = ValidateOperator(task_id="validate", trigger_rule=TriggerRule.NONE_FAILED, **common)
         commit = CommitOperator(task_id="commit", trigger_rule=TriggerRule.NONE_FAILED, **follow_up, **common)
         plan >> consume >> reassemble >> validate >> commit

@@ -249,10 +249,20 @@ class ConsumeOperator(WavepipeOperator):
 
 
 class ReassembleOperator(WavepipeOperator):
-    """Run the Spark reassembly app on the run's staged chunks."""
+    """Run the Spark reassembly app on the run's staged chunks. ``validate``: then validate and
+    publish in the same Spark session (the validate task after it has nothing left to do), as an
+    event-driven DAG does to save its run a second session's start; a failed validation fails
+    this task then, without retries."""
+
+    def __init__(self, *, validate: bool = False, **kwargs):
+        super().__init__(**kwargs)
+        self.validate = validate
 
     def execute(self, context) -> dict | None:
-        result = pipeline.reassemble_step(self.settings(), context["run_id"])
+        try:
+            result = pipeline.reassemble_step(self.settings(), context["run_id"], validate=self.validate)
+        except pipeline.ValidationFailedError as exc:
+            raise AirflowFailException(str(exc)) from exc
         if result:
             self.log.info("waveforms: %s", result.waveforms)
         return None if result is None else result.waveforms

@@ -371,6 +371,8 @@ def cmd_bench(args) -> int:
     settings = _settings(args)
     if args.consume_scaling:
         return _bench_consume_scaling(settings, args)
+    if args.trickle:
+        return _bench_trickle(settings, args)
     changes = {
         "parallelism": args.parallelism,
         "partitions": args.partitions,
@@ -412,6 +414,39 @@ def cmd_bench(args) -> int:
         )
         return 1
     return 0
+
+
+def _bench_trickle(settings, args) -> int:
+    from pathlib import Path
+
+    from wavepipe.bench import trickle
+    from wavepipe.bench.results import default_results_dir
+
+    options = trickle.TrickleOptions(command=" ".join(["wavepipe", "bench", *sys.argv[2:]]))
+    if args.quick:
+        options.seconds, options.drain_s = 20.0, 240.0
+    if args.seconds is not None:
+        if args.seconds < 10:
+            print("wavepipe bench: --seconds must be at least 10", file=sys.stderr)
+            return 2
+        options.seconds = float(args.seconds)
+    if args.systems:
+        options.systems = tuple(args.systems.split(","))
+        unknown = sorted(set(options.systems) - set(trickle.LABELS))
+        if unknown:
+            print(
+                f"wavepipe bench --trickle: unknown systems {unknown}; known: {', '.join(trickle.LABELS)}",
+                file=sys.stderr,
+            )
+            return 2
+    out = Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else default_results_dir())
+    result = trickle.run_trickle(settings, options)
+    paths = trickle.save(result, out)
+    print(trickle.to_markdown(result))
+    for name, met, numbers in trickle.goals(result):
+        print(f"  {'n/a ' if met is None else ('met ' if met else 'MISS')} {name}: {numbers}")
+    print(f"results: {', '.join(map(str, paths))}")
+    return 0 if all(r["exactly_once"] for r in result["results"]) else 1
 
 
 def _bench_consume_scaling(settings, args) -> int:
@@ -623,6 +658,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="only the consume step's scale-out over 1, 2 and 4 partitions (backlog: --large-mib, default "
         "1024; 16 with --quick); results in docs/benchmarks/consume-scaling.*",
     )
+    b.add_argument(
+        "--trickle",
+        action="store_true",
+        help="only the freshness benchmark: one waveform a second, then bursts, into wavepipe's event-driven "
+        "DAG (real Airflow services) and into Spark Structured Streaming; results in docs/benchmarks/trickle.*",
+    )
+    b.add_argument("--seconds", type=int, help="--trickle: how long each system is sent to, per mode (default 180)")
     b.set_defaults(func=cmd_bench)
 
     c = sub.add_parser("config", help="print the effective settings")

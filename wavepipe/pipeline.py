@@ -220,6 +220,10 @@ def validate_step(settings: Settings, run_id: str) -> Validated | None:
     run_id = plan.run_id
     if store.load_result(run_id, Step.REASSEMBLE, Reassembled) is None:
         raise RuntimeError(f"run {run_id}: no reassembly result; run the reassemble step first")
+    done = store.load_result(run_id, Step.VALIDATE, Validated)  # a reassembly clears it
+    if done is not None and done.success and done.published:
+        log.info("run %s: validated and published by its reassemble step; nothing left to do", run_id)
+        return done
     began = time.monotonic()
     with store.step_lock(run_id, Step.RUN):
         if settings.spark_engine == "submit":

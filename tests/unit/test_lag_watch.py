@@ -92,6 +92,8 @@ def test_the_factory_adds_a_lag_watcher_beside_the_schedule_when_a_threshold_is_
     commit = live.get_task("commit")
     assert commit.follow_up == asset and [o.name for o in commit.outlets] == ["live__follow_up"]
     assert plain.get_task("commit").follow_up is None and not plain.get_task("commit").outlets
+    # its reassembly validates and publishes in the same Spark session; the plain DAG's does not
+    assert live.get_task("reassemble").validate and not plain.get_task("reassemble").validate
 
     # from the settings the DAG processor sees (config file, WAVEPIPE_*), on data only
     monkeypatch.setenv("WAVEPIPE_WATCH_BYTES", "1000000")

@@ -1,0 +1,536 @@
+"""The "trickle" benchmark: how fresh is the output when waveforms arrive one at a time?
+
+A producer sends one waveform a second (``steady``), or ten at once every ten seconds
+(``burst``), for a few minutes. For each waveform: the time from its last chunk's
+acknowledgement to its row being readable in the output table (the Delta commit that adds it
+exists). Two systems on the same broker, one after the other in the same invocation:
+
+* **wavepipe, event-driven**: the shipped ingest DAG with ``watch_records=1``, run by the real
+  Airflow services (``wavepipe airflow up``: api-server, scheduler, dag-processor, triggerer);
+  the lag watcher in the triggerer starts a run when records arrive; each run plans, reads,
+  reassembles on the warm Spark engine, validates, publishes and commits.
+* **Spark Structured Streaming**: a Kafka source, a ``foreachBatch`` reassembly into Delta
+  (idempotent per batch: ``txnAppId``/``txnVersion``), a processing-time trigger of a few
+  seconds (``bench/spark_streaming_app.py``), what a Spark user writes for freshness. No
+  validation gate, no quarantine, no run accounting.
+
+Each output is checked: every waveform once, its payload's sha256 as produced.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from wavepipe.contracts.config import Settings
+
+log = logging.getLogger("wavepipe.bench.trickle")
+HERE = Path(__file__).resolve().parent
+#: The freshness goals (issue 18): seconds from the last chunk's ack to the row readable.
+GOAL_P50_S, GOAL_P95_S = 15.0, 30.0
+
+
+@dataclass
+class TrickleOptions:
+    seconds: float = 180.0  # how long the producer sends, per system and mode
+    modes: tuple[str, ...] = ("steady", "burst")
+    systems: tuple[str, ...] = ("wavepipe", "spark_streaming")
+    waveform_bytes: int = 256 * 1024
+    burst: int = 10  # burst mode: this many waveforms at once, every burst_every_s
+    burst_every_s: float = 10.0
+    trigger_s: float = 2.0  # Spark Structured Streaming's processing-time trigger
+    watch_poll_s: float = 1.0  # wavepipe's lag watcher
+    drain_s: float = 300.0  # how long to wait for the last rows after the last send
+    warmup: int = 3  # waveforms each system reads before the measured ones (not measured)
+    command: str = "wavepipe bench --trickle"
+
+    def schedule(self, mode: str) -> list[float]:
+        """Send times (seconds from the start) of each waveform in ``mode``."""
+        if mode == "steady":
+            return [float(i) for i in range(int(self.seconds))]
+        if mode == "burst":
+            rounds = max(1, int(self.seconds // self.burst_every_s))
+            return [r * self.burst_every_s for r in range(rounds) for _ in range(self.burst)]
+        raise ValueError(f"unknown trickle mode {mode!r}: steady or burst")
+
+
+@dataclass
+class Sent:
+    waveform_id: str
+    checksum: str
+    acked: float  # wall-clock seconds (time.time()) when every chunk was acknowledged
+
+
+class DeltaWatcher:
+    """Watches a Delta table's log: for each waveform id, when the commit that added its row
+    appeared, and the rows' checksums and payload sha256 (read from the added Parquet files)."""
+
+    def __init__(self, table: Path, poll_s: float = 0.1):
+        self.table, self.poll_s = table, poll_s
+        self.seen: dict[str, list[float]] = {}  # waveform id -> time of each commit adding it
+        self.bad: list[str] = []  # rows whose payload does not hash to their checksum
+        self.checksums: dict[str, str] = {}
+        self.commits = 0
+        self._done: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="delta-watcher", daemon=True)
+
+    def __enter__(self) -> DeltaWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.scan()
+            except Exception as exc:  # a commit half written: read it again next time
+                log.debug("delta watcher: %s", exc)
+            self._stop.wait(self.poll_s)
+
+    def scan(self) -> None:
+        logdir = self.table / "_delta_log"
+        if not logdir.is_dir():
+            return
+        for entry in sorted(logdir.glob("*.json")):
+            if entry.name in self._done:
+                continue
+            now = time.time()
+            adds = [json.loads(line)["add"]["path"] for line in entry.read_text().splitlines() if '"add"' in line]
+            self._read(adds, now)
+            self._done.add(entry.name)
+            self.commits += 1
+
+    def _read(self, paths: list[str], when: float) -> None:
+        import hashlib
+
+        import pyarrow.parquet as pq
+
+        for path in paths:
+            table = pq.read_table(
+                self.table / urllib.parse.unquote(path), columns=["waveform_id", "checksum", "payload"]
+            )
+            for wid, checksum, payload in zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True):
+                self.seen.setdefault(wid, []).append(when)
+                self.checksums[wid] = checksum
+                if "sha256:" + hashlib.sha256(payload).hexdigest() != checksum:
+                    self.bad.append(wid)
+
+    def wait_for(self, ids: list[str], timeout_s: float, what: str) -> bool:
+        began, said = time.monotonic(), 0.0
+        while True:
+            missing = [i for i in ids if i not in self.seen]
+            if not missing:
+                return True
+            elapsed = time.monotonic() - began
+            if elapsed >= timeout_s:
+                log.warning(
+                    "%s: %d of %d waveforms not in the table after %.0f s", what, len(missing), len(ids), elapsed
+                )
+                return False
+            if elapsed - said >= 15:
+                log.info(
+                    "  %s: %d of %d waveforms readable after %.0f s", what, len(ids) - len(missing), len(ids), elapsed
+                )
+                said = elapsed
+            time.sleep(0.2)
+
+
+def _produce(settings: Settings, topic: str, schedule: list[float], options: TrickleOptions, tag: str) -> list[Sent]:
+    """Send the waveforms at their times; each send waits for its chunks' acknowledgement."""
+    from wavepipe.consumers.producer import ChunkProducer, demo_waveforms
+
+    waveforms = list(demo_waveforms(len(schedule), seed=7, batch=tag, target_bytes=options.waveform_bytes))
+    producer = ChunkProducer(settings.replace(topic=topic))
+    sent: list[Sent] = []
+    began, said = time.monotonic(), 0.0
+    i = 0
+    while i < len(schedule):
+        wait = began + schedule[i] - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        batch = [i]
+        while i + len(batch) < len(schedule) and schedule[i + len(batch)] == schedule[i]:
+            batch.append(i + len(batch))
+        produced = [
+            producer.send(
+                w.samples,
+                waveform_id=w.waveform_id,
+                sample_rate=w.sample_rate,
+                start_time=w.start_time,
+                source=w.source,
+            )
+            for w in (waveforms[j] for j in batch)
+        ]
+        producer.flush()
+        acked = time.time()
+        sent += [Sent(p.waveform_id, p.checksum, acked) for p in produced]
+        i += len(batch)
+        if time.monotonic() - said >= 15:
+            log.info("  sent %d of %d waveforms (%.0f s)", len(sent), len(schedule), time.monotonic() - began)
+            said = time.monotonic()
+    return sent
+
+
+def _latencies(sent: list[Sent], watcher: DeltaWatcher) -> dict:
+    """Freshness of each sent waveform, and the exactly-once check."""
+    lat = [watcher.seen[s.waveform_id][0] - s.acked for s in sent if s.waveform_id in watcher.seen]
+    missing = [s.waveform_id for s in sent if s.waveform_id not in watcher.seen]
+    doubled = [s.waveform_id for s in sent if len(watcher.seen.get(s.waveform_id, [])) > 1]
+    wrong = [
+        s.waveform_id
+        for s in sent
+        if s.waveform_id in watcher.checksums and watcher.checksums[s.waveform_id] != s.checksum
+    ]
+    stats = _stats(lat)
+    return {
+        **stats,
+        "waveforms": len(sent),
+        "readable": len(lat),
+        "missing": len(missing),
+        "doubled": len(doubled),
+        "checksum_mismatch": len(wrong) + len([w for w in watcher.bad if w in {s.waveform_id for s in sent}]),
+        "exactly_once": not missing and not doubled and not wrong and not watcher.bad,
+        "series": [
+            [round(s.acked - sent[0].acked, 3), round(watcher.seen[s.waveform_id][0] - s.acked, 3)]
+            for s in sent
+            if s.waveform_id in watcher.seen
+        ],
+    }
+
+
+def _stats(values: list[float]) -> dict:
+    if not values:
+        return {"p50_s": None, "p95_s": None, "max_s": None, "mean_s": None}
+    ordered = sorted(values)
+    p95 = ordered[min(len(ordered) - 1, max(0, round(0.95 * len(ordered)) - 1))]
+    return {
+        "p50_s": round(statistics.median(ordered), 2),
+        "p95_s": round(p95, 2),
+        "max_s": round(ordered[-1], 2),
+        "mean_s": round(statistics.fmean(ordered), 2),
+    }
+
+
+# --- wavepipe, event-driven through the real Airflow services ------------------------------------
+
+
+def _wavepipe(settings: Settings, options: TrickleOptions, work: Path, stamp: str) -> list[dict]:
+    return [_wavepipe_mode(settings, options, work, stamp, mode) for mode in options.modes]
+
+
+def _wavepipe_mode(settings: Settings, options: TrickleOptions, work: Path, stamp: str, mode: str) -> dict:
+    from wavepipe.consumers.kafka_admin import ensure_topic
+    from wavepipe.local import airflow as local
+    from wavepipe.local.engine import LocalEngine
+    from wavepipe.local.kafka import free_port
+    from wavepipe.pipeline import run_once
+
+    home = work / f"wavepipe-{mode}"
+    s = settings.replace(
+        home=home,
+        topic=f"trickle-wavepipe-{mode}-{stamp}",
+        group=f"trickle-wavepipe-{mode}-{stamp}",
+        new_group_start="earliest",
+        watch_records=1,
+        watch_poll_s=options.watch_poll_s,
+        airflow_port=free_port(),
+        spark_remote="",
+        spark_engine="connect",
+        spark_connect_port=0,
+    )
+    ensure_topic(s, partitions=2)
+    log.info("wavepipe (%s): starting this home's Spark engine and Airflow", mode)
+    LocalEngine(s).up()
+    try:
+        run_once(s)  # the group's offsets exist; nothing to read yet
+        if local.up(s, out=log.info) != 0:
+            raise RuntimeError(f"`wavepipe airflow up` failed; see {s.airflow_home / 'logs'}")
+        api = _Api(s)
+        api.call("PATCH", "/api/v2/dags/wavepipe_ingest", {"is_paused": False})
+        triggerer = local.log_file(s, "triggerer")
+        _until(lambda: f"watching group {s.group!r}" in triggerer.read_text(), 180, "the lag watcher to start")
+        _until(lambda: api.settled(), 300, "the scheduled run at unpause to finish")
+        with DeltaWatcher(s.output_table) as watcher:
+            warm = _produce(s, s.topic, [0.0] * options.warmup, options, f"warm-{mode}-{stamp}")
+            watcher.wait_for([w.waveform_id for w in warm], options.drain_s, "wavepipe warm-up")
+            _until(lambda: api.settled(), 300, "the warm-up runs to finish")
+            runs_before = {r["dag_run_id"] for r in api.runs()}
+            log.info("wavepipe (%s): sending for %.0f s", mode, options.seconds)
+            began = time.time()
+            sent = _produce(s, s.topic, options.schedule(mode), options, f"{mode}-{stamp}")
+            watcher.wait_for([w.waveform_id for w in sent], options.drain_s, f"wavepipe {mode}")
+            ended = max(watcher.seen.get(w.waveform_id, [time.time()])[0] for w in sent)
+            runs = [r for r in api.runs() if r["dag_run_id"] not in runs_before]
+            result = _latencies(sent, watcher)
+        minutes = max(1e-9, (ended - began) / 60)
+        result.update(
+            system="wavepipe",
+            mode=mode,
+            runs=len(runs),
+            runs_per_minute=round(len(runs) / minutes, 2),
+            run_types=sorted({r["run_type"] for r in runs}),
+            failed_runs=len([r for r in runs if r["state"] == "failed"]),
+            table_commits=watcher.commits,
+        )
+        log.info("wavepipe (%s): %s", mode, _line(result))
+        return result
+    finally:
+        local.down(s, out=log.info)
+        LocalEngine(s).down(force=True)
+
+
+class _Api:
+    def __init__(self, settings: Settings):
+        from wavepipe.local import airflow as local
+
+        self.local, self.settings = local, settings
+        self.token = local.api_token(settings)
+
+    def call(self, method: str, path: str, body: dict | None = None) -> dict:
+        status, answer = self.local._http_json(
+            self.local.airflow_url(self.settings) + path, method=method, body=body, token=self.token
+        )
+        if status >= 300 or not isinstance(answer, dict):
+            raise RuntimeError(f"{method} {path} answered {status}: {answer}")
+        return answer
+
+    def runs(self) -> list[dict]:
+        return self.call("GET", "/api/v2/dags/wavepipe_ingest/dagRuns?limit=1000&order_by=start_date")["dag_runs"]
+
+    def settled(self) -> bool:
+        runs = self.runs()
+        return bool(runs) and all(r["state"] not in ("queued", "running") for r in runs)
+
+
+def _until(check, timeout_s: float, what: str) -> None:
+    began = time.monotonic()
+    while not check():
+        if time.monotonic() - began > timeout_s:
+            raise TimeoutError(f"waited {timeout_s:.0f} s for {what}")
+        time.sleep(0.5)
+
+
+# --- Spark Structured Streaming ------------------------------------------------------------------
+
+
+def _spark_streaming(settings: Settings, options: TrickleOptions, work: Path, stamp: str) -> list[dict]:
+    from wavepipe.bench.systems import resolve_spark_kafka_jars
+    from wavepipe.local.jars import spark_jars
+
+    kafka_jars = sorted(resolve_spark_kafka_jars(settings).glob("*.jar"))
+    jars = ",".join(str(j) for j in [*spark_jars(settings.jars_dir), *kafka_jars])
+    s = settings.replace(spark_conf={**settings.spark_conf, "spark.jars": jars}, spark_engine="submit")
+    return [_streaming_mode(s, options, work, stamp, mode) for mode in options.modes]
+
+
+def _streaming_mode(s: Settings, options: TrickleOptions, work: Path, stamp: str, mode: str) -> dict:
+    from wavepipe import spark
+    from wavepipe.consumers.kafka_admin import ensure_topic
+
+    topic = f"trickle-streaming-{mode}-{stamp}"
+    ensure_topic(s, topic, partitions=2)
+    out, ready, stop = (
+        work / f"streaming-{mode}" / "table",
+        work / f"streaming-{mode}" / "ready",
+        work / f"streaming-{mode}" / "stop",
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    app_error: list[BaseException] = []
+
+    def app() -> None:
+        try:
+            spark.submit(
+                s,
+                HERE / "spark_streaming_app.py",
+                *("--bootstrap", s.bootstrap_servers, "--topic", topic, "--out", str(out)),
+                *("--checkpoint", str(out.parent / "checkpoint"), "--trigger-s", str(options.trigger_s)),
+                *("--ready", str(ready), "--stop", str(stop)),
+            )
+        except BaseException as exc:
+            app_error.append(exc)
+
+    thread = threading.Thread(target=app, name="spark-streaming", daemon=True)
+    thread.start()
+    try:
+        _until(lambda: ready.exists() or app_error or not thread.is_alive(), 300, "the streaming query to start")
+        if app_error or not thread.is_alive():
+            raise RuntimeError(f"the streaming app stopped before its query started: {app_error}")
+        with DeltaWatcher(out) as watcher:
+            warm = _produce(s, topic, [0.0] * options.warmup, options, f"swarm-{mode}-{stamp}")
+            watcher.wait_for([w.waveform_id for w in warm], options.drain_s, "streaming warm-up")
+            commits_before = watcher.commits
+            log.info("Spark Structured Streaming (%s): sending for %.0f s", mode, options.seconds)
+            began = time.time()
+            sent = _produce(s, topic, options.schedule(mode), options, f"s{mode}-{stamp}")
+            watcher.wait_for([w.waveform_id for w in sent], options.drain_s, f"streaming {mode}")
+            ended = max(watcher.seen.get(w.waveform_id, [time.time()])[0] for w in sent)
+            result = _latencies(sent, watcher)
+            batches = watcher.commits - commits_before
+    finally:
+        stop.touch()
+        thread.join(timeout=120)
+    minutes = max(1e-9, (ended - began) / 60)
+    result.update(
+        system="spark_streaming",
+        mode=mode,
+        runs=batches,
+        runs_per_minute=round(batches / minutes, 2),
+        trigger_s=options.trigger_s,
+        table_commits=watcher.commits,
+    )
+    log.info("Spark Structured Streaming (%s): %s", mode, _line(result))
+    return result
+
+
+def _line(r: dict) -> str:
+    return (
+        f"p50 {r['p50_s']} s, p95 {r['p95_s']} s, max {r['max_s']} s over {r['readable']}/{r['waveforms']} waveforms; "
+        f"{r['runs']} runs or micro-batches ({r['runs_per_minute']}/min); exactly once: {r['exactly_once']}"
+    )
+
+
+LABELS = {"wavepipe": "wavepipe, event-driven (Airflow)", "spark_streaming": "Spark Structured Streaming"}
+
+
+def run_trickle(settings: Settings, options: TrickleOptions) -> dict:
+    from wavepipe.bench.runner import machine_info
+    from wavepipe.local.kafka import LocalKafka
+
+    began = time.monotonic()
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    work = settings.home / "bench" / f"trickle-{stamp}"
+    broker = LocalKafka.from_settings(settings)
+    log.info("%s", broker.up())
+    measured: list[dict] = []
+    runners = {"wavepipe": _wavepipe, "spark_streaming": _spark_streaming}
+    for system in options.systems:
+        measured += runners[system](settings, options, work, stamp)
+    return {
+        "benchmark": "trickle",
+        "started": stamp,
+        "seconds": round(time.monotonic() - began, 1),
+        "options": dict(options.__dict__),
+        "machine": machine_info(),
+        "results": measured,
+    }
+
+
+def goals(result: dict) -> list[tuple[str, bool | None, str]]:
+    out = []
+    for r in result["results"]:
+        if r["system"] != "wavepipe":
+            continue
+        p50, p95 = r["p50_s"], r["p95_s"]
+        out.append(
+            (
+                f"wavepipe {r['mode']}: p50 <= {GOAL_P50_S:g} s, p95 <= {GOAL_P95_S:g} s, exactly once",
+                None if p50 is None else (p50 <= GOAL_P50_S and p95 <= GOAL_P95_S and r["exactly_once"]),
+                f"p50 {p50} s, p95 {p95} s, exactly once: {r['exactly_once']}",
+            )
+        )
+    return out
+
+
+def to_markdown(result: dict, chart_name: str = "trickle.png") -> str:
+    o, m = result["options"], result["machine"]
+    lines = [
+        "# Trickle: freshness of event-driven runs",
+        "",
+        f"`{o['command']}` at wavepipe commit {m.get('wavepipe_commit') or '?'}, started {result['started']} UTC, "
+        f"{result['seconds']:.0f} s in all.",
+        "",
+        f"**Machine:** {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; {m['os']}; Python {m['python']}; "
+        f"Kafka {m['kafka']} (local KRaft broker); pyspark {m['pyspark']}, delta-spark {m['delta_spark']}; "
+        f"Airflow services on sqlite, LocalExecutor with 2 slots.",
+        "",
+        f"Each waveform (~{o['waveform_bytes'] // 1024} KiB) is produced whole and waits for its chunks' acks; "
+        "its freshness is the time from that ack to the Delta commit that makes its row readable. "
+        f"*steady*: one waveform a second for {o['seconds']:.0f} s; *burst*: {o['burst']} at once every "
+        f"{o['burst_every_s']:g} s. wavepipe: the ingest DAG with `watch_records=1`, `watch_poll_s={o['watch_poll_s']:g}`, "
+        "through the real Airflow services and the warm Spark engine, validation included. Spark Structured "
+        f"Streaming: Kafka source, `foreachBatch` reassembly into Delta, trigger every {o['trigger_s']:g} s. "
+        f"Both after {o['warmup']} warm-up waveforms, one system at a time.",
+        "",
+        f"![freshness]({chart_name})",
+        "",
+        "## Goals",
+        "",
+    ]
+    for name, met, numbers in goals(result):
+        lines.append(f"- {name}: **{'n/a' if met is None else ('met' if met else 'missed')}** ({numbers})")
+    lines += [
+        "",
+        "## Results",
+        "",
+        "| system | mode | waveforms | p50 s | p95 s | max s | runs or batches | per minute | exactly once |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in result["results"]:
+        once = (
+            "yes"
+            if r["exactly_once"]
+            else f"NO: {r['missing']} missing, {r['doubled']} doubled, {r['checksum_mismatch']} wrong"
+        )
+        lines.append(
+            f"| {LABELS[r['system']]} | {r['mode']} | {r['readable']}/{r['waveforms']} | {r['p50_s']} | {r['p95_s']} | "
+            f"{r['max_s']} | {r['runs']} | {r['runs_per_minute']} | {once} |"
+        )
+    ratios = []
+    for mode in o["modes"]:
+        w = next((r for r in result["results"] if r["system"] == "wavepipe" and r["mode"] == mode), None)
+        s = next((r for r in result["results"] if r["system"] == "spark_streaming" and r["mode"] == mode), None)
+        if w and s and w["p50_s"] and s["p50_s"]:
+            ratios.append(f"- {mode}: wavepipe's p50 is {w['p50_s'] / s['p50_s']:.1f}x Spark Structured Streaming's")
+    if ratios:
+        lines += ["", "## Side by side", "", *ratios]
+    return "\n".join(lines) + "\n"
+
+
+def chart(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = result["options"]["modes"]
+    fig, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4), squeeze=False)
+    for ax, mode in zip(axes[0], modes, strict=True):
+        for r in (r for r in result["results"] if r["mode"] == mode):
+            xs, ys = zip(*r["series"], strict=True) if r["series"] else ((), ())
+            ax.plot(xs, ys, ".", markersize=4, label=f"{LABELS[r['system']]} (p50 {r['p50_s']} s)")
+        ax.axhline(GOAL_P50_S, color="grey", linestyle="--", linewidth=0.8, label=f"goal p50 {GOAL_P50_S:g} s")
+        ax.set_title(f"{mode}: seconds from ack to readable")
+        ax.set_xlabel("send time, s")
+        ax.set_ylabel("freshness, s")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def save(result: dict, out_dir: Path) -> list[Path]:
+    """trickle.json, trickle.md and trickle.png in ``out_dir`` (the chart only describes: a
+    failure to draw it is a note, never a lost result)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / "trickle.json"]
+    paths[0].write_text(json.dumps(result, indent=1) + "\n")
+    png = out_dir / "trickle.png"
+    try:
+        chart(result, png)
+        paths.append(png)
+    except Exception as exc:
+        log.warning("could not draw %s: %s", png, exc)
+    md = out_dir / "trickle.md"
+    md.write_text(to_markdown(result))
+    return [*paths, md]
