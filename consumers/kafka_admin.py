@@ -238,13 +238,15 @@ def list_offsets(
     partitions: Iterable[int],
     spec: OffsetSpec,
     isolation: IsolationLevel = IsolationLevel.READ_COMMITTED,
+    admin: AdminClient | None = None,
 ) -> dict[int, int]:
-    """Per partition, the offset ``spec`` names (earliest, latest = last stable offset, ...)."""
+    """Per partition, the offset ``spec`` names (earliest, latest = last stable offset, ...);
+    ``admin``: a client to ask (one that polls often keeps its own), else a new one."""
     request = {TopicPartition(topic, p): spec for p in partitions}
 
     def fetch() -> dict[int, int]:
-        admin = admin_client(settings)  # keep it alive until the futures resolve
-        futures = admin.list_offsets(request, isolation_level=isolation, request_timeout=TIMEOUT_S)
+        client = admin or admin_client(settings)  # keep it alive until the futures resolve
+        futures = client.list_offsets(request, isolation_level=isolation, request_timeout=TIMEOUT_S)
         return {tp.partition: fut.result(timeout=TIMEOUT_S + 5).offset for tp, fut in futures.items()}
 
     return retrying(fetch, f"offsets of {topic}")

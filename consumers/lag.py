@@ -3,8 +3,9 @@ the event-driven watcher (``wavepipe.plugins.triggers.GroupLagTrigger``) decides
 
 Per partition the lag is the last stable offset (what a ``read_committed`` run can reach) minus the
 group's committed offset, as a run would plan it: a partition the group has no offset for counts
-from the earliest retained offset. Each measurement is two small requests to the broker (the
-group's committed offsets, the partitions' last stable offsets); when a byte threshold or a maximum
+from the earliest retained offset. Each measurement is two small requests to the broker on
+clients kept open (the group's committed offsets, the partitions' last stable offsets; the
+topic's partitions once a minute); when a byte threshold or a maximum
 delay is set and the lag is not zero, the oldest uncommitted record of each lagging partition is
 fetched once per committed offset (its timestamp and size; kept until the group commits again).
 """
@@ -18,12 +19,21 @@ from dataclasses import dataclass, field
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import OffsetSpec
 
-from wavepipe.consumers.kafka_admin import TIMEOUT_S, group_consumer, list_offsets, partitions_of
+from wavepipe.consumers.kafka_admin import (
+    TIMEOUT_S,
+    admin_client,
+    group_consumer,
+    list_offsets,
+    partitions_of,
+    retrying,
+)
 from wavepipe.contracts.config import Settings
 
 log = logging.getLogger(__name__)
 #: How long a measurement waits for the oldest uncommitted records before deciding without them.
 OLDEST_TIMEOUT_S = 5.0
+#: The topic's partitions are asked for again this often.
+PARTITIONS_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -151,6 +161,9 @@ class LagProbe:
     def __init__(self, settings: Settings, topic: str, group: str):
         self.settings, self.topic, self.group = settings, topic, group
         self._consumer = None
+        self._admin = None
+        self._partition_list: list[int] | None = None
+        self._partitions_at = 0.0
         self._oldest: dict[tuple[int, int], tuple[int, int]] = {}  # (partition, offset) -> (ts ms, bytes)
 
     def _group_consumer(self):
@@ -168,14 +181,25 @@ class LagProbe:
             )
         return self._consumer
 
+    def _partitions(self) -> list[int]:
+        """The topic's partitions, asked again every ``PARTITIONS_EVERY_S`` (a topic may grow)."""
+        if self._partition_list is None or time.monotonic() - self._partitions_at >= PARTITIONS_EVERY_S:
+            self._partition_list, self._partitions_at = partitions_of(self.settings, self.topic), time.monotonic()
+        return self._partition_list
+
     def measure(self, *, oldest: bool) -> Lag:
-        partitions = partitions_of(self.settings, self.topic)
+        """Two requests (the group's committed offsets, the last stable offsets), plus the
+        earliest offsets while the group has none somewhere, and the oldest records if asked."""
+        partitions = self._partitions()
         consumer = self._group_consumer()
-        result = consumer.committed([TopicPartition(self.topic, p) for p in partitions], timeout=TIMEOUT_S)
+        if self._admin is None:
+            self._admin = admin_client(self.settings)
+        wanted = [TopicPartition(self.topic, p) for p in partitions]
+        result = retrying(lambda: consumer.committed(wanted, timeout=TIMEOUT_S), f"committed offsets of {self.group!r}")
         committed = {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in result}
-        end = list_offsets(self.settings, self.topic, partitions, OffsetSpec.latest())
+        end = list_offsets(self.settings, self.topic, partitions, OffsetSpec.latest(), admin=self._admin)
         if any(offset is None for offset in committed.values()):
-            earliest = list_offsets(self.settings, self.topic, partitions, OffsetSpec.earliest())
+            earliest = list_offsets(self.settings, self.topic, partitions, OffsetSpec.earliest(), admin=self._admin)
         else:
             earliest = {}
         start = {p: committed[p] if committed[p] is not None else earliest[p] for p in partitions}
@@ -224,6 +248,7 @@ class LagProbe:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+        self._admin = None  # an AdminClient closes when it is dropped
 
 
 def group_lag(settings: Settings, topic: str, group: str, *, oldest: bool = False) -> Lag:

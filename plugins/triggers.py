@@ -85,7 +85,7 @@ class GroupLagTrigger(BaseEventTrigger):
         log.info(
             "watching %s every %g s: a run when the lag reaches %s", where, self.poll_s, self.thresholds.describe()
         )
-        backoff, said_at, polls = self.poll_s, time.monotonic(), 0
+        backoff, said_at, polls = self.poll_s, time.monotonic() - STATUS_EVERY_S, 0  # the first state at once
         while True:
             try:
                 if self._probe is None:
@@ -112,7 +112,14 @@ class GroupLagTrigger(BaseEventTrigger):
                     }
                 )
             elif time.monotonic() - said_at >= STATUS_EVERY_S:
-                log.info("%s: lag %d records after %d measurements; no run due", where, lag.records, polls)
+                if lag.new_group and not self.new_group_start:
+                    log.warning(
+                        "%s: the group has no offsets on the topic and new_group_start is not set, so no run is "
+                        "started for it (it would be refused); set new_group_start, or commit its offsets",
+                        where,
+                    )
+                else:
+                    log.info("%s: lag %d records after %d measurements; no run due", where, lag.records, polls)
                 said_at = time.monotonic()
             await asyncio.sleep(self.poll_s)
 

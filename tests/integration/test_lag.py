@@ -1,0 +1,61 @@
+"""The lag watcher's measurement against the session's real broker (no Spark, no Airflow): what
+``GroupLagTrigger`` decides on. The watcher through the real triggerer and scheduler is in
+test_watcher.py."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from tests.helpers import produce_in_order, waveform_records
+from wavepipe.consumers.kafka_admin import ensure_topic, group_consumer
+from wavepipe.consumers.lag import LagProbe, Thresholds, Watch, group_lag
+
+pytestmark = pytest.mark.integration
+
+
+def test_records_bytes_and_the_oldest_records_age_without_touching_the_group(settings):
+    ensure_topic(settings, partitions=2)
+    probe = LagProbe(settings, settings.topic, settings.group)
+    try:
+        empty = probe.measure(oldest=True)
+        assert empty.new_group and empty.records == 0 and empty.oldest == {}
+        # a new group: no run is started for it unless it has a start
+        assert Watch(Thresholds(records=1)).decide(empty, time.time()) == []
+
+        old = datetime.now(UTC) - timedelta(minutes=10)
+        records, _ = waveform_records("w-old", n_chunks=3, chunk_size=1000)
+        produce_in_order(settings, records, partition=0, when=old)
+        produce_in_order(settings, waveform_records("w-new", n_chunks=2, chunk_size=504)[0], partition=1)
+        lag = probe.measure(oldest=True)
+        assert lag.per_partition() == {0: 3, 1: 2} and lag.records == 5
+        size0 = len(records[0][0] or b"") + len(records[0][2])
+        assert lag.oldest[0][1] == size0 and lag.bytes_estimate == 3 * size0 + 2 * lag.oldest[1][1]
+        now_ms = int(time.time() * 1000)
+        assert 590 <= lag.oldest_age_s(now_ms) <= 700
+        assert lag.reasons(Thresholds(max_delay_s=300), now_ms) == [
+            f"oldest uncommitted record {lag.oldest_age_s(now_ms):.1f} s old >= 300 s"
+        ]
+        assert lag.reasons(Thresholds(bytes=3 * size0), now_ms)
+
+        # the group commits partition 0 (as a run does): its lag is gone, its oldest record too
+        consumer = group_consumer(settings, settings.group)
+        try:
+            consumer.commit(offsets=[TopicPartition(settings.topic, 0, 3)], asynchronous=False)
+        finally:
+            consumer.close()
+        after = probe.measure(oldest=True)
+        assert after.per_partition() == {0: 0, 1: 2} and after.committed == {0: 3, 1: None}
+        assert set(after.oldest) == {1} and after.oldest_age_s(int(time.time() * 1000)) < 120
+    finally:
+        probe.close()
+    # measuring never committed or moved anything
+    assert group_lag(settings, settings.topic, settings.group).committed == {0: 3, 1: None}
+
+
+def test_an_unknown_topic_is_an_error_naming_it(settings):
+    with pytest.raises(Exception, match=f"topic '{settings.topic}-nope' does not exist"):
+        group_lag(settings, f"{settings.topic}-nope", settings.group)
