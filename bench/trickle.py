@@ -321,6 +321,61 @@ def _until(check, timeout_s: float, what: str) -> None:
         time.sleep(0.5)
 
 
+def watcher_load(settings: Settings, work: Path, stamp: str, seconds: float = 120.0, poll_s: float = 1.0) -> dict:
+    """The lag watcher's own cost in the triggerer: its processes' CPU time over ``seconds`` on an
+    idle topic, with the ingest DAG watching (every ``poll_s``) and without a watcher, side by side."""
+    import psutil
+
+    from wavepipe.consumers.kafka_admin import ensure_topic
+    from wavepipe.local import airflow as local
+    from wavepipe.local.kafka import free_port
+    from wavepipe.pipeline import run_once
+
+    def cpu(pid: int) -> float:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        return sum(sum(p.cpu_times()[:2]) for p in procs)
+
+    used = {}
+    for watching in (False, True):
+        name = "watching" if watching else "not-watching"
+        s = settings.replace(
+            home=work / f"load-{name}",
+            topic=f"trickle-load-{name}-{stamp}",
+            group=f"trickle-load-{name}-{stamp}",
+            new_group_start="earliest",
+            watch_records=1 if watching else 0,
+            watch_poll_s=poll_s,
+            airflow_port=free_port(),
+        )
+        ensure_topic(s, partitions=2)
+        run_once(s)  # the group's offsets exist; nothing to read (no Spark work)
+        if local.up(s, out=log.info) != 0:
+            raise RuntimeError(f"`wavepipe airflow up` failed; see {s.airflow_home / 'logs'}")
+        try:
+            api = _Api(s)
+            api.call("PATCH", "/api/v2/dags/wavepipe_ingest", {"is_paused": False})
+            if watching:
+                triggerer = local.log_file(s, "triggerer")
+                _until(lambda s=s, t=triggerer: f"watching group {s.group!r}" in t.read_text(), 180, "the watcher")
+            _until(api.settled, 300, "the scheduled run at unpause to finish")
+            pid = local.running(s)["triggerer"]
+            before = cpu(pid)
+            log.info("the triggerer's CPU, %s, over %.0f s ...", name.replace("-", " "), seconds)
+            time.sleep(seconds)
+            used[name] = round(cpu(pid) - before, 2)
+        finally:
+            local.down(s, out=log.info)
+    extra = used["watching"] - used["not-watching"]
+    return {
+        "seconds": seconds,
+        "poll_s": poll_s,
+        "triggerer_cpu_s": used,
+        "watcher_cpu_ms_per_poll": round(1000 * extra / (seconds / poll_s), 1),
+        "watcher_core_percent": round(100 * extra / seconds, 2),
+        "broker_requests_per_poll": 2,
+    }
+
+
 # --- Spark Structured Streaming ------------------------------------------------------------------
 
 
@@ -416,7 +471,9 @@ def run_trickle(settings: Settings, options: TrickleOptions) -> dict:
     runners = {"wavepipe": _wavepipe, "spark_streaming": _spark_streaming}
     for system in options.systems:
         measured += runners[system](settings, options, work, stamp)
+    load = watcher_load(settings, work, stamp) if "wavepipe" in options.systems else None
     return {
+        "watcher_load": load,
         "benchmark": "trickle",
         "started": stamp,
         "seconds": round(time.monotonic() - began, 1),
@@ -486,6 +543,19 @@ def to_markdown(result: dict, chart_name: str = "trickle.png") -> str:
             f"| {LABELS[r['system']]} | {r['mode']} | {r['readable']}/{r['waveforms']} | {r['p50_s']} | {r['p95_s']} | "
             f"{r['max_s']} | {r['runs']} | {r['runs_per_minute']} | {once} |"
         )
+    load = result.get("watcher_load")
+    if load:
+        used = load["triggerer_cpu_s"]
+        lines += [
+            "",
+            "## The watcher's own load",
+            "",
+            f"On an idle topic, over {load['seconds']:.0f} s, the triggerer's processes used {used['watching']} CPU s with "
+            f"the ingest DAG's watcher polling every {load['poll_s']:g} s, and {used['not-watching']} s without a watcher: "
+            f"about {load['watcher_cpu_ms_per_poll']} ms of CPU per poll, {load['watcher_core_percent']}% of one core. "
+            f"Each poll is {load['broker_requests_per_poll']} small requests to the broker (the group's committed "
+            "offsets, the partitions' last stable offsets) on clients kept open; the topic's partitions once a minute.",
+        ]
     ratios = []
     for mode in o["modes"]:
         w = next((r for r in result["results"] if r["system"] == "wavepipe" and r["mode"] == mode), None)

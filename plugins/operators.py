@@ -300,12 +300,18 @@ class CommitOperator(WavepipeOperator):
     def __init__(self, *, follow_up: Asset | None = None, **kwargs):
         super().__init__(**kwargs)
         self.follow_up = follow_up
+        aliases = [o for o in self.outlets if isinstance(o, AssetAlias)]
+        if follow_up is not None and len(aliases) != 1:
+            raise ValueError(
+                f"{self.task_id}: follow_up needs exactly one AssetAlias among the outlets to emit its event "
+                f"through, got {len(aliases)}"
+            )
 
     def execute(self, context) -> str:
         report = pipeline.commit_step(self.settings(), context["run_id"])
         unplanned = 0 if report.get("window") else pipeline.unplanned_records(report)
         if self.follow_up is not None and unplanned:
-            (alias,) = (o for o in self.outlets if isinstance(o, AssetAlias))
+            (alias,) = [o for o in self.outlets if isinstance(o, AssetAlias)]
             context["outlet_events"][alias].add(self.follow_up, extra={"unplanned_records": unplanned})
             self.log.info("%d records arrived after this run's plan: a follow-up run is queued", unplanned)
         self.log.info("run report: file://%s (JSON twin: %s)", report["report_html"], report["report_path"])

@@ -116,3 +116,12 @@ def test_a_watch_the_factory_cannot_honour_is_an_import_error(kwargs, match):
 
     with pytest.raises(ValueError, match=match):
         wavepipe_ingest_dag(dag_id="bad", **kwargs)
+
+
+def test_a_follow_up_without_an_alias_to_emit_through_is_refused_at_parse_time():
+    from airflow.sdk import Asset
+
+    from wavepipe.plugins.operators import CommitOperator
+
+    with pytest.raises(ValueError, match="follow_up needs exactly one AssetAlias among the outlets"):
+        CommitOperator(task_id="commit", follow_up=Asset(name="a", uri="x-wavepipe://lag/a"))

@@ -53,6 +53,14 @@ def test_the_page_states_the_goals_and_a_chart_failure_loses_nothing(tmp_path, m
         "options": {**TrickleOptions(modes=("steady",)).__dict__},
         "machine": {"cpu": "cpu", "cores": 2, "memory_gib": 24, "os": "Linux", "python": "3.11", "kafka": "4.2.0"}
         | {"pyspark": "4.2.0", "delta_spark": "4.4.0"},
+        "watcher_load": {
+            "seconds": 120.0,
+            "poll_s": 1.0,
+            "triggerer_cpu_s": {"not-watching": 3.0, "watching": 6.6},
+            "watcher_cpu_ms_per_poll": 30.0,
+            "watcher_core_percent": 3.0,
+            "broker_requests_per_poll": 2,
+        },
         "results": [
             {**row, "system": "wavepipe", "mode": "steady", "exactly_once": True, "series": [[0, 20.0]]},
             {**row, "system": "spark_streaming", "mode": "steady", "exactly_once": True, "p50_s": 4.0, "series": []},
@@ -69,6 +77,7 @@ def test_the_page_states_the_goals_and_a_chart_failure_loses_nothing(tmp_path, m
     paths = save(result, tmp_path)
     assert [p.name for p in paths] == ["trickle.json", "trickle.md"]
     page = (tmp_path / "trickle.md").read_text()
+    assert "used 6.6 CPU s with the ingest DAG's watcher polling every 1 s, and 3.0 s without" in page
     assert (
         "**missed** (p50 20.0 s, p95 31.0 s" in page and "wavepipe's p50 is 5.0x Spark Structured Streaming's" in page
     )
