@@ -13,6 +13,7 @@ fetched once per committed offset (its timestamp and size; kept until the group 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -156,12 +157,13 @@ class Watch:
 class LagProbe:
     """Measures a group's lag on a topic, keeping one admin client and one assign-only consumer
     (it never joins the group and never commits) between measurements. Not thread-safe: one
-    watcher owns it."""
+    watcher owns it (``close`` may come from another thread)."""
 
     def __init__(self, settings: Settings, topic: str, group: str):
         self.settings, self.topic, self.group = settings, topic, group
         self._consumer = None
         self._admin = None
+        self._lock = threading.Lock()
         self._partition_list: list[int] | None = None
         self._partitions_at = 0.0
         self._oldest: dict[tuple[int, int], tuple[int, int]] = {}  # (partition, offset) -> (ts ms, bytes)
@@ -188,6 +190,10 @@ class LagProbe:
         return self._partition_list
 
     def measure(self, *, oldest: bool) -> Lag:
+        with self._lock:  # a close from the trigger's cleanup waits for a measurement in flight
+            return self._measure(oldest=oldest)
+
+    def _measure(self, *, oldest: bool) -> Lag:
         """Two requests (the group's committed offsets, the last stable offsets), plus the
         earliest offsets while the group has none somewhere, and the oldest records if asked."""
         partitions = self._partitions()
@@ -245,6 +251,10 @@ class LagProbe:
         return found
 
     def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None

@@ -293,9 +293,9 @@ class CommitOperator(WavepipeOperator):
     """Commit the safe offsets once the output is validated and published, and write the run report.
 
     ``follow_up``: the asset an event-driven DAG runs on (its outlets then hold an ``AssetAlias``):
-    when records arrived after the run's planned ends (a cap, or data newer than the plan), an
-    event for it queues one follow-up run, while this run still holds the DAG's one active slot
-    (a watcher's event for the same data joins the same queued run)."""
+    when a cap left records the run's plan saw (on the watched topic and group), an event for it
+    queues one follow-up run, while this run still holds the DAG's one active slot. Records newer
+    than the plan are the watcher's to judge against its thresholds."""
 
     def __init__(self, *, follow_up: Asset | None = None, **kwargs):
         super().__init__(**kwargs)
@@ -309,11 +309,16 @@ class CommitOperator(WavepipeOperator):
 
     def execute(self, context) -> str:
         report = pipeline.commit_step(self.settings(), context["run_id"])
-        unplanned = 0 if report.get("window") else pipeline.unplanned_records(report)
-        if self.follow_up is not None and unplanned:
+        left = 0 if report.get("window") else pipeline.left_by_cap(report)
+        watched = self.follow_up is not None and (report.get("topic"), report.get("group")) == (
+            self.follow_up.extra.get("topic"),
+            self.follow_up.extra.get("group"),
+        )
+        if watched and left:
+            # newer records are the watcher's to judge against its thresholds
             (alias,) = [o for o in self.outlets if isinstance(o, AssetAlias)]
-            context["outlet_events"][alias].add(self.follow_up, extra={"unplanned_records": unplanned})
-            self.log.info("%d records arrived after this run's plan: a follow-up run is queued", unplanned)
+            context["outlet_events"][alias].add(self.follow_up, extra={"left_by_cap": left})
+            self.log.info("a cap left %d records this run's plan saw: a follow-up run is queued", left)
         self.log.info("run report: file://%s (JSON twin: %s)", report["report_html"], report["report_path"])
         self.log.info("totals: %s", report["totals"])
         return report["report_html"]

@@ -88,9 +88,11 @@ class GroupLagTrigger(BaseEventTrigger):
         backoff, said_at, polls = self.poll_s, time.monotonic() - STATUS_EVERY_S, 0  # the first state at once
         while True:
             try:
+                # its own threads: Kafka calls that wait must not hold up the triggerer's other triggers
                 if self._probe is None:
-                    self._probe = await sync_to_async(self._open)()
-                lag = await sync_to_async(self._probe.measure)(oldest=self.thresholds.needs_oldest)
+                    self._probe = await sync_to_async(self._open, thread_sensitive=False)()
+                probe = self._probe
+                lag = await sync_to_async(probe.measure, thread_sensitive=False)(oldest=self.thresholds.needs_oldest)
             except Exception as exc:  # the broker down or restarting: say so, wait, try again
                 log.warning("%s: could not measure the lag (%s); trying again in %.0f s", where, exc, backoff)
                 await self._close()
@@ -126,7 +128,10 @@ class GroupLagTrigger(BaseEventTrigger):
     async def _close(self) -> None:
         probe, self._probe = self._probe, None
         if probe is not None:
-            await sync_to_async(probe.close)()
+            try:
+                await sync_to_async(probe.close, thread_sensitive=False)()
+            except Exception as exc:  # a client that will not close must not end the watcher
+                log.warning("closing the lag probe of %r: %s", self.group, exc)
 
     async def cleanup(self) -> None:
         await self._close()

@@ -489,11 +489,12 @@ def _lag_after(settings: Settings, plan: RunPlan, report: dict) -> None:
         after = report["commit"].get(p, {}).get("after")
         part["lag_after"] = latest[int(p)] - after if int(p) in latest and after is not None else None
         part["unplanned"] = max(0, latest[int(p)] - ends[p]) if int(p) in latest and p in ends else None
+        part["left_by_cap"] = max(0, plan.latest[int(p)] - ends[p]) if int(p) in plan.latest and p in ends else 0
 
 
-def unplanned_records(report: dict) -> int:
-    """Records on the topic after the run's planned ends when it committed (0 if unknown)."""
-    return sum(part.get("unplanned") or 0 for part in report.get("partitions", {}).values())
+def left_by_cap(report: dict) -> int:
+    """Records the run's plan saw on the topic but a cap left for a later run."""
+    return sum(part.get("left_by_cap") or 0 for part in report.get("partitions", {}).values())
 
 
 def run_once(settings: Settings, *, run_id: str | None = None, **request: Unpack[RunRequest]) -> dict:

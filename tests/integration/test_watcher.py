@@ -133,21 +133,29 @@ def test_data_starts_a_run_and_data_during_it_one_follow_up_run(airflow, spark):
     _wait("the watcher to fire for the third batch", lambda: fired() > sent)
     last_sent = time.time()
 
-    _wait("every run to finish and the group to commit every record", lambda: _settled(api, settings))
-    time.sleep(5)  # a late event would have queued another run by now
+    def quiet() -> bool:  # settled, and no run created in the next 5 s (a late event's, the schedule's)
+        if not _settled(api, settings):
+            return False
+        count = len(_runs(api))
+        time.sleep(5)
+        return len(_runs(api)) == count and _settled(api, settings)
+
+    _wait("every run to finish and the group to commit every record", quiet)
     runs = {r["dag_run_id"]: r for r in _runs(api)}
     assert all(r["state"] == "success" for r in runs.values()), runs
     run_a = runs[a_id]
     a_start, a_end = _when(run_a["start_date"]), _when(run_a["end_date"])
     assert a_end > last_sent, "the first run ended before the later data was sent: nothing tested the follow-up"
-    # one follow-up run, after the first one ended; runs never overlapped
+    # one follow-up run started by the watcher after the first one ended (the 15-minute schedule
+    # may add a run of its own when the test crosses a quarter hour); runs never overlapped
     after_a = [r for r in runs.values() if r["dag_run_id"] not in before and r["dag_run_id"] != a_id]
-    assert [r["run_type"] for r in after_a] == ["asset_triggered"], after_a
+    follow_ups = [r for r in after_a if r["run_type"] == "asset_triggered"]
+    assert len(follow_ups) == 1 and {r["run_type"] for r in after_a} <= {"asset_triggered", "scheduled"}, after_a
     spans = sorted((_when(r["start_date"]), _when(r["end_date"]), r["dag_run_id"]) for r in runs.values())
     for (_, end, earlier), (start, _, later) in itertools.pairwise(spans):
         assert start >= end, f"{later} started before {earlier} ended"
 
-    # the events: the watcher's (each arrival during the first run) and the first run's commit's
+    # the events: the watcher's, one for each arrival during the first run
     (asset,) = api.get("/api/v2/assets", params={"name_pattern": f"{DAG_ID}__lag"}).json()["assets"]
     assert asset["uri"] == f"x-wavepipe://lag/{DAG_ID}" and asset["extra"]["group"] == settings.group
     events = api.get("/api/v2/assets/events", params={"asset_id": asset["id"], "limit": 100}).json()["asset_events"]
@@ -156,12 +164,11 @@ def test_data_starts_a_run_and_data_during_it_one_follow_up_run(airflow, spark):
     during = [e for e in fired if a_start < _when(e["timestamp"]) < a_end]
     assert len(during) >= 2, [(e["timestamp"], e["extra"]) for e in events]
     report_a = json.loads((settings.reports_dir / f"{safe_run_id(a_id)}.json").read_text())
-    unplanned = sum(p["unplanned"] for p in report_a["partitions"].values())
-    assert unplanned >= len(third), report_a["partitions"]
-    (asked,) = [e for e in events if e["source_run_id"] == a_id]
-    assert asked["source_task_id"] == "commit" and asked["extra"]["unplanned_records"] == unplanned, asked
+    assert sum(p["unplanned"] for p in report_a["partitions"].values()) >= len(third), report_a["partitions"]
+    # no cap left anything, so the first run's commit asked for no follow-up: the watcher did
+    assert not [e for e in events if e["source_run_id"] == a_id], events
     progress(
-        f"{len(fired)} watcher events, {len(during)} during run {a_id}; one follow-up run: {after_a[0]['dag_run_id']}"
+        f"{len(fired)} watcher events, {len(during)} during run {a_id}; one follow-up run: {follow_ups[0]['dag_run_id']}"
     )
 
     # every waveform once, bit-exact, and each run that read something has a report
@@ -170,5 +177,5 @@ def test_data_starts_a_run_and_data_during_it_one_follow_up_run(airflow, spark):
     assert sorted((r[0], r[1]) for r in rows) == sorted((s.waveform_id, s.checksum) for s in sent)
     assert all(r[1] == r[2] for r in rows)
     readers = {r[3] for r in rows}
-    assert readers == {safe_run_id(a_id), safe_run_id(after_a[0]["dag_run_id"])}
+    assert safe_run_id(a_id) in readers and readers <= {safe_run_id(r) for r in runs if r not in before}
     assert {p.stem for p in settings.reports_dir.glob("*.json")} >= readers

@@ -125,3 +125,20 @@ def test_a_follow_up_without_an_alias_to_emit_through_is_refused_at_parse_time()
 
     with pytest.raises(ValueError, match="follow_up needs exactly one AssetAlias among the outlets"):
         CommitOperator(task_id="commit", follow_up=Asset(name="a", uri="x-wavepipe://lag/a"))
+
+
+def test_a_run_counts_what_a_cap_left_apart_from_what_came_after_its_plan(monkeypatch, tmp_path):
+    """The report's ``left_by_cap`` (a capped event-driven run's follow-up) and ``unplanned``; the
+    end offsets at commit time stand in for the broker's answer."""
+    from wavepipe import pipeline
+    from wavepipe.consumers import kafka_admin
+    from wavepipe.contracts.config import load_settings
+    from wavepipe.contracts.plan import OffsetRange, RunPlan
+
+    plan = RunPlan.new("r1", "t", "g", [OffsetRange("t", 0, 0, 10), OffsetRange("t", 1, 5, 5)], latest={0: 25, 1: 5})
+    report = {"partitions": {"0": {}, "1": {}}, "commit": {"0": {"after": 8}, "1": {"after": 5}}}
+    monkeypatch.setattr(kafka_admin, "list_offsets", lambda *a, **k: {0: 30, 1: 7})
+    pipeline._lag_after(load_settings(home=tmp_path), plan, report)
+    assert report["partitions"]["0"] == {"lag_after": 22, "unplanned": 20, "left_by_cap": 15}
+    assert report["partitions"]["1"] == {"lag_after": 2, "unplanned": 2, "left_by_cap": 0}
+    assert pipeline.left_by_cap(report) == 15

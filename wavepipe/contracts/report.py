@@ -154,6 +154,7 @@ def build_report(
             "lag_before": max(0, plan.latest[r.partition] - r.start) if r.partition in plan.latest else None,
             "lag_after": None,  # set by the commit: records after the committed offset then
             "unplanned": None,  # set by the commit: of those, the records after ``end`` (a cap, or newer)
+            "left_by_cap": 0,  # set by the commit: records the plan saw after ``end`` (left by a cap)
             **to_record(acc),
         }
     totals: dict[str, int] = {}
