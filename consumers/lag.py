@@ -128,8 +128,8 @@ class Watch:
 
     So polling during a run adds an event only for new data, and Airflow keeps one queued run per
     DAG however many events arrive: with ``max_active_runs=1``, one follow-up run after the one in
-    flight. A run that leaves records it did not plan (a cap, or data that came after it planned)
-    asks for its own follow-up from its commit task (``CommitOperator``), while it still runs."""
+    flight. A run that a cap cut short asks for its own follow-up from its commit task
+    (``CommitOperator``), while it still runs."""
 
     def __init__(self, thresholds: Thresholds, *, new_group_start: str = "", refire_s: float = 300.0):
         self.thresholds, self.new_group_start, self.refire_s = thresholds, new_group_start, refire_s
@@ -262,7 +262,7 @@ class LagProbe:
 
 
 def group_lag(settings: Settings, topic: str, group: str, *, oldest: bool = False) -> Lag:
-    """One measurement of ``group``'s lag on ``topic`` (``wavepipe status`` and tests)."""
+    """One measurement of ``group``'s lag on ``topic``, with clients of its own."""
     probe = LagProbe(settings, topic, group)
     try:
         return probe.measure(oldest=oldest)

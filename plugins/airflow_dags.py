@@ -184,7 +184,7 @@ def wavepipe_ingest_dag(
     }
     common = _pipeline(named, settings, kafka_conn_id=kafka_conn_id, spark_conn_id=spark_conn_id)
     schedule, lag_asset = _on_lag(dag_id, schedule, topic, group, common)
-    # a run that leaves records it did not plan queues its follow-up through this alias
+    # a run that a cap cut short queues its follow-up through this alias
     follow_up = {"follow_up": lag_asset, "outlets": [AssetAlias(f"{dag_id}__follow_up")]} if lag_asset else {}
     with _dag(
         dag_id,
