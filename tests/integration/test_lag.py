@@ -59,3 +59,57 @@ def test_records_bytes_and_the_oldest_records_age_without_touching_the_group(set
 def test_an_unknown_topic_is_an_error_naming_it(settings):
     with pytest.raises(Exception, match=f"topic '{settings.topic}-nope' does not exist"):
         group_lag(settings, f"{settings.topic}-nope", settings.group)
+
+
+def test_the_watcher_outlives_a_topic_that_is_missing_and_fires_once_records_arrive(settings, monkeypatch):
+    """``GroupLagTrigger.run`` as the triggerer drives it: a measurement that fails (the topic does
+    not exist yet) is logged and retried; once the topic has records, it fires, naming them."""
+    import asyncio
+    import logging
+
+    from wavepipe.plugins import triggers
+
+    monkeypatch.setattr(triggers, "MAX_BACKOFF_S", 1.0)  # the retries' pace only
+    said: list[str] = []
+
+    class Said(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+
+    trigger = triggers.GroupLagTrigger(
+        topic=settings.topic,
+        group=settings.group,
+        records=1,
+        poll_s=0.2,
+        new_group_start="earliest",
+        settings_overrides={"bootstrap_servers": settings.bootstrap_servers, "home": str(settings.home)},
+    )
+
+    async def scenario():
+        events = trigger.run()
+        first = asyncio.ensure_future(events.__anext__())
+        while sum("could not measure the lag" in m for m in said) < 2:
+            assert not first.done(), first  # no event, and no end, while the topic is missing
+            await asyncio.sleep(0.2)
+        await asyncio.to_thread(ensure_topic, settings, partitions=2)
+        consumer = await asyncio.to_thread(group_consumer, settings, settings.group)
+        await asyncio.to_thread(
+            consumer.commit, offsets=[TopicPartition(settings.topic, p, 0) for p in (0, 1)], asynchronous=False
+        )
+        consumer.close()
+        await asyncio.to_thread(produce_in_order, settings, waveform_records("w", n_chunks=2)[0], 1)
+        event = await asyncio.wait_for(first, timeout=120)
+        await trigger.cleanup()
+        await events.aclose()
+        return event
+
+    logger = logging.getLogger("wavepipe.plugins.triggers")
+    handler = Said(level=logging.INFO)
+    logger.addHandler(handler)
+    try:
+        event = asyncio.run(asyncio.wait_for(scenario(), timeout=240))
+    finally:
+        logger.removeHandler(handler)
+    assert event.payload["topic"] == settings.topic and event.payload["group"] == settings.group
+    assert event.payload["lag_records"] == 2 and event.payload["reasons"] == ["lag 2 records >= 1"]
+    assert any(f"topic '{settings.topic}' does not exist" in m for m in said), said
