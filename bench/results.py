@@ -17,6 +17,27 @@ def default_results_dir() -> Path:
     return root / "docs" / "benchmarks" if root else Path.cwd() / "wavepipe-bench"
 
 
+def save_page(result: dict, out_dir: Path, name: str, to_markdown, chart) -> list[Path]:
+    """``<name>.json``, ``<name>.png`` (``chart(result, path)``) and ``<name>.md``
+    (``to_markdown(result)``) in ``out_dir``. The chart only describes: a failure to draw it is
+    logged, never a lost result."""
+    import json
+    import logging
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{name}.json"]
+    paths[0].write_text(json.dumps(result, indent=1, default=str) + "\n")
+    png = out_dir / f"{name}.png"
+    try:
+        chart(result, png)
+        paths.append(png)
+    except Exception as exc:
+        logging.getLogger("wavepipe.bench").warning("could not draw %s: %s", png, exc)
+    md = out_dir / f"{name}.md"
+    md.write_text(to_markdown(result))
+    return [*paths, md]
+
+
 CEILINGS = ("ceiling_kcat", "ceiling_confluent")
 MEMORY_GROWTH_LIMIT = 0.20
 #: Roles whose peak memory should not grow with the backlog (beside the readers').

@@ -590,17 +590,7 @@ def chart(result: dict, path: Path) -> None:
 
 
 def save(result: dict, out_dir: Path) -> list[Path]:
-    """trickle.json, trickle.md and trickle.png in ``out_dir`` (the chart only describes: a
-    failure to draw it is a note, never a lost result)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / "trickle.json"]
-    paths[0].write_text(json.dumps(result, indent=1) + "\n")
-    png = out_dir / "trickle.png"
-    try:
-        chart(result, png)
-        paths.append(png)
-    except Exception as exc:
-        log.warning("could not draw %s: %s", png, exc)
-    md = out_dir / "trickle.md"
-    md.write_text(to_markdown(result))
-    return [*paths, md]
+    """trickle.json, .png and .md in ``out_dir`` (a chart that fails to draw loses nothing)."""
+    from wavepipe.bench.results import save_page
+
+    return save_page(result, out_dir, "trickle", to_markdown, lambda r, path: chart(r, path))

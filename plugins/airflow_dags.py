@@ -31,6 +31,7 @@ from airflow.sdk.bases.timetable import BaseTimetable
 from wavepipe.consumers.lag import Thresholds
 from wavepipe.contracts.config import check_settings, load_settings
 from wavepipe.plugins.hooks import SPARK_CONN_ID, WavepipeHook
+from wavepipe.plugins.maintenance import OptimizeTablesOperator, VacuumTablesOperator
 from wavepipe.plugins.operators import (
     CommitOperator,
     ConsumeOperator,
@@ -45,6 +46,8 @@ from wavepipe.plugins.triggers import GroupLagTrigger
 #: The ingest DAG's default schedule: every 15 minutes, with data intervals (Airflow 3's plain
 #: timedelta schedule has none), so a backfill run has a window to reprocess.
 EVERY_15_MINUTES = DeltaDataIntervalTimetable(timedelta(minutes=15))
+#: The maintenance DAG's default schedule: once a day, at 03:30 UTC.
+DAILY_AT_0330 = "30 3 * * *"
 START_DATE = datetime(2026, 1, 1)
 
 
@@ -297,4 +300,66 @@ def wavepipe_rewind_dag(
         **dag_kwargs,
     ) as dag:
         RewindOperator(task_id="rewind", **common)  # its arguments: the run's params, typed
+    return dag
+
+
+def wavepipe_maintenance_dag(
+    dag_id: str = "wavepipe_maintenance",
+    *,
+    schedule: Any = DAILY_AT_0330,
+    settings: Mapping[str, Any] | None = None,
+    zorder: bool = True,
+    days: int | None = 2,
+    kafka_conn_id: str = WavepipeHook.default_conn_name,
+    spark_conn_id: str = SPARK_CONN_ID,
+    start_date: datetime = START_DATE,
+    tags: list[str] | None = None,
+    **dag_kwargs: Any,
+) -> DAG:
+    """The maintenance DAG: optimize (compact the output tables; ``zorder``: sort the waveforms by
+    start time within each partition; ``days``: only the date partitions of the last N days, None:
+    all) -> vacuum (delete files unused for the setting ``table_retention_hours``). Each task waits
+    for a run's Spark step that holds the tables, and runs hold back meanwhile
+    (docs/operations.md, "Table maintenance"). Give it the same ``settings`` (``home``) as the
+    ingest DAG whose tables it keeps."""
+    if days is not None and (isinstance(days, bool) or not isinstance(days, int) or days < 0):
+        raise ValueError(f"{dag_id}: days must be None (every partition) or 0 or more, got {days!r}")
+    common = _pipeline({}, settings, kafka_conn_id=kafka_conn_id, spark_conn_id=spark_conn_id)
+    with DAG(
+        dag_id=dag_id,
+        description="Output tables: compact (OPTIMIZE, sorted by start time) -> VACUUM old files",
+        schedule=schedule,
+        start_date=start_date,
+        catchup=False,
+        max_active_runs=1,
+        tags=tags if tags is not None else ["wavepipe"],
+        default_args={"retries": 1, "retry_delay": timedelta(minutes=5)},
+        params={
+            "tables": Param(
+                "",
+                type=["null", "string"],
+                description="Comma-separated output tables: waveforms, quarantine, dead_letter (empty: all)",
+            ),
+            "zorder": Param(
+                zorder, type="boolean", description="Also sort the waveforms by start_time within each partition"
+            ),
+            "days": Param(
+                days,
+                type=["null", "integer"],
+                description="Only the waveforms' date partitions of the last N days (0: today; empty: every partition)",
+                minimum=0,
+            ),
+            "retention_hours": _optional(
+                "number",
+                "VACUUM keeps unused files this many hours (empty: the setting table_retention_hours, 168); "
+                "under 168 a reader outside wavepipe on an older version can fail",
+                minimum=0,
+            ),
+            "dry_run": Param(False, type="boolean", description="VACUUM only counts what it would delete"),
+        },
+        **dag_kwargs,
+    ) as dag:
+        optimize = OptimizeTablesOperator(task_id="optimize", **common)
+        vacuum = VacuumTablesOperator(task_id="vacuum", **common)
+        optimize >> vacuum
     return dag

@@ -29,7 +29,7 @@ from wavepipe.plugins.hooks import SPARK_CONN_ID, WavepipeHook
 WINDOW_LANE_RETRY_S = 30
 
 
-def _int_or_none(value: Any, name: str) -> int | None:
+def int_or_none(value: Any, name: str) -> int | None:
     if value in (None, "", "None"):
         return None
     try:
@@ -37,7 +37,7 @@ def _int_or_none(value: Any, name: str) -> int | None:
     except ValueError:
         raise UsageError(f"param {name}={value!r} is not a whole number") from None
     if number < 0:
-        raise UsageError(f"param {name}={number} is negative: give a positive cap, or nothing for none")
+        raise UsageError(f"param {name}={number} is negative: give a positive number, or nothing for none")
     return number
 
 
@@ -190,8 +190,8 @@ class PlanOperator(WavepipeOperator):
                 context["run_id"],
                 topic=self.arg(context, "topic"),
                 group=self.arg(context, "group"),
-                max_records=_int_or_none(self.arg(context, "max_records"), "max_records"),
-                max_bytes=_int_or_none(self.arg(context, "max_bytes"), "max_bytes"),
+                max_records=int_or_none(self.arg(context, "max_records"), "max_records"),
+                max_bytes=int_or_none(self.arg(context, "max_bytes"), "max_bytes"),
                 skip_lost_offsets=flag(self.arg(context, "skip_lost_offsets")),
                 window=window,
                 new_group_start=None if new_group_start in (None, "None") else str(new_group_start),

@@ -9,9 +9,13 @@ keys not there yet, so a retried publish adds nothing twice.
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
+
+from wavepipe.contracts.runfiles import read_json_or
 
 #: Candidate table name -> (keys that identify a row, partition columns).
 TABLE_KEYS = {
@@ -35,33 +39,92 @@ def delta_version(path: Path) -> int | None:
     return max(versions) if versions else None
 
 
-def delta_row_count(path: Path) -> int | None:
-    """The rows of the table's latest version, from its log's own file statistics (``numRecords``
-    of each live data file), without a Spark job; None when the log cannot say (no table, commits
-    already cleaned up, a file written without statistics or with deleted rows): then ask Spark.
+@dataclass
+class DeltaLog:
+    """A Delta table's latest version as its log tells it, read without Spark.
 
-    Every commit from version 0 is replayed in order (checkpoints are not needed then): a file
-    added and later removed (an overwrite, a DELETE) is not counted."""
-    import json
+    ``files``: the live data files, path (relative to the table, URL-encoded) -> (bytes, rows or
+    None when the log does not say, e.g. a file with deleted rows); ``last``: operation (WRITE,
+    OPTIMIZE, VACUUM END...) -> when it last committed, epoch ms."""
 
+    version: int
+    files: dict[str, tuple[int, int | None]] = field(default_factory=dict)
+    last: dict[str, int] = field(default_factory=dict)
+
+    def apply(self, action: dict) -> None:
+        if "add" in action:
+            add = action["add"]
+            stats = add.get("stats") or "{}"
+            stats = json.loads(stats) if isinstance(stats, str) else stats
+            rows = None if add.get("deletionVector") or "numRecords" not in stats else int(stats["numRecords"])
+            self.files[add["path"]] = (int(add.get("size") or 0), rows)
+        elif "remove" in action:
+            self.files.pop(action["remove"]["path"], None)
+        elif "commitInfo" in action and action["commitInfo"].get("operation"):
+            info = action["commitInfo"]
+            self.last[info["operation"]] = int(info.get("timestamp") or 0)
+
+    @property
+    def rows(self) -> int | None:
+        counts = [rows for _, rows in self.files.values()]
+        return None if any(r is None for r in counts) else sum(counts)
+
+
+def _commit_versions(log_dir: Path) -> list[int]:
+    return sorted(int(f.name[:-5]) for f in log_dir.iterdir() if f.name.endswith(".json") and f.name[:-5].isdigit())
+
+
+def _checkpoint_actions(log_dir: Path, version: int) -> list[dict] | None:
+    """The actions of the table's single-file checkpoint at ``version`` (None: there is none)."""
+    path = log_dir / f"{version:020d}.checkpoint.parquet"
+    if not path.is_file():
+        return None
+    import pyarrow.parquet as pq
+
+    try:
+        rows = pq.read_table(path, columns=["add", "remove"]).to_pylist()
+    except Exception:  # a checkpoint of another shape (v2, damaged): replay from version 0 or give up
+        return None
+    return [{kind: row[kind]} for row in rows for kind in ("add", "remove") if row.get(kind)]
+
+
+def delta_log(path: Path) -> DeltaLog | None:
+    """The table's latest version from its log: every commit from version 0 replayed in order, or
+    its latest single-file checkpoint and the commits after it; None when neither is complete (no
+    table, commits cleaned up past the checkpoint, a multi-part or v2 checkpoint): then ask Spark."""
     log_dir = Path(path) / "_delta_log"
     if not log_dir.is_dir():
         return None
-    commits = sorted(int(f.name[:-5]) for f in log_dir.iterdir() if f.name.endswith(".json") and f.name[:-5].isdigit())
-    if not commits or commits != list(range(len(commits))):
+    commits = _commit_versions(log_dir)
+    if not commits:
         return None
-    live: dict[str, int] = {}
-    for version in commits:
+    start, actions = 0, []
+    if commits[0] != 0:
+        last = read_json_or(log_dir / "_last_checkpoint", {})
+        checkpointed = last.get("version") if isinstance(last, dict) and not last.get("parts") else None
+        checkpoint = _checkpoint_actions(log_dir, checkpointed) if isinstance(checkpointed, int) else None
+        if checkpoint is None or checkpointed > commits[-1]:
+            return None
+        start, actions = checkpointed + 1, checkpoint
+    wanted = [v for v in commits if v >= start]
+    if wanted != list(range(start, start + len(wanted))):
+        return None  # a gap: the replay would be partial
+    state = DeltaLog(version=commits[-1])
+    for action in actions:
+        state.apply(action)
+    for version in wanted:
         for line in (log_dir / f"{version:020d}.json").read_text().splitlines():
-            action = json.loads(line) if line.strip() else {}
-            if "add" in action:
-                stats = json.loads(action["add"].get("stats") or "{}")
-                if "numRecords" not in stats or action["add"].get("deletionVector"):
-                    return None  # no count, or some of the file's rows deleted
-                live[action["add"]["path"]] = int(stats["numRecords"])
-            elif "remove" in action:
-                live.pop(action["remove"]["path"], None)
-    return sum(live.values())
+            if line.strip():
+                state.apply(json.loads(line))
+    return state
+
+
+def delta_row_count(path: Path) -> int | None:
+    """The rows of the table's latest version, from its log's own file statistics (``numRecords``
+    of each live data file), without a Spark job; None when the log cannot say (``delta_log``, a
+    file written without statistics or with deleted rows): then ask Spark."""
+    state = delta_log(path)
+    return state.rows if state else None
 
 
 def read_delta(spark: SparkSession, path: Path, version: int | None = None) -> DataFrame:

@@ -330,6 +330,65 @@ def _engine_line(settings) -> str:
     return LocalEngine(settings).status()
 
 
+def cmd_table(args) -> int:
+    """Maintenance of the output tables: status (from their logs), optimize, vacuum."""
+    from wavepipe import maintenance
+
+    settings = _settings(args)
+    tables = maintenance.pick_tables(args.table)
+    wrong = [
+        flag
+        for flag, value, action in (
+            ("--zorder", args.zorder, "optimize"),
+            ("--since", args.since, "optimize"),
+            ("--days", args.days, "optimize"),
+            ("--retention-hours", args.retention_hours, "vacuum"),
+            ("--dry-run", args.dry_run, "vacuum"),
+        )
+        if value not in (None, False) and args.action != action
+    ]
+    if wrong:
+        raise UsageError(f"{', '.join(wrong)}: not an option of `table {args.action}`")
+    if args.action == "status":
+        print(
+            f"{'table':<12} {'version':>7} {'rows':>8} {'files':>6} {'MB':>9} {'partitions':>10} "
+            f"{'max files/part':>14} {'unreferenced':>12} {'MB':>8}  last optimize / last vacuum"
+        )
+        for t in maintenance.status(settings, tables):
+            if t.version is None:
+                print(f"{t.table:<12} {t.note}")
+                continue
+            rows = "?" if t.rows is None else str(t.rows)
+            print(
+                f"{t.table:<12} {t.version:>7} {rows:>8} {t.files:>6} {t.bytes / 1e6:>9.1f} {t.partitions:>10} "
+                f"{t.files_per_partition_max:>14} {t.unreferenced_files:>12} {t.unreferenced_bytes / 1e6:>8.1f}  "
+                f"{t.last_optimize or 'never'} / {t.last_vacuum or 'never'}"
+            )
+        return 0
+    if args.action == "optimize":
+        since = maintenance.since_date(args.since, args.days)
+        results = maintenance.optimize(settings, tables=tables, zorder=args.zorder, since=since)
+        for r in results:
+            print(
+                f"{r['table']}: {r['skipped']}"
+                if "skipped" in r
+                else f"{r['table']}: {r['files_before']} files -> {r['files_after']} ({r['files_removed']} rewritten "
+                f"into {r['files_added']}, {r['partitions_optimized']} partition(s)) in {r['seconds']:.1f}s"
+            )
+        return 0
+    hours = None if args.retention_hours is None else maintenance.check_retention(args.retention_hours)
+    results = maintenance.vacuum(settings, tables=tables, retention_hours=hours, dry_run=args.dry_run)
+    for r in results:
+        print(
+            f"{r['table']}: {r['skipped']}"
+            if "skipped" in r
+            else f"{r['table']}: {'would delete' if r['dry_run'] else 'deleted'} {r['files_deleted']} file(s), "
+            f"{r['bytes_deleted'] / 1e6:.1f} MB, unused for over {r['retention_hours']:g} h "
+            f"({r['unreferenced_left']} newer unreferenced file(s) kept)"
+        )
+    return 0
+
+
 def cmd_rewind(args) -> int:
     from wavepipe.consumers.rewind import run_cli
 
@@ -373,6 +432,8 @@ def cmd_bench(args) -> int:
         return _bench_consume_scaling(settings, args)
     if args.trickle:
         return _bench_trickle(settings, args)
+    if args.table_layout:
+        return _bench_table_layout(settings, args)
     changes = {
         "parallelism": args.parallelism,
         "partitions": args.partitions,
@@ -447,6 +508,27 @@ def _bench_trickle(settings, args) -> int:
         print(f"  {'n/a ' if met is None else ('met ' if met else 'MISS')} {name}: {numbers}")
     print(f"results: {', '.join(map(str, paths))}")
     return 0 if all(r["exactly_once"] for r in result["results"]) else 1
+
+
+def _bench_table_layout(settings, args) -> int:
+    from pathlib import Path
+
+    from wavepipe.bench import table_layout
+    from wavepipe.bench.results import default_results_dir
+
+    command = " ".join(["wavepipe", "bench", *sys.argv[2:]])
+    options = (
+        table_layout.LayoutOptions.quick(command=command) if args.quick else table_layout.LayoutOptions(command=command)
+    )
+    out = Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else default_results_dir())
+    result = table_layout.run_layout(settings, options)
+    paths = table_layout.save(result, out)
+    print(table_layout.to_markdown(result))
+    goals = table_layout.goals(result)
+    for name, met, numbers in goals:
+        print(f"  {'n/a ' if met is None else ('met ' if met else 'MISS')} {name}: {numbers}")
+    print(f"results: {', '.join(map(str, paths))}")
+    return 0 if goals[-1][1] else 1
 
 
 def _bench_consume_scaling(settings, args) -> int:
@@ -597,6 +679,28 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--group", help="default: config `group`")
     s.set_defaults(func=cmd_status)
 
+    tb = sub.add_parser(
+        "table",
+        help="the output tables: status (files, size, what VACUUM frees), optimize (compact, --zorder), vacuum",
+    )
+    tb.add_argument("action", choices=["status", "optimize", "vacuum"])
+    tb.add_argument("--table", action="append", help="only this table (waveforms, quarantine, dead_letter; repeatable)")
+    tb.add_argument(
+        "--zorder",
+        action="store_true",
+        help="optimize: also sort the waveforms by start_time within each source/date partition (rewrites "
+        "every file of the partitions it touches: limit it with --since or --days)",
+    )
+    tb.add_argument("--since", help="optimize: only the waveforms' date partitions from this day on (YYYY-MM-DD)")
+    tb.add_argument("--days", type=int, help="optimize: only the date partitions of the last N days (0: today)")
+    tb.add_argument(
+        "--retention-hours",
+        type=float,
+        help="vacuum: keep unused files this many hours (default: setting table_retention_hours, 168)",
+    )
+    tb.add_argument("--dry-run", action="store_true", help="vacuum: count what it would delete, delete nothing")
+    tb.set_defaults(func=cmd_table)
+
     rw = sub.add_parser("rewind", help="move a group's committed offsets (dry run unless --execute)")
     rw.add_argument("--topic", help="default: config `topic`")
     rw.add_argument("--group", help="default: config `group`")
@@ -663,6 +767,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only the freshness benchmark: one waveform a second, then bursts, into wavepipe's event-driven "
         "DAG (real Airflow services) and into Spark Structured Streaming; results in docs/benchmarks/trickle.*",
+    )
+    b.add_argument(
+        "--table-layout",
+        action="store_true",
+        help="only the table-layout benchmark: 200 micro-batch appends against one batch, a typical read before "
+        "and after `wavepipe table optimize`; results in docs/benchmarks/table-layout.*",
     )
     b.add_argument("--seconds", type=int, help="--trickle: how long each system is sent to, per mode (default 180)")
     b.set_defaults(func=cmd_bench)

@@ -80,10 +80,10 @@ def run_demo(settings: Settings, *, count: int, waveform_bytes: int, dags_test: 
 
 
 def _check_output(settings: Settings, sent) -> list[str]:
-    from wavepipe.engine import reading_session
+    from wavepipe.engine import table_session
     from wavepipe.spark_apps.verify import compare_to_manifest
 
-    with reading_session(settings) as spark:
+    with table_session(settings) as spark:
         manifest = spark.createDataFrame(
             [(s.waveform_id, s.checksum) for s in sent], "waveform_id string, checksum string"
         )

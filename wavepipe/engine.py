@@ -263,9 +263,9 @@ def drop_cached_data(spark) -> None:
 
 
 @contextlib.contextmanager
-def reading_session(settings: Settings) -> Iterator[object]:
-    """A session to read tables with: on the engine (``spark_engine = "connect"``), else an
-    in-process one, stopped afterwards."""
+def table_session(settings: Settings) -> Iterator[object]:
+    """A session to read (or maintain) the tables with: on the engine (``spark_engine =
+    "connect"``), else an in-process one, stopped afterwards."""
     if settings.spark_engine == "connect":
         with attached(settings) as spark:
             yield spark

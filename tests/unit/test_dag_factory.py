@@ -17,7 +17,7 @@ def test_the_dag_folder_imports_with_its_wiring():
 
     bag = DagBag(dag_folder=str(DAGS_FOLDER))
     assert bag.import_errors == {}
-    assert sorted(bag.dags) == ["wavepipe_ingest", "wavepipe_rewind"]
+    assert sorted(bag.dags) == ["wavepipe_ingest", "wavepipe_maintenance", "wavepipe_rewind"]
     dag = bag.dags["wavepipe_ingest"]
     assert [t.task_id for t in dag.topological_sort()] == ["plan", "consume", "reassemble", "validate", "commit"]
     assert dag.max_active_runs == 1 and not dag.catchup
@@ -35,6 +35,32 @@ def test_the_dag_folder_imports_with_its_wiring():
     rewind = bag.dags["wavepipe_rewind"]
     assert [t.task_id for t in rewind.tasks] == ["rewind"] and rewind.schedule is None
     assert {"mode", "value", "execute", "force", "reason", "partitions"} <= set(rewind.params)
+    maintenance = bag.dags["wavepipe_maintenance"]
+    assert [t.task_id for t in maintenance.topological_sort()] == ["optimize", "vacuum"]
+    assert maintenance.max_active_runs == 1 and not maintenance.catchup
+    assert type(maintenance.timetable).__name__ == "CronTriggerTimetable"
+    assert {k: maintenance.params[k] for k in maintenance.params} == {
+        "tables": "",
+        "zorder": True,
+        "days": 2,
+        "retention_hours": None,
+        "dry_run": False,
+    }
+
+
+def test_the_maintenance_dag_keeps_a_pipelines_tables_and_refuses_bad_arguments():
+    from wavepipe.plugins.airflow_dags import wavepipe_maintenance_dag
+
+    dag = wavepipe_maintenance_dag(
+        dag_id="seismic_maintenance", settings={"home": "/data/seismic"}, zorder=False, days=None, schedule=None
+    )
+    assert dag.params["zorder"] is False and dag.params["days"] is None and dag.schedule is None
+    assert {t.settings_overrides["home"] for t in dag.tasks} == {"/data/seismic"}
+    for days in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="days must be None"):
+            wavepipe_maintenance_dag(dag_id="m", days=days)
+    with pytest.raises(SettingsError, match="table_retention_hours"):
+        wavepipe_maintenance_dag(dag_id="m", settings={"table_retention_hours": -2})
 
 
 def test_two_pipelines_side_by_side_each_with_its_own_settings_and_connections():

@@ -2,7 +2,7 @@
 
 import json
 
-from wavepipe.spark_apps.tables import delta_row_count
+from wavepipe.spark_apps.tables import delta_log, delta_row_count
 
 
 def _commit(table, version, *actions):
@@ -39,3 +39,31 @@ def test_the_log_says_nothing_when_it_cannot_be_sure(tmp_path):
     gap = tmp_path / "gap"  # commits cleaned up by log retention: the replay would be partial
     _commit(gap, 3, _add("a.parquet", 1))
     assert delta_row_count(gap) is None
+
+
+def test_a_log_cleaned_up_past_its_checkpoint_is_read_from_the_checkpoint(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = tmp_path / "t"
+    log = table / "_delta_log"
+    log.mkdir(parents=True)
+    add = pa.struct([("path", pa.string()), ("size", pa.int64()), ("stats", pa.string())])
+    remove = pa.struct([("path", pa.string()), ("size", pa.int64())])
+    rows = [
+        {"add": {"path": "a.parquet", "size": 10, "stats": json.dumps({"numRecords": 3})}, "remove": None},
+        {"add": {"path": "b.parquet", "size": 20, "stats": json.dumps({"numRecords": 4})}, "remove": None},
+        {"add": None, "remove": {"path": "old.parquet", "size": 5}},
+    ]
+    pq.write_table(
+        pa.Table.from_pylist(rows, schema=pa.schema([("add", add), ("remove", remove)])),
+        log / f"{10:020d}.checkpoint.parquet",
+    )
+    (log / "_last_checkpoint").write_text(json.dumps({"version": 10, "size": 3}))
+    _commit(table, 10, {"commitInfo": {}})  # commits 0-9 cleaned up
+    _commit(table, 11, {"remove": {"path": "a.parquet"}}, _add("c.parquet", 6))
+    state = delta_log(table)
+    assert state.version == 11 and sorted(state.files) == ["b.parquet", "c.parquet"] and state.rows == 10
+    assert delta_row_count(table) == 10
+    (log / "_last_checkpoint").write_text(json.dumps({"version": 10, "parts": 2}))  # multi-part: not read
+    assert delta_log(table) is None

@@ -372,6 +372,11 @@ class Settings(BaseModel):
     watch_bytes: Annotated[Count, Field(ge=0), Rule("must be 0 (off) or a number of bytes")] = 0
     watch_max_delay_s: Annotated[Number, Field(ge=0), Rule("must be 0 (off) or a number of seconds")] = 0.0
     watch_poll_s: Annotated[Number, Field(ge=0.1, le=3600), Rule("must be 0.1 to 3600 seconds")] = 2.0
+    #: ``wavepipe table vacuum`` (and the maintenance DAG) keeps the files an output table no
+    #: longer uses for this many hours, for readers outside wavepipe still on an older version;
+    #: under 168 (Delta's own safety check) such a reader can fail. wavepipe's runs never do: the
+    #: vacuum waits for their Spark steps (docs/operations.md, "Table maintenance").
+    table_retention_hours: Annotated[Number, Field(ge=0, le=87_600), Rule("must be 0 to 87600 hours")] = 168.0
     #: ``wavepipe airflow up``: the Airflow API server (UI and REST API) listens on 127.0.0.1 here.
     airflow_port: Annotated[Count, Field(ge=1, le=65535), Rule("must be a TCP port, 1-65535")] = 8080
 

@@ -1,0 +1,341 @@
+"""A table under many small runs: 200 micro-batch appends against the same data in one batch.
+
+Event-driven runs publish a few waveforms each, so every run adds a few small files to each
+``source``/``date`` partition of the waveforms table. This benchmark writes the same synthetic
+waveforms twice on the Spark engine: once as ``batches`` appends through the publish step's own
+writer (``append_new``, one Delta commit each, as ``batches`` runs would), once in one write. It
+then times a typical read, one source over one hour (its rows' payloads summed, so the bytes are
+read), on the one-batch table and on the micro-batch table before compaction, after
+``wavepipe table optimize`` (compaction) and after ``optimize --zorder`` (sorted by start time), and
+times the maintenance itself and the VACUUM that frees the replaced files. Every read's row count
+is checked against what was written (each waveform exactly once, in every state).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import statistics
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from wavepipe.contracts.config import Settings
+
+log = logging.getLogger("wavepipe.bench")
+
+#: The goal: a read on the compacted table within this multiple of the one-batch table's.
+GOAL_RATIO = 1.2
+T0 = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
+
+
+@dataclass
+class LayoutOptions:
+    batches: int = 200
+    sources: int = 4
+    per_batch: int = 24  # waveforms per micro-batch, spread over the sources
+    waveform_bytes: int = 64 * 1024
+    hours: float = 24.0  # start times span this long (over two dates), in batch order
+    reads: int = 7  # timed reads per table state, after one warm-up; the median counts
+    command: str = ""
+
+    @classmethod
+    def quick(cls, **changes) -> LayoutOptions:
+        return cls(**{"batches": 20, "per_batch": 8, "waveform_bytes": 8 * 1024, "reads": 3, **changes})
+
+
+def _rows(options: LayoutOptions, batch: int) -> list[tuple]:
+    """The waveforms of one micro-batch, as output rows: deterministic noise payloads (they do not
+    compress, as real sample noise hardly does), start times in arrival order."""
+    import numpy as np
+
+    step = timedelta(hours=options.hours) / (options.batches * options.per_batch)
+    rows = []
+    for i in range(options.per_batch):
+        n = batch * options.per_batch + i
+        payload = np.random.default_rng(n).bytes(options.waveform_bytes)
+        start = T0 + n * step
+        samples = options.waveform_bytes // 4
+        rows.append(
+            (
+                f"layout-{n:07d}",
+                f"station-{i % options.sources}",
+                start,
+                start.date(),
+                "float32",
+                1,
+                100.0,
+                samples,
+                samples / 100.0,
+                len(payload),
+                max(1, len(payload) // 65536),
+                hashlib.sha256(payload).hexdigest(),
+                payload,
+                "layout",
+                0,
+                n,
+                n,
+                True,
+            )
+        )
+    return rows
+
+
+def _queries(options: LayoutOptions) -> list[tuple[str, datetime, datetime, int]]:
+    """``reads`` (source, hour start, hour end, rows expected) across the span, in both dates."""
+    step = timedelta(hours=options.hours) / (options.batches * options.per_batch)
+    total = options.batches * options.per_batch
+    out = []
+    for k in range(options.reads):
+        source = f"station-{k % options.sources}"
+        begin = T0 + timedelta(hours=int((k + 0.5) * options.hours / options.reads))
+        end = begin + timedelta(hours=1)
+        expected = sum(
+            1
+            for n in range(total)
+            if f"station-{(n % options.per_batch) % options.sources}" == source and begin <= T0 + n * step < end
+        )
+        out.append((source, begin, end, expected))
+    return out
+
+
+def _read(spark, path: Path, source: str, begin: datetime, end: datetime) -> tuple[int, int, float]:
+    """One typical read of the table: the rows of ``source`` in [begin, end), payload bytes summed."""
+    from pyspark.sql import functions as F
+
+    from wavepipe.spark_apps.tables import read_delta
+
+    began = time.perf_counter()
+    row = (
+        read_delta(spark, path)
+        .where((F.col("source") == source) & (F.col("start_time") >= begin) & (F.col("start_time") < end))
+        .agg(F.count("*").alias("n"), F.sum(F.length("payload")).alias("bytes"))
+        .collect()[0]
+    )
+    return int(row["n"]), int(row["bytes"] or 0), time.perf_counter() - began
+
+
+def _measure(spark, states: list[tuple[str, Path]], options: LayoutOptions) -> list[dict]:
+    """Time the reads on every state (name, table) side by side: each query is run on each
+    table in turn, after one warm-up read of each, so a drift in the machine's speed is shared
+    by all; every read's rows are checked against what was written."""
+    from wavepipe.maintenance import table_status
+
+    queries = _queries(options)
+    for _, path in states:
+        _read(spark, path, *queries[0][:3])  # warm-up: the engine's code paths, the table's log
+    times: dict[str, list[float]] = {name: [] for name, _ in states}
+    wrong: dict[str, list[str]] = {name: [] for name, _ in states}
+    for source, begin, end, expected in queries:
+        for name, path in states:
+            n, size, seconds = _read(spark, path, source, begin, end)
+            times[name].append(seconds)
+            if n != expected or size != expected * options.waveform_bytes:
+                wrong[name].append(f"{source} {begin:%Y-%m-%d %H:%M}: {n} rows ({size} B), expected {expected}")
+    results = []
+    for name, path in states:
+        total = read_count(spark, path)
+        if total != options.batches * options.per_batch:
+            wrong[name].append(f"{total} distinct waveforms, expected {options.batches * options.per_batch}")
+        status = table_status("waveforms", path)
+        results.append(
+            {
+                "state": name,
+                "files": status.files,
+                "mb": round(status.bytes / 1e6, 1),
+                "partitions": status.partitions,
+                "files_per_partition_max": status.files_per_partition_max,
+                "read_median_s": round(statistics.median(times[name]), 3),
+                "read_min_s": round(min(times[name]), 3),
+                "read_max_s": round(max(times[name]), 3),
+                "rows_per_read": [q[3] for q in queries],
+                "errors": wrong[name],
+            }
+        )
+        log.info(
+            "table layout, %s: %d files, one source over one hour read in %.3f s (median of %d)%s",
+            name,
+            status.files,
+            results[-1]["read_median_s"],
+            len(queries),
+            f"; WRONG: {wrong[name]}" if wrong[name] else "",
+        )
+    return results
+
+
+def read_count(spark, path: Path) -> int:
+    from pyspark.sql import functions as F
+
+    from wavepipe.spark_apps.tables import read_delta
+
+    return int(read_delta(spark, path).agg(F.count_distinct("waveform_id").alias("n")).collect()[0]["n"])
+
+
+def run_layout(settings: Settings, options: LayoutOptions) -> dict:
+    from wavepipe import engine, maintenance
+    from wavepipe.bench.runner import machine_info
+    from wavepipe.local.engine import LocalEngine
+    from wavepipe.spark_apps.tables import append_new, delta_version, read_delta
+
+    began = time.monotonic()
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    s = settings.replace(
+        home=settings.home / "bench" / f"table-layout-{stamp}",
+        spark_remote="",
+        spark_engine="connect",
+        spark_connect_port=0,
+    )
+    micro, one = s.output_table, s.tables_dir / "one_batch"
+    log.info("table layout: starting a Spark engine for %s", s.home)
+    LocalEngine(s).up()
+    try:
+        with engine.attached(s) as spark:
+            from wavepipe.spark_apps.reassemble import OUTPUT_SCHEMA
+
+            t = time.monotonic()
+            for b in range(options.batches):
+                frame = spark.createDataFrame(_rows(options, b), OUTPUT_SCHEMA)
+                append_new(frame, micro, ["waveform_id"], ["source", "date"], checked_version=delta_version(micro))
+                if (b + 1) % max(1, options.batches // 10) == 0:
+                    log.info(
+                        "table layout: %d/%d micro-batches appended (%.1f/s)",
+                        b + 1,
+                        options.batches,
+                        (b + 1) / (time.monotonic() - t),
+                    )
+            append_s = time.monotonic() - t
+            t = time.monotonic()
+            # the same rows in one write: one file per partition, as one large run would write them
+            read_delta(spark, micro).repartition("source", "date").write.format("delta").partitionBy(
+                "source", "date"
+            ).save(str(one))
+            one_batch_s = time.monotonic() - t
+            # each state stays a table of its own (a copy: the log's paths are relative), all read
+            # at their latest version side by side
+            shutil.copytree(micro, s.tables_dir / "micro_batches")
+            compact = maintenance.optimize(s, tables=["waveforms"])[0]
+            shutil.copytree(micro, s.tables_dir / "compacted")
+            zorder = maintenance.optimize(s, tables=["waveforms"], zorder=True)[0]
+            states = _measure(
+                spark,
+                [
+                    ("one batch", one),
+                    ("micro-batches", s.tables_dir / "micro_batches"),
+                    ("compacted", s.tables_dir / "compacted"),
+                    ("compacted, sorted by start_time", micro),
+                ],
+                options,
+            )
+        vacuum = maintenance.vacuum(s, tables=["waveforms"], retention_hours=0)[0]
+    finally:
+        LocalEngine(s).down(force=True)
+        shutil.rmtree(s.home, ignore_errors=True)
+    base = states[0]["read_median_s"]
+    for state in states:
+        state["vs_one_batch"] = round(state["read_median_s"] / base, 2) if base else None
+    return {
+        "benchmark": "table_layout",
+        "started": stamp,
+        "seconds": round(time.monotonic() - began, 1),
+        "options": dict(options.__dict__),
+        "machine": machine_info(),
+        "append_s": round(append_s, 1),
+        "one_batch_write_s": round(one_batch_s, 1),
+        "optimize": {"compact": compact, "zorder": zorder},
+        "vacuum": vacuum,
+        "states": states,
+    }
+
+
+def goals(result: dict) -> list[tuple[str, bool | None, str]]:
+    by = {s["state"]: s for s in result["states"]}
+    out = []
+    for state in ("compacted", "compacted, sorted by start_time"):
+        ratio = by.get(state, {}).get("vs_one_batch")
+        out.append(
+            (
+                f"{state}: a read within {GOAL_RATIO:g}x of the one-batch table's",
+                None if ratio is None else ratio <= GOAL_RATIO,
+                f"{ratio}x",
+            )
+        )
+    errors = [e for s in result["states"] for e in s["errors"]]
+    out.append(("every waveform exactly once in every state", not errors, "; ".join(errors) or "yes"))
+    return out
+
+
+def to_markdown(result: dict, chart_name: str = "table-layout.png") -> str:
+    o, m = result["options"], result["machine"]
+    total_mb = o["batches"] * o["per_batch"] * o["waveform_bytes"] / 1e6
+    lines = [
+        "# Table layout: many small runs, then maintenance",
+        "",
+        f"`{o['command']}` at wavepipe commit {m.get('wavepipe_commit') or '?'}, started {result['started']} UTC, "
+        f"{result['seconds']:.0f} s in all.",
+        "",
+        f"**Machine:** {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; {m['os']}; Python {m['python']}; "
+        f"pyspark {m['pyspark']}, delta-spark {m['delta_spark']}; the Spark engine (Spark Connect, local[2]).",
+        "",
+        f"{o['batches']} micro-batches of {o['per_batch']} waveforms ({o['waveform_bytes'] // 1024} KiB of noise "
+        f"each; {total_mb:.0f} MB in all) from {o['sources']} sources, start times over {o['hours']:g} h (two "
+        "dates), each appended in its own Delta commit through the publish step's writer "
+        f"({result['append_s']:.0f} s in all); the same rows written in one batch ({result['one_batch_write_s']:.0f} s). "
+        f"A typical read: one source over one hour, payloads summed; {o['reads']} reads across the span, each "
+        "on every state in turn (each state a table of its own, copied before the next step, after a "
+        "warm-up read each), the median counts. Every read's rows were checked against what was written.",
+        "",
+        "| table | files | MB | partitions | most files in a partition | read p50 (s) | min | max | vs one batch |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in result["states"]:
+        lines.append(
+            f"| {s['state']} | {s['files']} | {s['mb']} | {s['partitions']} | {s['files_per_partition_max']} | "
+            f"{s['read_median_s']} | {s['read_min_s']} | {s['read_max_s']} | {s['vs_one_batch']}x |"
+        )
+    c, z, v = result["optimize"]["compact"], result["optimize"]["zorder"], result["vacuum"]
+    lines += [
+        "",
+        f"- `wavepipe table optimize` (compaction): {c['files_removed']} files rewritten into {c['files_added']} "
+        f"in {c['seconds']} s; `optimize --zorder`: {z['files_removed']} into {z['files_added']} in {z['seconds']} s. "
+        "Runs wait for the tables' lock meanwhile (their Spark steps hold it too).",
+        f"- `wavepipe table vacuum --retention-hours 0`: {v['files_deleted']} replaced files "
+        f"({v['bytes_deleted'] / 1e6:.0f} MB) deleted in {v['seconds']} s.",
+        "",
+        "Goals:",
+        "",
+    ]
+    for name, met, numbers in goals(result):
+        lines.append(f"- {'n/a' if met is None else ('met' if met else 'MISSED')}: {name} ({numbers})")
+    lines += ["", f"![read time per layout]({chart_name})", ""]
+    return "\n".join(lines)
+
+
+def chart(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    states = result["states"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    names = [s["state"].replace(", ", ",\n") for s in states]
+    bars = ax.bar(names, [s["read_median_s"] for s in states], color=["grey", "tab:red", "tab:blue", "tab:green"])
+    for bar, s in zip(bars, states, strict=True):
+        ax.annotate(
+            f"{s['files']} files", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom"
+        )
+    ax.axhline(states[0]["read_median_s"] * GOAL_RATIO, color="grey", linestyle="--", linewidth=0.8)
+    ax.set_ylabel("read one source over one hour, median (s)")
+    ax.set_title(f"{result['options']['batches']} micro-batches against one batch")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def save(result: dict, out_dir: Path) -> list[Path]:
+    """table-layout.json, .png and .md in ``out_dir`` (a chart that fails to draw loses nothing)."""
+    from wavepipe.bench.results import save_page
+
+    return save_page(result, out_dir, "table-layout", to_markdown, lambda r, path: chart(r, path))

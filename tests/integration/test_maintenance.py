@@ -1,0 +1,89 @@
+"""Table maintenance on the real broker, Spark engine and Airflow: compaction and VACUUM (with no
+retention at all) in another process while runs publish, then the maintenance DAG."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from tests.helpers import assert_output_unique, output_rows, progress, start_python
+from wavepipe import maintenance
+from wavepipe.consumers.kafka_admin import ensure_topic
+from wavepipe.consumers.producer import produce_demo
+from wavepipe.local.airflow import dags_test
+from wavepipe.pipeline import run_once
+
+pytestmark = pytest.mark.integration
+
+#: Maintenance rounds in a loop until a file appears: optimize (sorted) then vacuum, retention 0.
+LOOP = """
+import pathlib, sys, time
+from wavepipe import maintenance
+from wavepipe.contracts.config import load_settings
+
+settings, stop, rounds = load_settings(), pathlib.Path(sys.argv[1]), 0
+print("home", settings.home, flush=True)
+while not stop.exists():
+    if not (settings.output_table / "_delta_log").is_dir():
+        time.sleep(0.5)  # no run has published yet
+        continue
+    for r in maintenance.optimize(settings, zorder=True):
+        print("optimize", r.get("table"), r.get("files_removed", r.get("skipped")), flush=True)
+    for r in maintenance.vacuum(settings, retention_hours=0):
+        print("vacuum", r.get("table"), r.get("files_deleted", r.get("skipped")), flush=True)
+    rounds += 1
+    time.sleep(2)
+print("rounds", rounds, flush=True)
+"""
+
+
+def test_compaction_and_vacuum_while_runs_publish_lose_and_double_nothing(settings, spark):
+    ensure_topic(settings)
+    s = settings.replace(new_group_start="earliest")
+    stop = settings.home / "stop-maintenance"
+    proc = start_python(
+        s, LOOP.replace("sys.argv[1]", repr(str(stop))), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    sent, reports = [], []
+    try:
+        for batch in range(5):  # five small runs, each publishing a few files to the tables
+            sent += produce_demo(s, count=3, target_bytes=24 * 1024, batch=f"maint-{batch}")
+            reports.append(run_once(s))
+            progress(f"run {batch + 1}/5 published {reports[-1]['waveforms']}")
+            assert reports[-1]["balance_errors"] == [], reports[-1]
+            assert reports[-1]["waveforms"]["output_new"] == 3, reports[-1]["waveforms"]
+    finally:
+        stop.touch()
+        out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out[-5000:]
+    rounds = int(re.search(r"^rounds (\d+)$", out, re.M).group(1))
+    compacted = [int(n) for n in re.findall(r"^optimize waveforms (\d+)$", out, re.M)]
+    vacuumed = [int(n) for n in re.findall(r"^vacuum waveforms (\d+)$", out, re.M)]
+    progress(f"maintenance beside the runs: {rounds} rounds, {sum(compacted)} files compacted, {sum(vacuumed)} deleted")
+    # the loop ran beside the runs, and really rewrote and deleted files of the published table
+    assert f"home {settings.home}\n" in out, out[:3000]
+    assert rounds >= 2 and sum(compacted) > 0 and sum(vacuumed) > 0, out[-3000:]
+
+    rows = output_rows(spark, settings)  # every waveform once, bit-exact, whatever was rewritten
+    assert sorted((r[0], r[1]) for r in rows) == sorted((w.waveform_id, w.checksum) for w in sent)
+    assert all(r[1] == r[2] for r in rows)
+    assert_output_unique(spark, settings)
+    status = {t.table: t for t in maintenance.status(settings)}
+    assert status["waveforms"].rows == len(sent)
+
+    # the maintenance DAG through Airflow's task execution: one file per partition, nothing unused
+    result = dags_test(settings, "wavepipe_maintenance", {"days": None, "retention_hours": 0}, capture=True)
+    log = result.stdout + result.stderr
+    assert result.returncode == 0, log[-5000:]
+    assert re.search(r"optimize waveforms: \d+ files -> \d+", log) and "vacuum waveforms: deleted" in log, log[-3000:]
+    after = maintenance.status(settings, ["waveforms"])[0]
+    assert after.files_per_partition_max == 1 and after.unreferenced_files == 0, after
+    assert after.rows == len(sent) and after.last_optimize and after.last_vacuum
+    assert output_rows(spark, settings) == rows
+
+    # a typo in the trigger's conf fails the DAG's first task before anything is touched
+    bad = dags_test(settings, "wavepipe_maintenance", {"tabels": "waveforms"}, capture=True)
+    assert bad.returncode != 0 and "did you mean 'tables'" in bad.stdout + bad.stderr
+    assert maintenance.status(settings, ["waveforms"])[0].version == after.version

@@ -1,0 +1,87 @@
+"""The table-layout benchmark's pure parts: the reads it expects, its goals and its page (the
+benchmark itself runs on the Spark engine: `wavepipe bench --table-layout`)."""
+
+from __future__ import annotations
+
+from wavepipe.bench import table_layout
+from wavepipe.bench.table_layout import LayoutOptions, _queries, _rows, goals, save
+
+
+def test_rows_and_expected_reads_agree():
+    options = LayoutOptions(batches=10, sources=2, per_batch=4, waveform_bytes=64, hours=10.0, reads=3)
+    rows = [r for b in range(options.batches) for r in _rows(options, b)]
+    assert len({r[0] for r in rows}) == 40 and {len(r[12]) for r in rows} == {64}
+    for source, begin, end, expected in _queries(options):
+        assert expected == sum(1 for r in rows if r[1] == source and begin <= r[2] < end) > 0
+    day = LayoutOptions(batches=4, per_batch=6, waveform_bytes=8)  # 24 hours from noon: two dates
+    assert {str(r[3]) for b in range(4) for r in _rows(day, b)} == {"2026-11-20", "2026-11-21"}
+
+
+def _state(name, median, errors=()):
+    return {
+        "state": name,
+        "files": 8,
+        "mb": 1.0,
+        "partitions": 8,
+        "files_per_partition_max": 1,
+        "read_median_s": median,
+        "read_min_s": median,
+        "read_max_s": median,
+        "vs_one_batch": round(median / 0.5, 2),
+        "errors": list(errors),
+    }
+
+
+def _result(states):
+    step = {"files_removed": 160, "files_added": 8, "seconds": 5.0}
+    return {
+        "started": "20261125T070000",
+        "seconds": 100.0,
+        "options": dict(LayoutOptions(command="wavepipe bench --table-layout").__dict__),
+        "machine": {
+            "cpu": "cpu",
+            "cores": 2,
+            "memory_gib": 24,
+            "os": "Linux",
+            "python": "3.11",
+            "pyspark": "4",
+            "delta_spark": "4",
+            "wavepipe_commit": "abc",
+        },
+        "append_s": 80.0,
+        "one_batch_write_s": 5.0,
+        "optimize": {"compact": step, "zorder": step},
+        "vacuum": {"files_deleted": 168, "bytes_deleted": 4e6, "seconds": 3.0},
+        "states": states,
+    }
+
+
+def test_goals_and_the_page(tmp_path, monkeypatch):
+    met = _result(
+        [
+            _state("one batch", 0.5),
+            _state("micro-batches", 1.4),
+            _state("compacted", 0.55),
+            _state("compacted, sorted by start_time", 0.4),
+        ]
+    )
+    assert [g[1] for g in goals(met)] == [True, True, True]
+    missed = _result(
+        [
+            _state("one batch", 0.5),
+            _state("micro-batches", 1.4, ["a read found 3 rows, expected 4"]),
+            _state("compacted", 0.7),
+            _state("compacted, sorted by start_time", 0.4),
+        ]
+    )
+    assert [g[1] for g in goals(missed)] == [False, True, False]
+    assert "a read found 3 rows" in goals(missed)[2][2]
+
+    def broken_chart(result, path):
+        raise RuntimeError("no fonts")
+
+    monkeypatch.setattr(table_layout, "chart", broken_chart)  # the chart only describes: the rest is saved
+    paths = save(missed, tmp_path)
+    assert [p.name for p in paths] == ["table-layout.json", "table-layout.md"]
+    page = (tmp_path / "table-layout.md").read_text()
+    assert "| compacted | 8 | 1.0 | 8 | 1 | 0.7 |" in page and "MISSED: compacted: a read within 1.2x" in page

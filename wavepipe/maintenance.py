@@ -1,0 +1,325 @@
+"""Keeping the output tables fast under many small runs: compaction, clustering and VACUUM.
+
+Every run appends its own few files to each table it publishes to; after hundreds of
+micro-batches a source's hour is spread over hundreds of small files. ``optimize`` rewrites them
+into few large ones (Delta ``OPTIMIZE``), optionally sorted by ``start_time`` within each
+``source``/``date`` partition (``ZORDER BY``, so a read of one source over one hour opens only the
+files whose statistics cover that hour). ``vacuum`` deletes the files no version within the
+retention uses any more. ``status`` reads each table's log (no Spark).
+
+Both commands hold the output tables' lock (``output_lock``) while they change a table, the lock
+every run's Spark step holds: no step of a run is writing or reading a table version meanwhile,
+so a run in flight never meets a half-compacted table or a file VACUUM deleted (a publish after
+an OPTIMIZE sees a newer version and checks its keys against it; nothing is doubled). The
+retention (``table_retention_hours``, 168 by default, Delta's own safety check) protects readers
+outside wavepipe that still read an older version.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
+from urllib.parse import unquote
+
+from wavepipe.contracts.config import Settings
+from wavepipe.contracts.errors import UsageError, did_you_mean
+from wavepipe.contracts.runfiles import RunStore
+
+log = logging.getLogger("wavepipe.maintenance")
+
+#: The output tables, as ``wavepipe table ... --table`` names them.
+TABLES = ("waveforms", "quarantine", "dead_letter")
+#: ``optimize --zorder``: the waveforms table's rows are sorted by this within each of its
+#: ``source``/``date`` partitions (the partitions already cluster it by source and day).
+CLUSTER_BY = "start_time"
+#: Delta refuses a VACUUM retention shorter than this (``retentionDurationCheck``) unless told.
+DELTA_SAFE_RETENTION_H = 168.0
+#: Between two tables, maintenance leaves the tables' lock free this long, so that a run's step
+#: waiting for it (it tries once a second) goes first instead of waiting for every table.
+LOCK_YIELD_S = 1.5
+
+
+def table_paths(settings: Settings) -> dict[str, Path]:
+    return {
+        "waveforms": settings.output_table,
+        "quarantine": settings.quarantine_table,
+        "dead_letter": settings.dead_letter_table,
+    }
+
+
+def pick_tables(names: list[str] | None) -> list[str]:
+    """The tables ``names`` (all when empty), refused before anything runs if one is unknown."""
+    for name in names or ():
+        if name not in TABLES:
+            raise UsageError(f"no table {name!r}{did_you_mean(name, TABLES)} (tables: {', '.join(TABLES)})")
+    return [t for t in TABLES if not names or t in names]
+
+
+def table_list(text) -> list[str] | None:
+    """A comma-separated list of table names (a DAG param) as a list; None when empty."""
+    if text in (None, ""):
+        return None
+    if not isinstance(text, str):
+        raise UsageError(f"tables {text!r}: must be table names separated by commas")
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    return names or None
+
+
+def since_date(since: str | None = None, days: int | None = None, *, today: date | None = None) -> date | None:
+    """The first ``date`` partition to optimize: ``since`` (YYYY-MM-DD) or ``days`` back from today
+    (UTC; 0: today only); None: every partition. Refused when it cannot be read or both are given."""
+    if since not in (None, "") and days is not None:
+        raise UsageError("give --since or --days, not both")
+    if days is not None:
+        if isinstance(days, bool) or not isinstance(days, int) or days < 0:
+            raise UsageError(f"days {days!r}: must be 0 (today) or more days back")
+        return (today or datetime.now(UTC).date()) - timedelta(days=days)
+    if since in (None, ""):
+        return None
+    try:
+        return date.fromisoformat(str(since))
+    except ValueError:
+        raise UsageError(f"since {since!r}: must be a date, YYYY-MM-DD") from None
+
+
+def check_retention(hours) -> float:
+    """``hours`` as a VACUUM retention, or refused (a number, 0 or more)."""
+    if isinstance(hours, bool) or not isinstance(hours, int | float) or not hours >= 0 or hours == float("inf"):
+        raise UsageError(f"retention {hours!r}: must be 0 or more hours")
+    return float(hours)
+
+
+@dataclass
+class TableStatus:
+    """One table as its log and its folder say. ``files_per_partition_max``: the most data files
+    one partition holds (1 after a full compaction); ``unreferenced_*``: files on disk no version
+    of the table uses now (removed by a compaction, an overwrite or a failed write): VACUUM
+    deletes those older than the retention."""
+
+    table: str
+    path: str
+    version: int | None = None
+    rows: int | None = None
+    files: int = 0
+    bytes: int = 0
+    partitions: int = 0
+    files_per_partition_max: int = 0
+    unreferenced_files: int = 0
+    unreferenced_bytes: int = 0
+    last_optimize: str | None = None
+    last_vacuum: str | None = None
+    note: str | None = None
+
+
+def _data_files(path: Path) -> dict[str, tuple[int, float]]:
+    """The table's data files on disk (relative path -> (bytes, modified at)), not its log."""
+    found = {}
+    for root, dirs, names in os.walk(path):
+        dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
+        for name in names:
+            if name.endswith(".parquet") and not name.startswith((".", "_")):
+                full = Path(root) / name
+                with contextlib.suppress(FileNotFoundError):
+                    st = full.stat()
+                    found[str(full.relative_to(path))] = (st.st_size, st.st_mtime)
+    return found
+
+
+def _when(ms: int | None) -> str | None:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds") if ms else None
+
+
+def table_status(name: str, path: Path) -> TableStatus:
+    from wavepipe.spark_apps.tables import delta_log
+
+    status = TableStatus(table=name, path=str(path))
+    if not (path / "_delta_log").is_dir():
+        status.note = "no table yet (no run has published to it)"
+        return status
+    state = delta_log(path)
+    if state is None:
+        status.note = "its log cannot be replayed without Spark (a multi-part or v2 checkpoint)"
+        return status
+    live = {unquote(p): size for p, (size, _) in state.files.items()}
+    per_partition: dict[str, int] = {}
+    for p in live:
+        folder = p.rpartition("/")[0]
+        per_partition[folder] = per_partition.get(folder, 0) + 1
+    on_disk = _data_files(path)
+    extra = {p: v for p, v in on_disk.items() if p not in live}
+    status.version, status.rows = state.version, state.rows
+    status.files, status.bytes = len(live), sum(live.values())
+    status.partitions = len(per_partition)
+    status.files_per_partition_max = max(per_partition.values(), default=0)
+    status.unreferenced_files, status.unreferenced_bytes = len(extra), sum(size for size, _ in extra.values())
+    status.last_optimize = _when(state.last.get("OPTIMIZE"))
+    status.last_vacuum = _when(state.last.get("VACUUM END"))
+    return status
+
+
+def status(settings: Settings, tables: list[str] | None = None) -> list[TableStatus]:
+    """Each output table's version, rows, live files and bytes, how scattered its partitions are,
+    what VACUUM could delete, and when it was last compacted and vacuumed; no Spark."""
+    paths = table_paths(settings)
+    return [table_status(name, paths[name]) for name in pick_tables(tables)]
+
+
+@contextlib.contextmanager
+def _writing(settings: Settings, what: str) -> Iterator[object]:
+    """A Spark session that holds the output tables as their sole writer (as a run's Spark step
+    does): waits for a run's step that holds them, interrupts what a dead one left running."""
+    from wavepipe import engine
+    from wavepipe.spark_apps.app import output_lock
+
+    with output_lock(settings, RunStore(settings)):
+        log.info("%s: holding the tables in %s", what, settings.tables_dir)
+        with engine.table_session(settings) as spark, engine.sole_writer(spark, settings):
+            yield spark
+    time.sleep(LOCK_YIELD_S)
+
+
+def _sql_path(path: Path) -> str:
+    return "delta.`" + str(path).replace("`", "``") + "`"
+
+
+def optimize(
+    settings: Settings, *, tables: list[str] | None = None, zorder: bool = False, since: date | None = None
+) -> list[dict]:
+    """Compact each table (``tables``: all when None) with Delta ``OPTIMIZE``: a partition's small
+    files become few large ones (a partition already in one file is left alone). ``zorder``: the
+    waveforms table's rows are also sorted by ``start_time`` within each partition (rewrites every
+    file of the partitions it touches, so give ``since`` on a large table). ``since``: only the
+    waveforms table's ``date`` partitions from that day on (the quarantine and dead-letter tables
+    have no partitions and are compacted whole). Returns what each table's compaction did."""
+    paths = table_paths(settings)
+    done = []
+    for name in pick_tables(tables):
+        path = paths[name]
+        if not (path / "_delta_log").is_dir():
+            done.append({"table": name, "skipped": "no table yet"})
+            continue
+        sql = f"OPTIMIZE {_sql_path(path)}"
+        if name == "waveforms" and since is not None:
+            sql += f" WHERE date >= DATE'{since.isoformat()}'"
+        if name == "waveforms" and zorder:
+            sql += f" ZORDER BY ({CLUSTER_BY})"
+        before = table_status(name, path)
+        with _writing(settings, f"optimize {name}") as spark:
+            began = time.monotonic()
+            metrics = spark.sql(sql).collect()[0]["metrics"]
+            seconds = time.monotonic() - began
+        after = table_status(name, path)
+        result = {
+            "table": name,
+            "sql": sql,
+            "seconds": round(seconds, 2),
+            "files_removed": int(metrics["numFilesRemoved"]),
+            "files_added": int(metrics["numFilesAdded"]),
+            "bytes_removed": int(metrics["filesRemoved"]["totalSize"] or 0),
+            "bytes_added": int(metrics["filesAdded"]["totalSize"] or 0),
+            "partitions_optimized": int(metrics["partitionsOptimized"]),
+            "files_before": before.files,
+            "files_after": after.files,
+            "version": after.version,
+        }
+        log.info(
+            "optimize %s: %d files -> %d (%d rewritten into %d, %d partition(s)) in %.1fs%s",
+            name,
+            before.files,
+            after.files,
+            result["files_removed"],
+            result["files_added"],
+            result["partitions_optimized"],
+            seconds,
+            f", sorted by {CLUSTER_BY}" if name == "waveforms" and zorder else "",
+        )
+        done.append(result)
+    return done
+
+
+@contextlib.contextmanager
+def _retention_check_off(spark, hours: float) -> Iterator[None]:
+    """Delta refuses a retention under ``DELTA_SAFE_RETENTION_H``: with the user's shorter one,
+    its check is turned off for this command only (wavepipe's own runs are safe under the lock)."""
+    key = "spark.databricks.delta.retentionDurationCheck.enabled"
+    if hours >= DELTA_SAFE_RETENTION_H:
+        yield
+        return
+    spark.conf.set(key, "false")
+    try:
+        yield
+    finally:
+        spark.conf.unset(key)
+
+
+def vacuum(
+    settings: Settings,
+    *,
+    tables: list[str] | None = None,
+    retention_hours: float | None = None,
+    dry_run: bool = False,
+) -> list[dict]:
+    """Delete each table's files that no version within ``retention_hours`` (default: the setting
+    ``table_retention_hours``) uses (Delta ``VACUUM``); ``dry_run``: only count them. A retention
+    under 168 hours is allowed (and logged): a reader outside wavepipe still reading a version
+    older than that may then fail; wavepipe's runs never do (they wait for the lock)."""
+    hours = check_retention(settings.table_retention_hours if retention_hours is None else retention_hours)
+    names = pick_tables(tables)
+    if hours < DELTA_SAFE_RETENTION_H:
+        log.warning(
+            "vacuum with a retention of %g h (under Delta's %g h): a query outside wavepipe reading a "
+            "version older than that can fail; wavepipe's own runs are not affected",
+            hours,
+            DELTA_SAFE_RETENTION_H,
+        )
+    paths = table_paths(settings)
+    done = []
+    for name in names:
+        path = paths[name]
+        if not (path / "_delta_log").is_dir():
+            done.append({"table": name, "skipped": "no table yet"})
+            continue
+        sql = f"VACUUM {_sql_path(path)} RETAIN {hours:g} HOURS" + (" DRY RUN" if dry_run else "")
+        before = _data_files(path)
+        with _writing(settings, f"vacuum {name}") as spark, _retention_check_off(spark, hours):
+            began = time.monotonic()
+            rows = spark.sql(sql).collect()
+            seconds = time.monotonic() - began
+        if dry_run:
+            doomed = {str(r[0]).removeprefix("file:") for r in rows}
+            gone = {p: v for p, v in before.items() if str(path / p) in doomed}
+        else:
+            after = _data_files(path)
+            gone = {p: v for p, v in before.items() if p not in after}
+        result = {
+            "table": name,
+            "sql": sql,
+            "seconds": round(seconds, 2),
+            "dry_run": dry_run,
+            "retention_hours": hours,
+            "files_deleted": len(gone),
+            "bytes_deleted": sum(size for size, _ in gone.values()),
+            "unreferenced_left": table_status(name, path).unreferenced_files,
+        }
+        log.info(
+            "vacuum %s: %s %d file(s), %.1f MB, older than %g h, in %.1fs (%d unreferenced left, newer)",
+            name,
+            "would delete" if dry_run else "deleted",
+            result["files_deleted"],
+            result["bytes_deleted"] / 1e6,
+            hours,
+            seconds,
+            result["unreferenced_left"],
+        )
+        done.append(result)
+    return done
+
+
+def as_dicts(statuses: list[TableStatus]) -> list[dict]:
+    return [asdict(s) for s in statuses]
