@@ -209,12 +209,12 @@ def optimize(
             sql += f" WHERE date >= DATE'{since.isoformat()}'"
         if name == "waveforms" and zorder:
             sql += f" ZORDER BY ({CLUSTER_BY})"
-        before = table_status(name, path)
         with _writing(settings, f"optimize {name}") as spark:
+            before = table_status(name, path)  # under the lock: no run adds files meanwhile
             began = time.monotonic()
             metrics = spark.sql(sql).collect()[0]["metrics"]
             seconds = time.monotonic() - began
-        after = table_status(name, path)
+            after = table_status(name, path)
         result = {
             "table": name,
             "sql": sql,
@@ -286,16 +286,16 @@ def vacuum(
             done.append({"table": name, "skipped": "no table yet"})
             continue
         sql = f"VACUUM {_sql_path(path)} RETAIN {hours:g} HOURS" + (" DRY RUN" if dry_run else "")
-        before = _data_files(path)
         with _writing(settings, f"vacuum {name}") as spark, _retention_check_off(spark, hours):
+            before = _data_files(path)  # under the lock: no run adds files meanwhile
             began = time.monotonic()
             rows = spark.sql(sql).collect()
             seconds = time.monotonic() - began
+            after = _data_files(path)
         if dry_run:
             doomed = {str(r[0]).removeprefix("file:") for r in rows}
             gone = {p: v for p, v in before.items() if str(path / p) in doomed}
         else:
-            after = _data_files(path)
             gone = {p: v for p, v in before.items() if p not in after}
         result = {
             "table": name,

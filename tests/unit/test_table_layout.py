@@ -28,6 +28,8 @@ def _state(name, median, errors=()):
         "read_min_s": median,
         "read_max_s": median,
         "vs_one_batch": round(median / 0.5, 2),
+        "day_median_s": median * 4,
+        "day_vs_one_batch": round(median / 0.5, 2),
         "errors": list(errors),
     }
 
