@@ -140,6 +140,16 @@ def _measure(spark, states: list[tuple[str, Path]], options: LayoutOptions) -> l
                     wrong[name].append(
                         f"{source} {begin:%Y-%m-%d %H:%M}+{kind}: {n} rows ({size} B), expected {expected}"
                     )
+    # what every run does to the published table: look up its own waveforms' ids (the dedupe
+    # check before publishing, ``delta_checksums``), here a run's worth of ids per batch
+    for k in range(options.reads):
+        batch = (k * options.batches) // options.reads
+        ids = spark.createDataFrame([(r[0],) for r in _rows(options, batch)], "waveform_id string")
+        for name, path in states:
+            n, seconds = _dedupe_check(spark, path, ids)
+            times[name, "dedupe"] = [*times.get((name, "dedupe"), []), seconds]
+            if n != options.per_batch:
+                wrong[name].append(f"dedupe check of batch {batch}: {n} ids found, expected {options.per_batch}")
     results = []
     for name, path in states:
         total = read_count(spark, path)
@@ -158,6 +168,7 @@ def _measure(spark, states: list[tuple[str, Path]], options: LayoutOptions) -> l
                 "read_max_s": round(max(times[name, "hour"]), 3),
                 "rows_per_read": [q[3] for q in kinds["hour"]],
                 "day_median_s": round(statistics.median(times[name, "day"]), 3),
+                "dedupe_median_s": round(statistics.median(times[name, "dedupe"]), 3),
                 "rows_per_day_read": [q[3] for q in kinds["day"]],
                 "errors": wrong[name],
             }
@@ -173,6 +184,15 @@ def _measure(spark, states: list[tuple[str, Path]], options: LayoutOptions) -> l
             f"; WRONG: {wrong[name]}" if wrong[name] else "",
         )
     return results
+
+
+def _dedupe_check(spark, path: Path, ids) -> tuple[int, float]:
+    """A run's look-up of its ids in the table (as the reassembly does it): (ids found, seconds)."""
+    from wavepipe.spark_apps.tables import delta_checksums, delta_version
+
+    began = time.perf_counter()
+    found = delta_checksums(spark, path, delta_version(path), ids).count()
+    return found, time.perf_counter() - began
 
 
 def read_count(spark, path: Path) -> int:
@@ -242,10 +262,11 @@ def run_layout(settings: Settings, options: LayoutOptions) -> dict:
     finally:
         LocalEngine(s).down(force=True)
         shutil.rmtree(s.home, ignore_errors=True)
-    base, day = states[0]["read_median_s"], states[0]["day_median_s"]
+    base, day, dedupe = (states[0][k] for k in ("read_median_s", "day_median_s", "dedupe_median_s"))
     for state in states:
         state["vs_one_batch"] = round(state["read_median_s"] / base, 2) if base else None
         state["day_vs_one_batch"] = round(state["day_median_s"] / day, 2) if day else None
+        state["dedupe_vs_one_batch"] = round(state["dedupe_median_s"] / dedupe, 2) if dedupe else None
     return {
         "benchmark": "table_layout",
         "started": stamp,
@@ -294,19 +315,21 @@ def to_markdown(result: dict, chart_name: str = "table-layout.png") -> str:
         "dates), each appended in its own Delta commit through the publish step's writer "
         f"({result['append_s']:.0f} s in all); the same rows written in one batch ({result['one_batch_write_s']:.0f} s). "
         f"A typical read: one source over one hour, payloads summed (and one source over a day: a whole "
-        f"partition); {o['reads']} reads of each across the span, each "
+        f"partition; and a run's look-up of its {o['per_batch']} ids in the table, as every run's dedupe check "
+        f"does); {o['reads']} reads of each across the span, each "
         "on every state in turn (each state a table of its own, copied before the next step, after a "
         "warm-up read each), the median counts. Every read's rows were checked against what was written.",
         "",
         "| table | files | MB | partitions | most files in a partition | hour read p50 (s) | min | max | vs one "
-        "batch | day read p50 (s) | vs one batch |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "batch | day read p50 (s) | vs one batch | a run's id look-up p50 (s) | vs one batch |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in result["states"]:
         lines.append(
             f"| {s['state']} | {s['files']} | {s['mb']} | {s['partitions']} | {s['files_per_partition_max']} | "
             f"{s['read_median_s']} | {s['read_min_s']} | {s['read_max_s']} | {s['vs_one_batch']}x | "
-            f"{s.get('day_median_s', '-')} | {s.get('day_vs_one_batch', '-')}x |"
+            f"{s.get('day_median_s', '-')} | {s.get('day_vs_one_batch', '-')}x | "
+            f"{s.get('dedupe_median_s', '-')} | {s.get('dedupe_vs_one_batch', '-')}x |"
         )
     c, z, v = result["optimize"]["compact"], result["optimize"]["zorder"], result["vacuum"]
     lines += [
@@ -333,16 +356,22 @@ def chart(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     states = result["states"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    panels = [
+        ("read_median_s", "one source over one hour (s)"),
+        ("day_median_s", "one source over one day (s)"),
+        ("dedupe_median_s", "a run's look-up of its ids (s)"),
+    ]
+    panels = [(k, what) for k, what in panels if all(k in s for s in states)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.2), squeeze=False)
     names = [s["state"].replace(", ", ",\n") for s in states]
-    for ax, key, what in ((axes[0], "read_median_s", "one hour"), (axes[1], "day_median_s", "one day")):
+    for ax, (key, what) in zip(axes[0], panels, strict=True):
         bars = ax.bar(names, [s[key] for s in states], color=["grey", "tab:red", "tab:blue", "tab:green"])
         for bar, s in zip(bars, states, strict=True):
             ax.annotate(
                 f"{s['files']} files", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom"
             )
         ax.axhline(states[0][key] * GOAL_RATIO, color="grey", linestyle="--", linewidth=0.8, label="1.2x one batch")
-        ax.set_ylabel(f"read one source over {what}, median (s)")
+        ax.set_ylabel(f"median: {what}")
         ax.tick_params(axis="x", labelsize=8)
         ax.legend(loc="upper right", fontsize=8)
     fig.suptitle(f"{result['options']['batches']} micro-batches against one batch")
