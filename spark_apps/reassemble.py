@@ -48,6 +48,7 @@ from wavepipe.spark_apps.tables import (
     delta_checksums,
     delta_version,
     read_delta,
+    staged_ids,
     window_predicate,
     write_candidate,
 )
@@ -650,7 +651,8 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> Reassembled:
     )
     # the output's ids among the run's, with their checksums (read once): an id there under another
     # checksum is a reused id, a conflict; its chunks are set apart, the rest are the waveforms'
-    known = delta_checksums(spark, out_path, v0, chunks, counted=outside).persist()
+    id_list = staged_ids(chunk_paths) if v0 is not None else None
+    known = delta_checksums(spark, out_path, v0, chunks, counted=outside, id_list=id_list).persist()
     before = known.where("counted").select("waveform_id")
     meta, conflicts = chunks.select(*META_COLUMNS), None
     if v0 is not None:

@@ -67,3 +67,23 @@ def test_a_log_cleaned_up_past_its_checkpoint_is_read_from_the_checkpoint(tmp_pa
     assert delta_row_count(table) == 10
     (log / "_last_checkpoint").write_text(json.dumps({"version": 10, "parts": 2}))  # multi-part: not read
     assert delta_log(table) is None
+
+
+def test_a_runs_staged_ids_are_listed_only_while_the_list_is_short(tmp_path, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from wavepipe.spark_apps import tables
+
+    files = []
+    for i, ids in enumerate((["b", "a", "b"], ["c", None, "a"])):
+        files.append(tmp_path / f"{i}.parquet")
+        pq.write_table(pa.table({"waveform_id": ids, "seq": list(range(3))}), files[-1])
+    assert tables.staged_ids(files) == ["a", "b", "c"]  # distinct, sorted, no null
+    assert tables.staged_ids([]) == []
+    monkeypatch.setattr(tables, "ID_LIST_MAX", 2)
+    assert tables.staged_ids(files) is None  # too many for a literal list: the join alone
+    monkeypatch.setattr(tables, "ID_LIST_MAX", 2000)
+    pq.write_table(pa.table({"seq": [1]}), tmp_path / "other.parquet")  # no ids to read
+    assert tables.staged_ids([tmp_path / "other.parquet"]) is None
+    assert tables.staged_ids([tmp_path / "missing.parquet"]) is None
