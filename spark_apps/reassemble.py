@@ -651,6 +651,9 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> Reassembled:
     )
     # the output's ids among the run's, with their checksums (read once): an id there under another
     # checksum is a reused id, a conflict; its chunks are set apart, the rest are the waveforms'
+    # the same ids as a list, read from the staged files here: Delta skips the table's files that
+    # cannot hold them (a file changed between the two reads only makes an id look new, and
+    # validation checks the new ids against the table again, exactly)
     id_list = staged_ids(chunk_paths) if v0 is not None else None
     known = delta_checksums(spark, out_path, v0, chunks, counted=outside, id_list=id_list).persist()
     before = known.where("counted").select("waveform_id")

@@ -128,28 +128,46 @@ def delta_row_count(path: Path) -> int | None:
 
 
 #: A run looks up at most this many of its own waveform ids in a published table as a literal
-#: list (``only_ids``), more only by a join. Measured on a table of 1600 files: 0.3 s against 1.9 s
-#: for a run of 24 ids (docs/benchmarks/table-layout.md).
+#: list (``only_ids``), more only by a join. Measured on a table of 1600 files, for a run of 24
+#: ids: 0.25 s against 1.61 s by the join alone (docs/benchmarks/table-layout.md).
 ID_LIST_MAX = 2000
 
 
-def staged_ids(chunk_files: list[Path | str]) -> list[str] | None:
-    """The distinct waveform ids in a run's staged chunk files (read here, one column, no Spark);
-    None when there are more than ``ID_LIST_MAX`` (or the files do not say)."""
+def _distinct_ids(files: list[Path | str]) -> list[str] | None:
+    """The distinct non-null ``waveform_id`` values of parquet ``files`` (pyarrow, one column), or
+    None: more than ``ID_LIST_MAX``, too many rows to be worth reading, or unreadable."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     try:
-        if sum(pq.ParquetFile(f).metadata.num_rows for f in chunk_files) > 100 * ID_LIST_MAX:
+        if sum(pq.ParquetFile(f).metadata.num_rows for f in files) > 100 * ID_LIST_MAX:
             return None  # a large run: reading its ids costs more than the list would save
         ids = set()
-        for f in chunk_files:
+        for f in files:
             ids.update(v for v in pc.unique(pq.read_table(f, columns=["waveform_id"])["waveform_id"]).to_pylist() if v)
             if len(ids) > ID_LIST_MAX:
                 return None
     except (OSError, KeyError, ValueError):
         return None
     return sorted(ids)
+
+
+def table_ids(path: Path) -> list[str] | None:
+    """The distinct waveform ids of the Delta table ``path`` (its live files, from its log: the
+    same version Spark reads, as nothing else writes a run's candidate tables), or None as
+    ``_distinct_ids`` says, or when the log cannot be read without Spark."""
+    from urllib.parse import unquote
+
+    state = delta_log(path)
+    if state is None:
+        return None
+    return _distinct_ids([Path(path) / unquote(p) for p in sorted(state.files)])
+
+
+def staged_ids(chunk_files: list[Path | str]) -> list[str] | None:
+    """The distinct waveform ids in a run's staged chunk files (read here, one column, no Spark);
+    None when there are more than ``ID_LIST_MAX`` (or the files do not say)."""
+    return _distinct_ids(chunk_files)
 
 
 def only_ids(frame: DataFrame, ids: list[str] | None) -> DataFrame:

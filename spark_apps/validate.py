@@ -60,7 +60,7 @@ from wavepipe.spark_apps.tables import (
     only_ids,
     read_delta,
     replace_predicate,
-    staged_ids,
+    table_ids,
     window_predicate,
 )
 
@@ -695,9 +695,10 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
     outside = (
         f"NOT ({window_predicate(plan.topic, plan.window_offsets(), 'first_offset')})" if plan.is_window else "true"
     )
-    files = _staged_files(store, plan)
-    # the run's ids (a superset of its new waveforms') let Delta skip the table's other files
-    id_list = staged_ids([f for f in files if Path(f).parent.name == "chunks"]) if version is not None else None
+    # the new waveforms' ids, read from the manifest itself (exactly the ids checked here), let
+    # Delta skip the table's files that cannot hold them
+    manifest_path = store.candidate_dir(plan.run_id) / "manifest"
+    id_list = table_ids(manifest_path) if version is not None and delta_version(manifest_path) is not None else None
     published = (
         only_ids(read_delta(spark, settings.output_table, version), id_list)
         .where(outside)
@@ -708,6 +709,7 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
     # small frames (a run's new waveforms, its staged records: most runs) are validated in this
     # process after one collect each; large ones on the engine
     checked = _for_validation(output_checks(manifest, published, plan.run_id), reassembled.candidates["manifest"])
+    files = _staged_files(store, plan)
     staged_rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
     staged = _for_validation(chunk_checks(_staged_records(spark, files), plan), staged_rows)
     counts = _output_counts(checked)

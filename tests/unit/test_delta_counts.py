@@ -87,3 +87,19 @@ def test_a_runs_staged_ids_are_listed_only_while_the_list_is_short(tmp_path, mon
     pq.write_table(pa.table({"seq": [1]}), tmp_path / "other.parquet")  # no ids to read
     assert tables.staged_ids([tmp_path / "other.parquet"]) is None
     assert tables.staged_ids([tmp_path / "missing.parquet"]) is None
+
+
+def test_a_candidate_tables_ids_are_read_from_its_live_files(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from wavepipe.spark_apps.tables import table_ids
+
+    table = tmp_path / "manifest"
+    (table / "x=a b").mkdir(parents=True)
+    pq.write_table(pa.table({"waveform_id": ["w2", "w1"]}), table / "x=a b" / "live.parquet")
+    pq.write_table(pa.table({"waveform_id": ["gone"]}), table / "old.parquet")
+    _commit(table, 0, _add("old.parquet", 1))
+    _commit(table, 1, {"remove": {"path": "old.parquet"}}, _add("x=a%20b/live.parquet", 2))
+    assert table_ids(table) == ["w1", "w2"]  # the live file only (its path URL-encoded in the log)
+    assert table_ids(tmp_path / "none") is None
