@@ -17,6 +17,9 @@ from wavepipe.pipeline import run_once
 
 pytestmark = pytest.mark.integration
 
+#: At most this many runs wait for the maintenance loop's two rounds.
+MAX_RUNS = 15
+
 #: Maintenance rounds in a loop until a file appears: optimize (sorted) then vacuum, retention 0.
 LOOP = """
 import pathlib, sys, time
@@ -34,6 +37,7 @@ while not stop.exists():
     for r in maintenance.vacuum(settings, retention_hours=0):
         print("vacuum", r.get("table"), r.get("files_deleted", r.get("skipped")), flush=True)
     rounds += 1
+    (stop.parent / "maintenance-rounds").write_text(str(rounds))
     time.sleep(2)
 print("rounds", rounds, flush=True)
 """
@@ -46,12 +50,17 @@ def test_compaction_and_vacuum_while_runs_publish_lose_and_double_nothing(settin
     proc = start_python(
         s, LOOP.replace("sys.argv[1]", repr(str(stop))), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    rounds_file = settings.home / "maintenance-rounds"
     sent, reports = [], []
     try:
-        for batch in range(5):  # five small runs, each publishing a few files to the tables
+        # small runs, each publishing a few files to the tables: at least five, and on until the
+        # maintenance loop has done two rounds beside them (a slow machine needs more runs)
+        for batch in range(MAX_RUNS):
+            if batch >= 5 and rounds_file.exists() and int(rounds_file.read_text() or 0) >= 2:
+                break
             sent += produce_demo(s, count=3, target_bytes=24 * 1024, batch=f"maint-{batch}")
             reports.append(run_once(s))
-            progress(f"run {batch + 1}/5 published {reports[-1]['waveforms']}")
+            progress(f"run {batch + 1} published {reports[-1]['waveforms']}")
             assert reports[-1]["balance_errors"] == [], reports[-1]
             assert reports[-1]["waveforms"]["output_new"] == 3, reports[-1]["waveforms"]
     finally:
