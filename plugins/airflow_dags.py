@@ -327,7 +327,7 @@ def wavepipe_maintenance_dag(
     common = _pipeline({}, settings, kafka_conn_id=kafka_conn_id, spark_conn_id=spark_conn_id)
     with DAG(
         dag_id=dag_id,
-        description="Output tables: compact (OPTIMIZE, sorted by start time) -> VACUUM old files",
+        description="Output tables: compact (OPTIMIZE, clustered by source and start time) -> VACUUM old files",
         schedule=schedule,
         start_date=start_date,
         catchup=False,
@@ -341,7 +341,9 @@ def wavepipe_maintenance_dag(
                 description="Comma-separated output tables: waveforms, quarantine, dead_letter (empty: all)",
             ),
             "zorder": Param(
-                zorder, type="boolean", description="Also sort the waveforms by start_time within each partition"
+                zorder,
+                type="boolean",
+                description="Also cluster the waveforms by source and start_time within each date partition",
             ),
             "days": Param(
                 days,

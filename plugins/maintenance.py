@@ -1,4 +1,4 @@
-"""Table maintenance as Airflow tasks: compaction (OPTIMIZE, optionally sorted by start time), then
+"""Table maintenance as Airflow tasks: compaction (OPTIMIZE, optionally clustered by source and start time), then
 VACUUM. Thin over ``wavepipe.maintenance``: the same lock, retention rule and results as
 ``wavepipe table optimize|vacuum``. A wrong param fails the task at once (a retry cannot help)."""
 

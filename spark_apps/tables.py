@@ -9,20 +9,61 @@ keys not there yet, so a retried publish adds nothing twice.
 
 from __future__ import annotations
 
-import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
-from wavepipe.contracts.runfiles import read_json_or
+log = logging.getLogger("wavepipe.tables")
 
-#: Candidate table name -> (keys that identify a row, partition columns).
+#: Candidate table name -> (keys that identify a row, partition columns). The waveforms table is
+#: partitioned by day only: a run writes one file per day it carries, however many sources (a
+#: station, lead or microphone id: thousands in a real deployment) it holds. A read of one source
+#: skips files by their ``source`` statistics, which ``wavepipe table optimize --zorder``
+#: (``maintenance.CLUSTER_BY``) makes narrow. Tables laid out by ``source`` and ``date`` before keep working;
+#: ``wavepipe table repair`` lays them out again.
 TABLE_KEYS = {
     "quarantine": (["waveform_id", "reason"], None),
     "dead_letter": (["topic", "partition", "offset"], None),
-    "waveforms": (["waveform_id"], ["source", "date"]),
+    "waveforms": (["waveform_id"], ["date"]),
 }
+
+
+def _holds_string(kind) -> bool:
+    from pyspark.sql import types as T
+
+    if isinstance(kind, T.StringType):
+        return True
+    if isinstance(kind, T.ArrayType):
+        return _holds_string(kind.elementType)
+    if isinstance(kind, T.MapType):
+        return _holds_string(kind.keyType) or _holds_string(kind.valueType)
+    if isinstance(kind, T.StructType):
+        return any(_holds_string(f.dataType) for f in kind.fields)
+    return False
+
+
+def protocol_types(df: DataFrame) -> DataFrame:
+    """``df`` with the types every Delta reader accepts. Over Spark Connect (pyspark 4.2), a column
+    that ``mapInArrow``/``applyInArrow`` typed ``string`` is written to the Delta log as ``string
+    collate UTF8_BINARY``, a type the Delta protocol does not define (delta-rs, Polars and Trino
+    refuse the table); cast by its SQL name (parsed by the server), the same column is ``string``.
+    Only string-holding columns are cast; the values are unchanged."""
+    from pyspark.sql import functions as F
+
+    columns = [
+        F.col(f"`{f.name}`").cast(f.dataType.simpleString()).alias(f.name)
+        if _holds_string(f.dataType)
+        else F.col(f"`{f.name}`")
+        for f in df.schema.fields
+    ]
+    return df.select(*columns)
+
+
+def delta_writer(df: DataFrame):
+    """The one way wavepipe writes a Delta table: ``df``'s writer, with protocol-valid types."""
+    return protocol_types(df).write.format("delta")
 
 
 def delta_version(path: Path) -> int | None:
@@ -41,28 +82,17 @@ def delta_version(path: Path) -> int | None:
 
 @dataclass
 class DeltaLog:
-    """A Delta table's latest version as its log tells it, read without Spark.
+    """A Delta table's latest version as delta-rs reads its log (no Spark).
 
-    ``files``: the live data files, path (relative to the table, URL-encoded) -> (bytes, rows or
-    None when the log does not say, e.g. a file with deleted rows); ``last``: operation (WRITE,
-    OPTIMIZE, VACUUM END...) -> when it last committed, epoch ms."""
+    ``files``: the live data files, path (relative to the table, URL-encoded as in the log) ->
+    (bytes, rows or None when the log does not say, e.g. a file with deleted rows); ``last``:
+    operation (WRITE, OPTIMIZE, VACUUM END...) -> when it last committed, epoch ms, among the
+    newest ``HISTORY_COMMITS`` commits; ``partition_columns`` as the table declares them."""
 
     version: int
     files: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     last: dict[str, int] = field(default_factory=dict)
-
-    def apply(self, action: dict) -> None:
-        if "add" in action:
-            add = action["add"]
-            stats = add.get("stats") or "{}"
-            stats = json.loads(stats) if isinstance(stats, str) else stats
-            rows = None if add.get("deletionVector") or "numRecords" not in stats else int(stats["numRecords"])
-            self.files[add["path"]] = (int(add.get("size") or 0), rows)
-        elif "remove" in action:
-            self.files.pop(action["remove"]["path"], None)
-        elif "commitInfo" in action and action["commitInfo"].get("operation"):
-            info = action["commitInfo"]
-            self.last[info["operation"]] = int(info.get("timestamp") or 0)
+    partition_columns: list[str] = field(default_factory=list)
 
     @property
     def rows(self) -> int | None:
@@ -70,52 +100,44 @@ class DeltaLog:
         return None if any(r is None for r in counts) else sum(counts)
 
 
-def _commit_versions(log_dir: Path) -> list[int]:
-    return sorted(int(f.name[:-5]) for f in log_dir.iterdir() if f.name.endswith(".json") and f.name[:-5].isdigit())
+#: How far back ``delta_log`` looks for the last OPTIMIZE or VACUUM (reading history costs one
+#: file per commit; a micro-batch table makes thousands a day).
+HISTORY_COMMITS = 1000
 
 
-def _checkpoint_actions(log_dir: Path, version: int) -> list[dict] | None:
-    """The actions of the table's single-file checkpoint at ``version`` (None: there is none)."""
-    path = log_dir / f"{version:020d}.checkpoint.parquet"
-    if not path.is_file():
+def _live_files(table) -> dict[str, tuple[int, int | None]]:
+    import pyarrow as pa
+
+    files = {}
+    for add in pa.table(table.get_add_actions(flatten=True)).to_pylist():
+        deleted = any(v is not None for k, v in add.items() if k.startswith("deletionVector"))
+        rows = None if deleted or add.get("num_records") is None else int(add["num_records"])
+        files[add["path"]] = (int(add["size_bytes"] or 0), rows)
+    return files
+
+
+def delta_log(path: Path, *, history: bool = False) -> DeltaLog | None:
+    """The table's latest version, read by delta-rs (the Delta project's reader of the log: commits,
+    classic, multi-part and v2 checkpoints); ``history``: also when each operation last committed.
+    None when there is no table, or delta-rs cannot open it (logged: a table written with types
+    the protocol does not define needs ``wavepipe table repair``): then ask Spark."""
+    from deltalake import DeltaTable
+
+    if not (Path(path) / "_delta_log").is_dir():
         return None
-    import pyarrow.parquet as pq
-
     try:
-        rows = pq.read_table(path, columns=["add", "remove"]).to_pylist()
-    except Exception:  # a checkpoint of another shape (v2, damaged): replay from version 0 or give up
+        table = DeltaTable(str(path))
+        state = DeltaLog(
+            version=table.version(),
+            files=_live_files(table),
+            partition_columns=list(table.metadata().partition_columns),
+        )
+        for info in table.history(HISTORY_COMMITS) if history else ():
+            if info.get("operation"):
+                state.last.setdefault(info["operation"], int(info.get("timestamp") or 0))
+    except Exception as exc:  # a log delta-rs cannot read: the callers fall back to Spark or say so
+        log.warning("delta-rs cannot read the table %s: %s", path, str(exc).splitlines()[0])
         return None
-    return [{kind: row[kind]} for row in rows for kind in ("add", "remove") if row.get(kind)]
-
-
-def delta_log(path: Path) -> DeltaLog | None:
-    """The table's latest version from its log: every commit from version 0 replayed in order, or
-    its latest single-file checkpoint and the commits after it; None when neither is complete (no
-    table, commits cleaned up past the checkpoint, a multi-part or v2 checkpoint): then ask Spark."""
-    log_dir = Path(path) / "_delta_log"
-    if not log_dir.is_dir():
-        return None
-    commits = _commit_versions(log_dir)
-    if not commits:
-        return None
-    start, actions = 0, []
-    if commits[0] != 0:
-        last = read_json_or(log_dir / "_last_checkpoint", {})
-        checkpointed = last.get("version") if isinstance(last, dict) and not last.get("parts") else None
-        checkpoint = _checkpoint_actions(log_dir, checkpointed) if isinstance(checkpointed, int) else None
-        if checkpoint is None or checkpointed > commits[-1]:
-            return None
-        start, actions = checkpointed + 1, checkpoint
-    wanted = [v for v in commits if v >= start]
-    if wanted != list(range(start, start + len(wanted))):
-        return None  # a gap: the replay would be partial
-    state = DeltaLog(version=commits[-1])
-    for action in actions:
-        state.apply(action)
-    for version in wanted:
-        for line in (log_dir / f"{version:020d}.json").read_text().splitlines():
-            if line.strip():
-                state.apply(json.loads(line))
     return state
 
 
@@ -250,12 +272,12 @@ def append_new(
     if version is not None and version != checked_version:
         existing = read_delta(df.sparkSession, path).select(*keys)
         df = df.join(existing, keys, "left_anti")
-    writer = df.write.format("delta").mode("append")
+    writer = delta_writer(df).mode("append")
     if txn:
         writer = writer.option("txnAppId", txn).option("txnVersion", 1)
     if merge_schema:  # columns added since the table was created (e.g. ``detail``) are added to it
         writer = writer.option("mergeSchema", "true")
-    if partition_by:
+    if partition_by and version is None:  # a new table; an existing one keeps its own layout
         writer = writer.partitionBy(*partition_by)
     writer.save(str(path))
 
@@ -264,7 +286,7 @@ def write_candidate(df: DataFrame, path: Path) -> None:
     """Replace the run's candidate table ``path`` with ``df`` (one atomic commit). Uncompressed:
     it is read once or twice and then deleted; the published tables are compressed when written."""
     (
-        df.write.format("delta")
+        delta_writer(df)
         .mode("overwrite")
         .option("overwriteSchema", "true")
         .option("compression", "uncompressed")

@@ -41,6 +41,7 @@ from wavepipe.contracts.plan import RunPlan, utc_now
 from wavepipe.contracts.report import append_validation_history, describe_safely
 from wavepipe.contracts.runfiles import RunStore, Step, plot_path
 from wavepipe.contracts.steps import Reassembled, Validated, ValidatedRows, WindowRows
+from wavepipe.delta_protocol import repair_schema
 from wavepipe.faults import failpoint
 from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_apps.reassemble import (
@@ -57,6 +58,7 @@ from wavepipe.spark_apps.tables import (
     append_new,
     delta_row_count,
     delta_version,
+    delta_writer,
     only_ids,
     read_delta,
     replace_predicate,
@@ -575,6 +577,9 @@ def publish_run(
         "quarantine": settings.quarantine_table,
         "dead_letter": settings.dead_letter_table,
     }
+    for target in targets.values():  # written by an earlier wavepipe: made readable by every reader first
+        if delta_version(target) is not None:
+            repair_schema(target)
     if plan.is_window:
         reassembled = store.load_result(plan.run_id, Step.REASSEMBLE, Reassembled)
         rows = reassembled.window_rows if reassembled else None
@@ -637,7 +642,7 @@ def replace_window(
         spark.sql(f"DELETE FROM delta.`{target}` WHERE {where}")
         return
     (
-        source.write.format("delta")
+        delta_writer(source)
         .mode("overwrite")
         .option("replaceWhere", where)
         .option("mergeSchema", "true")

@@ -149,6 +149,43 @@ def assert_accounted(spark, settings: Settings, report: dict, gaps: bool = False
             )
             assert in_range.count() == part["dead_letter"], (p, part)
     assert_output_unique(spark, settings)
+    assert_protocol_types(settings)
+
+
+def published_tables(settings: Settings) -> dict[str, Path]:
+    """The tables a run of ``settings`` published (those that exist), by name."""
+    tables = {
+        "waveforms": settings.output_table,
+        "quarantine": settings.quarantine_table,
+        "dead_letter": settings.dead_letter_table,
+    }
+    return {name: path for name, path in tables.items() if (path / "_delta_log").is_dir()}
+
+
+def assert_protocol_types(settings: Settings) -> None:
+    """Every published table's log holds only types the Delta protocol defines (read from the log
+    itself, so a type Spark accepts and other readers refuse fails here)."""
+    from wavepipe.delta_protocol import schema_problems
+
+    for name, path in published_tables(settings).items():
+        assert schema_problems(path) == [], f"the {name} table's log holds types no Delta reader accepts"
+
+
+def _normalized(rows: list[dict]) -> list[tuple]:
+    return sorted((tuple(sorted(r.items())) for r in rows), key=repr)
+
+
+def assert_delta_rs_reads_as_spark(spark, path: Path) -> int:
+    """delta-rs (the ``deltalake`` package) reads the table at ``path`` row for row as Spark does,
+    every column and value; returns the rows."""
+    from deltalake import DeltaTable
+
+    theirs = DeltaTable(str(path)).to_pyarrow_table()
+    ours = spark.read.format("delta").load(str(path)).toArrow()
+    assert sorted(theirs.column_names) == sorted(ours.column_names), (theirs.schema, ours.schema)
+    assert theirs.num_rows == ours.num_rows, f"{path.name}: delta-rs {theirs.num_rows} rows, Spark {ours.num_rows}"
+    assert _normalized(theirs.to_pylist()) == _normalized(ours.to_pylist()), f"{path.name}: rows differ"
+    return theirs.num_rows
 
 
 def assert_output_unique(spark, settings: Settings) -> None:

@@ -331,7 +331,7 @@ def _engine_line(settings) -> str:
 
 
 def cmd_table(args) -> int:
-    """Maintenance of the output tables: status (from their logs), optimize, vacuum."""
+    """Maintenance of the output tables: status (from their logs), optimize, vacuum, repair."""
     from wavepipe import maintenance
 
     settings = _settings(args)
@@ -343,9 +343,9 @@ def cmd_table(args) -> int:
             ("--since", args.since, "optimize"),
             ("--days", args.days, "optimize"),
             ("--retention-hours", args.retention_hours, "vacuum"),
-            ("--dry-run", args.dry_run, "vacuum"),
+            ("--dry-run", args.dry_run, "vacuum|repair"),
         )
-        if value not in (None, False) and args.action != action
+        if value not in (None, False) and args.action not in action.split("|")
     ]
     if wrong:
         raise UsageError(f"{', '.join(wrong)}: not an option of `table {args.action}`")
@@ -364,6 +364,12 @@ def cmd_table(args) -> int:
                 f"{t.files_per_partition_max:>14} {t.unreferenced_files:>12} {t.unreferenced_bytes / 1e6:>8.1f}  "
                 f"{t.last_optimize or 'never'} / {t.last_vacuum or 'never'}"
             )
+            if t.note:
+                print(f"{'':<12} note: {t.note}")
+        return 0
+    if args.action == "repair":
+        for r in maintenance.repair(settings, tables=tables, dry_run=args.dry_run):
+            print(f"{r['table']}: {r.get('skipped') or maintenance.repair_line(r)}")
         return 0
     if args.action == "optimize":
         since = maintenance.since_date(args.since, args.days)
@@ -681,14 +687,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     tb = sub.add_parser(
         "table",
-        help="the output tables: status (files, size, what VACUUM frees), optimize (compact, --zorder), vacuum",
+        help="the output tables: status (files, size, what VACUUM frees), optimize (compact, --zorder), vacuum, "
+        "repair (make them readable by every Delta reader, lay the waveforms out by date)",
     )
-    tb.add_argument("action", choices=["status", "optimize", "vacuum"])
+    tb.add_argument("action", choices=["status", "optimize", "vacuum", "repair"])
     tb.add_argument("--table", action="append", help="only this table (waveforms, quarantine, dead_letter; repeatable)")
     tb.add_argument(
         "--zorder",
         action="store_true",
-        help="optimize: also sort the waveforms by start_time within each source/date partition (rewrites "
+        help="optimize: also cluster the waveforms by source and start_time within each date partition (rewrites "
         "every file of the partitions it touches: limit it with --since or --days)",
     )
     tb.add_argument("--since", help="optimize: only the waveforms' date partitions from this day on (YYYY-MM-DD)")
@@ -698,7 +705,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="vacuum: keep unused files this many hours (default: setting table_retention_hours, 168)",
     )
-    tb.add_argument("--dry-run", action="store_true", help="vacuum: count what it would delete, delete nothing")
+    tb.add_argument(
+        "--dry-run", action="store_true", help="vacuum, repair: say what it would delete or change, change nothing"
+    )
     tb.set_defaults(func=cmd_table)
 
     rw = sub.add_parser("rewind", help="move a group's committed offsets (dry run unless --execute)")

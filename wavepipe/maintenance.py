@@ -2,9 +2,9 @@
 
 Every run appends its own few files to each table it publishes to; after hundreds of
 micro-batches a source's hour is spread over hundreds of small files. ``optimize`` rewrites them
-into few large ones (Delta ``OPTIMIZE``), optionally sorted by ``start_time`` within each
-``source``/``date`` partition (``ZORDER BY``, so a read of one source over one hour opens only the
-files whose statistics cover that hour). ``vacuum`` deletes the files no version within the
+into few large ones (Delta ``OPTIMIZE``), optionally clustered by ``source`` and ``start_time``
+within each ``date`` partition (``ZORDER BY``, so a read of one source over one hour opens only the
+files whose statistics cover that source and hour). ``vacuum`` deletes the files no version within the
 retention uses any more. ``status`` reads each table's log (no Spark).
 
 Both commands hold the output tables' lock (``output_lock``) while they change a table, the lock
@@ -35,9 +35,9 @@ log = logging.getLogger("wavepipe.maintenance")
 
 #: The output tables, as ``wavepipe table ... --table`` names them.
 TABLES = ("waveforms", "quarantine", "dead_letter")
-#: ``optimize --zorder``: the waveforms table's rows are sorted by this within each of its
-#: ``source``/``date`` partitions (the partitions already cluster it by source and day).
-CLUSTER_BY = "start_time"
+#: ``optimize --zorder``: the waveforms table's rows are clustered by these within each ``date``
+#: partition (Z-order: files then cover few sources and a short time each).
+CLUSTER_BY = ("source", "start_time")
 #: Delta refuses a VACUUM retention shorter than this (``retentionDurationCheck``) unless told.
 DELTA_SAFE_RETENTION_H = 168.0
 #: Between two tables, maintenance leaves the tables' lock free this long, so that a run's step
@@ -106,6 +106,7 @@ class TableStatus:
     path: str
     version: int | None = None
     rows: int | None = None
+    partition_columns: list[str] | None = None
     files: int = 0
     bytes: int = 0
     partitions: int = 0
@@ -135,6 +136,21 @@ def _when(ms: int | None) -> str | None:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds") if ms else None
 
 
+def _unreadable_note(path: Path) -> str:
+    from wavepipe import delta_protocol
+
+    try:
+        problems = delta_protocol.schema_problems(path)
+    except (delta_protocol.RepairError, OSError, ValueError) as exc:
+        return f"its log cannot be read ({exc})"
+    if problems:
+        return (
+            f"delta-rs, Polars and Trino cannot open it: {len(problems)} column type(s) the Delta protocol does "
+            f"not define ({', '.join(problems[:3])}{', ...' if len(problems) > 3 else ''}); run `wavepipe table repair`"
+        )
+    return "delta-rs cannot read its log (see the warning above); Spark may still read it"
+
+
 def table_status(name: str, path: Path) -> TableStatus:
     from wavepipe.spark_apps.tables import delta_log
 
@@ -142,9 +158,9 @@ def table_status(name: str, path: Path) -> TableStatus:
     if not (path / "_delta_log").is_dir():
         status.note = "no table yet (no run has published to it)"
         return status
-    state = delta_log(path)
+    state = delta_log(path, history=True)
     if state is None:
-        status.note = "its log cannot be replayed without Spark (a multi-part or v2 checkpoint)"
+        status.note = _unreadable_note(path)
         return status
     live = {unquote(p): size for p, (size, _) in state.files.items()}
     per_partition: dict[str, int] = {}
@@ -154,12 +170,18 @@ def table_status(name: str, path: Path) -> TableStatus:
     on_disk = _data_files(path)
     extra = {p: v for p, v in on_disk.items() if p not in live}
     status.version, status.rows = state.version, state.rows
+    status.partition_columns = state.partition_columns
     status.files, status.bytes = len(live), sum(live.values())
     status.partitions = len(per_partition)
     status.files_per_partition_max = max(per_partition.values(), default=0)
     status.unreferenced_files, status.unreferenced_bytes = len(extra), sum(size for size, _ in extra.values())
     status.last_optimize = _when(state.last.get("OPTIMIZE"))
     status.last_vacuum = _when(state.last.get("VACUUM END"))
+    if name == "waveforms" and state.partition_columns != layout():
+        status.note = (
+            f"partitioned by {', '.join(state.partition_columns) or 'nothing'}: each run writes a file per source it "
+            f"carries; `wavepipe table repair` lays it out by {', '.join(layout())}"
+        )
     return status
 
 
@@ -193,7 +215,7 @@ def optimize(
 ) -> list[dict]:
     """Compact each table (``tables``: all when None) with Delta ``OPTIMIZE``: a partition's small
     files become few large ones (a partition already in one file is left alone). ``zorder``: the
-    waveforms table's rows are also sorted by ``start_time`` within each partition (rewrites every
+    waveforms table's rows are also clustered by ``CLUSTER_BY`` within each partition (rewrites every
     file of the partitions it touches, so give ``since`` on a large table). ``since``: only the
     waveforms table's ``date`` partitions from that day on (the quarantine and dead-letter tables
     have no partitions and are compacted whole). Returns what each table's compaction did."""
@@ -208,7 +230,7 @@ def optimize(
         if name == "waveforms" and since is not None:
             sql += f" WHERE date >= DATE'{since.isoformat()}'"
         if name == "waveforms" and zorder:
-            sql += f" ZORDER BY ({CLUSTER_BY})"
+            sql += f" ZORDER BY ({', '.join(CLUSTER_BY)})"
         with _writing(settings, f"optimize {name}") as spark:
             before = table_status(name, path)  # under the lock: no run adds files meanwhile
             began = time.monotonic()
@@ -237,7 +259,7 @@ def optimize(
             result["files_added"],
             result["partitions_optimized"],
             seconds,
-            f", sorted by {CLUSTER_BY}" if name == "waveforms" and zorder else "",
+            f", clustered by {', '.join(CLUSTER_BY)}" if name == "waveforms" and zorder else "",
         )
         done.append(result)
     return done
@@ -323,3 +345,97 @@ def vacuum(
 
 def as_dicts(statuses: list[TableStatus]) -> list[dict]:
     return [asdict(s) for s in statuses]
+
+
+#: A re-layout writes files of about this size (payloads; Delta's own OPTIMIZE target is 1 GB).
+RELAYOUT_FILE_BYTES = 256 * 1024 * 1024
+
+
+def layout() -> list[str]:
+    """The waveforms table's partition columns, as runs create it (``TABLE_KEYS``)."""
+    from wavepipe.spark_apps.tables import TABLE_KEYS
+
+    return list(TABLE_KEYS["waveforms"][1])
+
+
+def _relayout(spark, path: Path) -> dict:
+    """Rewrite the waveforms table partitioned by ``layout()`` in one commit, clustered by
+    ``CLUSTER_BY`` within each day (the rows, their columns and the history are kept)."""
+    from wavepipe.delta_protocol import RepairError
+    from wavepipe.spark_apps.tables import delta_log, delta_writer, read_delta
+
+    before = delta_log(path)
+    if before is None:
+        raise RepairError(f"{path}: delta-rs cannot read its log (see the warning above); nothing was rewritten")
+    by = layout()
+    frame = read_delta(spark, path, before.version)
+    files = max(1, -(-sum(size for size, _ in before.files.values()) // RELAYOUT_FILE_BYTES))
+    began = time.monotonic()
+    (
+        delta_writer(frame.repartitionByRange(files, *by, *CLUSTER_BY).sortWithinPartitions(*by, *CLUSTER_BY))
+        .mode("overwrite")
+        .option("overwriteSchema", "true")
+        .partitionBy(*by)
+        .save(str(path))
+    )
+    after = delta_log(path)
+    return {
+        "relaid_from": before.partition_columns,
+        "files_before": len(before.files),
+        "files_after": len(after.files),
+        "rows": after.rows,
+        "relayout_s": round(time.monotonic() - began, 2),
+        "version": after.version,
+    }
+
+
+def repair(settings: Settings, *, tables: list[str] | None = None, dry_run: bool = False) -> list[dict]:
+    """Make each table readable by every Delta reader (``delta_protocol.repair_schema``: one
+    metadata-only commit) and lay the waveforms table out by day (``_relayout``: its rows rewritten
+    once, in one commit) if an earlier wavepipe partitioned it by source and day. Holds the tables'
+    lock as optimize does: safe beside runs. ``dry_run``: only say what it would do."""
+    from wavepipe import delta_protocol
+    from wavepipe.spark_apps.app import output_lock
+
+    paths = table_paths(settings)
+    done = []
+    for name in pick_tables(tables):
+        path = paths[name]
+        if not (path / "_delta_log").is_dir():
+            done.append({"table": name, "skipped": "no table yet"})
+            continue
+        with output_lock(settings, RunStore(settings)):
+            result = {"table": name, "schema": delta_protocol.repair_schema(path, dry_run=dry_run)}
+            was = _partition_columns(path)
+            if name == "waveforms" and was != layout():
+                result["layout"] = {"relaid_from": was, "dry_run": True}
+        if "layout" in result and not dry_run:
+            with _writing(settings, f"repair {name}") as spark:
+                result["layout"] = _relayout(spark, path)
+        log.info("repair %s: %s", name, repair_line(result))
+        done.append(result)
+    return done
+
+
+def _partition_columns(path: Path) -> list[str]:
+    from wavepipe import delta_protocol
+
+    return list(delta_protocol.latest_metadata(path)[1].get("partitionColumns") or [])
+
+
+def repair_line(result: dict) -> str:
+    parts = []
+    if result.get("schema"):
+        fixed = result["schema"]
+        verb = "would repair" if fixed["dry_run"] else f"repaired in commit {fixed['version']}"
+        parts.append(f"{verb} {len(fixed['columns'])} column type(s) ({', '.join(fixed['columns'])})")
+    if result.get("layout"):
+        lay = result["layout"]
+        if lay.get("dry_run"):
+            parts.append(f"would lay it out by {', '.join(layout())} (partitioned by {', '.join(lay['relaid_from'])})")
+        else:
+            parts.append(
+                f"laid out by {', '.join(layout())} (was {', '.join(lay['relaid_from'])}): {lay['files_before']} files -> "
+                f"{lay['files_after']}, {lay['rows']} rows, in {lay['relayout_s']}s (commit {lay['version']})"
+            )
+    return "; ".join(parts) or "nothing to do (readable by every Delta reader, laid out by date)"

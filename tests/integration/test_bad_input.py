@@ -9,8 +9,10 @@ from confluent_kafka import Producer, TopicPartition
 from tests.helpers import (
     START,
     assert_accounted,
+    assert_delta_rs_reads_as_spark,
     output_rows,
     produce_in_order,
+    published_tables,
     quarantine_reasons,
     read_topic,
     run_cli,
@@ -144,6 +146,11 @@ def test_broken_waveforms_are_quarantined_and_junk_is_dead_lettered_with_reasons
         (f"{settings.topic}/0/{offset}".encode(), reason.encode(), value) for offset, reason, value in dead
     ]
     assert published[1][1]["wp-version"] == b"9" and published[1][1]["wp-id"] == b"good"
+
+    # an independent reader (delta-rs, which Polars and most Python tools use) reads all three
+    # tables row for row as Spark does: payloads, quarantine details and dead letters' raw bytes
+    counts = {name: assert_delta_rs_reads_as_spark(spark, path) for name, path in published_tables(settings).items()}
+    assert counts == {"waveforms": 1, "quarantine": 4, "dead_letter": 5}
 
 
 def test_a_waveform_that_never_completes_is_pending_then_quarantined_as_incomplete(settings, spark):

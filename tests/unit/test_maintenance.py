@@ -3,7 +3,6 @@ table's status is read from its log and folder."""
 
 from __future__ import annotations
 
-import json
 from datetime import date
 
 import pytest
@@ -66,53 +65,56 @@ def test_the_cli_refuses_before_anything_runs(tmp_path, capsys, args, message):
     assert not (tmp_path / "tables").exists()  # nothing was started or written
 
 
-def _commit(table, version, *actions):
-    log = table / "_delta_log"
-    log.mkdir(parents=True, exist_ok=True)
-    (log / f"{version:020d}.json").write_text("\n".join(json.dumps(a) for a in actions) + "\n")
+def _append(table, rows: dict, partition_by=("date",)) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    write_deltalake(str(table), pa.table(rows), mode="append", partition_by=list(partition_by))
 
 
-def _add(path, rows, size):
-    return {"add": {"path": path, "size": size, "stats": json.dumps({"numRecords": rows})}}
-
-
-def _file(table, path, size):
-    full = table / path
-    full.parent.mkdir(parents=True, exist_ok=True)
-    full.write_bytes(b"x" * size)
+def legacy_log(table) -> None:
+    """Rewrite the table's first commit as the Spark Connect engine logged string columns up to 77ad3ff."""
+    first = table / "_delta_log" / f"{0:020d}.json"
+    first.write_text(
+        first.read_text().replace('\\"type\\":\\"string\\"', '\\"type\\":\\"string collate UTF8_BINARY\\"')
+    )
 
 
 def test_status_reads_the_log_and_the_folder(tmp_path, capsys):
+    from deltalake import DeltaTable
+
     settings = load_settings(home=tmp_path)
     table = settings.output_table
-    small = [f"source=a/date=2026-11-20/part-{i}.parquet" for i in range(3)]
-    for i, path in enumerate(small):
-        _commit(table, i, _add(path, 2, 100), {"commitInfo": {"operation": "WRITE", "timestamp": 1_000 + i}})
-        _file(table, path, 100)
-    # a space in a source is URL-encoded in the log, not on disk
-    _commit(table, 3, _add("source=b%20c/date=2026-11-20/part-9.parquet", 5, 300))
-    _file(table, "source=b c/date=2026-11-20/part-9.parquet", 300)
+    for i in range(3):
+        _append(table, {"waveform_id": [f"w{i}", f"v{i}"], "source": ["a", "b"], "date": ["2026-11-20"] * 2})
+    _append(table, {"waveform_id": ["x b"], "source": ["b c"], "date": ["2026-11-21"]})
     before = maintenance.table_status("waveforms", table)
-    assert (before.version, before.rows, before.files, before.bytes) == (3, 11, 4, 600)
+    assert (before.version, before.rows, before.files, before.partition_columns) == (3, 7, 4, ["date"])
     assert (before.partitions, before.files_per_partition_max, before.unreferenced_files) == (2, 3, 0)
-    assert before.last_optimize is None
+    assert before.bytes == sum(f.stat().st_size for f in table.rglob("*.parquet"))
+    assert before.last_optimize is None and before.note is None
     # a compaction: three files become one; the old ones stay on disk until a vacuum
-    merged = "source=a/date=2026-11-20/part-m.parquet"
-    _commit(
-        table,
-        4,
-        *({"remove": {"path": p, "dataChange": False}} for p in small),
-        _add(merged, 6, 250),
-        {"commitInfo": {"operation": "OPTIMIZE", "timestamp": 1_795_000_000_000}},
-    )
-    _file(table, merged, 250)
-    _file(table, "_delta_log/00000000000000000004.checkpoint.parquet", 10)  # not a data file
+    DeltaTable(str(table)).optimize.compact()
     after = maintenance.table_status("waveforms", table)
-    assert (after.version, after.rows, after.files, after.bytes) == (4, 11, 2, 550)
-    assert (after.files_per_partition_max, after.unreferenced_files, after.unreferenced_bytes) == (1, 3, 300)
-    assert after.last_optimize == "2026-11-18T11:06:40+00:00"
+    assert (after.version, after.rows, after.files) == (4, 7, 2)
+    assert (after.files_per_partition_max, after.unreferenced_files) == (1, 3)
+    assert after.last_optimize is not None and after.last_vacuum is None
 
     assert main(["--home", str(tmp_path), "table", "status"]) == 0
     out = capsys.readouterr().out
-    assert "waveforms" in out and "2026-11-18T11:06:40+00:00 / never" in out
+    assert "waveforms" in out and f"{after.last_optimize} / never" in out
     assert "quarantine   no table yet" in out
+
+
+def test_status_says_what_needs_a_repair(tmp_path, capsys):
+    settings = load_settings(home=tmp_path)
+    _append(settings.output_table, {"waveform_id": ["w"], "source": ["a"], "date": ["2026-11-20"]}, ("source", "date"))
+    old = maintenance.table_status("waveforms", settings.output_table)
+    assert old.partition_columns == ["source", "date"] and "`wavepipe table repair` lays it out by date" in old.note
+    _append(settings.quarantine_table, {"waveform_id": ["w"], "reason": ["incomplete"]}, ())
+    legacy_log(settings.quarantine_table)
+    broken = maintenance.table_status("quarantine", settings.quarantine_table)
+    assert broken.version is None and "2 column type(s) the Delta protocol does not define" in broken.note
+    assert main(["--home", str(tmp_path), "table", "status"]) == 0
+    out = capsys.readouterr().out
+    assert "quarantine   delta-rs, Polars and Trino cannot open it" in out and "run `wavepipe table repair`" in out

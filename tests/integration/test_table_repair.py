@@ -1,0 +1,118 @@
+"""Tables an earlier wavepipe wrote (string columns logged as ``string collate UTF8_BINARY``, the
+waveforms partitioned by source and date) are repaired in place: the next run's publish fixes the
+types in one metadata-only commit, ``wavepipe table repair`` lays the waveforms out by date; rows,
+history and transaction ids are kept, and delta-rs then reads them as Spark does."""
+
+from __future__ import annotations
+
+import pytest
+from deltalake import DeltaTable
+
+from tests.helpers import (
+    START,
+    assert_accounted,
+    assert_delta_rs_reads_as_spark,
+    assert_protocol_types,
+    produce_in_order,
+    run_cli,
+    waveform_records,
+)
+from wavepipe import pipeline
+from wavepipe.consumers.kafka_admin import ensure_topic
+from wavepipe.delta_protocol import schema_problems
+
+pytestmark = pytest.mark.integration
+
+LEGACY_TXN = "wavepipe-publish-legacy-waveforms-0"
+
+
+def write_legacy_tables(spark, settings, n: int = 12) -> None:
+    """The waveforms and quarantine tables as wavepipe wrote them up to 77ad3ff: rows made by
+    ``mapInArrow`` over Spark Connect (so every string column is logged with a collation), the
+    waveforms partitioned by source and date, appended under a transaction id."""
+    from pyspark.sql import types as T
+
+    from wavepipe.spark_apps.reassemble import OUTPUT_SCHEMA
+
+    schema = T.StructType([*OUTPUT_SCHEMA.fields, T.StructField("run_id", T.StringType(), False)])
+
+    def rows(batches):  # pickled by value: defined here, not in an importable module
+        from datetime import UTC, datetime
+
+        import pyarrow as pa
+
+        from wavepipe.spark_apps.reassemble import ARROW_OUTPUT_SCHEMA
+
+        arrow = ARROW_OUTPUT_SCHEMA.append(pa.field("run_id", pa.string(), False))
+        for batch in batches:
+            out = []
+            for i in batch.column(0).to_pylist():
+                start = datetime(2026, 11, 19 + i % 2, 3, i, tzinfo=UTC)
+                payload = bytes([i]) * 64
+                out.append(
+                    [f"old-{i}", f"station-{i % 3}", start, start.date(), "<f4", 1, 100.0, 16, 0.16, 64, 1]
+                    + [f"sha256:{i}", payload, "legacy-topic", 0, i, i, True, "legacy-run"]
+                )
+            yield pa.RecordBatch.from_pylist([dict(zip(arrow.names, r, strict=True)) for r in out], schema=arrow)
+
+    frame = spark.range(n).mapInArrow(rows, schema).drop("checksum_ok")
+    (
+        frame.write.format("delta")
+        .option("txnAppId", LEGACY_TXN)
+        .option("txnVersion", 1)
+        .partitionBy("source", "date")
+        .save(str(settings.output_table))
+    )
+    quarantined = frame.selectExpr("waveform_id", "'checksum_mismatch' AS reason", "run_id").limit(2)
+    quarantined.write.format("delta").save(str(settings.quarantine_table))
+
+
+def test_tables_of_an_earlier_wavepipe_are_repaired_in_place_and_laid_out_by_date(settings, spark):
+    write_legacy_tables(spark, settings)
+    # the guard: what the earlier code wrote is refused by every reader that follows the protocol
+    assert "waveform_id: 'string collate UTF8_BINARY'" in schema_problems(settings.output_table)
+    with pytest.raises(Exception, match="Unsupported Delta table type"):
+        DeltaTable(str(settings.output_table))
+    code, out = run_cli(settings, "table", "status")
+    assert code == 0 and "run `wavepipe table repair`" in out, out
+    history_before = spark.sql(f"DESCRIBE HISTORY delta.`{settings.output_table}`").count()
+
+    # a run publishing into them repairs the types first (no data file rewritten), keeps the layout
+    ensure_topic(settings)
+    records, _ = waveform_records("new-one", 3, seed=3)
+    produce_in_order(settings, records)
+    report = pipeline.run_once(settings)
+    assert report["waveforms"] == {"output_new": 1}
+    assert_accounted(spark, settings, report)  # its own check of the logs' types among them
+    waveforms = DeltaTable(str(settings.output_table))
+    assert waveforms.metadata().partition_columns == ["source", "date"]
+    assert assert_delta_rs_reads_as_spark(spark, settings.output_table) == 13
+    assert assert_delta_rs_reads_as_spark(spark, settings.quarantine_table) == 2
+    repair_commit = next(h for h in waveforms.history() if h["operation"] == "REPAIR SCHEMA")
+    assert "waveform_id" in repair_commit["operationParameters"]["columns"]
+
+    code, out = run_cli(settings, "table", "repair", "--dry-run")
+    assert code == 0 and "waveforms: would lay it out by date (partitioned by source, date)" in out, out
+    assert DeltaTable(str(settings.output_table)).metadata().partition_columns == ["source", "date"]
+    code, out = run_cli(settings, "table", "repair")
+    assert code == 0 and "waveforms: laid out by date (was source, date)" in out, out
+    assert "quarantine: nothing to do" in out, out
+    waveforms = DeltaTable(str(settings.output_table))
+    assert waveforms.metadata().partition_columns == ["date"]
+    folders = {uri.rsplit("/", 2)[1] for uri in waveforms.file_uris()}
+    assert folders == {"date=2026-11-19", "date=2026-11-20", f"date={START.date()}"}
+    assert assert_delta_rs_reads_as_spark(spark, settings.output_table) == 13
+    assert_protocol_types(settings)
+
+    # the history is kept (the legacy version still reads), and so is the idempotence of a publish:
+    # the earlier transaction id is still known, so its append is skipped
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{settings.output_table}`").count() == history_before + 3
+    assert spark.read.format("delta").option("versionAsOf", 0).load(str(settings.output_table)).count() == 12
+    version = waveforms.version()
+    again = spark.read.format("delta").load(str(settings.output_table)).limit(1)
+    again.write.format("delta").mode("append").option("txnAppId", LEGACY_TXN).option("txnVersion", 1).save(
+        str(settings.output_table)
+    )
+    assert DeltaTable(str(settings.output_table)).version() == version, "a known transaction committed again"
+    code, out = run_cli(settings, "table", "repair")
+    assert code == 0 and "waveforms: nothing to do" in out, out
