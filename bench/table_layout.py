@@ -1,12 +1,16 @@
 """A table under many small runs: 200 micro-batch appends against the same data in one batch.
 
-Event-driven runs publish a few waveforms each, so every run adds a few small files to each
-``source``/``date`` partition of the waveforms table. This benchmark writes the same synthetic
+Event-driven runs publish a few waveforms each, so every run adds a few small files to the
+``date`` partition of the waveforms table (one per day it carries, however many sources). A second
+case has 1,000 sources, every micro-batch carrying all of them (a station network at 15-second
+runs), and also appends a few micro-batches in the earlier ``source``/``date`` layout, to compare
+the files and the time each commit costs. This benchmark writes the same synthetic
 waveforms twice on the Spark engine: once as ``batches`` appends through the publish step's own
 writer (``append_new``, one Delta commit each, as ``batches`` runs would), once in one write. It
 then times a typical read, one source over one hour (its rows' payloads summed, so the bytes are
 read), on the one-batch table and on the micro-batch table before compaction, after
-``wavepipe table optimize`` (compaction) and after ``optimize --zorder`` (sorted by start time), and
+``wavepipe table optimize`` (compaction) and after ``optimize --zorder`` (clustered by source and
+start time), and
 times the maintenance itself and the VACUUM that frees the replaced files. Every read's row count
 is checked against what was written (each waveform exactly once, in every state).
 """
@@ -28,6 +32,8 @@ log = logging.getLogger("wavepipe.bench")
 
 #: The goal: a read on the compacted table within this multiple of the one-batch table's.
 GOAL_RATIO = 1.2
+#: The state after ``wavepipe table optimize --zorder``.
+ZORDERED = "compacted, clustered by source and start_time"
 T0 = datetime(2026, 11, 20, 12, 0, tzinfo=UTC)
 
 
@@ -39,11 +45,36 @@ class LayoutOptions:
     waveform_bytes: int = 64 * 1024
     hours: float = 24.0  # start times span this long (over two dates), in batch order
     reads: int = 7  # timed reads per table state, after one warm-up; the median counts
+    legacy_batches: int = 0  # micro-batches also appended in the earlier source/date layout
+    name: str = "table-layout"  # the results' file names
     command: str = ""
 
     @classmethod
     def quick(cls, **changes) -> LayoutOptions:
         return cls(**{"batches": 20, "per_batch": 8, "waveform_bytes": 8 * 1024, "reads": 3, **changes})
+
+    @classmethod
+    def many_sources(cls, quick: bool = False, **changes) -> LayoutOptions:
+        """1,000 sources, each in every micro-batch (small waveforms, so the case stays ~160 MB)."""
+        size = {"sources": 50, "per_batch": 50, "batches": 10, "reads": 3} if quick else {}
+        return cls(
+            **{
+                "batches": 40,
+                "sources": 1000,
+                "per_batch": 1000,
+                "waveform_bytes": 4096,
+                "legacy_batches": 3,
+                "name": "table-layout-1000-sources",
+                **size,
+                **changes,
+            }
+        )
+
+
+def cases(quick: bool, command: str) -> list[LayoutOptions]:
+    """What ``wavepipe bench --table-layout`` runs: a few sources, then 1,000."""
+    few = LayoutOptions.quick(command=command) if quick else LayoutOptions(command=command)
+    return [few, LayoutOptions.many_sources(quick, command=command)]
 
 
 def _rows(options: LayoutOptions, batch: int) -> list[tuple]:
@@ -207,11 +238,42 @@ def read_count(spark, path: Path) -> int:
     return int(read_delta(spark, path).agg(F.count_distinct("waveform_id").alias("n")).collect()[0]["n"])
 
 
+def _append_batches(spark, path: Path, options: LayoutOptions, batches: int, partition_by: list[str]) -> dict:
+    """Append ``batches`` micro-batches to ``path`` through the publish step's writer, laid out by
+    ``partition_by``: the seconds of each commit and the files each added."""
+    from wavepipe.spark_apps.reassemble import OUTPUT_SCHEMA
+    from wavepipe.spark_apps.tables import append_new, delta_log, delta_version
+
+    seconds, began = [], time.monotonic()
+    for b in range(batches):
+        frame = spark.createDataFrame(_rows(options, b), OUTPUT_SCHEMA)
+        t = time.perf_counter()
+        append_new(frame, path, ["waveform_id"], partition_by, checked_version=delta_version(path))
+        seconds.append(time.perf_counter() - t)
+        if (b + 1) % max(1, batches // 10) == 0:
+            log.info(
+                "table layout: %d/%d micro-batches appended by %s (%.1f/s)",
+                b + 1,
+                batches,
+                ", ".join(partition_by),
+                (b + 1) / (time.monotonic() - began),
+            )
+    files = len(delta_log(path).files)
+    return {
+        "partition_by": partition_by,
+        "batches": batches,
+        "files_per_commit": round(files / batches, 1),
+        "commit_median_s": round(statistics.median(seconds), 3),
+        "commit_max_s": round(max(seconds), 3),
+        "seconds": round(sum(seconds), 1),
+    }
+
+
 def run_layout(settings: Settings, options: LayoutOptions) -> dict:
     from wavepipe import engine, maintenance
     from wavepipe.bench.runner import machine_info
     from wavepipe.local.engine import LocalEngine
-    from wavepipe.spark_apps.tables import append_new, delta_version, read_delta
+    from wavepipe.spark_apps.tables import TABLE_KEYS, delta_writer, read_delta
 
     began = time.monotonic()
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
@@ -222,29 +284,18 @@ def run_layout(settings: Settings, options: LayoutOptions) -> dict:
         spark_connect_port=0,
     )
     micro, one = s.output_table, s.tables_dir / "one_batch"
+    layout = list(TABLE_KEYS["waveforms"][1])
     log.info("table layout: starting a Spark engine for %s", s.home)
     LocalEngine(s).up()
     try:
         with engine.attached(s) as spark:
-            from wavepipe.spark_apps.reassemble import OUTPUT_SCHEMA
-
-            t = time.monotonic()
-            for b in range(options.batches):
-                frame = spark.createDataFrame(_rows(options, b), OUTPUT_SCHEMA)
-                append_new(frame, micro, ["waveform_id"], ["source", "date"], checked_version=delta_version(micro))
-                if (b + 1) % max(1, options.batches // 10) == 0:
-                    log.info(
-                        "table layout: %d/%d micro-batches appended (%.1f/s)",
-                        b + 1,
-                        options.batches,
-                        (b + 1) / (time.monotonic() - t),
-                    )
-            append_s = time.monotonic() - t
+            commits = _append_batches(spark, micro, options, options.batches, layout)
+            if options.legacy_batches:
+                legacy = s.tables_dir / "legacy_layout"
+                commits["legacy"] = _append_batches(spark, legacy, options, options.legacy_batches, ["source", "date"])
             t = time.monotonic()
             # the same rows in one write: one file per partition, as one large run would write them
-            read_delta(spark, micro).repartition("source", "date").write.format("delta").partitionBy(
-                "source", "date"
-            ).save(str(one))
+            delta_writer(read_delta(spark, micro).repartition(*layout)).partitionBy(*layout).save(str(one))
             one_batch_s = time.monotonic() - t
             # each state stays a table of its own (a copy: the log's paths are relative), all read
             # at their latest version side by side
@@ -258,7 +309,7 @@ def run_layout(settings: Settings, options: LayoutOptions) -> dict:
                     ("one batch", one),
                     ("micro-batches", s.tables_dir / "micro_batches"),
                     ("compacted", s.tables_dir / "compacted"),
-                    ("compacted, sorted by start_time", micro),
+                    (ZORDERED, micro),
                 ],
                 options,
             )
@@ -277,7 +328,8 @@ def run_layout(settings: Settings, options: LayoutOptions) -> dict:
         "seconds": round(time.monotonic() - began, 1),
         "options": dict(options.__dict__),
         "machine": machine_info(),
-        "append_s": round(append_s, 1),
+        "append_s": commits["seconds"],
+        "commits": commits,
         "one_batch_write_s": round(one_batch_s, 1),
         "optimize": {"compact": compact, "zorder": zorder},
         "vacuum": vacuum,
@@ -288,7 +340,7 @@ def run_layout(settings: Settings, options: LayoutOptions) -> dict:
 def goals(result: dict) -> list[tuple[str, bool | None, str]]:
     by = {s["state"]: s for s in result["states"]}
     out = []
-    for state in ("compacted", "compacted, sorted by start_time"):
+    for state in ("compacted", ZORDERED):
         ratio = by.get(state, {}).get("vs_one_batch")
         out.append(
             (
@@ -306,7 +358,7 @@ def to_markdown(result: dict, chart_name: str = "table-layout.png") -> str:
     o, m = result["options"], result["machine"]
     total_mb = o["batches"] * o["per_batch"] * o["waveform_bytes"] / 1e6
     lines = [
-        "# Table layout: many small runs, then maintenance",
+        f"# Table layout: many small runs from {o['sources']} sources, then maintenance",
         "",
         f"`{o['command']}` at wavepipe commit {m.get('wavepipe_commit') or '?'}, started {result['started']} UTC, "
         f"{result['seconds']:.0f} s in all.",
@@ -316,7 +368,8 @@ def to_markdown(result: dict, chart_name: str = "table-layout.png") -> str:
         "",
         f"{o['batches']} micro-batches of {o['per_batch']} waveforms ({o['waveform_bytes'] // 1024} KiB of noise "
         f"each; {total_mb:.0f} MB in all) from {o['sources']} sources, start times over {o['hours']:g} h (two "
-        "dates), each appended in its own Delta commit through the publish step's writer "
+        "dates), each appended in its own Delta commit through the publish step's writer, the table partitioned "
+        f"by {', '.join(result.get('commits', {}).get('partition_by') or ['date'])} "
         f"({result['append_s']:.0f} s in all); the same rows written in one batch ({result['one_batch_write_s']:.0f} s). "
         f"A typical read: one source over one hour, payloads summed (and one source over a day: a whole "
         f"partition; and a run's look-up of its {o['per_batch']} ids in the table, as every run's dedupe check "
@@ -338,6 +391,7 @@ def to_markdown(result: dict, chart_name: str = "table-layout.png") -> str:
             f"{s.get('dedupe_join_median_s', '-')} |"
         )
     c, z, v = result["optimize"]["compact"], result["optimize"]["zorder"], result["vacuum"]
+    lines += ["", *_commit_lines(result.get("commits"))]
     lines += [
         "",
         f"- `wavepipe table optimize` (compaction): {c['files_removed']} files rewritten into {c['files_added']} "
@@ -390,4 +444,25 @@ def save(result: dict, out_dir: Path) -> list[Path]:
     """table-layout.json, .png and .md in ``out_dir`` (a chart that fails to draw loses nothing)."""
     from wavepipe.bench.results import save_page
 
-    return save_page(result, out_dir, "table-layout", to_markdown, lambda r, path: chart(r, path))
+    name = result["options"].get("name") or "table-layout"
+    return save_page(result, out_dir, name, lambda r: to_markdown(r, f"{name}.png"), lambda r, path: chart(r, path))
+
+
+def _commit_lines(commits: dict | None) -> list[str]:
+    """What one micro-batch commit costs, in this layout and (if measured) the earlier one."""
+    if not commits:
+        return []
+    out = [
+        f"- Each micro-batch commit, partitioned by {', '.join(commits['partition_by'])}: "
+        f"{commits['files_per_commit']:g} file(s), {commits['commit_median_s']} s (median; max "
+        f"{commits['commit_max_s']} s)."
+    ]
+    legacy = commits.get("legacy")
+    if legacy:
+        ratio = legacy["commit_median_s"] / commits["commit_median_s"] if commits["commit_median_s"] else None
+        out.append(
+            f"- The same micro-batches partitioned by {', '.join(legacy['partition_by'])} (wavepipe up to 77ad3ff), "
+            f"{legacy['batches']} commits: {legacy['files_per_commit']:g} files each, {legacy['commit_median_s']} s "
+            f"(median; max {legacy['commit_max_s']} s){f', {ratio:.1f}x the time' if ratio else ''}."
+        )
+    return out

@@ -4,7 +4,7 @@ benchmark itself runs on the Spark engine: `wavepipe bench --table-layout`)."""
 from __future__ import annotations
 
 from wavepipe.bench import table_layout
-from wavepipe.bench.table_layout import LayoutOptions, _queries, _rows, goals, save
+from wavepipe.bench.table_layout import ZORDERED, LayoutOptions, _queries, _rows, cases, goals, save
 
 
 def test_rows_and_expected_reads_agree():
@@ -64,7 +64,7 @@ def test_goals_and_the_page(tmp_path, monkeypatch):
             _state("one batch", 0.5),
             _state("micro-batches", 1.4),
             _state("compacted", 0.55),
-            _state("compacted, sorted by start_time", 0.4),
+            _state(ZORDERED, 0.4),
         ]
     )
     assert [g[1] for g in goals(met)] == [True, True, True]
@@ -73,7 +73,7 @@ def test_goals_and_the_page(tmp_path, monkeypatch):
             _state("one batch", 0.5),
             _state("micro-batches", 1.4, ["a read found 3 rows, expected 4"]),
             _state("compacted", 0.7),
-            _state("compacted, sorted by start_time", 0.4),
+            _state(ZORDERED, 0.4),
         ]
     )
     assert [g[1] for g in goals(missed)] == [False, True, False]
@@ -87,3 +87,33 @@ def test_goals_and_the_page(tmp_path, monkeypatch):
     assert [p.name for p in paths] == ["table-layout.json", "table-layout.md"]
     page = (tmp_path / "table-layout.md").read_text()
     assert "| compacted | 8 | 1.0 | 8 | 1 | 0.7 |" in page and "MISSED: compacted: a read within 1.2x" in page
+
+
+def test_the_cases_and_what_a_commit_costs_on_the_page(tmp_path):
+    few, many = cases(False, "wavepipe bench --table-layout")
+    assert (few.sources, many.sources, many.per_batch, many.legacy_batches) == (4, 1000, 1000, 3)
+    assert {r[1] for r in _rows(many, 0)} == {f"station-{i}" for i in range(1000)}, "every source in every batch"
+    assert [c.name for c in cases(True, "")] == ["table-layout", "table-layout-1000-sources"]
+    result = _result([_state("one batch", 0.5), _state("micro-batches", 0.6), _state("compacted", 0.5)])
+    result["options"] = dict(many.__dict__)
+    result["commits"] = {
+        "partition_by": ["date"],
+        "files_per_commit": 1.0,
+        "commit_median_s": 0.5,
+        "commit_max_s": 0.9,
+        "seconds": 20.0,
+        "legacy": {
+            "partition_by": ["source", "date"],
+            "batches": 3,
+            "files_per_commit": 1000.0,
+            "commit_median_s": 6.0,
+            "commit_max_s": 7.0,
+            "seconds": 18.0,
+        },
+    }
+    paths = save(result, tmp_path)
+    assert paths[0].name == "table-layout-1000-sources.json"
+    page = (tmp_path / "table-layout-1000-sources.md").read_text()
+    assert "from 1000 sources" in page and "partitioned by date: 1 file(s), 0.5 s" in page
+    assert "partitioned by source, date (wavepipe up to 77ad3ff), 3 commits: 1000 files each, 6.0 s" in page
+    assert "12.0x the time" in page and "![read time per layout](table-layout-1000-sources.png)" in page
