@@ -141,10 +141,13 @@ def _read(spark, path: Path, source: str, begin: datetime, end: datetime) -> tup
 
     from wavepipe.spark_apps.tables import read_delta
 
+    # the bounds as instants in text: a datetime literal makes the client ask pyspark's global
+    # active session for its timestamp type, which is an earlier case's, on an engine now stopped
+    low, high = (F.lit(t.isoformat()).cast("timestamp") for t in (begin, end))
     began = time.perf_counter()
     row = (
         read_delta(spark, path)
-        .where((F.col("source") == source) & (F.col("start_time") >= begin) & (F.col("start_time") < end))
+        .where((F.col("source") == source) & (F.col("start_time") >= low) & (F.col("start_time") < high))
         .agg(F.count("*").alias("n"), F.sum(F.length("payload")).alias("bytes"))
         .collect()[0]
     )

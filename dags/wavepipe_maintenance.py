@@ -1,4 +1,4 @@
-"""wavepipe_maintenance: daily compaction (sorted by start time) and VACUUM of the output tables."""
+"""wavepipe_maintenance: daily compaction (clustered by source and start time) and VACUUM of the output tables."""
 
 from wavepipe.plugins.airflow_dags import wavepipe_maintenance_dag
 
