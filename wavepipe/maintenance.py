@@ -136,6 +136,15 @@ def _when(ms: int | None) -> str | None:
     return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds") if ms else None
 
 
+def _last(state, operation: str) -> str | None:
+    """When ``operation`` last committed; None if never, or how far back that was looked for."""
+    from wavepipe.spark_apps.tables import HISTORY_COMMITS
+
+    if operation in state.last:
+        return _when(state.last[operation])
+    return f"not in the last {HISTORY_COMMITS} commits" if state.version + 1 > HISTORY_COMMITS else None
+
+
 def _unreadable_note(path: Path) -> str:
     from wavepipe import delta_protocol
 
@@ -175,8 +184,8 @@ def table_status(name: str, path: Path) -> TableStatus:
     status.partitions = len(per_partition)
     status.files_per_partition_max = max(per_partition.values(), default=0)
     status.unreferenced_files, status.unreferenced_bytes = len(extra), sum(size for size, _ in extra.values())
-    status.last_optimize = _when(state.last.get("OPTIMIZE"))
-    status.last_vacuum = _when(state.last.get("VACUUM END"))
+    status.last_optimize = _last(state, "OPTIMIZE")
+    status.last_vacuum = _last(state, "VACUUM END")
     if name == "waveforms" and state.partition_columns != layout():
         status.note = (
             f"partitioned by {', '.join(state.partition_columns) or 'nothing'}: each run writes a file per source it "
@@ -210,6 +219,16 @@ def _sql_path(path: Path) -> str:
     return "delta.`" + str(path).replace("`", "``") + "`"
 
 
+def _existing(settings: Settings, tables: list[str] | None, done: list[dict]) -> Iterator[tuple[str, Path]]:
+    """(name, path) of each chosen table that exists; the others are recorded in ``done`` as skipped."""
+    paths = table_paths(settings)
+    for name in pick_tables(tables):
+        if not (paths[name] / "_delta_log").is_dir():
+            done.append({"table": name, "skipped": "no table yet"})
+            continue
+        yield name, paths[name]
+
+
 def optimize(
     settings: Settings, *, tables: list[str] | None = None, zorder: bool = False, since: date | None = None
 ) -> list[dict]:
@@ -219,13 +238,8 @@ def optimize(
     file of the partitions it touches, so give ``since`` on a large table). ``since``: only the
     waveforms table's ``date`` partitions from that day on (the quarantine and dead-letter tables
     have no partitions and are compacted whole). Returns what each table's compaction did."""
-    paths = table_paths(settings)
     done = []
-    for name in pick_tables(tables):
-        path = paths[name]
-        if not (path / "_delta_log").is_dir():
-            done.append({"table": name, "skipped": "no table yet"})
-            continue
+    for name, path in _existing(settings, tables, done):
         sql = f"OPTIMIZE {_sql_path(path)}"
         if name == "waveforms" and since is not None:
             sql += f" WHERE date >= DATE'{since.isoformat()}'"
@@ -300,13 +314,8 @@ def vacuum(
             hours,
             DELTA_SAFE_RETENTION_H,
         )
-    paths = table_paths(settings)
     done = []
-    for name in names:
-        path = paths[name]
-        if not (path / "_delta_log").is_dir():
-            done.append({"table": name, "skipped": "no table yet"})
-            continue
+    for name, path in _existing(settings, names, done):
         sql = f"VACUUM {_sql_path(path)} RETAIN {hours:g} HOURS" + (" DRY RUN" if dry_run else "")
         with _writing(settings, f"vacuum {name}") as spark, _retention_check_off(spark, hours):
             before = _data_files(path)  # under the lock: no run adds files meanwhile
@@ -397,13 +406,8 @@ def repair(settings: Settings, *, tables: list[str] | None = None, dry_run: bool
     from wavepipe import delta_protocol
     from wavepipe.spark_apps.app import output_lock
 
-    paths = table_paths(settings)
     done = []
-    for name in pick_tables(tables):
-        path = paths[name]
-        if not (path / "_delta_log").is_dir():
-            done.append({"table": name, "skipped": "no table yet"})
-            continue
+    for name, path in _existing(settings, tables, done):
         with output_lock(settings, RunStore(settings)):
             result = {"table": name, "schema": delta_protocol.repair_schema(path, dry_run=dry_run)}
             was = _partition_columns(path)

@@ -106,6 +106,17 @@ def test_status_reads_the_log_and_the_folder(tmp_path, capsys):
     assert "quarantine   no table yet" in out
 
 
+def test_an_operation_older_than_the_history_read_is_not_called_never(tmp_path, monkeypatch):
+    from wavepipe.spark_apps import tables
+
+    settings = load_settings(home=tmp_path)
+    for i in range(3):
+        _append(settings.output_table, {"waveform_id": [f"w{i}"], "source": ["a"], "date": ["2026-11-20"]})
+    monkeypatch.setattr(tables, "HISTORY_COMMITS", 2)
+    status = maintenance.table_status("waveforms", settings.output_table)
+    assert status.last_optimize == status.last_vacuum == "not in the last 2 commits"
+
+
 def test_status_says_what_needs_a_repair(tmp_path, capsys):
     settings = load_settings(home=tmp_path)
     _append(settings.output_table, {"waveform_id": ["w"], "source": ["a"], "date": ["2026-11-20"]}, ("source", "date"))
