@@ -21,8 +21,8 @@ log = logging.getLogger("wavepipe.tables")
 #: partitioned by day only: a run writes one file per day it carries, however many sources (a
 #: station, lead or microphone id: thousands in a real deployment) it holds. A read of one source
 #: skips files by their ``source`` statistics, which ``wavepipe table optimize --zorder``
-#: (``maintenance.CLUSTER_BY``) makes narrow. Tables laid out by ``source`` and ``date`` before keep working;
-#: ``wavepipe table repair`` lays them out again.
+#: (``maintenance.CLUSTER_BY``) makes narrow. Tables laid out by ``source`` and ``date`` before
+#: keep working; ``wavepipe table repair`` lays them out again.
 TABLE_KEYS = {
     "quarantine": (["waveform_id", "reason"], None),
     "dead_letter": (["topic", "partition", "offset"], None),
@@ -108,8 +108,11 @@ HISTORY_COMMITS = 1000
 def _live_files(table) -> dict[str, tuple[int, int | None]]:
     import pyarrow as pa
 
+    adds = pa.table(table.get_add_actions(flatten=True))
+    # only what is counted: a table's per-column statistics would be most of the conversion
+    wanted = ["path", "size_bytes", "num_records", *(c for c in adds.column_names if c.startswith("deletionVector"))]
     files = {}
-    for add in pa.table(table.get_add_actions(flatten=True)).to_pylist():
+    for add in adds.select([c for c in wanted if c in adds.column_names]).to_pylist():
         deleted = any(v is not None for k, v in add.items() if k.startswith("deletionVector"))
         rows = None if deleted or add.get("num_records") is None else int(add["num_records"])
         files[add["path"]] = (int(add["size_bytes"] or 0), rows)

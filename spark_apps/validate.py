@@ -43,6 +43,7 @@ from wavepipe.contracts.runfiles import RunStore, Step, plot_path
 from wavepipe.contracts.steps import Reassembled, Validated, ValidatedRows, WindowRows
 from wavepipe.delta_protocol import repair_schema
 from wavepipe.faults import failpoint
+from wavepipe.maintenance import table_paths
 from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_apps.reassemble import (
     MANIFEST_COLUMNS,
@@ -572,11 +573,7 @@ def publish_run(
     """Append the run's rows to the published tables (keys not there yet only); returns the
     output table's version after."""
     store = RunStore(settings)
-    targets = {
-        "waveforms": settings.output_table,
-        "quarantine": settings.quarantine_table,
-        "dead_letter": settings.dead_letter_table,
-    }
+    targets = table_paths(settings)
     for target in targets.values():  # written by an earlier wavepipe: made readable by every reader first
         if delta_version(target) is not None:
             repair_schema(target)

@@ -154,12 +154,9 @@ def assert_accounted(spark, settings: Settings, report: dict, gaps: bool = False
 
 def published_tables(settings: Settings) -> dict[str, Path]:
     """The tables a run of ``settings`` published (those that exist), by name."""
-    tables = {
-        "waveforms": settings.output_table,
-        "quarantine": settings.quarantine_table,
-        "dead_letter": settings.dead_letter_table,
-    }
-    return {name: path for name, path in tables.items() if (path / "_delta_log").is_dir()}
+    from wavepipe.maintenance import table_paths
+
+    return {name: path for name, path in table_paths(settings).items() if (path / "_delta_log").is_dir()}
 
 
 def assert_protocol_types(settings: Settings) -> None:

@@ -338,14 +338,14 @@ def cmd_table(args) -> int:
     tables = maintenance.pick_tables(args.table)
     wrong = [
         flag
-        for flag, value, action in (
-            ("--zorder", args.zorder, "optimize"),
-            ("--since", args.since, "optimize"),
-            ("--days", args.days, "optimize"),
-            ("--retention-hours", args.retention_hours, "vacuum"),
-            ("--dry-run", args.dry_run, "vacuum|repair"),
+        for flag, value, actions in (
+            ("--zorder", args.zorder, ("optimize",)),
+            ("--since", args.since, ("optimize",)),
+            ("--days", args.days, ("optimize",)),
+            ("--retention-hours", args.retention_hours, ("vacuum",)),
+            ("--dry-run", args.dry_run, ("vacuum", "repair")),
         )
-        if value not in (None, False) and args.action not in action.split("|")
+        if value not in (None, False) and args.action not in actions
     ]
     if wrong:
         raise UsageError(f"{', '.join(wrong)}: not an option of `table {args.action}`")

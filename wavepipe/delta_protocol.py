@@ -12,8 +12,9 @@ tables' transaction ids, which make a run's publish idempotent.
 The commit is made as Delta's own local log store makes one: written beside the log, then linked
 to the next version's name, which fails if any writer committed that version first (then the
 metadata is read again). Callers hold the output tables' lock, so no wavepipe run writes
-meanwhile; a writer outside wavepipe that committed on the old metadata is refused by Delta's
-conflict check (a metadata change) and retries on the repaired one. Local tables only.
+meanwhile. A writer outside wavepipe whose transaction read the old metadata meets Delta's rule
+for a concurrent metadata change (its commit is refused); that is Delta's behaviour, not something
+wavepipe's tests exercise. Local tables only.
 """
 
 from __future__ import annotations

@@ -57,6 +57,9 @@ def test_a_setting_out_of_range_is_refused():
         (["table", "optimize", "--since", "2026-02-01", "--days", "1"], "not both"),
         (["table", "vacuum", "--retention-hours", "-3"], "0 or more hours"),
         (["table", "vacuum", "--retention-hours", "nan"], "0 or more hours"),
+        (["table", "repair", "--zorder"], "--zorder: not an option of `table repair`"),
+        (["table", "repair", "--table", "dead_leter"], "did you mean 'dead_letter'"),
+        (["table", "optimize", "--dry-run"], "--dry-run: not an option of `table optimize`"),
     ],
 )
 def test_the_cli_refuses_before_anything_runs(tmp_path, capsys, args, message):
