@@ -94,6 +94,9 @@ def test_a_repair_never_overwrites_a_commit_and_refuses_what_it_did_not_write(tm
     assert json.loads(taken.read_text()) == {"commitInfo": {"operation": "WRITE"}}
     assert [p.name for p in log.iterdir() if p.name.endswith(".tmp")] == []
     assert repair_schema(table)["version"] == 3  # read again, committed after it
+    # what a repair killed before its link leaves behind is no commit to any reader
+    (log / f".{4:020d}.json.dead.tmp").write_text(json.dumps({"metaData": {"schemaString": "{}"}}) + "\n")
+    assert delta_protocol.latest_metadata(table)[0] == 3 and DeltaTable(str(table)).version() == 3
     other = _legacy(tmp_path / "other")
     first = other / "_delta_log" / f"{0:020d}.json"
     first.write_text(first.read_text().replace("UTF8_BINARY", "UNICODE_CI"))
