@@ -26,7 +26,6 @@ from airflow.sdk import (
     Param,
     TriggerRule,
 )
-from airflow.sdk.bases.timetable import BaseTimetable
 
 from wavepipe.consumers.lag import Thresholds
 from wavepipe.contracts.config import check_settings, load_settings
@@ -41,10 +40,11 @@ from wavepipe.plugins.operators import (
     plain_settings,
 )
 from wavepipe.plugins.rewind import RewindOperator
-from wavepipe.plugins.triggers import GroupLagTrigger
+from wavepipe.plugins.schedules import BackfillWindows, window_kind, windows_of
+from wavepipe.plugins.triggers import ClockTrigger, GroupLagTrigger
 
-#: The ingest DAG's default schedule: every 15 minutes, with data intervals (Airflow 3's plain
-#: timedelta schedule has none), so a backfill run has a window to reprocess.
+#: The ingest DAG's default schedule: an incremental run every 15 minutes (at :00, :15, :30 and
+#: :45 UTC), and 15-minute windows for backfills (``schedules``).
 EVERY_15_MINUTES = DeltaDataIntervalTimetable(timedelta(minutes=15))
 #: The maintenance DAG's default schedule: once a day, at 03:30 UTC.
 DAILY_AT_0330 = "30 3 * * *"
@@ -76,17 +76,14 @@ def _pipeline(
     }
 
 
-def _on_lag(
-    dag_id: str, schedule: Any, topic: str | None, group: str | None, common: Mapping[str, Any]
-) -> tuple[Any, Asset | None]:
-    """``schedule`` and no asset, or when the DAG's settings (the factory's, over the config file
-    and ``WAVEPIPE_*`` as the DAG processor sees them) set a ``watch_*`` threshold: the schedule
-    or an asset whose watcher (``GroupLagTrigger``, in the triggerer) fires when the group's lag
-    reaches it, and that asset."""
+def _lag_asset(dag_id: str, topic: str | None, group: str | None, common: Mapping[str, Any]) -> Asset | None:
+    """None, or when the DAG's settings (the factory's, over the config file and ``WAVEPIPE_*`` as
+    the DAG processor sees them) set a ``watch_*`` threshold: an asset whose watcher
+    (``GroupLagTrigger``, in the triggerer) fires when the group's lag reaches it."""
     resolved = load_settings(**common["settings_overrides"])
     thresholds = Thresholds.of(resolved)
     if not thresholds.on:
-        return schedule, None
+        return None
     topic, group = topic or resolved.topic, group or resolved.group
     trigger = GroupLagTrigger(
         topic=topic,
@@ -99,20 +96,38 @@ def _on_lag(
         settings_overrides=common["settings_overrides"],
         wavepipe_conn_id=common["wavepipe_conn_id"],
     )
-    asset = Asset(
+    return Asset(
         name=f"{dag_id}__lag",
         uri=f"x-wavepipe://lag/{dag_id}",
         extra={"topic": topic, "group": group, "fires_on": thresholds.describe()},
         watchers=[AssetWatcher(name=f"{dag_id}__lag", trigger=trigger)],
     )
-    if schedule is None:
-        return [asset], asset
-    if not isinstance(schedule, BaseTimetable):
-        raise ValueError(
-            f"{dag_id}: a DAG that runs on its group's lag (watch_* settings) keeps its schedule as a "
-            f"timetable (e.g. DeltaDataIntervalTimetable(timedelta(minutes=15))) or None, got {schedule!r}"
-        )
-    return AssetOrTimeSchedule(timetable=schedule, assets=[asset]), asset
+
+
+def _ingest_schedule(dag_id: str, schedule: Any, lag_asset: Asset | None) -> Any:
+    """The ingest DAG's schedule (``schedules``): incremental runs on the clock of ``schedule``
+    (and on the lag asset, when there is one), and ``schedule``'s intervals as the windows a
+    backfill reprocesses; with ``schedule`` None, manual runs only (or the lag asset's)."""
+    try:
+        windows = windows_of(schedule)
+    except ValueError as exc:
+        raise ValueError(f"{dag_id}: {exc}") from None
+    if windows is None:
+        return None if lag_asset is None else [lag_asset]
+    spec = {str(k): v for k, v in windows.serialize().items()}
+    clock = Asset(
+        name=f"{dag_id}__clock",
+        uri=f"x-wavepipe://clock/{dag_id}",
+        extra={"every": windows.summary},
+        watchers=[
+            AssetWatcher(
+                name=f"{dag_id}__clock", trigger=ClockTrigger(kind=window_kind(windows), spec=spec, dag_id=dag_id)
+            )
+        ],
+    )
+    return AssetOrTimeSchedule(
+        timetable=BackfillWindows(windows), assets=clock if lag_asset is None else clock | lag_asset
+    )
 
 
 def _dag(
@@ -172,7 +187,9 @@ def wavepipe_ingest_dag(
     ``group``); a run's conf may still name others. ``settings``: wavepipe settings for this
     pipeline's tasks, over the config file and ``WAVEPIPE_*`` (e.g. its own ``home``, so its runs
     and tables are its own). ``kafka_conn_id``/``spark_conn_id``: its Airflow Connections.
-    ``schedule``: a timetable with data intervals keeps backfills possible; None: manual only.
+    ``schedule``: when incremental runs start and which windows a backfill reprocesses (a
+    timedelta, a cron expression, or a Delta/CronDataIntervalTimetable: ``schedules``); None:
+    manual runs only.
     ``watch_records``/``watch_bytes``/``watch_max_delay_s``/``watch_poll_s`` (the settings of
     those names, which may also come from ``settings``, the config file or ``WAVEPIPE_*``): also
     run as soon as the group's lag reaches one, besides ``schedule`` (event-driven runs,
@@ -186,7 +203,7 @@ def wavepipe_ingest_dag(
         "watch_poll_s": watch_poll_s,
     }
     common = _pipeline(named, settings, kafka_conn_id=kafka_conn_id, spark_conn_id=spark_conn_id)
-    schedule, lag_asset = _on_lag(dag_id, schedule, topic, group, common)
+    lag_asset = _lag_asset(dag_id, topic, group, common)
     # a run that a cap cut short queues its follow-up through this alias
     follow_up = {"follow_up": lag_asset, "outlets": [AssetAlias(f"{dag_id}__follow_up")]} if lag_asset else {}
     with _dag(
@@ -194,16 +211,16 @@ def wavepipe_ingest_dag(
         topic,
         group,
         "Bounded run: frozen offset ranges -> staged chunks -> reassembled waveforms -> validated -> committed offsets",
-        schedule=schedule,
+        schedule=_ingest_schedule(dag_id, schedule, lag_asset),
         start_date=start_date,
         tags=tags,
         default_args={"retries": retries, "retry_delay": timedelta(seconds=15)},
         params={
             "max_records": _optional("integer", "Cap: records per partition in this run", minimum=1),
             "max_bytes": _optional("integer", "Cap: payload bytes per partition in this run", minimum=1),
-            "skip_lost_offsets": Param(
+            "skip_lost_offsets": Param(  # null allowed: a form shows a flag with a default as optional
                 False,
-                type="boolean",
+                type=["null", "boolean"],
                 description="If the group is behind what the topic still retains, go on from the earliest retained offsets and record the lost range in the report (default: fail and name it)",
             ),
             "window_start": _optional(
@@ -309,16 +326,16 @@ def wavepipe_maintenance_dag(
     schedule: Any = DAILY_AT_0330,
     settings: Mapping[str, Any] | None = None,
     zorder: bool = True,
-    days: int | None = 2,
+    days: int | None = None,
     kafka_conn_id: str = WavepipeHook.default_conn_name,
     spark_conn_id: str = SPARK_CONN_ID,
     start_date: datetime = START_DATE,
     tags: list[str] | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
-    """The maintenance DAG: optimize (compact the output tables; ``zorder``: sort the waveforms by
-    start time within each partition; ``days``: only the date partitions of the last N days, None:
-    all) -> vacuum (delete files unused for the setting ``table_retention_hours``). Each task waits
+    """The maintenance DAG: optimize (compact the output tables' partitions that hold more than one
+    file; ``zorder``: also sort their waveforms by source and start time; ``days``: only the date
+    partitions of the last N days, None: every one) -> vacuum (delete files unused for the setting ``table_retention_hours``). Each task waits
     for a run's Spark step that holds the tables, and runs hold back meanwhile
     (docs/operations.md, "Table maintenance"). Give it the same ``settings`` (``home``) as the
     ingest DAG whose tables it keeps."""
@@ -348,7 +365,8 @@ def wavepipe_maintenance_dag(
             "days": Param(
                 days,
                 type=["null", "integer"],
-                description="Only the waveforms' date partitions of the last N days (0: today; empty: every partition)",
+                description="Only the waveforms' date partitions of the last N days (0: today; empty: every "
+                "partition that holds more than one file)",
                 minimum=0,
             ),
             "retention_hours": _optional(

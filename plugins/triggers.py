@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
@@ -135,3 +136,32 @@ class GroupLagTrigger(BaseEventTrigger):
 
     async def cleanup(self) -> None:
         await self._close()
+
+
+class ClockTrigger(BaseEventTrigger):
+    """Fires at each tick of a schedule (``kind``: ``delta`` or ``cron``, ``spec``: that window
+    timetable's serialized form): the clock that starts an ingest DAG's incremental runs
+    (``schedules``). A tick missed while the triggerer was down is not fired late: the next
+    incremental run reads what arrived meanwhile anyway."""
+
+    def __init__(self, *, kind: str, spec: Mapping[str, Any], dag_id: str = ""):
+        super().__init__()
+        self.kind, self.spec, self.dag_id = kind, dict(spec), dag_id
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {"kind": self.kind, "spec": self.spec, "dag_id": self.dag_id},
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from wavepipe.plugins.schedules import WINDOW_KINDS, next_tick
+
+        windows = WINDOW_KINDS[self.kind].deserialize(self.spec)
+        log.info("%s: the clock of the incremental runs: %s", self.dag_id, windows.description or windows.summary)
+        tick = datetime.now(UTC)
+        while True:
+            tick = next_tick(windows, max(tick, datetime.now(UTC)))  # never the same tick twice
+            await asyncio.sleep(max(0.0, (tick - datetime.now(UTC)).total_seconds()))
+            log.info("%s: tick %s: an incremental run is due", self.dag_id, tick.isoformat())
+            yield TriggerEvent({"tick": tick.isoformat()})

@@ -88,6 +88,12 @@ def _settled(api, settings) -> bool:
     )
 
 
+def _started_by(api, run_id: str) -> set[str]:
+    """The assets whose events started the run (the lag's watcher, the clock)."""
+    events = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/upstreamAssetEvents").json()["asset_events"]
+    return {e["name"] for e in events}
+
+
 def _state(api, run_id: str, task_id: str | None = None) -> str | None:
     path = f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}" + (f"/taskInstances/{task_id}" if task_id else "")
     return api.get(path).json().get("state")
@@ -97,14 +103,11 @@ def test_data_starts_a_run_and_data_during_it_one_follow_up_run(airflow, spark):
     settings, api = airflow
     unpause = api.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False})
     assert unpause.status_code == 200, unpause.text
-    # the 15-minute schedule stays: unpausing starts the latest interval's run, with nothing to read
-    scheduled = _wait("the scheduled run", lambda: _runs(api))
-    _wait("the scheduled run to finish", lambda: _settled(api, settings))
-    assert [r["run_type"] for r in scheduled] == ["scheduled"]
-    assert all(r["state"] == "success" for r in _runs(api)), _runs(api)
-    # the DAG processor registers the watcher of an unpaused DAG, the triggerer starts it
+    # the DAG processor registers the watchers of an unpaused DAG, the triggerer starts them: the
+    # 15-minute clock of the incremental runs stays beside the lag's (unpausing starts no run)
     triggerer_log = local.log_file(settings, "triggerer")
     _wait("the watcher to start", lambda: f"watching group {settings.group!r}" in triggerer_log.read_text())
+    assert f"{DAG_ID}: the clock of the incremental runs" in triggerer_log.read_text()
     before = {r["dag_run_id"] for r in _runs(api)}
 
     first = produce_demo(settings, count=4, target_bytes=64 * 1024)
@@ -146,11 +149,11 @@ def test_data_starts_a_run_and_data_during_it_one_follow_up_run(airflow, spark):
     run_a = runs[a_id]
     a_start, a_end = _when(run_a["start_date"]), _when(run_a["end_date"])
     assert a_end > last_sent, "the first run ended before the later data was sent: nothing tested the follow-up"
-    # one follow-up run started by the watcher after the first one ended (the 15-minute schedule
-    # may add a run of its own when the test crosses a quarter hour); runs never overlapped
+    # one follow-up run started by the watcher after the first one ended (the 15-minute clock may
+    # add a run of its own when the test crosses a quarter hour); runs never overlapped
     after_a = [r for r in runs.values() if r["dag_run_id"] not in before and r["dag_run_id"] != a_id]
-    follow_ups = [r for r in after_a if r["run_type"] == "asset_triggered"]
-    assert len(follow_ups) == 1 and {r["run_type"] for r in after_a} <= {"asset_triggered", "scheduled"}, after_a
+    follow_ups = [r for r in after_a if f"{DAG_ID}__lag" in _started_by(api, r["dag_run_id"])]
+    assert len(follow_ups) == 1 and {r["run_type"] for r in after_a} == {"asset_triggered"}, after_a
     spans = sorted((_when(r["start_date"]), _when(r["end_date"]), r["dag_run_id"]) for r in runs.values())
     for (_, end, earlier), (start, _, later) in itertools.pairwise(spans):
         assert start >= end, f"{later} started before {earlier} ended"

@@ -44,9 +44,13 @@ TYPO_DAG = """\
 DAGBAG = """\
 import json, sys
 from airflow.dag_processing.dagbag import DagBag
+from airflow.serialization.serialized_objects import DagSerialization
 bag = DagBag(dag_folder=sys.argv[1])
+# as the scheduler reads a DAG: its timetable found through the installed package's plugin
+read = {d: DagSerialization.from_dict(DagSerialization.to_dict(bag.dags[d])) for d in bag.dags}
 print(json.dumps({"dags": {d: {"tasks": [t.task_id for t in bag.dags[d].topological_sort()],
-                               "topic": bag.dags[d].params["topic"], "schedule": str(bag.dags[d].timetable)}
+                               "topic": bag.dags[d].params["topic"], "schedule": str(bag.dags[d].timetable),
+                               "read_as": type(getattr(read[d].timetable, "timetable", read[d].timetable)).__name__}
                            for d in sorted(bag.dags)},
                   "errors": {k.rsplit("/", 1)[-1]: v for k, v in bag.import_errors.items()}}))
 """
@@ -211,7 +215,8 @@ def test_a_users_dag_folder_runs_two_pipelines_side_by_side(installed, kafka, sp
     assert sorted(bag["dags"]) == ["seismic_ingest", "seismic_rewind", "wards_ingest"], bag
     assert bag["dags"]["seismic_ingest"]["tasks"] == ["plan", "consume", "reassemble", "validate", "commit"]
     assert bag["dags"]["seismic_ingest"]["topic"] == seismic.topic and bag["dags"]["wards_ingest"]["topic"] == "wards"
-    assert "DeltaDataIntervalTimetable" in bag["dags"]["seismic_ingest"]["schedule"]
+    assert "x-wavepipe://clock/seismic_ingest" in bag["dags"]["seismic_ingest"]["schedule"]
+    assert bag["dags"]["seismic_ingest"]["read_as"] == "BackfillWindows"
     assert "NullTimetable" in bag["dags"]["wards_ingest"]["schedule"]
     assert (
         list(bag["errors"]) == ["typo.py"]

@@ -31,7 +31,10 @@ def test_the_dag_folder_imports_with_its_wiring():
         "window_end",
         "new_group_start",
     }
-    assert type(dag.timetable).__name__ == "DeltaDataIntervalTimetable"  # data intervals: a backfill run's window
+    # incremental runs on the clock asset; 15-minute windows for backfills (test_schedules.py)
+    assert type(dag.timetable).__name__ == "AssetOrTimeSchedule" and dag.timetable.asset_condition.name.endswith(
+        "__clock"
+    )
     rewind = bag.dags["wavepipe_rewind"]
     assert [t.task_id for t in rewind.tasks] == ["rewind"] and rewind.schedule is None
     assert {"mode", "value", "execute", "force", "reason", "partitions"} <= set(rewind.params)
@@ -42,7 +45,7 @@ def test_the_dag_folder_imports_with_its_wiring():
     assert {k: maintenance.params[k] for k in maintenance.params} == {
         "tables": "",
         "zorder": True,
-        "days": 2,
+        "days": None,
         "retention_hours": None,
         "dry_run": False,
     }
@@ -84,7 +87,7 @@ def test_two_pipelines_side_by_side_each_with_its_own_settings_and_connections()
     assert [t.task_id for t in seismic.topological_sort()] == ["plan", "consume", "reassemble", "validate", "commit"]
     assert seismic.params["topic"] == "seismic" and seismic.params["group"] == "seismic-ingest"
     assert wards.params["topic"] == "ecg" and wards.params["group"] is None
-    assert type(seismic.timetable).__name__ == "DeltaDataIntervalTimetable" and seismic.max_active_runs == 1
+    assert seismic.timetable.asset_condition.name == "seismic__clock" and seismic.max_active_runs == 1
     assert type(wards.timetable).__name__ == "NullTimetable" and wards.tags == {"wards"}
     for task in seismic.tasks:  # every task, the mapped consume's partial arguments included
         kwargs = getattr(task, "partial_kwargs", None) or vars(task)

@@ -71,11 +71,12 @@ def test_the_factory_adds_a_lag_watcher_beside_the_schedule_when_a_threshold_is_
     from wavepipe.plugins.triggers import GroupLagTrigger
 
     plain = wavepipe_ingest_dag(dag_id="plain")
-    assert type(plain.timetable).__name__ == "DeltaDataIntervalTimetable"
+    assert plain.timetable.asset_condition.name == "plain__clock"
 
     live = wavepipe_ingest_dag(dag_id="live", topic="seismic", watch_records=100, watch_max_delay_s=5)
-    assert isinstance(live.timetable, AssetOrTimeSchedule)  # the 15-minute schedule stays
-    (asset,) = live.timetable.asset_condition.objects
+    assert isinstance(live.timetable, AssetOrTimeSchedule)  # the 15-minute clock stays
+    clock, asset = live.timetable.asset_condition.objects
+    assert clock.name == "live__clock" and asset.name == "live__lag"
     (watcher,) = asset.watchers
     assert isinstance(watcher.trigger, GroupLagTrigger)
     path, kwargs = watcher.trigger.serialize()
@@ -108,7 +109,7 @@ def test_the_factory_adds_a_lag_watcher_beside_the_schedule_when_a_threshold_is_
         ({"watch_records": -1}, "watch_records must be 0 .off. or a number of records, got -1"),
         ({"watch_poll_s": 0}, "watch_poll_s must be 0.1 to 3600 seconds, got 0"),
         ({"watch_records": 5, "settings": {"watch_records": 6}}, "give watch_records as the factory's argument"),
-        ({"watch_records": 5, "schedule": "*/15 * * * *"}, "keeps its schedule as a timetable"),
+        ({"watch_records": 5, "schedule": "@continuous"}, "give a timedelta, a cron expression"),
     ],
 )
 def test_a_watch_the_factory_cannot_honour_is_an_import_error(kwargs, match):
