@@ -279,8 +279,9 @@ def plan_run(settings: Settings, run_id: str, **request: Unpack[RunRequest]) -> 
     return plan
 
 
-class WindowError(ValueError):
-    """A time window that cannot be planned (empty, or not closed yet)."""
+class WindowError(UsageError):
+    """A time window that cannot be planned (empty, or not closed yet): refused at once, as any
+    value a user typed; no retry can change it."""
 
 
 def backfill_lane(group: str) -> str:
@@ -340,11 +341,14 @@ def plan_window_run(
         log.info("run %s: reusing its frozen window plan", run_id)
         return existing
     if not start < end:
-        raise WindowError(f"window [{start.isoformat()}, {end.isoformat()}) is empty")
+        raise WindowError(
+            f"window [{start.isoformat()}, {end.isoformat()}) is empty: its start must be before its end. Nothing was read"
+        )
     if end > datetime.now(UTC):
         raise WindowError(
-            f"window [{start.isoformat()}, {end.isoformat()}) has not closed yet; "
-            "backfill windows that ended (the incremental runs cover the present)"
+            f"window [{start.isoformat()}, {end.isoformat()}) has not closed yet: only a window that has ended can be "
+            "reprocessed (the incremental runs read the present). Backfill up to an earlier time, or wait until "
+            f"{end.isoformat()} has passed. Nothing was read"
         )
     topic = topic or settings.topic
     lane = backfill_lane(group or settings.group)

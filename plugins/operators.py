@@ -126,6 +126,12 @@ class WavepipeOperator(BaseOperator):
     def settings(self):
         return WavepipeHook(self.wavepipe_conn_id, self.spark_conn_id).get_settings(**self.settings_overrides)
 
+    @staticmethod
+    def run_id(settings, context) -> str:
+        """The wavepipe run this DAG run's steps work on (the plan step chose it:
+        ``pipeline.window_run_id``)."""
+        return pipeline.current_run_id(settings, context["run_id"])
+
     def arg(self, context, name: str, param: str | None = None) -> Any:
         """The task's argument ``name`` when it was given, else the run's param ``param`` (default:
         the same name) as Airflow checked it against the DAG's Param schema: typed (an integer, a
@@ -177,11 +183,6 @@ class PlanOperator(WavepipeOperator):
         if self.has_dag():
             check_conf(getattr(dag_run, "conf", None), self.dag.params.keys())
         window = run_window(context, self.arg(context, "window_start"), self.arg(context, "window_end"))
-        if window:
-            self.log.info(
-                "a window run: [%s, %s) is reprocessed and replaces that window's output; no offsets are committed",
-                *(t.isoformat() for t in window),
-            )
         try:  # what a user typed is refused at once, without retries: a retry would fail the same way
             settings = self.settings()
             new_group_start = self.arg(context, "new_group_start")
@@ -205,20 +206,32 @@ class PlanOperator(WavepipeOperator):
             # without holding a worker slot, however long the window before takes
             self.log.info("%s; trying again in %ds", exc, WINDOW_LANE_RETRY_S)
             raise AirflowRescheduleException(datetime.now(UTC) + timedelta(seconds=WINDOW_LANE_RETRY_S)) from exc
+        self._describe(plan)
+        groups = pipeline.partition_groups(plan, settings.consume_tasks)
+        if settings.consume_tasks and groups:
+            self.log.info(
+                "%d consume tasks (consume_tasks=%d): partitions %s", len(groups), settings.consume_tasks, groups
+            )
+        return groups
+
+    def _describe(self, plan) -> None:
+        """The plan in the task log: what the run reads, and why nothing when so."""
+        if plan.window:
+            self.log.info(
+                "run %s: a window run: [%s, %s) is reprocessed and replaces that window's output; no offsets are "
+                "committed",
+                plan.run_id,
+                plan.window["start"],
+                plan.window["end"],
+            )
         for p, (lost_from, lost_to) in plan.lost.items():
             self.log.warning(
                 "%s[%d]: offsets [%d, %d) were no longer retained and are skipped", plan.topic, p, lost_from, lost_to
             )
         for r in plan.ranges:
             self.log.info("%s[%d]: [%d, %d) = %d offsets", r.topic, r.partition, r.start, r.end, r.size)
-        groups = pipeline.partition_groups(plan, settings.consume_tasks)
-        if not groups:
-            self.log.info("nothing new to read since the last run")
-        elif settings.consume_tasks:
-            self.log.info(
-                "%d consume tasks (consume_tasks=%d): partitions %s", len(groups), settings.consume_tasks, groups
-            )
-        return groups
+        if not pipeline.partitions_to_read(plan):
+            self.log.info("run %s: %s", plan.run_id, pipeline.nothing_to_read(plan))
 
 
 class ConsumeOperator(WavepipeOperator):
@@ -245,7 +258,8 @@ class ConsumeOperator(WavepipeOperator):
     def execute(self, context) -> list[dict]:
         partitions = self._partition_list()
         self.log.info("reading partitions %s", partitions)
-        return pipeline.consume_all(self.settings(), context["run_id"], partitions)
+        settings = self.settings()
+        return pipeline.consume_all(settings, self.run_id(settings, context), partitions)
 
 
 class ReassembleOperator(WavepipeOperator):
@@ -260,7 +274,8 @@ class ReassembleOperator(WavepipeOperator):
 
     def execute(self, context) -> dict | None:
         try:
-            result = pipeline.reassemble_step(self.settings(), context["run_id"], validate=self.validate)
+            settings = self.settings()
+            result = pipeline.reassemble_step(settings, self.run_id(settings, context), validate=self.validate)
         except pipeline.ValidationFailedError as exc:
             raise AirflowFailException(str(exc)) from exc
         if result:
@@ -277,7 +292,8 @@ class ValidateOperator(WavepipeOperator):
 
     def execute(self, context) -> dict | None:
         try:
-            result = pipeline.validate_step(self.settings(), context["run_id"])
+            settings = self.settings()
+            result = pipeline.validate_step(settings, self.run_id(settings, context))
         except pipeline.ValidationFailedError as exc:
             raise AirflowFailException(str(exc)) from exc
         if result:
@@ -308,7 +324,8 @@ class CommitOperator(WavepipeOperator):
             )
 
     def execute(self, context) -> str:
-        report = pipeline.commit_step(self.settings(), context["run_id"])
+        settings = self.settings()
+        report = pipeline.commit_step(settings, self.run_id(settings, context))
         left = 0 if report.get("window") else pipeline.left_by_cap(report)
         watched = self.follow_up is not None and (report.get("topic"), report.get("group")) == (
             self.follow_up.extra.get("topic"),
@@ -319,6 +336,13 @@ class CommitOperator(WavepipeOperator):
             (alias,) = [o for o in self.outlets if isinstance(o, AssetAlias)]
             context["outlet_events"][alias].add(self.follow_up, extra={"left_by_cap": left})
             self.log.info("a cap left %d records this run's plan saw: a follow-up run is queued", left)
-        self.log.info("run report: file://%s (JSON twin: %s)", report["report_html"], report["report_path"])
+        if report.get("report_html"):
+            self.log.info("run report: file://%s (JSON twin: %s)", report["report_html"], report["report_path"])
+        else:
+            self.log.info(
+                "run %s: %s; an idle run leaves no report, only a count in `wavepipe status`",
+                report["run_id"],
+                report.get("skipped") or "nothing read",
+            )
         self.log.info("totals: %s", report["totals"])
-        return report["report_html"]
+        return report.get("report_html")

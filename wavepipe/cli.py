@@ -184,44 +184,15 @@ def cmd_run(args) -> int:
 
 
 def cmd_abandon(args) -> int:
-    from wavepipe.contracts.runfiles import RunStore, Step
+    from wavepipe.pipeline import abandon_run
 
     settings = _settings(args)
-    store = RunStore(settings)
-    group = args.group or settings.group
-    active = store.active_run(group)
-    if active is None:
-        print(f"group {group!r} has no active run")
-        return 0
-    if store.is_locked(active, Step.RUN):
-        print(
-            f"wavepipe abandon: run {active} of group {group!r} is executing right now; stop it first", file=sys.stderr
-        )
+    try:
+        print(abandon_run(settings, args.group or settings.group))
+    except UsageError as exc:
+        print(f"wavepipe abandon: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    plan = store.load_plan(active)
-    if plan is not None and _committed_by(settings, plan):
-        print(
-            f"wavepipe abandon: run {active} already committed its offsets; finish it with `wavepipe run` (it "
-            "resumes the run and only writes its report)",
-            file=sys.stderr,
-        )
-        return EXIT_FAILED
-    store.release_group(group, active)
-    store.discard_staging(active)
-    print(
-        f"released run {active} of group {group!r} and deleted its staged files; its offsets were not committed, "
-        "the next run re-reads them"
-    )
     return EXIT_OK
-
-
-def _committed_by(settings: Settings, plan) -> bool:
-    """Whether the group's committed offsets carry ``plan``'s run id (its commit went through)."""
-    from wavepipe.consumers.committer import committed_run_id
-    from wavepipe.consumers.kafka_admin import committed_positions
-
-    positions = committed_positions(settings, plan.group, plan.topic, [r.partition for r in plan.ranges])
-    return any(committed_run_id(meta) == plan.run_id for _, meta in positions.values())
 
 
 def cmd_status(args) -> int:
@@ -285,17 +256,11 @@ def cmd_status(args) -> int:
     for lane in lanes:
         active = store.active_run(lane)
         print(f"active {'backfill ' if lane != group else ''}run: {active or 'none'}")
-    if reports:
+    runs = _last_runs(reports, [f for lane in lanes for f in store.failures(lane)])
+    if runs:
         print("last runs:")
-    for path, rep in reports[-8:]:
-        outcome = rep.get("status") or ("committed" if rep.get("commit") else "?")
-        if rep.get("window"):
-            outcome += f" [{rep['window']['start']}, {rep['window']['end']})"
-        print(
-            f"  {rep['run_id']}: {outcome}; {rep['totals']['output']} chunks out, {rep['totals']['pending']} pending, "
-            f"{rep['totals']['quarantined']} quarantined, {rep['totals']['dead_letter']} dead-lettered; "
-            f"file://{path.with_suffix('.html')}"
-        )
+    for line in runs:
+        print(f"  {line}")
     print(_engine_line(settings))
     idle = store.idle_runs(group)
     if idle:
@@ -303,7 +268,7 @@ def cmd_status(args) -> int:
             f"idle runs (nothing new to read) since the last run that read something: {idle['count']}, "
             f"from {idle['first_at']} to {idle['last_at']} (last: {idle['last_run_id']})"
         )
-    trend = validation_trend(settings, group=group)
+    trend = validation_trend(settings, groups=lanes)
     if trend:
         passed = sum(1 for e in trend if e["success"])
         print(
@@ -317,6 +282,29 @@ def cmd_status(args) -> int:
                 f"{e['waveforms']} waveforms, {e['evaluated']} expectations{failed}"
             )
     return EXIT_OK
+
+
+def _last_runs(reports: list, failures: list[dict], last: int = 8) -> list[str]:
+    """The ``last`` runs, oldest first, each by its latest outcome: its report (committed, or a
+    window replaced) or the step that failed and why."""
+    latest: dict[str, tuple[str, str]] = {}
+    for at, run_id, line in sorted(
+        [(rep.get("reported_at", ""), rep["run_id"], _report_line(path, rep)) for path, rep in reports]
+        + [(f["at"], f["run_id"], f"FAILED at {f['step']}: {f['reason']}") for f in failures]
+    ):
+        latest[run_id] = (at, line)
+    return [f"{run_id}: {line}" for run_id, (_, line) in sorted(latest.items(), key=lambda kv: kv[1][0])[-last:]]
+
+
+def _report_line(path, rep: dict) -> str:
+    outcome = rep.get("status") or ("committed" if rep.get("commit") else "?")
+    if rep.get("window"):
+        outcome += f" [{rep['window']['start']}, {rep['window']['end']})"
+    return (
+        f"{outcome}; {rep['totals']['output']} chunks out, {rep['totals']['pending']} pending, "
+        f"{rep['totals']['quarantined']} quarantined, {rep['totals']['dead_letter']} dead-lettered; "
+        f"file://{path.with_suffix('.html')}"
+    )
 
 
 def _engine_line(settings) -> str:
@@ -352,7 +340,7 @@ def cmd_table(args) -> int:
     if args.action == "status":
         print(
             f"{'table':<12} {'version':>7} {'rows':>8} {'files':>6} {'MB':>9} {'partitions':>10} "
-            f"{'max files/part':>14} {'unreferenced':>12} {'MB':>8}  last optimize / last vacuum"
+            f"{'max files/part':>14} {'to compact':>10} {'unreferenced':>12} {'MB':>8}  last optimize / last vacuum"
         )
         for t in maintenance.status(settings, tables):
             if t.version is None:
@@ -361,7 +349,8 @@ def cmd_table(args) -> int:
             rows = "?" if t.rows is None else str(t.rows)
             print(
                 f"{t.table:<12} {t.version:>7} {rows:>8} {t.files:>6} {t.bytes / 1e6:>9.1f} {t.partitions:>10} "
-                f"{t.files_per_partition_max:>14} {t.unreferenced_files:>12} {t.unreferenced_bytes / 1e6:>8.1f}  "
+                f"{t.files_per_partition_max:>14} {t.partitions_to_compact:>10} {t.unreferenced_files:>12} "
+                f"{t.unreferenced_bytes / 1e6:>8.1f}  "
                 f"{t.last_optimize or 'never'} / {t.last_vacuum or 'never'}"
             )
             if t.note:
@@ -380,6 +369,7 @@ def cmd_table(args) -> int:
                 if "skipped" in r
                 else f"{r['table']}: {r['files_before']} files -> {r['files_after']} ({r['files_removed']} rewritten "
                 f"into {r['files_added']}, {r['partitions_optimized']} partition(s)) in {r['seconds']:.1f}s"
+                + (f"; {r['left_older']} older partition(s) left (--days)" if r.get("left_older") else "")
             )
         return 0
     hours = None if args.retention_hours is None else maintenance.check_retention(args.retention_hours)
@@ -738,6 +728,13 @@ def build_parser() -> argparse.ArgumentParser:
     af.add_argument("--conf", help='backfill: params as JSON, e.g. \'{"topic": "waveforms"}\'')
     af.add_argument(
         "--max-active-runs", type=_positive, help="backfill: runs at once (window runs of a group still take turns)"
+    )
+    af.add_argument(
+        "--reprocess",
+        choices=["all", "failed", "missing"],
+        default="all",
+        help="backfill: windows that already had a window run are reprocessed again: all (default), only those "
+        "whose run failed, or none (missing: the windows never reprocessed); incremental runs never count",
     )
     af.set_defaults(func=cmd_airflow)
 

@@ -10,8 +10,10 @@ compare-and-set on the group's offsets that refuses a run whose output was not v
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import logging
+import sys
 import threading
 import time
 from datetime import datetime
@@ -21,7 +23,7 @@ from typing import Unpack
 from wavepipe import report_html, spark
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import UsageError
-from wavepipe.contracts.plan import RunPlan, RunRequest, as_utc, new_run_id, run_request, safe_run_id
+from wavepipe.contracts.plan import ActiveRunError, RunPlan, RunRequest, as_utc, new_run_id, run_request, safe_run_id
 from wavepipe.contracts.report import build_report, failed_expectations, validation_trend
 from wavepipe.contracts.runfiles import RunStore, Step, html_path, json_path, staged_paths, write_json_atomic
 from wavepipe.contracts.steps import ReadStats, Reassembled, Validated
@@ -42,16 +44,59 @@ class ValidationFailedError(RuntimeError):
     """The run's output broke an expectation: nothing was published and no offset moved."""
 
 
+def _noted_on_failure(step: str):
+    """A failure of the decorated step (``fn(settings, run_id, ...)``) is noted in its group's
+    history with its reason in a line (``wavepipe status`` lists it), then raised as it was. A
+    window run waiting for its lane is not a failure."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(settings: Settings, run_id: str, *args, **kwargs):
+            try:
+                return fn(settings, run_id, *args, **kwargs)
+            except ActiveRunError:
+                if kwargs.get("window") is None:
+                    _note_failure(settings, run_id, step, kwargs)
+                raise
+            except TypeError:  # a caller's mistake (an unknown option), not a run's failure
+                raise
+            except Exception:
+                _note_failure(settings, run_id, step, kwargs)
+                raise
+
+        return run
+
+    return wrap
+
+
+def _note_failure(settings: Settings, run_id: str, step: str, request: dict) -> None:
+    from wavepipe.consumers.planner import backfill_lane
+
+    exc = sys.exc_info()[1]
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    try:
+        store = RunStore(settings)
+        run_id = current_run_id(settings, run_id)
+        plan = store.load_plan(run_id)
+        group = request.get("group") or settings.group
+        group = plan.group if plan else backfill_lane(group) if request.get("window") else group
+        store.record_failure(group, run_id, step, reason)
+    except Exception as noted:  # describing a failure must not hide it
+        log.warning("run %s: could not note its failure (%s): %s", run_id, reason, noted)
+
+
 def _timed(store: RunStore, run_id: str, step: str, began: float) -> None:
     timings = store.load_step(run_id, Step.TIMINGS) or {}
     timings[step] = round(time.monotonic() - began, 3)
     store.save_step(run_id, Step.TIMINGS, timings)
 
 
+@_noted_on_failure("plan")
 def plan_step(settings: Settings, run_id: str, **request: Unpack[RunRequest]) -> RunPlan:
     """Freeze the run's ranges: from the group's committed offsets (incremental; a group without
     any starts at ``new_group_start``), or, with ``window=(start, end)``, the offsets of that time
-    window (a backfill: see ``plan_window_run``)."""
+    window (a backfill: see ``plan_window_run``), as the run ``window_run_id`` names (the plan's
+    ``run_id``)."""
     from wavepipe.consumers.planner import plan_run, plan_window_run
 
     request = run_request(request)
@@ -66,10 +111,11 @@ def plan_step(settings: Settings, run_id: str, **request: Unpack[RunRequest]) ->
                     "skip_lost_offsets apply to incremental runs only"
                 )
             topic, group = request.get("topic"), request.get("group")
+            run_id = window_run_id(settings, run_id, window)
             plan = plan_window_run(settings, run_id, start=window[0], end=window[1], topic=topic, group=group)
         else:
             plan = plan_run(settings, run_id, **request)
-    _timed(RunStore(settings), run_id, "plan", began)
+    _timed(RunStore(settings), plan.run_id, "plan", began)
     return plan
 
 
@@ -78,6 +124,18 @@ def partitions_to_read(plan: RunPlan) -> list[int]:
     if not plan.has_new_data:
         return []
     return [r.partition for r in plan.ranges if r.size]
+
+
+def nothing_to_read(plan: RunPlan) -> str:
+    """Why a run reads nothing, in words (its report's ``skipped``)."""
+    if plan.is_window:
+        return (
+            f"the window [{plan.window['start']}, {plan.window['end']}) holds no records of {plan.topic}: nothing to "
+            "reprocess, and its output is left as it is"
+        )
+    if plan.total_offsets:
+        return "no new records since the last run (the chunks there wait for the rest of their waveforms)"
+    return "no records since the last run"
 
 
 def partition_groups(plan: RunPlan, tasks: int) -> list[list[int]]:
@@ -135,6 +193,7 @@ def consume_step(settings: Settings, run_id: str, partition: int) -> dict:
     }
 
 
+@_noted_on_failure("consume")
 def consume_all(settings: Settings, run_id: str, partitions: list[int]) -> list[dict]:
     """The consume step of each partition, ``settings.consume_parallelism`` at a time.
 
@@ -180,6 +239,7 @@ def _worker_logging(level: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+@_noted_on_failure("reassemble")
 def reassemble_step(settings: Settings, run_id: str, *, validate: bool = False) -> Reassembled | None:
     """Run the Spark app on the run's staged chunks (nothing when the run read nothing); it writes
     the run's candidate tables. ``validate``: then validate and publish in the same Spark session
@@ -210,6 +270,7 @@ def reassemble_step(settings: Settings, run_id: str, *, validate: bool = False) 
     return result
 
 
+@_noted_on_failure("validate")
 def validate_step(settings: Settings, run_id: str) -> Validated | None:
     """Run the expectation suites on the run's manifest and staged chunks; publish the
     output if all hold, else raise ``ValidationFailedError`` naming the failed expectations (the
@@ -343,6 +404,7 @@ def _report(store: RunStore, plan: RunPlan, *, validation: Validated | None, ski
     return report
 
 
+@_noted_on_failure("commit")
 def commit_step(settings: Settings, run_id: str) -> dict:
     """Check the accounting, commit the safe offsets, release the group, publish the report."""
     run_id = safe_run_id(run_id)
@@ -413,7 +475,7 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
             + "; run the validate step first. "
             "No offset was committed."
         )
-    skipped = None if to_read else ("no new records since the last run" if plan.total_offsets else "no records")
+    skipped = None if to_read else nothing_to_read(plan)
     report = _report(store, plan, validation=validation, skipped=skipped)
     if report["balance_errors"]:
         store.save_step(run_id, Step.REPORT, report)
@@ -456,7 +518,7 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
     report["timings_s"].update(store.load_step(run_id, Step.TIMINGS) or {})
     report["status"] = "window_replaced" if plan.is_window else "committed"
     store.save_step(run_id, Step.REPORT, report)
-    if skipped and not plan.moved and not plan.lost and not plan.new_group_start:
+    if skipped and not plan.is_window and not plan.moved and not plan.lost and not plan.new_group_start:
         # an idle run: one line of history for the group instead of a report (96 a day at the schedule)
         store.record_idle_run(plan.group, run_id)
         report["report_path"] = report["report_html"] = None
@@ -580,6 +642,86 @@ def _is_staged(store: RunStore, plan: RunPlan, partition: int) -> bool:
     r = plan.range_for(partition)
     chunks, dead = staged_paths(store, plan.run_id, r)
     return store.load_result(plan.run_id, Step.consume(r), ReadStats) is not None and chunks.exists() and dead.exists()
+
+
+def committed_by(settings: Settings, plan: RunPlan) -> bool:
+    """Whether the group's committed offsets carry ``plan``'s run id (its commit went through)."""
+    from wavepipe.consumers.committer import committed_run_id
+    from wavepipe.consumers.kafka_admin import committed_positions
+
+    positions = committed_positions(settings, plan.group, plan.topic, [r.partition for r in plan.ranges])
+    return any(committed_run_id(meta) == plan.run_id for _, meta in positions.values())
+
+
+def abandon_run(settings: Settings, group: str) -> str:
+    """Release ``group``'s unfinished run without committing it and delete its staged files (the
+    records are still in Kafka: the next run reads them again); what was done, in a line.
+    Refused (``UsageError``) while the run executes, or once its offsets are committed."""
+    store = RunStore(settings)
+    active = store.active_run(group)
+    if active is None:
+        return f"group {group!r} has no active run"
+    if store.is_locked(active, Step.RUN):
+        raise UsageError(f"run {active} of group {group!r} is executing right now; stop it first")
+    plan = store.load_plan(active)
+    if plan is not None and committed_by(settings, plan):
+        raise UsageError(
+            f"run {active} already committed its offsets; finish it with `wavepipe run` (it resumes the run and "
+            "only writes its report)"
+        )
+    store.release_group(group, active)
+    store.discard_staging(active)
+    return (
+        f"released run {active} of group {group!r} and deleted its staged files; its offsets were not committed, "
+        "the next run re-reads them"
+    )
+
+
+#: A DAG run that reprocesses a window again works as ``<its run id>.reprocess-<n>``.
+REPROCESS = ".reprocess-"
+
+
+def _attempts(store: RunStore, run_id: str) -> list[str]:
+    """``run_id`` and its reprocessings that have a plan, oldest first."""
+    ids = [run_id]
+    while store.plan_path(f"{run_id}{REPROCESS}{len(ids)}").exists():
+        ids.append(f"{run_id}{REPROCESS}{len(ids)}")
+    return ids
+
+
+def current_run_id(settings: Settings, run_id: str) -> str:
+    """The wavepipe run that DAG run ``run_id``'s steps work on: its own, or its latest
+    reprocessing (``window_run_id``)."""
+    return _attempts(RunStore(settings), safe_run_id(run_id))[-1]
+
+
+def _finished(store: RunStore, run_id: str) -> bool:
+    done = store.load_step(run_id, Step.REPORT)
+    return done is not None and "commit" in done
+
+
+def window_run_id(settings: Settings, run_id: str, window: tuple[datetime, datetime]) -> str:
+    """The wavepipe run in which DAG run ``run_id`` reprocesses ``window``.
+
+    Its own id the first time, and on retries while that window's run is unfinished. Airflow
+    reuses a DAG run when a backfill reprocesses its logical date again ("All Runs", "Missing and
+    Errored Runs"), or when a run is cleared: a run that was incremental, of another window, or
+    already finished gets a new ``<run_id>.reprocess-<n>``, so every earlier run keeps its plan
+    and report as they were. An unfinished incremental run it replaces is abandoned first (its
+    offsets were not committed: the next incremental run reads them)."""
+    store = RunStore(settings)
+    ids = _attempts(store, safe_run_id(run_id))
+    plan = store.load_plan(ids[-1])
+    if plan is None or (_same_window(plan, window) and not _finished(store, plan.run_id)):
+        return ids[-1]
+    if plan.window is None and store.active_run(plan.group) == plan.run_id:
+        try:
+            log.warning(
+                "incremental run %s is reprocessed as a window: %s", plan.run_id, abandon_run(settings, plan.group)
+            )
+        except UsageError as exc:
+            log.warning("incremental run %s stays unfinished: %s", plan.run_id, exc)
+    return f"{ids[0]}{REPROCESS}{len(ids)}"
 
 
 def _require_plan(store: RunStore, run_id: str) -> RunPlan:

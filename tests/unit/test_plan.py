@@ -100,3 +100,44 @@ def test_a_mistyped_run_option_is_refused_before_anything_is_planned(tmp_path):
     with pytest.raises(TypeError, match=r"\['windows'\]"):
         plan_step(settings, "r1", windows=None)
     assert not (tmp_path / "home" / "runs").exists() and not (tmp_path / "home" / "groups").exists()
+
+
+def test_a_dag_run_airflow_reuses_for_a_window_works_under_a_new_run_id_and_keeps_the_old_one(tmp_path):
+    """A backfill's "All Runs" or "Missing and Errored Runs" clears an existing DAG run and runs it
+    again as a window run: the earlier run's plan and report stay as they were."""
+    from datetime import UTC, datetime, timedelta
+
+    from wavepipe.contracts.runfiles import Step
+    from wavepipe.pipeline import current_run_id, window_run_id
+
+    settings = load_settings(home=tmp_path)
+    store = RunStore(settings)
+    start = datetime(2026, 11, 25, 10, 45, tzinfo=UTC)
+    window, other = (start, start + timedelta(minutes=15)), (start, start + timedelta(minutes=30))
+    run = "scheduled__2026-11-25T10_45_00_00_00"
+
+    def plan(run_id, w=None):
+        store.save_plan(
+            RunPlan.new(
+                run_id,
+                "t",
+                "g",
+                [OffsetRange("t", 0, 0, 5)],
+                window=w and {"start": w[0].isoformat(), "end": w[1].isoformat()},
+            )
+        )
+
+    def finish(run_id):
+        store.save_step(run_id, Step.REPORT, {"commit": {}})
+
+    assert window_run_id(settings, run, window) == run  # never planned: its own id
+    plan(run)  # it ran as an incremental run, and finished
+    finish(run)
+    assert window_run_id(settings, run, window) == f"{run}.reprocess-1"
+    plan(f"{run}.reprocess-1", window)
+    assert current_run_id(settings, run) == f"{run}.reprocess-1"  # the later steps of the DAG run
+    assert window_run_id(settings, run, window) == f"{run}.reprocess-1"  # a retry of the unfinished window run
+    assert window_run_id(settings, run, other) == f"{run}.reprocess-2"  # another window
+    finish(f"{run}.reprocess-1")
+    assert window_run_id(settings, run, window) == f"{run}.reprocess-2"  # reprocessed again after it finished
+    assert store.load_plan(run).window is None and store.load_step(run, Step.REPORT) == {"commit": {}}

@@ -126,3 +126,34 @@ def test_window_runs_account_for_other_windows_records():
     assert report["balance_errors"] == [] and report["totals"]["other_window"] == 4
     short = build_report(plan, consumed, reassembled({"0": {**part, "other_window": 3}}), {})
     assert any("other windows' 3" in e for e in short["balance_errors"]), short["balance_errors"]
+
+
+def test_status_lists_each_run_by_its_latest_outcome_failed_ones_with_their_reason(tmp_path):
+    from pathlib import Path
+
+    from wavepipe.cli import _last_runs
+
+    def report(run_id, at, **extra):
+        totals = {"output": 3, "pending": 0, "quarantined": 0, "dead_letter": 0}
+        return Path(f"/r/{run_id}.json"), {
+            "run_id": run_id,
+            "reported_at": at,
+            "status": "committed",
+            "totals": totals,
+            **extra,
+        }
+
+    window = {"start": "2026-11-25T10:00:00+00:00", "end": "2026-11-25T10:15:00+00:00"}
+    lines = _last_runs(
+        [report("a", "2026-11-25T11:00"), report("w", "2026-11-25T11:20", status="window_replaced", window=window)],
+        [
+            {"run_id": "w", "step": "plan", "reason": "window ... has not closed yet", "at": "2026-11-25T11:10"},
+            {"run_id": "b", "step": "validate", "reason": "2 expectations failed", "at": "2026-11-25T11:30"},
+        ],
+    )
+    assert lines == [
+        "a: committed; 3 chunks out, 0 pending, 0 quarantined, 0 dead-lettered; file:///r/a.html",
+        "w: window_replaced [2026-11-25T10:00:00+00:00, 2026-11-25T10:15:00+00:00); 3 chunks out, 0 pending, "
+        "0 quarantined, 0 dead-lettered; file:///r/w.html",  # its retry succeeded after the failure
+        "b: FAILED at validate: 2 expectations failed",
+    ]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 from wavepipe.contracts.config import Settings
@@ -84,9 +84,9 @@ def append_validation_history(settings: Settings, validation: Validated) -> None
         fh.write(json.dumps(entry) + "\n")
 
 
-def validation_trend(settings: Settings, last: int | None = None, group: str | None = None) -> list[dict]:
-    """The last ``last`` validation attempts (default ``report_trend_runs``) of ``group`` (default
-    all), oldest first."""
+def validation_trend(settings: Settings, last: int | None = None, groups: Collection[str] | None = None) -> list[dict]:
+    """The last ``last`` validation attempts (default ``report_trend_runs``) of the runs of
+    ``groups`` (a group and its backfill lane; default all), oldest first."""
     path = history_path(settings)
     if not path.exists():
         return []
@@ -96,7 +96,7 @@ def validation_trend(settings: Settings, last: int | None = None, group: str | N
             entry = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut short by a crash
-        if group is None or entry.get("group") == group:
+        if groups is None or entry.get("group") in groups:
             entries.append(entry)
     return entries[-(last or settings.report_trend_runs) :]
 

@@ -133,6 +133,10 @@ def history_path(settings: Settings) -> Path:
     return settings.reports_dir / "validation_history.jsonl"
 
 
+#: Failed steps a group's history keeps (``RunStore.record_failure``).
+FAILURES_KEPT = 50
+
+
 class RunStore:
     """Where a run's durable state lives: plan, per-step results, the group's active marker."""
 
@@ -278,6 +282,33 @@ class RunStore:
 
     def forget_idle_runs(self, group: str) -> None:
         self._idle_path(group).unlink(missing_ok=True)
+
+    def _failures_path(self, group: str) -> Path:
+        return self.group_dir(group) / "failed-runs.jsonl"
+
+    def record_failure(self, group: str, run_id: str, step: str, reason: str) -> None:
+        """Note that ``step`` of ``run_id`` failed, with its reason in a line (``wavepipe status``
+        lists it); the group's last ``FAILURES_KEPT`` failures are kept."""
+        path = self._failures_path(group)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        line = json.dumps({"run_id": run_id, "step": step, "reason": reason, "at": utc_now()})
+        with path.open("a") as fh:
+            fh.write(line + "\n")
+        if path.stat().st_size > FAILURES_KEPT * 1000:
+            write_text_atomic(path, "".join(f"{json.dumps(f)}\n" for f in self.failures(group)))
+
+    def failures(self, group: str) -> list[dict[str, Any]]:
+        """The group's last ``FAILURES_KEPT`` failed steps, oldest first."""
+        path = self._failures_path(group)
+        if not path.exists():
+            return []
+        found = []
+        for line in path.read_text().splitlines():
+            try:
+                found.append(json.loads(line))
+            except ValueError:  # a line cut short by a crash
+                continue
+        return found[-FAILURES_KEPT:]
 
     def step_lock(self, run_id: str, name: str):
         """Hold step ``name`` of ``run_id`` exclusively, or raise ``StepBusyError`` at once."""
