@@ -39,7 +39,6 @@ from wavepipe.local import airflow as local
 from wavepipe.local import processes
 from wavepipe.local.kafka import free_port
 from wavepipe.pipeline import run_once
-from wavepipe.spark import settings_env
 
 pytestmark = pytest.mark.integration
 
@@ -185,13 +184,15 @@ def test_trigger_form_params_come_through_the_rest_api(api):
     assert params["max_records"]["schema"] == {"type": ["null", "integer"], "minimum": 1}
     assert params["skip_lost_offsets"]["value"] is False
     assert all(p["description"] for p in params.values())
+    # none required: every one has a default or may be left empty (the forms mark no flag required)
+    assert all("null" in p["schema"]["type"] for p in params.values()), params
 
 
 def test_a_run_triggered_through_the_rest_api_ingests_and_commits(airflow, api, spark):
     defaults, *_ = airflow
-    # Unpausing makes the scheduler start the latest 15-minute interval's run at once, with the
-    # default params (the services' topic and group). It may go first (max_active_runs=1): give
-    # it an empty topic, and the triggered run a topic and group of its own, passed as conf.
+    # A run of the 15-minute clock may start while the test runs, with the default params (the
+    # services' topic and group): give it an empty topic, and the triggered run a topic and group
+    # of its own, passed as conf.
     ensure_topic(defaults)
     settings = defaults.replace(topic=f"{defaults.topic}-ui", group=f"{defaults.group}-ui")
     ensure_topic(settings)
@@ -294,7 +295,7 @@ def _wait_for_runs(api, run_ids: list[str], timeout_s: float = RUN_TIMEOUT_S) ->
 
 
 def test_a_backfill_of_two_windows_reprocesses_them_into_identical_output(airflow, api, spark):
-    """`airflow backfill create` over two 15-minute windows: each window's offsets come from
+    """A backfill over two 15-minute windows: each window's offsets come from
     Kafka's offsets-for-times, the waveform that straddles their edge belongs to the first one,
     each window's rows are replaced (not added to), and the group's offsets do not move."""
     defaults, *_ = airflow
@@ -310,31 +311,10 @@ def test_a_backfill_of_two_windows_reprocesses_them_into_identical_output(airflo
     assert group_offsets == {0: 11}
 
     began = time.monotonic()
-    # `airflow backfill create` in wavepipe's Airflow; both windows' runs start at once (the
-    # backfill's default max active runs), the second waits for the first's backfill lane
-    created = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "wavepipe.cli",
-            "airflow",
-            "backfill",
-            "--from-date",
-            t0.isoformat(),
-            "--to-date",
-            (t0 + quarter).isoformat(),
-            "--conf",
-            json.dumps({"topic": settings.topic, "group": settings.group}),
-        ],
-        env={**os.environ, **settings_env(defaults)},
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert created.returncode == 0 and "backfill of wavepipe_ingest created" in created.stdout, (
-        created.stdout[-3000:] + created.stderr[-3000:]
-    )
+    # `wavepipe airflow backfill`: both windows' runs start at once (the backfill's default max
+    # active runs), the second waits for the first's backfill lane
+    code, out = _cli_backfill(settings, t0, t0 + quarter)
+    assert code == 0 and "2 window run(s) created" in out, out
     unpause = api.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False})
     assert unpause.status_code == 200, unpause.text
     runs: dict[str, str] = {}
@@ -377,6 +357,88 @@ def test_a_backfill_of_two_windows_reprocesses_them_into_identical_output(airflo
     assert re.search(r"\n\s+0\s+11\s+11\s+0\s+0\s+-\n", out), out
     assert f"{incremental['run_id']}: committed;" in out
     assert f"{w1['run_id']}: window_replaced [{t0.isoformat()}, {(t0 + quarter).isoformat()});" in out
+
+    _reprocessed_again(settings, api, spark, t0, runs, by_start, group_offsets)
+
+
+def _cli_backfill(settings, start: datetime, end: datetime, *extra: str) -> tuple[int, str]:
+    """`wavepipe airflow backfill` of the test's topic and group."""
+    conf = json.dumps({"topic": settings.topic, "group": settings.group})
+    window = ("--from-date", start.isoformat(), "--to-date", end.isoformat())
+    return run_cli(settings, "airflow", "backfill", *window, "--conf", conf, *extra, timeout=180)
+
+
+def _backfill(settings, api, start: datetime, end: datetime, reprocess: str, conf: dict) -> dict:
+    """A backfill as the UI's dialog makes one (its choice of reprocess behaviour, its params)."""
+    body = {"dag_id": DAG_ID, "from_date": start.isoformat(), "to_date": end.isoformat(), "dag_run_conf": conf}
+    for _ in range(90):
+        # one backfill of a DAG at a time: the scheduler marks the last one complete after its runs
+        # ended (409 until then); SQLite's lock answers 503 with nothing made; the user tries again
+        made = api.post("/api/v2/backfills", json={**body, "reprocess_behavior": reprocess, "max_active_runs": 2})
+        if made.status_code not in (409, 503):
+            break
+        time.sleep(1)
+    assert made.status_code == 200, made.text
+    return made.json()
+
+
+def _reprocessed_again(settings, api, spark, t0, runs, by_start, group_offsets) -> None:
+    """Windows that already had window runs: "Missing Runs" (the CLI's --reprocess missing)
+    creates nothing and says why; "All Runs" reprocesses both in the same DAG runs, as new
+    wavepipe runs, keeping the first runs' reports; "Missing and Errored Runs" retries a window
+    whose run was refused, without retries of the refusal."""
+    quarter, conf = timedelta(minutes=15), {"topic": settings.topic, "group": settings.group}
+    code, out = _cli_backfill(settings, t0, t0 + quarter, "--reprocess", "missing")
+    assert code == 1 and "no run created" in out and "--reprocess all" in out, out
+    assert all(f"{run_id} (success)" in out for run_id in runs), out
+    first_reports = {r["run_id"]: r for r in by_start.values()}
+    before = rows_by_id(spark, settings)
+
+    _backfill(settings, api, t0, t0 + quarter, "completed", conf)  # "All Runs"
+    states = _wait_for_runs(api, sorted(runs))
+    assert set(states.values()) == {"success"}, states
+    again = {}
+    for run_id, report in first_reports.items():
+        assert json.loads((settings.reports_dir / f"{run_id}.json").read_text()) == report  # kept as it was
+        again[run_id] = json.loads((settings.reports_dir / f"{run_id}.reprocess-1.json").read_text())
+        assert again[run_id]["status"] == "window_replaced" and again[run_id]["window"] == report["window"]
+        assert again[run_id]["waveforms"] == report["waveforms"]
+    after = rows_by_id(spark, settings)
+    assert {k: v[:2] for k, v in after.items()} == {k: v[:2] for k, v in before.items()}  # replaced once, same bytes
+    assert {after[w][2] for w in ("wf-A", "wf-B", "wf-C")} == {f"{r}.reprocess-1" for r in first_reports}
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == group_offsets
+
+    # a window refused at its plan (a typo'd topic): failed at once, not retried; then "Missing and
+    # Errored Runs" with the right params runs the same DAG run again, and it succeeds
+    third = t0 + 2 * quarter
+    _backfill(settings, api, third, third, "none", {**conf, "topic": f"{settings.topic}-typo"})
+    (failed,) = _wait_for_new_runs(api, set(runs), "failed")
+    tries = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{failed}/taskInstances/plan").json()["try_number"]
+    assert tries == 1, f"a refusal no retry can change was tried {tries} times"
+    log = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{failed}/taskInstances/plan/logs/1").text
+    assert f"topic '{settings.topic}-typo' does not exist" in log and "replaces that window's output" not in log
+    code, out = run_cli(settings, "status")  # the failed run with its reason; window runs in the trend
+    assert code == 0 and f"{safe_run_id(failed)}: FAILED at plan: topic '{settings.topic}-typo' does not exist" in out
+    assert all(f"{r}.reprocess-1: passed" in out for r in first_reports), out
+    _backfill(settings, api, third, third, "failed", conf)
+    assert _wait_for_runs(api, [failed]) == {failed: "success"}
+    report = json.loads((settings.reports_dir / f"{safe_run_id(failed)}.json").read_text())
+    assert report["status"] == "window_replaced" and report["waveforms"] == {"output_new": 1}  # D
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == group_offsets
+
+
+def _wait_for_new_runs(api, known: set[str], state: str) -> list[str]:
+    """The backfill runs not in ``known``, once each is in ``state``."""
+    began = time.monotonic()
+    while True:
+        listed = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns", params={"limit": 100}).json()["dag_runs"]
+        new = {
+            r["dag_run_id"]: r["state"] for r in listed if r["run_type"] == "backfill" and r["dag_run_id"] not in known
+        }
+        if new and set(new.values()) == {state}:
+            return sorted(new)
+        assert time.monotonic() - began < RUN_TIMEOUT_S, f"backfill runs {new}, waiting for {state}"
+        time.sleep(3)
 
 
 def test_the_ui_in_headless_chromium_lists_the_dag_and_its_trigger_form(airflow):

@@ -10,8 +10,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 from wavepipe.contracts.config import Settings
+from wavepipe.contracts.errors import UsageError
 from wavepipe.local import processes
 from wavepipe.spark import settings_env
 
@@ -574,6 +576,49 @@ def status(settings: Settings, *, out=None) -> int:
     return 0 if all(state.values()) else 1
 
 
+#: ``wavepipe airflow backfill --reprocess``: the UI dialog's choices, as Airflow names them.
+REPROCESS = {"missing": "none", "failed": "failed", "all": "completed"}
+
+
+#: A backfill's REST call that meets SQLite's lock (503) is tried this often, a second apart.
+LOCKED_TRIES = 30
+
+
+def _api(settings: Settings, token: str, path: str, body: dict | None = None):
+    """One REST call; on SQLite (this machine's metadata DB) a write that meets the scheduler's
+    lock answers 503 and left nothing behind, so it is tried again for up to half a minute."""
+    url, method = f"{airflow_url(settings)}/api/v2{path}", "POST" if body else "GET"
+    status, answer = _http_json(url, method=method, body=body, token=token)
+    for _ in range(LOCKED_TRIES):
+        if status != 503:
+            break
+        time.sleep(1)
+        status, answer = _http_json(url, method=method, body=body, token=token)
+    return status, answer
+
+
+def _detail(body) -> str:
+    """An API error's message (FastAPI's ``detail``: text, or a list of validation errors)."""
+    detail = body.get("detail", body) if isinstance(body, dict) else body
+    if isinstance(detail, list):
+        return "; ".join(str(d.get("msg", d)) if isinstance(d, dict) else str(d) for d in detail)
+    return str(detail)
+
+
+def skipped_windows(every: list[str], chosen: list[str], runs: dict[str, dict], reprocess: str) -> list[str]:
+    """One line per window of ``every`` (logical dates) not in ``chosen``: the run it has, and why
+    it is not reprocessed (``runs``: the DAG runs by logical date, as the REST API lists them)."""
+    lines = []
+    for when in every:
+        if when in chosen:
+            continue
+        run = runs.get(when, {})
+        state = run.get("state", "?")
+        why = "it is running now" if state in ("queued", "running") else f"--reprocess {reprocess} skips a {state} run"
+        lines.append(f"{when}: {run.get('dag_run_id', 'a run')} ({state}): {why}")
+    return lines
+
+
 def backfill(
     settings: Settings,
     start: str,
@@ -582,28 +627,78 @@ def backfill(
     dag_id: str = "wavepipe_ingest",
     conf: dict | None = None,
     max_active_runs: int | None = None,
+    reprocess: str = "all",
     out=None,
 ) -> int:
-    """``airflow backfill create`` against this machine's Airflow (its home and metadata DB): the
-    scheduler of ``wavepipe airflow up`` then runs one DAG run per data interval in
-    ``[start, end]`` (logical dates, inclusive). Window runs of a group go one at a time: the
-    others wait, rescheduled, without holding a worker slot."""
+    """A backfill through this machine's Airflow (its REST API, as the UI's dialog makes one):
+    the scheduler runs one window run per window whose logical date is in ``[start, end]``.
+    ``reprocess``: which windows that already had a window run are reprocessed again (``all``,
+    ``failed`` or ``missing``: none), as the dialog's choice. Says how many runs it created and
+    why any window was skipped; 1 when none was created."""
+    from wavepipe.contracts.plan import parse_datetime
+
     out = out or _say
     if not running(settings).get("scheduler"):
         out("Airflow's scheduler is not running, so the backfill's runs would wait: `wavepipe airflow up` first")
         return 1
-    args = ["backfill", "create", "--dag-id", dag_id, "--from-date", start, "--to-date", end]
-    if conf:
-        args += ["--dag-run-conf", json.dumps(conf)]
-    if max_active_runs:
-        args += ["--max-active-runs", str(max_active_runs)]
-    result = _airflow(settings, *args, capture=True)
-    out((result.stdout + result.stderr).strip()[-4000:])
-    if result.returncode != 0:
-        out(f"`airflow {' '.join(args)}` failed (exit {result.returncode})")
+    token = api_token(settings)
+    body = {
+        "dag_id": dag_id,
+        "from_date": parse_datetime(start).isoformat(),
+        "to_date": parse_datetime(end).isoformat(),
+        "dag_run_conf": conf or {},
+        "reprocess_behavior": REPROCESS[reprocess],
+        **({"max_active_runs": max_active_runs} if max_active_runs else {}),
+    }
+    every, chosen = ([], [])
+    for behavior, found in (("completed", every), (REPROCESS[reprocess], chosen)):
+        status, answer = _api(settings, token, "/backfills/dry_run", {**body, "reprocess_behavior": behavior})
+        if status != 200:
+            out(f"backfill of {dag_id} refused: {_detail(answer)}")
+            return 2 if status in (400, 404, 422) else 1
+        found.extend(_iso(b["logical_date"]) for b in answer["backfills"])
+    status, listed = _api(
+        settings,
+        token,
+        f"/dags/{dag_id}/dagRuns?limit=1000&logical_date_gte={quote(body['from_date'])}"
+        f"&logical_date_lte={quote(body['to_date'])}",
+    )
+    runs = {r["logical_date"]: r for r in listed.get("dag_runs", [])} if status == 200 else {}
+    skipped = skipped_windows(every, chosen, {_iso(k): v for k, v in runs.items()}, reprocess)
+    if not chosen:
+        out(
+            f"no run created: none of the windows of {dag_id} in [{body['from_date']}, {body['to_date']}] is to be "
+            + ("reprocessed (the range holds no window that has ended)" if not skipped else "reprocessed:")
+        )
+        for line in skipped:
+            out(f"  {line}")
+        if skipped and reprocess != "all":
+            out("  `--reprocess all` reprocesses windows whatever runs they had")
         return 1
-    out(f"backfill of {dag_id} created: follow it in {airflow_url(settings)}/dags/{dag_id} or with `wavepipe status`")
+    status, created = _api(settings, token, "/backfills", body)
+    if status == 409:
+        out(
+            f"backfill of {dag_id} refused: {_detail(created)}. Airflow runs one backfill of a DAG at a time: "
+            "wait until the last one is complete (its page in the UI, Browse > Backfills), or cancel it there"
+        )
+        return 1
+    if status != 200:
+        out(f"backfill of {dag_id} refused: {_detail(created)}")
+        return 2 if status in (400, 404, 422) else 1
+    out(f"backfill {created['id']} of {dag_id}: {len(chosen)} window run(s) created, from {chosen[0]} to {chosen[-1]}")
+    if skipped:
+        out(f"{len(skipped)} window(s) skipped:")
+        for line in skipped:
+            out(f"  {line}")
+    out(f"follow it in {airflow_url(settings)}/dags/{dag_id} or with `wavepipe status`")
     return 0
+
+
+def _iso(when: str) -> str:
+    """A logical date as the dry run writes it (the API's ``Z`` and ``+00:00`` alike)."""
+    from wavepipe.contracts.plan import parse_datetime
+
+    return parse_datetime(when.replace("Z", "+00:00")).isoformat()
 
 
 def run_cli(settings: Settings, args) -> int:
@@ -612,12 +707,24 @@ def run_cli(settings: Settings, args) -> int:
         if not (args.from_date and args.to_date):
             _say("wavepipe airflow backfill needs --from-date and --to-date (ISO-8601)")
             return 2
-        return backfill(
-            settings,
-            args.from_date,
-            args.to_date,
-            dag_id=args.dag_id,
-            conf=json.loads(args.conf) if args.conf else None,
-            max_active_runs=args.max_active_runs,
-        )
+        try:
+            conf = json.loads(args.conf) if args.conf else None
+        except ValueError as exc:
+            conf = exc
+        if conf is not None and not isinstance(conf, dict):
+            _say(f'wavepipe airflow backfill: --conf must be a JSON object, e.g. \'{{"topic": "t"}}\' ({conf})')
+            return 2
+        try:
+            return backfill(
+                settings,
+                args.from_date,
+                args.to_date,
+                dag_id=args.dag_id,
+                conf=conf,
+                max_active_runs=args.max_active_runs,
+                reprocess=args.reprocess,
+            )
+        except UsageError as exc:  # a date that is not ISO-8601
+            _say(f"wavepipe airflow backfill: {exc}")
+            return 2
     return {"up": up, "down": down, "status": status}[args.action](settings)
