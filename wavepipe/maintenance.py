@@ -111,6 +111,8 @@ class TableStatus:
     bytes: int = 0
     partitions: int = 0
     files_per_partition_max: int = 0
+    #: partitions holding more than one file: what ``optimize`` compacts
+    partitions_to_compact: int = 0
     unreferenced_files: int = 0
     unreferenced_bytes: int = 0
     last_optimize: str | None = None
@@ -160,6 +162,42 @@ def _unreadable_note(path: Path) -> str:
     return "delta-rs cannot read its log (see the warning above); Spark may still read it"
 
 
+def files_per_partition(state) -> dict[str, int]:
+    """Live data files per partition folder (``date=2026-11-25``; ``""`` for an unpartitioned table)."""
+    counts: dict[str, int] = {}
+    for p in state.files:
+        folder = unquote(p).rpartition("/")[0]
+        counts[folder] = counts.get(folder, 0) + 1
+    return counts
+
+
+def _partition_values(folder: str) -> dict[str, str]:
+    """``source=a/date=2026-11-25`` -> ``{"source": "a", "date": "2026-11-25"}``."""
+    return dict(part.split("=", 1) for part in folder.split("/") if "=" in part)
+
+
+def compaction_plan(state, since: date | None = None) -> tuple[list[str], list[str]]:
+    """The partition folders ``optimize`` rewrites (those holding more than one file, with a
+    ``date`` from ``since`` on when given) and those it leaves for being older than ``since``."""
+    crowded = sorted(f for f, n in files_per_partition(state).items() if n > 1)
+    if since is None:
+        return crowded, []
+    recent = [f for f in crowded if _partition_values(f).get("date", "9999-12-31") >= since.isoformat()]
+    return recent, [f for f in crowded if f not in recent]
+
+
+def partition_predicate(folders: list[str]) -> str:
+    """An OPTIMIZE ``WHERE`` selecting exactly these partition folders ("" for the whole table)."""
+    terms = []
+    for folder in folders:
+        values = _partition_values(folder)
+        if not values:
+            return ""
+        quoted = " AND ".join(f"`{k}` = '{v.replace(chr(39), chr(39) * 2)}'" for k, v in values.items())
+        terms.append(f"({quoted})")
+    return " OR ".join(terms)
+
+
 def table_status(name: str, path: Path) -> TableStatus:
     from wavepipe.spark_apps.tables import delta_log
 
@@ -172,10 +210,7 @@ def table_status(name: str, path: Path) -> TableStatus:
         status.note = _unreadable_note(path)
         return status
     live = {unquote(p): size for p, (size, _) in state.files.items()}
-    per_partition: dict[str, int] = {}
-    for p in live:
-        folder = p.rpartition("/")[0]
-        per_partition[folder] = per_partition.get(folder, 0) + 1
+    per_partition = files_per_partition(state)
     on_disk = _data_files(path)
     extra = {p: v for p, v in on_disk.items() if p not in live}
     status.version, status.rows = state.version, state.rows
@@ -183,6 +218,7 @@ def table_status(name: str, path: Path) -> TableStatus:
     status.files, status.bytes = len(live), sum(live.values())
     status.partitions = len(per_partition)
     status.files_per_partition_max = max(per_partition.values(), default=0)
+    status.partitions_to_compact = sum(n > 1 for n in per_partition.values())
     status.unreferenced_files, status.unreferenced_bytes = len(extra), sum(size for size, _ in extra.values())
     status.last_optimize = _last(state, "OPTIMIZE")
     status.last_vacuum = _last(state, "VACUUM END")
@@ -232,51 +268,85 @@ def _existing(settings: Settings, tables: list[str] | None, done: list[dict]) ->
 def optimize(
     settings: Settings, *, tables: list[str] | None = None, zorder: bool = False, since: date | None = None
 ) -> list[dict]:
-    """Compact each table (``tables``: all when None) with Delta ``OPTIMIZE``: a partition's small
-    files become few large ones (a partition already in one file is left alone). ``zorder``: the
-    waveforms table's rows are also clustered by ``CLUSTER_BY`` within each partition (rewrites every
-    file of the partitions it touches, so give ``since`` on a large table). ``since``: only the
-    waveforms table's ``date`` partitions from that day on (the quarantine and dead-letter tables
-    have no partitions and are compacted whole). Returns what each table's compaction did."""
+    """Compact each table (``tables``: all when None) with Delta ``OPTIMIZE``, in the partitions
+    that need it: those holding more than one file (read from the log, no Spark); a partition
+    already in one file is left alone, and a table with none to compact is not touched.
+    ``zorder``: those partitions' waveforms are also clustered by ``CLUSTER_BY``. ``since``: only
+    the waveforms' ``date`` partitions from that day on (the result names the older ones left).
+    Returns what each table's compaction did, or why it did nothing (``skipped``)."""
+    from wavepipe.spark_apps.tables import delta_log
+
     done = []
     for name, path in _existing(settings, tables, done):
-        sql = f"OPTIMIZE {_sql_path(path)}"
-        if name == "waveforms" and since is not None:
-            sql += f" WHERE date >= DATE'{since.isoformat()}'"
-        if name == "waveforms" and zorder:
-            sql += f" ZORDER BY ({', '.join(CLUSTER_BY)})"
-        with _writing(settings, f"optimize {name}") as spark:
-            before = table_status(name, path)  # under the lock: no run adds files meanwhile
-            began = time.monotonic()
-            metrics = spark.sql(sql).collect()[0]["metrics"]
-            seconds = time.monotonic() - began
-            after = table_status(name, path)
-        result = {
-            "table": name,
-            "sql": sql,
-            "seconds": round(seconds, 2),
-            "files_removed": int(metrics["numFilesRemoved"]),
-            "files_added": int(metrics["numFilesAdded"]),
-            "bytes_removed": int(metrics["filesRemoved"]["totalSize"] or 0),
-            "bytes_added": int(metrics["filesAdded"]["totalSize"] or 0),
-            "partitions_optimized": int(metrics["partitionsOptimized"]),
-            "files_before": before.files,
-            "files_after": after.files,
-            "version": after.version,
-        }
-        log.info(
-            "optimize %s: %d files -> %d (%d rewritten into %d, %d partition(s)) in %.1fs%s",
-            name,
-            before.files,
-            after.files,
-            result["files_removed"],
-            result["files_added"],
-            result["partitions_optimized"],
-            seconds,
-            f", clustered by {', '.join(CLUSTER_BY)}" if name == "waveforms" and zorder else "",
-        )
-        done.append(result)
+        state = delta_log(path)
+        if state is None:
+            done.append({"table": name, "skipped": _unreadable_note(path)})
+            continue
+        chosen, older = compaction_plan(state, since if name == "waveforms" else None)
+        if not chosen:
+            done.append(_nothing_to_compact(name, state, older, since))
+            log.info("optimize %s: %s", name, done[-1]["skipped"])
+            continue
+        done.append(_compact(settings, name, path, chosen, zorder=zorder and name == "waveforms"))
+        if older:
+            done[-1]["left_older"] = len(older)
     return done
+
+
+def _nothing_to_compact(name: str, state, older: list[str], since: date | None) -> dict:
+    counts = files_per_partition(state)
+    what = f"{len(counts)} partition(s), {sum(counts.values())} file(s)"
+    if older:
+        why = (
+            f"the {len(older)} partition(s) with several files are dated before {since.isoformat()} "
+            f"({', '.join(older[:3])}{', ...' if len(older) > 3 else ''}): compact them with no day limit "
+            "(DAG param days empty, or `wavepipe table optimize` without --days)"
+        )
+    else:
+        why = "each holds one file, nothing to compact"
+    return {"table": name, "skipped": f"{what}: {why}", "files_before": sum(counts.values()), "left_older": len(older)}
+
+
+def _compact(settings: Settings, name: str, path: Path, folders: list[str], *, zorder: bool) -> dict:
+    """``OPTIMIZE`` of ``folders`` of one table, under the tables' lock."""
+    sql = f"OPTIMIZE {_sql_path(path)}"
+    where = partition_predicate(folders)
+    if where:
+        sql += f" WHERE {where}"
+    if zorder:
+        sql += f" ZORDER BY ({', '.join(CLUSTER_BY)})"
+    with _writing(settings, f"optimize {name}") as spark:
+        before = table_status(name, path)  # under the lock: no run adds files meanwhile
+        began = time.monotonic()
+        metrics = spark.sql(sql).collect()[0]["metrics"]
+        seconds = time.monotonic() - began
+        after = table_status(name, path)
+    result = {
+        "table": name,
+        "sql": sql,
+        "seconds": round(seconds, 2),
+        "files_removed": int(metrics["numFilesRemoved"]),
+        "files_added": int(metrics["numFilesAdded"]),
+        "bytes_removed": int(metrics["filesRemoved"]["totalSize"] or 0),
+        "bytes_added": int(metrics["filesAdded"]["totalSize"] or 0),
+        "partitions_optimized": int(metrics["partitionsOptimized"]),
+        "files_before": before.files,
+        "files_after": after.files,
+        "version": after.version,
+    }
+    log.info(
+        "optimize %s: %d files -> %d (%d rewritten into %d, %d partition(s) of %d) in %.1fs%s",
+        name,
+        before.files,
+        after.files,
+        result["files_removed"],
+        result["files_added"],
+        result["partitions_optimized"],
+        before.partitions,
+        seconds,
+        f", clustered by {', '.join(CLUSTER_BY)}" if zorder else "",
+    )
+    return result
 
 
 @contextlib.contextmanager

@@ -94,6 +94,7 @@ def test_status_reads_the_log_and_the_folder(tmp_path, capsys):
     before = maintenance.table_status("waveforms", table)
     assert (before.version, before.rows, before.files, before.partition_columns) == (3, 7, 4, ["date"])
     assert (before.partitions, before.files_per_partition_max, before.unreferenced_files) == (2, 3, 0)
+    assert before.partitions_to_compact == 1
     assert before.bytes == sum(f.stat().st_size for f in table.rglob("*.parquet"))
     assert before.last_optimize is None and before.note is None
     # a compaction: three files become one; the old ones stay on disk until a vacuum
@@ -132,3 +133,32 @@ def test_status_says_what_needs_a_repair(tmp_path, capsys):
     assert main(["--home", str(tmp_path), "table", "status"]) == 0
     out = capsys.readouterr().out
     assert "quarantine   delta-rs, Polars and Trino cannot open it" in out and "run `wavepipe table repair`" in out
+
+
+def test_optimize_rewrites_only_partitions_of_several_files_and_says_why_not(tmp_path, monkeypatch):
+    """What needs compaction is read from the log: partitions holding more than one file, any day
+    (``days`` limits them and names the older ones left); with none, no Spark session starts."""
+    from wavepipe.spark_apps.tables import delta_log
+
+    settings = load_settings(home=tmp_path)
+    table = settings.output_table
+    for day in ("2026-11-01", "2026-11-01", "2026-11-20", "2026-11-24", "2026-11-24"):
+        _append(table, {"waveform_id": [day], "source": ["a'b"], "date": [day]})
+    state = delta_log(table)
+    assert maintenance.compaction_plan(state) == (["date=2026-11-01", "date=2026-11-24"], [])
+    assert maintenance.compaction_plan(state, date(2026, 11, 23)) == (["date=2026-11-24"], ["date=2026-11-01"])
+    assert maintenance.partition_predicate(["date=2026-11-01", "source=a'b/date=2026-11-24"]) == (
+        "(`date` = '2026-11-01') OR (`source` = 'a''b' AND `date` = '2026-11-24')"
+    )
+    assert maintenance.partition_predicate([""]) == ""  # an unpartitioned table: the whole of it
+
+    def no_spark(*args, **kwargs):
+        raise AssertionError("a table with nothing to compact started Spark")
+
+    monkeypatch.setattr(maintenance, "_compact", no_spark)
+    (result,) = maintenance.optimize(settings, tables=["waveforms"], since=date(2026, 11, 25))
+    assert result["skipped"].startswith("3 partition(s), 5 file(s): the 2 partition(s) with several files")
+    assert "date=2026-11-01" in result["skipped"] and "no day limit" in result["skipped"]
+    _append(settings.quarantine_table, {"waveform_id": ["q"], "reason": ["r"]}, partition_by=())
+    (result,) = maintenance.optimize(settings, tables=["quarantine"])
+    assert result["skipped"] == "1 partition(s), 1 file(s): each holds one file, nothing to compact"
