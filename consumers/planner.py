@@ -290,6 +290,12 @@ def backfill_lane(group: str) -> str:
     return f"{group}.backfill"
 
 
+def lanes(group: str) -> tuple[str, str]:
+    """A group and its backfill lane, from either name: the runs ``status`` and the trend show together."""
+    base = group.removesuffix(backfill_lane(""))
+    return base, backfill_lane(base)
+
+
 def offsets_for_time(
     settings: Settings, topic: str, partitions: list[int], when: datetime, ends: dict[int, int]
 ) -> dict[int, int]:

@@ -201,7 +201,8 @@ def cmd_status(args) -> int:
     from confluent_kafka.admin import OffsetSpec
 
     from wavepipe.consumers.kafka_admin import committed_positions, list_offsets, partitions_of
-    from wavepipe.consumers.planner import backfill_lane, new_group_message, offsets_moved
+    from wavepipe.consumers.planner import lanes as lanes_of
+    from wavepipe.consumers.planner import new_group_message, offsets_moved
     from wavepipe.contracts.report import validation_trend
     from wavepipe.contracts.runfiles import RunStore
 
@@ -215,7 +216,7 @@ def cmd_status(args) -> int:
         print(f"wavepipe status: {new_group_message(settings, group, topic)}", file=sys.stderr)
         return EXIT_USAGE
     ends = list_offsets(settings, topic, parts, OffsetSpec.latest())
-    lanes = (group, backfill_lane(group))
+    lanes = lanes_of(group)
     reports = []
     for path in sorted(settings.reports_dir.glob("*.json"), key=lambda p: p.stat().st_mtime):
         try:

@@ -360,10 +360,11 @@ def _write_report(settings: Settings, report: dict) -> Path:
     """The run's JSON report and its HTML page beside it; returns the page. The page and the
     validation trend on it only describe the run: when one fails, ``report["notes"]`` says so
     (in the JSON, and on a plain page with the notes and the report) and the run goes on."""
+    from wavepipe.consumers.planner import lanes
     from wavepipe.contracts.report import describe_safely
 
     notes = report.setdefault("notes", [])
-    trend = describe_safely(notes, "the validation trend", validation_trend, settings, group=report["group"])
+    trend = describe_safely(notes, "the validation trend", validation_trend, settings, groups=lanes(report["group"]))
     plot = (report.get("validation") or {}).get("plot")  # this attempt's, not an earlier one's
     page = html_path(settings, report["run_id"])
     if (

@@ -24,6 +24,6 @@ def test_a_window_that_is_empty_or_has_not_closed_is_refused(settings):
         run_once(settings, window=(now - timedelta(hours=1), now - timedelta(hours=1)))
     # the CLI: naive instants are UTC; the refusal says why, and nothing was claimed
     code, out = run_cli(settings, "run", "--window", "2026-11-20T00:15", "2026-11-20T00:00")
-    assert code == 1 and "window [2026-11-20T00:15:00+00:00, 2026-11-20T00:00:00+00:00) is empty" in out, out
+    assert code == 2 and "window [2026-11-20T00:15:00+00:00, 2026-11-20T00:00:00+00:00) is empty" in out, out
     assert RunStore(settings).active_run(backfill_lane(settings.group)) is None
     assert RunStore(settings).active_run(settings.group) is None

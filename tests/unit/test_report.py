@@ -157,3 +157,24 @@ def test_status_lists_each_run_by_its_latest_outcome_failed_ones_with_their_reas
         "0 quarantined, 0 dead-lettered; file:///r/w.html",  # its retry succeeded after the failure
         "b: FAILED at validate: 2 expectations failed",
     ]
+
+
+def test_the_trend_of_a_group_holds_its_window_runs(tmp_path):
+    import json
+
+    from wavepipe.consumers.planner import lanes
+    from wavepipe.contracts.config import load_settings
+    from wavepipe.contracts.report import validation_trend
+    from wavepipe.contracts.runfiles import history_path
+
+    settings = load_settings(home=tmp_path)
+    history_path(settings).parent.mkdir(parents=True)
+    history_path(settings).write_text(
+        "".join(
+            json.dumps({"run_id": r, "group": g, "success": True}) + "\n"
+            for r, g in [("a", "g"), ("w", "g.backfill"), ("o", "h")]
+        )
+    )
+    assert lanes("g") == lanes("g.backfill") == ("g", "g.backfill")
+    assert [e["run_id"] for e in validation_trend(settings, groups=lanes("g.backfill"))] == ["a", "w"]
+    assert [e["run_id"] for e in validation_trend(settings)] == ["a", "w", "o"]
