@@ -606,17 +606,29 @@ def _detail(body) -> str:
 
 
 def skipped_windows(every: list[str], chosen: list[str], runs: dict[str, dict], reprocess: str) -> list[str]:
-    """One line per window of ``every`` (logical dates) not in ``chosen``: the run it has, and why
-    it is not reprocessed (``runs``: the DAG runs by logical date, as the REST API lists them)."""
+    """One line per window not in ``chosen``: of ``every`` (the windows a backfill may run) and
+    those whose run is in flight (a backfill never takes them): the run it has and why it is
+    skipped (``runs``: the DAG runs by logical date, as the REST API lists them)."""
+    in_flight = {when for when, run in runs.items() if run.get("state") in ("queued", "running")}
     lines = []
-    for when in every:
-        if when in chosen:
-            continue
+    for when in sorted((set(every) | in_flight) - set(chosen)):
         run = runs.get(when, {})
         state = run.get("state", "?")
-        why = "it is running now" if state in ("queued", "running") else f"--reprocess {reprocess} skips a {state} run"
+        why = "it is running now" if when in in_flight else f"--reprocess {reprocess} skips a {state} run"
         lines.append(f"{when}: {run.get('dag_run_id', 'a run')} ({state}): {why}")
     return lines
+
+
+def _refused(dag_id: str, status: int, answer, out) -> int:
+    """Say why the API refused the backfill; 2 for what was typed (dates, conf, DAG), else 1."""
+    if status == 409:
+        out(
+            f"backfill of {dag_id} refused: {_detail(answer)}. Airflow runs one backfill of a DAG at a time: "
+            "wait until the last one is complete (its page in the UI, Browse > Backfills), or cancel it there"
+        )
+        return 1
+    out(f"backfill of {dag_id} refused: {_detail(answer)}")
+    return 2 if status in (400, 404, 422) else 1
 
 
 def backfill(
@@ -634,14 +646,11 @@ def backfill(
     the scheduler runs one window run per window whose logical date is in ``[start, end]``.
     ``reprocess``: which windows that already had a window run are reprocessed again (``all``,
     ``failed`` or ``missing``: none), as the dialog's choice. Says how many runs it created and
-    why any window was skipped; 1 when none was created."""
+    why any window was skipped; 1 when none was created. Dates that are not ISO-8601 are a
+    ``UsageError`` before any service is asked."""
     from wavepipe.contracts.plan import parse_datetime
 
     out = out or _say
-    if not running(settings).get("scheduler"):
-        out("Airflow's scheduler is not running, so the backfill's runs would wait: `wavepipe airflow up` first")
-        return 1
-    token = api_token(settings)
     body = {
         "dag_id": dag_id,
         "from_date": parse_datetime(start).isoformat(),
@@ -650,21 +659,25 @@ def backfill(
         "reprocess_behavior": REPROCESS[reprocess],
         **({"max_active_runs": max_active_runs} if max_active_runs else {}),
     }
-    every, chosen = ([], [])
-    for behavior, found in (("completed", every), (REPROCESS[reprocess], chosen)):
+    if not running(settings).get("scheduler"):
+        out("Airflow's scheduler is not running, so the backfill's runs would wait: `wavepipe airflow up` first")
+        return 1
+    token = api_token(settings)
+    found = {}
+    for behavior in {"completed", REPROCESS[reprocess]}:  # every window a backfill may run; the chosen ones
         status, answer = _api(settings, token, "/backfills/dry_run", {**body, "reprocess_behavior": behavior})
         if status != 200:
-            out(f"backfill of {dag_id} refused: {_detail(answer)}")
-            return 2 if status in (400, 404, 422) else 1
-        found.extend(_iso(b["logical_date"]) for b in answer["backfills"])
+            return _refused(dag_id, status, answer, out)
+        found[behavior] = [_iso(b["logical_date"]) for b in answer["backfills"]]
+    chosen = found[REPROCESS[reprocess]]
     status, listed = _api(
         settings,
         token,
         f"/dags/{dag_id}/dagRuns?limit=1000&logical_date_gte={quote(body['from_date'])}"
         f"&logical_date_lte={quote(body['to_date'])}",
     )
-    runs = {r["logical_date"]: r for r in listed.get("dag_runs", [])} if status == 200 else {}
-    skipped = skipped_windows(every, chosen, {_iso(k): v for k, v in runs.items()}, reprocess)
+    runs = {_iso(r["logical_date"]): r for r in listed.get("dag_runs", [])} if status == 200 else {}
+    skipped = skipped_windows(found["completed"], chosen, runs, reprocess)
     if not chosen:
         out(
             f"no run created: none of the windows of {dag_id} in [{body['from_date']}, {body['to_date']}] is to be "
@@ -676,15 +689,8 @@ def backfill(
             out("  `--reprocess all` reprocesses windows whatever runs they had")
         return 1
     status, created = _api(settings, token, "/backfills", body)
-    if status == 409:
-        out(
-            f"backfill of {dag_id} refused: {_detail(created)}. Airflow runs one backfill of a DAG at a time: "
-            "wait until the last one is complete (its page in the UI, Browse > Backfills), or cancel it there"
-        )
-        return 1
     if status != 200:
-        out(f"backfill of {dag_id} refused: {_detail(created)}")
-        return 2 if status in (400, 404, 422) else 1
+        return _refused(dag_id, status, created, out)
     out(f"backfill {created['id']} of {dag_id}: {len(chosen)} window run(s) created, from {chosen[0]} to {chosen[-1]}")
     if skipped:
         out(f"{len(skipped)} window(s) skipped:")
