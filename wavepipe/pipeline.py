@@ -76,10 +76,11 @@ def _note_failure(settings: Settings, run_id: str, step: str, request: dict) -> 
     reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
     try:
         store = RunStore(settings)
-        run_id = current_run_id(settings, run_id)
+        window = request.get("window")  # a plan that failed: under the id it was to be planned as
+        run_id = window_run_id(settings, run_id, window) if window else current_run_id(settings, run_id)
         plan = store.load_plan(run_id)
         group = request.get("group") or settings.group
-        group = plan.group if plan else backfill_lane(group) if request.get("window") else group
+        group = plan.group if plan else backfill_lane(group) if window else group
         store.record_failure(group, run_id, step, reason)
     except Exception as noted:  # describing a failure must not hide it
         log.warning("run %s: could not note its failure (%s): %s", run_id, reason, noted)
@@ -111,6 +112,7 @@ def plan_step(settings: Settings, run_id: str, **request: Unpack[RunRequest]) ->
                     "skip_lost_offsets apply to incremental runs only"
                 )
             topic, group = request.get("topic"), request.get("group")
+            _give_up_replaced(settings, run_id)
             run_id = window_run_id(settings, run_id, window)
             plan = plan_window_run(settings, run_id, start=window[0], end=window[1], topic=topic, group=group)
         else:
@@ -449,7 +451,7 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
     holder = store.active_run(plan.group)
     if holder != run_id:
         done = store.load_step(run_id, Step.REPORT)
-        if done is not None and "commit" in done:  # a retry of a commit that went through
+        if _committed(done):  # a retry of a commit that went through
             written = json_path(settings, run_id).exists()
             return {
                 **done,
@@ -696,33 +698,39 @@ def current_run_id(settings: Settings, run_id: str) -> str:
     return _attempts(RunStore(settings), safe_run_id(run_id))[-1]
 
 
-def _finished(store: RunStore, run_id: str) -> bool:
-    done = store.load_step(run_id, Step.REPORT)
-    return done is not None and "commit" in done
+def _committed(report: dict | None) -> bool:
+    """Whether a run's report step record says its commit went through (its run is finished)."""
+    return report is not None and "commit" in report
 
 
 def window_run_id(settings: Settings, run_id: str, window: tuple[datetime, datetime]) -> str:
-    """The wavepipe run in which DAG run ``run_id`` reprocesses ``window``.
+    """The wavepipe run in which DAG run ``run_id`` reprocesses ``window`` (it only reads).
 
     Its own id the first time, and on retries while that window's run is unfinished. Airflow
     reuses a DAG run when a backfill reprocesses its logical date again ("All Runs", "Missing and
     Errored Runs"), or when a run is cleared: a run that was incremental, of another window, or
     already finished gets a new ``<run_id>.reprocess-<n>``, so every earlier run keeps its plan
-    and report as they were. An unfinished incremental run it replaces is abandoned first (its
-    offsets were not committed: the next incremental run reads them)."""
+    and report as they were."""
     store = RunStore(settings)
     ids = _attempts(store, safe_run_id(run_id))
     plan = store.load_plan(ids[-1])
-    if plan is None or (_same_window(plan, window) and not _finished(store, plan.run_id)):
+    if plan is None or (_same_window(plan, window) and not _committed(store.load_step(plan.run_id, Step.REPORT))):
         return ids[-1]
-    if plan.window is None and store.active_run(plan.group) == plan.run_id:
-        try:
-            log.warning(
-                "incremental run %s is reprocessed as a window: %s", plan.run_id, abandon_run(settings, plan.group)
-            )
-        except UsageError as exc:
-            log.warning("incremental run %s stays unfinished: %s", plan.run_id, exc)
     return f"{ids[0]}{REPROCESS}{len(ids)}"
+
+
+def _give_up_replaced(settings: Settings, run_id: str) -> None:
+    """When DAG run ``run_id`` was an incremental run that never finished and is now run again
+    for a window: abandon that run (its offsets were not committed, so the next incremental run
+    reads them), or say why it stays."""
+    store = RunStore(settings)
+    plan = store.load_plan(current_run_id(settings, run_id))
+    if plan is None or plan.window is not None or store.active_run(plan.group) != plan.run_id:
+        return
+    try:
+        log.warning("incremental run %s is reprocessed as a window: %s", plan.run_id, abandon_run(settings, plan.group))
+    except UsageError as exc:
+        log.warning("incremental run %s stays unfinished: %s", plan.run_id, exc)
 
 
 def _require_plan(store: RunStore, run_id: str) -> RunPlan:
