@@ -8,7 +8,13 @@ import subprocess
 
 import pytest
 
-from tests.helpers import assert_output_unique, output_rows, progress, start_python
+from tests.helpers import (
+    assert_delta_rs_reads_as_spark,
+    assert_output_unique,
+    output_rows,
+    progress,
+    start_python,
+)
 from wavepipe import maintenance
 from wavepipe.consumers.kafka_admin import ensure_topic
 from wavepipe.consumers.producer import produce_demo
@@ -82,6 +88,12 @@ def test_compaction_and_vacuum_while_runs_publish_lose_and_double_nothing(settin
     status = {t.table: t for t in maintenance.status(settings)}
     assert status["waveforms"].rows == len(sent)
 
+    # one more run after the loop's last round: today's partition holds more than one file again
+    sent += produce_demo(s, count=3, target_bytes=24 * 1024, batch="maint-last")
+    assert run_once(s)["waveforms"]["output_new"] == 3
+    rows = output_rows(spark, settings)
+    assert maintenance.status(settings, ["waveforms"])[0].partitions_to_compact >= 1
+
     # the maintenance DAG through Airflow's task execution: one file per partition, nothing unused
     result = dags_test(settings, "wavepipe_maintenance", {"days": None, "retention_hours": 0}, capture=True)
     log = result.stdout + result.stderr
@@ -91,6 +103,13 @@ def test_compaction_and_vacuum_while_runs_publish_lose_and_double_nothing(settin
     assert after.files_per_partition_max == 1 and after.unreferenced_files == 0, after
     assert after.rows == len(sent) and after.last_optimize and after.last_vacuum
     assert output_rows(spark, settings) == rows
+    assert assert_delta_rs_reads_as_spark(spark, settings.output_table) == len(sent)  # the compacted table
+    # a second pass finds each partition in one file: it says so and rewrites nothing
+    before_again = after
+    again = dags_test(settings, "wavepipe_maintenance", {"retention_hours": 0}, capture=True)
+    assert again.returncode == 0 and "each holds one file, nothing to compact" in again.stdout + again.stderr
+    after = maintenance.status(settings, ["waveforms"])[0]  # its vacuum commits; no compaction did
+    assert after.last_optimize == before_again.last_optimize and after.files == before_again.files
 
     # a typo in the trigger's conf fails the DAG's first task before anything is touched
     bad = dags_test(settings, "wavepipe_maintenance", {"tabels": "waveforms"}, capture=True)
