@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha256sum | cut -c1-12)
 
-.PHONY: setup chromium demo test test-unit lint format kafka-down clean docker-check
+.PHONY: setup chromium demo test test-unit lint format kafka-down clean docker-check data-docs-assets
 
 $(STAMP): pyproject.toml requirements.lock
 	@command -v java >/dev/null || { echo "Java 17 is required (apt-get install openjdk-17-jre-headless)"; exit 1; }
@@ -65,3 +65,10 @@ docker-check:
 clean: kafka-down
 	$(BIN)/wavepipe spark down --force
 	rm -rf .wavepipe
+
+# Refetch the files Great Expectations' Data Docs load from CDNs (wavepipe/offline_docs.py ships
+# them in wavepipe/resources/data_docs so the pages render with no network) from the npm registry.
+# Run it only when GX's templates name other versions (tests/unit/test_offline_docs.py says so).
+DOCS_ASSETS := wavepipe/resources/data_docs
+data-docs-assets:
+	docs/data-docs-assets $(DOCS_ASSETS)

@@ -51,6 +51,13 @@ DAILY_AT_0330 = "30 3 * * *"
 START_DATE = datetime(2026, 1, 1)
 
 
+#: The trigger forms' section of the ingest DAG's params that only single runs use. Airflow's
+#: backfill dialog shows a DAG's params as its trigger dialog does (it has no way to leave some
+#: out), so these sit apart, collapsed, under a title that says a backfill does without them: its
+#: window comes from its dates, and it reads the whole window (caps are refused).
+SINGLE_RUNS_ONLY = "Single runs only: a backfill takes its window from its dates and leaves these empty"
+
+
 def _optional(kind: str, description: str, **schema: Any) -> Param:
     """A param a run may leave empty (null: the run's default); else a value of JSON type ``kind``."""
     return Param(None, type=["null", kind], description=description, **schema)
@@ -216,26 +223,34 @@ def wavepipe_ingest_dag(
         tags=tags,
         default_args={"retries": retries, "retry_delay": timedelta(seconds=15)},
         params={
-            "max_records": _optional("integer", "Cap: records per partition in this run", minimum=1),
-            "max_bytes": _optional("integer", "Cap: payload bytes per partition in this run", minimum=1),
+            "max_records": _optional(
+                "integer", "Cap: records per partition in this run", minimum=1, section=SINGLE_RUNS_ONLY
+            ),
+            "max_bytes": _optional(
+                "integer", "Cap: payload bytes per partition in this run", minimum=1, section=SINGLE_RUNS_ONLY
+            ),
             "skip_lost_offsets": Param(  # null allowed: a form shows a flag with a default as optional
                 False,
                 type=["null", "boolean"],
                 description="If the group is behind what the topic still retains, go on from the earliest retained offsets and record the lost range in the report (default: fail and name it)",
+                section=SINGLE_RUNS_ONLY,
             ),
             "window_start": _optional(
                 "string",
                 "Reprocess a time window instead of continuing from the group's offsets: its start (ISO-8601). The window's output is replaced and no offset is committed. Backfill runs use their data interval without this.",
                 format="date-time",
+                section=SINGLE_RUNS_ONLY,
             ),
             "window_end": _optional(
                 "string",
                 "End (exclusive) of the time window to reprocess; give it with window_start",
                 format="date-time",
+                section=SINGLE_RUNS_ONLY,
             ),
             "new_group_start": _optional(
                 "string",
                 "Only for a group with no committed offsets on the topic: where it starts (earliest, latest or an ISO-8601 instant). Without it (or the setting new_group_start) such a run is refused, so a mistyped group reads nothing",
+                section=SINGLE_RUNS_ONLY,
             ),
         },
         **dag_kwargs,

@@ -70,10 +70,16 @@ def run_window(context, start: Any = None, end: Any = None) -> tuple[datetime, d
                 raise AirflowFailException(f"param {name}: {exc}") from None
     if (start is None) != (end is None):
         raise AirflowFailException("give both window_start and window_end, or neither")
+    run_type = getattr(context["dag_run"], "run_type", None)
+    backfill = getattr(run_type, "value", run_type) == "backfill"
+    if start is not None and backfill:
+        raise AirflowFailException(
+            "a backfill run takes its window from its dates: leave window_start and window_end empty (to "
+            "reprocess another window, backfill its dates, or trigger a single run with these params)"
+        )
     if start is not None:
         return parsed["window_start"], parsed["window_end"]
-    run_type = getattr(context["dag_run"], "run_type", None)
-    if getattr(run_type, "value", run_type) == "backfill":
+    if backfill:
         start, end = context.get("data_interval_start"), context.get("data_interval_end")
         if start is None or end is None or start >= end:
             raise AirflowFailException(

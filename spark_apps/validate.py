@@ -27,6 +27,7 @@ import time
 import warnings
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pandas as pd
@@ -44,6 +45,7 @@ from wavepipe.contracts.steps import Reassembled, Validated, ValidatedRows, Wind
 from wavepipe.delta_protocol import repair_schema
 from wavepipe.faults import failpoint
 from wavepipe.maintenance import table_paths
+from wavepipe.offline_docs import localize_site
 from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_apps.reassemble import (
     MANIFEST_COLUMNS,
@@ -268,13 +270,17 @@ def _bound_docs_index(context) -> None:
 def _build_docs(context, shown: list, identifiers: list) -> tuple[list[str | None], str]:
     """Build this run's Data Docs pages (and the index once); the page of each ``shown`` result
     and the index URL."""
+    began = time.time() - 1  # a file system's mtime may be a second coarse
     context.build_data_docs(resource_identifiers=identifiers)
     pages = []
     for identifier in shown:
         urls = context.get_docs_sites_urls(resource_identifier=identifier)
         pages.append(urls[0]["site_url"] if urls else None)
     index_url = context.get_docs_sites_urls()
-    return pages, index_url[0]["site_url"] if index_url else ""
+    index = index_url[0]["site_url"] if index_url else ""
+    if index.startswith("file://"):  # GX's pages load their styles and scripts from CDNs
+        localize_site(Path(unquote(urlparse(index).path)).parent, since=began)
+    return pages, index
 
 
 # --- I/O -------------------------------------------------------------------------------------------

@@ -320,3 +320,54 @@ def airflow_api(settings: Settings):
         base_url=base, timeout=30, headers={"Authorization": f"Bearer {response.json()['access_token']}"}
     ) as client:
         yield client
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@contextlib.contextmanager
+def headless_chromium():
+    """Debian's Chromium, headless, through playwright: a browser to open pages with. Skips the
+    test where Chromium is missing, except on CI, where `make test` installs it (a failure there)."""
+    import pytest
+
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{CHROMIUM} is missing although `make test` installs it (apt-get install chromium)")
+        pytest.skip(f"{CHROMIUM} is missing: `make test` installs it as root (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def open_offline(browser, url: str):
+    """``url`` (a ``file://`` page) in a new page of ``browser`` with the network cut off: every
+    request that is not for a local file is aborted. Returns the page and the URLs it could not
+    load: asked of the network, or local files missing (none, for a page that works offline)."""
+    page = browser.new_page()
+    page.set_default_timeout(30_000)
+    failed: list[str] = []
+    page.on("requestfailed", lambda request: failed.append(request.url))
+
+    def route(r):
+        if r.request.url.startswith("file://"):
+            r.continue_()
+        else:
+            r.abort()
+
+    page.route("**/*", route)
+    page.goto(url, wait_until="load")
+    return page, failed

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 from datetime import datetime, timedelta
-from pathlib import Path
 
 import psutil
 import pytest
@@ -24,6 +23,7 @@ from confluent_kafka.admin import OffsetSpec
 from tests.helpers import (
     airflow_api,
     airflow_cli,
+    headless_chromium,
     make_settings,
     output_rows,
     produce_two_windows,
@@ -39,21 +39,12 @@ from wavepipe.local import airflow as local
 from wavepipe.local import processes
 from wavepipe.local.kafka import free_port
 from wavepipe.pipeline import run_once
+from wavepipe.plugins.airflow_dags import SINGLE_RUNS_ONLY
 
 pytestmark = pytest.mark.integration
 
 DAG_ID = "wavepipe_ingest"
 RUN_TIMEOUT_S = 900  # generous: a contended machine running two test files at once is slow
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 def _processes_of(settings, sessions: set[int] = frozenset()) -> dict[int, str]:
@@ -441,37 +432,109 @@ def _wait_for_new_runs(api, known: set[str], state: str) -> list[str]:
         time.sleep(3)
 
 
-def test_the_ui_in_headless_chromium_lists_the_dag_and_its_trigger_form(airflow):
-    if not Path(CHROMIUM).exists():
-        if os.environ.get("CI"):  # CI runs `make test`, which installs it: missing there is a failure
-            pytest.fail(f"{CHROMIUM} is missing although `make test` installs it (apt-get install chromium)")
-        pytest.skip(f"{CHROMIUM} is missing: `make test` installs it as root (apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is in the test extra")
-    settings, *_ = airflow
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page()
-            page.set_default_timeout(60_000)
-            page.goto(f"{local.airflow_url(settings)}/dags")
-            page.wait_for_url("**/auth/login**")  # SimpleAuthManager's login form
-            page.fill("input[name=username]", local.ADMIN_USER)
-            page.fill("input[name=password]", local.admin_password(settings))
-            page.click("button[type=submit]")
-            page.wait_for_url("**/dags")
-            page.get_by_role("link", name=DAG_ID).first.wait_for()
-            assert DAG_ID in page.inner_text("body")
+def _log_in(browser, settings):
+    """A page of ``browser`` on the DAG list, logged in as the admin (SimpleAuthManager's form)."""
+    page = browser.new_page(viewport={"width": 1280, "height": 1400})
+    page.set_default_timeout(60_000)
+    page.goto(f"{local.airflow_url(settings)}/dags")
+    page.wait_for_url("**/auth/login**")
+    page.fill("input[name=username]", local.ADMIN_USER)
+    page.fill("input[name=password]", local.admin_password(settings))
+    page.click("button[type=submit]")
+    page.wait_for_url("**/dags")
+    page.get_by_role("link", name=DAG_ID).first.wait_for()
+    return page
 
-            page.get_by_role("button", name="Trigger Dag").first.click()
-            dialog = page.get_by_role("dialog")
-            dialog.get_by_text("Cap: records per partition in this run").wait_for()
-            form = dialog.inner_text()
-            assert f"Trigger Dag - {DAG_ID}" in form
-            for name in ("topic", "group", "max_records", "max_bytes", "skip_lost_offsets"):
-                assert name in form
-            assert "Topic to read (default: wavepipe config `topic`)" in form
-        finally:
-            browser.close()
+
+def test_the_ui_in_headless_chromium_lists_the_dag_and_its_trigger_form(airflow):
+    settings, *_ = airflow
+    with headless_chromium() as browser:
+        page = _log_in(browser, settings)
+        assert DAG_ID in page.inner_text("body")
+        page.get_by_role("button", name="Trigger Dag").first.click()
+        dialog = page.get_by_role("dialog")
+        dialog.get_by_text("Topic to read (default: wavepipe config `topic`)").wait_for()
+        assert f"Trigger Dag - {DAG_ID}" in dialog.inner_text()
+        # what only single runs use is one click away, under a title that says why
+        dialog.get_by_text(SINGLE_RUNS_ONLY).click()
+        dialog.get_by_text("Cap: records per partition in this run").wait_for()
+        form = dialog.inner_text()
+        for name in ("topic", "group", "max_records", "max_bytes", "skip_lost_offsets", "window_start"):
+            assert name in form
+
+
+def _pick_date(page, index: int, when: datetime) -> None:
+    """Type ``when`` (UTC, the UI's zone here) into the ``index``-th date picker of the page."""
+    page.get_by_test_id("datetime-input").nth(index).click()
+    picker = page.locator("[data-scope=popover][data-part=content][data-state=open]")
+    picker.get_by_placeholder("YYYY/MM/DD").fill(when.strftime("%Y/%m/%d"))
+    picker.get_by_placeholder("HH:mm").fill(when.strftime("%H:%M"))
+    picker.get_by_placeholder("HH:mm").press("Enter")
+    page.keyboard.press("Escape")  # closes the picker, not the dialog
+
+
+def _wait_for_no_backfill(api) -> None:
+    """Until no backfill of the DAG is running (a new one is refused with 409 until then)."""
+    began = time.monotonic()
+    while True:
+        listed = api.get("/api/v2/backfills", params={"dag_id": DAG_ID}).json()["backfills"]
+        if all(b["completed_at"] for b in listed):
+            return
+        assert time.monotonic() - began < RUN_TIMEOUT_S, f"backfills still running: {listed}"
+        time.sleep(2)
+
+
+def test_the_backfill_dialog_offers_what_a_backfill_uses_and_its_runs_reprocess_the_window(airflow, api):
+    """Through the UI's own backfill dialog: it shows topic and group (what a backfill uses), the
+    single runs' params collapsed under a title that says a backfill leaves them empty, and its
+    "Override parameters" conf (every param, the single runs' ones null) makes a window run that
+    the scheduler runs to success; the group's offsets stay where they were."""
+    defaults, *_ = airflow
+    settings = defaults.replace(topic=f"{defaults.topic}-dialog", group=f"{defaults.group}-dialog")
+    ensure_topic(settings, partitions=1)
+    produce_demo(settings, count=2, target_bytes=4096)
+    run_once(settings, new_group_start="earliest")  # the group's own progress, which must not move
+    offsets = committed_offsets(settings, settings.group, settings.topic, [0])
+    start = quarter_hour_ago(24)  # a window before anything was produced: nothing to reprocess
+    _wait_for_no_backfill(api)
+    with headless_chromium() as browser:
+        page = _log_in(browser, defaults)
+        page.get_by_role("button", name="Trigger Dag").first.click()
+        dialog = page.get_by_role("dialog")
+        dialog.get_by_text("Backfill", exact=True).first.click()
+        dialog.get_by_text("Run Backfill", exact=True).first.wait_for()
+        dialog.get_by_text("Consumer group whose offsets are the progress").wait_for()
+        shown = dialog.inner_text()
+        assert SINGLE_RUNS_ONLY in shown
+        for hidden in ("Cap: records per partition", "Cap: payload bytes", "Reprocess a time window", "go on from the"):
+            assert hidden not in shown, f"the backfill dialog shows {hidden!r} without a click"
+        assert "This field is required" not in shown
+        _pick_date(page, 0, start)  # From
+        _pick_date(page, 1, start)  # To: one window
+        dialog.get_by_text("All Runs", exact=True).click()
+        dialog.get_by_text("Override parameters on existing runs").click()
+        dialog.locator("#element_topic").fill(settings.topic)
+        dialog.locator("#element_group").fill(settings.group)
+        dialog.get_by_text("1 run will be triggered.").wait_for()
+        dialog.get_by_role("button", name="Run Backfill").click()
+        page.get_by_text("Backfill generated").wait_for()
+    (made,) = [
+        b for b in api.get("/api/v2/backfills", params={"dag_id": DAG_ID}).json()["backfills"] if not b["completed_at"]
+    ]
+    assert made["reprocess_behavior"] == "completed" and made["dag_run_conf"]["topic"] == settings.topic
+    assert made["dag_run_conf"]["window_start"] is None and made["dag_run_conf"]["max_records"] is None
+    began = time.monotonic()
+    while True:
+        listed = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns", params={"limit": 100}).json()["dag_runs"]
+        runs = [r for r in listed if r["run_type"] == "backfill" and r["conf"].get("topic") == settings.topic]
+        if runs and runs[0]["state"] in ("success", "failed"):
+            break
+        assert time.monotonic() - began < RUN_TIMEOUT_S, f"the dialog's backfill run: {runs}"
+        time.sleep(2)
+    assert runs[0]["state"] == "success", f"{runs}; task logs under {defaults.airflow_home / 'logs'}"
+    report = json.loads((settings.reports_dir / f"{safe_run_id(runs[0]['dag_run_id'])}.json").read_text())
+    assert datetime.fromisoformat(report["window"]["start"]) == start and "holds no records" in report["skipped"]
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == offsets
 
 
 def test_up_on_a_busy_port_says_which_setting_to_change(settings):

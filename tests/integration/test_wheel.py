@@ -22,6 +22,7 @@ from wavepipe.consumers.producer import produce_demo
 from wavepipe.contracts.config import PROJECT_ROOT, load_settings
 from wavepipe.local.engine import LocalEngine
 from wavepipe.local.kafka import free_port
+from wavepipe.offline_docs import LOCAL_COPIES
 
 pytestmark = pytest.mark.integration
 
@@ -145,6 +146,9 @@ def test_the_wheel_holds_the_package_and_no_source_tree_paths(installed):
         "wavepipe/resources/kafka-pom.xml",
         "wavepipe/resources/spark-log4j2.properties",
         "wavepipe/bench/spark-kafka-pom.xml",
+        # what Data Docs load instead of CDNs (wavepipe.offline_docs), each one named there
+        *(f"wavepipe/resources/data_docs/{f}" for f in set(LOCAL_COPIES.values()) - {None}),
+        "wavepipe/resources/data_docs/webfonts/fa-solid-900.woff2",
     ):
         assert needed in names, needed
     env = _venv_env(venv)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from wavepipe.contracts.config import SettingsError
+from wavepipe.plugins.airflow_dags import SINGLE_RUNS_ONLY
 
 
 def test_the_dag_folder_imports_with_its_wiring():
@@ -31,6 +32,11 @@ def test_the_dag_folder_imports_with_its_wiring():
         "window_end",
         "new_group_start",
     }
+    # the forms (trigger and backfill dialogs alike) open on what every run uses; the rest is in a
+    # section whose title says a backfill leaves it empty
+    sections = {name: dag.params.get_param(name).schema.get("section") for name in dag.params}
+    assert {n for n, s in sections.items() if s is None} == {"topic", "group"}
+    assert set(sections.values()) == {None, SINGLE_RUNS_ONLY}
     # incremental runs on the clock asset; 15-minute windows for backfills (test_schedules.py)
     assert type(dag.timetable).__name__ == "AssetOrTimeSchedule" and dag.timetable.asset_condition.name.endswith(
         "__clock"
@@ -145,3 +151,42 @@ def test_a_tasks_argument_wins_over_the_runs_param_and_params_arrive_typed():
     rewind = RewindOperator(task_id="rewind")
     assert rewind.arg({"params": {"execute": True}}, "apply", "execute") is True
     assert RewindOperator(task_id="r2", apply=False).arg({"params": {"execute": True}}, "apply", "execute") is False
+
+
+@pytest.mark.parametrize(
+    ("run_type", "window", "expected"),
+    [
+        ("manual", (None, None), None),
+        ("manual", ("2026-11-20T00:00:00+00:00", "2026-11-20T00:15:00+00:00"), "window"),
+        ("backfill", (None, None), "interval"),
+        ("backfill", ("", ""), "interval"),  # what a form's emptied field sends
+        ("backfill", ("2026-11-20T00:00:00+00:00", "2026-11-20T00:15:00+00:00"), "takes its window from its dates"),
+        ("manual", ("2026-11-20T00:00:00+00:00", None), "give both window_start and window_end"),
+    ],
+)
+def test_which_window_a_run_reprocesses(run_type, window, expected):
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from wavepipe.plugins.operators import run_window
+
+    interval = (datetime(2026, 11, 21, tzinfo=UTC), datetime(2026, 11, 21, 0, 15, tzinfo=UTC))
+    context = {
+        "dag_run": SimpleNamespace(run_type=run_type),
+        "data_interval_start": interval[0],
+        "data_interval_end": interval[1],
+    }
+    if expected is None:
+        assert run_window(context, *window) is None
+    elif expected == "interval":
+        assert run_window(context, *window) == interval
+    elif expected == "window":
+        assert run_window(context, *window) == (
+            datetime(2026, 11, 20, tzinfo=UTC),
+            datetime(2026, 11, 20, 0, 15, tzinfo=UTC),
+        )
+    else:
+        with pytest.raises(AirflowFailException, match=expected):
+            run_window(context, *window)

@@ -1,0 +1,110 @@
+"""Great Expectations Data Docs that render with no network.
+
+GX's page templates load Bootstrap, jQuery, bootstrap-table (which fills the index's table),
+Font Awesome and Vega from CDNs, so on a machine without internet the pages come unstyled and the
+index empty. wavepipe ships those files (``resources/data_docs``, fetched from the npm registry by
+``make data-docs-assets``; licenses beside them) and points each built page at a copy in the
+site's ``static/wavepipe/`` folder. The dark-mode stylesheet (bootstrap-prefers-dark, 0.9 MB)
+is left out: its link is removed and pages stay light.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from importlib import resources
+from pathlib import Path
+
+#: Where the shipped files go inside a Data Docs site.
+SITE_FOLDER = "static/wavepipe"
+
+#: Each CDN file GX's templates load -> the shipped copy (None: the link is dropped).
+LOCAL_COPIES: dict[str, str | None] = {
+    "https://maxcdn.bootstrapcdn.com/bootstrap/4.3.1/css/bootstrap.min.css": "bootstrap.min.css",
+    "https://stackpath.bootstrapcdn.com/bootstrap/4.3.1/js/bootstrap.min.js": "bootstrap.min.js",
+    "https://code.jquery.com/jquery-3.7.1.min.js": "jquery.min.js",
+    "https://cdnjs.cloudflare.com/ajax/libs/popper.js/1.12.9/umd/popper.min.js": "popper.min.js",
+    "https://unpkg.com/bootstrap-table@1.19.1/dist/bootstrap-table.min.css": "bootstrap-table.min.css",
+    "https://unpkg.com/bootstrap-table@1.19.1/dist/bootstrap-table.min.js": "bootstrap-table.min.js",
+    "https://unpkg.com/bootstrap-table@1.19.0/dist/extensions/filter-control/bootstrap-table-filter-control.css": (
+        "bootstrap-table-filter-control.min.css"
+    ),
+    "https://unpkg.com/bootstrap-table@1.19.0/dist/extensions/filter-control/bootstrap-table-filter-control.min.css": (
+        "bootstrap-table-filter-control.min.css"
+    ),
+    "https://unpkg.com/bootstrap-table@1.19.1/dist/extensions/filter-control/bootstrap-table-filter-control.min.js": (
+        "bootstrap-table-filter-control.min.js"
+    ),
+    "https://cdnjs.cloudflare.com/ajax/libs/bootstrap-datepicker/1.9.0/css/bootstrap-datepicker.min.css": (
+        "bootstrap-datepicker.min.css"
+    ),
+    "https://cdnjs.cloudflare.com/ajax/libs/bootstrap-datepicker/1.9.0/js/bootstrap-datepicker.min.js": (
+        "bootstrap-datepicker.min.js"
+    ),
+    "https://cdnjs.cloudflare.com/ajax/libs/font-awesome/6.6.0/css/all.min.css": "css/fontawesome.min.css",
+    "https://cdn.jsdelivr.net/npm/vega@5": "vega.min.js",
+    "https://cdn.jsdelivr.net/npm/vega-lite@5": "vega-lite.min.js",
+    "https://cdn.jsdelivr.net/npm/vega-embed@6": "vega-embed.min.js",
+    "https://cdn.jsdelivr.net/npm/@forevolve/bootstrap-dark@1.1.0/dist/css/bootstrap-prefers-dark.css": None,
+}
+
+#: An opening <script> or <link> tag that loads a file from the network.
+_REMOTE_TAG = re.compile(r"<(script|link)\b[^>]*?\b(?:src|href)=\"(https?://[^\"]+)\"[^>]*>", re.IGNORECASE)
+_LINK_END = re.compile(r"\s*(</link>)?", re.IGNORECASE)
+
+
+def localize(html: str, prefix: str) -> str:
+    """``html`` with every CDN file of ``LOCAL_COPIES`` loaded from ``prefix`` (the path from the
+    page to the site's ``SITE_FOLDER``) instead, its ``integrity``/``crossorigin`` left out (a
+    browser refuses a crossorigin load from ``file://``). A tag whose URL is not known is kept as
+    it is: ``remote_urls`` finds it."""
+    out, last = [], 0
+    for match in _REMOTE_TAG.finditer(html):
+        tag, url = match.group(1).lower(), match.group(2)
+        if url not in LOCAL_COPIES:
+            continue
+        out.append(html[last : match.start()])
+        last = match.end()
+        local = LOCAL_COPIES[url]
+        if local is None:  # dropped: a <link> has no closing tag to remove
+            continue
+        src = f"{prefix}/{local}"
+        out.append(f'<script src="{src}">' if tag == "script" else f'<link rel="stylesheet" href="{src}">')
+    out.append(html[last:])
+    return "".join(out)
+
+
+def remote_urls(html: str) -> list[str]:
+    """The files ``html`` still loads from the network (scripts and stylesheets)."""
+    return [m.group(2) for m in _REMOTE_TAG.finditer(html)]
+
+
+def install_assets(site: Path) -> Path:
+    """Copy the shipped files into ``site``'s ``SITE_FOLDER`` (only those missing or changed)."""
+    target = site / SITE_FOLDER
+    shipped = resources.files("wavepipe") / "resources" / "data_docs"
+    with resources.as_file(shipped) as source:
+        for path in Path(source).rglob("*"):
+            if path.is_file():
+                dest = target / path.relative_to(source)
+                if not dest.exists() or dest.stat().st_size != path.stat().st_size:
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(path, dest)
+    return target
+
+
+def localize_site(site: Path, since: float) -> int:
+    """Install the shipped files into the Data Docs ``site`` and localize every page written at or
+    after ``since`` (a ``time.time()``: the pages of one build); returns how many changed."""
+    target = install_assets(site)
+    changed = 0
+    for page in site.rglob("*.html"):
+        if page.stat().st_mtime < since:
+            continue
+        html = page.read_text(encoding="utf-8")
+        new = localize(html, Path(os.path.relpath(target, page.parent)).as_posix())
+        if new != html:
+            page.write_text(new, encoding="utf-8")
+            changed += 1
+    return changed
