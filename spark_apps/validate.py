@@ -355,8 +355,9 @@ def _output_counts(checked: DataFrame | pd.DataFrame) -> dict:
     return {"rows": row["rows"], "in_table": row["in_table"] or 0, "bytes": row["bytes"] or 0}
 
 
-#: Channels drawn per waveform, and characters of an id or a source shown in a plot's title.
-PLOT_CHANNELS = 4
+#: Channels drawn per waveform (a 12-lead ECG whole), and characters of an id or a source shown
+#: in a plot's title.
+PLOT_CHANNELS = 12
 PLOT_TITLE_CHARS = 60
 
 
@@ -396,6 +397,40 @@ def time_axis(n: int, step: int, sample_rate: float) -> tuple[np.ndarray, int]:
     return np.arange(0, n, step, dtype=np.float64) * per_sample, e
 
 
+def stacked(values: np.ndarray) -> tuple[np.ndarray, float]:
+    """Several channels drawn as lanes one under another (as seismograms and ECGs are read):
+    each channel centred on its own mean and moved down by its index times the spacing, the
+    largest peak-to-peak of any channel (1 when all are flat or empty). Returns (lanes, spacing);
+    a lane's centre is ``-index * spacing``. Non-finite values stay gaps."""
+    finite = np.isfinite(values)
+    counts = finite.sum(axis=0)
+    sums = np.where(finite, values, 0.0).sum(axis=0)
+    means = np.divide(sums, counts, out=np.zeros(values.shape[1]), where=counts > 0)
+    low = np.where(finite, values, np.inf).min(axis=0)
+    high = np.where(finite, values, -np.inf).max(axis=0)
+    spans = np.where(counts > 0, high - low, 0.0)
+    spacing = float(spans.max()) if spans.size and np.isfinite(spans.max()) and spans.max() > 0 else 1.0
+    return values - means - np.arange(values.shape[1]) * spacing, spacing
+
+
+def _draw(ax, t: np.ndarray, values: np.ndarray) -> str | None:
+    """One waveform's channels on ``ax``, each in a colour of its own; several channels as lanes
+    labelled ch 1, ch 2, ... on the y axis. Returns what the title must add (the lane spacing)."""
+    from matplotlib import colormaps
+
+    n = values.shape[1]
+    palette = colormaps["tab10" if n <= 10 else "tab20"]
+    lanes, spacing = stacked(values) if n > 1 else (values, 0.0)
+    for c in range(n):
+        ax.plot(t, lanes[:, c], linewidth=0.6, color=palette(c), marker="." if len(t) < 50 else None, markersize=3)
+    if n == 1:
+        return None
+    ax.set_yticks([-c * spacing for c in range(n)], [f"ch {c + 1}" for c in range(n)])
+    for label, c in zip(ax.get_yticklabels(), range(n), strict=True):
+        label.set_color(palette(c))
+    return f"channels stacked {spacing:.3g} apart"
+
+
 def plot_waveforms(rows: list, path: Path) -> Path:
     """A small PNG of a few reassembled waveforms (decimated to about 2000 points each, up to
     ``PLOT_CHANNELS`` channels). Any waveform the protocol allows can be drawn: non-finite samples
@@ -404,16 +439,18 @@ def plot_waveforms(rows: list, path: Path) -> Path:
 
     from wavepipe.contracts.protocol import rebuild
 
-    fig = Figure(figsize=(8, 1.9 * len(rows)))
-    axes = fig.subplots(len(rows), 1, squeeze=False)
+    heights = [
+        1.9 if min(r["channels"], PLOT_CHANNELS) <= 2 else 1.1 + 0.3 * min(r["channels"], PLOT_CHANNELS) for r in rows
+    ]
+    fig = Figure(figsize=(8, sum(heights)))
+    axes = fig.subplots(len(rows), 1, squeeze=False, height_ratios=heights)
     with np.errstate(all="ignore"):
         for ax, row in zip(axes[:, 0], rows, strict=True):
             raw = rebuild(bytes(row["payload"]), row["dtype"], row["channels"])
             step = max(1, len(raw) // 2000)
             values, y_exp, bad = plottable(raw[::step, :PLOT_CHANNELS])
             t, t_exp = time_axis(len(raw), step, row["sample_rate"])
-            for c in range(values.shape[1]):
-                ax.plot(t, values[:, c], linewidth=0.6, marker="." if len(t) < 50 else None, markersize=3)
+            lanes = _draw(ax, t, values)
             facts = [f"{row['dtype']} x {row['channels']}", f"{row['sample_rate']:g} Hz"]
             if raw.dtype.kind == "c":
                 facts.append("real part")
@@ -423,6 +460,8 @@ def plot_waveforms(rows: list, path: Path) -> Path:
                 facts.append(f"values x 1e{y_exp}")
             if bad:
                 facts.append(f"{bad} non-finite samples not drawn")
+            if lanes:
+                facts.append(lanes)
             ax.set_title(f"{_short(row['waveform_id'])}  ({_short(row['source'], 30)}, {', '.join(facts)})", fontsize=8)
             ax.set_xlabel("seconds" if not t_exp else f"seconds x 1e{t_exp}", fontsize=7)
             ax.tick_params(labelsize=7)

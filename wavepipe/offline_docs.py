@@ -49,35 +49,44 @@ LOCAL_COPIES: dict[str, str | None] = {
     "https://cdn.jsdelivr.net/npm/@forevolve/bootstrap-dark@1.1.0/dist/css/bootstrap-prefers-dark.css": None,
 }
 
-#: An opening <script> or <link> tag that loads a file from the network.
-_REMOTE_TAG = re.compile(r"<(script|link)\b[^>]*?\b(?:src|href)=\"(https?://[^\"]+)\"[^>]*>", re.IGNORECASE)
-_LINK_END = re.compile(r"\s*(</link>)?", re.IGNORECASE)
+#: GX's logo in the pages' navigation bar comes from here, with the project's id in its query (a
+#: beacon); the site's own ``static/images`` has the same images.
+GX_IMAGES = "https://great-expectations-web-assets.s3.us-east-2.amazonaws.com/"
+
+#: An opening <script>, <link> or <img> tag that loads a file from the network.
+_REMOTE_TAG = re.compile(r"<(?:script|link|img)\b[^>]*?\b(?:src|href)=\"(https?://[^\"]+)\"[^>]*>", re.IGNORECASE)
+_CORS = re.compile(r"\s+(?:integrity|crossorigin)=\"[^\"]*\"", re.IGNORECASE)
+
+
+def _local_copy(url: str) -> tuple[bool, str | None]:
+    """(known, the copy's path under ``SITE_FOLDER`` or None to drop the tag) for a remote URL."""
+    if url.startswith(GX_IMAGES):
+        return True, "../images/" + url.removeprefix(GX_IMAGES).split("?", 1)[0]
+    return url in LOCAL_COPIES, LOCAL_COPIES.get(url)
 
 
 def localize(html: str, prefix: str) -> str:
-    """``html`` with every CDN file of ``LOCAL_COPIES`` loaded from ``prefix`` (the path from the
-    page to the site's ``SITE_FOLDER``) instead, its ``integrity``/``crossorigin`` left out (a
-    browser refuses a crossorigin load from ``file://``). A tag whose URL is not known is kept as
-    it is: ``remote_urls`` finds it."""
+    """``html`` with every CDN file of ``LOCAL_COPIES`` (and GX's logo) loaded from ``prefix``
+    (the path from the page to the site's ``SITE_FOLDER``) instead, its ``integrity`` and
+    ``crossorigin`` left out (a browser refuses a crossorigin load from ``file://``). A tag whose
+    URL is not known is kept as it is: ``remote_urls`` finds it."""
     out, last = [], 0
     for match in _REMOTE_TAG.finditer(html):
-        tag, url = match.group(1).lower(), match.group(2)
-        if url not in LOCAL_COPIES:
+        known, local = _local_copy(match.group(1))
+        if not known:
             continue
         out.append(html[last : match.start()])
         last = match.end()
-        local = LOCAL_COPIES[url]
-        if local is None:  # dropped: a <link> has no closing tag to remove
-            continue
-        src = f"{prefix}/{local}"
-        out.append(f'<script src="{src}">' if tag == "script" else f'<link rel="stylesheet" href="{src}">')
+        if local is not None:  # else dropped: a <link> has no closing tag to remove
+            tag = match.group(0).replace(match.group(1), f"{prefix}/{local}")
+            out.append(_CORS.sub("", tag))
     out.append(html[last:])
     return "".join(out)
 
 
 def remote_urls(html: str) -> list[str]:
-    """The files ``html`` still loads from the network (scripts and stylesheets)."""
-    return [m.group(2) for m in _REMOTE_TAG.finditer(html)]
+    """The files ``html`` still loads from the network (scripts, stylesheets, images)."""
+    return [m.group(1) for m in _REMOTE_TAG.finditer(html)]
 
 
 def install_assets(site: Path) -> Path:

@@ -5,11 +5,21 @@ or a threshold in config) the retry passes, publishes and commits."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import pytest
 from pyspark.sql import functions as F
 
-from tests.helpers import assert_accounted, output_rows, produce_in_order, read_topic, waveform_records
+from tests.helpers import (
+    assert_accounted,
+    headless_chromium,
+    open_offline,
+    output_rows,
+    produce_in_order,
+    read_topic,
+    waveform_records,
+)
 from tests.unit.test_report_html import parse_numbers
 from wavepipe import pipeline
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
@@ -18,6 +28,7 @@ from wavepipe.contracts.report import validation_trend
 from wavepipe.contracts.runfiles import RunStore, Step, html_path, json_path
 from wavepipe.contracts.steps import Reassembled
 from wavepipe.local.engine import LocalEngine
+from wavepipe.offline_docs import remote_urls
 from wavepipe.spark_apps.tables import delta_version
 
 pytestmark = pytest.mark.integration
@@ -91,7 +102,31 @@ def test_output_out_of_bounds_commits_nothing_until_the_threshold_is_relaxed(set
     assert report["partitions"]["0"]["lag_after"] == 0 and report["partitions"]["0"]["lag_before"] == end
     docs = report["validation"]["data_docs_index"]
     assert docs.startswith("file://") and (settings.gx_dir / "uncommitted" / "data_docs").is_dir()
+    _assert_docs_render_offline(docs, [s["data_docs"] for s in report["validation"]["suites"]], run_id="gate")
     assert report["validation"]["plot"] and (settings.reports_dir / "gate" / "waveforms.png").stat().st_size > 1000
+
+
+def _assert_docs_render_offline(index: str, pages: list[str], run_id: str) -> None:
+    """The Data Docs load nothing from the network and render in Chromium with it cut off: the
+    index's table filled by its scripts (this run listed), every stylesheet and script loaded,
+    Font Awesome's icons in the results pages."""
+    site = Path(unquote(urlparse(index).path)).parent
+    for html in site.rglob("*.html"):
+        assert remote_urls(html.read_text()) == [], html
+    with headless_chromium() as browser:
+        page, asked = open_offline(browser, index)
+        page.wait_for_selector("table tbody tr td")  # bootstrap-table filled it from the page's data
+        rows = page.locator("table tbody tr", has_text=run_id)
+        assert rows.count() >= 2, page.inner_text("body")[:2000]  # a result per suite at least
+        assert page.evaluate("typeof jQuery === 'function' && typeof jQuery.fn.bootstrapTable === 'function'")
+        for url in pages:
+            page, more = open_offline(browser, url)
+            asked += more
+            # Bootstrap's stylesheet applied (its reboot sets the body's margin to 0, a browser's is 8px)
+            assert page.evaluate("getComputedStyle(document.body).margin") == "0px", url
+            page.evaluate("document.fonts.ready")
+            assert page.evaluate("document.fonts.check('900 16px \"Font Awesome 6 Free\"')"), url
+        assert asked == [], f"the Data Docs could not load {asked}"
 
 
 def test_a_staged_chunk_damaged_after_it_was_read_publishes_nothing_and_the_retry_reads_kafka_again(

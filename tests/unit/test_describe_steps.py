@@ -36,6 +36,11 @@ HOSTILE = {
     "complex128": (np.array([1 + 2j, np.inf + 0j, 1.7e308 - 1.7e308j, 0], "<c16"), 1.0),
     "float16_inf": (np.array([65504, -65504, np.inf], "<f2"), 1.0),
     "channels_64": (np.random.default_rng(0).normal(size=(5000, 64)), 250.0),
+    "channels_12_one_all_nan": (
+        np.column_stack([np.full(100, np.nan), *np.random.default_rng(1).normal(size=(11, 100))]),
+        500.0,
+    ),
+    "channels_3_flat": (np.zeros((50, 3)), 100.0),
 }
 
 
@@ -69,6 +74,33 @@ def test_plot_values_and_times_stay_finite_and_moderate():
     for rate in (5e-324, 1e-9, 1.0, 1e9, 1.7e308):
         t, _ = validate.time_axis(4000, 2, rate)
         assert np.isfinite(t).all() and t[-1] < 1e6
+
+
+def test_channels_are_stacked_in_lanes_that_do_not_overlap():
+    rng = np.random.default_rng(2)
+    # a 12-lead ECG's leads: near-identical shapes and levels, which drawn over each other are one blur
+    base = np.sin(np.linspace(0, 20, 1000))
+    leads = np.column_stack([base * (1 + 0.05 * i) + 0.02 * rng.normal(size=1000) + 3.0 for i in range(12)])
+    lanes, spacing = validate.stacked(leads)
+    assert spacing == pytest.approx(np.ptp(leads, axis=0).max())
+    for c in range(12):
+        assert np.abs(lanes[:, c] + c * spacing).max() <= spacing  # inside its own band, centred on it
+        assert np.ptp(lanes[:, c]) == pytest.approx(np.ptp(leads[:, c]))  # shape and scale kept
+    flat, spacing = validate.stacked(np.array([[np.nan, 1.0], [np.nan, 1.0]]))
+    assert spacing == 1.0 and np.isnan(flat[:, 0]).all() and (flat[:, 1] == -1.0).all()
+
+
+def test_each_channel_has_a_colour_and_a_label_of_its_own():
+    from matplotlib.figure import Figure
+
+    ax = Figure().subplots()
+    note = validate._draw(ax, np.arange(100.0), np.random.default_rng(3).normal(size=(100, 12)))
+    colours = {line.get_color() for line in ax.get_lines()}
+    assert len(ax.get_lines()) == 12 and len(colours) == 12
+    assert [t.get_text() for t in ax.get_yticklabels()] == [f"ch {c}" for c in range(1, 13)]
+    assert note.startswith("channels stacked")
+    ax = Figure().subplots()
+    assert validate._draw(ax, np.arange(5.0), np.arange(5.0)[:, None]) is None  # one channel: its values
 
 
 def test_a_failing_plot_becomes_a_note_and_the_run_goes_on(tmp_path, monkeypatch):

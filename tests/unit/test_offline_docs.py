@@ -10,7 +10,15 @@ from pathlib import Path
 import great_expectations
 import pytest
 
-from wavepipe.offline_docs import LOCAL_COPIES, SITE_FOLDER, install_assets, localize, localize_site, remote_urls
+from wavepipe.offline_docs import (
+    GX_IMAGES,
+    LOCAL_COPIES,
+    SITE_FOLDER,
+    install_assets,
+    localize,
+    localize_site,
+    remote_urls,
+)
 
 TEMPLATES = Path(great_expectations.__file__).parent / "render" / "view" / "templates"
 
@@ -23,6 +31,8 @@ def test_every_cdn_file_of_the_installed_gx_templates_is_shipped_or_dropped():
     assert not unknown, f"GX's templates load files wavepipe does not ship (make data-docs-assets): {unknown}"
     for name, text in texts.items():
         assert remote_urls(localize(text, "static/wavepipe")) == [], name
+    # the navigation bar's logo is a remote image too (set as a prefix there, not a tag)
+    assert f'static_images_dir = "{GX_IMAGES}"' in texts["top_navbar.j2"]
 
 
 def test_each_shipped_copy_exists():
@@ -43,8 +53,14 @@ def test_a_page_loads_the_copies_without_integrity_or_crossorigin():
         'integrity="sha384-x" crossorigin="anonymous"></script>\n'
         '<script src="https://example.org/other.js"></script><a href="https://greatexpectations.io">GX</a></head>'
     )
+    html += (
+        '<img\n  src="https://great-expectations-web-assets.s3.us-east-2.amazonaws.com/logo-long.png?d=1&dataContextId=x"'
+        '\n  alt="Great Expectations">'
+    )
     out = localize(html, "../../static/wavepipe")
-    assert '<link rel="stylesheet" href="../../static/wavepipe/bootstrap.min.css">' in out
+    assert '<link rel="stylesheet" href="../../static/wavepipe/bootstrap.min.css"/>' in out
+    assert 'src="../../static/wavepipe/../images/logo-long.png"\n  alt="Great Expectations">' in out
+    assert "dataContextId" not in out
     assert '<script src="../../static/wavepipe/popper.min.js"></script>' in out
     assert "bootstrap-prefers-dark" not in out and "integrity" not in out and "crossorigin" not in out
     # what it does not know stays, for remote_urls to name; a plain link is no load
