@@ -29,6 +29,7 @@ table{border-collapse:collapse;font-size:13px;margin-top:8px} th,td{border:1px s
 th{background:#f6f8fa} td.t,th.t{text-align:left} tr.fail td{background:#fff0f0} tr.pass td{background:#f0fff4}
 .bar{background:#4c8bf5;height:10px;display:inline-block;vertical-align:middle}
 code{background:#f6f8fa;padding:1px 4px;border-radius:4px}
+tr.inner td{color:#556;font-size:12px} #waveforms .card{border-color:#4c8bf5} #bounds{margin-top:8px}
 """
 
 
@@ -65,17 +66,35 @@ def _status(report: dict) -> tuple[str, str]:
     return "idle", report.get("status") or "in progress"
 
 
+#: The waveform cards the page leads with (``report["outcome"]``): key, label; a window run's
+#: written waveforms are ``replaced``, an incremental run's ``new``.
+WAVEFORM_CARDS = [
+    ("new", "new waveforms"),
+    ("replaced", "waveforms written, replacing the window's"),
+    ("already_written", "already in the table (re-delivered)"),
+    ("pending", "pending (incomplete, read again next run)"),
+    ("quarantined", "quarantined"),
+    ("other_window", "left to another window"),
+    ("dead_letter_records", "records dead-lettered"),
+]
+#: Always shown (the rest only when not zero).
+WAVEFORM_CARDS_SHOWN = {"pending", "quarantined", "dead_letter_records"}
+
+#: The offsets and chunks behind them (``report["totals"]``).
 CARDS = [
     ("offsets", "offsets planned"),
     ("records_read", "records read"),
     ("output", "chunks in output"),
     ("output_already_written", "of them written before"),
-    ("pending", "pending"),
-    ("quarantined", "quarantined"),
-    ("dead_letter", "dead-lettered"),
+    ("pending", "chunks pending"),
+    ("quarantined", "chunks quarantined"),
+    ("dead_letter", "records dead-lettered"),
     ("gap", "gap"),
     ("lost", "lost"),
 ]
+
+#: The run's steps in order, and the prefix of each one's inner timers in ``timings_s``.
+STEPS = [("plan", None), ("consume", None), ("reassemble", "spark_"), ("validate", "validate_"), ("commit", None)]
 
 PARTITION_COLUMNS = [
     ("start", "start"),
@@ -111,18 +130,61 @@ def _by_partition(items: dict) -> list:
     return sorted(items.items(), key=lambda kv: int(kv[0]))
 
 
+def _waveform_cards(report: dict) -> list[tuple[str, str, int]]:
+    outcome = report.get("outcome") or {}
+    window = bool(report.get("window"))
+    return [
+        (key, label, outcome.get(key, 0))
+        for key, label in WAVEFORM_CARDS
+        if outcome.get(key) or key in WAVEFORM_CARDS_SHOWN or key == ("replaced" if window else "new")
+    ]
+
+
+def timing_groups(timings: dict[str, float]) -> list[dict[str, Any]]:
+    """``timings_s`` by step, in the run's order: each step's seconds (``consume``: its slowest
+    reader; the readers run side by side) and its inner timers (key, name, seconds) that took
+    any time. Timers of no step (a later wavepipe's) come last, under ``other``."""
+    numbers = {k: v for k, v in timings.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    groups, seen = [], set()
+    for step, prefix in STEPS:
+        key = "consume_max" if step == "consume" else step
+        inner = [k for k in numbers if prefix and k.startswith(prefix)] + (["consume_sum"] if step == "consume" else [])
+        seen.update(inner, {key})
+        if key in numbers or any(k in numbers for k in inner):
+            groups.append(
+                {
+                    "step": step,
+                    "key": key if key in numbers else None,
+                    "seconds": numbers.get(key),
+                    "inner": [_timer(k, prefix, numbers[k]) for k in inner if numbers.get(k)],
+                }
+            )
+    rest = [k for k in numbers if k not in seen]
+    if rest:
+        groups.append(
+            {"step": "other", "key": None, "seconds": None, "inner": [_timer(k, "", numbers[k]) for k in rest]}
+        )
+    return groups
+
+
+def _timer(key: str, prefix: str | None, seconds: float) -> tuple[str, str, float]:
+    name = key.removeprefix(prefix or "").removesuffix("_s").replace("_", " ")
+    return key, "all readers, added up" if key == "consume_sum" else name, seconds
+
+
 def render(report: dict, *, trend: list[dict], plot_png: Path | None = None, json_name: str | None = None) -> str:
-    timings = {k: v for k, v in report.get("timings_s", {}).items() if isinstance(v, (int, float))}
+    groups = timing_groups(report.get("timings_s", {}))
     return _template().render(
         report=report,
         style=STYLE,
         status=_status(report),
         cards=CARDS,
+        waveform_cards=_waveform_cards(report),
         partition_columns=PARTITION_COLUMNS,
         partitions=_by_partition(report["partitions"]),
         commits=_by_partition(report.get("commit") or {}),
-        timings=timings,
-        timings_top=max(timings.values(), default=0) or 1,
+        timings=groups,
+        timings_top=max((g["seconds"] or 0 for g in groups), default=0) or 1,
         trend=trend,
         json_name=json_name,
         plot_png=base64.b64encode(plot_png.read_bytes()).decode()

@@ -185,3 +185,72 @@ def test_the_plain_page_does_not_need_the_template(monkeypatch):
     page = report_html.render_plain(report)
     assert "<li>the run&#x27;s page failed: &lt;boom&gt;</li>" in page
     assert json.loads(html.unescape(page.split("<pre>", 1)[1].split("</pre>", 1)[0]))["run_id"] == report["run_id"]
+
+
+def _with(report: dict, **changes) -> dict:
+    return {**report, **changes}
+
+
+def test_the_page_leads_with_waveforms_and_states_what_bounded_the_run():
+    import dataclasses
+
+    result = _reassembled(dead_letter=1)
+    result.waveforms = {"output_new": 20, "pending": 2, "quarantined:size_mismatch": 1, "quarantined:incomplete": 2}
+    capped = dataclasses.replace(PLAN, caps={"records_per_partition": 1000})
+    report = build_report(capped, CONSUMED, result, {"plan": 0.1})
+    assert report["outcome"] == {
+        "new": 20,
+        "replaced": 0,
+        "already_written": 0,
+        "pending": 2,
+        "quarantined": 3,
+        "other_window": 0,
+        "dead_letter_records": 1,
+    }
+    page = report_html.render(report, trend=[])
+    values, _ = parse_numbers(page)
+    # the waveform cards come first, before the offsets and chunks
+    assert page.index('data-key="outcome.new"') < page.index('data-key="totals.offsets"')
+    assert values["outcome.new"] == "20" and values["outcome.quarantined"] == "3"
+    assert values["outcome.dead_letter_records"] == "1" and "outcome.replaced" not in values
+    assert "new waveforms" in page and values["caps.records_per_partition"] == "1000"
+    assert "Capped at" in page and "records per partition" in page and "Incremental" in page
+
+    window = {"start": "2026-11-20T00:00:00+00:00", "end": "2026-11-20T00:15:00+00:00", "offsets": {"0": [10, 20]}}
+    report = build_report(dataclasses.replace(PLAN, window=window), CONSUMED, result, {"plan": 0.1})
+    assert report["outcome"]["replaced"] == 20 and report["outcome"]["new"] == 0 and report["window"] == window
+    page = report_html.render(report, trend=[])
+    values, _ = parse_numbers(page)
+    assert values["outcome.replaced"] == "20" and "outcome.new" not in values
+    assert "replacing the window" in page and "Window [2026-11-20T00:00:00+00:00, 2026-11-20T00:15:00+00:00)" in page
+    assert "No cap." in page
+
+
+def test_timings_are_grouped_by_step_and_idle_timers_left_out():
+    timings = {
+        "plan": 0.2,
+        "consume_sum": 3.0,
+        "consume_max": 1.6,
+        "reassemble": 4.0,
+        "spark_spark_app_s": 3.5,
+        "spark_classify_s": 0.5,
+        "validate": 2.0,
+        "validate_expectations_s": 1.2,
+        "validate_plot_wait_s": 0,
+        "commit": 0.1,
+        "later_timer_s": 0.3,
+    }
+    groups = report_html.timing_groups(timings)
+    assert [(g["step"], g["seconds"]) for g in groups] == [
+        ("plan", 0.2),
+        ("consume", 1.6),
+        ("reassemble", 4.0),
+        ("validate", 2.0),
+        ("commit", 0.1),
+        ("other", None),
+    ]
+    by_step = {g["step"]: [name for _, name, _ in g["inner"]] for g in groups}
+    assert by_step["reassemble"] == ["spark app", "classify"] and by_step["validate"] == ["expectations"]
+    assert by_step["consume"] == ["all readers, added up"] and by_step["other"] == ["later timer"]
+    page = report_html.render(_with(_report(), timings_s=timings), trend=[])
+    assert "plot wait" not in page and 'data-key="timings_s.spark_spark_app_s"' in page

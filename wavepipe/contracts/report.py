@@ -122,6 +122,25 @@ def failed_expectations(suites: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def waveform_outcome(waveforms: dict[str, int], dead_letter_records: int, *, window: bool) -> dict[str, int]:
+    """Where the run's waveforms went, one count each (stable keys, for people and scripts):
+    ``new`` (written by an incremental run), ``replaced`` (written by a window run: its window's
+    rows are replaced by them), ``already_written`` (a re-delivery of waveforms the table holds),
+    ``pending`` (incomplete: read again next run), ``quarantined`` (every reason), ``other_window``
+    (a window run's reading of another window's waveforms) and ``dead_letter_records`` (records,
+    not waveforms: messages that follow no protocol)."""
+    written = waveforms.get("output_new", 0)
+    return {
+        "new": 0 if window else written,
+        "replaced": written if window else 0,
+        "already_written": waveforms.get("output_already_written", 0),
+        "pending": waveforms.get("pending", 0),
+        "quarantined": sum(n for k, n in waveforms.items() if k.startswith("quarantined")),
+        "other_window": waveforms.get("other_window", 0),
+        "dead_letter_records": dead_letter_records,
+    }
+
+
 def build_report(
     plan: RunPlan,
     consumed: dict[int, ReadStats],
@@ -185,6 +204,12 @@ def build_report(
         "partitions": partitions,
         "totals": totals,
         "waveforms": dict(reassembled.waveforms) if reassembled else {},
+        "outcome": waveform_outcome(
+            dict(reassembled.waveforms) if reassembled else {}, totals["dead_letter"], window=plan.is_window
+        ),
+        # what bounded the run: a cap on the records read per partition, a time window
+        "caps": {k: v for k, v in plan.caps.items() if v},
+        "window": plan.window,
         # how the new waveforms were verified: hashed by their reader as it staged them, or by Spark
         "verified": dict(reassembled.verified) if reassembled else {},
         "output_table_version": validation.output_table_version if validation else None,
