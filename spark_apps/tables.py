@@ -9,6 +9,7 @@ keys not there yet, so a retried publish adds nothing twice.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +79,18 @@ def delta_version(path: Path) -> int | None:
         return None
     versions = [int(f.name[:-5]) for f in log_dir.iterdir() if f.name.endswith(".json") and f.name[:-5].isdigit()]
     return max(versions) if versions else None
+
+
+def commit_metric(path: Path, version: int, name: str) -> int | None:
+    """Operation metric ``name`` (e.g. ``numDeletedRows``) of the table's commit ``version``, as
+    its writer recorded it in the commit's ``commitInfo``; None when the commit does not say."""
+    commit = Path(path) / "_delta_log" / f"{version:020d}.json"
+    for line in commit.read_text().splitlines():
+        info = json.loads(line).get("commitInfo") if line.strip() else None
+        if info is not None:
+            value = (info.get("operationMetrics") or {}).get(name)
+            return None if value is None else int(value)
+    return None
 
 
 @dataclass

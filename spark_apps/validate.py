@@ -59,6 +59,7 @@ from wavepipe.spark_apps.reassemble import (
 from wavepipe.spark_apps.tables import (
     TABLE_KEYS,
     append_new,
+    commit_metric,
     delta_row_count,
     delta_version,
     delta_writer,
@@ -614,9 +615,10 @@ def publish_run(
     candidates_in_table: int,
     candidates_total: int,
     checked_version: int | None,
-) -> int | None:
-    """Append the run's rows to the published tables (keys not there yet only); returns the
-    output table's version after."""
+) -> tuple[int | None, int | None]:
+    """Append the run's rows to the published tables (keys not there yet only), or for a window
+    run replace the window's rows. Returns the output table's version after, and for a window
+    run the rows of it that the window's commit replaced (None: Delta did not say)."""
     store = RunStore(settings)
     targets = table_paths(settings)
     for target in targets.values():  # written by an earlier wavepipe: made readable by every reader first
@@ -629,10 +631,12 @@ def publish_run(
             raise CandidatesMismatchError(
                 f"run {plan.run_id}: its reassembly recorded no window rows; run the reassemble step again"
             )
-        for name in PUBLISHED:
-            replace_window(spark, publish_source(spark, store, plan, name), targets[name], name, plan, rows)
+        replaced = {
+            name: replace_window(spark, publish_source(spark, store, plan, name), targets[name], name, plan, rows)
+            for name in PUBLISHED
+        }
         failpoint("publish.after_write")
-        return delta_version(settings.output_table)
+        return delta_version(settings.output_table), replaced["waveforms"]
     # one id per table and reassembly: a publish of these candidates commits once, however often it
     # is tried (a reassembly made again publishes its own candidates)
     reassembled = store.load_result(plan.run_id, Step.REASSEMBLE, Reassembled)
@@ -657,18 +661,19 @@ def publish_run(
         else:
             append_new(source, targets[name], keys, merge_schema=True, txn=txn)
     failpoint("publish.after_write")
-    return delta_version(settings.output_table)
+    return delta_version(settings.output_table), None
 
 
 def replace_window(
     spark: SparkSession, source: DataFrame | None, target: Path, name: str, plan: RunPlan, rows: WindowRows
-) -> None:
+) -> int | None:
     """Replace the rows of window run ``plan``'s window in ``target`` by ``source`` (what
     ``publish_source`` gives), in one atomic Delta commit (``replaceWhere``): readers see the old
     window or the new one, and a retry replaces it again with the same rows. No rows (None): the
     window's rows are deleted (the window now holds none of this table's rows). ``rows``: the
     reassembly's ``window_rows`` (rows kept although inside the window, rows replaced although
-    outside it)."""
+    outside it). Returns the rows of ``target`` that the commit removed (Delta's commit metric;
+    None when it does not say)."""
     keys, partition_by = TABLE_KEYS[name]
     if name == "dead_letter":  # records, not waveforms: the window's offsets say it all
         where = window_predicate(plan.topic, plan.window_offsets(), "offset")
@@ -676,20 +681,23 @@ def replace_window(
         where = replace_predicate(
             plan.topic, plan.window_offsets(), "first_offset", rows.keep, rows.extra.get(name, [])
         )
-    if delta_version(target) is None:
+    before = delta_version(target)
+    if before is None:
         if source is not None:
             append_new(source, target, keys, partition_by)
-        return
+        return 0
     if source is None:  # SQL: Delta's Python API needs a plugin over Spark Connect
         spark.sql(f"DELETE FROM delta.`{target}` WHERE {where}")
-        return
-    (
-        delta_writer(source)
-        .mode("overwrite")
-        .option("replaceWhere", where)
-        .option("mergeSchema", "true")
-        .save(str(target))
-    )
+    else:
+        (
+            delta_writer(source)
+            .mode("overwrite")
+            .option("replaceWhere", where)
+            .option("mergeSchema", "true")
+            .save(str(target))
+        )
+    after = delta_version(target)
+    return 0 if after == before else commit_metric(target, after, "numDeletedRows")
 
 
 class StagedChunksChangedError(RuntimeError):
@@ -793,7 +801,7 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
         if success:
             t = time.monotonic()
             try:
-                result.output_table_version = publish_run(
+                result.output_table_version, result.replaced_rows = publish_run(
                     spark,
                     settings,
                     plan,

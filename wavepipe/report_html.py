@@ -66,11 +66,13 @@ def _status(report: dict) -> tuple[str, str]:
     return "idle", report.get("status") or "in progress"
 
 
-#: The waveform cards the page leads with (``report["outcome"]``): key, label; a window run's
-#: written waveforms are ``replaced``, an incremental run's ``new``.
+#: The waveform cards the page leads with (``report["outcome"]``): key, label. An incremental
+#: run's written waveforms are ``new``; a window run's are ``rewritten``, replacing the window's
+#: earlier rows (``replaced``).
 WAVEFORM_CARDS = [
     ("new", "new waveforms"),
-    ("replaced", "waveforms written, replacing the window's"),
+    ("rewritten", "waveforms written into the window"),
+    ("replaced", "earlier rows of the window replaced"),
     ("already_written", "already in the table (re-delivered)"),
     ("pending", "pending (incomplete, read again next run)"),
     ("quarantined", "quarantined"),
@@ -132,12 +134,8 @@ def _by_partition(items: dict) -> list:
 
 def _waveform_cards(report: dict) -> list[tuple[str, str, int]]:
     outcome = report.get("outcome") or {}
-    window = bool(report.get("window"))
-    return [
-        (key, label, outcome.get(key, 0))
-        for key, label in WAVEFORM_CARDS
-        if outcome.get(key) or key in WAVEFORM_CARDS_SHOWN or key == ("replaced" if window else "new")
-    ]
+    shown = WAVEFORM_CARDS_SHOWN | ({"rewritten", "replaced"} if report.get("window") else {"new"})
+    return [(key, label, outcome.get(key)) for key, label in WAVEFORM_CARDS if outcome.get(key) or key in shown]
 
 
 def timing_groups(timings: dict[str, float]) -> list[dict[str, Any]]:

@@ -328,9 +328,13 @@ def test_a_backfill_of_two_windows_reprocesses_them_into_identical_output(airflo
     assert w1["window"]["offsets"] == {"0": [first["wf-A"], 5]}
     assert (w1["partitions"]["0"]["start"], w1["partitions"]["0"]["end"]) == (0, first["wf-C"])
     assert w1["waveforms"] == {"output_new": 2} and w1["partitions"]["0"]["other_window"] == 0
+    # the page leads with the waveforms: written into the window, replacing its earlier rows (as
+    # Delta's commit counted them)
+    assert (w1["outcome"]["new"], w1["outcome"]["rewritten"], w1["outcome"]["replaced"]) == (0, 2, 2)
     # window 2 is [5, 9): B's last two chunks open it, but B is window 1's; D is after it
     assert w2["window"]["offsets"] == {"0": [5, first["wf-D"]]}
     assert w2["waveforms"] == {"output_new": 1, "other_window": 1}
+    assert (w2["outcome"]["rewritten"], w2["outcome"]["replaced"], w2["outcome"]["other_window"]) == (1, 1, 1)
     assert w2["partitions"]["0"]["other_window"] == 2 and w2["partitions"]["0"]["output"] == 2
 
     after = rows_by_id(spark, settings)

@@ -62,3 +62,14 @@ def test_a_candidate_tables_ids_are_read_from_its_live_files(tmp_path):
     write_deltalake(table, pa.table({"waveform_id": ["w2", "w1"], "x": ["a b%", "c"]}), mode="overwrite")
     assert table_ids(tmp_path / "manifest") == ["w1", "w2"]
     assert table_ids(tmp_path / "none") is None
+
+
+def test_a_commits_metric_is_read_from_its_commit_info(tmp_path):
+    """delta-rs, another writer, records a DELETE's removed rows as Spark's Delta does."""
+    from wavepipe.spark_apps.tables import commit_metric
+
+    table = str(tmp_path / "t")
+    write_deltalake(table, pa.table({"waveform_id": ["a", "b", "c"], "first_offset": [0, 5, 9]}))
+    DeltaTable(table).delete("first_offset < 6")
+    assert commit_metric(tmp_path / "t", 1, "num_deleted_rows") == 2
+    assert commit_metric(tmp_path / "t", 0, "numDeletedRows") is None  # an append says nothing of it

@@ -200,6 +200,7 @@ def test_the_page_leads_with_waveforms_and_states_what_bounded_the_run():
     report = build_report(capped, CONSUMED, result, {"plan": 0.1})
     assert report["outcome"] == {
         "new": 20,
+        "rewritten": 0,
         "replaced": 0,
         "already_written": 0,
         "pending": 2,
@@ -212,18 +213,26 @@ def test_the_page_leads_with_waveforms_and_states_what_bounded_the_run():
     # the waveform cards come first, before the offsets and chunks
     assert page.index('data-key="outcome.new"') < page.index('data-key="totals.offsets"')
     assert values["outcome.new"] == "20" and values["outcome.quarantined"] == "3"
-    assert values["outcome.dead_letter_records"] == "1" and "outcome.replaced" not in values
+    assert values["outcome.dead_letter_records"] == "1" and "outcome.rewritten" not in values
     assert "new waveforms" in page and values["caps.records_per_partition"] == "1000"
     assert "Capped at" in page and "records per partition" in page and "Incremental" in page
 
     window = {"start": "2026-11-20T00:00:00+00:00", "end": "2026-11-20T00:15:00+00:00", "offsets": {"0": [10, 20]}}
-    report = build_report(dataclasses.replace(PLAN, window=window), CONSUMED, result, {"plan": 0.1})
-    assert report["outcome"]["replaced"] == 20 and report["outcome"]["new"] == 0 and report["window"] == window
+    published = validated(replaced_rows=18, published=True)
+    report = build_report(
+        dataclasses.replace(PLAN, window=window), CONSUMED, result, {"plan": 0.1}, validation=published
+    )
+    assert report["outcome"]["rewritten"] == 20 and report["outcome"]["replaced"] == 18 and report["window"] == window
+    assert report["outcome"]["new"] == 0
     page = report_html.render(report, trend=[])
     values, _ = parse_numbers(page)
-    assert values["outcome.replaced"] == "20" and "outcome.new" not in values
-    assert "replacing the window" in page and "Window [2026-11-20T00:00:00+00:00, 2026-11-20T00:15:00+00:00)" in page
-    assert "No cap." in page
+    assert values["outcome.rewritten"] == "20" and values["outcome.replaced"] == "18" and "outcome.new" not in values
+    assert "earlier rows of the window replaced" in page
+    assert "Window [2026-11-20T00:00:00+00:00, 2026-11-20T00:15:00+00:00)" in page and "No cap." in page
+    # not validated yet (or Delta did not say): the count is unknown, not zero
+    report = build_report(dataclasses.replace(PLAN, window=window), CONSUMED, result, {"plan": 0.1})
+    assert report["outcome"]["replaced"] is None
+    assert parse_numbers(report_html.render(report, trend=[]))[0]["outcome.replaced"] == ""
 
 
 def test_timings_are_grouped_by_step_and_idle_timers_left_out():

@@ -122,17 +122,21 @@ def failed_expectations(suites: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def waveform_outcome(waveforms: dict[str, int], dead_letter_records: int, *, window: bool) -> dict[str, int]:
+def waveform_outcome(
+    waveforms: dict[str, int], dead_letter_records: int, *, window: bool, replaced_rows: int | None = None
+) -> dict[str, int | None]:
     """Where the run's waveforms went, one count each (stable keys, for people and scripts):
-    ``new`` (written by an incremental run), ``replaced`` (written by a window run: its window's
-    rows are replaced by them), ``already_written`` (a re-delivery of waveforms the table holds),
-    ``pending`` (incomplete: read again next run), ``quarantined`` (every reason), ``other_window``
-    (a window run's reading of another window's waveforms) and ``dead_letter_records`` (records,
-    not waveforms: messages that follow no protocol)."""
+    ``new`` (written by an incremental run); for a window run ``rewritten`` (written into its
+    window) and ``replaced`` (the window's earlier rows its commit removed, from Delta's commit
+    metrics: None when they do not say); ``already_written`` (a re-delivery of waveforms the
+    table holds), ``pending`` (incomplete: read again next run), ``quarantined`` (every reason),
+    ``other_window`` (a window run's reading of another window's waveforms) and
+    ``dead_letter_records`` (records, not waveforms: messages that follow no protocol)."""
     written = waveforms.get("output_new", 0)
     return {
         "new": 0 if window else written,
-        "replaced": written if window else 0,
+        "rewritten": written if window else 0,
+        "replaced": replaced_rows if window else 0,
         "already_written": waveforms.get("output_already_written", 0),
         "pending": waveforms.get("pending", 0),
         "quarantined": sum(n for k, n in waveforms.items() if k.startswith("quarantined")),
@@ -205,7 +209,10 @@ def build_report(
         "totals": totals,
         "waveforms": dict(reassembled.waveforms) if reassembled else {},
         "outcome": waveform_outcome(
-            dict(reassembled.waveforms) if reassembled else {}, totals["dead_letter"], window=plan.is_window
+            dict(reassembled.waveforms) if reassembled else {},
+            totals["dead_letter"],
+            window=plan.is_window,
+            replaced_rows=validation.replaced_rows if validation else None,
         ),
         # what bounded the run: a cap on the records read per partition, a time window
         "caps": {k: v for k, v in plan.caps.items() if v},

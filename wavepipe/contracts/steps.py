@@ -120,6 +120,8 @@ class Validated:
     plot: str | None = None
     published: bool = False
     output_table_version: int | None = None
+    #: a window run: the output table's rows its window's commit replaced (None: Delta did not say)
+    replaced_rows: int | None = None
     timings: dict[str, float] = field(default_factory=dict)
     #: what could not be described (the plot, Data Docs, the trend): never a failure
     notes: list[str] = field(default_factory=list)
