@@ -97,19 +97,27 @@ def cmd_produce(args) -> int:
 
 
 def _print_report(report: dict) -> None:
-    t = report["totals"]
+    t, outcome = report["totals"], report.get("outcome") or {}
+    window = report.get("window")
     if report.get("skipped"):
         print(f"run {report['run_id']}: {report['skipped']}; nothing read, nothing written")
     else:
-        print(
-            f"run {report['run_id']}: {t['records_read']} records read, {t['output']} chunks into "
-            f"{report['waveforms'].get('output_new', 0)} new waveforms, {t['pending']} pending, "
-            f"{t['quarantined']} quarantined, {t['dead_letter']} dead-lettered, {t['gap']} gap offsets"
+        written = (
+            f"{outcome.get('rewritten', 0)} waveforms written into the window"
+            if window
+            else f"{outcome.get('new', 0)} new waveforms"
         )
-    if report.get("window"):
         print(
-            f"  window [{report['window']['start']}, {report['window']['end']}): its output was replaced; "
-            "no offset was committed"
+            f"run {report['run_id']}: {written}, {outcome.get('pending', 0)} pending, "
+            f"{outcome.get('quarantined', 0)} quarantined, {t['dead_letter']} records dead-lettered "
+            f"({t['records_read']} records read, {t['output']} chunks written, {t['gap']} gap offsets)"
+        )
+    if window:
+        replaced = outcome.get("replaced")
+        print(
+            f"  window [{window['start']}, {window['end']}): "
+            + ("its earlier rows were replaced" if replaced is None else f"{replaced} earlier rows of it were replaced")
+            + "; no offset was committed"
         )
     if t.get("lost"):
         print(f"  {t['lost']} offsets were no longer retained and were skipped (--skip-lost-offsets)")

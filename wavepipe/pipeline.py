@@ -488,8 +488,7 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
             + f". Report: {store.step_path(run_id, Step.REPORT)}"
         )
     if plan.is_window:  # a backfill: the window's output was replaced; the group's offsets stay
-        report["commit"] = {}
-        report["window"] = plan.window
+        report["commit"] = {}  # (the report names its window: build_report)
     elif to_read:
         safe = {int(p): part["safe_offset"] for p, part in report["partitions"].items()}
         failpoint("commit.before_offsets")

@@ -172,7 +172,7 @@ def test_trigger_form_params_come_through_the_rest_api(api):
     assert params["window_start"]["schema"]["format"] == "date-time"
     assert params["topic"]["description"].startswith("Topic to read")
     assert params["topic"]["schema"]["type"] == ["null", "string"]
-    assert params["max_records"]["schema"] == {"type": ["null", "integer"], "minimum": 1}
+    assert params["max_records"]["schema"] == {"type": ["null", "integer"], "minimum": 1, "section": SINGLE_RUNS_ONLY}
     assert params["skip_lost_offsets"]["value"] is False
     assert all(p["description"] for p in params.values())
     # none required: every one has a default or may be left empty (the forms mark no flag required)

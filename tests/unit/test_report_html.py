@@ -263,3 +263,22 @@ def test_timings_are_grouped_by_step_and_idle_timers_left_out():
     assert by_step["consume"] == ["all readers, added up"] and by_step["other"] == ["later timer"]
     page = report_html.render(_with(_report(), timings_s=timings), trend=[])
     assert "plot wait" not in page and 'data-key="timings_s.spark_spark_app_s"' in page
+
+
+def test_the_cli_summary_says_what_the_page_leads_with(capsys):
+    import dataclasses
+
+    from wavepipe.cli import _print_report
+
+    result = _reassembled(dead_letter=1)
+    result.waveforms = {"output_new": 20, "pending": 2, "quarantined:incomplete": 2}
+    _print_report(build_report(PLAN, CONSUMED, result, {"plan": 0.1}))
+    line = capsys.readouterr().out.splitlines()[0]
+    assert "20 new waveforms, 2 pending, 2 quarantined, 1 records dead-lettered" in line
+    window = {"start": "a", "end": "b", "offsets": {"0": [10, 20], "1": [0, 5]}}
+    report = build_report(
+        dataclasses.replace(PLAN, window=window), CONSUMED, result, {"plan": 0.1}, validation=validated(replaced_rows=7)
+    )
+    _print_report(report)
+    out = capsys.readouterr().out
+    assert "20 waveforms written into the window" in out and "window [a, b): 7 earlier rows of it were replaced" in out
