@@ -271,17 +271,17 @@ def _bound_docs_index(context) -> None:
 def _build_docs(context, shown: list, identifiers: list) -> tuple[list[str | None], str]:
     """Build this run's Data Docs pages (and the index once); the page of each ``shown`` result
     and the index URL."""
-    began = time.time() - 1  # a file system's mtime may be a second coarse
     context.build_data_docs(resource_identifiers=identifiers)
-    pages = []
-    for identifier in shown:
+    built = {}
+    for identifier in identifiers:
         urls = context.get_docs_sites_urls(resource_identifier=identifier)
-        pages.append(urls[0]["site_url"] if urls else None)
+        built[identifier] = urls[0]["site_url"] if urls else None
     index_url = context.get_docs_sites_urls()
     index = index_url[0]["site_url"] if index_url else ""
     if index.startswith("file://"):  # GX's pages load their styles and scripts from CDNs
-        localize_site(Path(unquote(urlparse(index).path)).parent, since=began)
-    return pages, index
+        files = [Path(unquote(urlparse(url).path)) for url in [index, *built.values()] if url]
+        localize_site(files[0].parent, files)
+    return [built.get(identifier) for identifier in shown], index
 
 
 # --- I/O -------------------------------------------------------------------------------------------

@@ -103,13 +103,14 @@ def install_assets(site: Path) -> Path:
     return target
 
 
-def localize_site(site: Path, since: float) -> int:
-    """Install the shipped files into the Data Docs ``site`` and localize every page written at or
-    after ``since`` (a ``time.time()``: the pages of one build); returns how many changed."""
+def localize_site(site: Path, pages: list[Path]) -> int:
+    """Install the shipped files into the Data Docs ``site`` and localize ``pages`` (the pages one
+    build wrote: its results, the index) and the suites' pages; returns how many changed. Only
+    these are read: a site keeps every result page ever built."""
     target = install_assets(site)
     changed = 0
-    for page in site.rglob("*.html"):
-        if page.stat().st_mtime < since:
+    for page in {*pages, *(site / "expectations").rglob("*.html")}:
+        if not page.is_file():
             continue
         html = page.read_text(encoding="utf-8")
         new = localize(html, Path(os.path.relpath(target, page.parent)).as_posix())

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from importlib import resources
 from pathlib import Path
@@ -68,20 +67,20 @@ def test_a_page_loads_the_copies_without_integrity_or_crossorigin():
     assert '<a href="https://greatexpectations.io">' in out
 
 
-def test_localize_site_rewrites_this_builds_pages_with_paths_relative_to_each(tmp_path: Path):
+def test_localize_site_rewrites_the_pages_it_is_given_and_the_suites_with_paths_relative_to_each(tmp_path: Path):
     url = "https://code.jquery.com/jquery-3.7.1.min.js"
-    index, deep, old = tmp_path / "index.html", tmp_path / "validations/s/r/t/b.html", tmp_path / "old.html"
-    for page in (index, deep, old):
+    index, deep = tmp_path / "index.html", tmp_path / "validations/s/r/t/b.html"
+    suite, old = tmp_path / "expectations/s.html", tmp_path / "validations/s/r/t/old.html"
+    for page in (index, deep, suite, old):
         page.parent.mkdir(parents=True, exist_ok=True)
         page.write_text(f'<script src="{url}"></script>')
-    old_time = 1_000_000_000
-    os.utime(old, (old_time, old_time))
-    assert localize_site(tmp_path, since=old_time + 1) == 2
+    assert localize_site(tmp_path, [index, deep, tmp_path / "gone.html"]) == 3
     assert f'src="{SITE_FOLDER}/jquery.min.js"' in index.read_text()
     assert f'src="../../../../{SITE_FOLDER}/jquery.min.js"' in deep.read_text()
-    assert url in old.read_text()  # not of this build: left alone
+    assert f'src="../{SITE_FOLDER}/jquery.min.js"' in suite.read_text()
+    assert url in old.read_text()  # an earlier build's: not read again
     assert (tmp_path / SITE_FOLDER / "webfonts" / "fa-solid-900.woff2").is_file()
-    assert localize_site(tmp_path, since=old_time + 1) == 0  # idempotent
+    assert localize_site(tmp_path, [index, deep]) == 0  # idempotent
 
 
 @pytest.mark.parametrize("damaged", ["missing", "truncated"])
