@@ -88,6 +88,8 @@ def test_output_out_of_bounds_commits_nothing_until_the_threshold_is_relaxed(set
     # the page shows the JSON twin's numbers, and links the Data Docs that GX built
     values, _ = parse_numbers(html_path(settings, "gate").read_text())
     for key in (
+        "outcome.new",
+        "outcome.dead_letter_records",
         "totals.output",
         "totals.dead_letter",
         "partitions.0.end",
