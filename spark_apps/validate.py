@@ -407,8 +407,8 @@ def stacked(values: np.ndarray) -> tuple[np.ndarray, float]:
     counts = finite.sum(axis=0)
     sums = np.where(finite, values, 0.0).sum(axis=0)
     means = np.divide(sums, counts, out=np.zeros(values.shape[1]), where=counts > 0)
-    low = np.where(finite, values, np.inf).min(axis=0)
-    high = np.where(finite, values, -np.inf).max(axis=0)
+    low = np.where(finite, values, np.inf).min(axis=0, initial=np.inf)
+    high = np.where(finite, values, -np.inf).max(axis=0, initial=-np.inf)
     spans = np.where(counts > 0, high - low, 0.0)
     spacing = float(spans.max()) if spans.size and np.isfinite(spans.max()) and spans.max() > 0 else 1.0
     return values - means - np.arange(values.shape[1]) * spacing, spacing

@@ -41,6 +41,7 @@ HOSTILE = {
         500.0,
     ),
     "channels_3_flat": (np.zeros((50, 3)), 100.0),
+    "channels_2_no_samples": (np.zeros((0, 2), "<f4"), 100.0),
 }
 
 
