@@ -53,7 +53,8 @@ def run_demo(settings: Settings, *, count: int, waveform_bytes: int, dags_test: 
     print()
     print(
         f"run {report['run_id']}: read {t['records_read']} records ({t['payload_bytes_read'] / 1e6:.1f} MB) "
-        f"from {len(partitions)} partitions; {report['waveforms']}"
+        f"from {len(partitions)} partitions; waveforms: "
+        + ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in report["outcome"].items() if n)
     )
     for p, part in sorted(report["partitions"].items(), key=lambda kv: int(kv[0])):
         print(
