@@ -420,7 +420,8 @@ def _draw(ax, t: np.ndarray, values: np.ndarray) -> str | None:
     from matplotlib import colormaps
 
     n = values.shape[1]
-    palette = colormaps["tab10" if n <= 10 else "tab20"]
+    tab20 = colormaps["tab20"]  # pairs of a hue, dark then light: all ten hues first, then the light ones
+    palette = colormaps["tab10"] if n <= 10 else (lambda c: tab20((2 * c) % 20 + (2 * c) // 20))
     lanes, spacing = stacked(values) if n > 1 else (values, 0.0)
     for c in range(n):
         ax.plot(t, lanes[:, c], linewidth=0.6, color=palette(c), marker="." if len(t) < 50 else None, markersize=3)
