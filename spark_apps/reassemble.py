@@ -428,8 +428,9 @@ def chunk_files(store: RunStore, plan: RunPlan) -> dict[int, str]:
 #: Routes of a new candidate waveform (``route``): how its bytes are verified and written.
 DIGEST, LOCAL, SHUFFLE = "digest", "local", "shuffle"
 #: The manifest: one row per waveform the run publishes, all its output columns but the payload,
-#: ``payload_sha256`` and ``written_from``: ``staged`` (its bytes are written once, at publish,
-#: straight from the staged chunks) or ``candidate`` (from the run's candidate waveform table).
+#: and ``written_from``: ``staged`` (its bytes are written once, at publish, straight from the
+#: staged chunks) or ``candidate`` (from the run's candidate waveform table). Every row's payload
+#: was verified against its checksum before the row was made (by its reader, or by the assembly).
 MANIFEST_COLUMNS = [f.name for f in OUTPUT_SCHEMA.fields if f.name not in ("payload", "checksum_ok")]
 
 
@@ -717,7 +718,6 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> Reassembled:
             read_delta(spark, candidates / "waveforms").select(
                 *MANIFEST_COLUMNS,
                 "run_id",
-                F.concat(F.lit("sha256:"), F.sha2("payload", 256)).alias("payload_sha256"),
                 F.lit("candidate").alias("written_from"),
             )
         )
@@ -729,7 +729,6 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> Reassembled:
             digests.join(ids, "waveform_id", "left_semi").select(
                 *MANIFEST_COLUMNS,
                 F.lit(plan.run_id).alias("run_id"),
-                F.col("digest").alias("payload_sha256"),
                 F.lit("staged").alias("written_from"),
             )
         )

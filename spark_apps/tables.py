@@ -16,6 +16,8 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 
+from wavepipe.delta_txn import Txn
+
 log = logging.getLogger("wavepipe.tables")
 
 #: Candidate table name -> (keys that identify a row, partition columns). The waveforms table is
@@ -271,7 +273,7 @@ def append_new(
     partition_by: list[str] | None = None,
     checked_version: int | None = None,
     merge_schema: bool = False,
-    txn: str | None = None,
+    txn: Txn | None = None,
 ) -> None:
     """Append the rows of ``df`` whose ``keys`` are not in the table yet, in one atomic commit.
 
@@ -279,23 +281,28 @@ def append_new(
     only compared again if the table has moved since (another writer), so the payload rows are not
     joined against the table's keys in the common case.
 
-    ``txn``: an id for this append (Delta's ``txnAppId``, version 1): Delta skips it if the table
-    already holds it, and refuses a concurrent twin. Two appends of the same rows race past the
-    key check when a killed client's write still runs on the Spark engine beside its retry; with
-    one ``txn`` only one of them commits.
+    ``txn``: the run's transaction (``wavepipe.delta_txn``): Delta skips the append if the table
+    already holds its version for its id, and refuses a concurrent twin. Two appends of the same
+    rows race past the key check when a killed client's write still runs on the Spark engine
+    beside its retry; with one ``txn`` only one of them commits.
     """
     version = delta_version(path)
     if version is not None and version != checked_version:
         existing = read_delta(df.sparkSession, path).select(*keys)
         df = df.join(existing, keys, "left_anti")
-    writer = delta_writer(df).mode("append")
-    if txn:
-        writer = writer.option("txnAppId", txn).option("txnVersion", 1)
+    writer = with_txn(delta_writer(df).mode("append"), txn)
     if merge_schema:  # columns added since the table was created (e.g. ``detail``) are added to it
         writer = writer.option("mergeSchema", "true")
     if partition_by and version is None:  # a new table; an existing one keeps its own layout
         writer = writer.partitionBy(*partition_by)
     writer.save(str(path))
+
+
+def with_txn(writer, txn: Txn | None):
+    """``writer`` committing as ``txn`` (id, version and the commit's ``userMetadata``)."""
+    if txn is None:
+        return writer
+    return writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version).option("userMetadata", txn.metadata)
 
 
 def write_candidate(df: DataFrame, path: Path) -> None:

@@ -16,7 +16,7 @@ waveform plot, Data Docs, the history line) degrades to a line in the result's `
 from __future__ import annotations
 
 import argparse
-import hashlib
+import dataclasses
 import json
 import logging
 import math
@@ -36,13 +36,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from wavepipe import expectations
+from wavepipe import delta_txn, expectations
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.plan import RunPlan, utc_now
-from wavepipe.contracts.report import append_validation_history, describe_safely
+from wavepipe.contracts.report import append_validation_history, describe_safely, failed_expectations
 from wavepipe.contracts.runfiles import RunStore, Step, plot_path
-from wavepipe.contracts.steps import Reassembled, Validated, ValidatedRows, WindowRows
+from wavepipe.contracts.steps import Reassembled, Validated, ValidatedRows, WindowRows, settled
 from wavepipe.delta_protocol import repair_schema
+from wavepipe.delta_txn import Txn
 from wavepipe.faults import failpoint
 from wavepipe.maintenance import table_paths
 from wavepipe.offline_docs import localize_site
@@ -54,8 +55,8 @@ from wavepipe.spark_apps.reassemble import (
     assemble_file,
     assemble_local,
     chunk_files,
-    per_partition,
 )
+from wavepipe.spark_apps.rejections import Rejection, rejection, without
 from wavepipe.spark_apps.tables import (
     TABLE_KEYS,
     append_new,
@@ -68,6 +69,7 @@ from wavepipe.spark_apps.tables import (
     replace_predicate,
     table_ids,
     window_predicate,
+    with_txn,
 )
 
 log = logging.getLogger("wavepipe.validate")
@@ -87,10 +89,14 @@ _PLOT_MAX_BYTES = 16 * 1024 * 1024
 # --- pure transformations ------------------------------------------------------------------------
 
 
+#: The manifest's columns the suites and the plot look at (the payload is not among them).
+CHECKED_COLUMNS = [*MANIFEST_COLUMNS, "run_id"]
+
+
 def output_checks(manifest: DataFrame, published: DataFrame, run_id: str) -> DataFrame:
-    """The run's new waveforms (its manifest: one row each, no payload, ``payload_sha256`` as it
-    was verified) with the columns the output suite checks. ``published``: (waveform_id, run_id)
-    of the output table; only its rows with the run's ids are looked at."""
+    """The run's new waveforms (its manifest: one row each, no payload) with the columns the
+    per-waveform suite checks. ``published``: (waveform_id, run_id) of the output table; only its
+    rows with the run's ids are looked at."""
     itemsize = F.regexp_extract("dtype", r"(\d+)$", 1).cast("long")  # numpy dtype.str: "<f4", "|u1"
     seen = (
         published.join(manifest.select("waveform_id"), "waveform_id", "left_semi")
@@ -98,22 +104,33 @@ def output_checks(manifest: DataFrame, published: DataFrame, run_id: str) -> Dat
         .agg(F.max(F.col("run_id") != F.lit(run_id)).alias("published_by_other_run"), F.lit(True).alias("in_table"))
     )
     return manifest.join(seen, "waveform_id", "left").select(
-        *expectations.METADATA_COLUMNS,
+        *CHECKED_COLUMNS,
         (F.col("n_samples") * itemsize * F.col("channels")).alias("expected_size_bytes"),
-        F.abs(F.col("duration_s") - F.col("n_samples") / F.col("sample_rate")).alias("duration_error_s"),
-        "payload_sha256",
+        F.coalesce(_finite("sample_rate") & _finite("duration_s"), F.lit(False)).alias("numbers_finite"),
         F.coalesce("published_by_other_run", F.lit(False)).alias("published_by_other_run"),
         F.coalesce("in_table", F.lit(False)).alias("in_table"),
         "written_from",
     )
 
 
-def chunk_checks(staged: DataFrame, plan: RunPlan) -> DataFrame:
-    """Every staged record (chunk or dead letter) by offset, and whether it lies in its planned range."""
-    starts = per_partition({r.partition: r.start for r in plan.ranges})
-    ends = per_partition({r.partition: r.end for r in plan.ranges})
-    in_range = (F.col("topic") == F.lit(plan.topic)) & (F.col("offset") >= starts) & (F.col("offset") < ends)
-    return staged.select("topic", "partition", "offset", F.coalesce(in_range, F.lit(False)).alias("in_planned_range"))
+def _finite(column: str):
+    """Whether ``column`` holds a finite number: tested, not compared (NaN is no number, and Spark
+    orders it above infinity)."""
+    return ~F.isnan(column) & (F.abs(column) != F.lit(float("inf")))
+
+
+def run_frame(waveforms: dict[str, int], judged_from: int) -> pd.DataFrame:
+    """The run-level suite's one row, from the run's waveform counts once validation quarantined
+    what failed a per-waveform expectation (``steps.settled``): the waveforms judged (new and
+    quarantined; re-deliveries and pending ones are not judged), the quarantined ones, and their
+    share, None (not judged) below ``judged_from`` waveforms."""
+    quarantined = sum(n for k, n in waveforms.items() if k.startswith("quarantined"))
+    judged = waveforms.get("output_new", 0) + quarantined
+    share = quarantined / judged if judged and judged >= judged_from else None
+    return pd.DataFrame(
+        {"waveforms_judged": [judged], "quarantined": [quarantined], "quarantined_share": [share]},
+        columns=list(expectations.RUN_COLUMNS),
+    ).astype({"quarantined_share": "float64"})
 
 
 # --- Great Expectations ----------------------------------------------------------------------------
@@ -176,76 +193,93 @@ def _summarize_result(name: str, result, docs_url: str | None) -> dict:
 def run_suites(
     settings: Settings,
     run_id: str,
-    frames: dict[str, DataFrame | pd.DataFrame],
+    checked: DataFrame | pd.DataFrame,
+    judge_run,
     now: datetime,
     notes: list[str] | None = None,
-) -> tuple[list[dict], str]:
-    """Each suite on its frame through a GX checkpoint (results stored, Data Docs updated): a
-    Spark DataFrame on the engine, a pandas frame (``in_client``) in this process.
-    Returns the per-suite summaries and the Data Docs index URL. Data Docs only describe the
-    results: when building them fails, ``notes`` gets a line and the links are left out."""
+) -> tuple[list[dict], str, dict[str, dict]]:
+    """The per-waveform suite on ``checked`` (the run's new waveforms), then the run-level suite
+    on the one-row frame ``judge_run(rejected)`` makes, each through a GX checkpoint (results
+    stored, Data Docs updated): a Spark DataFrame on the engine, a pandas frame in this process.
+    Returns the per-suite summaries, the Data Docs index URL and the rejected waveforms
+    (``rejections.rejected_waveforms``). Data Docs only describe the results: when building them
+    fails, ``notes`` gets a line and the links are left out."""
     import great_expectations as gx
-    from great_expectations.core.run_identifier import RunIdentifier
+
+    from wavepipe.spark_apps.rejections import INDEX_COLUMNS, rejected_waveforms
 
     context = gx.get_context(mode="file", project_root_dir=str(settings.gx_dir.parent))  # GX adds "gx/"
     context.variables.progress_bars = {"globally": False}
     notes = [] if notes is None else notes
     describe_safely(notes, "configuring Great Expectations Data Docs", _bound_docs_index, context)
-    summaries, identifiers = [], []
-    for name, expectation_list in expectations.suites(settings, now).items():
-        source = _data_source(context, in_client=isinstance(frames[name], pd.DataFrame))
-        try:
-            asset = source.get_asset(name)
-        except LookupError:
-            asset = source.add_dataframe_asset(name=name)
-        try:
-            batch = asset.get_batch_definition("run")
-        except (KeyError, LookupError):
-            batch = asset.add_batch_definition_whole_dataframe("run")
-        suite = context.suites.add_or_update(
-            gx.ExpectationSuite(
-                name=name, expectations=expectation_list, meta={"wavepipe_suite_version": expectations.SUITE_VERSION}
-            )
-        )
-        definition = context.validation_definitions.add_or_update(
-            gx.ValidationDefinition(name=name, data=batch, suite=suite)
-        )
-        # Pass/fail first: one aggregate job for all expectations. Only if one fails, again with
-        # counts and examples (a job per expectation): a failing run may take longer, a passing
-        # run should not. Each pass is stored and gets its Data Docs page.
-        for result_format in (
-            {"result_format": "BOOLEAN_ONLY"},
-            {"result_format": "SUMMARY", "partial_unexpected_count": 5},
-        ):
-            checkpoint = context.checkpoints.add_or_update(
-                gx.Checkpoint(name=name, validation_definitions=[definition], result_format=result_format)
-            )
-            outcome = checkpoint.run(
-                batch_parameters={"dataframe": frames[name]},
-                run_id=RunIdentifier(run_name=run_id, run_time=datetime.now(UTC)),
-            )
-            identifiers += outcome.run_results
-            if outcome.success:
-                break
-        ((identifier, run_result),) = list(outcome.run_results.items())[-1:]
-        summaries.append((name, run_result, identifier))
+    (waveform_suite, per_waveform), (run_suite, per_run) = expectations.suites(settings, now).items()
+    # failing waveforms are listed whole (their ids say what to quarantine); a failing run in a summary
+    complete = {"result_format": "COMPLETE", "unexpected_index_column_names": list(INDEX_COLUMNS)}
+    first = _check(context, waveform_suite, per_waveform, checked, run_id, complete)
+    rejected = rejected_waveforms(first[0])
+    second = _check(context, run_suite, per_run, judge_run(rejected), run_id, _SUMMARY)
+    checks = [(waveform_suite, checked, *first), (run_suite, None, *second)]
     docs = describe_safely(
         notes,
         "Great Expectations Data Docs",
         _build_docs,
         context,
-        [identifier for _, _, identifier in summaries],
-        identifiers,
+        [shown for *_, shown, _ in checks],
+        [i for *_, stored in checks for i in stored],
     ) or ([], "")
-    pages = docs[0] or [None] * len(summaries)
+    pages = docs[0] or [None] * len(checks)
     out = [
         {
-            **_summarize_result(name, run_result, page),
-            "validated_in": "client" if isinstance(frames[name], pd.DataFrame) else "spark",
+            **_summarize_result(name, result, page),
+            "validated_in": "spark" if isinstance(frame, DataFrame) else "client",
+            "gates_run": expectations.gates_the_run(name),
         }
-        for (name, run_result, _), page in zip(summaries, pages, strict=True)
+        for (name, frame, result, *_), page in zip(checks, pages, strict=True)
     ]
-    return out, docs[1]
+    return out, docs[1], rejected
+
+
+_SUMMARY = {"result_format": "SUMMARY", "partial_unexpected_count": 5}
+
+
+def _check(context, name: str, expectation_list: list, frame, run_id: str, on_failure: dict):
+    """Suite ``name`` on ``frame``: pass/fail first (one aggregate job for all expectations on
+    Spark); only if one fails, again with ``on_failure``'s result format (counts, examples,
+    failing rows: a job per expectation). Returns (the last result, its identifier, every stored
+    result's identifier): each pass is stored and gets its Data Docs page."""
+    import great_expectations as gx
+    from great_expectations.core.run_identifier import RunIdentifier
+
+    source = _data_source(context, in_client=not isinstance(frame, DataFrame))
+    try:
+        asset = source.get_asset(name)
+    except LookupError:
+        asset = source.add_dataframe_asset(name=name)
+    try:
+        batch = asset.get_batch_definition("run")
+    except (KeyError, LookupError):
+        batch = asset.add_batch_definition_whole_dataframe("run")
+    suite = context.suites.add_or_update(
+        gx.ExpectationSuite(
+            name=name, expectations=expectation_list, meta={"wavepipe_suite_version": expectations.SUITE_VERSION}
+        )
+    )
+    definition = context.validation_definitions.add_or_update(
+        gx.ValidationDefinition(name=name, data=batch, suite=suite)
+    )
+    stored = {}
+    for result_format in ({"result_format": "BOOLEAN_ONLY"}, on_failure):
+        checkpoint = context.checkpoints.add_or_update(
+            gx.Checkpoint(name=name, validation_definitions=[definition], result_format=result_format)
+        )
+        outcome = checkpoint.run(
+            batch_parameters={"dataframe": frame}, run_id=RunIdentifier(run_name=run_id, run_time=datetime.now(UTC))
+        )
+        stored.update(outcome.run_results)
+        if outcome.success:
+            break
+    ((identifier, result),) = list(outcome.run_results.items())[-1:]
+    return result, identifier, list(stored)
 
 
 def _data_source(context, *, in_client: bool):
@@ -288,7 +322,7 @@ def _build_docs(context, shown: list, identifiers: list) -> tuple[list[str | Non
 
 MANIFEST_SCHEMA = T.StructType(
     [f for f in OUTPUT_SCHEMA.fields if f.name in MANIFEST_COLUMNS]
-    + [T.StructField(name, T.StringType(), False) for name in ("run_id", "payload_sha256", "written_from")]
+    + [T.StructField(name, T.StringType(), False) for name in ("run_id", "written_from")]
 )
 
 
@@ -298,15 +332,11 @@ def _manifest(spark: SparkSession, candidates: Path) -> DataFrame:
     return read_delta(spark, candidates / "manifest")
 
 
-def _staged_files(store: RunStore, plan: RunPlan) -> list[str]:
+def _staged_record_count(store: RunStore, plan: RunPlan) -> int:
+    """Records the run staged (chunks and dead letters), from the files' own footers."""
     staging = store.staging_dir(plan.run_id)
-    return [str(f) for sub in ("chunks", "dead_letter") for f in sorted((staging / sub).glob("*.parquet"))]
-
-
-def _staged_records(spark: SparkSession, files: list[str]) -> DataFrame:
-    if not files:
-        return spark.createDataFrame([], "topic string, partition int, offset long")
-    return spark.read.parquet(*files).select("topic", "partition", "offset")
+    files = [f for sub in ("chunks", "dead_letter") for f in sorted((staging / sub).glob("*.parquet"))]
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
 
 
 #: A checked frame of at most this many rows is collected (one Spark job) and validated in this
@@ -338,6 +368,15 @@ def _in_client(frame: DataFrame) -> pd.DataFrame:
         dtype=object,
     )
     return collected
+
+
+def _kept(checked: DataFrame | pd.DataFrame, ids: list[str]) -> DataFrame | pd.DataFrame:
+    """The checked rows of the waveforms the run publishes: all but the rejected ``ids``."""
+    if not ids:
+        return checked
+    if isinstance(checked, pd.DataFrame):
+        return checked[~checked["waveform_id"].isin(ids)]
+    return without(checked, ids)
 
 
 def _output_counts(checked: DataFrame | pd.DataFrame) -> dict:
@@ -577,16 +616,24 @@ def plot_rows(rows: list, path: Path, notes: list[str]) -> str | None:
 PUBLISHED = ("waveforms", "quarantine", "dead_letter")
 
 
-def publish_source(spark: SparkSession, store: RunStore, plan: RunPlan, name: str) -> DataFrame | None:
+def publish_source(
+    spark: SparkSession, store: RunStore, plan: RunPlan, name: str, rejection: Rejection
+) -> DataFrame | None:
     """What publishing puts into the published table ``name`` (None: nothing): the run's candidate
     table; for the waveforms also those verified while they were read, assembled now from the
     staged chunks and checked against their checksum again as they are written (the one time their
-    bytes are written; a staged file changed since its reader hashed it fails the write)."""
+    bytes are written; a staged file changed since its reader hashed it fails the write). The
+    waveforms ``rejection`` holds go to the quarantine table instead of the waveforms."""
     source = store.candidate_dir(plan.run_id) / name
     frame = read_delta(spark, source) if delta_version(source) is not None else None
+    if name == "quarantine" and rejection.rows is not None:
+        rows = rejection.rows
+        frame = rows if frame is None else frame.unionByName(rows, allowMissingColumns=True)
+    if name != "waveforms":
+        return frame
     reassembled = store.load_result(plan.run_id, Step.REASSEMBLE, Reassembled)
     counts = reassembled.candidates if reassembled else {}
-    if name == "waveforms" and counts.get("manifest", 0) > counts.get("waveforms", 0):
+    if counts.get("manifest", 0) > counts.get("waveforms", 0):
         wanted = (
             read_delta(spark, store.candidate_dir(plan.run_id) / "manifest")
             .where(F.col("written_from") == "staged")
@@ -596,7 +643,7 @@ def publish_source(spark: SparkSession, store: RunStore, plan: RunPlan, name: st
             assemble_local(
                 spark,
                 chunk_files(store, plan),
-                wanted,
+                without(wanted, rejection.ids),
                 store.settings.output_batch_bytes,
                 scope=plan.run_id,
                 strict=True,
@@ -604,7 +651,9 @@ def publish_source(spark: SparkSession, store: RunStore, plan: RunPlan, name: st
             .drop("checksum_ok")
             .withColumn("run_id", F.lit(plan.run_id))
         )
-        frame = staged if frame is None else frame.unionByName(staged)
+        frame = staged if frame is None else without(frame, rejection.ids).unionByName(staged)
+    elif frame is not None:
+        frame = without(frame, rejection.ids)
     return frame
 
 
@@ -613,18 +662,22 @@ def publish_run(
     settings: Settings,
     plan: RunPlan,
     *,
+    rejection: Rejection,
     candidates_in_table: int,
     candidates_total: int,
     checked_version: int | None,
 ) -> tuple[int | None, int | None]:
     """Append the run's rows to the published tables (keys not there yet only), or for a window
     run replace the window's rows. Returns the output table's version after, and for a window
-    run the rows of it that the window's commit replaced (None: Delta did not say)."""
+    run the rows of it that the window's commit replaced (None: Delta did not say).
+    ``candidates_*``: the published waveforms (all new but the rejected ones) and how many of
+    them the output table already holds (an earlier attempt's publish)."""
     store = RunStore(settings)
     targets = table_paths(settings)
     for target in targets.values():  # written by an earlier wavepipe: made readable by every reader first
         if delta_version(target) is not None:
             repair_schema(target)
+    txn = run_txn(store, plan)
     if plan.is_window:
         reassembled = store.load_result(plan.run_id, Step.REASSEMBLE, Reassembled)
         rows = reassembled.window_rows if reassembled else None
@@ -632,41 +685,55 @@ def publish_run(
             raise CandidatesMismatchError(
                 f"run {plan.run_id}: its reassembly recorded no window rows; run the reassemble step again"
             )
+        outside = rejection.outside(plan.window_offsets())
+        rows = WindowRows(
+            keep=rows.keep, extra={**rows.extra, "quarantine": [*rows.extra.get("quarantine", []), *outside]}
+        )
         replaced = {
-            name: replace_window(spark, publish_source(spark, store, plan, name), targets[name], name, plan, rows)
+            name: replace_window(
+                spark, publish_source(spark, store, plan, name, rejection), targets[name], name, plan, rows, txn
+            )
             for name in PUBLISHED
         }
         failpoint("publish.after_write")
         return delta_version(settings.output_table), replaced["waveforms"]
-    # one id per table and reassembly: a publish of these candidates commits once, however often it
-    # is tried (a reassembly made again publishes its own candidates)
-    reassembled = store.load_result(plan.run_id, Step.REASSEMBLE, Reassembled)
-    attempt = hashlib.sha256(str(reassembled and reassembled.finished_at).encode()).hexdigest()[:12]
     for name in PUBLISHED:
         keys, partition_by = TABLE_KEYS[name]
-        txn = f"wavepipe-publish-{plan.run_id}-{name}-{attempt}"
         if name == "waveforms" and candidates_total and candidates_in_table == candidates_total:
             continue  # an earlier attempt published them all
-        source = publish_source(spark, store, plan, name)
+        source = publish_source(spark, store, plan, name, rejection)
         if source is None:
             continue
         if name == "waveforms":
-            append_new(
-                source,
-                targets[name],
-                keys,
-                partition_by,
-                checked_version=checked_version if candidates_in_table == 0 else None,
-                txn=txn,
-            )
+            checked = checked_version if candidates_in_table == 0 else None
+            append_new(source, targets[name], keys, partition_by, checked_version=checked, txn=txn)
         else:
             append_new(source, targets[name], keys, merge_schema=True, txn=txn)
     failpoint("publish.after_write")
     return delta_version(settings.output_table), None
 
 
+def run_txn(store: RunStore, plan: RunPlan) -> Txn:
+    """The transaction every commit of run ``plan`` to a published table carries: its group's
+    stable id, the version frozen in its plan (a plan made while a table could not be read gets
+    one now, and keeps it), and its ranges and safe offsets as the commit's metadata."""
+    app = delta_txn.app_id(plan.group, plan.topic)
+    if plan.txn_version is None:
+        plan = dataclasses.replace(plan, txn_version=delta_txn.next_version(table_paths(store.settings).values(), app))
+        store.save_plan(plan)
+    reassembled = store.load_result(plan.run_id, Step.REASSEMBLE, Reassembled)
+    safe = {p: acc.safe_offset for p, acc in (reassembled.partitions if reassembled else {}).items()}
+    return Txn(app, plan.txn_version, delta_txn.commit_metadata(plan, safe))
+
+
 def replace_window(
-    spark: SparkSession, source: DataFrame | None, target: Path, name: str, plan: RunPlan, rows: WindowRows
+    spark: SparkSession,
+    source: DataFrame | None,
+    target: Path,
+    name: str,
+    plan: RunPlan,
+    rows: WindowRows,
+    txn: Txn | None = None,
 ) -> int | None:
     """Replace the rows of window run ``plan``'s window in ``target`` by ``source`` (what
     ``publish_source`` gives), in one atomic Delta commit (``replaceWhere``): readers see the old
@@ -685,18 +752,14 @@ def replace_window(
     before = delta_version(target)
     if before is None:
         if source is not None:
-            append_new(source, target, keys, partition_by)
+            append_new(source, target, keys, partition_by, txn=txn)
         return 0
     if source is None:  # SQL: Delta's Python API needs a plugin over Spark Connect
         spark.sql(f"DELETE FROM delta.`{target}` WHERE {where}")
     else:
-        (
-            delta_writer(source)
-            .mode("overwrite")
-            .option("replaceWhere", where)
-            .option("mergeSchema", "true")
-            .save(str(target))
-        )
+        with_txn(delta_writer(source), txn).mode("overwrite").option("replaceWhere", where).option(
+            "mergeSchema", "true"
+        ).save(str(target))
     after = delta_version(target)
     if after == before:
         return 0
@@ -742,109 +805,124 @@ def check_candidates(spark: SparkSession, store: RunStore, run_id: str) -> Reass
     return reassembled
 
 
+def _checked(spark: SparkSession, settings: Settings, store: RunStore, plan: RunPlan, version: int | None) -> DataFrame:
+    """The run's new waveforms with the checked columns (``output_checks``), against the output
+    table at ``version``: a window run replaces the window's rows, so only the rows outside it
+    stay published beside it. The manifest's ids (read from the manifest itself: exactly the
+    ids checked) let Delta skip the table's files that cannot hold them."""
+    manifest = _manifest(spark, store.candidate_dir(plan.run_id))
+    if version is None:
+        return output_checks(manifest, spark.createDataFrame([], "waveform_id string, run_id string"), plan.run_id)
+    outside = (
+        f"NOT ({window_predicate(plan.topic, plan.window_offsets(), 'first_offset')})" if plan.is_window else "true"
+    )
+    manifest_path = store.candidate_dir(plan.run_id) / "manifest"
+    id_list = table_ids(manifest_path) if delta_version(manifest_path) is not None else None
+    published = only_ids(read_delta(spark, settings.output_table, version), id_list).where(outside)
+    return output_checks(manifest, published.select("waveform_id", "run_id"), plan.run_id)
+
+
 def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan) -> Validated:
-    """Validate run ``plan``'s candidates; publish them if every expectation holds. The outcome is
-    saved as the run's ``validate`` step (and a line of the validation history) either way."""
+    """Validate run ``plan``'s candidates: quarantine the waveforms that fail a per-waveform
+    expectation, and publish the rest if every run-level expectation holds. The outcome is saved
+    as the run's ``validate`` step (and a line of the validation history) either way."""
     store = RunStore(settings)
     store.clear_step(plan.run_id, Step.VALIDATE)
     reassembled = check_candidates(spark, store, plan.run_id)
     timings: dict[str, float] = {}
-    t = time.monotonic()
-    now = datetime.now(UTC)
-    manifest = _manifest(spark, store.candidate_dir(plan.run_id))
+    t, now = time.monotonic(), datetime.now(UTC)
     version = delta_version(settings.output_table)
-    # a window run replaces the window's rows: only the rows outside it stay published beside it
-    outside = (
-        f"NOT ({window_predicate(plan.topic, plan.window_offsets(), 'first_offset')})" if plan.is_window else "true"
-    )
-    # the new waveforms' ids, read from the manifest itself (exactly the ids checked here), let
-    # Delta skip the table's files that cannot hold them
-    manifest_path = store.candidate_dir(plan.run_id) / "manifest"
-    id_list = table_ids(manifest_path) if version is not None and delta_version(manifest_path) is not None else None
-    published = (
-        only_ids(read_delta(spark, settings.output_table, version), id_list)
-        .where(outside)
-        .select("waveform_id", "run_id")
-        if version is not None
-        else spark.createDataFrame([], "waveform_id string, run_id string")
-    )
-    # small frames (a run's new waveforms, its staged records: most runs) are validated in this
-    # process after one collect each; large ones on the engine
-    checked = _for_validation(output_checks(manifest, published, plan.run_id), reassembled.candidates["manifest"])
-    files = _staged_files(store, plan)
-    staged_rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
-    staged = _for_validation(chunk_checks(_staged_records(spark, files), plan), staged_rows)
-    counts = _output_counts(checked)
+    # a small frame (a run's new waveforms: most runs) is validated in this process after one
+    # collect, a large one on the engine
+    checked = _for_validation(_checked(spark, settings, store, plan, version), reassembled.candidates["manifest"])
     timings["prepare_s"] = time.monotonic() - t
     notes: list[str] = []  # what could not be described; never a reason to fail the run
     t = time.monotonic()
-    wait_for_plot = start_plot(spark, checked, store, plan, settings, notes)
-    timings["plot_start_s"] = time.monotonic() - t
+    found = {}
+
+    def judge_run(rejected: dict[str, dict]) -> pd.DataFrame:
+        found["rejection"] = rejection(spark, list(chunk_files(store, plan).values()), rejected, plan.run_id)
+        waveforms = settled(reassembled, found["rejection"].moved).waveforms
+        return run_frame(waveforms, settings.validate_quarantine_judged_from)
+
+    suites, docs_index, _ = run_suites(settings, plan.run_id, checked, judge_run, now, notes)
+    rejected = found["rejection"]
+    timings["expectations_s"] = time.monotonic() - t
+    kept = _kept(checked, rejected.ids)
+    counts = _output_counts(kept)
+    wait_for_plot = start_plot(spark, kept, store, plan, settings, notes)
+    result = Validated(
+        run_id=plan.run_id,
+        group=plan.group,
+        topic=plan.topic,
+        checked_at=utc_now(),
+        suite_version=expectations.SUITE_VERSION,
+        success=all(s["success"] for s in suites if s["gates_run"]),
+        suites=suites,
+        data_docs_index=docs_index,
+        rows=ValidatedRows(
+            waveforms=counts["rows"], waveform_bytes=counts["bytes"], staged_records=_staged_record_count(store, plan)
+        ),
+        thresholds={k: v for k, v in settings.as_dict().items() if k.startswith("validate_")},
+        output_table_version=version,
+        quarantined=rejected.moved,
+    )
     try:
-        t = time.monotonic()
-        frames = {
-            expectations.suite_name(expectations.OUTPUT_SUITE): checked,
-            expectations.suite_name(expectations.CHUNKS_SUITE): staged,
-        }
-        suites, docs_index = run_suites(settings, plan.run_id, frames, now, notes)
-        timings["expectations_s"] = time.monotonic() - t
-        for frame in (checked, staged):
-            if not isinstance(frame, pd.DataFrame):
-                frame.unpersist()
-        success = all(s["success"] for s in suites)
-        result = Validated(
-            run_id=plan.run_id,
-            group=plan.group,
-            topic=plan.topic,
-            checked_at=utc_now(),
-            suite_version=expectations.SUITE_VERSION,
-            success=success,
-            suites=suites,
-            data_docs_index=docs_index,
-            rows=ValidatedRows(waveforms=counts["rows"], waveform_bytes=counts["bytes"], staged_records=staged_rows),
-            thresholds={k: v for k, v in settings.as_dict().items() if k.startswith("validate_")},
-            output_table_version=version,
-        )
-        if success:
+        if result.success:
             t = time.monotonic()
-            try:
-                result.output_table_version, result.replaced_rows = publish_run(
-                    spark,
-                    settings,
-                    plan,
-                    candidates_in_table=counts["in_table"],
-                    candidates_total=counts["rows"],
-                    checked_version=version,
-                )
-            except Exception as exc:
-                found = re.search(re.escape(STAGED_CHANGED) + r"[^\n]*", str(exc))
-                if found is None:
-                    raise
-                wait_for_plot()  # it reads the staged files that are removed now
-                _read_again(store, plan)
-                raise StagedChunksChangedError(
-                    f"run {plan.run_id}: {found.group(0)}. None of the run's waveforms was published and no offset "
-                    "moved. Its staged copies were removed: retry the run (`wavepipe run` resumes it) and it reads "
-                    "its planned ranges again from Kafka; in Airflow, clear the run's tasks from consume on."
-                ) from None
-            result.published = True
+            _publish(spark, settings, plan, result, rejected, counts, wait_for_plot)
             timings["publish_s"] = time.monotonic() - t
     finally:
+        if not isinstance(checked, pd.DataFrame):
+            checked.unpersist()
         t = time.monotonic()
-        result_plot, timings["plot_s"] = wait_for_plot()
+        result.plot, timings["plot_s"] = wait_for_plot()
         timings["plot_wait_s"] = time.monotonic() - t
-    result.plot = result_plot
     result.timings = {k: round(v, 3) for k, v in timings.items()}
     describe_safely(notes, "the validation history", append_validation_history, settings, result)
     result.notes = notes
     store.save_result(plan.run_id, Step.VALIDATE, result)
-    failed = [
-        f"{f['expectation']}({f.get('column') or f.get('column_A') or f.get('column_list')})"
-        for s in suites
-        for f in s["failed"]
-    ]
-    log.info("run %s validation %s%s", plan.run_id, "passed; published" if success else "FAILED: ", ", ".join(failed))
+    _log_outcome(plan, result)
     return result
+
+
+def _publish(spark, settings: Settings, plan: RunPlan, result: Validated, rejected: Rejection, counts, wait_for_plot):
+    """Publish the validated run (``publish_run``) into ``result``; a staged chunk file changed
+    since its reader hashed it publishes nothing and sends the run back to read Kafka again."""
+    try:
+        result.output_table_version, result.replaced_rows = publish_run(
+            spark,
+            settings,
+            plan,
+            rejection=rejected,
+            candidates_in_table=counts["in_table"],
+            candidates_total=counts["rows"],
+            checked_version=result.output_table_version,
+        )
+    except Exception as exc:
+        found = re.search(re.escape(STAGED_CHANGED) + r"[^\n]*", str(exc))
+        if found is None:
+            raise
+        wait_for_plot()  # it reads the staged files that are removed now
+        _read_again(RunStore(settings), plan)
+        raise StagedChunksChangedError(
+            f"run {plan.run_id}: {found.group(0)}. None of the run's waveforms was published and no offset "
+            "moved. Its staged copies were removed: retry the run (`wavepipe run` resumes it) and it reads "
+            "its planned ranges again from Kafka; in Airflow, clear the run's tasks from consume on."
+        ) from None
+    result.published = True
+
+
+def _log_outcome(plan: RunPlan, result: Validated) -> None:
+    failed = failed_expectations(result.suites, gating_only=True)
+    moved = result.quarantined.waveforms
+    log.info(
+        "run %s validation %s%s%s",
+        plan.run_id,
+        "passed; published" if result.success else "FAILED: ",
+        "; ".join(failed),
+        f"; quarantined by expectation: {moved}" if moved else "",
+    )
 
 
 def _read_again(store: RunStore, plan: RunPlan) -> None:

@@ -1,14 +1,20 @@
 """The validation gate's expectation suites, kept as code and versioned (``SUITE_VERSION``).
 
-Two suites, both run by Great Expectations on the run's Spark DataFrames (``spark_apps/validate.py``
-builds the checked columns named here):
+Two suites, run by Great Expectations (``spark_apps/validate.py`` builds the columns named here):
 
-* ``wavepipe_output``: the run's new output waveforms, one row each, before they are published;
-* ``wavepipe_staged_chunks``: every record the run staged (chunks and dead letters), by offset.
+* ``wavepipe_waveforms``: per waveform, on the run's new waveforms (one row each) before they are
+  published. A waveform that fails one of these is quarantined with the expectation's name as its
+  reason (``quarantine_reason``); it never fails the run, so one producer's bad waveforms cannot
+  stall the group.
+* ``wavepipe_run``: the run as a whole (one row). A failure here fails the run: nothing is
+  published and no offset moves until it passes.
 
-Thresholds come from the settings (``validate_*``); a run is published and committed only when every
-expectation of both suites holds. Change an expectation's meaning, add or remove one: bump
-``SUITE_VERSION`` (it is recorded in every run's report and in the validation history).
+Every expectation here can fail on some input (each has a test that makes it fail). What the
+data path guarantees by construction (a checksum verified before the row exists, a reader's
+offsets inside its range) is enforced where it is made, not re-checked here.
+
+Thresholds come from the settings (``validate_*``). Change an expectation's meaning, add or remove
+one: bump ``SUITE_VERSION`` (it is recorded in every run's report and in the validation history).
 """
 
 from __future__ import annotations
@@ -17,30 +23,12 @@ from datetime import UTC, datetime, timedelta
 
 from wavepipe.contracts.config import Settings
 
-SUITE_VERSION = 1
-OUTPUT_SUITE = "wavepipe_output"
-CHUNKS_SUITE = "wavepipe_staged_chunks"
+SUITE_VERSION = 2
+WAVEFORM_SUITE = "wavepipe_waveforms"
+RUN_SUITE = "wavepipe_run"
 
-#: Output columns every waveform must have (the metadata a reader relies on).
-METADATA_COLUMNS = (
-    "waveform_id",
-    "source",
-    "start_time",
-    "date",
-    "dtype",
-    "channels",
-    "sample_rate",
-    "n_samples",
-    "duration_s",
-    "size_bytes",
-    "n_chunks",
-    "checksum",
-    "topic",
-    "partition",
-    "first_offset",
-    "last_offset",
-    "run_id",
-)
+#: The run-level frame's columns (``spark_apps.validate.run_frame``).
+RUN_COLUMNS = ("waveforms_judged", "quarantined", "quarantined_share")
 
 
 def parse_utc(text: str) -> datetime:
@@ -56,77 +44,67 @@ def start_time_bounds(settings: Settings, now: datetime) -> tuple[datetime, date
     return low, high
 
 
-def output_expectations(settings: Settings, now: datetime) -> list:
+def waveform_expectations(settings: Settings, now: datetime) -> list:
+    """Per waveform: a row that fails one is quarantined, named by ``quarantine_reason``."""
     import great_expectations as gx
 
     E = gx.expectations
-    mostly = settings.validate_mostly
-    if not 0 < mostly <= 1:
-        raise ValueError(f"validate_mostly must be in (0, 1], got {mostly}")
     if settings.validate_sample_rate_min > settings.validate_sample_rate_max:
         raise ValueError("validate_sample_rate_min is above validate_sample_rate_max")
     low, high = start_time_bounds(settings, now)
     return [
-        E.ExpectColumnValuesToBeUnique(column="waveform_id", description="one row per waveform id in the run"),
         E.ExpectColumnValuesToBeInSet(
-            column="published_by_other_run",
-            value_set=[False],
-            description="one row per waveform id in the output table: no id of this run is there from another run",
+            column="numbers_finite",
+            value_set=[True],
+            description="sample rate and duration are finite numbers (a rate of 5e-324 Hz makes the duration "
+            "infinite; non-finite values are caught, never compared)",
         ),
-        *[E.ExpectColumnValuesToNotBeNull(column=c, description=f"{c} is set") for c in METADATA_COLUMNS],
         E.ExpectColumnPairValuesToBeEqual(
             column_A="size_bytes",
             column_B="expected_size_bytes",
-            mostly=mostly,
-            description="sample count consistent with size, dtype and channels",
-        ),
-        E.ExpectColumnValuesToBeBetween(
-            column="duration_error_s",
-            min_value=0,
-            max_value=settings.validate_duration_tolerance_s,
-            mostly=mostly,
-            description="duration consistent with the sample rate (validate_duration_tolerance_s)",
+            description="whole samples: size_bytes is n_samples x itemsize x channels (no partial sample at the end)",
         ),
         E.ExpectColumnValuesToBeBetween(
             column="sample_rate",
             min_value=settings.validate_sample_rate_min,
             max_value=settings.validate_sample_rate_max,
-            mostly=mostly,
             description="sample rate within validate_sample_rate_min..max",
         ),
         E.ExpectColumnValuesToBeBetween(
             column="start_time",
             min_value=low,
             max_value=high,
-            mostly=mostly,
             description="start time within validate_start_time_min .. now + validate_start_time_max_ahead_s",
         ),
-        E.ExpectColumnPairValuesToBeEqual(
-            column_A="checksum",
-            column_B="payload_sha256",
-            description="checksum verified: the stored payload hashes to wp-checksum",
+        E.ExpectColumnValuesToBeInSet(
+            column="published_by_other_run",
+            value_set=[False],
+            description="one row per waveform id in the output table: no other run published this id since the "
+            "reassembly looked",
         ),
     ]
 
 
-def chunk_expectations() -> list:
+def run_expectations(settings: Settings) -> list:
+    """The run as a whole (``RUN_COLUMNS``, one row): a failure fails the run."""
     import great_expectations as gx
 
     E = gx.expectations
     return [
-        E.ExpectCompoundColumnsToBeUnique(
-            column_list=["topic", "partition", "offset"], description="no (topic, partition, offset) staged twice"
+        E.ExpectColumnValuesToBeBetween(
+            column="quarantined_share",
+            min_value=0,
+            max_value=settings.validate_max_quarantined_share,
+            description="share of the run's waveforms quarantined (every reason) at most "
+            "validate_max_quarantined_share, judged once the run has validate_quarantine_judged_from waveforms",
         ),
-        E.ExpectColumnValuesToBeInSet(
-            column="in_planned_range",
-            value_set=[True],
-            description="every staged offset inside the run's planned range",
-        ),
-        *[
-            E.ExpectColumnValuesToNotBeNull(column=c, description=f"{c} is set")
-            for c in ("topic", "partition", "offset")
-        ],
     ]
+
+
+def quarantine_reason(expectation_type: str, column: str | None) -> str:
+    """The quarantine reason of a waveform that failed a per-waveform expectation: its name and
+    column, e.g. ``expect_column_values_to_be_between(sample_rate)``."""
+    return f"{expectation_type}({column})" if column else expectation_type
 
 
 def suite_name(base: str) -> str:
@@ -134,8 +112,14 @@ def suite_name(base: str) -> str:
 
 
 def suites(settings: Settings, now: datetime) -> dict[str, list]:
-    """Suite name -> its expectations, with the thresholds of ``settings``."""
+    """Suite name -> its expectations, with the thresholds of ``settings``; the per-waveform
+    suite first (the run-level one judges what it quarantined)."""
     return {
-        suite_name(OUTPUT_SUITE): output_expectations(settings, now),
-        suite_name(CHUNKS_SUITE): chunk_expectations(),
+        suite_name(WAVEFORM_SUITE): waveform_expectations(settings, now),
+        suite_name(RUN_SUITE): run_expectations(settings),
     }
+
+
+def gates_the_run(suite: str) -> bool:
+    """Whether a failure of ``suite`` fails the run (else it quarantines waveforms)."""
+    return not suite.startswith(WAVEFORM_SUITE + ".")

@@ -349,7 +349,7 @@ def _check_validation(settings: Settings, store: RunStore, plan: RunPlan) -> Val
     report = _report(store, plan, validation=validation)
     report["status"] = "validation_failed"
     page = _write_report(settings, report)
-    lines = failed_expectations(validation.suites)
+    lines = failed_expectations(validation.suites, gating_only=True)
     raise ValidationFailedError(
         f"run {plan.run_id} failed validation ({len(lines)} expectation(s)); nothing was published and no "
         f"offset moved:\n  " + "\n  ".join(lines) + f"\nReport: {page}\nData Docs: {validation.data_docs_index}\n"

@@ -26,7 +26,7 @@ h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bo
 .card{border:1px solid #dde;border-radius:8px;padding:8px 14px;min-width:110px}
 .card .v{font-size:20px;font-weight:600} .card .l{font-size:12px;color:#667}
 table{border-collapse:collapse;font-size:13px;margin-top:8px} th,td{border:1px solid #dde;padding:4px 8px;text-align:right}
-th{background:#f6f8fa} td.t,th.t{text-align:left} tr.fail td{background:#fff0f0} tr.pass td{background:#f0fff4}
+th{background:#f6f8fa} td.t,th.t{text-align:left} tr.fail td{background:#fff0f0} tr.pass td{background:#f0fff4} tr.warn td{background:#fff8e6}
 .bar{background:#4c8bf5;height:10px;display:inline-block;vertical-align:middle}
 code{background:#f6f8fa;padding:1px 4px;border-radius:4px}
 tr.inner td{color:#556;font-size:12px} #waveforms .card{border-color:#4c8bf5} #bounds{margin-top:8px}

@@ -17,6 +17,7 @@ from tests.helpers import (
     open_offline,
     output_rows,
     produce_in_order,
+    quarantine_reasons,
     read_topic,
     waveform_records,
 )
@@ -39,16 +40,74 @@ def _published_nothing(settings) -> None:
         assert delta_version(table) is None, f"{table.name} was published"
 
 
+def _hostile(waveform_id: str, rate: float) -> list:
+    """The records of one small waveform at ``rate`` Hz (anything the protocol allows)."""
+    import numpy as np
+
+    from tests.helpers import START
+    from wavepipe.contracts.protocol import split_waveform
+
+    samples = np.arange(4.0)
+    return split_waveform(
+        samples, waveform_id=waveform_id, sample_rate=rate, start_time=START, source="hostile", chunk_size=16
+    )
+
+
 @pytest.mark.parametrize("validated", ["in_client", "on_spark"])
-def test_output_out_of_bounds_commits_nothing_until_the_threshold_is_relaxed(settings, spark, validated, monkeypatch):
-    # the run's frames are small: GX validates them in this process; "on_spark": as a large run's,
-    # on the Spark engine (the failing run only; the retry is the same for both)
+def test_a_waveform_failing_an_expectation_is_quarantined_by_name_and_the_run_commits(
+    settings, spark, validated, monkeypatch
+):
+    # "on_spark": the new waveforms validated on the Spark engine, as a large run's are
     from wavepipe.spark_apps import validate
 
     if validated == "on_spark":
         monkeypatch.setattr(validate, "IN_CLIENT_MAX_ROWS", 0)
-    # audio is 16 kHz, seismic 100 Hz, ECG 500 Hz: a 1 kHz ceiling fails the audio waveforms
-    settings = settings.replace(dead_letter_topic=f"{settings.topic}-dlq", validate_sample_rate_max=1000.0)
+    # audio is 16 kHz, seismic 100 Hz, ECG 500 Hz: a 1 kHz ceiling fails the audio waveforms. At
+    # 5e-324 Hz the duration of 4 samples is infinite: caught as non-finite, never compared
+    settings = settings.replace(validate_sample_rate_max=1000.0)
+    ensure_topic(settings, partitions=1)
+    sent = produce_demo(settings, count=6, target_bytes=16 * 1024)
+    # below the default floor of 1e-3 Hz: before suite v2, one such waveform failed every run of the group
+    produce_in_order(settings, _hostile("rate-1e-9", 1e-9) + _hostile("rate-5e-324", 5e-324), partition=0)
+
+    report = pipeline.run_once(settings, run_id="screen")
+
+    assert_accounted(spark, settings, report)
+    audio = sorted(s.waveform_id for s in sent if "audio" in s.waveform_id)
+    rate = "expect_column_values_to_be_between(sample_rate)"
+    finite = "expect_column_values_to_be_in_set(numbers_finite)"
+    assert quarantine_reasons(spark, settings) == {**dict.fromkeys([*audio, "rate-1e-9"], rate), "rate-5e-324": finite}
+    assert sorted(r[0] for r in output_rows(spark, settings)) == sorted(
+        s.waveform_id for s in sent if "audio" not in s.waveform_id
+    )
+    # the quarantine table as another Delta reader sees it: each row says what failed, with the value
+    import deltalake
+
+    rows = deltalake.DeltaTable(str(settings.quarantine_table)).to_pyarrow_table().to_pylist()
+    details = {r["waveform_id"]: r["detail"] for r in rows}
+    assert "sample_rate=16000" in details[audio[0]] and "sample rate within" in details[audio[0]]
+    assert "finite" in details["rate-5e-324"] and "sample_rate=4.94066e-324" in details["rate-5e-324"]
+    end = report["partitions"]["0"]["end"]
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: end}, "the group went on"
+    assert report["outcome"]["new"] == len(sent) - len(audio) and report["outcome"]["quarantined"] == len(audio) + 2
+    assert report["waveforms"][f"quarantined:{rate}"] == len(audio) + 1
+    assert report["partitions"]["0"]["quarantine_reasons"][rate] > 0
+    suites = {s["suite"]: s for s in report["validation"]["suites"]}
+    per_waveform, per_run = suites["wavepipe_waveforms.v2"], suites["wavepipe_run.v2"]
+    assert report["validation"]["success"] and not per_waveform["success"] and not per_waveform["gates_run"]
+    assert per_run["success"] and per_run["gates_run"]
+    assert per_waveform["validated_in"] == ("client" if validated == "in_client" else "spark")
+    assert report["validation"]["quarantined"]["waveforms"] == {rate: len(audio) + 1, finite: 1}
+
+
+def test_a_run_that_quarantines_too_large_a_share_commits_nothing_until_the_limit_is_relaxed(settings, spark):
+    # a run-level expectation still fails the run: more than a fifth of the waveforms quarantined
+    settings = settings.replace(
+        dead_letter_topic=f"{settings.topic}-dlq",
+        validate_sample_rate_max=1000.0,
+        validate_max_quarantined_share=0.2,
+        validate_quarantine_judged_from=2,
+    )
     ensure_topic(settings, partitions=1)
     ensure_topic(settings, settings.dead_letter_topic, partitions=1)
     sent = produce_demo(settings, count=6, target_bytes=16 * 1024)
@@ -58,28 +117,28 @@ def test_output_out_of_bounds_commits_nothing_until_the_threshold_is_relaxed(set
         pipeline.run_once(settings, run_id="gate")
     message = str(failed.value)
     audio = sum(1 for s in sent if "audio" in s.waveform_id)
-    assert f"expect_column_values_to_be_between on sample_rate: {audio} rows" in message, message
-    assert "16000.0" in message and str(html_path(settings, "gate")) in message
+    assert "wavepipe_run.v2: expect_column_values_to_be_between on quarantined_share: 1 rows" in message, message
+    assert "sample_rate" not in message, "a waveform's failure is not the run's"
+    assert str(html_path(settings, "gate")) in message
     _published_nothing(settings)
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: None}
     assert read_topic(settings, settings.dead_letter_topic) == [], "no dead letter went out"
     report = json.loads(json_path(settings, "gate").read_text())
     assert report["status"] == "validation_failed" and report["validation"]["success"] is False
+    assert report["outcome"]["quarantined"] == audio, "the page says what the run would have quarantined"
     assert "validation failed" in html_path(settings, "gate").read_text()
     with pytest.raises(RuntimeError, match="not validated"):
         pipeline.commit_step(settings, "gate")  # the commit refuses on its own, too
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: None}
-    suites = {s["suite"]: s for s in report["validation"]["suites"]}
-    assert suites["wavepipe_output.v1"]["failed_count"] == 1 and suites["wavepipe_staged_chunks.v1"]["success"]
-    assert {s["validated_in"] for s in suites.values()} == {"client" if validated == "in_client" else "spark"}
-    if validated == "on_spark":
-        return
 
-    relaxed = settings.replace(validate_sample_rate_max=20_000.0)
+    relaxed = settings.replace(validate_max_quarantined_share=0.5)
     report = pipeline.run_once(relaxed)  # resumes the failed run
     assert report["run_id"] == "gate" and report["validation"]["success"]
     assert_accounted(spark, relaxed, report)
-    assert sorted(r[0] for r in output_rows(spark, relaxed)) == sorted(s.waveform_id for s in sent)
+    assert sorted(r[0] for r in output_rows(spark, relaxed)) == sorted(
+        s.waveform_id for s in sent if "audio" not in s.waveform_id
+    )
+    assert len(quarantine_reasons(spark, relaxed)) == audio
     end = report["partitions"]["0"]["end"]
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: end}
     assert len(read_topic(settings, settings.dead_letter_topic)) == 1
@@ -89,6 +148,7 @@ def test_output_out_of_bounds_commits_nothing_until_the_threshold_is_relaxed(set
     values, _ = parse_numbers(html_path(settings, "gate").read_text())
     for key in (
         "outcome.new",
+        "outcome.quarantined",
         "outcome.dead_letter_records",
         "totals.output",
         "totals.dead_letter",

@@ -51,7 +51,7 @@ def test_unknown_setting_and_bad_values_are_clear_errors(monkeypatch):
         ("consume_parallelism", "0", "at least 1"),
         ("consume_in_process_max_records", "-1", "0 or more records"),
         ("reader_stall_timeout_s", "nan", "positive number of seconds"),
-        ("validate_mostly", "1.5", "fraction"),
+        ("validate_max_quarantined_share", "1.5", "fraction"),
         ("max_waveform_bytes", str(2**31), "1 to 1073741824"),
         ("output_batch_bytes", "0", "at least 1 byte"),
         ("topic", "wave forms", "Kafka topic name"),
@@ -88,6 +88,9 @@ def test_a_typo_in_the_file_suggests_the_setting_and_secrets_are_masked(monkeypa
     toml.write_text("[wavepipe]\nmax_record_per_partition = 5\n")
     monkeypatch.setenv("WAVEPIPE_CONFIG", str(toml))
     with pytest.raises(SettingsError, match="did you mean 'max_records_per_partition'"):
+        load_settings()
+    toml.write_text("[wavepipe]\nvalidate_mostly = 0.5\n")  # a retired setting says why it went
+    with pytest.raises(SettingsError, match=r"validate_mostly' is no longer a wavepipe setting: .* is quarantined"):
         load_settings()
     monkeypatch.delenv("WAVEPIPE_CONFIG")
     s = load_settings(

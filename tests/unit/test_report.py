@@ -64,6 +64,22 @@ def test_counts_that_add_up_balance():
     assert report["partitions"]["0"]["gap"] == 0
 
 
+def test_waveforms_validation_quarantined_move_from_output_to_quarantine_and_still_balance():
+    before = _reassembled(dead_letter=1)
+    before.waveforms = {"output_new": 3, "quarantined:size_mismatch": 1, "pending": 1}
+    moved = {"waveforms": {"expect_column_values_to_be_between(sample_rate)": 2}}
+    moved["records"] = {"0": {"expect_column_values_to_be_between(sample_rate)": [4, 40]}}
+    report = build_report(PLAN, CONSUMED, before, {}, validation=validated(quarantined=moved))
+    assert report["balance_errors"] == []
+    part = report["partitions"]["0"]
+    assert (part["output"], part["output_bytes"], part["quarantined"], part["quarantined_bytes"]) == (2, 20, 5, 50)
+    assert part["quarantine_reasons"] == {"size_mismatch": 1, "expect_column_values_to_be_between(sample_rate)": 4}
+    assert part["safe_offset"] == 14, "a quarantined waveform holds no offset back"
+    assert report["waveforms"]["output_new"] == 1
+    assert report["outcome"]["new"] == 1 and report["outcome"]["quarantined"] == 3
+    assert before.partitions[0].output == 6, "the reassembly's own record stays as it was"
+
+
 def test_a_lost_record_is_reported():
     report = build_report(PLAN, CONSUMED, _reassembled(dead_letter=0), {})
     assert any("partition 0" in e for e in report["balance_errors"])

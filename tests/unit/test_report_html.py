@@ -58,7 +58,8 @@ VALIDATION = {
     "timings": {"expectations_s": 1.5},
     "suites": [
         {
-            "suite": "wavepipe_output.v1",
+            "suite": "wavepipe_run.v2",
+            "gates_run": True,
             "success": False,
             "evaluated": 24,
             "failed_count": 1,
@@ -76,7 +77,8 @@ VALIDATION = {
             ],
         },
         {
-            "suite": "wavepipe_staged_chunks.v1",
+            "suite": "wavepipe_waveforms.v2",
+            "gates_run": False,
             "success": True,
             "evaluated": 5,
             "failed_count": 0,
@@ -145,6 +147,19 @@ def test_a_failed_validation_names_the_expectation_on_the_page_and_in_the_messag
     assert '<td class="t">r0</td>' in html  # the trend
     (line,) = failed_expectations(report["validation"]["suites"])
     assert "sample_rate" in line and "2 rows" in line and "16000.0" in line
+
+
+def test_a_per_waveform_failure_shows_as_quarantine_not_as_a_failed_run():
+    suites = [
+        {**VALIDATION["suites"][0], "success": True, "failed_count": 0, "failed": []},
+        {**VALIDATION["suites"][1], "success": False, "failed_count": 1, "failed": VALIDATION["suites"][0]["failed"]},
+    ]
+    report = _report({**VALIDATION, "success": True, "published": True, "suites": suites})
+    html = report_html.render(report, trend=[])
+    assert "validation failed" not in html and "quarantines the waveform" in html
+    assert '<tr class="warn"><td class="t">expect_column_values_to_be_between</td>' in html
+    assert failed_expectations(suites, gating_only=True) == [], "a quarantine is no reason to fail the run"
+    assert len(failed_expectations(suites)) == 1
 
 
 def test_text_from_the_data_is_escaped():

@@ -341,9 +341,10 @@ class Settings(BaseModel):
     dead_letter_topic: Annotated[
         str, _check(lambda v: v == "" or _topic_name(v)), Rule("must be empty or a Kafka topic name")
     ] = ""
-    #: Thresholds of the validation gate (the suites are code: ``wavepipe/expectations.py``). A run
-    #: whose output breaks one is not published and commits nothing until it passes (after the data
-    #: is fixed, or a threshold here is relaxed, the validate step is retried).
+    #: Thresholds of the validation gate (the suites are code: ``wavepipe/expectations.py``). A
+    #: waveform that breaks a per-waveform threshold is quarantined with the expectation's name; a
+    #: run that breaks a run-level one is not published and commits nothing until it passes (after
+    #: the data is fixed, or a threshold here is relaxed, the validate step is retried).
     #: Sample rate bounds in Hz, inclusive.
     validate_sample_rate_min: Annotated[Number, Field(gt=0), Rule("must be a positive number of Hz")] = 1e-3
     validate_sample_rate_max: Annotated[Number, Field(gt=0), Rule("must be a positive number of Hz")] = 1e9
@@ -356,11 +357,11 @@ class Settings(BaseModel):
         Rule("must be an ISO-8601 instant, e.g. 1900-01-01T00:00:00Z"),
     ] = "1900-01-01T00:00:00Z"
     validate_start_time_max_ahead_s: Annotated[Number, Field(ge=0), Rule("must be 0 or more seconds")] = 86_400.0
-    #: |duration_s - n_samples / sample_rate| allowed, in seconds.
-    validate_duration_tolerance_s: Annotated[Number, Field(ge=0), Rule("must be 0 or more seconds")] = 1e-6
-    #: Fraction of rows that must meet each row-level expectation (1.0: every row). Uniqueness,
-    #: checksums and planned offset ranges are always required of every row.
-    validate_mostly: Annotated[Number, Field(gt=0, le=1), Rule("must be a fraction in (0, 1]")] = 1.0
+    #: Run level: a run of at least ``validate_quarantine_judged_from`` waveforms (new and
+    #: quarantined) fails validation when more than this share of them was quarantined, for any
+    #: reason: a broken producer fleet or a wrong threshold, not one bad source (1.0: never).
+    validate_max_quarantined_share: Annotated[Number, Field(ge=0, le=1), Rule("must be a fraction in [0, 1]")] = 0.9
+    validate_quarantine_judged_from: Annotated[Count, Field(ge=1), Rule("must be 1 or more waveforms")] = 100
     #: Runs shown in the validation trend (report page and ``wavepipe status``).
     report_trend_runs: Annotated[Count, Field(ge=0), Rule("must be 0 or more runs")] = 20
     #: Event-driven runs: an ingest DAG whose settings turn one of these on also runs when its
@@ -506,6 +507,16 @@ def _shown(name: str, value: Any) -> str:
     return repr(redact_url(value) if name == "spark_remote" and isinstance(value, str) else value)
 
 
+#: Settings an earlier wavepipe had, and why they went: a config that still sets one is refused
+#: with the reason, not with "unknown setting".
+RETIRED = {
+    "validate_mostly": "a waveform that fails a per-waveform expectation is quarantined now, never published "
+    "(the run-level limit is validate_max_quarantined_share)",
+    "validate_duration_tolerance_s": "duration_s is n_samples / sample_rate by definition; a waveform whose "
+    "duration is not a finite number is quarantined",
+}
+
+
 def _refusal(error: Mapping[str, Any], sources: Mapping[str, str]) -> str:
     """One pydantic error as a line naming where the value was read, the setting and its rule."""
     loc = error["loc"]
@@ -513,6 +524,8 @@ def _refusal(error: Mapping[str, Any], sources: Mapping[str, str]) -> str:
     source = sources.get(name, name)
     where = "" if source == name else f"{source}: "
     if error["type"] == "extra_forbidden":
+        if name in RETIRED:
+            return f"{source}: {name!r} is no longer a wavepipe setting: {RETIRED[name]}; remove it"
         return (
             f"{source}: {name!r} is not a wavepipe setting{did_you_mean(name, Settings.model_fields)} "
             "(`wavepipe config` lists them)"

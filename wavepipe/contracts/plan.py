@@ -67,6 +67,17 @@ class RunPlan:
     #: Per partition, a move of the group's offset by someone else since this home's last commit:
     #: ``{"from", "to", "by", "skipped": [a, b) | None, "reread": [a, b) | None}``.
     moved: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: The ``txnVersion`` of this run's commits to the published tables (``wavepipe.delta_txn``):
+    #: one above the group's last, frozen here so every retry of the run commits the same one.
+    txn_version: int | None = None
+    #: Per partition, the run id in the group's committed offset's metadata when planned (None:
+    #: no offset, or not a wavepipe run's). With ``committed``, it says where the group stood.
+    committed_by: dict[int, str | None] = field(default_factory=dict)
+    #: A run whose publish is in the tables' Delta log but whose Kafka commit never happened (a
+    #: crash between the two, then its home's record of it was lost): ``{"run_id",
+    #: "table_version", "offsets": {partition: [from, to]}}``. This run starts where that one's
+    #: safe offsets are, and its commit moves the group there too (``delta_txn.lost_commit``).
+    recovered: dict[str, Any] | None = None
 
     @classmethod
     def new(cls, run_id: str, topic: str, group: str, ranges: Iterable[OffsetRange], **facts: Any) -> RunPlan:
@@ -99,7 +110,7 @@ class RunPlan:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
-        for name in ("previous", "committed", "lost", "latest", "moved"):
+        for name in ("previous", "committed", "lost", "latest", "moved", "committed_by"):
             data[name] = {str(k): v for k, v in getattr(self, name).items()}
         return data
 
@@ -119,6 +130,9 @@ class RunPlan:
             window=data.get("window"),
             new_group_start=data.get("new_group_start"),
             moved={int(k): dict(v) for k, v in data.get("moved", {}).items()},
+            txn_version=data.get("txn_version"),
+            committed_by={int(k): v for k, v in data.get("committed_by", {}).items()},
+            recovered=data.get("recovered"),
         )
 
     def expected_committed(self, partition: int) -> int | None:

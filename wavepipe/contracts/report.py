@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.plan import RunPlan, utc_now
 from wavepipe.contracts.runfiles import history_path
-from wavepipe.contracts.steps import PartitionAccount, ReadStats, Reassembled, Validated, to_record
+from wavepipe.contracts.steps import PartitionAccount, ReadStats, Reassembled, Validated, settled, to_record
 
 REPORT_VERSION = 1
 #: What the report keeps of the run's validation record.
@@ -32,6 +32,7 @@ VALIDATION_IN_REPORT = (
     "plot",
     "thresholds",
     "notes",
+    "quarantined",
 )
 #: Characters of a failure's reason kept in a note (its first line).
 NOTE_REASON_CHARS = 300
@@ -68,6 +69,7 @@ def append_validation_history(settings: Settings, validation: Validated) -> None
         "suite_version": validation.suite_version,
         "waveforms": validation.rows.waveforms,
         "staged_records": validation.rows.staged_records,
+        "quarantined": sum(validation.quarantined.waveforms.values()),
         "evaluated": sum(s["evaluated"] for s in validation.suites),
         "failed": sum(s["failed_count"] for s in validation.suites),
         "failed_expectations": sorted(
@@ -101,11 +103,14 @@ def validation_trend(settings: Settings, last: int | None = None, groups: Collec
     return entries[-(last or settings.report_trend_runs) :]
 
 
-def failed_expectations(suites: list[dict[str, Any]]) -> list[str]:
+def failed_expectations(suites: list[dict[str, Any]], *, gating_only: bool = False) -> list[str]:
     """Each failed expectation of ``suites`` (a validation's), one line: what, on which column,
-    how many rows, an example."""
+    how many rows, an example. ``gating_only``: only the suites whose failure fails the run (the
+    per-waveform suite quarantines instead)."""
     lines = []
     for suite in suites:
+        if gating_only and not suite.get("gates_run", True):
+            continue
         for f in suite["failed"]:
             where = (
                 f.get("column")
@@ -155,7 +160,9 @@ def build_report(
     validation: Validated | None = None,
 ) -> dict[str, Any]:
     """Merge what each step recorded into one report (commit fields are added by the commit).
-    The report is the run's JSON document: its partitions are keyed by their number as text."""
+    The report is the run's JSON document: its partitions are keyed by their number as text.
+    Waveforms that validation quarantined are accounted as quarantined (``settled``)."""
+    reassembled = settled(reassembled, validation.quarantined if validation else None)
     partitions = {}
     for r in plan.ranges:
         read = consumed.get(r.partition) or ReadStats(r.topic, r.partition, r.start, r.end)

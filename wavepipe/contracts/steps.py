@@ -8,6 +8,7 @@ step to run again, never half read.
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -96,6 +97,16 @@ class Reassembled:
 
 
 @dataclass(kw_only=True)
+class ValidationQuarantine:
+    """Waveforms the validate step quarantined because they failed a per-waveform expectation:
+    per reason (the expectation's name), and their records per partition and reason as
+    ``[records, payload bytes]``. The reassembly had counted them as output (``settled``)."""
+
+    waveforms: dict[str, int] = field(default_factory=dict)
+    records: dict[int, dict[str, list[int]]] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
 class ValidatedRows:
     waveforms: int
     waveform_bytes: int
@@ -125,6 +136,34 @@ class Validated:
     timings: dict[str, float] = field(default_factory=dict)
     #: what could not be described (the plot, Data Docs, the trend): never a failure
     notes: list[str] = field(default_factory=list)
+    #: the new waveforms a per-waveform expectation quarantined instead of publishing
+    quarantined: ValidationQuarantine = field(default_factory=ValidationQuarantine)
+
+
+def settled(reassembled: Reassembled | None, moved: ValidationQuarantine | None) -> Reassembled | None:
+    """The run's accounting once validation has quarantined the new waveforms that failed a
+    per-waveform expectation: their records move from output to quarantined (the same
+    partitions, the safe offsets unchanged), their waveforms from ``output_new`` to
+    ``quarantined:<expectation>``. ``moved``: a validation's ``quarantined``. ``reassembled``
+    itself is left as it was recorded."""
+    if reassembled is None or moved is None or not moved.waveforms:
+        return reassembled
+    out = copy.deepcopy(reassembled)
+    for partition, reasons in moved.records.items():
+        part = out.partitions[partition]
+        for reason, (records, nbytes) in reasons.items():
+            part.output -= records
+            part.output_bytes -= nbytes
+            part.quarantined += records
+            part.quarantined_bytes += nbytes
+            part.quarantine_reasons[reason] = part.quarantine_reasons.get(reason, 0) + records
+    for reason, n in moved.waveforms.items():
+        out.waveforms["output_new"] = out.waveforms.get("output_new", 0) - n
+        key = f"quarantined:{reason}"
+        out.waveforms[key] = out.waveforms.get(key, 0) + n
+    if out.waveforms.get("output_new") == 0:
+        del out.waveforms["output_new"]
+    return out
 
 
 @functools.cache
