@@ -192,7 +192,11 @@ def _commit_offsets(
         published = {
             p: merge_intervals(published_in_metadata(current[p][1], dlq) + ledger.get(p, [])) for p in partitions
         }
-        after_commit = {r.partition: merge_intervals(published[r.partition] + [[r.start, r.end]]) for r in plan.ranges}
+        lost = {int(p): r for p, r in ((plan.recovered or {}).get("ranges") or {}).items()}  # its dead letters too
+        after_commit = {
+            r.partition: merge_intervals(published[r.partition] + [[r.start, r.end]] + [lost.get(r.partition, [0, 0])])
+            for r in plan.ranges
+        }
         to_commit = [
             TopicPartition(plan.topic, p, safe[p], metadata=commit_metadata(plan, p, after_commit[p], dlq))
             for p in partitions

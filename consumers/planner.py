@@ -201,10 +201,15 @@ def plan_run(settings: Settings, run_id: str, **request: Unpack[RunRequest]) -> 
         partitions = partitions_of(settings, topic)
         positions = committed_positions(settings, group, topic, partitions)
         committed = {p: offset for p, (offset, _) in positions.items()}
+        committed_by = {p: committed_run_id(meta) for p, (_, meta) in positions.items()}
         earliest = list_offsets(settings, topic, partitions, OffsetSpec.earliest())
         stable = list_offsets(settings, topic, partitions, OffsetSpec.latest())
         started = None
-        if all(offset is None for offset in committed.values()):
+        recovered = _lost_commit(settings, run_id, group, topic, committed, committed_by)
+        if recovered is not None:  # the tables hold a run Kafka never heard of: go on after it
+            committed_or_start = {p: recovered["offsets"].get(p, [0, committed[p]])[1] for p in partitions}
+            committed_or_start = {p: earliest[p] if v is None else v for p, v in committed_or_start.items()}
+        elif all(offset is None for offset in committed.values()):
             if not choice:
                 message = new_group_message(settings, group, topic)
                 if previous:  # this home committed there before: Kafka dropped the group's offsets
@@ -270,6 +275,9 @@ def plan_run(settings: Settings, run_id: str, **request: Unpack[RunRequest]) -> 
             latest={p: stable[p] for p in partitions},
             new_group_start=started,
             moved=moved,
+            txn_version=_next_txn(settings, group, topic),
+            committed_by=committed_by,
+            recovered=recovered,
         )
         store.save_plan(plan)
     except BaseException:
@@ -277,6 +285,50 @@ def plan_run(settings: Settings, run_id: str, **request: Unpack[RunRequest]) -> 
         raise
     log.info("run %s: planned %d offsets over %d partitions", run_id, plan.total_offsets, len(ranges))
     return plan
+
+
+def _lost_commit(
+    settings: Settings,
+    run_id: str,
+    group: str,
+    topic: str,
+    committed: dict[int, int | None],
+    committed_by: dict[int, str | None],
+) -> dict | None:
+    """The group's newest publish in the output table if its Kafka commit never happened
+    (``delta_txn.lost_commit``), said in the log; None otherwise, or when the table cannot say."""
+    from wavepipe import delta_txn
+
+    positions = {p: (committed[p], committed_by[p]) for p in committed}
+    try:
+        newest = delta_txn.published_runs(settings.output_table, delta_txn.app_id(group, topic), commits=50)
+    except Exception as exc:  # a table delta-rs cannot read: Kafka's offsets stand, as before
+        log.warning("run %s: could not read the output table's log for unfinished commits: %s", run_id, exc)
+        return None
+    lost = delta_txn.lost_commit(newest[0] if newest else None, positions)
+    if lost is not None:
+        log.warning(
+            "run %s: run %s published up to %s (table version %s) but its Kafka commit never happened; "
+            "going on from there, and this run's commit moves the group there too",
+            run_id,
+            lost["run_id"],
+            {p: to for p, (_, to) in lost["offsets"].items()},
+            lost["table_version"],
+        )
+    return lost
+
+
+def _next_txn(settings: Settings, group: str, topic: str) -> int | None:
+    """The ``txnVersion`` the run of ``group`` on ``topic`` planned now commits with; None when a
+    table cannot be read yet (one an earlier wavepipe wrote: the publish repairs it, then asks)."""
+    from wavepipe import delta_txn
+    from wavepipe.maintenance import table_paths
+
+    try:
+        return delta_txn.next_version(table_paths(settings).values(), delta_txn.app_id(group, topic))
+    except RuntimeError as exc:
+        log.warning("%s; the run's transaction version is chosen when it publishes", exc)
+        return None
 
 
 class WindowError(UsageError):
@@ -391,7 +443,15 @@ def plan_window_run(
             offsets[str(p)] = [a, b]
             ranges.append(OffsetRange(topic, p, a, read_end))
         window = {"start": start.isoformat(), "end": end.isoformat(), "offsets": offsets, "notes": notes}
-        plan = RunPlan.new(run_id, topic, lane, ranges, latest={p: stable[p] for p in partitions}, window=window)
+        plan = RunPlan.new(
+            run_id,
+            topic,
+            lane,
+            ranges,
+            latest={p: stable[p] for p in partitions},
+            window=window,
+            txn_version=_next_txn(settings, lane, topic),
+        )
         for note in notes:
             log.warning("run %s: %s", run_id, note)
         store.save_plan(plan)

@@ -439,6 +439,8 @@ def cmd_bench(args) -> int:
         return _bench_trickle(settings, args)
     if args.table_layout:
         return _bench_table_layout(settings, args)
+    if args.txn_state:
+        return _bench_txn_state(settings, args)
     changes = {
         "parallelism": args.parallelism,
         "partitions": args.partitions,
@@ -534,6 +536,20 @@ def _bench_table_layout(settings, args) -> int:
         print(f"results: {', '.join(map(str, paths))}")
         exactly_once = exactly_once and bool(goals[-1][1])
     return 0 if exactly_once else 1
+
+
+def _bench_txn_state(settings, args) -> int:
+    from pathlib import Path
+
+    from wavepipe.bench import txn_state
+    from wavepipe.bench.results import default_results_dir, save_page
+
+    out = Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else default_results_dir())
+    result = txn_state.measure(settings, commits=500 if args.quick else 10_000)
+    print(txn_state.to_markdown(result))
+    paths = save_page(result, out, "txn-state", txn_state.to_markdown, txn_state.chart)
+    print(f"results: {', '.join(map(str, paths))}")
+    return 0 if all(met for _, met, _ in txn_state.goals(result)) else 1
 
 
 def _bench_consume_scaling(settings, args) -> int:
@@ -782,6 +798,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="only the freshness benchmark: one waveform a second, then bursts, into wavepipe's event-driven "
         "DAG (real Airflow services) and into Spark Structured Streaming; results in docs/benchmarks/trickle.*",
+    )
+    b.add_argument(
+        "--txn-state",
+        action="store_true",
+        help="only the transaction-state benchmark: 10,000 micro-batch commits (500 with --quick) with a stable "
+        "transaction id against one per run; results in docs/benchmarks/txn-state.*",
     )
     b.add_argument(
         "--table-layout",

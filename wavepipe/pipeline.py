@@ -24,7 +24,7 @@ from wavepipe import report_html, spark
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import UsageError
 from wavepipe.contracts.plan import ActiveRunError, RunPlan, RunRequest, as_utc, new_run_id, run_request, safe_run_id
-from wavepipe.contracts.report import build_report, failed_expectations, validation_trend
+from wavepipe.contracts.report import build_report, failed_expectations, spark_jobs_summary, validation_trend
 from wavepipe.contracts.runfiles import RunStore, Step, html_path, json_path, staged_paths, write_json_atomic
 from wavepipe.contracts.steps import ReadStats, Reassembled, Validated
 
@@ -404,6 +404,9 @@ def _report(store: RunStore, plan: RunPlan, *, validation: Validated | None, ski
         report["moved"] = {str(p): move for p, move in plan.moved.items()}
     if plan.new_group_start:
         report["new_group_start"] = plan.new_group_start
+    if plan.recovered:  # a run whose publish is in the tables but whose Kafka commit was lost
+        report["recovered"] = plan.recovered
+    report["spark_jobs"] = spark_jobs_summary(store.load_step(plan.run_id, Step.SPARK_JOBS) or {})
     return report
 
 
@@ -430,6 +433,10 @@ def _new_dead_letters(store: RunStore, plan: RunPlan, published: dict[int, list[
             intervals = [(a, b) for a, b in published.get(r.partition, []) if a < r.end and b > r.start]
             for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
                 yield from batch.filter(_outside(batch.column("offset"), intervals)).to_pylist()
+    if plan.recovered:  # the run whose Kafka commit was lost: its dead letters never went out
+        from wavepipe.delta_txn import dead_letters_of
+
+        yield from dead_letters_of(store.settings.dead_letter_table, plan.recovered["run_id"])
 
 
 def _outside(offsets, intervals: list[tuple[int, int]]):
@@ -493,9 +500,7 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
         safe = {int(p): part["safe_offset"] for p, part in report["partitions"].items()}
         failpoint("commit.before_offsets")
         try:
-            committed = commit_safe_offsets(
-                settings, plan, safe, lambda published: _new_dead_letters(store, plan, published)
-            )
+            committed = commit_safe_offsets(settings, plan, safe, functools.partial(_new_dead_letters, store, plan))
         except OffsetsMovedError:
             store.release_group(plan.group, run_id)  # this run can never commit: free the group
             store.discard_staging(run_id)
@@ -506,12 +511,13 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
             plan.group, plan.topic, {r.partition: [safe[r.partition], r.end] for r in plan.ranges}
         )
     else:  # nothing new was read
-        if plan.new_group_start:  # a new group starting where nothing is to read yet: its offsets are created
+        if plan.new_group_start or plan.recovered:  # a new group's offsets are created; a lost commit is made
             starts = {r.partition: r.start for r in plan.ranges}
-            report["commit"] = {str(p): v for p, v in commit_safe_offsets(settings, plan, starts).items()}
+            dead = functools.partial(_new_dead_letters, store, plan)
+            report["commit"] = {str(p): v for p, v in commit_safe_offsets(settings, plan, starts, dead).items()}
         else:  # the group's offsets (and their run metadata) stay as they are
             report["commit"] = {str(r.partition): {"before": r.start, "after": r.start} for r in plan.ranges}
-        if plan.new_group_start or plan.moved:
+        if plan.new_group_start or plan.moved or plan.recovered:
             # where this home continues from now: a new group's start, or a move by someone else (said once)
             store.save_previous_ranges(plan.group, plan.topic, {r.partition: [r.start, r.end] for r in plan.ranges})
     if not plan.is_window:
@@ -520,7 +526,8 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
     report["timings_s"].update(store.load_step(run_id, Step.TIMINGS) or {})
     report["status"] = "window_replaced" if plan.is_window else "committed"
     store.save_step(run_id, Step.REPORT, report)
-    if skipped and not plan.is_window and not plan.moved and not plan.lost and not plan.new_group_start:
+    quiet = not (plan.is_window or plan.moved or plan.lost or plan.new_group_start or plan.recovered)
+    if skipped and quiet:
         # an idle run: one line of history for the group instead of a report (96 a day at the schedule)
         store.record_idle_run(plan.group, run_id)
         report["report_path"] = report["report_html"] = None

@@ -161,6 +161,57 @@ def test_crash_after_the_output_is_durable_then_a_rerun_adds_nothing_twice(reque
     assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: 12, 1: 12}
 
 
+def test_a_lost_kafka_commit_is_found_in_the_delta_log_when_the_home_lost_the_run(settings, spark, kafka):
+    # the publish went through, the Kafka commit did not, and the run's state under the home is
+    # gone (a fresh worker, a wiped disk): the next run learns it from the tables' Delta log
+    import shutil
+
+    import deltalake
+
+    from tests.helpers import read_topic
+    from wavepipe import delta_txn
+    from wavepipe.local.kafka import CONSUMER_GROUPS_TOOL
+
+    settings = settings.replace(dead_letter_topic=f"{settings.topic}-dlq")
+    ensure_topic(settings)
+    ensure_topic(settings, settings.dead_letter_topic, partitions=1)
+    expected = _produce(settings, 4, partitions=(0, 1))
+    produce_in_order(settings, [(b"junk", [], b"no headers")], partition=1)
+    crashed = start_cli(settings, "run", "--run-id", "lost", failpoints="commit.before_offsets=kill")
+    out, _ = crashed.communicate(timeout=600)
+    assert crashed.returncode != 0, out[-3000:]
+    assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: None, 1: None}
+    for state in (settings.runs_dir, settings.groups_dir, settings.staging_dir):
+        shutil.rmtree(state)
+    (newest, *_) = delta_txn.published_runs(settings.output_table, delta_txn.app_id(settings.group, settings.topic))
+    assert newest["run_id"] == "lost" and newest["safe_offsets"] == {0: 8, 1: 9}
+
+    report = pipeline.run_once(settings, run_id="next")
+
+    assert report["recovered"]["run_id"] == "lost"
+    assert {int(p): o for p, o in report["recovered"]["offsets"].items()} == {0: [None, 8], 1: [None, 9]}
+    assert report["skipped"] and report["waveforms"] == {}, "nothing re-read: the log said where the run got to"
+    assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: 8, 1: 9}
+    _assert_output(spark, settings, expected)
+    assert len(read_topic(settings, settings.dead_letter_topic)) == 1, "its dead letter went out, once"
+    described = kafka.tool(
+        CONSUMER_GROUPS_TOOL, "--bootstrap-server", kafka.bootstrap, "--describe", "--group", settings.group
+    )
+    lags = sorted(line.split()[2:6] for line in described.stdout.splitlines() if settings.topic + " " in line + " ")
+    assert lags == [["0", "8", "8", "0"], ["1", "9", "9", "0"]], described.stdout
+    # one transaction entry per group in every table, at the version of the group's last publish
+    app = delta_txn.app_id(settings.group, settings.topic)
+    assert deltalake.DeltaTable(str(settings.output_table)).transaction_version(app) == 1
+
+    # and the next publishing run goes on from there, with the next version
+    more = _produce(settings, 2, partitions=(0,), prefix="x")
+    report = pipeline.run_once(settings, run_id="after")
+    assert "recovered" not in report and report["waveforms"] == {"output_new": 2}
+    _assert_output(spark, settings, {**expected, **more})
+    assert deltalake.DeltaTable(str(settings.output_table)).transaction_version(app) == 2
+    assert len(read_topic(settings, settings.dead_letter_topic)) == 1
+
+
 @pytest.fixture
 def own_kafka(tmp_path):
     """A broker of this test's own, so restarting it disturbs no other test."""

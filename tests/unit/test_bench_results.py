@@ -180,3 +180,28 @@ def test_a_server_beside_the_measured_system_is_not_counted_as_its_memory():
     # (the test process may have Spark processes of its own, e.g. a test worker's engine)
     jvms = [m.stats().get("spark_jvm", {}).get("processes", 0) for m in (counted, beside)]
     assert jvms[0] - jvms[1] == 1, jvms
+
+
+def test_the_txn_state_goals_hold_only_when_the_stable_ids_state_stays_flat():
+    from wavepipe.bench import txn_state
+
+    def sample(commits, entries, size, ms):
+        return {
+            "commits": commits,
+            "txn_entries": entries,
+            "checkpoint_bytes": size,
+            "commit_ms_median": ms,
+            "commit_ms_p95": ms,
+        }
+
+    flat = [sample(500, 1, 13877, 30.0), sample(10_000, 1, 13877, 31.0)]
+    grown = [sample(500, 500, 80_000, 30.0), sample(10_000, 10_000, 1_500_000, 70.0)]
+    result = {
+        "commits": 10_000,
+        "started": "t",
+        "schemes": {"id_per_run": {"samples": grown}, "stable_id": {"samples": flat}},
+    }
+    assert [met for _, met, _ in txn_state.goals(result)] == [True, True, True]
+    assert "| id_per_run | 10,000 | 10,000 | 1,500,000 |" in txn_state.to_markdown(result)
+    result["schemes"]["stable_id"]["samples"] = grown
+    assert [met for _, met, _ in txn_state.goals(result)] == [False, False, False]

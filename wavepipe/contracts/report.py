@@ -246,6 +246,20 @@ def build_report(
     return report
 
 
+def spark_jobs_summary(by_step: dict[str, list[dict] | None]) -> dict[str, Any]:
+    """The Spark jobs a run started, from its engine steps' records (step -> the engine's list of
+    the jobs, None where it could not say): how many, their seconds, and each job. ``count`` is
+    None when a step's jobs are unknown (a remote engine without a job list)."""
+    known = all(jobs is not None for jobs in by_step.values())
+    every = [{**job, "step": step} for step, jobs in by_step.items() for job in jobs or ()]
+    return {
+        "count": len(every) if known else None,
+        "seconds": round(sum(job.get("s") or 0 for job in every), 3),
+        "by_step": {step: None if jobs is None else len(jobs) for step, jobs in by_step.items()},
+        "jobs": every,
+    }
+
+
 def check_balance(report: dict[str, Any]) -> list[str]:
     """Every way the report's counts fail to add up (empty when they do)."""
     errors = []

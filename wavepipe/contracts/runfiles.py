@@ -47,6 +47,8 @@ class Step:
     REPORT = "report"
     #: seconds each step took, added to the report
     TIMINGS = "timings"
+    #: the Spark jobs each engine step started, as the engine listed them
+    SPARK_JOBS = "spark_jobs"
 
     @staticmethod
     def consume(rng: OffsetRange) -> str:
