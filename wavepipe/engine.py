@@ -20,11 +20,14 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -253,6 +256,83 @@ def sole_writer(spark, settings: Settings) -> Iterator[None]:
     finally:
         with contextlib.suppress(Exception):
             spark.removeTag(tag)
+
+
+@contextlib.contextmanager
+def counted_jobs(spark, settings: Settings, into: dict) -> Iterator[None]:
+    """Tag the step's operations; afterwards ``into["jobs"]`` lists the Spark jobs they started,
+    from the engine's own job list (``spark_jobs``), or is None where the engine has no job list
+    to ask (a remote engine) or it did not answer: the list only describes a run, never fails it."""
+    tag = f"wavepipe-jobs-{uuid.uuid4().hex[:16]}"
+    spark.addTag(tag)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            spark.removeTag(tag)
+        ui = None if settings.spark_remote else LocalEngine(settings).ui_url()
+        try:
+            into["jobs"] = spark_jobs(ui, tag) if ui else None
+        except Exception as exc:
+            log.warning("could not list the step's Spark jobs from %s: %s", ui, exc)
+            into["jobs"] = None
+
+
+def _get_json(url: str):
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.loads(response.read())
+
+
+def _ui_time(text: str | None) -> datetime | None:
+    return datetime.strptime(text.replace("GMT", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z") if text else None
+
+
+def spark_jobs(ui: str, tag: str, settle_s: float = 3.0) -> list[dict]:
+    """The jobs the engine at ``ui`` ran for operations tagged ``tag`` (Spark Connect marks its
+    jobs with its clients' tags), oldest first: id, name, seconds, status and stages. The engine
+    records a job's end a moment after the operation returns: waits up to ``settle_s`` for none
+    to be running."""
+    (app,) = [a["id"] for a in _get_json(f"{ui}/api/v1/applications")][:1]
+    deadline = time.monotonic() + settle_s
+    while True:
+        jobs = [
+            j
+            for j in _get_json(f"{ui}/api/v1/applications/{app}/jobs")
+            if any(t == tag or t.endswith(f"_Tag_{tag}") for t in j.get("jobTags") or ())
+        ]
+        if all(j["status"] != "RUNNING" for j in jobs) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    out = []
+    for j in sorted(jobs, key=lambda j: j["jobId"]):
+        began, ended = _ui_time(j.get("submissionTime")), _ui_time(j.get("completionTime"))
+        operation = next((t.rsplit("_Operation_", 1)[1] for t in j["jobTags"] if "_Operation_" in t), "")
+        out.append(
+            {
+                "id": j["jobId"],
+                "operation": operation[:8],
+                "kind": plan_kind(j.get("name") or ""),
+                "s": round((ended - began).total_seconds(), 3) if began and ended else None,
+                "status": j["status"],
+                "stages": len(j["stageIds"]),
+            }
+        )
+    return out
+
+
+_PLAN_WRAPPERS = {"plan", "root", "common", "command"}
+
+
+def plan_kind(name: str) -> str:
+    """What a Spark Connect job ran, from its name (the start of the client's plan, as text): its
+    outermost relation or command, e.g. ``aggregate``, ``write_operation``, ``sql_command``."""
+    for line in name.splitlines():
+        word = line.strip().removesuffix("{").strip()
+        if line.rstrip().endswith("{") and word and word not in _PLAN_WRAPPERS:
+            return word
+    return "?"
 
 
 def drop_cached_data(spark) -> None:

@@ -307,11 +307,13 @@ def _on_engine(settings: Settings, store: RunStore, plan: RunPlan, step: str, *,
     if validate or step == "validate":
         import_in_background()
     staged = store.staged_bytes(plan.run_id)
-    with output_lock(settings, store):
+    jobs: dict = {}
+    with output_lock(settings, store), _jobs_recorded(store, plan.run_id, step, jobs):
         began = time.monotonic()
         with (
             engine.attached(settings) as session,
             engine.sole_writer(session, settings),
+            engine.counted_jobs(session, settings, jobs),
             spark.progress(f"Spark step {step}", staged),
         ):
             attach_s = time.monotonic() - began
@@ -328,6 +330,19 @@ def _on_engine(settings: Settings, store: RunStore, plan: RunPlan, step: str, *,
             except BaseException:
                 engine.drop_cached_data(session)
                 raise
+
+
+@contextlib.contextmanager
+def _jobs_recorded(store: RunStore, run_id: str, step: str, jobs: dict):
+    """After an engine step, successful or not: the Spark jobs it started (``jobs["jobs"]``, as
+    ``engine.counted_jobs`` found them) recorded under the step's name for the run's report."""
+    try:
+        yield
+    finally:
+        if "jobs" in jobs:
+            recorded = store.load_step(run_id, Step.SPARK_JOBS) or {}
+            recorded[step] = jobs["jobs"]
+            store.save_step(run_id, Step.SPARK_JOBS, recorded)
 
 
 def _spark_step(settings: Settings, run_id: str) -> tuple[RunStore, RunPlan | None]:

@@ -117,10 +117,27 @@ class LocalEngine:
         return EngineMemory(jvm / 1e6, python / 1e6, count)
 
     # --- start and stop ----------------------------------------------------------------------
-    def command(self, port: int, host: str = HOST) -> list[str]:
+    def ui_url(self) -> str | None:
+        """The server's web UI and REST API (``/api/v1``: its job list), on loopback; None when
+        it is not running or was started without one."""
+        port = self.state().get("ui_port")
+        return f"http://{HOST}:{port}" if port and self.pid() else None
+
+    def command(self, port: int, host: str = HOST, ui_port: int | None = None) -> list[str]:
         from wavepipe.spark import pyspark_bin, spark_conf
 
         conf = spark_conf(self.settings)
+        if ui_port:  # the job list runs report (``engine.spark_jobs``); few jobs kept, so little memory
+            conf.update(
+                {
+                    "spark.ui.enabled": "true",
+                    "spark.ui.port": str(ui_port),
+                    "spark.ui.retainedJobs": "500",
+                    "spark.ui.retainedStages": "1000",
+                    "spark.ui.retainedTasks": "20000",
+                    "spark.sql.ui.retainedExecutions": "100",
+                }
+            )
         conf.update(
             {
                 "spark.connect.grpc.binding.address": host,
@@ -160,10 +177,11 @@ class LocalEngine:
         began = time.monotonic()
         if self.log_file.exists() and self.log_file.stat().st_size > LOG_ROTATE_BYTES:
             self.log_file.replace(self.log_file.with_suffix(".log.1"))  # one older log is kept
+        ui_port = free_port()
         with self.log_file.open("ab") as out:
             log_offset = out.tell()
             proc = subprocess.Popen(
-                self.command(port),
+                self.command(port, ui_port=ui_port),
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -177,6 +195,7 @@ class LocalEngine:
             {
                 "pid": proc.pid,
                 "port": port,
+                "ui_port": ui_port,
                 "session_id": session_id,
                 "started_at": time.time(),
                 "master": self.settings.spark_master,
