@@ -90,3 +90,15 @@ def test_a_token_in_the_url_is_masked_wherever_settings_are_shown():
     assert shown == "sc://h:15002/;token=*****;user_id=me"
     with pytest.raises(SettingsError, match="spark_engine must be connect or submit, got 'conect'"):
         load_settings(spark_engine="conect")
+
+
+def test_a_jobs_kind_is_the_outermost_relation_or_command_of_its_plan():
+    from wavepipe.engine import plan_kind
+
+    name = 'Spark Connect - session_id: "s"\nplan {\n  root {\n    common {\n      plan_id: 4\n    }\n    aggregate {\n ...'
+    assert plan_kind(name) == "aggregate"
+    assert (
+        plan_kind('Spark Connect - session_id: "s"\nplan {\n  command {\n    write_operation {\n ...')
+        == "write_operation"
+    )
+    assert plan_kind("something else") == "?"

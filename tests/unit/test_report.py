@@ -194,3 +194,15 @@ def test_the_trend_of_a_group_holds_its_window_runs(tmp_path):
     assert lanes("g") == lanes("g.backfill") == ("g", "g.backfill")
     assert [e["run_id"] for e in validation_trend(settings, groups=lanes("g.backfill"))] == ["a", "w"]
     assert [e["run_id"] for e in validation_trend(settings)] == ["a", "w", "o"]
+
+
+def test_the_spark_jobs_summary_counts_what_the_engine_listed_and_says_when_it_could_not():
+    from wavepipe.contracts.report import spark_jobs_summary
+
+    jobs = [{"id": 7, "kind": "aggregate", "s": 0.25}, {"id": 8, "kind": "write_operation", "s": 1.5}]
+    summary = spark_jobs_summary({"reassemble": jobs})
+    assert (summary["count"], summary["seconds"], summary["by_step"]) == (2, 1.75, {"reassemble": 2})
+    assert [j["step"] for j in summary["jobs"]] == ["reassemble", "reassemble"]
+    unknown = spark_jobs_summary({"reassemble": jobs, "validate": None})  # a remote engine's step
+    assert unknown["count"] is None and unknown["by_step"]["validate"] is None
+    assert spark_jobs_summary({})["count"] == 0, "a run that read nothing started no job"

@@ -6,7 +6,7 @@ from html.parser import HTMLParser
 
 from tests.unit.test_report import CONSUMED, PLAN, _reassembled, validated
 from wavepipe import report_html
-from wavepipe.contracts.report import build_report, failed_expectations
+from wavepipe.contracts.report import build_report, failed_expectations, spark_jobs_summary
 
 
 class _Numbers(HTMLParser):
@@ -104,6 +104,8 @@ def _report(validation=VALIDATION, commit=None):
 
 def test_every_number_on_the_page_is_the_reports():
     report = _report(commit={"0": {"before": 10, "after": 14}, "1": {"before": None, "after": 5}})
+    jobs = [{"id": 3, "kind": "aggregate", "s": 0.25, "status": "SUCCEEDED", "stages": 2, "operation": "ab12"}]
+    report["spark_jobs"] = spark_jobs_summary({"reassemble": jobs * 4})
     html = report_html.render(report, trend=[])
     values, texts = parse_numbers(html)
     assert len(values) > 40
@@ -123,6 +125,7 @@ def test_every_number_on_the_page_is_the_reports():
     for field in ("offsets", "output", "pending", "quarantined", "dead_letter"):
         assert values[f"totals.{field}"] == str(report["totals"][field])
     assert values["commit.0.after"] == "14"
+    assert (values["spark_jobs.count"], values["spark_jobs.seconds"]) == ("4", "1.0") and "reassemble 4" in html
     assert "committed" in html
 
 
