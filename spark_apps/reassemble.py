@@ -43,6 +43,7 @@ from wavepipe.contracts.protocol import checksum, output_facts
 from wavepipe.contracts.runfiles import RunStore, Step, staged_paths
 from wavepipe.contracts.steps import PartitionAccount, ReadStats, Reassembled, WindowRows
 from wavepipe.faults import armed, failpoint
+from wavepipe.spark import phase
 from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_apps.tables import (
     delta_checksums,
@@ -917,7 +918,8 @@ def reassemble_and_save(
     """Reassemble run ``plan`` and save the result as its ``reassemble`` step; ``validate``: then
     validate and publish in the same session. ``session_s``: what getting the session took."""
     began = time.monotonic()
-    result = reassemble_run(spark, settings, plan)
+    with phase("reassemble"):
+        result = reassemble_run(spark, settings, plan)
     result.timings["spark_app_s"] = round(time.monotonic() - began, 3)
     result.timings["session_start_s"] = round(session_s, 3)
     store.save_result(plan.run_id, Step.REASSEMBLE, result)

@@ -47,6 +47,7 @@ from wavepipe.delta_txn import Txn
 from wavepipe.faults import failpoint
 from wavepipe.maintenance import table_paths
 from wavepipe.offline_docs import localize_site
+from wavepipe.spark import phase
 from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_apps.reassemble import (
     MANIFEST_COLUMNS,
@@ -826,6 +827,11 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
     """Validate run ``plan``'s candidates: quarantine the waveforms that fail a per-waveform
     expectation, and publish the rest if every run-level expectation holds. The outcome is saved
     as the run's ``validate`` step (and a line of the validation history) either way."""
+    with phase("validate"):
+        return _validate_and_publish(spark, settings, plan)
+
+
+def _validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan) -> Validated:
     store = RunStore(settings)
     store.clear_step(plan.run_id, Step.VALIDATE)
     reassembled = check_candidates(spark, store, plan.run_id)
@@ -870,7 +876,8 @@ def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan)
     try:
         if result.success:
             t = time.monotonic()
-            _publish(spark, settings, plan, result, rejected, counts, wait_for_plot)
+            with phase("publish"):
+                _publish(spark, settings, plan, result, rejected, counts, wait_for_plot)
             timings["publish_s"] = time.monotonic() - t
     finally:
         if not isinstance(checked, pd.DataFrame):

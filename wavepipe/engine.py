@@ -26,6 +26,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -222,14 +223,110 @@ def attached(settings: Settings) -> Iterator[object]:
             spark = _session(url)
         faults.attached_engine(engine.pid() if engine else None)
         try:
-            yield spark
+            with _watched(engine, spark) as died:
+                yield spark
         except Exception as exc:
-            if _closed_session(exc):
+            lost = _lost_reason(exc, died, f"sc://{host}:{port}")
+            if lost or _closed_session(exc):
                 with _sessions_lock:
                     _sessions.pop(url, None)  # the next step attaches afresh
+            if lost:
+                raise EngineLostError(_lost_message(lost, engine)) from exc
             raise
         finally:
             faults.attached_engine(None)
+
+
+class EngineLostError(EngineUnavailableError):
+    """The engine died, was stopped or stopped answering during a step; the message is one line
+    that says what happened and what to run next."""
+
+
+#: How often a step checks that its local engine's JVM is still there.
+WATCH_S = 0.5
+#: Sessions whose engine died or stopped answering: no call is made on them any more.
+_lost: weakref.WeakSet = weakref.WeakSet()
+
+
+def lost(spark) -> bool:
+    """Whether ``spark``'s engine died or stopped answering (a call on it would only wait)."""
+    return spark in _lost
+
+
+@contextlib.contextmanager
+def _watched(engine: LocalEngine | None, spark) -> Iterator[dict]:
+    """While a step runs on this home's engine: a JVM that exits is noticed within ``WATCH_S``,
+    and the session's channel is closed so the step's call fails at once instead of retrying a
+    server that is gone. Yields what it saw (``pid``: the JVM that exited)."""
+    from wavepipe.local.engine import SERVER_CLASS
+    from wavepipe.local.processes import alive
+
+    died: dict = {}
+    pid = engine.pid() if engine else None
+    if pid is None:
+        yield died
+        return
+    stop = threading.Event()
+    died["watched"] = pid
+
+    def watch() -> None:
+        while not stop.wait(WATCH_S):
+            if not alive(pid, SERVER_CLASS):
+                died["pid"] = pid
+                _lost.add(spark)
+                _close_quietly(spark)
+                return
+
+    threading.Thread(target=watch, name="spark-engine-watch", daemon=True).start()
+    try:
+        yield died
+    except BaseException:
+        if not alive(pid, SERVER_CLASS):  # it went before the watch looked again
+            died["pid"] = pid
+        raise
+    finally:
+        stop.set()
+
+
+#: What a call says when its engine went away (gRPC, Spark Connect's client, Spark's scheduler).
+_GONE = (
+    "StatusCode.UNAVAILABLE",
+    "RETRIES_EXCEEDED",
+    "Connection refused",
+    "Socket closed",
+    "Channel closed",
+    "Stream removed",
+)
+_STOPPED = ("SparkContext was shut down", "SparkContext has been shutdown", "SparkContext is stopped")
+
+
+def _lost_reason(exc: BaseException, died: dict, address: str) -> str | None:
+    """How the step's engine went away, in words, or None when ``exc`` is another failure."""
+    from wavepipe.spark import current_phase
+
+    text = f"{exc!r} {exc}"
+    during = f"during Spark step {current_phase() or 'the step'}"
+    if died.get("pid"):
+        return f"the Spark engine's JVM (pid {died['pid']}) exited {during}"
+    if any(marker in text for marker in _STOPPED):
+        return f"the Spark engine was stopped {during} (`wavepipe spark restart --force`, or its JVM shut down)"
+    if any(marker in text for marker in _GONE):
+        return f"the Spark engine at {address} stopped answering {during}"
+    return None
+
+
+def _lost_message(reason: str, engine: LocalEngine | None) -> str:
+    where = f"the engine's log: {engine.log_file}" if engine else "check the Spark Connect server (spark_remote)"
+    return (
+        f"{reason}. Nothing the step wrote was committed, and the run's plan and staged chunks are kept: run it "
+        f"again (`wavepipe run` resumes the run and starts the engine; in Airflow, clear the failed task); {where}"
+    )
+
+
+def after_failure(spark, exc: BaseException) -> None:
+    """After a failed step, while its engine is still there: free what the step left cached."""
+    if not lost(spark) and _lost_reason(exc, {}, "") is None:
+        drop_cached_data(spark)
 
 
 @contextlib.contextmanager
@@ -247,11 +344,13 @@ def sole_writer(spark, settings: Settings) -> Iterator[None]:
     spark.addTag(tag)
     try:
         yield
-    except BaseException:
+    except BaseException as exc:
         # the step failed or was stopped here (a task killed by Airflow, Ctrl-C): what it started
-        # on the server must not go on writing after the tables' lock is released
-        with contextlib.suppress(Exception):
-            spark.interruptTag(tag)
+        # on the server must not go on writing after the tables' lock is released (a server that
+        # is gone writes nothing: it is not called, which would only wait)
+        if not lost(spark) and _lost_reason(exc, {}, "") is None:
+            with contextlib.suppress(Exception):
+                spark.interruptTag(tag)
         raise
     finally:
         with contextlib.suppress(Exception):

@@ -327,8 +327,8 @@ def _on_engine(settings: Settings, store: RunStore, plan: RunPlan, step: str, *,
                     from wavepipe.spark_apps.validate import validate_and_publish
 
                     validate_and_publish(session, settings, plan)
-            except BaseException:
-                engine.drop_cached_data(session)
+            except BaseException as exc:
+                engine.after_failure(session, exc)
                 raise
 
 

@@ -106,8 +106,20 @@ def pyspark_bin(name: str) -> Path:
     return Path(pyspark.__file__).parent / "bin" / name
 
 
+#: Tries of a task (a killed Python worker, a lost executor) before its job fails: Spark's
+#: default on a cluster. Local mode gives a task one try unless the master says otherwise.
+TASK_ATTEMPTS = 4
+
+
+def with_task_retries(master: str) -> str:
+    """``master``, with ``TASK_ATTEMPTS`` tries per task when it is local mode without a count of
+    its own (``local``, ``local[2]``, ``local[*]`` -> ``local[2,4]``...); others as they are."""
+    found = re.fullmatch(r"local(?:\[(\d+|\*)\])?", master.strip())
+    return f"local[{found.group(1) or 1},{TASK_ATTEMPTS}]" if found else master
+
+
 def spark_submit_command(settings: Settings, app: Path, *args: str, small_run: bool = False) -> list[str]:
-    cmd = [str(pyspark_bin("spark-submit")), "--master", settings.spark_master]
+    cmd = [str(pyspark_bin("spark-submit")), "--master", with_task_retries(settings.spark_master)]
     for key, value in spark_conf(settings, small_run=small_run).items():
         cmd += ["--conf", f"{key}={value}"]
     return cmd + [str(app), *args]
@@ -181,17 +193,44 @@ def _wait_with_progress(proc: subprocess.Popen, app: Path, staged_bytes: int | N
         proc.wait()
 
 
+#: The part of an engine step that runs now, and the part a failure left (``phase``); one
+#: engine step at a time runs in a process (the run's lock).
+_phase: dict[str, str | None] = {"now": None, "failed": None}
+
+
+@contextlib.contextmanager
+def phase(name: str):
+    """Name the part of an engine step that runs now (``reassemble``, ``validate``, ``publish``):
+    the step's progress lines and its failure say which part it was in."""
+    before, _phase["now"] = _phase["now"], name
+    try:
+        yield
+    except BaseException:
+        _phase["failed"] = _phase["failed"] or name
+        raise
+    finally:
+        _phase["now"] = before
+
+
+def current_phase() -> str | None:
+    """The innermost ``phase`` running now, or the one a failure is leaving."""
+    return _phase["now"] or _phase["failed"]
+
+
 @contextlib.contextmanager
 def progress(what: str, staged_bytes: int | None = None, outcome=None):
-    """Log a line when ``what`` starts, every ``PROGRESS_EVERY_S`` while it runs, and when it ends
-    (``done`` or ``failed``, or what ``outcome()`` says once it ended)."""
+    """Log a line when ``what`` starts, every ``PROGRESS_EVERY_S`` while it runs (with the
+    ``phase`` it is in), and when it ends (``done``, or ``failed in <phase>``, or what
+    ``outcome()`` says once it ended)."""
     what = what + (f" on {staged_bytes / 1e6:.1f} MB of staged chunks" if staged_bytes else "")
     began = time.monotonic()
     done = threading.Event()
+    _phase["failed"] = None
 
     def tick() -> None:
         while not done.wait(PROGRESS_EVERY_S):
-            log.info("%s: running for %.0fs", what, time.monotonic() - began)
+            now = f" ({_phase['now']})" if _phase["now"] else ""
+            log.info("%s: running for %.0fs%s", what, time.monotonic() - began, now)
 
     log.info("%s: started", what)
     ticker = threading.Thread(target=tick, name="spark-progress", daemon=True)
@@ -200,6 +239,9 @@ def progress(what: str, staged_bytes: int | None = None, outcome=None):
     try:
         yield
         ended = "done"
+    except BaseException:
+        ended = f"failed in {_phase['failed']}" if _phase["failed"] else "failed"
+        raise
     finally:
         done.set()
         seconds = time.monotonic() - began
@@ -303,7 +345,7 @@ def local_session(settings: Settings, app_name: str = "wavepipe"):
     # Python workers must run this interpreter (the virtualenv's), not the first python on PATH.
     for key, value in {**_local_env(settings), "PYSPARK_PYTHON": sys.executable}.items():
         os.environ.setdefault(key, value)
-    builder = SparkSession.builder.master(settings.spark_master).appName(app_name)
+    builder = SparkSession.builder.master(with_task_retries(settings.spark_master)).appName(app_name)
     for key, value in spark_conf(settings).items():
         builder = builder.config(key, value)
     return builder.getOrCreate()

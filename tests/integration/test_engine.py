@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.helpers import assert_accounted, output_rows, produce_in_order, run_cli, waveform_records
+from tests.helpers import assert_accounted, output_rows, produce_in_order, run_cli, start_cli, waveform_records
 from wavepipe import pipeline
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.local.engine import LocalEngine
@@ -113,3 +113,40 @@ def test_an_unreachable_engine_is_one_line_before_anything_is_read(settings):
     assert seconds < 60, f"{seconds:.0f}s: an unreachable engine is said at once, not after retries"
     assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: None, 1: None}
     assert not list((settings.staging_dir).rglob("*.parquet")), "nothing was read for a run that cannot be processed"
+
+
+def test_an_engine_killed_under_a_run_is_said_in_one_line_within_seconds_and_the_retry_resumes(own_engine, spark):
+    import os
+    import signal
+
+    ensure_topic(own_engine)
+    expected = _produce(own_engine, "k", 4, seed=70)
+    # every waveform's bytes are assembled in a Spark task that dawdles, so the kill lands inside one
+    run = start_cli(own_engine, "run", "--run-id", "killed", failpoints="assemble.batch=sleep:60")
+    seen = []
+    for line in run.stdout:  # until the run is on the engine
+        seen.append(line)
+        if "Spark step reassemble" in line and "started" in line:
+            break
+    time.sleep(2)
+    pid = LocalEngine(own_engine).pid()
+    assert pid, "".join(seen)
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    out = "".join(seen) + run.stdout.read()
+    run.wait(timeout=120)
+    seconds = time.monotonic() - killed
+    assert run.returncode == 1, out[-3000:]
+    last = [line for line in out.splitlines() if line.strip()][-1]
+    assert re.match(
+        rf"wavepipe run failed: the Spark engine's JVM \(pid {pid}\) exited during Spark step \w+\. ", last
+    ), last
+    assert "`wavepipe run` resumes the run" in last and "server.log" in last, last
+    assert "Traceback" not in out and "_InactiveRpcError" not in out and "StatusCode" not in out, out[-3000:]
+    assert seconds < 10, f"{seconds:.1f}s from the kill to the one line (was 31-42 s)"
+    assert committed_offsets(own_engine, own_engine.group, own_engine.topic, [0, 1]) == {0: None, 1: None}
+
+    report = pipeline.run_once(own_engine)  # resumes the run on a new engine
+    assert report["run_id"] == "killed"
+    assert_accounted(spark, own_engine, report)
+    assert {r[0]: r[1] for r in output_rows(spark, own_engine)} == expected

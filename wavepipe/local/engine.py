@@ -124,7 +124,7 @@ class LocalEngine:
         return f"http://{HOST}:{port}" if port and self.pid() else None
 
     def command(self, port: int, host: str = HOST, ui_port: int | None = None) -> list[str]:
-        from wavepipe.spark import pyspark_bin, spark_conf
+        from wavepipe.spark import pyspark_bin, spark_conf, with_task_retries
 
         conf = spark_conf(self.settings)
         if ui_port:  # the job list runs report (``engine.spark_jobs``); few jobs kept, so little memory
@@ -148,7 +148,8 @@ class LocalEngine:
             }
         )
         conf.pop("spark.pyspark.driver.python", None)
-        cmd = [str(pyspark_bin("spark-submit")), "--master", self.settings.spark_master, "--class", SERVER_CLASS]
+        cmd = [str(pyspark_bin("spark-submit")), "--master", with_task_retries(self.settings.spark_master)]
+        cmd += ["--class", SERVER_CLASS]
         for key, value in conf.items():
             cmd += ["--conf", f"{key}={value}"]
         return cmd
