@@ -211,16 +211,7 @@ def plan_run(settings: Settings, run_id: str, **request: Unpack[RunRequest]) -> 
             committed_or_start = {p: earliest[p] if v is None else v for p, v in committed_or_start.items()}
         elif all(offset is None for offset in committed.values()):
             if not choice:
-                message = new_group_message(settings, group, topic)
-                if previous:  # this home committed there before: Kafka dropped the group's offsets
-                    left = ", ".join(f"{topic}[{p}] {v[0]}" for p, v in sorted(previous.items()))
-                    message += (
-                        f" This home's last commit left the group at {left}: its offsets may have expired "
-                        "(the broker's offsets.retention.minutes) or been deleted; to go on from there, "
-                        "choose a time with --new-group-start or set them with `wavepipe rewind "
-                        "--to-offset`."
-                    )
-                raise NewGroupError(message)
+                raise NewGroupError(_new_group_refusal(settings, group, topic, previous))
             started = choice
             committed_or_start = _group_starts(settings, topic, partitions, choice, earliest, stable)
             log.info(
@@ -285,6 +276,20 @@ def plan_run(settings: Settings, run_id: str, **request: Unpack[RunRequest]) -> 
         raise
     log.info("run %s: planned %d offsets over %d partitions", run_id, plan.total_offsets, len(ranges))
     return plan
+
+
+def _new_group_refusal(settings: Settings, group: str, topic: str, previous: dict[int, list[int]]) -> str:
+    """Why a group without offsets on ``topic`` and without a start to take is refused, and what to do."""
+    message = new_group_message(settings, group, topic)
+    if previous:  # this home committed there before: Kafka dropped the group's offsets
+        left = ", ".join(f"{topic}[{p}] {v[0]}" for p, v in sorted(previous.items()))
+        message += (
+            f" This home's last commit left the group at {left}: its offsets may have expired "
+            "(the broker's offsets.retention.minutes) or been deleted; to go on from there, "
+            "choose a time with --new-group-start or set them with `wavepipe rewind "
+            "--to-offset`."
+        )
+    return message
 
 
 def _lost_commit(
