@@ -36,6 +36,7 @@ from wavepipe.plugins.operators import (
     ConsumeOperator,
     PlanOperator,
     ReassembleOperator,
+    RunOperator,
     ValidateOperator,
     plain_settings,
 )
@@ -185,10 +186,14 @@ def wavepipe_ingest_dag(
     watch_bytes: int | None = None,
     watch_max_delay_s: float | None = None,
     watch_poll_s: float | None = None,
+    single_task: bool | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
     """The ingest DAG: plan -> consume (one mapped task per partition group) -> reassemble ->
-    validate (then publish) -> commit, one bounded run at a time.
+    validate (then publish) -> commit, one bounded run at a time; with ``single_task`` the same
+    steps in one task, ``run`` (``RunOperator``): a micro-batch then pays one task's start, not
+    five. Default: one task when the DAG is event-driven (a ``watch_*`` threshold is set), the
+    five tasks otherwise (each step's log, duration and retry apart).
 
     ``topic``/``group``: what the trigger form offers by default (else the settings' ``topic`` and
     ``group``); a run's conf may still name others. ``settings``: wavepipe settings for this
@@ -255,6 +260,9 @@ def wavepipe_ingest_dag(
         },
         **dag_kwargs,
     ) as dag:
+        if (lag_asset is not None) if single_task is None else single_task:
+            RunOperator(task_id="run", **follow_up, **common)  # its arguments: the run's params, typed
+            return dag
         plan = PlanOperator(task_id="plan", **common)  # its arguments: the run's params, typed
         consume = ConsumeOperator.partial(
             task_id="consume",

@@ -185,40 +185,52 @@ class PlanOperator(WavepipeOperator):
         self.skip_lost_offsets, self.new_group_start = skip_lost_offsets, new_group_start
 
     def execute(self, context) -> list[list[int]]:
-        dag_run = context.get("dag_run")
-        if self.has_dag():
-            check_conf(getattr(dag_run, "conf", None), self.dag.params.keys())
-        window = run_window(context, self.arg(context, "window_start"), self.arg(context, "window_end"))
-        try:  # what a user typed is refused at once, without retries: a retry would fail the same way
-            settings = self.settings()
-            new_group_start = self.arg(context, "new_group_start")
-            plan = pipeline.plan_step(
-                settings,
-                context["run_id"],
-                topic=self.arg(context, "topic"),
-                group=self.arg(context, "group"),
-                max_records=int_or_none(self.arg(context, "max_records"), "max_records"),
-                max_bytes=int_or_none(self.arg(context, "max_bytes"), "max_bytes"),
-                skip_lost_offsets=flag(self.arg(context, "skip_lost_offsets")),
-                window=window,
-                new_group_start=None if new_group_start in (None, "None") else str(new_group_start),
-            )
-        except UsageError as exc:
-            raise AirflowFailException(str(exc)) from None
-        except ActiveRunError as exc:
-            if not window:
-                raise
-            # window runs go one at a time (a backfill may start several): wait for the lane
-            # without holding a worker slot, however long the window before takes
-            self.log.info("%s; trying again in %ds", exc, WINDOW_LANE_RETRY_S)
-            raise AirflowRescheduleException(datetime.now(UTC) + timedelta(seconds=WINDOW_LANE_RETRY_S)) from exc
-        self._describe(plan)
+        settings, plan = self.plan(context)
         groups = pipeline.partition_groups(plan, settings.consume_tasks)
         if settings.consume_tasks and groups:
             self.log.info(
                 "%d consume tasks (consume_tasks=%d): partitions %s", len(groups), settings.consume_tasks, groups
             )
         return groups
+
+    def request(self, context) -> dict[str, Any]:
+        """What the run is asked to read (``RunRequest``), from the arguments and the run's params,
+        checked: a conf key that is no param, a bad window or number fails the task at once."""
+        dag_run = context.get("dag_run")
+        if self.has_dag():
+            check_conf(getattr(dag_run, "conf", None), self.dag.params.keys())
+        new_group_start = self.arg(context, "new_group_start")
+        try:
+            return {
+                "topic": self.arg(context, "topic"),
+                "group": self.arg(context, "group"),
+                "max_records": int_or_none(self.arg(context, "max_records"), "max_records"),
+                "max_bytes": int_or_none(self.arg(context, "max_bytes"), "max_bytes"),
+                "skip_lost_offsets": flag(self.arg(context, "skip_lost_offsets")),
+                "window": run_window(context, self.arg(context, "window_start"), self.arg(context, "window_end")),
+                "new_group_start": None if new_group_start in (None, "None") else str(new_group_start),
+            }
+        except UsageError as exc:
+            raise AirflowFailException(str(exc)) from None
+
+    def plan(self, context):
+        """(settings, the run's frozen plan), planned now or reused; what a user typed is refused at
+        once, without retries (a retry would fail the same way); a window run waits for its lane."""
+        request = self.request(context)
+        try:
+            settings = self.settings()
+            plan = pipeline.plan_step(settings, context["run_id"], **request)
+        except UsageError as exc:
+            raise AirflowFailException(str(exc)) from None
+        except ActiveRunError as exc:
+            if not request["window"]:
+                raise
+            # window runs go one at a time (a backfill may start several): wait for the lane
+            # without holding a worker slot, however long the window before takes
+            self.log.info("%s; trying again in %ds", exc, WINDOW_LANE_RETRY_S)
+            raise AirflowRescheduleException(datetime.now(UTC) + timedelta(seconds=WINDOW_LANE_RETRY_S)) from exc
+        self._describe(plan)
+        return settings, plan
 
     def _describe(self, plan) -> None:
         """The plan in the task log: what the run reads, and why nothing when so."""
@@ -331,7 +343,11 @@ class CommitOperator(WavepipeOperator):
 
     def execute(self, context) -> str:
         settings = self.settings()
-        report = pipeline.commit_step(settings, self.run_id(settings, context))
+        return self.committed(context, pipeline.commit_step(settings, self.run_id(settings, context)))
+
+    def committed(self, context, report: dict) -> str | None:
+        """After the run's commit: a follow-up queued when a cap left records, the report in the
+        log. Returns the report page's path."""
         left = 0 if report.get("window") else pipeline.left_by_cap(report)
         watched = self.follow_up is not None and (report.get("topic"), report.get("group")) == (
             self.follow_up.extra.get("topic"),
@@ -352,3 +368,20 @@ class CommitOperator(WavepipeOperator):
             )
         self.log.info("totals: %s", report["totals"])
         return report.get("report_html")
+
+
+class RunOperator(PlanOperator, CommitOperator):
+    """A whole run in one task: plan, consume (``consume_parallelism`` readers at a time), then
+    reassemble, validate and publish in one Spark session, then commit. A micro-batch pays one
+    task's start instead of five (an event-driven DAG's default: ``wavepipe_ingest_dag(...,
+    single_task=True)``). Arguments and params as ``PlanOperator``'s, ``follow_up`` as
+    ``CommitOperator``'s. A retry resumes the run at its first unfinished step (its plan is
+    frozen, partitions staged by the failed try are not read again)."""
+
+    def execute(self, context) -> str | None:
+        settings, plan = self.plan(context)
+        try:
+            report = pipeline.run_steps(settings, plan)
+        except pipeline.ValidationFailedError as exc:
+            raise AirflowFailException(str(exc)) from exc
+        return self.committed(context, report)

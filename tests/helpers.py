@@ -290,12 +290,13 @@ def make_settings(home: Path, kafka, engine, **changes) -> Settings:
 # --- the local Airflow services, as a user drives them -------------------------------------------
 
 
-def airflow_cli(settings, action: str, timeout: float = 400) -> tuple[int, str, float]:
-    """``wavepipe airflow <action>`` as a user runs it: (exit code, output, seconds)."""
+def airflow_cli(settings, action: str, timeout: float = 400, env: dict | None = None) -> tuple[int, str, float]:
+    """``wavepipe airflow <action>`` as a user runs it: (exit code, output, seconds); ``env``: more
+    of its environment (the services it starts inherit it)."""
     began = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "wavepipe.cli", "airflow", action],
-        env={**os.environ, **settings_env(settings)},
+        env={**os.environ, **settings_env(settings), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout,

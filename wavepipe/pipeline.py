@@ -606,14 +606,22 @@ def run_once(settings: Settings, *, run_id: str | None = None, **request: Unpack
             run_id = new_run_id()
     run_id = safe_run_id(run_id)
     with store.step_lock(run_id, Step.RUN):
-        plan = plan_step(settings, run_id, **request)
+        return run_steps(settings, plan_step(settings, run_id, **request))
+
+
+def run_steps(settings: Settings, plan: RunPlan) -> dict:
+    """The steps of planned run ``plan`` after its plan, in this process (``run_once``; an Airflow
+    run in one task), resumed at the first one without a result: partitions an earlier attempt
+    staged are not read again, a run whose validation failed is validated again (after a
+    threshold was relaxed) without reassembling, a published one only commits. Returns the
+    commit's report."""
+    store = RunStore(settings)
+    with store.step_lock(plan.run_id, Step.RUN):
         staged = [p for p in partitions_to_read(plan) if _is_staged(store, plan, p)]
         if staged:
-            log.info("run %s: partitions %s were staged by an earlier attempt; not read again", run_id, staged)
+            log.info("run %s: partitions %s were staged by an earlier attempt; not read again", plan.run_id, staged)
         with _engine_ready(settings, needed=bool(partitions_to_read(plan))):
             consume_all(settings, plan.run_id, [p for p in partitions_to_read(plan) if p not in staged])
-        # resume at the first step without a result: a run whose validation failed is validated
-        # again (after a threshold was relaxed) without reassembling, a published one only commits
         validated = store.load_result(plan.run_id, Step.VALIDATE, Validated)
         if store.load_result(plan.run_id, Step.REASSEMBLE, Reassembled) is None:
             reassemble_step(settings, plan.run_id, validate=True)

@@ -18,6 +18,7 @@ from tests.helpers import airflow_api, airflow_cli, make_settings, output_rows, 
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets, partitions_of
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.contracts.plan import safe_run_id
+from wavepipe.contracts.runfiles import RunStore
 from wavepipe.local import airflow as local
 from wavepipe.local.kafka import free_port
 from wavepipe.pipeline import run_once
@@ -43,7 +44,9 @@ def airflow(kafka, engine, tmp_path_factory):
     ensure_topic(settings)
     run_once(settings)  # the group's offsets exist (a run on an empty topic: no Spark work)
     try:
-        code, out, seconds = airflow_cli(settings, "up")
+        # each run dawdles 8 s after it publishes (a larger batch would), so data sent while it
+        # runs reaches the watcher before it commits
+        code, out, seconds = airflow_cli(settings, "up", env={"WAVEPIPE_FAILPOINTS": "publish.after_write=sleep:8"})
         progress(f"\n`wavepipe airflow up` (watching): exit {code} after {seconds:.1f}s")
         assert code == 0, out[-5000:]
         with airflow_api(settings) as api:
@@ -130,7 +133,10 @@ def test_data_starts_a_run_and_data_during_it_one_follow_up_run(airflow, spark):
     sent = fired()
     second = produce_demo(settings, count=3, target_bytes=64 * 1024)
     _wait("the watcher to fire for the second batch", lambda: fired() > sent)
-    _wait("that run's plan", lambda: _state(api, a_id, "plan") == "success")
+    # an event-driven run is one task, "run": its plan is frozen in the home before it reads
+    _wait("that run's plan", lambda: RunStore(settings).plan_path(safe_run_id(a_id)).exists())
+    tasks = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{a_id}/taskInstances").json()["task_instances"]
+    assert [t["task_id"] for t in tasks] == ["run"], tasks
     sent = fired()
     third = produce_demo(settings, count=3, target_bytes=64 * 1024)
     _wait("the watcher to fire for the third batch", lambda: fired() > sent)

@@ -89,12 +89,21 @@ def test_the_factory_adds_a_lag_watcher_beside_the_schedule_when_a_threshold_is_
         kwargs,
     )
     assert live.max_active_runs == 1
-    # a run that leaves records it did not plan queues its follow-up on the same asset
-    commit = live.get_task("commit")
-    assert commit.follow_up == asset and [o.name for o in commit.outlets] == ["live__follow_up"]
+    # an event-driven run is one task (a micro-batch pays one task's start); a run that leaves
+    # records it did not plan queues its follow-up on the same asset
+    assert [t.task_id for t in live.tasks] == ["run"]
+    run = live.get_task("run")
+    assert run.follow_up == asset and [o.name for o in run.outlets] == ["live__follow_up"]
     assert plain.get_task("commit").follow_up is None and not plain.get_task("commit").outlets
-    # its reassembly validates and publishes in the same Spark session; the plain DAG's does not
-    assert live.get_task("reassemble").validate and not plain.get_task("reassemble").validate
+    # asked for five tasks, its reassembly validates and publishes in the same Spark session
+    apart = wavepipe_ingest_dag(dag_id="apart", topic="seismic", watch_records=100, single_task=False)
+    assert [t.task_id for t in apart.topological_sort()] == ["plan", "consume", "reassemble", "validate", "commit"]
+    assert apart.get_task("commit").follow_up.name == "apart__lag"
+    assert apart.get_task("reassemble").validate and not plain.get_task("reassemble").validate
+    # and a scheduled DAG may run in one task too, with the same params
+    one = wavepipe_ingest_dag(dag_id="one", single_task=True)
+    assert [t.task_id for t in one.tasks] == ["run"] and one.get_task("run").follow_up is None
+    assert set(one.params) == set(plain.params)
 
     # from the settings the DAG processor sees (config file, WAVEPIPE_*), on data only
     monkeypatch.setenv("WAVEPIPE_WATCH_BYTES", "1000000")
