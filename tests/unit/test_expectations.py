@@ -144,3 +144,15 @@ def test_the_run_level_suite_fails_a_run_whose_quarantined_share_is_too_high(wav
     assert (None if pd.isna(frame["quarantined_share"][0]) else frame["quarantined_share"][0]) == share
     result = _validate(expectations.run_expectations(load_settings()), frame)
     assert result.success is passes
+
+
+def test_a_window_run_replaces_the_quarantine_rows_of_rejected_waveforms_outside_its_offsets():
+    from wavepipe.spark_apps.rejections import Rejection
+
+    rejected = {
+        "inside": {"partition": 0, "first_offset": 12},
+        "before": {"partition": 0, "first_offset": 3},  # its first chunk is before the window's offsets
+        "other-partition": {"partition": 1, "first_offset": 12},  # a partition the window has no offsets in
+    }
+    assert Rejection(rejected).outside({0: (10, 20)}) == ["before", "other-partition"]
+    assert Rejection().ids == [] and Rejection(rejected).ids == sorted(rejected)
