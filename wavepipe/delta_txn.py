@@ -125,9 +125,13 @@ def lost_commit(published: dict | None, positions: dict[int, tuple[int | None, s
     committed offset and the run id in its metadata, ``positions``: partition -> (offset, run id))
     and its safe offsets are elsewhere. Then the run's commit was lost (a crash between the table
     commit and the Kafka commit) and the next run goes on from there: ``{"run_id",
-    "table_version", "offsets": {partition: [from, to]}, "ranges": its planned ranges}``. Anything else (the commit went
-    through, the group was rewound or reset since, a partition not in that run) is None: Kafka
-    is the visible progress, and a move of it is honoured."""
+    "table_version", "offsets": {partition: [from, to]}, "ranges": its planned ranges}``.
+    Anything else (the commit went through, the group was rewound or reset since, a partition
+    not in that run) is None: Kafka is the visible progress, and a move of it is honoured.
+
+    One case looks the same and is taken as lost: a reset, by a tool that writes no run id, to
+    exactly the offsets that run started from. That run's rows are in the tables already, so the
+    reset re-reads nothing there instead of finding them already written."""
     if not published:
         return None
     offsets = {}
