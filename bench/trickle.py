@@ -260,7 +260,7 @@ def _wavepipe_mode(settings: Settings, options: TrickleOptions, work: Path, stam
         api.call("PATCH", "/api/v2/dags/wavepipe_ingest", {"is_paused": False})
         triggerer = local.log_file(s, "triggerer")
         _until(lambda: f"watching group {s.group!r}" in triggerer.read_text(), 180, "the lag watcher to start")
-        _until(lambda: api.settled(), 300, "the scheduled run at unpause to finish")
+        _until(lambda: api.settled(), 300, "any run at unpause to finish")
         with DeltaWatcher(s.output_table) as watcher:
             warm = _produce(s, s.topic, [0.0] * options.warmup, options, f"warm-{mode}-{stamp}")
             watcher.wait_for([w.waveform_id for w in warm], options.drain_s, "wavepipe warm-up")
@@ -309,8 +309,9 @@ class _Api:
         return self.call("GET", "/api/v2/dags/wavepipe_ingest/dagRuns?limit=1000&order_by=start_date")["dag_runs"]
 
     def settled(self) -> bool:
-        runs = self.runs()
-        return bool(runs) and all(r["state"] not in ("queued", "running") for r in runs)
+        """No run of the DAG queued or running (unpausing it starts none: its clock's first run is
+        at the next quarter hour)."""
+        return all(r["state"] not in ("queued", "running") for r in self.runs())
 
 
 def _until(check, timeout_s: float, what: str) -> None:
@@ -357,7 +358,7 @@ def watcher_load(settings: Settings, work: Path, stamp: str, seconds: float = 12
             if watching:
                 triggerer = local.log_file(s, "triggerer")
                 _until(lambda s=s, t=triggerer: f"watching group {s.group!r}" in t.read_text(), 180, "the watcher")
-            _until(api.settled, 300, "the scheduled run at unpause to finish")
+            _until(api.settled, 300, "any run at unpause to finish")
             pid = local.running(s)["triggerer"]
             before = cpu(pid)
             log.info("the triggerer's CPU, %s, over %.0f s ...", name.replace("-", " "), seconds)
