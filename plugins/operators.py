@@ -1,10 +1,11 @@
-"""Thin operators over wavepipe.pipeline: each is one step of a run, keyed by the DAG run id.
+"""Thin operators over wavepipe.pipeline: each is one step of a run, keyed by the DAG run id, or
+(``RunOperator``) the whole run in one task.
 
 Retries are safe: the plan step reuses the run's frozen plan, consume overwrites the range's
 staged files, reassemble replaces the run's private candidate tables (nothing published), validate
-publishes only after every expectation holds, appending keys not in the tables yet in one Delta
-commit per table and reassembly (a retried publish commits nothing twice), and commit is a
-compare-and-set on the group's offsets.
+publishes only after every run-level expectation holds, appending keys not in the tables yet in
+one Delta commit per table under the group's transaction (a retried publish commits nothing
+twice), and commit is a compare-and-set on the group's offsets.
 """
 
 from __future__ import annotations

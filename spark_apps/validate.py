@@ -1,14 +1,15 @@
-"""Validation gate: the run's new waveforms (its manifest: every output column but the payload,
-and the payload's verified sha256) and staged records through Great Expectations, then publish
-the run if (and only if) every expectation holds.
+"""Validation gate: the run's new waveforms (its manifest: every output column but the payload)
+through Great Expectations. A waveform that fails a per-waveform expectation is quarantined with
+the expectation's name (``rejections``); the rest is published if (and only if) every run-level
+expectation holds.
 
 Guarantees: a run whose validation fails changes no published table and records which
 expectations failed, with counts and examples, in its ``validate`` step and in the validation
 history; the step can be retried (after the data is fixed, or a threshold relaxed) and then
 publishes. Publishing writes each new waveform's bytes once, into the output table (from the
 staged chunks, checked against its checksum again as it is written; or from the run's candidate
-waveform table), and appends only keys not yet in each table, in one Delta transaction per table
-and reassembly, so a retry adds nothing twice.
+waveform table), and appends only keys not yet in each table, in one Delta commit per table that
+carries the group's transaction (``wavepipe.delta_txn``), so a retry adds nothing twice.
 Only the data path and the expectations decide the outcome: what merely describes it (the
 waveform plot, Data Docs, the history line) degrades to a line in the result's ``notes``.
 """

@@ -2,9 +2,11 @@
 
 plan -> consume (per partition) -> reassemble -> validate -> commit. Each step is safe to retry: the
 plan is frozen, staged files are overwritten, the reassembly replaces the run's candidate tables
-(its manifest: the new waveforms but their bytes), validation publishes the run only when every
-expectation holds (writing the waveforms' bytes once, append-if-absent), and the commit is a
-compare-and-set on the group's offsets that refuses a run whose output was not validated.
+(its manifest: the new waveforms but their bytes), validation quarantines the waveforms that fail
+a per-waveform expectation and publishes the rest only when every run-level expectation holds
+(writing the waveforms' bytes once, append-if-absent, under the group's Delta transaction), and
+the commit is a compare-and-set on the group's offsets that refuses a run whose output was not
+validated.
 """
 
 from __future__ import annotations
