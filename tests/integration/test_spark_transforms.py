@@ -176,23 +176,33 @@ def test_assemble_file_strict_refuses_a_changed_or_missing_waveform_and_stops_af
 
 def test_a_publish_append_commits_once_per_transaction_id(spark, tmp_path):
     """Two appends of the same rows that both passed the key check (a killed client's write still
-    running on the engine beside its retry): with one transaction id, one of them commits."""
+    running on the engine beside its retry): with one transaction (the group's id, the run's
+    version), one of them commits; the next run's version commits, and the table's log holds the
+    run's metadata and one transaction entry for the group."""
+    import deltalake
+
+    from wavepipe import delta_txn
+    from wavepipe.delta_txn import Txn
     from wavepipe.spark_apps.tables import append_new, delta_version, read_delta
 
+    app = delta_txn.app_id("g", "t")
     path = tmp_path / "table"
     rows = spark.createDataFrame([("a",), ("b",)], "waveform_id string")
-    append_new(rows, path, ["waveform_id"], txn="wavepipe-publish-r1-waveforms-x")
+    append_new(rows, path, ["waveform_id"], txn=Txn(app, 7, "wavepipe_run {}"))
     version = delta_version(path)
     # the twin: checked against the version before the first append landed (no key check now)
-    append_new(rows, path, ["waveform_id"], checked_version=version, txn="wavepipe-publish-r1-waveforms-x")
+    append_new(rows, path, ["waveform_id"], checked_version=version, txn=Txn(app, 7, "wavepipe_run {}"))
     assert delta_version(path) == version, "the second append of the same transaction committed"
     assert sorted(r[0] for r in read_delta(spark, path).collect()) == ["a", "b"]
-    # another transaction (another run's publish) is appended as usual
+    # the group's next run (its version grows) is appended as usual, its metadata in the commit
     append_new(
         spark.createDataFrame([("c",)], "waveform_id string"),
         path,
         ["waveform_id"],
         checked_version=version,
-        txn="wavepipe-publish-r2-waveforms-y",
+        txn=Txn(app, 8, 'wavepipe_run {"next": true}'),
     )
+    table = deltalake.DeltaTable(str(path))
+    assert table.transaction_version(app) == 8
+    assert table.history(1)[0]["userMetadata"] == 'wavepipe_run {"next": true}'
     assert sorted(r[0] for r in read_delta(spark, path).collect()) == ["a", "b", "c"]

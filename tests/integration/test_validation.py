@@ -28,6 +28,7 @@ from wavepipe.consumers.producer import produce_demo
 from wavepipe.contracts.report import validation_trend
 from wavepipe.contracts.runfiles import RunStore, Step, html_path, json_path
 from wavepipe.contracts.steps import Reassembled
+from wavepipe.engine import EngineLostError
 from wavepipe.local.engine import LocalEngine
 from wavepipe.offline_docs import remote_urls
 from wavepipe.spark_apps.tables import delta_version
@@ -240,7 +241,9 @@ def test_a_staged_chunk_damaged_after_it_was_read_publishes_nothing_and_the_retr
 
     # a reassembly that dies half way leaves no result, and validation refuses what it left behind
     monkeypatch.setenv("WAVEPIPE_FAILPOINTS", "reassemble.after_write=kill-app")
-    with pytest.raises(RuntimeError, match=r"the Spark engine .* was killed under this step"):
+    with pytest.raises(
+        EngineLostError, match=r"the Spark engine's JVM \(pid \d+\) exited during Spark step reassemble"
+    ):
         pipeline.reassemble_step(own_engine, "damaged")
     monkeypatch.delenv("WAVEPIPE_FAILPOINTS")
     with pytest.raises(RuntimeError, match="no reassembly result"):
