@@ -365,16 +365,42 @@ def _cli_backfill(settings, start: datetime, end: datetime, *extra: str) -> tupl
 
 def _backfill(settings, api, start: datetime, end: datetime, reprocess: str, conf: dict) -> dict:
     """A backfill as the UI's dialog makes one (its choice of reprocess behaviour, its params)."""
+    _wait_for_backfills_completed(settings, api)
     body = {"dag_id": DAG_ID, "from_date": start.isoformat(), "to_date": end.isoformat(), "dag_run_conf": conf}
-    for _ in range(90):
-        # one backfill of a DAG at a time: the scheduler marks the last one complete after its runs
-        # ended (409 until then); SQLite's lock answers 503 with nothing made; the user tries again
+    for _ in range(30):  # SQLite's lock answers 503 with nothing made; the user tries again
         made = api.post("/api/v2/backfills", json={**body, "reprocess_behavior": reprocess, "max_active_runs": 2})
-        if made.status_code not in (409, 503):
+        if made.status_code != 503:
             break
         time.sleep(1)
     assert made.status_code == 200, made.text
     return made.json()
+
+
+def _wait_for_backfills_completed(settings, api, timeout_s: float = 240.0) -> None:
+    """One backfill of a DAG at a time: the scheduler marks the last one complete (every 30 s of
+    its loop) only after its runs ended; a loaded CI machine has taken over 90 s."""
+    began = time.monotonic()
+    while True:
+        listed = api.get("/api/v2/backfills", params={"dag_id": DAG_ID, "limit": 100}).json()["backfills"]
+        open_ones = [b for b in listed if not b.get("completed_at")]
+        if not open_ones:
+            return
+        waited = time.monotonic() - began
+        assert waited < timeout_s, f"backfill still open after {waited:.0f}s: {open_ones}; {_scheduler_said(settings)}"
+        time.sleep(2)
+
+
+def _scheduler_said(settings, lines: int = 40) -> str:
+    """The scheduler log's last lines about backfills and errors, for a failure message."""
+    log = settings.airflow_home / "logs" / "scheduler.log"
+    if not log.exists():
+        return f"no {log}"
+    said = [
+        line
+        for line in log.read_text(errors="replace").splitlines()
+        if re.search(r"backfill|error|Traceback", line, re.I)
+    ]
+    return "scheduler.log:\n" + "\n".join(said[-lines:])
 
 
 def _reprocessed_again(settings, api, spark, t0, runs, by_start, group_offsets) -> None:
