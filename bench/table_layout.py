@@ -175,7 +175,7 @@ def _measure(spark, states: list[tuple[str, Path]], options: LayoutOptions) -> l
                         f"{source} {begin:%Y-%m-%d %H:%M}+{kind}: {n} rows ({size} B), expected {expected}"
                     )
     # what every run does to the published table: look up its own waveforms' ids (the dedupe
-    # check before publishing, ``delta_checksums``), here a run's worth of ids per batch
+    # check before publishing, ``tables.table_rows``), here a run's worth of ids per batch
     for k in range(options.reads):
         batch = (k * options.batches) // options.reads
         id_list = [r[0] for r in _rows(options, batch)]
@@ -224,12 +224,15 @@ def _measure(spark, states: list[tuple[str, Path]], options: LayoutOptions) -> l
 
 
 def _dedupe_check(spark, path: Path, ids, id_list: list[str] | None) -> tuple[int, float]:
-    """A run's look-up of its ids in the table, as the reassembly does it (with ``id_list``; None:
-    as it did before, a join alone): (ids found, seconds)."""
-    from wavepipe.spark_apps.tables import delta_checksums, delta_version
+    """A run's look-up of its ids in the table, as the reassembly does it (``tables.table_rows``
+    with the ``id_list``; None: a join alone, as it did before): (ids found, seconds)."""
+    from wavepipe.spark_apps.tables import read_delta, table_rows
 
     began = time.perf_counter()
-    found = delta_checksums(spark, path, delta_version(path), ids, id_list=id_list).count()
+    if id_list is not None:
+        found = len(table_rows(spark, path, id_list, ["waveform_id", "checksum"]))
+    else:
+        found = read_delta(spark, path).join(ids, "waveform_id", "left_semi").count()
     return found, time.perf_counter() - began
 
 

@@ -28,11 +28,15 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pyspark.sql import DataFrame, SparkSession, Window
+from deltalake import DeltaTable, write_deltalake
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -45,23 +49,29 @@ from wavepipe.contracts.steps import PartitionAccount, ReadStats, Reassembled, W
 from wavepipe.faults import armed, failpoint
 from wavepipe.spark import phase
 from wavepipe.spark_apps.app import load_run, output_lock
-from wavepipe.spark_apps.tables import (
-    delta_checksums,
-    delta_version,
-    read_delta,
-    staged_ids,
-    window_predicate,
-    write_candidate,
+from wavepipe.spark_apps.metadata import (
+    CANDIDATE,
+    DIGEST,
+    LOCAL,
+    OTHER_WINDOW,
+    OUTPUT,
+    PENDING,
+    QUARANTINED,
+    SHUFFLE,
+    accounting,
+    by_waveform,
+    classify,
+    conflict_status,
+    final_status,
+    inside_window,
+    quarantine_rows,
+    read_meta,
+    route,
+    split_conflicts,
 )
+from wavepipe.spark_apps.tables import table_rows, window_predicate, write_candidate
 
 log = logging.getLogger("wavepipe.reassemble")
-
-PENDING = "pending"
-CANDIDATE = "candidate"
-QUARANTINED = "quarantined"
-OUTPUT = "output"
-#: In a time-window run: a waveform whose first chunk is outside the window (another window's).
-OTHER_WINDOW = "other_window"
 
 OUTPUT_SCHEMA = T.StructType(
     [
@@ -85,168 +95,7 @@ OUTPUT_SCHEMA = T.StructType(
         T.StructField("checksum_ok", T.BooleanType(), False),
     ]
 )
-META_COLUMNS = [
-    "topic",
-    "partition",
-    "offset",
-    "timestamp_ms",
-    "waveform_id",
-    "seq",
-    "chunk_count",
-    "total_size",
-    "checksum",
-    "dtype",
-    "channels",
-    "sample_rate",
-    "start_ns",
-    "source",
-    "chunk_len",
-]
-
-
 # --- pure transformations ------------------------------------------------------------------------
-
-
-def classify(
-    meta: DataFrame,
-    *,
-    max_waveform_bytes: int = 0,
-    ends: dict[int, int] | None = None,
-    newest_ms: dict[int, int] | None = None,
-    incomplete_after_offsets: int = 0,
-    incomplete_after_ms: int = 0,
-    window: dict[int, tuple[int, int]] | None = None,
-) -> DataFrame:
-    """Per waveform, from chunk metadata only (no payload is read): its status and reason.
-
-    ``candidate``: every chunk present, chunks agree, sizes add up (checksum still to verify);
-    ``pending``: chunks missing; ``quarantined``: chunks disagree (``chunk_count_mismatch``,
-    ``metadata_mismatch``), sizes do not add up (``size_mismatch``) or the waveform is larger
-    than ``max_waveform_bytes`` by its header or its chunks (``too_large``, at any completeness).
-    Duplicate chunks (same waveform and sequence number) count once: the lowest offset wins.
-    ``checksum`` is the chunks' ``wp-checksum`` (the smallest, where they disagree).
-
-    ``expired`` marks a pending waveform no chunk of which arrived in the last
-    ``incomplete_after_offsets`` offsets (before ``ends[partition]``) or ``incomplete_after_ms``
-    of record time (before ``newest_ms[partition]``) of its partition: it is no longer expected
-    to complete (``final_status`` quarantines it as ``incomplete`` unless it is a leftover).
-
-    ``window`` (a time-window run: per partition ``[from, to)`` offsets): a waveform whose first
-    chunk (``seq`` 0) is not among those offsets, or not read at all, is ``other_window``: another
-    window's, set aside whatever its state.
-    """
-    first_copy = Window.partitionBy("waveform_id", "seq").orderBy("partition", "offset")
-    ranked = meta.withColumn("copy_rank", F.row_number().over(first_copy))
-    unique = F.col("copy_rank") == 1
-    # "all chunks agree" as min == max (cheaper than distinct counts: no Expand, one aggregate)
-    facts = F.struct("total_size", "checksum", "dtype", "channels", "sample_rate", "start_ns", "source")
-    per = ranked.groupBy("waveform_id").agg(
-        F.count(F.lit(1)).alias("records"),
-        F.sum(F.when(unique, 1).otherwise(0)).alias("distinct_chunks"),
-        (F.min("chunk_count") != F.max("chunk_count")).alias("counts_differ"),
-        F.max("chunk_count").alias("chunk_count"),
-        (F.min(facts) != F.max(facts)).alias("facts_differ"),
-        F.sum(F.when(unique, F.col("chunk_len")).otherwise(0)).alias("unique_bytes"),
-        F.max("total_size").alias("total_size"),
-        F.min("partition").alias("partition"),
-        (F.min("partition") == F.max("partition")).alias("one_partition"),
-        F.min(per_partition(ends) - F.col("offset")).alias("offsets_since"),
-        F.min(per_partition(newest_ms) - F.col("timestamp_ms")).alias("ms_since"),
-        F.min(F.when(F.col("seq") == 0, F.struct("partition", "offset"))).alias("seq0"),
-        F.min("checksum").alias("checksum"),
-        F.max("checksum").alias("checksum_max"),
-    )
-    outside = F.lit(False)
-    if window is not None:
-        seq0_partition, seq0_offset = F.col("seq0.partition"), F.col("seq0.offset")
-        starts = per_partition({p: a for p, (a, _) in window.items()}, seq0_partition)
-        ends_ = per_partition({p: b for p, (_, b) in window.items()}, seq0_partition)
-        outside = ~F.coalesce((seq0_offset >= starts) & (seq0_offset < ends_), F.lit(False))
-    too_large = F.lit(False)
-    if max_waveform_bytes:
-        too_large = (F.col("total_size") > max_waveform_bytes) | (F.col("unique_bytes") > max_waveform_bytes)
-    missing = F.col("distinct_chunks") < F.col("chunk_count")
-    stalled = F.lit(False)
-    if incomplete_after_offsets:
-        stalled = stalled | (F.col("offsets_since") > incomplete_after_offsets)
-    if incomplete_after_ms:
-        stalled = stalled | (F.col("ms_since") > incomplete_after_ms)
-    # one id, two contents in this run (a reused id, or damaged headers): say so, with both checksums
-    two_checksums = F.format_string(
-        "; its chunks carry wp-checksum %s and %s (an id used for two contents in one run, or damaged chunks)",
-        "checksum",
-        "checksum_max",
-    )
-    disagree = F.when(F.col("checksum") != F.col("checksum_max"), two_checksums).otherwise(F.lit(""))
-    return per.select(
-        "waveform_id",
-        "records",
-        "distinct_chunks",
-        "chunk_count",
-        "total_size",
-        "unique_bytes",
-        "partition",
-        "one_partition",
-        "checksum",
-        F.when(outside, F.lit(OTHER_WINDOW))
-        .when(F.col("counts_differ"), F.lit(QUARANTINED))
-        .when(F.col("facts_differ"), F.lit(QUARANTINED))
-        .when(too_large, F.lit(QUARANTINED))
-        .when(missing, F.lit(PENDING))
-        .when(F.col("unique_bytes") != F.col("total_size"), F.lit(QUARANTINED))
-        .otherwise(F.lit(CANDIDATE))
-        .alias("status"),
-        F.when(outside, F.lit(None))
-        .when(F.col("counts_differ"), F.lit("chunk_count_mismatch"))
-        .when(F.col("facts_differ"), F.lit("metadata_mismatch"))
-        .when(too_large, F.lit("too_large"))
-        .when(missing, F.lit(None))
-        .when(F.col("unique_bytes") != F.col("total_size"), F.lit("size_mismatch"))
-        .otherwise(F.lit(None))
-        .cast("string")
-        .alias("reason"),
-        F.when(outside, F.lit("its first chunk is outside the window"))
-        .when(F.col("counts_differ"), F.concat(F.lit("chunks disagree on wp-count"), disagree))
-        .when(
-            F.col("facts_differ"),
-            F.concat(F.lit("chunks disagree on wp-size, wp-checksum or the waveform's metadata"), disagree),
-        )
-        .when(
-            too_large,
-            F.format_string(
-                "%d bytes by header, %d in chunks; the maximum is %d",
-                "total_size",
-                "unique_bytes",
-                F.lit(max_waveform_bytes),
-            ),
-        )
-        .when(
-            missing,
-            F.format_string(
-                "%d of %d chunks; none in the last %d offsets (%d s) of its partition",
-                "distinct_chunks",
-                "chunk_count",
-                "offsets_since",
-                (F.col("ms_since") / 1000).cast("long"),
-            ),
-        )
-        .when(
-            F.col("unique_bytes") != F.col("total_size"),
-            F.format_string("chunks hold %d bytes, wp-size says %d", "unique_bytes", "total_size"),
-        )
-        .otherwise(F.lit(None))
-        .alias("detail"),
-        (~outside & missing & ~too_large & stalled).alias("expired"),
-    )
-
-
-def per_partition(values: dict[int, int] | None, partition=None):
-    """A column: ``values[partition]`` of each row (null where not given); ``partition`` is the
-    column holding the partition (default: ``partition``)."""
-    if not values:
-        return F.lit(None).cast("long")
-    pairs = [x for p, v in sorted(values.items()) for x in (F.lit(int(p)), F.lit(int(v)).cast("long"))]
-    return F.element_at(F.create_map(*pairs), F.col("partition") if partition is None else partition)
 
 
 ARROW_OUTPUT_SCHEMA = to_arrow_schema(OUTPUT_SCHEMA, timezone="UTC")
@@ -426,46 +275,11 @@ def chunk_files(store: RunStore, plan: RunPlan) -> dict[int, str]:
     return {r.partition: str(staged_paths(store, plan.run_id, r)[0]) for r in plan.ranges if r.size}
 
 
-#: Routes of a new candidate waveform (``route``): how its bytes are verified and written.
-DIGEST, LOCAL, SHUFFLE = "digest", "local", "shuffle"
 #: The manifest: one row per waveform the run publishes, all its output columns but the payload,
 #: and ``written_from``: ``staged`` (its bytes are written once, at publish, straight from the
 #: staged chunks) or ``candidate`` (from the run's candidate waveform table). Every row's payload
 #: was verified against its checksum before the row was made (by its reader, or by the assembly).
 MANIFEST_COLUMNS = [f.name for f in OUTPUT_SCHEMA.fields if f.name not in ("payload", "checksum_ok")]
-
-
-def route(candidates: DataFrame, digests: DataFrame | None) -> DataFrame:
-    """The candidates with ``route`` and ``digest_ok``. ``digest``: its chunks are all in one
-    staged file, each once, and the reader hashed them in order as it staged them (one row of
-    ``digests`` for the id, with the same checksum, chunk count and partition): verified from
-    that hash (``digest_ok``), no payload read now. ``local``: one staged file, not in order:
-    assembled and verified from that file. ``shuffle``: chunks over partitions or repeated."""
-    simple = F.col("one_partition") & (F.col("records") == F.col("distinct_chunks"))
-    if digests is None:
-        return candidates.select(
-            "*",
-            F.when(simple, F.lit(LOCAL)).otherwise(F.lit(SHUFFLE)).alias("route"),
-            F.lit(None).cast("boolean").alias("digest_ok"),
-        )
-    one = (
-        digests.groupBy("waveform_id")
-        .agg(F.count(F.lit(1)).alias("n"), F.first(F.struct("checksum", "n_chunks", "partition", "digest")).alias("d"))
-        .where("n = 1")
-        .select("waveform_id", "d")
-    )
-    has = (
-        simple
-        & (F.col("d.checksum") == F.col("checksum"))
-        & (F.col("d.n_chunks") == F.col("chunk_count"))
-        & (F.col("d.partition") == F.col("partition"))
-    )
-    has = F.coalesce(has, F.lit(False))
-    return candidates.join(one, "waveform_id", "left").select(
-        *candidates.columns,
-        F.when(has, F.lit(DIGEST)).when(simple, F.lit(LOCAL)).otherwise(F.lit(SHUFFLE)).alias("route"),
-        F.when(has, F.col("d.digest") == F.col("checksum")).alias("digest_ok"),
-    )
 
 
 def assemble(chunks: DataFrame, candidates: DataFrame, scope: str = "") -> DataFrame:
@@ -482,193 +296,121 @@ def assemble(chunks: DataFrame, candidates: DataFrame, scope: str = "") -> DataF
     return wanted.groupBy("waveform_id").applyInArrow(one_waveform, OUTPUT_SCHEMA)
 
 
-def final_status(
-    classified: DataFrame, before_ids: DataFrame, after_ids: DataFrame, quarantined_ids: DataFrame
-) -> DataFrame:
-    """Per waveform, where it ended: ``output`` (written now or already before), ``pending``, or
-    ``quarantined`` with a reason.
-
-    A waveform quarantined earlier (and not in the output) stays quarantined with its reason,
-    whatever chunks arrive later, also a complete set. A candidate absent from the output after
-    the write failed its checksum (the write appends every verified candidate that was neither
-    written nor quarantined before). An incomplete set of chunks of a waveform that is already in
-    the output is a leftover of a run that started inside it: it is accounted with that waveform
-    and does not hold the commit back. Any other incomplete waveform stays pending until
-    ``expired``, then is quarantined as ``incomplete``.
-    """
-    before = before_ids.select("waveform_id", F.lit(True).alias("was_there"))
-    after = after_ids.select("waveform_id", F.lit(True).alias("is_there"))
-    quarantined = quarantined_ids.groupBy("waveform_id").agg(F.first("reason").alias("q_reason"))
-    joined = (
-        classified.join(before, "waveform_id", "left")
-        .join(after, "waveform_id", "left")
-        .join(quarantined, "waveform_id", "left")
-    )
-    is_candidate = F.col("status") == CANDIDATE
-    stale = F.col("status") == PENDING
-    earlier = (is_candidate | stale) & F.col("was_there").isNull() & F.col("q_reason").isNotNull()
-    return joined.select(
-        "waveform_id",
-        F.when(earlier, F.lit(QUARANTINED))
-        .when(is_candidate & F.col("is_there").isNotNull(), F.lit(OUTPUT))
-        .when(is_candidate, F.lit(QUARANTINED))
-        .when(stale & F.col("was_there").isNotNull(), F.lit(OUTPUT))
-        .when(stale & F.col("expired"), F.lit(QUARANTINED))
-        .otherwise(F.col("status"))
-        .alias("status"),
-        F.when(earlier, F.col("q_reason"))
-        .when(is_candidate & F.col("is_there").isNull(), F.lit("checksum_mismatch"))
-        .when(stale & F.col("was_there").isNotNull(), F.lit(None))
-        .when(stale & F.col("expired"), F.lit("incomplete"))
-        .otherwise(F.col("reason"))
-        .alias("reason"),
-        F.when(earlier, F.lit("chunks of a waveform quarantined earlier"))
-        .when(is_candidate & F.col("is_there").isNull(), F.lit("the joined chunks' sha256 differs from wp-checksum"))
-        .otherwise(F.col("detail"))
-        .alias("detail"),
-        F.coalesce(F.col("was_there"), F.lit(False)).alias("already_written"),
-    )
-
-
-def split_conflicts(meta: DataFrame, output: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """(the chunks of the waveforms as the output knows them, the conflicting chunks).
-
-    ``output``: ``waveform_id`` and ``checksum`` of the output table's rows with the run's ids. A
-    chunk whose id is in the output under another ``wp-checksum`` is another content under a
-    reused id: a conflict (with ``output_checksum``), never a chunk of the waveform already
-    written. Chunks with the output's checksum (a re-delivery) and chunks of ids not in the output
-    are the waveforms'."""
-    owners = output.select("waveform_id", F.col("checksum").alias("output_checksum")).dropDuplicates(["waveform_id"])
-    marked = meta.join(owners, "waveform_id", "left")
-    conflict = F.col("output_checksum").isNotNull() & (F.col("checksum") != F.col("output_checksum"))
-    return marked.where(~conflict).drop("output_checksum"), marked.where(conflict)
-
-
-def conflict_status(conflicts: DataFrame, window: dict[int, tuple[int, int]] | None = None) -> DataFrame:
-    """Per waveform id, where its conflicting chunks (``split_conflicts``) end: quarantined with the
-    reason ``id_conflict``, the output's and their own checksums in the detail and in
-    ``output_checksum``; in a time-window run, ``other_window`` when their first chunk is another
-    window's. Columns as ``final_status``'s, plus ``output_checksum``."""
-    placed = classify(conflicts.select(*META_COLUMNS), window=window).select("waveform_id", "status", "checksum")
-    owners = conflicts.groupBy("waveform_id").agg(F.first("output_checksum").alias("output_checksum"))
-    other = F.col("status") == OTHER_WINDOW
-    return placed.join(owners, "waveform_id").select(
-        "waveform_id",
-        F.when(other, F.lit(OTHER_WINDOW)).otherwise(F.lit(QUARANTINED)).alias("status"),
-        F.when(other, F.lit(None)).otherwise(F.lit("id_conflict")).cast("string").alias("reason"),
-        F.when(other, F.lit("its first chunk is outside the window"))
-        .otherwise(
-            F.format_string(
-                "wp-id %s is in the output with wp-checksum %s; these chunks carry wp-checksum %s "
-                "(another content under the same id)",
-                "waveform_id",
-                "output_checksum",
-                "checksum",
-            )
-        )
-        .alias("detail"),
-        F.lit(False).alias("already_written"),
-        "output_checksum",
-    )
-
-
-def quarantine_rows(meta: DataFrame, status: DataFrame, run_id: str) -> DataFrame:
-    """One row per quarantined waveform and reason: what the quarantine table holds. ``checksum``:
-    the chunks' ``wp-checksum`` (the smallest where they disagree); ``output_checksum``: for an
-    ``id_conflict``, the checksum of the output's waveform with that id."""
-    if "output_checksum" not in status.columns:
-        status = status.withColumn("output_checksum", F.lit(None).cast("string"))
-    return (
-        meta.join(status.where(F.col("status") == QUARANTINED), "waveform_id")
-        .groupBy("waveform_id", "reason")
-        .agg(
-            F.first("detail").alias("detail"),
-            F.first("topic").alias("topic"),
-            F.min(F.struct("partition", "offset")).alias("first"),
-            F.max("offset").alias("last_offset"),
-            F.count(F.lit(1)).alias("records"),
-            F.max("chunk_count").alias("chunk_count"),
-            F.max("total_size").alias("total_size"),
-            F.first("source").alias("source"),
-            F.min("checksum").alias("checksum"),
-            F.first("output_checksum").alias("output_checksum"),
-        )
-        .select(
-            "waveform_id",
-            "reason",
-            "detail",
-            "topic",
-            F.col("first.partition").alias("partition"),
-            F.col("first.offset").alias("first_offset"),
-            "last_offset",
-            "records",
-            "chunk_count",
-            "total_size",
-            "source",
-            "checksum",
-            "output_checksum",
-            F.lit(run_id).alias("run_id"),
-            F.current_timestamp().alias("quarantined_at"),
-        )
-    )
-
-
-def accounting(meta: DataFrame, status: DataFrame) -> DataFrame:
-    """Per partition and final status: records, payload bytes, and first offset."""
-    return (
-        meta.join(status, "waveform_id", "left")
-        .groupBy("partition", "status", "reason", "already_written")
-        .agg(F.count(F.lit(1)).alias("records"), F.sum("chunk_len").alias("bytes"), F.min("offset").alias("min_offset"))
-    )
-
-
 # --- I/O -------------------------------------------------------------------------------------------
 
 
+@dataclass
+class _Found:
+    """What a run's metadata pass found (``_classified``): the chunks as the output knows them
+    (``meta``) and those of ids the output holds under another checksum (``conflicts``), each
+    waveform's classification, the output's ids before the run's write, and the waveforms
+    quarantined earlier (id -> reason)."""
+
+    meta: pd.DataFrame
+    conflicts: pd.DataFrame
+    classified: pd.DataFrame
+    before: set[str]
+    quarantined: dict[str, str]
+
+
 def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> Reassembled:
-    """Reassemble run ``plan``'s staged chunks into the tables; return the accounting."""
+    """Reassemble run ``plan``'s staged chunks into its candidate tables; return the accounting.
+
+    The chunk metadata is classified in this process (``spark_apps/metadata.py``); Spark looks
+    up the run's ids in the output and quarantine tables and assembles the waveforms its readers
+    could not verify as they staged them (out of order, spread over partitions)."""
     store = RunStore(settings)
-    staging = store.staging_dir(plan.run_id)
-    chunk_paths = sorted((staging / "chunks").glob("*.parquet"))
-    dead_files = sorted((staging / "dead_letter").glob("*.parquet"))
-    staged = {p.stem for p in chunk_paths}
-    missing = [r.name for r in plan.ranges if r.size and r.name not in staged]
-    if missing:
-        raise RuntimeError(f"run {plan.run_id}: ranges not staged yet: {', '.join(missing)}; run their consume step")
+    chunk_paths = _staged_chunk_files(store, plan)
     # the candidates are made again from the staged chunks: an earlier result, and any validation
     # of it, is void until this one is saved (after every candidate table is written)
     store.clear_step(plan.run_id, Step.REASSEMBLE)
     store.clear_step(plan.run_id, Step.VALIDATE)
-    shutil.rmtree(store.candidate_dir(plan.run_id), ignore_errors=True)
+    candidates = store.candidate_dir(plan.run_id)
+    shutil.rmtree(candidates, ignore_errors=True)
     timings: dict[str, float] = {}
     t = time.monotonic()
-    chunks = spark.read.parquet(*map(str, chunk_paths))
-    files = chunk_files(store, plan)
-    out_path = settings.output_table
-    candidates = store.candidate_dir(plan.run_id)
-    v0 = delta_version(out_path)
-    # a window run recomputes the window's rows: the tables' other rows are what was there before
+    found = _classified(spark, settings, store, plan, chunk_paths)
+    fresh = found.classified[
+        (found.classified["status"] == CANDIDATE)
+        & ~found.classified["waveform_id"].isin(found.quarantined)  # quarantined once, quarantined for good
+        & ~found.classified["waveform_id"].isin(found.before)
+    ]
+    digests = _digests(store.staging_dir(plan.run_id))
+    routed = route(fresh, digests)
+    timings["classify_s"] = time.monotonic() - t
+    t = time.monotonic()
+    manifest = _assemble_and_write(spark, settings, store, plan, routed, digests, chunk_paths)
+    timings["assemble_write_s"] = time.monotonic() - t
+    t = time.monotonic()
+    written = set(manifest.column("waveform_id").to_pylist()) if manifest is not None else set()
+    status = final_status(found.classified, found.before, found.before | written, found.quarantined)
+    conflicted = conflict_status(found.conflicts, plan.window_offsets() if plan.is_window else None)
+    rows = accounting(found.meta, status) + accounting(found.conflicts, conflicted)
+    waveforms = by_waveform(pd.concat([status, conflicted], ignore_index=True))
+    quarantine = None
+    if any(w["status"] == QUARANTINED for w in waveforms):
+        quarantine = pa.concat_tables(
+            [
+                quarantine_rows(found.meta, status, plan.run_id),
+                quarantine_rows(found.conflicts, conflicted, plan.run_id),
+            ]
+        )
+        write_deltalake(str(candidates / "quarantine"), quarantine, mode="overwrite")
+    dead_counts, other_dead = _stage_dead_letters(store, plan, candidates / "dead_letter")
+    timings["accounting_s"] = time.monotonic() - t
+    result = summarize(plan, rows, waveforms, dead_counts, timings, other_dead)
+    # what validation must find in the candidate tables (anything else: they are not this result's)
+    kinds = routed.groupby(["route", routed["digest_ok"].astype(str)]).size().to_dict()
+    from_digests = kinds.get((DIGEST, "True"), 0)
+    new = result.waveforms.get("output_new", 0)
+    result.candidates = {
+        "manifest": new,
+        "waveforms": new - from_digests,
+        "quarantine": quarantine.num_rows if quarantine is not None else 0,
+        "dead_letter": sum(n for n, _ in dead_counts.values()),
+    }
+    # how the new candidates were verified (the rest failed their checksum: quarantined)
+    result.verified = {
+        "while_read": from_digests,
+        "from_one_staged_file": kinds.get((LOCAL, "None"), 0),
+        "by_a_shuffle": kinds.get((SHUFFLE, "None"), 0),
+    }
+    if plan.is_window:
+        result.window_rows = window_rows(plan, status, manifest, quarantine)
+    return result
+
+
+def _staged_chunk_files(store: RunStore, plan: RunPlan) -> list[Path]:
+    """The run's staged chunk files; an error naming the ranges whose reader has not staged them."""
+    chunk_paths = sorted((store.staging_dir(plan.run_id) / "chunks").glob("*.parquet"))
+    staged = {p.stem for p in chunk_paths}
+    missing = [r.name for r in plan.ranges if r.size and r.name not in staged]
+    if missing:
+        raise RuntimeError(f"run {plan.run_id}: ranges not staged yet: {', '.join(missing)}; run their consume step")
+    return chunk_paths
+
+
+def _classified(spark: SparkSession, settings, store: RunStore, plan: RunPlan, chunk_paths: list[Path]) -> _Found:
+    """The run's chunk metadata (read here: no payload, no Spark job), its ids looked up in the
+    output and quarantine tables (one Spark job each, skipping files that cannot hold them), and
+    each waveform classified (``metadata.classify``). A window run recomputes the window's rows:
+    the tables' other rows are what was there before."""
+    if not 0 < settings.max_waveform_bytes <= MAX_WAVEFORM_BYTES_LIMIT:
+        raise ValueError(f"max_waveform_bytes must be in 1..{MAX_WAVEFORM_BYTES_LIMIT} (a waveform is one Spark row)")
+    meta = read_meta(map(str, chunk_paths))
+    ids = sorted(meta["waveform_id"].dropna().unique().tolist())
     outside = (
         None if not plan.is_window else f"NOT ({window_predicate(plan.topic, plan.window_offsets(), 'first_offset')})"
     )
-    # the output's ids among the run's, with their checksums (read once): an id there under another
+    # the output's rows with the run's ids, and their checksums: an id there under another
     # checksum is a reused id, a conflict; its chunks are set apart, the rest are the waveforms'
-    # the same ids as a list, read from the staged files here: Delta skips the table's files that
-    # cannot hold them (a file changed between the two reads only makes an id look new, and
-    # validation checks the new ids against the table again, exactly)
-    id_list = staged_ids(chunk_paths) if v0 is not None else None
-    known = delta_checksums(spark, out_path, v0, chunks, counted=outside, id_list=id_list).persist()
-    before = known.where("counted").select("waveform_id")
-    meta, conflicts = chunks.select(*META_COLUMNS), None
-    if v0 is not None:
-        meta, conflicts = split_conflicts(meta, known)
+    known = table_rows(spark, settings.output_table, ids, ["waveform_id", "checksum"], counted=outside)
+    meta, conflicts = split_conflicts(meta, known)
     newest = {}
     for r in plan.ranges:
         read = store.load_result(plan.run_id, Step.consume(r), ReadStats)
         if read is not None and read.max_timestamp_ms is not None:
             newest[r.partition] = read.max_timestamp_ms
-    if not 0 < settings.max_waveform_bytes <= MAX_WAVEFORM_BYTES_LIMIT:
-        raise ValueError(f"max_waveform_bytes must be in 1..{MAX_WAVEFORM_BYTES_LIMIT} (a waveform is one Spark row)")
     classified = classify(
         meta,
         max_waveform_bytes=settings.max_waveform_bytes,
@@ -677,154 +419,104 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> Reassembled:
         incomplete_after_offsets=settings.incomplete_after_offsets,
         incomplete_after_ms=int(settings.incomplete_after_s * 1000),
         window=plan.window_offsets() if plan.is_window else None,
-    ).persist()
-    q_version = delta_version(settings.quarantine_table)
-    # an id_conflict row is about another content under the id: it does not quarantine this one
-    q_before = (
-        read_delta(spark, settings.quarantine_table, q_version)
-        .where(outside or "true")
-        .where(F.col("reason") != "id_conflict")
-        .select("waveform_id", "reason")
-        if q_version is not None
-        else spark.createDataFrame([], "waveform_id string, reason string")
     )
-    new_candidates = classified.where(F.col("status") == CANDIDATE)
-    if q_version is not None:  # quarantined once, quarantined for good (e.g. late chunks of an incomplete one)
-        new_candidates = new_candidates.join(q_before.select("waveform_id"), "waveform_id", "left_anti")
-    if v0 is not None:  # kept: counted below, then assembled (the table's ids are read once)
-        new_candidates = new_candidates.join(before, "waveform_id", "left_anti")
-    # how each new waveform is verified and written (``route``): most from the readers' digests
-    digest_files = sorted((staging / "digests").glob("*.parquet"))
-    digests = spark.read.parquet(*map(str, digest_files)) if digest_files else None
-    routed = route(new_candidates, digests).persist()
-    kinds = {(r["route"], r["digest_ok"]): r["count"] for r in routed.groupBy("route", "digest_ok").count().collect()}
-    timings["classify_s"] = time.monotonic() - t
-    t = time.monotonic()
-    after = before
-    parts = []  # waveforms not verified while they were read: assembled and verified now
-    if kinds.get((LOCAL, None)):
-        parts.append(
-            assemble_local(
-                spark, files, routed.where(F.col("route") == LOCAL), settings.output_batch_bytes, scope=plan.run_id
-            )
-        )
-    if kinds.get((SHUFFLE, None)):
-        parts.append(assemble(chunks, routed.where(F.col("route") == SHUFFLE), scope=plan.run_id))
-    manifest, written = [], []  # the manifest's rows, and their ids (not read back from it)
+    # an id_conflict row is about another content under the id: it does not quarantine this one
+    where = f"({outside or 'true'}) AND reason != 'id_conflict'"
+    earlier = table_rows(spark, settings.quarantine_table, ids, ["waveform_id", "reason"], where=where)
+    firsts = earlier.sort_values(["waveform_id", "reason"]).drop_duplicates("waveform_id")
+    quarantined = dict(zip(firsts["waveform_id"], firsts["reason"], strict=True))
+    before = set(known.loc[known["counted"], "waveform_id"])
+    return _Found(meta, conflicts, classified, before, quarantined)
+
+
+def _digests(staging: Path) -> pd.DataFrame | None:
+    """The waveforms the run's readers hashed in order as they staged them (``DIGEST_SCHEMA``)."""
+    files = sorted((staging / "digests").glob("*.parquet"))
+    return pa.concat_tables([pq.read_table(f) for f in files]).to_pandas() if files else None
+
+
+def _assemble_and_write(
+    spark: SparkSession, settings, store: RunStore, plan: RunPlan, routed: pd.DataFrame, digests, chunk_paths
+) -> pa.Table | None:
+    """Assemble and verify the new waveforms no reader verified (into the candidate waveform
+    table), then write the manifest: every verified new waveform's row but its payload. None:
+    no new waveform. A waveform verified while it was read is written once, at publish, from
+    the staged chunks; one that fails its checksum is in neither (``final_status`` says so)."""
+    candidates = store.candidate_dir(plan.run_id)
+    parts = []
+    local = routed[routed["route"] == LOCAL]
+    if len(local):
+        wanted = wanted_waveforms(spark, local)
+        files = chunk_files(store, plan)
+        parts.append(assemble_local(spark, files, wanted, settings.output_batch_bytes, scope=plan.run_id))
+    shuffled = routed[routed["route"] == SHUFFLE]
+    if len(shuffled):
+        wanted = wanted_waveforms(spark, shuffled)
+        parts.append(assemble(spark.read.parquet(*map(str, chunk_paths)), wanted, scope=plan.run_id))
+    manifest = []
     if parts:
         assembled = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
         verified = assembled.where("checksum_ok").drop("checksum_ok").withColumn("run_id", F.lit(plan.run_id))
         write_candidate(verified, candidates / "waveforms")
-        manifest.append(
-            read_delta(spark, candidates / "waveforms").select(
-                *MANIFEST_COLUMNS,
-                "run_id",
-                F.lit("candidate").alias("written_from"),
-            )
-        )
-        written.append(manifest[-1].select("waveform_id"))
-    from_digests = kinds.get((DIGEST, True), 0)
-    if from_digests:  # verified by the readers: written once, at publish, from the staged chunks
-        ids = routed.where((F.col("route") == DIGEST) & F.col("digest_ok")).select("waveform_id")
-        manifest.append(
-            digests.join(ids, "waveform_id", "left_semi").select(
-                *MANIFEST_COLUMNS,
-                F.lit(plan.run_id).alias("run_id"),
-                F.lit("staged").alias("written_from"),
-            )
-        )
-        written.append(ids)  # one digest row each (``route``): the manifest's ids
-    if manifest:  # else: no new rows, no candidate tables
-        write_candidate(
-            manifest[0] if len(manifest) == 1 else manifest[0].unionByName(manifest[1]), candidates / "manifest"
-        )
-        failpoint("reassemble.after_write")
-        after = before
-        for ids in written:
-            after = after.unionByName(ids)
-    timings["assemble_write_s"] = time.monotonic() - t
+        rows = DeltaTable(str(candidates / "waveforms")).to_pyarrow_table(columns=MANIFEST_COLUMNS)
+        manifest.append(_manifest_rows(rows, plan.run_id, "candidate"))
+    ok = routed[(routed["route"] == DIGEST) & (routed["digest_ok"] == True)]  # noqa: E712 (object column)
+    if len(ok):  # verified by the readers: one digest row each (``route``)
+        rows = digests[digests["waveform_id"].isin(ok["waveform_id"])][MANIFEST_COLUMNS]
+        manifest.append(_manifest_rows(pa.Table.from_pandas(rows, preserve_index=False), plan.run_id, "staged"))
+    if not manifest:
+        return None
+    table = pa.concat_tables(manifest)
+    write_deltalake(str(candidates / "manifest"), table, mode="overwrite")
+    failpoint("reassemble.after_write")
+    return table
 
-    t = time.monotonic()
-    status = final_status(classified, before, after, q_before).persist()
-    placed = status
-    if conflicts is not None:
-        conflicted = conflict_status(conflicts, plan.window_offsets() if plan.is_window else None).persist()
-        placed = status.unionByName(conflicted.drop("output_checksum"))
-    counted = accounting(meta, status)
-    if conflicts is not None:
-        counted = counted.unionByName(accounting(conflicts.select(*META_COLUMNS), conflicted))
-    # waveforms by final status, and records by partition and final status: one Spark job
-    by_waveform = placed.groupBy("status", "reason", "already_written").agg(F.count(F.lit(1)).alias("records"))
-    rows = (
-        counted.withColumn("per_waveform", F.lit(False))
-        .unionByName(
-            by_waveform.select(
-                F.lit(None).cast("int").alias("partition"),
-                "status",
-                "reason",
-                "already_written",
-                "records",
-                F.lit(None).cast("long").alias("bytes"),
-                F.lit(None).cast("long").alias("min_offset"),
-                F.lit(True).alias("per_waveform"),
-            )
-        )
-        .collect()
+
+def wanted_waveforms(spark: SparkSession, rows: pd.DataFrame) -> DataFrame:
+    """The waveforms ``rows`` names (id, checksum, partition), handed to Spark's assembly as a
+    local relation: no table is read for it."""
+    return spark.createDataFrame(
+        rows[["waveform_id", "checksum", "partition"]], "waveform_id string, checksum string, partition int"
     )
-    waveforms = [
-        {"status": r["status"], "reason": r["reason"], "already_written": r["already_written"], "count": r["records"]}
-        for r in rows
-        if r["per_waveform"]
-    ]
-    rows = [r for r in rows if not r["per_waveform"]]
-    if any(w["status"] == QUARANTINED for w in waveforms):
-        quarantine = quarantine_rows(meta, status, plan.run_id)
-        if conflicts is not None:
-            quarantine = quarantine.unionByName(
-                quarantine_rows(conflicts.select(*META_COLUMNS), conflicted, plan.run_id)
-            )
-        write_candidate(quarantine, candidates / "quarantine")
-    dead_files = [f for f in dead_files if pq.ParquetFile(f).metadata.num_rows]
-    dead_counts: dict[int, tuple[int, int]] = {}
-    other_dead: dict[int, tuple[int, int]] = {}
-    if dead_files:
-        dead = spark.read.parquet(*map(str, dead_files)).withColumn("run_id", F.lit(plan.run_id))
-        if plan.is_window:  # dead letters past the window's end are the next window's
-            mine = F.expr(window_predicate(plan.topic, plan.window_offsets(), "offset"))
-            other_dead = _count_by_partition(dead.where(~mine))
-            dead = dead.where(mine)
-        dead_counts = _count_by_partition(dead)
-        if dead_counts:
-            write_candidate(dead, candidates / "dead_letter")
-    timings["accounting_s"] = time.monotonic() - t
-    classified.unpersist()
-    new_candidates.unpersist()
-    routed.unpersist()
-    known.unpersist()
-    if conflicts is not None:
-        conflicted.unpersist()
-    result = summarize(plan, rows, waveforms, dead_counts, timings, other_dead)
-    # what validation must find in the candidate tables (anything else: they are not this result's)
-    new = result.waveforms.get("output_new", 0)
-    result.candidates = {
-        "manifest": new,
-        "waveforms": new - from_digests,
-        "quarantine": sum(w["count"] for w in waveforms if w["status"] == QUARANTINED),
-        "dead_letter": sum(n for n, _ in dead_counts.values()),
-    }
-    # how the new candidates were verified (the rest failed their checksum: quarantined)
-    result.verified = {
-        "while_read": from_digests,
-        "from_one_staged_file": kinds.get((LOCAL, None), 0),
-        "by_a_shuffle": kinds.get((SHUFFLE, None), 0),
-    }
+
+
+MANIFEST_SCHEMA = pa.schema(
+    [ARROW_OUTPUT_SCHEMA.field(name) for name in MANIFEST_COLUMNS]
+    + [pa.field("run_id", pa.string()), pa.field("written_from", pa.string())]
+)
+
+
+def _manifest_rows(rows: pa.Table, run_id: str, written_from: str) -> pa.Table:
+    """``rows`` (the manifest's columns) as manifest rows of ``run_id``, ``written_from``."""
+    rows = rows.select(MANIFEST_COLUMNS).append_column("run_id", pa.array([run_id] * rows.num_rows, pa.string()))
+    rows = rows.append_column("written_from", pa.array([written_from] * rows.num_rows, pa.string()))
+    return rows.cast(MANIFEST_SCHEMA)
+
+
+def _stage_dead_letters(store: RunStore, plan: RunPlan, path: Path) -> tuple[dict, dict]:
+    """The run's dead letters into its candidate table ``path``; per partition (rows, value
+    bytes) of them, and of those a window run leaves to the next window (past its end)."""
+    files = sorted((store.staging_dir(plan.run_id) / "dead_letter").glob("*.parquet"))
+    tables = [t for t in (pq.read_table(f) for f in files) if t.num_rows]
+    if not tables:
+        return {}, {}
+    dead = pa.concat_tables(tables)
+    dead = dead.append_column("run_id", pa.array([plan.run_id] * dead.num_rows, pa.string()))
+    other: dict[int, tuple[int, int]] = {}
     if plan.is_window:
-        result.window_rows = window_rows(spark, plan, status, candidates)
-    status.unpersist()
-    return result
+        frame = dead.select(["topic", "partition", "offset"]).to_pandas()
+        mine = inside_window(frame, plan.topic, plan.window_offsets(), "offset").to_numpy()
+        other = _count_by_partition(dead.filter(pa.array(~mine)))
+        dead = dead.filter(pa.array(mine))
+    counts = _count_by_partition(dead)
+    if dead.num_rows:
+        write_deltalake(str(path), dead, mode="overwrite")
+    return counts, other
 
 
-def window_rows(spark: SparkSession, plan: RunPlan, status: DataFrame, candidates: Path) -> WindowRows:
+def window_rows(
+    plan: RunPlan, status: pd.DataFrame, manifest: pa.Table | None, quarantine: pa.Table | None
+) -> WindowRows:
     """What a window run's publish replaces, beyond the rows whose first offset is in the window:
 
     ``keep``: waveforms the run read but does not own (their first chunk is another window's) or
@@ -832,33 +524,30 @@ def window_rows(spark: SparkSession, plan: RunPlan, status: DataFrame, candidate
     ``extra`` (per table): waveforms the run owns whose row's first offset is outside the window
     (chunks spread over partitions, or out of order): their rows are replaced too. Both are small:
     waveforms at the window's edges."""
-    keep = [
-        r["waveform_id"]
-        for r in status.where(F.col("status").isin(OTHER_WINDOW, PENDING)).select("waveform_id").collect()
-    ]
-    inside = window_predicate(plan.topic, plan.window_offsets(), "first_offset")
+    keep = status.loc[status["status"].isin([OTHER_WINDOW, PENDING]), "waveform_id"]
     extra = {}
-    for name, table in (("waveforms", "manifest"), ("quarantine", "quarantine")):
-        path = candidates / table
-        extra[name] = (
-            [
-                r["waveform_id"]
-                for r in read_delta(spark, path).where(f"NOT ({inside})").select("waveform_id").distinct().collect()
-            ]
-            if delta_version(path) is not None
-            else []
-        )
+    for name, rows in (("waveforms", manifest), ("quarantine", quarantine)):
+        if rows is None:
+            extra[name] = []
+            continue
+        frame = rows.select(["waveform_id", "topic", "partition", "first_offset"]).to_pandas()
+        inside = inside_window(frame, plan.topic, plan.window_offsets(), "first_offset")
+        extra[name] = sorted(set(frame.loc[~inside, "waveform_id"]))
     return WindowRows(keep=sorted(keep), extra=extra)
 
 
-def _count_by_partition(rows: DataFrame) -> dict[int, tuple[int, int]]:
+def _count_by_partition(rows: pa.Table) -> dict[int, tuple[int, int]]:
     """Per partition: (rows, value bytes) of staged dead-letter rows."""
-    return {
-        r["partition"]: (r["n"], r["bytes"] or 0)
-        for r in rows.groupBy("partition")
-        .agg(F.count(F.lit(1)).alias("n"), F.sum(F.length("value")).alias("bytes"))
-        .collect()
-    }
+    if not rows.num_rows:
+        return {}
+    frame = pd.DataFrame(
+        {
+            "partition": rows.column("partition").to_numpy(),
+            "bytes": pc.binary_length(rows.column("value")).to_numpy(False),
+        }
+    )
+    g = frame.groupby("partition")
+    return {int(p): (int(n), int(b)) for p, n, b in zip(g.size().index, g.size(), g["bytes"].sum(), strict=True)}
 
 
 def summarize(

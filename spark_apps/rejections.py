@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pyspark.sql import DataFrame, SparkSession
+import pandas as pd
+import pyarrow as pa
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from wavepipe.contracts.steps import ValidationQuarantine
 from wavepipe.expectations import quarantine_reason
-from wavepipe.spark_apps.reassemble import META_COLUMNS, QUARANTINED, accounting, quarantine_rows
+from wavepipe.spark_apps.metadata import QUARANTINED, accounting, quarantine_rows, read_meta
 from wavepipe.spark_apps.tables import ID_LIST_MAX
 
 #: What GX lists of each failing row: enough to find the waveform's chunks and its place.
@@ -67,7 +69,7 @@ class Rejection:
     none rejected) and where their records go in the run's accounting."""
 
     rejected: dict[str, dict] = field(default_factory=dict)
-    rows: DataFrame | None = None
+    rows: pa.Table | None = None
     moved: ValidationQuarantine = field(default_factory=ValidationQuarantine)
 
     @property
@@ -84,23 +86,23 @@ class Rejection:
         ]
 
 
-def rejection(spark: SparkSession, chunk_files: list[str], rejected: dict[str, dict], run_id: str) -> Rejection:
+def rejection(chunk_files: list[str], rejected: dict[str, dict], run_id: str) -> Rejection:
     """The quarantine table's rows of the ``rejected`` waveforms (``rejected_waveforms``), and
     where their records go in the run's accounting: their staged chunks (the ones with their
-    checksum), counted per partition and reason in one Spark job (none when nothing was rejected)."""
+    checksum), counted per partition and reason from the chunks' metadata (read here: no Spark
+    job; nothing read when nothing was rejected)."""
     if not rejected:
         return Rejection()
-    status = spark.createDataFrame(
-        [(wid, QUARANTINED, r["reason"], r["detail"], False) for wid, r in sorted(rejected.items())],
-        "waveform_id string, status string, reason string, detail string, already_written boolean",
+    status = pd.DataFrame(
+        [(wid, QUARANTINED, r["reason"], r["detail"], False, None) for wid, r in sorted(rejected.items())],
+        columns=["waveform_id", "status", "reason", "detail", "already_written", "output_checksum"],
     )
-    keys = spark.createDataFrame(
-        [(wid, r["checksum"]) for wid, r in sorted(rejected.items())], "waveform_id string, checksum string"
-    )
-    meta = spark.read.parquet(*chunk_files).select(*META_COLUMNS).join(keys, ["waveform_id", "checksum"], "left_semi")
+    meta = read_meta(chunk_files)
+    keys = pd.DataFrame([(wid, r["checksum"]) for wid, r in rejected.items()], columns=["waveform_id", "checksum"])
+    meta = meta.merge(keys, on=["waveform_id", "checksum"])
     moved = ValidationQuarantine()
     for r in rejected.values():
         moved.waveforms[r["reason"]] = moved.waveforms.get(r["reason"], 0) + 1
-    for row in accounting(meta, status).collect():
+    for row in accounting(meta, status):
         moved.records.setdefault(int(row["partition"]), {})[row["reason"]] = [row["records"], row["bytes"] or 0]
     return Rejection(rejected, quarantine_rows(meta, status, run_id), moved)

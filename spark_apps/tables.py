@@ -168,57 +168,9 @@ def delta_row_count(path: Path) -> int | None:
 
 
 #: A run looks up at most this many of its own waveform ids in a published table as a literal
-#: list (``only_ids``), more only by a join. Measured on a table of 1600 files, for a run of 24
+#: list (``with_ids``), more only by a join. Measured on a table of 1600 files, for a run of 24
 #: ids: 0.25 s against 1.61 s by the join alone (docs/benchmarks/table-layout.md).
 ID_LIST_MAX = 2000
-
-
-def _distinct_ids(files: list[Path | str]) -> list[str] | None:
-    """The distinct non-null ``waveform_id`` values of parquet ``files`` (pyarrow, one column), or
-    None: more than ``ID_LIST_MAX``, too many rows to be worth reading, or unreadable."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    try:
-        if sum(pq.ParquetFile(f).metadata.num_rows for f in files) > 100 * ID_LIST_MAX:
-            return None  # a large run: reading its ids costs more than the list would save
-        ids = set()
-        for f in files:
-            ids.update(v for v in pc.unique(pq.read_table(f, columns=["waveform_id"])["waveform_id"]).to_pylist() if v)
-            if len(ids) > ID_LIST_MAX:
-                return None
-    except (OSError, KeyError, ValueError):
-        return None
-    return sorted(ids)
-
-
-def table_ids(path: Path) -> list[str] | None:
-    """The distinct waveform ids of the Delta table ``path`` (its live files, from its log: the
-    same version Spark reads, as nothing else writes a run's candidate tables), or None as
-    ``_distinct_ids`` says, or when the log cannot be read without Spark."""
-    from urllib.parse import unquote
-
-    state = delta_log(path)
-    if state is None:
-        return None
-    return _distinct_ids([Path(path) / unquote(p) for p in sorted(state.files)])
-
-
-def staged_ids(chunk_files: list[Path | str]) -> list[str] | None:
-    """The distinct waveform ids in a run's staged chunk files (read here, one column, no Spark);
-    None when there are more than ``ID_LIST_MAX`` (or the files do not say)."""
-    return _distinct_ids(chunk_files)
-
-
-def only_ids(frame: DataFrame, ids: list[str] | None) -> DataFrame:
-    """``frame``'s rows whose ``waveform_id`` is in ``ids`` (None: every row). The caller still
-    joins on its ids: this literal list only lets Delta skip the files whose ``waveform_id``
-    statistics exclude them, so a run's look-up does not scan the whole table."""
-    from pyspark.sql import functions as F
-
-    if ids is None:
-        return frame
-    return frame.where(F.col("waveform_id").isin(ids) if ids else F.lit(False))
 
 
 def read_delta(spark: SparkSession, path: Path, version: int | None = None) -> DataFrame:
@@ -226,13 +178,6 @@ def read_delta(spark: SparkSession, path: Path, version: int | None = None) -> D
     if version is not None:
         reader = reader.option("versionAsOf", version)
     return reader.load(str(path))
-
-
-def delta_ids(spark: SparkSession, path: Path, version: int | None, where: str | None = None) -> DataFrame:
-    """The table's waveform ids at ``version`` (of the rows matching SQL ``where``, if given)."""
-    if version is None:
-        return spark.createDataFrame([], "waveform_id string")
-    return read_delta(spark, path, version).where(where or "true").select("waveform_id")
 
 
 def window_predicate(topic: str, offsets: dict[int, tuple[int, int]], offset_column: str) -> str:
@@ -317,24 +262,34 @@ def write_candidate(df: DataFrame, path: Path) -> None:
     )
 
 
-def delta_checksums(
+def with_ids(frame: DataFrame, ids: list[str]) -> DataFrame:
+    """``frame``'s rows whose ``waveform_id`` is in ``ids``: a literal list up to ``ID_LIST_MAX``
+    (Delta skips the files whose ``waveform_id`` statistics exclude them), a semi-join beyond."""
+    from pyspark.sql import functions as F
+
+    if len(ids) <= ID_LIST_MAX:
+        return frame.where(F.col("waveform_id").isin(ids) if ids else F.lit(False))
+    listed = frame.sparkSession.createDataFrame([(i,) for i in ids], "waveform_id string")
+    return frame.join(listed, "waveform_id", "left_semi")
+
+
+def table_rows(
     spark: SparkSession,
     path: Path,
-    version: int | None,
-    ids: DataFrame,
+    ids: list[str],
+    columns: list[str],
+    *,
+    where: str | None = None,
     counted: str | None = None,
-    id_list: list[str] | None = None,
-) -> DataFrame:
-    """``waveform_id``, ``checksum`` and ``counted`` (the row matches SQL ``counted``; true if not
-    given) of the table's rows at ``version`` whose id is in ``ids`` (a semi-join: only the ids a
-    run read are kept, and only these two columns of the table are scanned, never the payloads).
-    Every id of the table, whatever its source and date partition, is looked at: an id reused for
-    other content may carry another source or date. ``id_list``: the same ids as a list, if the
-    caller has them (``staged_ids``): files that cannot hold them are skipped (``only_ids``)."""
-    schema = "waveform_id string, checksum string, counted boolean"
-    if version is None:
-        return spark.createDataFrame([], schema)
-    rows = only_ids(read_delta(spark, path, version), id_list).selectExpr(
-        "waveform_id", "checksum", f"({counted or 'true'}) AS counted"
-    )
-    return rows.join(ids.select("waveform_id").distinct(), "waveform_id", "left_semi")
+):
+    """``columns`` of the table's rows whose id is in ``ids`` (and that match SQL ``where``),
+    with ``counted`` (the row matches SQL ``counted``; true if not given), collected into this
+    process as pandas: one Spark job, which reads only these columns of the files that can hold
+    the ids. Every id of the table, whatever its source and date partition, is looked at: an id
+    reused for other content may carry another source or date."""
+    import pandas as pd
+
+    if not ids or delta_version(path) is None:
+        return pd.DataFrame({**{c: pd.Series(dtype=object) for c in columns}, "counted": pd.Series(dtype=bool)})
+    rows = with_ids(read_delta(spark, path), ids).where(where or "true")
+    return rows.selectExpr(*(f"`{c}`" for c in columns), f"({counted or 'true'}) AS counted").toPandas()

@@ -26,16 +26,16 @@ import sys
 import threading
 import time
 import warnings
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
+from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from wavepipe import delta_txn, expectations
 from wavepipe.contracts.config import Settings
@@ -52,11 +52,12 @@ from wavepipe.spark import phase
 from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_apps.reassemble import (
     MANIFEST_COLUMNS,
-    OUTPUT_SCHEMA,
+    MANIFEST_SCHEMA,
     STAGED_CHANGED,
     assemble_file,
     assemble_local,
     chunk_files,
+    wanted_waveforms,
 )
 from wavepipe.spark_apps.rejections import Rejection, rejection, without
 from wavepipe.spark_apps.tables import (
@@ -66,10 +67,9 @@ from wavepipe.spark_apps.tables import (
     delta_row_count,
     delta_version,
     delta_writer,
-    only_ids,
     read_delta,
     replace_predicate,
-    table_ids,
+    table_rows,
     window_predicate,
     with_txn,
 )
@@ -95,30 +95,22 @@ _PLOT_MAX_BYTES = 16 * 1024 * 1024
 CHECKED_COLUMNS = [*MANIFEST_COLUMNS, "run_id"]
 
 
-def output_checks(manifest: DataFrame, published: DataFrame, run_id: str) -> DataFrame:
+def output_checks(manifest: pd.DataFrame, published: pd.DataFrame, run_id: str) -> pd.DataFrame:
     """The run's new waveforms (its manifest: one row each, no payload) with the columns the
-    per-waveform suite checks. ``published``: (waveform_id, run_id) of the output table; only its
-    rows with the run's ids are looked at."""
-    itemsize = F.regexp_extract("dtype", r"(\d+)$", 1).cast("long")  # numpy dtype.str: "<f4", "|u1"
-    seen = (
-        published.join(manifest.select("waveform_id"), "waveform_id", "left_semi")
-        .groupBy("waveform_id")
-        .agg(F.max(F.col("run_id") != F.lit(run_id)).alias("published_by_other_run"), F.lit(True).alias("in_table"))
+    per-waveform suite checks. ``published``: (waveform_id, run_id) of the output table's rows
+    with the run's ids."""
+    itemsize = pd.to_numeric(manifest["dtype"].str.extract(r"(\d+)$")[0], errors="coerce")  # numpy dtype.str: "<f4"
+    expected = manifest["n_samples"] * itemsize * manifest["channels"]
+    by_other = published["run_id"].notna() & (published["run_id"] != run_id)
+    other_ids, in_table = set(published.loc[by_other, "waveform_id"]), set(published["waveform_id"])
+    return manifest[CHECKED_COLUMNS].assign(
+        expected_size_bytes=expected if expected.isna().any() else expected.astype("int64"),
+        numbers_finite=np.isfinite(manifest["sample_rate"].astype(float))
+        & np.isfinite(manifest["duration_s"].astype(float)),
+        published_by_other_run=manifest["waveform_id"].isin(other_ids),
+        in_table=manifest["waveform_id"].isin(in_table),
+        written_from=manifest["written_from"],
     )
-    return manifest.join(seen, "waveform_id", "left").select(
-        *CHECKED_COLUMNS,
-        (F.col("n_samples") * itemsize * F.col("channels")).alias("expected_size_bytes"),
-        F.coalesce(_finite("sample_rate") & _finite("duration_s"), F.lit(False)).alias("numbers_finite"),
-        F.coalesce("published_by_other_run", F.lit(False)).alias("published_by_other_run"),
-        F.coalesce("in_table", F.lit(False)).alias("in_table"),
-        "written_from",
-    )
-
-
-def _finite(column: str):
-    """Whether ``column`` holds a finite number: tested, not compared (NaN is no number, and Spark
-    orders it above infinity)."""
-    return ~F.isnan(column) & (F.abs(column) != F.lit(float("inf")))
 
 
 def run_frame(waveforms: dict[str, int], judged_from: int) -> pd.DataFrame:
@@ -195,14 +187,14 @@ def _summarize_result(name: str, result, docs_url: str | None) -> dict:
 def run_suites(
     settings: Settings,
     run_id: str,
-    checked: DataFrame | pd.DataFrame,
+    checked: pd.DataFrame,
     judge_run,
     now: datetime,
     notes: list[str] | None = None,
 ) -> tuple[list[dict], str, dict[str, dict]]:
     """The per-waveform suite on ``checked`` (the run's new waveforms), then the run-level suite
     on the one-row frame ``judge_run(rejected)`` makes, each through a GX checkpoint (results
-    stored, Data Docs updated): a Spark DataFrame on the engine, a pandas frame in this process.
+    stored, Data Docs updated), in this process.
     Returns the per-suite summaries, the Data Docs index URL and the rejected waveforms
     (``rejections.rejected_waveforms``). Data Docs only describe the results: when building them
     fails, ``notes`` gets a line and the links are left out."""
@@ -233,7 +225,7 @@ def run_suites(
     out = [
         {
             **_summarize_result(name, result, page),
-            "validated_in": "spark" if isinstance(frame, DataFrame) else "client",
+            "validated_in": "client",
             "gates_run": expectations.gates_the_run(name),
         }
         for (name, frame, result, *_), page in zip(checks, pages, strict=True)
@@ -245,14 +237,13 @@ _SUMMARY = {"result_format": "SUMMARY", "partial_unexpected_count": 5}
 
 
 def _check(context, name: str, expectation_list: list, frame, run_id: str, on_failure: dict):
-    """Suite ``name`` on ``frame``: pass/fail first (one aggregate job for all expectations on
-    Spark); only if one fails, again with ``on_failure``'s result format (counts, examples,
-    failing rows: a job per expectation). Returns (the last result, its identifier, every stored
+    """Suite ``name`` on ``frame`` (pandas): pass/fail first; only if one fails, again with
+    ``on_failure``'s result format (counts, examples, failing rows). Returns (the last result, its identifier, every stored
     result's identifier): each pass is stored and gets its Data Docs page."""
     import great_expectations as gx
     from great_expectations.core.run_identifier import RunIdentifier
 
-    source = _data_source(context, in_client=not isinstance(frame, DataFrame))
+    source = _data_source(context)
     try:
         asset = source.get_asset(name)
     except LookupError:
@@ -284,14 +275,12 @@ def _check(context, name: str, expectation_list: list, frame, run_id: str, on_fa
     return result, identifier, list(stored)
 
 
-def _data_source(context, *, in_client: bool):
-    """The GX data source of the run's frames: ``wavepipe`` (Spark DataFrames, validated on the
-    engine) or ``wavepipe_in_client`` (pandas frames, validated in this process)."""
-    name = "wavepipe_in_client" if in_client else "wavepipe"
+def _data_source(context):
+    """The GX data source of the run's frames: pandas frames, validated in this process."""
     try:
-        return context.data_sources.get(name)
+        return context.data_sources.get("wavepipe_in_client")
     except (KeyError, ValueError, LookupError):
-        return context.data_sources.add_pandas(name=name) if in_client else context.data_sources.add_spark(name=name)
+        return context.data_sources.add_pandas(name="wavepipe_in_client")
 
 
 def _bound_docs_index(context) -> None:
@@ -322,16 +311,17 @@ def _build_docs(context, shown: list, identifiers: list) -> tuple[list[str | Non
 
 # --- I/O -------------------------------------------------------------------------------------------
 
-MANIFEST_SCHEMA = T.StructType(
-    [f for f in OUTPUT_SCHEMA.fields if f.name in MANIFEST_COLUMNS]
-    + [T.StructField(name, T.StringType(), False) for name in ("run_id", "written_from")]
-)
 
-
-def _manifest(spark: SparkSession, candidates: Path) -> DataFrame:
-    if delta_version(candidates / "manifest") is None:
-        return spark.createDataFrame([], MANIFEST_SCHEMA)
-    return read_delta(spark, candidates / "manifest")
+def _manifest(candidates: Path) -> pd.DataFrame:
+    """The run's manifest (``reassemble._assemble_and_write``), read here by delta-rs: no Spark
+    job. Start times stay Python datetimes: pandas' nanosecond timestamps end in 1677 and 2262,
+    Spark's in years 1 and 9999, and a producer may send any start time in between (the suite
+    says if it is plausible)."""
+    path = candidates / "manifest"
+    rows = (
+        DeltaTable(str(path)).to_pyarrow_table() if delta_version(path) is not None else MANIFEST_SCHEMA.empty_table()
+    )
+    return rows.to_pandas(timestamp_as_object=True, date_as_object=True)
 
 
 def _staged_record_count(store: RunStore, plan: RunPlan) -> int:
@@ -341,60 +331,18 @@ def _staged_record_count(store: RunStore, plan: RunPlan) -> int:
     return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
 
 
-#: A checked frame of at most this many rows is collected (one Spark job) and validated in this
-#: process, by Great Expectations' pandas engine; a larger one is validated on the Spark engine
-#: (about one Spark job per expectation, each some tenths of a second even on a few rows).
-IN_CLIENT_MAX_ROWS = 250_000
-
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-def _for_validation(frame: DataFrame, rows: int) -> DataFrame | pd.DataFrame:
-    """``frame`` of ``rows`` rows as the suites get it: collected into this process when it has
-    at most ``IN_CLIENT_MAX_ROWS`` (``_in_client``), else persisted on the engine."""
-    return _in_client(frame) if rows <= IN_CLIENT_MAX_ROWS else frame.persist()
-
-
-def _in_client(frame: DataFrame) -> pd.DataFrame:
-    """``frame`` collected into this process; ``start_time`` (if any) as UTC instants, whatever the
-    session's time zone (collected as microseconds since the epoch, which have none). They stay
-    Python datetimes: pandas' nanosecond timestamps end in 1677 and 2262, Spark's in years 1 and
-    9999, and a producer may send any start time in between (the suite says if it is plausible)."""
-    if "start_time" not in frame.columns:
-        return frame.toPandas()
-    collected = frame.withColumn("start_time", F.unix_micros("start_time")).toPandas()
-    collected["start_time"] = pd.Series(
-        [None if pd.isna(us) else _EPOCH + timedelta(microseconds=int(us)) for us in collected["start_time"]],
-        index=collected.index,
-        dtype=object,
-    )
-    return collected
-
-
-def _kept(checked: DataFrame | pd.DataFrame, ids: list[str]) -> DataFrame | pd.DataFrame:
+def _kept(checked: pd.DataFrame, ids: list[str]) -> pd.DataFrame:
     """The checked rows of the waveforms the run publishes: all but the rejected ``ids``."""
-    if not ids:
-        return checked
-    if isinstance(checked, pd.DataFrame):
-        return checked[~checked["waveform_id"].isin(ids)]
-    return without(checked, ids)
+    return checked[~checked["waveform_id"].isin(ids)] if ids else checked
 
 
-def _output_counts(checked: DataFrame | pd.DataFrame) -> dict:
+def _output_counts(checked: pd.DataFrame) -> dict:
     """Rows, rows already in the output table, and bytes of the run's new waveforms."""
-    if isinstance(checked, pd.DataFrame):
-        return {
-            "rows": len(checked),
-            "in_table": int(checked["in_table"].sum()),
-            "bytes": int(checked["size_bytes"].fillna(0).sum()),
-        }
-    row = checked.agg(
-        F.count(F.lit(1)).alias("rows"),
-        F.sum(F.col("in_table").cast("long")).alias("in_table"),
-        F.sum("size_bytes").alias("bytes"),
-    ).first()
-    return {"rows": row["rows"], "in_table": row["in_table"] or 0, "bytes": row["bytes"] or 0}
+    return {
+        "rows": len(checked),
+        "in_table": int(checked["in_table"].sum()),
+        "bytes": int(checked["size_bytes"].fillna(0).sum()),
+    }
 
 
 #: Channels drawn per waveform (a 12-lead ECG whole), and characters of an id or a source shown
@@ -515,8 +463,7 @@ def plot_waveforms(rows: list, path: Path) -> Path:
 
 
 def start_plot(
-    spark: SparkSession,
-    checked: DataFrame | pd.DataFrame,
+    checked: pd.DataFrame,
     store: RunStore,
     plan: RunPlan,
     settings: Settings,
@@ -525,11 +472,10 @@ def start_plot(
     """Begin the plot of the first few waveforms the run publishes (the earliest of one partition,
     so their bytes are near the start of its staged file); returns a function that waits for it
     and gives the plot's path. Reading the staged chunks and drawing go on in a thread, beside the
-    expectations and publishing; only waveforms not written from the staged chunks are read with
-    Spark, now. The plot only describes the run: whatever fails here becomes a line in ``notes``
+    expectations and publishing. The plot only describes the run: whatever fails here becomes a line in ``notes``
     (then the path is None), never an error."""
     picks = describe_safely(notes, "choosing waveforms to plot", _plot_picks, checked) or []
-    rows = describe_safely(notes, "fetching waveforms to plot", _candidate_rows, spark, picks, store, plan) or []
+    rows = describe_safely(notes, "fetching waveforms to plot", _candidate_rows, picks, store, plan) or []
     drawn: dict = {}
 
     def draw() -> None:
@@ -562,19 +508,10 @@ _PLOT_PICK_COLUMNS = [
 ]
 
 
-def _plot_picks(checked: DataFrame | pd.DataFrame) -> list[dict]:
+def _plot_picks(checked: pd.DataFrame) -> list[dict]:
     """Up to three of the run's new waveforms (``output_checks``'s rows), the earliest first."""
-    if isinstance(checked, pd.DataFrame):
-        small = checked[checked["size_bytes"] <= _PLOT_MAX_BYTES].sort_values(["partition", "first_offset"])
-        return small.head(3)[_PLOT_PICK_COLUMNS].to_dict("records")
-    return [
-        r.asDict()
-        for r in checked.where(F.col("size_bytes") <= _PLOT_MAX_BYTES)
-        .orderBy("partition", "first_offset")
-        .select(*_PLOT_PICK_COLUMNS)
-        .limit(3)
-        .collect()
-    ]
+    small = checked[checked["size_bytes"] <= _PLOT_MAX_BYTES].sort_values(["partition", "first_offset"])
+    return small.head(3)[_PLOT_PICK_COLUMNS].to_dict("records")
 
 
 def _staged_rows(picks: list[dict], store: RunStore, plan: RunPlan) -> list[dict]:
@@ -590,18 +527,15 @@ def _staged_rows(picks: list[dict], store: RunStore, plan: RunPlan) -> list[dict
     return rows
 
 
-def _candidate_rows(spark: SparkSession, picks: list[dict], store: RunStore, plan: RunPlan) -> list[dict]:
-    """The picked waveforms assembled by the reassembly (its candidate waveform table)."""
+def _candidate_rows(picks: list[dict], store: RunStore, plan: RunPlan) -> list[dict]:
+    """The picked waveforms assembled by the reassembly (its candidate waveform table, read here by
+    delta-rs: no Spark job)."""
     others = [r["waveform_id"] for r in picks if r["written_from"] != "staged"]
     if not others:
         return []
-    return [
-        r.asDict()
-        for r in read_delta(spark, store.candidate_dir(plan.run_id) / "waveforms")
-        .where(F.col("waveform_id").isin(others))
-        .select("waveform_id", "source", "dtype", "channels", "sample_rate", "payload")
-        .collect()
-    ]
+    columns = ["waveform_id", "source", "dtype", "channels", "sample_rate", "payload"]
+    table = DeltaTable(str(store.candidate_dir(plan.run_id) / "waveforms"))
+    return table.to_pyarrow_table(columns=columns, filters=[("waveform_id", "in", others)]).to_pylist()
 
 
 def plot_rows(rows: list, path: Path, notes: list[str]) -> str | None:
@@ -629,23 +563,21 @@ def publish_source(
     source = store.candidate_dir(plan.run_id) / name
     frame = read_delta(spark, source) if delta_version(source) is not None else None
     if name == "quarantine" and rejection.rows is not None:
-        rows = rejection.rows
+        rows = spark.createDataFrame(rejection.rows)
         frame = rows if frame is None else frame.unionByName(rows, allowMissingColumns=True)
     if name != "waveforms":
         return frame
     reassembled = store.load_result(plan.run_id, Step.REASSEMBLE, Reassembled)
     counts = reassembled.candidates if reassembled else {}
     if counts.get("manifest", 0) > counts.get("waveforms", 0):
-        wanted = (
-            read_delta(spark, store.candidate_dir(plan.run_id) / "manifest")
-            .where(F.col("written_from") == "staged")
-            .select("waveform_id", "checksum", "partition")
-        )
+        manifest = _manifest(store.candidate_dir(plan.run_id))  # read here: no Spark job
+        staged = manifest[(manifest["written_from"] == "staged") & ~manifest["waveform_id"].isin(rejection.ids)]
+        wanted = wanted_waveforms(spark, staged)
         staged = (
             assemble_local(
                 spark,
                 chunk_files(store, plan),
-                without(wanted, rejection.ids),
+                wanted,
                 store.settings.output_batch_bytes,
                 scope=plan.run_id,
                 strict=True,
@@ -807,21 +739,17 @@ def check_candidates(spark: SparkSession, store: RunStore, run_id: str) -> Reass
     return reassembled
 
 
-def _checked(spark: SparkSession, settings: Settings, store: RunStore, plan: RunPlan, version: int | None) -> DataFrame:
+def _checked(
+    spark: SparkSession, settings: Settings, store: RunStore, plan: RunPlan, version: int | None
+) -> pd.DataFrame:
     """The run's new waveforms with the checked columns (``output_checks``), against the output
-    table at ``version``: a window run replaces the window's rows, so only the rows outside it
-    stay published beside it. The manifest's ids (read from the manifest itself: exactly the
-    ids checked) let Delta skip the table's files that cannot hold them."""
-    manifest = _manifest(spark, store.candidate_dir(plan.run_id))
-    if version is None:
-        return output_checks(manifest, spark.createDataFrame([], "waveform_id string, run_id string"), plan.run_id)
-    outside = (
-        f"NOT ({window_predicate(plan.topic, plan.window_offsets(), 'first_offset')})" if plan.is_window else "true"
-    )
-    manifest_path = store.candidate_dir(plan.run_id) / "manifest"
-    id_list = table_ids(manifest_path) if delta_version(manifest_path) is not None else None
-    published = only_ids(read_delta(spark, settings.output_table, version), id_list).where(outside)
-    return output_checks(manifest, published.select("waveform_id", "run_id"), plan.run_id)
+    table: its rows with the manifest's ids (one Spark job; a window run replaces the window's
+    rows, so only the rows outside it stay published beside it)."""
+    manifest = _manifest(store.candidate_dir(plan.run_id))
+    outside = f"NOT ({window_predicate(plan.topic, plan.window_offsets(), 'first_offset')})" if plan.is_window else None
+    ids = sorted(manifest["waveform_id"].unique().tolist()) if version is not None else []
+    published = table_rows(spark, settings.output_table, ids, ["waveform_id", "run_id"], where=outside)
+    return output_checks(manifest, published, plan.run_id)
 
 
 def validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan) -> Validated:
@@ -839,16 +767,14 @@ def _validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan
     timings: dict[str, float] = {}
     t, now = time.monotonic(), datetime.now(UTC)
     version = delta_version(settings.output_table)
-    # a small frame (a run's new waveforms: most runs) is validated in this process after one
-    # collect, a large one on the engine
-    checked = _for_validation(_checked(spark, settings, store, plan, version), reassembled.candidates["manifest"])
+    checked = _checked(spark, settings, store, plan, version)
     timings["prepare_s"] = time.monotonic() - t
     notes: list[str] = []  # what could not be described; never a reason to fail the run
     t = time.monotonic()
     found = {}
 
     def judge_run(rejected: dict[str, dict]) -> pd.DataFrame:
-        found["rejection"] = rejection(spark, list(chunk_files(store, plan).values()), rejected, plan.run_id)
+        found["rejection"] = rejection(list(chunk_files(store, plan).values()), rejected, plan.run_id)
         waveforms = settled(reassembled, found["rejection"].moved).waveforms
         return run_frame(waveforms, settings.validate_quarantine_judged_from)
 
@@ -857,7 +783,7 @@ def _validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan
     timings["expectations_s"] = time.monotonic() - t
     kept = _kept(checked, rejected.ids)
     counts = _output_counts(kept)
-    wait_for_plot = start_plot(spark, kept, store, plan, settings, notes)
+    wait_for_plot = start_plot(kept, store, plan, settings, notes)
     result = Validated(
         run_id=plan.run_id,
         group=plan.group,
@@ -881,8 +807,6 @@ def _validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan
                 _publish(spark, settings, plan, result, rejected, counts, wait_for_plot)
             timings["publish_s"] = time.monotonic() - t
     finally:
-        if not isinstance(checked, pd.DataFrame):
-            checked.unpersist()
         t = time.monotonic()
         result.plot, timings["plot_s"] = wait_for_plot()
         timings["plot_wait_s"] = time.monotonic() - t

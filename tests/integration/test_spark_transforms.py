@@ -8,7 +8,7 @@ import pytest
 from tests.helpers import waveform_records
 from wavepipe.consumers.staging import CHUNK_SCHEMA, chunk_row
 from wavepipe.contracts.protocol import parse_chunk
-from wavepipe.spark_apps.reassemble import META_COLUMNS, assemble, assemble_arrow, classify
+from wavepipe.spark_apps.reassemble import assemble, assemble_arrow
 
 pytestmark = pytest.mark.integration
 
@@ -25,66 +25,6 @@ def _rows(records, partition=0, first_offset=0, overrides=None):
 
 def _frame(spark, rows):
     return spark.createDataFrame(pa.Table.from_pylist(rows, schema=CHUNK_SCHEMA))
-
-
-def test_classify_names_each_case(spark):
-    ok, _ = waveform_records("ok", 3, seed=1)
-    dup, _ = waveform_records("dup", 2, seed=2)
-    part, _ = waveform_records("partial", 3, seed=3)
-    count, _ = waveform_records("count", 2, seed=4)
-    meta, _ = waveform_records("meta", 2, seed=5)
-    rows = (
-        _rows(ok)
-        + _rows(dup + [dup[0]], first_offset=10)
-        + _rows(part[:2], first_offset=20)
-        + _rows(count, first_offset=30, overrides={1: {"chunk_count": 3}})
-        + _rows(meta, first_offset=40, overrides={1: {"sample_rate": 99.0}})
-    )
-    got = {
-        r["waveform_id"]: (r["status"], r["reason"], r["records"], r["distinct_chunks"])
-        for r in classify(_frame(spark, rows).select(*META_COLUMNS)).collect()
-    }
-    assert got == {
-        "ok": ("candidate", None, 3, 3),
-        "dup": ("candidate", None, 3, 2),
-        "partial": ("pending", None, 2, 2),
-        "count": ("quarantined", "chunk_count_mismatch", 2, 2),
-        "meta": ("quarantined", "metadata_mismatch", 2, 2),
-    }
-
-
-def test_classify_in_a_window_sets_aside_waveforms_whose_first_chunk_is_outside(spark):
-    """Window [10, 20) of partition 0: a waveform is the window's when its seq-0 chunk is inside,
-    whatever its other chunks; the chunks of one begun before the window are another window's."""
-    inside, _ = waveform_records("inside", 3, seed=1)
-    tail, _ = waveform_records("tail", 3, seed=2)
-    straddles, _ = waveform_records("straddles", 3, seed=3)
-    late, _ = waveform_records("late", 2, seed=4)
-    shuffled, _ = waveform_records("shuffled", 2, seed=5)
-    rows = (
-        _rows(tail[1:], first_offset=10)
-        + _rows(inside, first_offset=12)
-        + _rows(straddles, first_offset=18)
-        + _rows(late, first_offset=21)
-        # seq 1 at 15, inside; seq 0 at 25, outside: the later window's
-        + _rows([shuffled[1]], first_offset=15)
-        + _rows([shuffled[0]], first_offset=25)
-    )
-    frame = _frame(spark, rows).select(*META_COLUMNS)
-    got = {
-        r["waveform_id"]: (r["status"], r["expired"])
-        for r in classify(frame, window={0: (10, 20)}, ends={0: 30}, incomplete_after_offsets=1).collect()
-    }
-    assert got == {
-        "inside": ("candidate", False),
-        "straddles": ("candidate", False),
-        "tail": ("other_window", False),
-        "late": ("other_window", False),
-        "shuffled": ("other_window", False),
-    }
-    # without a window the same chunks are an incremental run's: the tail is pending (and stalled)
-    plain = {r["waveform_id"]: r["status"] for r in classify(frame).collect()}
-    assert plain["tail"] == "pending" and plain["late"] == plain["shuffled"] == "candidate"
 
 
 def test_assemble_orders_by_sequence_and_verifies(spark):

@@ -34,36 +34,6 @@ def test_the_log_says_nothing_when_it_cannot_be_read(tmp_path):
     assert delta_log(tmp_path / "broken") is None
 
 
-def test_a_runs_staged_ids_are_listed_only_while_the_list_is_short(tmp_path, monkeypatch):
-    import pyarrow.parquet as pq
-
-    from wavepipe.spark_apps import tables
-
-    files = []
-    for i, ids in enumerate((["b", "a", "b"], ["c", None, "a"])):
-        files.append(tmp_path / f"{i}.parquet")
-        pq.write_table(pa.table({"waveform_id": ids, "seq": list(range(3))}), files[-1])
-    assert tables.staged_ids(files) == ["a", "b", "c"]  # distinct, sorted, no null
-    assert tables.staged_ids([]) == []
-    monkeypatch.setattr(tables, "ID_LIST_MAX", 2)
-    assert tables.staged_ids(files) is None  # too many for a literal list: the join alone
-    monkeypatch.setattr(tables, "ID_LIST_MAX", 2000)
-    pq.write_table(pa.table({"seq": [1]}), tmp_path / "other.parquet")  # no ids to read
-    assert tables.staged_ids([tmp_path / "other.parquet"]) is None
-    assert tables.staged_ids([tmp_path / "missing.parquet"]) is None
-
-
-def test_a_candidate_tables_ids_are_read_from_its_live_files(tmp_path):
-    from wavepipe.spark_apps.tables import table_ids
-
-    table = str(tmp_path / "manifest")
-    write_deltalake(table, pa.table({"waveform_id": ["gone"], "x": ["a b%"]}), partition_by=["x"])
-    # replaced: the old file stays on disk, not in the table; a partition value URL-encoded in the log
-    write_deltalake(table, pa.table({"waveform_id": ["w2", "w1"], "x": ["a b%", "c"]}), mode="overwrite")
-    assert table_ids(tmp_path / "manifest") == ["w1", "w2"]
-    assert table_ids(tmp_path / "none") is None
-
-
 def test_a_commits_metric_is_read_from_its_commit_info(tmp_path):
     """delta-rs, another writer, records a DELETE's removed rows as Spark's Delta does."""
     from wavepipe.spark_apps.tables import commit_metric
