@@ -100,6 +100,7 @@ def test_broken_waveforms_are_quarantined_and_junk_is_dead_lettered_with_reasons
         with_headers(good, 0, **{"wp-seq": b"two"}),  # malformed header
         with_headers(good, 0, **{"wp-checksum": None}),  # missing header
         (good[0][0], good[0][1], b""),  # empty value
+        with_headers(good, 0, **{"wp-sample-rate": b"nan"}),  # no number: refused before any arithmetic
     ]
     produce_in_order(settings, good + corrupt + short + count + meta + junk)
 
@@ -113,14 +114,14 @@ def test_broken_waveforms_are_quarantined_and_junk_is_dead_lettered_with_reasons
     report = pipeline.commit_step(settings, "bad")  # ... and its retry must not publish them again
     assert_accounted(spark, settings, report)
     p0 = report["partitions"]["0"]
-    assert (p0["output"], p0["quarantined"], p0["dead_letter"], p0["pending"]) == (2, 8, 5, 0)
+    assert (p0["output"], p0["quarantined"], p0["dead_letter"], p0["pending"]) == (2, 8, 6, 0)
     assert p0["quarantine_reasons"] == {
         "checksum_mismatch": 2,
         "size_mismatch": 2,
         "chunk_count_mismatch": 2,
         "metadata_mismatch": 2,
     }
-    assert p0["safe_offset"] == 15, "quarantined and dead-lettered records do not hold the commit back"
+    assert p0["safe_offset"] == 16, "quarantined and dead-lettered records do not hold the commit back"
     assert [(r[0], r[1]) for r in output_rows(spark, settings)] == [("good", good_sum)]
     assert quarantine_reasons(spark, settings) == {
         "corrupt": "checksum_mismatch",
@@ -138,6 +139,7 @@ def test_broken_waveforms_are_quarantined_and_junk_is_dead_lettered_with_reasons
         (12, "malformed_header", good[0][2]),
         (13, "missing_header", good[0][2]),
         (14, "empty_value", b""),
+        (15, "malformed_header", good[0][2]),
     ]
 
     # the dead-letter topic got the same records, original bytes and headers, once
@@ -150,7 +152,7 @@ def test_broken_waveforms_are_quarantined_and_junk_is_dead_lettered_with_reasons
     # an independent reader (delta-rs, which Polars and most Python tools use) reads all three
     # tables row for row as Spark does: payloads, quarantine details and dead letters' raw bytes
     counts = {name: assert_delta_rs_reads_as_spark(spark, path) for name, path in published_tables(settings).items()}
-    assert counts == {"waveforms": 1, "quarantine": 4, "dead_letter": 5}
+    assert counts == {"waveforms": 1, "quarantine": 4, "dead_letter": 6}
 
 
 def test_a_waveform_that_never_completes_is_pending_then_quarantined_as_incomplete(settings, spark):

@@ -54,15 +54,7 @@ def _hostile(waveform_id: str, rate: float) -> list:
     )
 
 
-@pytest.mark.parametrize("validated", ["in_client", "on_spark"])
-def test_a_waveform_failing_an_expectation_is_quarantined_by_name_and_the_run_commits(
-    settings, spark, validated, monkeypatch
-):
-    # "on_spark": the new waveforms validated on the Spark engine, as a large run's are
-    from wavepipe.spark_apps import validate
-
-    if validated == "on_spark":
-        monkeypatch.setattr(validate, "IN_CLIENT_MAX_ROWS", 0)
+def test_a_waveform_failing_an_expectation_is_quarantined_by_name_and_the_run_commits(settings, spark):
     # audio is 16 kHz, seismic 100 Hz, ECG 500 Hz: a 1 kHz ceiling fails the audio waveforms. At
     # 5e-324 Hz the duration of 4 samples is infinite: caught as non-finite, never compared
     settings = settings.replace(validate_sample_rate_max=1000.0)
@@ -97,8 +89,49 @@ def test_a_waveform_failing_an_expectation_is_quarantined_by_name_and_the_run_co
     per_waveform, per_run = suites["wavepipe_waveforms.v2"], suites["wavepipe_run.v2"]
     assert report["validation"]["success"] and not per_waveform["success"] and not per_waveform["gates_run"]
     assert per_run["success"] and per_run["gates_run"]
-    assert per_waveform["validated_in"] == ("client" if validated == "in_client" else "spark")
+    assert per_waveform["validated_in"] == "client"
     assert report["validation"]["quarantined"]["waveforms"] == {rate: len(audio) + 1, finite: 1}
+
+
+def test_a_window_run_quarantines_a_failing_waveform_whose_row_lies_outside_the_window_once(settings, spark):
+    """A waveform spread over partitions (seq 0 inside partition 1's window, seq 1 on partition 0
+    after its window's end, read because another waveform there straddles the end) is the
+    window's, and its row's first offset lies outside the window. When it fails an expectation,
+    its quarantine row must be replaced by the next run of the window: not refused by
+    ``replaceWhere``, not written twice."""
+    from datetime import timedelta
+
+    from tests.helpers import assert_delta_rs_reads_as_spark, quarter_hour_ago
+
+    # the quarantine table exists already (another topic's run), so the window run replaces rows in it
+    other = settings.replace(topic=f"{settings.topic}-other")
+    ensure_topic(other, partitions=1)
+    produce_in_order(other, _hostile("elsewhere", 1e-9))
+    assert pipeline.run_once(other)["waveforms"] == {
+        "quarantined:expect_column_values_to_be_between(sample_rate)": 1
+    }
+    ensure_topic(settings, partitions=2)
+    t0 = quarter_hour_ago(2)
+    inside, after = t0 + timedelta(minutes=1), t0 + timedelta(minutes=16)
+    slow = _hostile("slow", 1e-9)  # two chunks, under the 1e-3 Hz floor
+    good, _ = waveform_records("good", 2, seed=3)
+    produce_in_order(settings, [good[0]], partition=0, when=inside)  # p0 offset 0: the window's
+    produce_in_order(settings, [slow[1], good[1]], partition=0, when=after)  # p0 offsets 1, 2: after it
+    produce_in_order(settings, [slow[0]], partition=1, when=inside)  # p1 offset 0: the window's
+    window = (t0, t0 + timedelta(minutes=15))
+
+    rate = "expect_column_values_to_be_between(sample_rate)"
+    for attempt in range(2):  # the second run of the window replaces what the first wrote
+        report = pipeline.run_once(settings, window=window)
+        assert report["status"] == "window_replaced", report
+        assert report["window"]["offsets"] == {"0": [0, 1], "1": [0, 1]}, report["window"]
+        assert report["partitions"]["0"]["end"] == 3, "read on to complete the good waveform"
+        assert report["waveforms"] == {"output_new": 1, f"quarantined:{rate}": 1}, (attempt, report["waveforms"])
+        assert quarantine_reasons(spark, settings) == {"slow": rate, "elsewhere": rate}
+        rows = spark.read.format("delta").load(str(settings.quarantine_table)).where("waveform_id = 'slow'").collect()
+        assert [(r["waveform_id"], r["partition"], r["first_offset"]) for r in rows] == [("slow", 0, 1)], rows
+        assert [r[0] for r in output_rows(spark, settings)] == ["good"]
+    assert assert_delta_rs_reads_as_spark(spark, settings.quarantine_table) == 2
 
 
 def test_a_run_that_quarantines_too_large_a_share_commits_nothing_until_the_limit_is_relaxed(settings, spark):
