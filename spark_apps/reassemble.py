@@ -69,7 +69,7 @@ from wavepipe.spark_apps.metadata import (
     route,
     split_conflicts,
 )
-from wavepipe.spark_apps.tables import table_rows, window_predicate, write_candidate
+from wavepipe.spark_apps.tables import delta_version, table_rows, window_predicate, write_candidate
 
 log = logging.getLogger("wavepipe.reassemble")
 
@@ -311,6 +311,7 @@ class _Found:
     classified: pd.DataFrame
     before: set[str]
     quarantined: dict[str, str]
+    output_version: int | None
 
 
 def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> Reassembled:
@@ -359,6 +360,7 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> Reassembled:
     dead_counts, other_dead = _stage_dead_letters(store, plan, candidates / "dead_letter")
     timings["accounting_s"] = time.monotonic() - t
     result = summarize(plan, rows, waveforms, dead_counts, timings, other_dead)
+    result.output_version = found.output_version
     # what validation must find in the candidate tables (anything else: they are not this result's)
     kinds = routed.groupby(["route", routed["digest_ok"].astype(str)]).size().to_dict()
     from_digests = kinds.get((DIGEST, "True"), 0)
@@ -404,6 +406,7 @@ def _classified(spark: SparkSession, settings, store: RunStore, plan: RunPlan, c
     )
     # the output's rows with the run's ids, and their checksums: an id there under another
     # checksum is a reused id, a conflict; its chunks are set apart, the rest are the waveforms'
+    output_version = delta_version(settings.output_table)  # before the look-up: a later write changes it
     known = table_rows(spark, settings.output_table, ids, ["waveform_id", "checksum"], counted=outside)
     meta, conflicts = split_conflicts(meta, known)
     newest = {}
@@ -426,7 +429,7 @@ def _classified(spark: SparkSession, settings, store: RunStore, plan: RunPlan, c
     firsts = earlier.sort_values(["waveform_id", "reason"]).drop_duplicates("waveform_id")
     quarantined = dict(zip(firsts["waveform_id"], firsts["reason"], strict=True))
     before = set(known.loc[known["counted"], "waveform_id"])
-    return _Found(meta, conflicts, classified, before, quarantined)
+    return _Found(meta, conflicts, classified, before, quarantined, output_version)
 
 
 def _digests(staging: Path) -> pd.DataFrame | None:

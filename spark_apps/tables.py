@@ -219,8 +219,13 @@ def append_new(
     checked_version: int | None = None,
     merge_schema: bool = False,
     txn: Txn | None = None,
+    scope: str | list[str] | None = None,
 ) -> None:
     """Append the rows of ``df`` whose ``keys`` are not in the table yet, in one atomic commit.
+
+    ``scope``: where in the table a row of ``df`` can already be: SQL, or the waveform ids of
+    ``df`` (``with_ids``). Only the keys there are read (Delta skips the other files by their
+    statistics), so the check costs what the run carries, not what the table holds.
 
     ``checked_version``: ``df`` already excludes the keys of that version of the table; they are
     only compared again if the table has moved since (another writer), so the payload rows are not
@@ -233,7 +238,12 @@ def append_new(
     """
     version = delta_version(path)
     if version is not None and version != checked_version:
-        existing = read_delta(df.sparkSession, path).select(*keys)
+        existing = read_delta(df.sparkSession, path)
+        if isinstance(scope, list):
+            existing = with_ids(existing, scope)
+        elif scope is not None:
+            existing = existing.where(scope)
+        existing = existing.select(*keys)
         df = df.join(existing, keys, "left_anti")
     writer = with_txn(delta_writer(df).mode("append"), txn)
     if merge_schema:  # columns added since the table was created (e.g. ``detail``) are added to it

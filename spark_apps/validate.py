@@ -638,13 +638,28 @@ def publish_run(
         source = publish_source(spark, store, plan, name, rejection)
         if source is None:
             continue
+        scope = _run_keys(store, plan, name, rejection)
         if name == "waveforms":
             checked = checked_version if candidates_in_table == 0 else None
-            append_new(source, targets[name], keys, partition_by, checked_version=checked, txn=txn)
+            append_new(source, targets[name], keys, partition_by, checked_version=checked, txn=txn, scope=scope)
         else:
-            append_new(source, targets[name], keys, merge_schema=True, txn=txn)
+            append_new(source, targets[name], keys, merge_schema=True, txn=txn, scope=scope)
     failpoint("publish.after_write")
     return delta_version(settings.output_table), None
+
+
+def _run_keys(store: RunStore, plan: RunPlan, name: str, rejection: Rejection):
+    """Where the run's rows of the published table ``name`` can collide with rows already there
+    (``append_new``'s ``scope``): its waveform ids (read here from its candidate tables), or for
+    dead letters its ranges' offsets. A publish compares its keys with those rows only, never
+    with every key of a table that grows with every run."""
+    if name == "dead_letter":
+        return window_predicate(plan.topic, {r.partition: (r.start, r.end) for r in plan.ranges}, "offset")
+    table = store.candidate_dir(plan.run_id) / ("manifest" if name == "waveforms" else "quarantine")
+    ids = set(rejection.ids) if name == "quarantine" else set()
+    if delta_version(table) is not None:
+        ids.update(DeltaTable(str(table)).to_pyarrow_table(columns=["waveform_id"]).column(0).to_pylist())
+    return sorted(ids)
 
 
 def run_txn(store: RunStore, plan: RunPlan) -> Txn:
@@ -740,14 +755,22 @@ def check_candidates(spark: SparkSession, store: RunStore, run_id: str) -> Reass
 
 
 def _checked(
-    spark: SparkSession, settings: Settings, store: RunStore, plan: RunPlan, version: int | None
+    spark: SparkSession,
+    settings: Settings,
+    store: RunStore,
+    plan: RunPlan,
+    version: int | None,
+    reassembled: Reassembled,
 ) -> pd.DataFrame:
     """The run's new waveforms with the checked columns (``output_checks``), against the output
-    table: its rows with the manifest's ids (one Spark job; a window run replaces the window's
-    rows, so only the rows outside it stay published beside it)."""
+    table at ``version``: its rows with the manifest's ids (a window run replaces the window's
+    rows, so only the rows outside it stay published beside it). None of them had such a row
+    at the version the reassembly looked up (it made them new), so the table is looked up again
+    (one Spark job) only if another commit came since."""
     manifest = _manifest(store.candidate_dir(plan.run_id))
     outside = f"NOT ({window_predicate(plan.topic, plan.window_offsets(), 'first_offset')})" if plan.is_window else None
-    ids = sorted(manifest["waveform_id"].unique().tolist()) if version is not None else []
+    moved = version is not None and version != reassembled.output_version
+    ids = sorted(manifest["waveform_id"].unique().tolist()) if moved else []
     published = table_rows(spark, settings.output_table, ids, ["waveform_id", "run_id"], where=outside)
     return output_checks(manifest, published, plan.run_id)
 
@@ -767,7 +790,7 @@ def _validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan
     timings: dict[str, float] = {}
     t, now = time.monotonic(), datetime.now(UTC)
     version = delta_version(settings.output_table)
-    checked = _checked(spark, settings, store, plan, version)
+    checked = _checked(spark, settings, store, plan, version, reassembled)
     timings["prepare_s"] = time.monotonic() - t
     notes: list[str] = []  # what could not be described; never a reason to fail the run
     t = time.monotonic()

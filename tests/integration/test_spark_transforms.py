@@ -146,3 +146,19 @@ def test_a_publish_append_commits_once_per_transaction_id(spark, tmp_path):
     assert table.transaction_version(app) == 8
     assert table.history(1)[0]["userMetadata"] == 'wavepipe_run {"next": true}'
     assert sorted(r[0] for r in read_delta(spark, path).collect()) == ["a", "b", "c"]
+
+
+def test_an_append_compares_its_keys_only_where_its_scope_says(spark, tmp_path):
+    """``scope`` bounds the key check to the rows a run could collide with (its ids, or its
+    offsets): keys there are not appended twice; the table's other keys are not read."""
+    from wavepipe.spark_apps.tables import append_new, read_delta
+
+    path = tmp_path / "quarantine"
+    keys = ["waveform_id", "reason"]
+    schema = "waveform_id string, reason string, partition int, offset long"
+    append_new(spark.createDataFrame([("a", "incomplete", 0, 1), ("b", "too_large", 0, 5)], schema), path, keys)
+    again = spark.createDataFrame([("a", "incomplete", 0, 1), ("a", "size_mismatch", 0, 1), ("c", "x", 0, 9)], schema)
+    append_new(again, path, keys, scope=["a", "c"])  # by ids
+    append_new(again, path, keys, scope="`partition` = 0 AND `offset` >= 0 AND `offset` < 10")  # by offsets
+    rows = sorted(tuple(r)[:2] for r in read_delta(spark, path).collect())
+    assert rows == [("a", "incomplete"), ("a", "size_mismatch"), ("b", "too_large"), ("c", "x")]

@@ -107,9 +107,7 @@ def test_a_window_run_quarantines_a_failing_waveform_whose_row_lies_outside_the_
     other = settings.replace(topic=f"{settings.topic}-other")
     ensure_topic(other, partitions=1)
     produce_in_order(other, _hostile("elsewhere", 1e-9))
-    assert pipeline.run_once(other)["waveforms"] == {
-        "quarantined:expect_column_values_to_be_between(sample_rate)": 1
-    }
+    assert pipeline.run_once(other)["waveforms"] == {"quarantined:expect_column_values_to_be_between(sample_rate)": 1}
     ensure_topic(settings, partitions=2)
     t0 = quarter_hour_ago(2)
     inside, after = t0 + timedelta(minutes=1), t0 + timedelta(minutes=16)
@@ -132,6 +130,28 @@ def test_a_window_run_quarantines_a_failing_waveform_whose_row_lies_outside_the_
         assert [(r["waveform_id"], r["partition"], r["first_offset"]) for r in rows] == [("slow", 0, 1)], rows
         assert [r[0] for r in output_rows(spark, settings)] == ["good"]
     assert assert_delta_rs_reads_as_spark(spark, settings.quarantine_table) == 2
+
+
+def test_a_waveform_another_group_published_since_the_reassembly_is_quarantined_not_published_twice(settings, spark):
+    """Between a run's reassembly (its waveforms new) and its validation (an Airflow task later),
+    another group on the same topic publishes the same waveforms: the validation looks the table
+    up again (it moved) and quarantines them as ``published_by_other_run``; each id has one row."""
+    ensure_topic(settings, partitions=1)
+    sent = produce_demo(settings, count=3, target_bytes=16 * 1024)
+    plan = pipeline.plan_step(settings, "slow-one")
+    pipeline.consume_all(settings, plan.run_id, [0])
+    assert pipeline.reassemble_step(settings, plan.run_id).waveforms == {"output_new": len(sent)}
+
+    other = pipeline.run_once(settings.replace(group=f"{settings.group}-other"), run_id="quick-one")
+    assert other["waveforms"] == {"output_new": len(sent)}
+
+    validated = pipeline.validate_step(settings, plan.run_id)
+    taken = "expect_column_values_to_be_in_set(published_by_other_run)"
+    assert validated.success and validated.quarantined.waveforms == {taken: len(sent)}
+    report = pipeline.commit_step(settings, plan.run_id)
+    assert_accounted(spark, settings, report)
+    assert sorted(r[0] for r in output_rows(spark, settings)) == sorted(s.waveform_id for s in sent)
+    assert quarantine_reasons(spark, settings) == {s.waveform_id: taken for s in sent}
 
 
 def test_a_run_that_quarantines_too_large_a_share_commits_nothing_until_the_limit_is_relaxed(settings, spark):

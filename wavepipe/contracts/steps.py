@@ -94,6 +94,9 @@ class Reassembled:
     #: how the new waveforms were verified: ``while_read``, ``from_one_staged_file``, ``by_a_shuffle``
     verified: dict[str, int] = field(default_factory=dict)
     window_rows: WindowRows | None = None
+    #: the output table's version at which the run's ids were looked up in it (None: no table, or
+    #: an earlier wavepipe's record); none of the new waveforms had a row there then
+    output_version: int | None = None
 
 
 @dataclass(kw_only=True)
