@@ -12,7 +12,10 @@ and does I/O. Guarantees:
   reader as it staged them (``consumers/staging.py``); it is verified from that digest and its
   row made from the chunks' metadata alone (the ``manifest``), so no payload is read here. Only
   the other waveforms (out of order, repeated, spread over partitions) are assembled and verified
-  now, into the candidate waveform table;
+  now, by Spark, into the candidate waveform table;
+* the metadata is worked on once, in this process (``spark_apps/metadata.py``: pyarrow and
+  pandas, no Spark job): classification, routes, accounting, quarantine rows, the manifest;
+  Spark looks up the run's ids in the published tables, and reads and writes payloads;
 * nothing is published here: the manifest, those candidate waveforms, quarantine and dead-letter
   rows go to the run's candidate tables (``spark_apps/tables.py``), which the validate step
   checks; publishing then writes each waveform's bytes once, into the output table;
