@@ -227,7 +227,11 @@ def wavepipe_run(
         wall,
         stages,
         s.output_table,
-        info={"waveforms": report["waveforms"], "balance_errors": report["balance_errors"]},
+        info={
+            "waveforms": report["waveforms"],
+            "balance_errors": report["balance_errors"],
+            "spark_jobs": (report.get("spark_jobs") or {}).get("count"),
+        },
     )
 
 
