@@ -340,7 +340,7 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> Reassembled:
         & ~found.classified["waveform_id"].isin(found.before)
     ]
     digests = _digests(store.staging_dir(plan.run_id))
-    routed = route(fresh, digests)
+    routed = route(fresh, None if digests is None else digests.select(_ROUTED_BY).to_pandas())
     timings["classify_s"] = time.monotonic() - t
     t = time.monotonic()
     manifest = _assemble_and_write(spark, settings, store, plan, routed, digests, chunk_paths)
@@ -435,10 +435,15 @@ def _classified(spark: SparkSession, settings, store: RunStore, plan: RunPlan, c
     return _Found(meta, conflicts, classified, before, quarantined, output_version)
 
 
-def _digests(staging: Path) -> pd.DataFrame | None:
-    """The waveforms the run's readers hashed in order as they staged them (``DIGEST_SCHEMA``)."""
+#: The columns of the readers' digests that choose a waveform's route.
+_ROUTED_BY = ["waveform_id", "checksum", "n_chunks", "partition", "digest"]
+
+
+def _digests(staging: Path) -> pa.Table | None:
+    """The waveforms the run's readers hashed in order as they staged them (``DIGEST_SCHEMA``).
+    Kept in Arrow: a start time may be any year Spark allows, beyond pandas' nanoseconds."""
     files = sorted((staging / "digests").glob("*.parquet"))
-    return pa.concat_tables([pq.read_table(f) for f in files]).to_pandas() if files else None
+    return pa.concat_tables([pq.read_table(f) for f in files]) if files else None
 
 
 def _assemble_and_write(
@@ -468,8 +473,8 @@ def _assemble_and_write(
         manifest.append(_manifest_rows(rows, plan.run_id, "candidate"))
     ok = routed[(routed["route"] == DIGEST) & (routed["digest_ok"] == True)]  # noqa: E712 (object column)
     if len(ok):  # verified by the readers: one digest row each (``route``)
-        rows = digests[digests["waveform_id"].isin(ok["waveform_id"])][MANIFEST_COLUMNS]
-        manifest.append(_manifest_rows(pa.Table.from_pandas(rows, preserve_index=False), plan.run_id, "staged"))
+        rows = digests.filter(pc.is_in(digests["waveform_id"], value_set=pa.array(ok["waveform_id"], pa.string())))
+        manifest.append(_manifest_rows(rows, plan.run_id, "staged"))
     if not manifest:
         return None
     table = pa.concat_tables(manifest)
