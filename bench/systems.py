@@ -171,7 +171,8 @@ def wavepipe_run(
     if s.spark_engine == "connect" and not s.spark_remote:  # the bench home's engine, warm, not one per workdir
         from wavepipe.local.engine import LocalEngine
 
-        s = s.replace(spark_remote=LocalEngine(settings).ensure_up())
+        engine = LocalEngine(settings)
+        s = s.replace(spark_remote=engine.ensure_up(), spark_ui=engine.ui_url() or "")
     stages: dict[str, float] = {}
     began = t = time.monotonic()
     plan = plan_step(s, new_run_id(), topic=topic, group=group, new_group_start="earliest")

@@ -369,7 +369,7 @@ def counted_jobs(spark, settings: Settings, into: dict) -> Iterator[None]:
     finally:
         with contextlib.suppress(Exception):
             spark.removeTag(tag)
-        ui = None if settings.spark_remote else LocalEngine(settings).ui_url()
+        ui = (settings.spark_ui.rstrip("/") or None) if settings.spark_remote else LocalEngine(settings).ui_url()
         try:
             into["jobs"] = spark_jobs(ui, tag) if ui else None
         except Exception as exc:

@@ -278,6 +278,14 @@ class Settings(BaseModel):
     #: The Spark Connect server to attach to (``sc://host:15002``, with ``;token=...`` etc. as
     #: Spark Connect URLs allow). Empty: this home's local server on ``spark_connect_port``.
     spark_remote: Annotated[str, _check(lambda v: v == "" or valid_connect_url(v)), Rule(_REMOTE_RULE)] = ""
+    #: The web UI of the ``spark_remote`` server (``http://host:4040``): runs list the Spark jobs
+    #: they started from its REST API (``/api/v1``), in their reports. Empty: none listed for a
+    #: remote server (this home's own server's UI is found by itself).
+    spark_ui: Annotated[
+        str,
+        _check(lambda v: v == "" or re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", v) is not None),
+        Rule("must be empty or the engine's web UI as http(s)://host:port"),
+    ] = ""
     #: The port of this home's local Spark Connect server (loopback only); 0: any free port.
     spark_connect_port: Annotated[Count, Field(ge=0, le=65535), Rule("must be a TCP port, or 0 for any free port")] = (
         15002
