@@ -238,8 +238,9 @@ _SUMMARY = {"result_format": "SUMMARY", "partial_unexpected_count": 5}
 
 def _check(context, name: str, expectation_list: list, frame, run_id: str, on_failure: dict):
     """Suite ``name`` on ``frame`` (pandas): pass/fail first; only if one fails, again with
-    ``on_failure``'s result format (counts, examples, failing rows). Returns (the last result, its identifier, every stored
-    result's identifier): each pass is stored and gets its Data Docs page."""
+    ``on_failure``'s result format (counts, examples, failing rows). Returns (the last result,
+    its identifier, every stored result's identifier): each pass is stored and gets its Data
+    Docs page."""
     import great_expectations as gx
     from great_expectations.core.run_identifier import RunIdentifier
 
