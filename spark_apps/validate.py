@@ -473,8 +473,8 @@ def start_plot(
     """Begin the plot of the first few waveforms the run publishes (the earliest of one partition,
     so their bytes are near the start of its staged file); returns a function that waits for it
     and gives the plot's path. Reading the staged chunks and drawing go on in a thread, beside the
-    expectations and publishing. The plot only describes the run: whatever fails here becomes a line in ``notes``
-    (then the path is None), never an error."""
+    expectations and publishing. The plot only describes the run: whatever fails here becomes a
+    line in ``notes`` (then the path is None), never an error."""
     picks = describe_safely(notes, "choosing waveforms to plot", _plot_picks, checked) or []
     rows = describe_safely(notes, "fetching waveforms to plot", _candidate_rows, picks, store, plan) or []
     drawn: dict = {}
