@@ -13,13 +13,10 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 import pyarrow as pa
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
 from wavepipe.contracts.steps import ValidationQuarantine
 from wavepipe.expectations import quarantine_reason
 from wavepipe.spark_apps.metadata import QUARANTINED, accounting, quarantine_rows, read_meta
-from wavepipe.spark_apps.tables import ID_LIST_MAX
 
 #: What GX lists of each failing row: enough to find the waveform's chunks and its place.
 INDEX_COLUMNS = ("waveform_id", "checksum", "partition", "first_offset")
@@ -51,16 +48,6 @@ def rejected_waveforms(result) -> dict[str, dict]:
         entry["detail"] = "; ".join(entry.pop("failures"))
         entry["partition"], entry["first_offset"] = int(entry["partition"]), int(entry["first_offset"])
     return rejected
-
-
-def without(frame: DataFrame, ids: list[str]) -> DataFrame:
-    """``frame``'s rows whose ``waveform_id`` is not in ``ids``."""
-    if not ids:
-        return frame
-    if len(ids) <= ID_LIST_MAX:
-        return frame.where(~F.col("waveform_id").isin(ids))
-    listed = frame.sparkSession.createDataFrame([(i,) for i in ids], "waveform_id string")
-    return frame.join(listed, "waveform_id", "left_anti")
 
 
 @dataclass

@@ -272,15 +272,17 @@ def write_candidate(df: DataFrame, path: Path) -> None:
     )
 
 
-def with_ids(frame: DataFrame, ids: list[str]) -> DataFrame:
-    """``frame``'s rows whose ``waveform_id`` is in ``ids``: a literal list up to ``ID_LIST_MAX``
-    (Delta skips the files whose ``waveform_id`` statistics exclude them), a semi-join beyond."""
+def with_ids(frame: DataFrame, ids: list[str], *, keep: bool = True) -> DataFrame:
+    """``frame``'s rows whose ``waveform_id`` is in ``ids`` (``keep=False``: not in ``ids``): a
+    literal list up to ``ID_LIST_MAX`` (Delta skips the files whose ``waveform_id`` statistics
+    exclude them), a semi- or anti-join beyond."""
     from pyspark.sql import functions as F
 
     if len(ids) <= ID_LIST_MAX:
-        return frame.where(F.col("waveform_id").isin(ids) if ids else F.lit(False))
+        listed = F.col("waveform_id").isin(ids) if ids else F.lit(False)
+        return frame.where(listed if keep else ~listed)
     listed = frame.sparkSession.createDataFrame([(i,) for i in ids], "waveform_id string")
-    return frame.join(listed, "waveform_id", "left_semi")
+    return frame.join(listed, "waveform_id", "left_semi" if keep else "left_anti")
 
 
 def table_rows(

@@ -59,7 +59,7 @@ from wavepipe.spark_apps.reassemble import (
     chunk_files,
     wanted_waveforms,
 )
-from wavepipe.spark_apps.rejections import Rejection, rejection, without
+from wavepipe.spark_apps.rejections import Rejection, rejection
 from wavepipe.spark_apps.tables import (
     TABLE_KEYS,
     append_new,
@@ -71,6 +71,7 @@ from wavepipe.spark_apps.tables import (
     replace_predicate,
     table_rows,
     window_predicate,
+    with_ids,
     with_txn,
 )
 
@@ -586,9 +587,9 @@ def publish_source(
             .drop("checksum_ok")
             .withColumn("run_id", F.lit(plan.run_id))
         )
-        frame = staged if frame is None else without(frame, rejection.ids).unionByName(staged)
+        frame = staged if frame is None else with_ids(frame, rejection.ids, keep=False).unionByName(staged)
     elif frame is not None:
-        frame = without(frame, rejection.ids)
+        frame = with_ids(frame, rejection.ids, keep=False)
     return frame
 
 
