@@ -58,6 +58,7 @@ def test_unknown_setting_and_bad_values_are_clear_errors(monkeypatch):
         ("new_group_start", "yesterday", "earliest, latest, an ISO-8601 instant"),
         ("spark_driver_memory", "2 gb", "JVM size"),
         ("bootstrap_servers", "localhost", "host:port"),
+        ("spark_ui", "127.0.0.1:4040", "http\\(s\\)://host:port"),
     ],
 )
 def test_every_source_of_a_setting_is_checked_and_named(monkeypatch, tmp_path, name, value, rule):
