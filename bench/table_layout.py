@@ -175,7 +175,7 @@ def _measure(spark, states: list[tuple[str, Path]], options: LayoutOptions) -> l
                         f"{source} {begin:%Y-%m-%d %H:%M}+{kind}: {n} rows ({size} B), expected {expected}"
                     )
     # what every run does to the published table: look up its own waveforms' ids (the dedupe
-    # check before publishing, ``tables.table_rows``), here a run's worth of ids per batch
+    # check before publishing, ``tables.id_rows``), here a run's worth of ids per batch
     for k in range(options.reads):
         batch = (k * options.batches) // options.reads
         id_list = [r[0] for r in _rows(options, batch)]
@@ -224,13 +224,14 @@ def _measure(spark, states: list[tuple[str, Path]], options: LayoutOptions) -> l
 
 
 def _dedupe_check(spark, path: Path, ids, id_list: list[str] | None) -> tuple[int, float]:
-    """A run's look-up of its ids in the table, as the reassembly does it (``tables.table_rows``
-    with the ``id_list``; None: a join alone, as it did before): (ids found, seconds)."""
-    from wavepipe.spark_apps.tables import read_delta, table_rows
+    """A run's look-up of its ids in the table, as the reassembly does it (``tables.id_rows``, by
+    delta-rs, with the ``id_list``; None: a Spark join alone, as it did before): (ids found,
+    seconds)."""
+    from wavepipe.spark_apps.tables import id_rows, read_delta
 
     began = time.perf_counter()
     if id_list is not None:
-        found = len(table_rows(spark, path, id_list, ["waveform_id", "checksum"]))
+        found = len(id_rows(path, id_list, ["waveform_id", "checksum"]))
     else:
         found = read_delta(spark, path).join(ids, "waveform_id", "left_semi").count()
     return found, time.perf_counter() - began

@@ -11,14 +11,15 @@ and does I/O. Guarantees:
 * one pass over the bytes: a waveform whose chunks one reader staged in order was hashed by that
   reader as it staged them (``consumers/staging.py``); it is verified from that digest and its
   row made from the chunks' metadata alone (the ``manifest``), so no payload is read here. Only
-  the other waveforms (out of order, repeated, spread over partitions) are assembled and verified
-  now, by Spark, into the candidate waveform table;
+  the other waveforms (out of order, repeated, spread over partitions) are assembled now, by
+  Spark, to verify them: their metadata comes back, their payload is not written anywhere;
 * the metadata is worked on once, in this process (``spark_apps/metadata.py``: pyarrow and
-  pandas, no Spark job): classification, routes, accounting, quarantine rows, the manifest;
-  Spark looks up the run's ids in the published tables, and reads and writes payloads;
-* nothing is published here: the manifest, those candidate waveforms, quarantine and dead-letter
-  rows go to the run's candidate tables (``spark_apps/tables.py``), which the validate step
-  checks; publishing then writes each waveform's bytes once, into the output table;
+  pandas, no Spark job): classification, routes, accounting, quarantine rows, the manifest; the
+  run's ids are looked up in the published tables by delta-rs (``tables.id_rows``);
+* nothing is published here: the manifest, quarantine and dead-letter rows go to the run's
+  candidate tables (small, written by delta-rs: no Spark job), which the validate step checks;
+  publishing then writes each waveform's bytes once, straight from the staged chunks into the
+  output table, in one Spark write;
 * every staged record ends in one place: an output waveform, pending (incomplete, re-read next
   run from the partition's safe offset), quarantine (with a reason) or dead letter (with a reason).
 """
@@ -38,9 +39,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import DeltaTable, write_deltalake
+from deltalake import write_deltalake
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -49,6 +49,7 @@ from wavepipe.contracts.plan import RunPlan, utc_now
 from wavepipe.contracts.protocol import checksum, output_facts
 from wavepipe.contracts.runfiles import RunStore, Step, staged_paths
 from wavepipe.contracts.steps import PartitionAccount, ReadStats, Reassembled, WindowRows
+from wavepipe.delta_protocol import repair_schema
 from wavepipe.faults import armed, failpoint
 from wavepipe.spark import phase
 from wavepipe.spark_apps.app import load_run, output_lock
@@ -72,7 +73,7 @@ from wavepipe.spark_apps.metadata import (
     route,
     split_conflicts,
 )
-from wavepipe.spark_apps.tables import delta_version, table_rows, window_predicate, write_candidate
+from wavepipe.spark_apps.tables import delta_version, id_rows
 
 log = logging.getLogger("wavepipe.reassemble")
 
@@ -129,9 +130,15 @@ def _batch(rows: list[dict]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=ARROW_OUTPUT_SCHEMA)
 
 
-def assemble_arrow(table: pa.Table, failpoints: str | None = None, scope: str = "") -> pa.Table:
+#: Marks the error of a staged chunk file whose bytes changed after the reader hashed them.
+STAGED_CHANGED = "wavepipe: staged chunks changed on disk"
+
+
+def assemble_arrow(table: pa.Table, failpoints: str | None = None, scope: str = "", strict: bool = False) -> pa.Table:
     """One waveform's chunk rows -> one output row: chunks in sequence order (first copy of each),
-    payload joined, checksum verified. Runs in the Python workers; holds one waveform at a time."""
+    payload joined, checksum verified. Runs in the Python workers; holds one waveform at a time.
+    ``strict``: a waveform verified before (by an earlier assembly) that no longer hashes to its
+    checksum raises an error marked ``STAGED_CHANGED``, as in ``assemble_file``."""
     order = sorted(
         range(table.num_rows),
         key=lambda i: (table["seq"][i].as_py(), table["partition"][i].as_py(), table["offset"][i].as_py()),
@@ -149,12 +156,12 @@ def assemble_arrow(table: pa.Table, failpoints: str | None = None, scope: str = 
     partitions = table["partition"].to_pylist()
     first_chunk = min(range(table.num_rows), key=lambda i: (partitions[i], offsets[i]))
     row = output_row(facts, payload, len(picked), partitions[first_chunk], offsets[first_chunk], max(offsets))
+    if strict and not row["checksum_ok"]:
+        raise RuntimeError(
+            f"{STAGED_CHANGED}: the chunks of {facts['waveform_id']} no longer hash to {facts['checksum']}"
+        )
     failpoint("assemble.batch", failpoints, scope)
     return pa.Table.from_batches([_batch([row])])
-
-
-#: Marks the error of a staged chunk file whose bytes changed after the reader hashed them.
-STAGED_CHANGED = "wavepipe: staged chunks changed on disk"
 
 
 def assemble_file(
@@ -249,28 +256,26 @@ def _assemble_tasks(
 def assemble_local(
     spark: SparkSession,
     files: dict[int, str],
-    candidates: DataFrame,
+    rows: pd.DataFrame,
     batch_bytes: int,
     scope: str = "",
     strict: bool = False,
 ) -> DataFrame:
-    """Whole waveforms for candidates whose chunks are all in one partition's staged file, each
-    file streamed by one task: no shuffle of payloads (the common case with keyed producers).
-    ``batch_bytes``: the setting ``output_batch_bytes``; ``scope``: what the run's failpoints count
-    their hits in (the run id); ``strict``: see ``assemble_file``."""
-    paths = spark.createDataFrame(sorted(files.items()), "partition int, path string")
-    tasks = (
-        candidates.groupBy("partition")
-        .agg(F.collect_list(F.struct("waveform_id", "checksum")).alias("ids"))
-        .join(paths, "partition")
-        .select("path", "ids")
-    )
+    """Whole waveforms for the waveforms ``rows`` names (id, checksum, partition), whose chunks are
+    all in one partition's staged file, each file streamed by one task: no shuffle of payloads
+    (the common case with keyed producers). The tasks (a file and its ids each) are made here and
+    handed to Spark as a local relation, which it splits over its cores: no Spark job before the
+    one that assembles. ``batch_bytes``: the setting ``output_batch_bytes``; ``scope``: what the
+    run's failpoints count their hits in (the run id); ``strict``: see ``assemble_file``."""
+    wanted = rows.groupby("partition")[["waveform_id", "checksum"]]
+    tasks = [(files[p], group.to_dict("records")) for p, group in wanted if p in files]
     failpoints = armed()  # the workers (a Spark engine's) do not have this process's environment
 
     def tasks_of_this_run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return _assemble_tasks(batches, failpoints, scope, strict, batch_bytes)
 
-    return tasks.repartition(max(1, len(files))).mapInArrow(tasks_of_this_run, OUTPUT_SCHEMA)
+    local = spark.createDataFrame(tasks, "path string, ids array<struct<waveform_id: string, checksum: string>>")
+    return local.mapInArrow(tasks_of_this_run, OUTPUT_SCHEMA)
 
 
 def chunk_files(store: RunStore, plan: RunPlan) -> dict[int, str]:
@@ -279,22 +284,25 @@ def chunk_files(store: RunStore, plan: RunPlan) -> dict[int, str]:
 
 
 #: The manifest: one row per waveform the run publishes, all its output columns but the payload,
-#: and ``written_from``: ``staged`` (its bytes are written once, at publish, straight from the
-#: staged chunks) or ``candidate`` (from the run's candidate waveform table). Every row's payload
-#: was verified against its checksum before the row was made (by its reader, or by the assembly).
+#: and ``written_from``, how publish writes its bytes (once, straight from the staged chunks):
+#: ``staged`` (its partition's staged file streamed, no shuffle) or ``shuffled`` (its chunks
+#: grouped by a shuffle over the run's staged files). Every row's payload was verified against
+#: its checksum before the row was made (by its reader, or by an assembly that kept no payload).
+STAGED, SHUFFLED = "staged", "shuffled"
 MANIFEST_COLUMNS = [f.name for f in OUTPUT_SCHEMA.fields if f.name not in ("payload", "checksum_ok")]
 
 
-def assemble(chunks: DataFrame, candidates: DataFrame, scope: str = "") -> DataFrame:
+def assemble(chunks: DataFrame, candidates: DataFrame, scope: str = "", strict: bool = False) -> DataFrame:
     """Whole waveforms for the candidate ids (one row each; payload null where the checksum fails),
     grouped by a shuffle: for waveforms spread over partitions or with duplicate chunks. Where the
-    candidates have a ``checksum``, only chunks carrying it are used (not another content's)."""
+    candidates have a ``checksum``, only chunks carrying it are used (not another content's).
+    ``strict``: see ``assemble_arrow``."""
     keys = ["waveform_id", "checksum"] if "checksum" in candidates.columns else ["waveform_id"]
     wanted = chunks.join(candidates.select(*keys), keys, "left_semi")
     failpoints = armed()
 
     def one_waveform(table: pa.Table) -> pa.Table:
-        return assemble_arrow(table, failpoints, scope)
+        return assemble_arrow(table, failpoints, scope, strict)
 
     return wanted.groupBy("waveform_id").applyInArrow(one_waveform, OUTPUT_SCHEMA)
 
@@ -324,7 +332,7 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> Reassembled:
     up the run's ids in the output and quarantine tables and assembles the waveforms its readers
     could not verify as they staged them (out of order, spread over partitions)."""
     store = RunStore(settings)
-    chunk_paths = _staged_chunk_files(store, plan)
+    chunk_paths = staged_chunk_files(store, plan)
     # the candidates are made again from the staged chunks: an earlier result, and any validation
     # of it, is void until this one is saved (after every candidate table is written)
     store.clear_step(plan.run_id, Step.REASSEMBLE)
@@ -343,8 +351,8 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> Reassembled:
     routed = route(fresh, None if digests is None else digests.select(_ROUTED_BY).to_pandas())
     timings["classify_s"] = time.monotonic() - t
     t = time.monotonic()
-    manifest = _assemble_and_write(spark, settings, store, plan, routed, digests, chunk_paths)
-    timings["assemble_write_s"] = time.monotonic() - t
+    manifest = _verify_assembled(spark, settings, store, plan, routed, digests, chunk_paths)
+    timings["assemble_verify_s"] = time.monotonic() - t
     t = time.monotonic()
     written = set(manifest.column("waveform_id").to_pylist()) if manifest is not None else set()
     status = final_status(found.classified, found.before, found.before | written, found.quarantined)
@@ -370,7 +378,6 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> Reassembled:
     new = result.waveforms.get("output_new", 0)
     result.candidates = {
         "manifest": new,
-        "waveforms": new - from_digests,
         "quarantine": quarantine.num_rows if quarantine is not None else 0,
         "dead_letter": sum(n for n, _ in dead_counts.values()),
     }
@@ -385,7 +392,7 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> Reassembled:
     return result
 
 
-def _staged_chunk_files(store: RunStore, plan: RunPlan) -> list[Path]:
+def staged_chunk_files(store: RunStore, plan: RunPlan) -> list[Path]:
     """The run's staged chunk files; an error naming the ranges whose reader has not staged them."""
     chunk_paths = sorted((store.staging_dir(plan.run_id) / "chunks").glob("*.parquet"))
     staged = {p.stem for p in chunk_paths}
@@ -397,20 +404,17 @@ def _staged_chunk_files(store: RunStore, plan: RunPlan) -> list[Path]:
 
 def _classified(spark: SparkSession, settings, store: RunStore, plan: RunPlan, chunk_paths: list[Path]) -> _Found:
     """The run's chunk metadata (read here: no payload, no Spark job), its ids looked up in the
-    output and quarantine tables (one Spark job each, skipping files that cannot hold them), and
-    each waveform classified (``metadata.classify``). A window run recomputes the window's rows:
-    the tables' other rows are what was there before."""
+    output and quarantine tables (by delta-rs, skipping files that cannot hold them), and each
+    waveform classified (``metadata.classify``). A window run recomputes the window's rows: the
+    tables' other rows are what was there before."""
     if not 0 < settings.max_waveform_bytes <= MAX_WAVEFORM_BYTES_LIMIT:
         raise ValueError(f"max_waveform_bytes must be in 1..{MAX_WAVEFORM_BYTES_LIMIT} (a waveform is one Spark row)")
     meta = read_meta(map(str, chunk_paths))
     ids = sorted(meta["waveform_id"].dropna().unique().tolist())
-    outside = (
-        None if not plan.is_window else f"NOT ({window_predicate(plan.topic, plan.window_offsets(), 'first_offset')})"
-    )
+    output_version = delta_version(settings.output_table)  # before the look-up: a later write changes it
     # the output's rows with the run's ids, and their checksums: an id there under another
     # checksum is a reused id, a conflict; its chunks are set apart, the rest are the waveforms'
-    output_version = delta_version(settings.output_table)  # before the look-up: a later write changes it
-    known = table_rows(spark, settings.output_table, ids, ["waveform_id", "checksum"], counted=outside)
+    known = earlier_rows(settings.output_table, plan, ids, ["checksum"])
     meta, conflicts = split_conflicts(meta, known)
     newest = {}
     for r in plan.ranges:
@@ -426,13 +430,25 @@ def _classified(spark: SparkSession, settings, store: RunStore, plan: RunPlan, c
         incomplete_after_ms=int(settings.incomplete_after_s * 1000),
         window=plan.window_offsets() if plan.is_window else None,
     )
+    earlier = earlier_rows(settings.quarantine_table, plan, ids, ["reason"])
     # an id_conflict row is about another content under the id: it does not quarantine this one
-    where = f"({outside or 'true'}) AND reason != 'id_conflict'"
-    earlier = table_rows(spark, settings.quarantine_table, ids, ["waveform_id", "reason"], where=where)
+    earlier = earlier[earlier["counted"] & (earlier["reason"] != "id_conflict")]
     firsts = earlier.sort_values(["waveform_id", "reason"]).drop_duplicates("waveform_id")
     quarantined = dict(zip(firsts["waveform_id"], firsts["reason"], strict=True))
     before = set(known.loc[known["counted"], "waveform_id"])
     return _Found(meta, conflicts, classified, before, quarantined, output_version)
+
+
+def earlier_rows(table: Path, plan: RunPlan, ids: list[str], columns: list[str]) -> pd.DataFrame:
+    """The rows of published ``table`` with the run's ``ids`` (``waveform_id`` and ``columns``),
+    and ``counted``: the row stays beside the run's output. A window run replaces the rows inside
+    its window, so only those outside it count; an incremental run counts every row."""
+    if delta_version(table) is not None:
+        repair_schema(table)  # written by an earlier wavepipe: made readable by every reader first
+    rows = id_rows(table, ids, ["waveform_id", *columns, "topic", "partition", "first_offset"])
+    if not plan.is_window:
+        return rows.assign(counted=True)
+    return rows.assign(counted=~inside_window(rows, plan.topic, plan.window_offsets(), "first_offset"))
 
 
 #: The columns of the readers' digests that choose a waveform's route.
@@ -446,41 +462,52 @@ def _digests(staging: Path) -> pa.Table | None:
     return pa.concat_tables([pq.read_table(f) for f in files]) if files else None
 
 
-def _assemble_and_write(
+def _verify_assembled(
     spark: SparkSession, settings, store: RunStore, plan: RunPlan, routed: pd.DataFrame, digests, chunk_paths
 ) -> pa.Table | None:
-    """Assemble and verify the new waveforms no reader verified (into the candidate waveform
-    table), then write the manifest: every verified new waveform's row but its payload. None:
-    no new waveform. A waveform verified while it was read is written once, at publish, from
-    the staged chunks; one that fails its checksum is in neither (``final_status`` says so)."""
-    candidates = store.candidate_dir(plan.run_id)
+    """The manifest: one row per new waveform whose payload matches its checksum, all its output
+    columns but the payload (None: no new waveform). Those its reader verified as it read them
+    come from the readers' digests. The others are assembled by Spark only to be verified: just
+    their metadata comes back (``checksum_ok``), no payload is written. Every payload is written
+    once, at publish, from the staged chunks (``written_from``); one that fails its checksum is
+    not in the manifest (``final_status`` quarantines it)."""
+    manifest = []
+    assembled = _assembled(spark, settings, store, plan, routed, chunk_paths)
+    if assembled is not None:
+        rows = assembled.filter(pc.field("checksum_ok")).select(MANIFEST_COLUMNS)
+        shuffled = routed.loc[routed["route"] == SHUFFLE, "waveform_id"].tolist()
+        from_shuffle = pc.is_in(rows["waveform_id"], value_set=pa.array(shuffled, pa.string()))
+        manifest.append(_manifest_rows(rows.filter(from_shuffle), plan.run_id, SHUFFLED))
+        manifest.append(_manifest_rows(rows.filter(pc.invert(from_shuffle)), plan.run_id, STAGED))
+    ok = routed[(routed["route"] == DIGEST) & (routed["digest_ok"] == True)]  # noqa: E712 (object column)
+    if len(ok):  # verified by the readers: one digest row each (``route``)
+        rows = digests.filter(pc.is_in(digests["waveform_id"], value_set=pa.array(ok["waveform_id"], pa.string())))
+        manifest.append(_manifest_rows(rows, plan.run_id, STAGED))
+    if not manifest:
+        return None
+    table = pa.concat_tables(manifest)
+    write_deltalake(str(store.candidate_dir(plan.run_id) / "manifest"), table, mode="overwrite")
+    failpoint("reassemble.after_write")
+    return table
+
+
+def _assembled(spark: SparkSession, settings, store: RunStore, plan: RunPlan, routed: pd.DataFrame, chunk_paths):
+    """The waveforms no reader verified, assembled by Spark (out of order in one partition: from
+    its staged file; spread over partitions or with duplicate chunks: by a shuffle), collected
+    without their payload: one Spark action. None: there are none."""
     parts = []
     local = routed[routed["route"] == LOCAL]
     if len(local):
-        wanted = wanted_waveforms(spark, local)
         files = chunk_files(store, plan)
-        parts.append(assemble_local(spark, files, wanted, settings.output_batch_bytes, scope=plan.run_id))
+        parts.append(assemble_local(spark, files, local, settings.output_batch_bytes, scope=plan.run_id))
     shuffled = routed[routed["route"] == SHUFFLE]
     if len(shuffled):
         wanted = wanted_waveforms(spark, shuffled)
         parts.append(assemble(spark.read.parquet(*map(str, chunk_paths)), wanted, scope=plan.run_id))
-    manifest = []
-    if parts:
-        assembled = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
-        verified = assembled.where("checksum_ok").drop("checksum_ok").withColumn("run_id", F.lit(plan.run_id))
-        write_candidate(verified, candidates / "waveforms")
-        rows = DeltaTable(str(candidates / "waveforms")).to_pyarrow_table(columns=MANIFEST_COLUMNS)
-        manifest.append(_manifest_rows(rows, plan.run_id, "candidate"))
-    ok = routed[(routed["route"] == DIGEST) & (routed["digest_ok"] == True)]  # noqa: E712 (object column)
-    if len(ok):  # verified by the readers: one digest row each (``route``)
-        rows = digests.filter(pc.is_in(digests["waveform_id"], value_set=pa.array(ok["waveform_id"], pa.string())))
-        manifest.append(_manifest_rows(rows, plan.run_id, "staged"))
-    if not manifest:
+    if not parts:
         return None
-    table = pa.concat_tables(manifest)
-    write_deltalake(str(candidates / "manifest"), table, mode="overwrite")
-    failpoint("reassemble.after_write")
-    return table
+    assembled = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+    return assembled.drop("payload").toArrow()
 
 
 def wanted_waveforms(spark: SparkSession, rows: pd.DataFrame) -> DataFrame:

@@ -1,10 +1,11 @@
 """The Delta tables a run writes: its candidate output (private to the run) and the published tables.
 
-A run's reassembly writes its new waveforms, quarantine and dead-letter rows into candidate tables
-under the run's staging folder (``RunStore.candidate_dir``), each replaced whole by one atomic Delta
-commit, so a retry of the reassembly starts over. Readers never see them. Only a run whose
-candidates passed validation appends them to the published tables (``publish_run``), adding only
-keys not there yet, so a retried publish adds nothing twice.
+A run's reassembly writes its manifest (its new waveforms but their payload), quarantine and
+dead-letter rows into candidate tables under the run's staging folder (``RunStore.candidate_dir``),
+each replaced whole by one atomic Delta commit, so a retry of the reassembly starts over. Readers
+never see them. Only a run whose candidates passed validation appends them to the published tables
+(``publish_run``; the waveforms' payloads straight from the staged chunks), adding only keys not
+there yet, so a retried publish adds nothing twice.
 """
 
 from __future__ import annotations
@@ -219,12 +220,12 @@ def append_new(
     checked_version: int | None = None,
     merge_schema: bool = False,
     txn: Txn | None = None,
-    scope: str | list[str] | None = None,
+    scope: list[str] | None = None,
 ) -> None:
     """Append the rows of ``df`` whose ``keys`` are not in the table yet, in one atomic commit.
 
-    ``scope``: where in the table a row of ``df`` can already be: SQL, or the waveform ids of
-    ``df`` (``with_ids``). Only the keys there are read (Delta skips the other files by their
+    ``scope``: where in the table a row of ``df`` can already be: the waveform ids of ``df``
+    (``with_ids``). Only the keys there are read (Delta skips the other files by their
     statistics), so the check costs what the run carries, not what the table holds.
 
     ``checked_version``: ``df`` already excludes the keys of that version of the table; they are
@@ -239,10 +240,8 @@ def append_new(
     version = delta_version(path)
     if version is not None and version != checked_version:
         existing = read_delta(df.sparkSession, path)
-        if isinstance(scope, list):
+        if scope is not None:
             existing = with_ids(existing, scope)
-        elif scope is not None:
-            existing = existing.where(scope)
         existing = existing.select(*keys)
         df = df.join(existing, keys, "left_anti")
     writer = with_txn(delta_writer(df).mode("append"), txn)
@@ -253,23 +252,59 @@ def append_new(
     writer.save(str(path))
 
 
+def append_rows(rows, path: Path, keys: list[str], txn: Txn, scope: list[str] | tuple[str, dict]) -> None:
+    """Append ``rows`` (pyarrow; small: quarantine or dead-letter rows) whose ``keys`` are not in
+    the table yet, in one atomic commit by delta-rs in this process: no Spark job. The commit
+    carries ``txn`` as Spark's appends do (``with_txn``): a table that already holds its version
+    for its id is left as it is (an earlier attempt committed it). Columns the table lacks are
+    added to it.
+
+    ``scope``: where a row of ``rows`` can already be: its waveform ids, or (topic, per partition
+    the ``[from, to)`` of the ``offset`` column) for dead letters. Only the keys there are read
+    (delta-rs skips the other files by their statistics), never every key of a table that grows."""
+    from deltalake import DeltaTable, write_deltalake
+    from deltalake.transaction import CommitProperties, Transaction
+
+    if delta_version(path) is not None:
+        if (DeltaTable(str(path)).transaction_version(txn.app_id) or 0) >= txn.version:
+            return
+        there = _keys_in(path, keys, scope).drop_duplicates()
+        mine = rows.select(keys).to_pandas().merge(there, on=keys, how="left", indicator=True)
+        rows = rows.filter((mine["_merge"] == "left_only").to_numpy())
+    if rows.num_rows:
+        properties = CommitProperties(
+            custom_metadata={"userMetadata": txn.metadata}, app_transactions=[Transaction(txn.app_id, txn.version)]
+        )
+        write_deltalake(str(path), rows, mode="append", schema_mode="merge", commit_properties=properties)
+
+
+def _keys_in(path: Path, keys: list[str], scope: list[str] | tuple[str, dict]):
+    """``keys`` of the table's rows in ``scope`` (``append_rows``), as pandas."""
+    if isinstance(scope, list):
+        return id_rows(path, scope, keys)
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    from wavepipe.spark_apps.metadata import inside_window
+
+    topic, offsets = scope
+    if not offsets:
+        return id_rows(path, [], keys)
+    near = (
+        (pc.field("topic") == topic)
+        & pc.field("partition").isin(list(offsets))
+        & (pc.field("offset") >= min(a for a, _ in offsets.values()))
+    )
+    columns = sorted({*keys, "topic", "partition", "offset"})
+    found = DeltaTable(str(path)).to_pyarrow_dataset().to_table(columns=columns, filter=near).to_pandas()
+    return found.loc[inside_window(found, topic, offsets, "offset"), keys]
+
+
 def with_txn(writer, txn: Txn | None):
     """``writer`` committing as ``txn`` (id, version and the commit's ``userMetadata``)."""
     if txn is None:
         return writer
     return writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version).option("userMetadata", txn.metadata)
-
-
-def write_candidate(df: DataFrame, path: Path) -> None:
-    """Replace the run's candidate table ``path`` with ``df`` (one atomic commit). Uncompressed:
-    it is read once or twice and then deleted; the published tables are compressed when written."""
-    (
-        delta_writer(df)
-        .mode("overwrite")
-        .option("overwriteSchema", "true")
-        .option("compression", "uncompressed")
-        .save(str(path))
-    )
 
 
 def with_ids(frame: DataFrame, ids: list[str], *, keep: bool = True) -> DataFrame:
@@ -285,23 +320,19 @@ def with_ids(frame: DataFrame, ids: list[str], *, keep: bool = True) -> DataFram
     return frame.join(listed, "waveform_id", "left_semi" if keep else "left_anti")
 
 
-def table_rows(
-    spark: SparkSession,
-    path: Path,
-    ids: list[str],
-    columns: list[str],
-    *,
-    where: str | None = None,
-    counted: str | None = None,
-):
-    """``columns`` of the table's rows whose id is in ``ids`` (and that match SQL ``where``),
-    with ``counted`` (the row matches SQL ``counted``; true if not given), collected into this
-    process as pandas: one Spark job, which reads only these columns of the files that can hold
-    the ids. Every id of the table, whatever its source and date partition, is looked at: an id
-    reused for other content may carry another source or date."""
+def id_rows(path: Path, ids: list[str], columns: list[str]):
+    """``columns`` of the table's rows whose ``waveform_id`` is in ``ids``, read by delta-rs in
+    this process as pandas: no Spark job. Only these columns are read, and only of the files whose
+    ``waveform_id`` statistics can hold the ids (delta-rs prunes the others). Every id of the
+    table, whatever its source and date partition, is looked at: an id reused for other content
+    may carry another source or date. A column the table lacks comes back empty (None)."""
     import pandas as pd
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
 
     if not ids or delta_version(path) is None:
-        return pd.DataFrame({**{c: pd.Series(dtype=object) for c in columns}, "counted": pd.Series(dtype=bool)})
-    rows = with_ids(read_delta(spark, path), ids).where(where or "true")
-    return rows.selectExpr(*(f"`{c}`" for c in columns), f"({counted or 'true'}) AS counted").toPandas()
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+    dataset = DeltaTable(str(path)).to_pyarrow_dataset(file_pruning_predicate=[("waveform_id", "in", ids)])
+    there = [c for c in columns if c in dataset.schema.names]  # a table of an earlier wavepipe lacks some
+    rows = dataset.to_table(columns=there, filter=pc.field("waveform_id").isin(ids)).to_pandas()
+    return rows.reindex(columns=columns)

@@ -32,6 +32,9 @@ from urllib.parse import unquote, urlparse
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
@@ -53,25 +56,30 @@ from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_apps.reassemble import (
     MANIFEST_COLUMNS,
     MANIFEST_SCHEMA,
+    SHUFFLED,
+    STAGED,
     STAGED_CHANGED,
+    assemble,
+    assemble_arrow,
     assemble_file,
     assemble_local,
     chunk_files,
+    earlier_rows,
+    staged_chunk_files,
     wanted_waveforms,
 )
 from wavepipe.spark_apps.rejections import Rejection, rejection
 from wavepipe.spark_apps.tables import (
     TABLE_KEYS,
     append_new,
+    append_rows,
     commit_metric,
     delta_row_count,
     delta_version,
     delta_writer,
     read_delta,
     replace_predicate,
-    table_rows,
     window_predicate,
-    with_ids,
     with_txn,
 )
 
@@ -477,15 +485,14 @@ def start_plot(
     expectations and publishing. The plot only describes the run: whatever fails here becomes a
     line in ``notes`` (then the path is None), never an error."""
     picks = describe_safely(notes, "choosing waveforms to plot", _plot_picks, checked) or []
-    rows = describe_safely(notes, "fetching waveforms to plot", _candidate_rows, picks, store, plan) or []
     drawn: dict = {}
 
     def draw() -> None:
         began = time.monotonic()
-        staged = describe_safely(notes, "fetching waveforms to plot", _staged_rows, picks, store, plan) or []
-        drawn["path"] = plot_rows(
-            sorted(rows + staged, key=lambda r: r["waveform_id"]), plot_path(settings, plan.run_id), notes
-        )
+        rows = []
+        for fetch in (_staged_rows, _shuffled_rows):
+            rows += describe_safely(notes, "fetching waveforms to plot", fetch, picks, store, plan) or []
+        drawn["path"] = plot_rows(sorted(rows, key=lambda r: r["waveform_id"]), plot_path(settings, plan.run_id), notes)
         drawn["s"] = time.monotonic() - began
 
     thread = threading.Thread(target=draw, name=f"wavepipe-plot-{plan.run_id}", daemon=True)
@@ -519,7 +526,7 @@ def _plot_picks(checked: pd.DataFrame) -> list[dict]:
 def _staged_rows(picks: list[dict], store: RunStore, plan: RunPlan) -> list[dict]:
     """The picked waveforms written from the staged chunks, read here with pyarrow: no Spark job."""
     rows = []
-    staged = [r for r in picks if r["written_from"] == "staged"]
+    staged = [r for r in picks if r["written_from"] == STAGED]
     for partition in {int(r["partition"]) for r in staged}:
         mine = {r["waveform_id"]: r["checksum"] for r in staged if int(r["partition"]) == partition}
         for batch in assemble_file(
@@ -529,15 +536,19 @@ def _staged_rows(picks: list[dict], store: RunStore, plan: RunPlan) -> list[dict
     return rows
 
 
-def _candidate_rows(picks: list[dict], store: RunStore, plan: RunPlan) -> list[dict]:
-    """The picked waveforms assembled by the reassembly (its candidate waveform table, read here by
-    delta-rs: no Spark job)."""
-    others = [r["waveform_id"] for r in picks if r["written_from"] != "staged"]
-    if not others:
+def _shuffled_rows(picks: list[dict], store: RunStore, plan: RunPlan) -> list[dict]:
+    """The picked waveforms whose chunks lie in several staged files (or repeat), read here with
+    pyarrow (only their chunks) and assembled by ``assemble_arrow``: no Spark job."""
+    picked = {r["waveform_id"]: r["checksum"] for r in picks if r["written_from"] == SHUFFLED}
+    if not picked:
         return []
-    columns = ["waveform_id", "source", "dtype", "channels", "sample_rate", "payload"]
-    table = DeltaTable(str(store.candidate_dir(plan.run_id) / "waveforms"))
-    return table.to_pyarrow_table(columns=columns, filters=[("waveform_id", "in", others)]).to_pylist()
+    files = [str(f) for f in staged_chunk_files(store, plan)]
+    chunks = pads.dataset(files, format="parquet").to_table(filter=pc.field("waveform_id").isin(list(picked)))
+    rows = []
+    for wid, checksum in picked.items():
+        mine = chunks.filter((pc.field("waveform_id") == wid) & (pc.field("checksum") == checksum))
+        rows += [r for r in assemble_arrow(mine).to_pylist() if r["checksum_ok"]]
+    return rows
 
 
 def plot_rows(rows: list, path: Path, notes: list[str]) -> str | None:
@@ -557,40 +568,43 @@ PUBLISHED = ("waveforms", "quarantine", "dead_letter")
 def publish_source(
     spark: SparkSession, store: RunStore, plan: RunPlan, name: str, rejection: Rejection
 ) -> DataFrame | None:
-    """What publishing puts into the published table ``name`` (None: nothing): the run's candidate
-    table; for the waveforms also those verified while they were read, assembled now from the
-    staged chunks and checked against their checksum again as they are written (the one time their
-    bytes are written; a staged file changed since its reader hashed it fails the write). The
-    waveforms ``rejection`` holds go to the quarantine table instead of the waveforms."""
+    """What publishing puts into the published table ``name`` as a Spark frame (None: nothing):
+    the waveforms' payloads (``_staged_waveforms``), or the run's rows (``publish_rows``)."""
+    if name == "waveforms":
+        return _staged_waveforms(spark, store, plan, rejection)
+    rows = publish_rows(store, plan, name, rejection)
+    return None if rows is None else spark.createDataFrame(rows)
+
+
+def publish_rows(store: RunStore, plan: RunPlan, name: str, rejection: Rejection) -> pa.Table | None:
+    """The run's rows of the small published table ``name`` (quarantine, dead letters; None:
+    none): its candidate table, read by delta-rs, and for the quarantine the rows of the
+    waveforms ``rejection`` holds (those go there instead of the waveforms)."""
     source = store.candidate_dir(plan.run_id) / name
-    frame = read_delta(spark, source) if delta_version(source) is not None else None
+    parts = [DeltaTable(str(source)).to_pyarrow_table()] if delta_version(source) is not None else []
     if name == "quarantine" and rejection.rows is not None:
-        rows = spark.createDataFrame(rejection.rows)
-        frame = rows if frame is None else frame.unionByName(rows, allowMissingColumns=True)
-    if name != "waveforms":
-        return frame
-    reassembled = store.load_result(plan.run_id, Step.REASSEMBLE, Reassembled)
-    counts = reassembled.candidates if reassembled else {}
-    if counts.get("manifest", 0) > counts.get("waveforms", 0):
-        manifest = _manifest(store.candidate_dir(plan.run_id))  # read here: no Spark job
-        staged = manifest[(manifest["written_from"] == "staged") & ~manifest["waveform_id"].isin(rejection.ids)]
-        wanted = wanted_waveforms(spark, staged)
-        staged = (
-            assemble_local(
-                spark,
-                chunk_files(store, plan),
-                wanted,
-                store.settings.output_batch_bytes,
-                scope=plan.run_id,
-                strict=True,
-            )
-            .drop("checksum_ok")
-            .withColumn("run_id", F.lit(plan.run_id))
-        )
-        frame = staged if frame is None else with_ids(frame, rejection.ids, keep=False).unionByName(staged)
-    elif frame is not None:
-        frame = with_ids(frame, rejection.ids, keep=False)
-    return frame
+        parts.append(rejection.rows)
+    return pa.concat_tables(parts, promote_options="default") if parts else None
+
+
+def _staged_waveforms(spark: SparkSession, store: RunStore, plan: RunPlan, rejection: Rejection) -> DataFrame | None:
+    """The run's new waveforms but the rejected ones, with their payloads, streamed from their
+    staged files (``assemble_local``) or grouped by a shuffle (``assemble``), strictly: one
+    whose chunks no longer hash to its checksum fails the write (``STAGED_CHANGED``)."""
+    manifest = _manifest(store.candidate_dir(plan.run_id))  # read here: no Spark job
+    manifest = manifest[~manifest["waveform_id"].isin(rejection.ids)]
+    staged, shuffled = (manifest[manifest["written_from"] == kind] for kind in (STAGED, SHUFFLED))
+    parts, batch_bytes = [], store.settings.output_batch_bytes
+    if len(staged):
+        files = chunk_files(store, plan)
+        parts.append(assemble_local(spark, files, staged, batch_bytes, scope=plan.run_id, strict=True))
+    if len(shuffled):
+        chunks = spark.read.parquet(*map(str, staged_chunk_files(store, plan)))
+        parts.append(assemble(chunks, wanted_waveforms(spark, shuffled), scope=plan.run_id, strict=True))
+    if not parts:
+        return None
+    frame = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+    return frame.drop("checksum_ok").withColumn("run_id", F.lit(plan.run_id))
 
 
 def publish_run(
@@ -615,48 +629,56 @@ def publish_run(
             repair_schema(target)
     txn = run_txn(store, plan)
     if plan.is_window:
-        reassembled = store.load_result(plan.run_id, Step.REASSEMBLE, Reassembled)
-        rows = reassembled.window_rows if reassembled else None
-        if rows is None:
-            raise CandidatesMismatchError(
-                f"run {plan.run_id}: its reassembly recorded no window rows; run the reassemble step again"
-            )
-        outside = rejection.outside(plan.window_offsets())
-        rows = WindowRows(
-            keep=rows.keep, extra={**rows.extra, "quarantine": [*rows.extra.get("quarantine", []), *outside]}
-        )
-        replaced = {
-            name: replace_window(
-                spark, publish_source(spark, store, plan, name, rejection), targets[name], name, plan, rows, txn
-            )
-            for name in PUBLISHED
-        }
+        replaced = _replace_window_run(spark, store, plan, rejection, targets, txn)
         failpoint("publish.after_write")
-        return delta_version(settings.output_table), replaced["waveforms"]
+        return delta_version(settings.output_table), replaced
     for name in PUBLISHED:
         keys, partition_by = TABLE_KEYS[name]
-        if name == "waveforms" and candidates_total and candidates_in_table == candidates_total:
+        scope = _run_keys(store, plan, name, rejection)
+        if name != "waveforms":
+            rows = publish_rows(store, plan, name, rejection)
+            if rows is not None:
+                append_rows(rows, targets[name], keys, txn, scope)
+            continue
+        if candidates_total and candidates_in_table == candidates_total:
             continue  # an earlier attempt published them all
         source = publish_source(spark, store, plan, name, rejection)
-        if source is None:
-            continue
-        scope = _run_keys(store, plan, name, rejection)
-        if name == "waveforms":
+        if source is not None:
             checked = checked_version if candidates_in_table == 0 else None
             append_new(source, targets[name], keys, partition_by, checked_version=checked, txn=txn, scope=scope)
-        else:
-            append_new(source, targets[name], keys, merge_schema=True, txn=txn, scope=scope)
     failpoint("publish.after_write")
     return delta_version(settings.output_table), None
 
 
-def _run_keys(store: RunStore, plan: RunPlan, name: str, rejection: Rejection):
+def _replace_window_run(
+    spark: SparkSession, store: RunStore, plan: RunPlan, rejection: Rejection, targets: dict, txn: Txn
+) -> int | None:
+    """Window run ``plan``'s publish: each table's rows of the window replaced (``replace_window``).
+    Returns the output table's rows the commit replaced."""
+    reassembled = store.load_result(plan.run_id, Step.REASSEMBLE, Reassembled)
+    rows = reassembled.window_rows if reassembled else None
+    if rows is None:
+        raise CandidatesMismatchError(
+            f"run {plan.run_id}: its reassembly recorded no window rows; run the reassemble step again"
+        )
+    outside = rejection.outside(plan.window_offsets())
+    rows = WindowRows(keep=rows.keep, extra={**rows.extra, "quarantine": [*rows.extra.get("quarantine", []), *outside]})
+    replaced = {
+        name: replace_window(
+            spark, publish_source(spark, store, plan, name, rejection), targets[name], name, plan, rows, txn
+        )
+        for name in PUBLISHED
+    }
+    return replaced["waveforms"]
+
+
+def _run_keys(store: RunStore, plan: RunPlan, name: str, rejection: Rejection) -> list[str] | tuple[str, dict]:
     """Where the run's rows of the published table ``name`` can collide with rows already there
-    (``append_new``'s ``scope``): its waveform ids (read here from its candidate tables), or for
-    dead letters its ranges' offsets. A publish compares its keys with those rows only, never
-    with every key of a table that grows with every run."""
+    (the ``scope`` of ``append_new`` and ``append_rows``): its waveform ids (read here from its
+    candidate tables), or for dead letters its topic and ranges' offsets. A publish compares its
+    keys with those rows only, never with every key of a table that grows with every run."""
     if name == "dead_letter":
-        return window_predicate(plan.topic, {r.partition: (r.start, r.end) for r in plan.ranges}, "offset")
+        return plan.topic, {r.partition: (r.start, r.end) for r in plan.ranges}
     table = store.candidate_dir(plan.run_id) / ("manifest" if name == "waveforms" else "quarantine")
     ids = set(rejection.ids) if name == "quarantine" else set()
     if delta_version(table) is not None:
@@ -737,9 +759,10 @@ def check_candidates(spark: SparkSession, store: RunStore, run_id: str) -> Reass
     reassembled = store.load_result(run_id, Step.REASSEMBLE, Reassembled)
     if reassembled is None:
         raise CandidatesMismatchError(f"run {run_id} has no reassembly result; run its reassemble step first")
-    if "manifest" not in reassembled.candidates:
+    if "manifest" not in reassembled.candidates or "waveforms" in reassembled.candidates:
         raise CandidatesMismatchError(
-            f"run {run_id} was reassembled by an earlier wavepipe (no manifest); run its reassemble step again"
+            f"run {run_id} was reassembled by an earlier wavepipe (its candidates are laid out otherwise); "
+            "run its reassemble step again"
         )
     for name, expected in reassembled.candidates.items():
         path = store.candidate_dir(run_id) / name
@@ -757,7 +780,6 @@ def check_candidates(spark: SparkSession, store: RunStore, run_id: str) -> Reass
 
 
 def _checked(
-    spark: SparkSession,
     settings: Settings,
     store: RunStore,
     plan: RunPlan,
@@ -768,12 +790,12 @@ def _checked(
     table at ``version``: its rows with the manifest's ids (a window run replaces the window's
     rows, so only the rows outside it stay published beside it). None of them had such a row
     at the version the reassembly looked up (it made them new), so the table is looked up again
-    (one Spark job) only if another commit came since."""
+    (by delta-rs) only if another commit came since."""
     manifest = _manifest(store.candidate_dir(plan.run_id))
-    outside = f"NOT ({window_predicate(plan.topic, plan.window_offsets(), 'first_offset')})" if plan.is_window else None
     moved = version is not None and version != reassembled.output_version
     ids = sorted(manifest["waveform_id"].unique().tolist()) if moved else []
-    published = table_rows(spark, settings.output_table, ids, ["waveform_id", "run_id"], where=outside)
+    published = earlier_rows(settings.output_table, plan, ids, ["run_id"])
+    published = published.loc[published["counted"], ["waveform_id", "run_id"]]
     return output_checks(manifest, published, plan.run_id)
 
 
@@ -792,7 +814,7 @@ def _validate_and_publish(spark: SparkSession, settings: Settings, plan: RunPlan
     timings: dict[str, float] = {}
     t, now = time.monotonic(), datetime.now(UTC)
     version = delta_version(settings.output_table)
-    checked = _checked(spark, settings, store, plan, version, reassembled)
+    checked = _checked(settings, store, plan, version, reassembled)
     timings["prepare_s"] = time.monotonic() - t
     notes: list[str] = []  # what could not be described; never a reason to fail the run
     t = time.monotonic()

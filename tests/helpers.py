@@ -267,7 +267,8 @@ def rows_by_id(spark, settings: Settings) -> dict[str, tuple]:
 
 def make_settings(home: Path, kafka, engine, **changes) -> Settings:
     """A test's settings: ``home``, a topic and group of its own on the session's broker, its Spark
-    work on the session's engine, no caps, new groups from the earliest offsets; then ``changes``."""
+    work on the session's engine (its web UI too: reports list their Spark jobs), no caps, new
+    groups from the earliest offsets; then ``changes``."""
     tag = uuid.uuid4().hex[:8]
     return load_settings(
         home=home,
@@ -283,6 +284,7 @@ def make_settings(home: Path, kafka, engine, **changes) -> Settings:
         new_group_start="earliest",
         spark_engine="connect",
         spark_remote=engine.url(),
+        spark_ui=engine.ui_url() or "",
         **changes,
     )
 

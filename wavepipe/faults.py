@@ -28,8 +28,8 @@ POINTS = {
     "plan.after_claim": "the plan step, after it claimed the group, before it asked Kafka for offsets",
     "consume.record": "a reader, after staging a record",
     "assemble.batch": "a Spark Python worker, after the writer took a batch of assembled waveforms (publishing "
-    "into the output table, or a reassembly's candidates)",
-    "reassemble.after_write": "the reassemble step, after the run's manifest (and candidate waveforms) are written, "
+    "into the output table, or a reassembly verifying them)",
+    "reassemble.after_write": "the reassemble step, after the run's manifest is written, "
     "before its candidate quarantine and dead letters are written and the result is saved",
     "publish.after_write": "the validate step, after the run's tables are published, before that is recorded",
     "commit.before_offsets": "the commit step, after the counts were checked, before offsets are committed",

@@ -150,15 +150,42 @@ def test_a_publish_append_commits_once_per_transaction_id(spark, tmp_path):
 
 def test_an_append_compares_its_keys_only_where_its_scope_says(spark, tmp_path):
     """``scope`` bounds the key check to the rows a run could collide with (its ids, or its
-    offsets): keys there are not appended twice; the table's other keys are not read."""
-    from wavepipe.spark_apps.tables import append_new, read_delta
+    offsets): keys there are not appended twice. Spark appends payload tables (``append_new``),
+    delta-rs the small ones (``append_rows``), which also skips a transaction version the table
+    holds and records the run's metadata; Spark reads back what delta-rs wrote."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
 
-    path = tmp_path / "quarantine"
+    from wavepipe.delta_txn import Txn
+    from wavepipe.spark_apps.tables import append_new, append_rows, read_delta
+
     keys = ["waveform_id", "reason"]
     schema = "waveform_id string, reason string, partition int, offset long"
-    append_new(spark.createDataFrame([("a", "incomplete", 0, 1), ("b", "too_large", 0, 5)], schema), path, keys)
-    again = spark.createDataFrame([("a", "incomplete", 0, 1), ("a", "size_mismatch", 0, 1), ("c", "x", 0, 9)], schema)
-    append_new(again, path, keys, scope=["a", "c"])  # by ids
-    append_new(again, path, keys, scope="`partition` = 0 AND `offset` >= 0 AND `offset` < 10")  # by offsets
-    rows = sorted(tuple(r)[:2] for r in read_delta(spark, path).collect())
-    assert rows == [("a", "incomplete"), ("a", "size_mismatch"), ("b", "too_large"), ("c", "x")]
+    first = [("a", "incomplete", 0, 1), ("b", "too_large", 0, 5)]
+    again = [("a", "incomplete", 0, 1), ("a", "size_mismatch", 0, 1), ("c", "x", 0, 9)]
+    expected = [("a", "incomplete"), ("a", "size_mismatch"), ("b", "too_large"), ("c", "x")]
+    by_spark = tmp_path / "by_spark"
+    append_new(spark.createDataFrame(first, schema), by_spark, keys)
+    append_new(spark.createDataFrame(again, schema), by_spark, keys, scope=["a", "c"])
+    assert sorted(tuple(r)[:2] for r in read_delta(spark, by_spark).collect()) == expected
+
+    def arrow(rows):
+        names = ["waveform_id", "reason", "partition", "offset"]
+        types = [pa.string(), pa.string(), pa.int32(), pa.int64()]
+        return pa.table([pa.array(c, t) for c, t in zip(zip(*rows, strict=True), types, strict=True)], names=names)
+
+    by_ids = tmp_path / "by_ids"
+    append_rows(arrow(first), by_ids, keys, Txn("app", 1, "run 1"), ["a", "b"])
+    append_rows(arrow(again), by_ids, keys, Txn("app", 2, "run 2"), ["a", "c"])
+    append_rows(arrow([("d", "x", 0, 11)]), by_ids, keys, Txn("app", 2, "run 2 again"), ["d"])  # held: skipped
+    assert sorted(tuple(r)[:2] for r in read_delta(spark, by_ids).collect()) == expected
+    table = DeltaTable(str(by_ids))
+    assert table.transaction_version("app") == 2 and table.history(1)[0]["userMetadata"] == "run 2"
+
+    dead = tmp_path / "dead"
+    offsets = ["topic", "partition", "offset"]
+    rows = pa.table({"topic": ["t", "t"], "partition": pa.array([0, 0], pa.int32()), "offset": [1, 5]})
+    append_rows(rows, dead, offsets, Txn("app", 1, ""), ("t", {0: (0, 10)}))
+    more = pa.table({"topic": ["t"] * 3, "partition": pa.array([0, 0, 0], pa.int32()), "offset": [1, 5, 9]})
+    append_rows(more, dead, offsets, Txn("app", 2, ""), ("t", {0: (0, 10)}))
+    assert sorted(r["offset"] for r in read_delta(spark, dead).collect()) == [1, 5, 9]
