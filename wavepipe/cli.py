@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
+import threading
 import time
 
 from wavepipe.contracts.config import Settings, load_settings, redact_url
@@ -188,6 +190,46 @@ def cmd_run(args) -> int:
         print(f"wavepipe run: {exc}", file=sys.stderr)
         return EXIT_VALIDATION
     _print_report(report)
+    return EXIT_OK
+
+
+def cmd_follow(args) -> int:
+    """Micro-batches back to back while the group lags (``wavepipe.follow``). The first SIGTERM or
+    Ctrl-C ends the loop after the micro-batch in flight; a second one stops it at once (the
+    next start resumes that micro-batch)."""
+    from wavepipe.follow import FollowOptions, GroupBusyError, follow
+    from wavepipe.pipeline import ValidationFailedError
+
+    settings = _settings(args).replace(topic=args.topic, group=args.group)
+    options = FollowOptions(
+        poll_s=args.poll, max_batches=args.max_batches, max_seconds=args.max_seconds, max_failures=args.max_failures
+    )
+    stop = threading.Event()
+
+    def on_signal(signum, _frame) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        print(
+            f"wavepipe follow: {signal.Signals(signum).name}: ending after the micro-batch in flight "
+            "(send it again to stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    print(f"wavepipe follow: group {settings.group!r} on {settings.topic}, polling its lag every {args.poll:g} s")
+    try:
+        done = follow(settings, options, stop)
+    except GroupBusyError as exc:
+        print(f"wavepipe follow: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except ValidationFailedError as exc:
+        print(f"wavepipe follow: {exc}", file=sys.stderr)
+        return EXIT_VALIDATION
+    new = sum(b["new"] for b in done.batches)
+    print(f"wavepipe follow: {len(done.batches)} micro-batch(es), {new} new waveforms; ended: {done.ended}")
     return EXIT_OK
 
 
@@ -690,6 +732,24 @@ def build_parser() -> argparse.ArgumentParser:
         "from the group's offsets: its output is replaced, no offset is committed",
     )
     r.set_defaults(func=cmd_run)
+
+    f = sub.add_parser(
+        "follow",
+        help="bounded runs back to back while the group lags, waiting on lag between them (a micro-batch "
+        "loop; SIGTERM ends it after the run in flight)",
+        epilog=EPILOG,
+    )
+    f.add_argument("--topic", help="the topic to read (default: config `topic`)")
+    f.add_argument("--group", help="the consumer group (default: config `group`)")
+    f.add_argument("--poll", type=float, default=1.0, help="seconds between lag polls while idle (default 1)")
+    f.add_argument("--max-batches", type=_count, default=0, help="end after this many micro-batches (default 0: none)")
+    f.add_argument(
+        "--max-seconds", type=float, default=0.0, help="start no micro-batch after this many seconds (default 0: none)"
+    )
+    f.add_argument(
+        "--max-failures", type=int, default=3, help="failed micro-batches in a row before the loop gives up (default 3)"
+    )
+    f.set_defaults(func=cmd_follow)
 
     a = sub.add_parser("abandon", help="release a group's unfinished run without committing it")
     a.add_argument("--group", help="default: config `group`")

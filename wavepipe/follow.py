@@ -1,0 +1,166 @@
+"""``wavepipe follow``: bounded runs back to back while the group lags, a wait on lag between.
+
+Each micro-batch is an ordinary run (``pipeline.run_once``): its own run id, frozen plan,
+validation, report and commit. The loop adds nothing the guarantees depend on, so a kill
+anywhere (SIGKILL, a task cleared) loses and doubles nothing: the next start resumes the group's
+unfinished run first (``run_once`` does), then follows on. A second loop on the same group meets
+the group's claim or the run's lock at its first micro-batch, says so and ends; it never runs a
+batch beside the first.
+
+Between micro-batches the loop asks Kafka for the group's lag (``consumers.lag.LagProbe``: two
+small requests) every ``poll_s`` and starts a run as soon as there is any. A micro-batch that
+fails (the engine died, a run-level expectation failed) is retried after a pause that doubles up
+to ``MAX_BACKOFF_S``; after ``max_failures`` failures in a row the loop ends with the last error.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from wavepipe.contracts.config import Settings
+from wavepipe.contracts.errors import UsageError
+from wavepipe.contracts.plan import ActiveRunError
+from wavepipe.contracts.runfiles import RunStore, StepBusyError
+
+log = logging.getLogger("wavepipe.follow")
+
+#: The longest pause before a failed micro-batch is tried again.
+MAX_BACKOFF_S = 60.0
+
+
+class GroupBusyError(RuntimeError):
+    """Another process runs this group's micro-batches (a second follow loop, a DAG run)."""
+
+
+@dataclass(frozen=True)
+class FollowOptions:
+    """``poll_s``: seconds between lag polls while idle; ``max_batches`` / ``max_seconds``: end
+    after that many micro-batches / start none after that long (0: no limit); ``max_failures``:
+    failed micro-batches in a row before the loop gives up."""
+
+    poll_s: float = 1.0
+    max_batches: int = 0
+    max_seconds: float = 0.0
+    max_failures: int = 3
+
+    def __post_init__(self):
+        if not self.poll_s > 0:
+            raise UsageError(f"follow: the lag poll interval must be above 0 s, not {self.poll_s}")
+        if self.max_batches < 0 or self.max_seconds < 0 or self.max_failures < 1:
+            raise UsageError("follow: max batches and seconds must be 0 (no limit) or more, max failures 1 or more")
+
+
+@dataclass
+class Followed:
+    """What a loop did: one line per micro-batch (``batch_line``) and why it ended."""
+
+    batches: list[dict] = field(default_factory=list)
+    ended: str = ""
+
+
+def batch_summary(report: dict, seconds: float) -> dict:
+    """The few numbers of a micro-batch's report that its log line and the loop's summary show."""
+    outcome, totals = report.get("outcome") or {}, report.get("totals") or {}
+    lag = [part.get("lag_after") for part in report.get("partitions", {}).values()]
+    return {
+        "run_id": report["run_id"],
+        "new": outcome.get("new", 0),
+        "quarantined": outcome.get("quarantined", 0),
+        "records": totals.get("records_read", 0),
+        "seconds": round(seconds, 3),
+        "lag_after": None if None in lag else sum(lag),
+    }
+
+
+def batch_line(number: int, batch: dict) -> str:
+    lag = "unknown" if batch["lag_after"] is None else f"{batch['lag_after']} records"
+    rate = batch["records"] / batch["seconds"] if batch["seconds"] else 0.0
+    return (
+        f"micro-batch {number}: run {batch['run_id']}: {batch['new']} new waveforms, {batch['quarantined']} "
+        f"quarantined, {batch['records']} records in {batch['seconds']:.1f} s ({rate:.0f} records/s); "
+        f"lag after: {lag}"
+    )
+
+
+def backoff_s(failures: int) -> float:
+    """The pause before trying again after ``failures`` failed micro-batches in a row."""
+    return min(MAX_BACKOFF_S, 2.0 ** (failures - 1))
+
+
+def follow(
+    settings: Settings,
+    options: FollowOptions,
+    stop: threading.Event,
+    on_batch: Callable[[dict], None] | None = None,
+) -> Followed:
+    """Run micro-batches of ``settings``' group while it lags, until ``stop`` is set (checked
+    between micro-batches and while idle) or a limit of ``options`` is reached. ``on_batch``:
+    called with each micro-batch's report."""
+    from wavepipe.consumers.lag import LagProbe
+
+    done, began, failures = Followed(), time.monotonic(), 0
+    probe = LagProbe(settings, settings.topic, settings.group)
+    try:
+        while True:
+            ended = _limit_reached(options, done, began, stop)
+            if ended:
+                done.ended = ended
+                return done
+            if not _has_work(settings, probe):
+                stop.wait(options.poll_s)
+                continue
+            t = time.monotonic()
+            try:
+                report = _one_batch(settings)
+            except (UsageError, GroupBusyError):
+                raise
+            except Exception as exc:
+                failures += 1
+                if failures >= options.max_failures:
+                    raise
+                pause = backoff_s(failures)
+                log.warning("micro-batch failed (%d in a row), trying again in %.0f s: %s", failures, pause, exc)
+                stop.wait(pause)
+                continue
+            failures = 0
+            done.batches.append(batch_summary(report, time.monotonic() - t))
+            log.info("%s", batch_line(len(done.batches), done.batches[-1]))
+            if on_batch is not None:
+                on_batch(report)
+    finally:
+        probe.close()
+
+
+def _limit_reached(options: FollowOptions, done: Followed, began: float, stop: threading.Event) -> str:
+    if stop.is_set():
+        return "stopped"
+    if options.max_batches and len(done.batches) >= options.max_batches:
+        return f"{options.max_batches} micro-batches run"
+    if options.max_seconds and time.monotonic() - began >= options.max_seconds:
+        return f"{options.max_seconds:g} s elapsed"
+    return ""
+
+
+def _has_work(settings: Settings, probe) -> bool:
+    """The group lags, is new (its first run starts it, or is refused with the reason), or has
+    an unfinished run to resume."""
+    if RunStore(settings).active_run(settings.group) is not None:
+        return True
+    lag = probe.measure(oldest=False)
+    return lag.new_group or lag.records > 0
+
+
+def _one_batch(settings: Settings) -> dict:
+    from wavepipe.pipeline import run_once
+
+    try:
+        return run_once(settings)
+    except (ActiveRunError, StepBusyError) as exc:
+        raise GroupBusyError(
+            f"group {settings.group!r} is being run by another process ({exc}); one loop per group: "
+            "stop the other one, or follow another group"
+        ) from None
