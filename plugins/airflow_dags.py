@@ -34,6 +34,7 @@ from wavepipe.plugins.maintenance import OptimizeTablesOperator, VacuumTablesOpe
 from wavepipe.plugins.operators import (
     CommitOperator,
     ConsumeOperator,
+    FollowOperator,
     PlanOperator,
     ReassembleOperator,
     RunOperator,
@@ -205,7 +206,9 @@ def wavepipe_ingest_dag(
     ``watch_records``/``watch_bytes``/``watch_max_delay_s``/``watch_poll_s`` (the settings of
     those names, which may also come from ``settings``, the config file or ``WAVEPIPE_*``): also
     run as soon as the group's lag reaches one, besides ``schedule`` (event-driven runs,
-    docs/operations.md). Other keyword arguments go to ``DAG``."""
+    docs/operations.md). An event-driven DAG whose settings set ``follow_s`` runs its one task,
+    ``follow`` (``FollowOperator``), as a follow loop: micro-batches back to back for up to that
+    many seconds. Other keyword arguments go to ``DAG``."""
     named = {
         "topic": topic,
         "group": group,
@@ -260,6 +263,12 @@ def wavepipe_ingest_dag(
         },
         **dag_kwargs,
     ) as dag:
+        resolved = load_settings(**common["settings_overrides"])
+        if lag_asset is not None and resolved.follow_s:  # micro-batches back to back in one long task
+            FollowOperator(
+                task_id="follow", follow_s=resolved.follow_s, poll_s=resolved.watch_poll_s, **follow_up, **common
+            )
+            return dag
         if (lag_asset is not None) if single_task is None else single_task:
             RunOperator(task_id="run", **follow_up, **common)  # its arguments: the run's params, typed
             return dag

@@ -386,3 +386,40 @@ class RunOperator(PlanOperator, CommitOperator):
         except pipeline.ValidationFailedError as exc:
             raise AirflowFailException(str(exc)) from exc
         return self.committed(context, report)
+
+
+class FollowOperator(RunOperator):
+    """Micro-batches back to back in one long-running task (``wavepipe.follow``): for up to
+    ``follow_s`` seconds, a run (its own run id, frozen plan, validation, publish, commit and
+    report) each time the group lags, a lag poll every ``poll_s`` between. Each micro-batch logs
+    its line and its report; ``follow_up`` gets an event for each one a cap cut short, as
+    ``CommitOperator``'s. Cleared or killed inside a micro-batch, the next start resumes it (it
+    loses and doubles nothing). A backfill's or a window's DAG run is one window run, as
+    ``RunOperator``'s. Arguments and params as ``PlanOperator``'s."""
+
+    def __init__(self, *, follow_s: float, poll_s: float, **kwargs):
+        super().__init__(**kwargs)
+        self.follow_s, self.poll_s = follow_s, poll_s
+        self._stop = None
+
+    def execute(self, context) -> Any:
+        import threading
+
+        from wavepipe.follow import FollowOptions, follow
+
+        request = self.request(context)
+        if request["window"]:
+            return super().execute(context)
+        settings = self.settings().replace(topic=request.pop("topic"), group=request.pop("group"))
+        self._stop = threading.Event()
+        options = FollowOptions(poll_s=self.poll_s, max_seconds=self.follow_s)
+        try:
+            done = follow(settings, options, self._stop, request, on_batch=lambda rep: self.committed(context, rep))
+        except (UsageError, pipeline.ValidationFailedError) as exc:
+            raise AirflowFailException(str(exc)) from exc
+        self.log.info("%d micro-batch(es); ended: %s", len(done.batches), done.ended)
+        return {"micro_batches": done.batches, "ended": done.ended}
+
+    def on_kill(self) -> None:
+        if self._stop is not None:
+            self._stop.set()

@@ -95,10 +95,12 @@ def follow(
     settings: Settings,
     options: FollowOptions,
     stop: threading.Event,
+    request: dict | None = None,
     on_batch: Callable[[dict], None] | None = None,
 ) -> Followed:
     """Run micro-batches of ``settings``' group while it lags, until ``stop`` is set (checked
-    between micro-batches and while idle) or a limit of ``options`` is reached. ``on_batch``:
+    between micro-batches and while idle) or a limit of ``options`` is reached. ``request``:
+    each run's ``RunRequest`` beside its topic and group (caps, a new group's start); ``on_batch``:
     called with each micro-batch's report."""
     from wavepipe.consumers.lag import LagProbe
 
@@ -115,7 +117,7 @@ def follow(
                 continue
             t = time.monotonic()
             try:
-                report = _one_batch(settings)
+                report = _one_batch(settings, request or {})
             except (UsageError, GroupBusyError):
                 raise
             except Exception as exc:
@@ -154,11 +156,11 @@ def _has_work(settings: Settings, probe) -> bool:
     return lag.new_group or lag.records > 0
 
 
-def _one_batch(settings: Settings) -> dict:
+def _one_batch(settings: Settings, request: dict) -> dict:
     from wavepipe.pipeline import run_once
 
     try:
-        return run_once(settings)
+        return run_once(settings, **request)
     except (ActiveRunError, StepBusyError) as exc:
         raise GroupBusyError(
             f"group {settings.group!r} is being run by another process ({exc}); one loop per group: "

@@ -1,0 +1,97 @@
+"""The follow loop as an Airflow task: the shipped ingest DAG, event-driven with ``follow_s`` set,
+served by `wavepipe airflow up` (api-server, scheduler, dag-processor, triggerer). One DAG run's
+``follow`` task publishes each burst as its own micro-batch, without a task start per batch."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from confluent_kafka.admin import OffsetSpec
+
+from tests.helpers import airflow_api, airflow_cli, assert_accounted, make_settings, output_rows, progress
+from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets, partitions_of
+from wavepipe.consumers.producer import produce_demo
+from wavepipe.local import airflow as local
+from wavepipe.local.kafka import free_port
+from wavepipe.pipeline import run_once
+
+pytestmark = pytest.mark.integration
+
+DAG_ID = "wavepipe_ingest"
+FOLLOW_S = 40.0
+TIMEOUT_S = 600
+
+
+@pytest.fixture(scope="module")
+def airflow(kafka, engine, tmp_path_factory):
+    settings = make_settings(
+        tmp_path_factory.mktemp("follow-task") / "home",
+        kafka,
+        engine,
+        airflow_port=free_port(),
+        watch_records=1,
+        watch_poll_s=0.5,
+        follow_s=FOLLOW_S,
+    )
+    ensure_topic(settings)
+    run_once(settings)  # the group's offsets exist (a run on an empty topic: no Spark work)
+    try:
+        code, out, seconds = airflow_cli(settings, "up")
+        progress(f"\n`wavepipe airflow up` (follow task): exit {code} after {seconds:.1f}s")
+        assert code == 0, out[-5000:]
+        with airflow_api(settings) as api:
+            yield settings, api
+    finally:
+        airflow_cli(settings, "down", timeout=120)
+
+
+def _wait(what: str, check, timeout_s: float = TIMEOUT_S):
+    began = time.monotonic()
+    while not (found := check()):
+        assert time.monotonic() - began < timeout_s, f"no {what} after {timeout_s}s"
+        time.sleep(0.5)
+    return found
+
+
+def _runs(api) -> list[dict]:
+    response = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns", params={"order_by": "start_date", "limit": 100})
+    assert response.status_code == 200, response.text
+    return response.json()["dag_runs"]
+
+
+def _caught_up(settings) -> bool:
+    parts = partitions_of(settings, settings.topic)
+    ends = list_offsets(settings, settings.topic, parts, OffsetSpec.latest())
+    return committed_offsets(settings, settings.group, settings.topic, parts) == ends
+
+
+def test_one_follow_task_publishes_each_burst_as_its_own_micro_batch(airflow, spark):
+    settings, api = airflow
+    assert api.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False}).status_code == 200
+    triggerer_log = local.log_file(settings, "triggerer")
+    _wait("the watcher to start", lambda: f"watching group {settings.group!r}" in triggerer_log.read_text())
+
+    first = produce_demo(settings, count=3, target_bytes=32 * 1024)
+    (run,) = _wait("a run started by the watcher", lambda: _runs(api))
+    _wait("the first burst to be committed", lambda: _caught_up(settings))
+    second = produce_demo(settings, count=2, target_bytes=32 * 1024)
+    acked = time.time()
+    _wait("the second burst to be committed", lambda: _caught_up(settings))
+    progress(f"second burst committed {time.time() - acked:.1f}s after its ack, by the running follow task")
+    state = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run['dag_run_id']}").json()["state"]
+    assert state == "running", "both bursts were published while the first DAG run's follow task ran"
+
+    _wait("the follow task to end", lambda: _runs(api)[0]["state"] in ("success", "failed"))
+    tasks = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run['dag_run_id']}/taskInstances").json()["task_instances"]
+    assert [(t["task_id"], t["state"]) for t in tasks] == [("follow", "success")], tasks
+    reports = [json.loads(p.read_text()) for p in sorted(settings.reports_dir.glob("*.json"))]
+    published = [r for r in reports if not r.get("skipped")]
+    assert len(published) >= 2 and len({r["run_id"] for r in published}) == len(published), "a run per burst"
+    for report in published:
+        assert_accounted(spark, settings, report)
+    sent = first + second
+    rows = output_rows(spark, settings)
+    assert sorted((r[0], r[1]) for r in rows) == sorted((s.waveform_id, s.checksum) for s in sent)
+    assert all(r[1] == r[2] for r in rows)
