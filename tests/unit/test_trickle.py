@@ -63,11 +63,19 @@ def test_the_page_states_the_goals_and_a_chart_failure_loses_nothing(tmp_path, m
         },
         "results": [
             {**row, "system": "wavepipe", "mode": "steady", "exactly_once": True, "series": [[0, 20.0]]},
-            {**row, "system": "spark_streaming", "mode": "steady", "exactly_once": True, "p50_s": 4.0, "series": []},
+            {**row, "system": "wavepipe_follow", "mode": "steady", "p50_s": 5.0, "p95_s": 7.0, "exactly_once": True}
+            | {"series": [[0, 5.0]]},
+            {**row, "system": "spark_streaming", "mode": "steady", "exactly_once": True, "p50_s": 4.0, "p95_s": 5.0}
+            | {"series": []},
         ],
     }
+    event, follow = "wavepipe, event-driven (Airflow) steady", "wavepipe, follow task (Airflow) steady"
+    ratio = "p50 <= 1.5x and p95 <= 2x Spark Structured Streaming's"
     assert goals(result) == [
-        ("wavepipe steady: p50 <= 15 s, p95 <= 30 s, exactly once", False, "p50 20.0 s, p95 31.0 s, exactly once: True")
+        (f"{event}: p50 <= 15 s, p95 <= 30 s, exactly once", False, "p50 20.0 s, p95 31.0 s, exactly once: True"),
+        (f"{event}: {ratio}", False, "p50 5.0x, p95 6.2x"),
+        (f"{follow}: p50 <= 15 s, p95 <= 30 s, exactly once", True, "p50 5.0 s, p95 7.0 s, exactly once: True"),
+        (f"{follow}: {ratio}", True, "p50 1.2x, p95 1.4x"),
     ]
 
     def broken(*_):
@@ -79,5 +87,7 @@ def test_the_page_states_the_goals_and_a_chart_failure_loses_nothing(tmp_path, m
     page = (tmp_path / "trickle.md").read_text()
     assert "used 6.6 CPU s with the ingest DAG's watcher polling every 1 s, and 3.0 s without" in page
     assert (
-        "**missed** (p50 20.0 s, p95 31.0 s" in page and "wavepipe's p50 is 5.0x Spark Structured Streaming's" in page
+        "**missed** (p50 20.0 s, p95 31.0 s" in page
+        and "event-driven (Airflow)'s p50 is 5.0x Spark Structured Streaming's" in page
+        and "follow task (Airflow)'s p50 is 1.2x" in page
     )
