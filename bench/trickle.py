@@ -263,7 +263,7 @@ def _wavepipe_mode(
         spark_connect_port=0,
     )
     ensure_topic(s, partitions=2)
-    log.info("wavepipe (%s): starting this home's Spark engine and Airflow", mode)
+    log.info("%s (%s): starting this home's Spark engine and Airflow", system, mode)
     LocalEngine(s).up()
     try:
         run_once(s)  # the group's offsets exist; nothing to read yet
@@ -277,9 +277,10 @@ def _wavepipe_mode(
         with DeltaWatcher(s.output_table) as watcher:
             warm = _produce(s, s.topic, [0.0] * options.warmup, options, f"warm-{mode}-{stamp}")
             watcher.wait_for([w.waveform_id for w in warm], options.drain_s, "wavepipe warm-up")
-            _until(lambda: api.settled(), 300, "the warm-up runs to finish")
+            if not follow_s:  # a follow task keeps running: its loop takes the next waveforms
+                _until(lambda: api.settled(), 300, "the warm-up runs to finish")
             runs_before = {r["dag_run_id"] for r in api.runs()}
-            log.info("wavepipe (%s): sending for %.0f s", mode, options.seconds)
+            log.info("%s (%s): sending for %.0f s", system, mode, options.seconds)
             began = time.time()
             sent = _produce(s, s.topic, options.schedule(mode), options, f"{mode}-{stamp}")
             watcher.wait_for([w.waveform_id for w in sent], options.drain_s, f"wavepipe {mode}")
@@ -298,7 +299,7 @@ def _wavepipe_mode(
             failed_runs=len([r for r in runs if r["state"] == "failed"]),
             table_commits=watcher.commits,
         )
-        log.info("wavepipe (%s): %s", mode, _line(result))
+        log.info("%s (%s): %s", system, mode, _line(result))
         return result
     finally:
         local.down(s, out=log.info)
