@@ -208,7 +208,10 @@ def wavepipe_run(
                 "reassemble: attach to the Spark engine" if on_engine else "reassemble: Spark session start",
             ),
             ("classify_s", "reassemble: classify (metadata only)"),
-            ("assemble_write_s", "reassemble: verify, write the manifest (and assemble waveforms read out of order)"),
+            (
+                "assemble_verify_s",
+                "reassemble: verify the waveforms read out of order (no payload kept), write the manifest",
+            ),
             ("accounting_s", "reassemble: final status and accounting"),
             ("session_stop_s", "reassemble: Spark session stop"),
         ):

@@ -108,12 +108,14 @@ MAX_WAVEFORM_BYTES_LIMIT = 1024 * 1024 * 1024
 _FACTS = ("waveform_id", "source", "dtype", "channels", "sample_rate", "start_ns", "checksum", "topic")
 
 
-def output_row(facts: dict, payload: bytes, n_chunks: int, partition: int, first_offset: int, last_offset: int) -> dict:
+def output_row(
+    facts: dict, payload: bytes, n_chunks: int, partition: int, first_offset: int, last_offset: int, keep: bool = True
+) -> dict:
     """One output row (a dict in OUTPUT_SCHEMA's order) for a joined payload; checksum verified,
-    payload dropped (None) when it does not match."""
+    payload dropped (None) when it does not match, or when not ``keep`` (verified only)."""
     ok = checksum(payload) == facts["checksum"]
     row = output_facts(facts, len(payload), n_chunks, partition, first_offset, last_offset)
-    return {**row, "payload": payload if ok else None, "checksum_ok": ok}
+    return {**row, "payload": payload if ok and keep else None, "checksum_ok": ok}
 
 
 def _batch(rows: list[dict]) -> pa.RecordBatch:
@@ -134,11 +136,14 @@ def _batch(rows: list[dict]) -> pa.RecordBatch:
 STAGED_CHANGED = "wavepipe: staged chunks changed on disk"
 
 
-def assemble_arrow(table: pa.Table, failpoints: str | None = None, scope: str = "", strict: bool = False) -> pa.Table:
+def assemble_arrow(
+    table: pa.Table, failpoints: str | None = None, scope: str = "", strict: bool = False, verify_only: bool = False
+) -> pa.Table:
     """One waveform's chunk rows -> one output row: chunks in sequence order (first copy of each),
     payload joined, checksum verified. Runs in the Python workers; holds one waveform at a time.
     ``strict``: a waveform verified before (by an earlier assembly) that no longer hashes to its
-    checksum raises an error marked ``STAGED_CHANGED``, as in ``assemble_file``."""
+    checksum raises an error marked ``STAGED_CHANGED``, as in ``assemble_file``; ``verify_only``:
+    the row comes back without its payload."""
     order = sorted(
         range(table.num_rows),
         key=lambda i: (table["seq"][i].as_py(), table["partition"][i].as_py(), table["offset"][i].as_py()),
@@ -155,7 +160,8 @@ def assemble_arrow(table: pa.Table, failpoints: str | None = None, scope: str = 
     offsets = table["offset"].to_pylist()
     partitions = table["partition"].to_pylist()
     first_chunk = min(range(table.num_rows), key=lambda i: (partitions[i], offsets[i]))
-    row = output_row(facts, payload, len(picked), partitions[first_chunk], offsets[first_chunk], max(offsets))
+    first, last = offsets[first_chunk], max(offsets)
+    row = output_row(facts, payload, len(picked), partitions[first_chunk], first, last, keep=not verify_only)
     if strict and not row["checksum_ok"]:
         raise RuntimeError(
             f"{STAGED_CHANGED}: the chunks of {facts['waveform_id']} no longer hash to {facts['checksum']}"
@@ -169,6 +175,7 @@ def assemble_file(
     wanted: dict[str, str | None] | set[str],
     strict: bool = False,
     batch_bytes: int = Settings.model_fields["output_batch_bytes"].default,
+    verify_only: bool = False,
 ) -> Iterator[pa.RecordBatch]:
     """Whole waveforms from one staged file, streamed: the ``wanted`` ids (id -> ``wp-checksum``,
     or a set: any checksum) must have every chunk carrying that checksum, once, in this file (one
@@ -179,7 +186,8 @@ def assemble_file(
 
     ``strict`` (waveforms the reader verified as it staged them): a waveform that no longer hashes
     to its checksum, or is not in the file, raises an error marked ``STAGED_CHANGED`` (the file
-    changed since it was read) instead of coming out with ``checksum_ok`` false."""
+    changed since it was read) instead of coming out with ``checksum_ok`` false. ``verify_only``:
+    the rows come back without their payloads (a reassembly verifying them; publish writes them)."""
     wanted = wanted if isinstance(wanted, dict) else dict.fromkeys(wanted)
     open_: dict[str, dict] = {}
     rows: list[dict] = []
@@ -212,7 +220,9 @@ def assemble_file(
             if len(w["parts"]) == counts[i]:
                 del open_[wid]
                 payload = b"".join(w["parts"][k] for k in sorted(w["parts"]))
-                row = output_row(w["facts"], payload, counts[i], w["partition"], w["first"], offsets[i])
+                row = output_row(
+                    w["facts"], payload, counts[i], w["partition"], w["first"], offsets[i], not verify_only
+                )
                 if strict and not row["checksum_ok"]:
                     raise RuntimeError(
                         f"{STAGED_CHANGED}: {path}: the chunks of {wid} no longer hash to "
@@ -220,7 +230,7 @@ def assemble_file(
                     )
                 rows.append(row)
                 done += 1
-                buffered += len(payload)
+                buffered += len(payload) if not verify_only else 0
                 if buffered >= batch_bytes:
                     yield _batch(rows)
                     rows, buffered = [], 0
@@ -244,11 +254,12 @@ def _row_group_batches(staged: pq.ParquetFile, rows: int = 256) -> Iterator[pa.R
 
 
 def _assemble_tasks(
-    batches: Iterator[pa.RecordBatch], failpoints: str | None, scope: str, strict: bool, batch_bytes: int
+    batches: Iterator[pa.RecordBatch], failpoints: str | None, scope: str, strict: bool, batch_bytes: int, verify: bool
 ) -> Iterator[pa.RecordBatch]:
     for batch in batches:
         for path, ids in zip(batch.column("path").to_pylist(), batch.column("ids").to_pylist(), strict=True):
-            for out in assemble_file(path, {w["waveform_id"]: w["checksum"] for w in ids}, strict, batch_bytes):
+            wanted = {w["waveform_id"]: w["checksum"] for w in ids}
+            for out in assemble_file(path, wanted, strict, batch_bytes, verify_only=verify):
                 yield out
                 failpoint("assemble.batch", failpoints, scope)
 
@@ -260,19 +271,21 @@ def assemble_local(
     batch_bytes: int,
     scope: str = "",
     strict: bool = False,
+    verify_only: bool = False,
 ) -> DataFrame:
     """Whole waveforms for the waveforms ``rows`` names (id, checksum, partition), whose chunks are
     all in one partition's staged file, each file streamed by one task: no shuffle of payloads
     (the common case with keyed producers). The tasks (a file and its ids each) are made here and
     handed to Spark as a local relation, which it splits over its cores: no Spark job before the
     one that assembles. ``batch_bytes``: the setting ``output_batch_bytes``; ``scope``: what the
-    run's failpoints count their hits in (the run id); ``strict``: see ``assemble_file``."""
+    run's failpoints count their hits in (the run id); ``strict``, ``verify_only``: see
+    ``assemble_file``."""
     wanted = rows.groupby("partition")[["waveform_id", "checksum"]]
     tasks = [(files[p], group.to_dict("records")) for p, group in wanted if p in files]
     failpoints = armed()  # the workers (a Spark engine's) do not have this process's environment
 
     def tasks_of_this_run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return _assemble_tasks(batches, failpoints, scope, strict, batch_bytes)
+        return _assemble_tasks(batches, failpoints, scope, strict, batch_bytes, verify_only)
 
     local = spark.createDataFrame(tasks, "path string, ids array<struct<waveform_id: string, checksum: string>>")
     return local.mapInArrow(tasks_of_this_run, OUTPUT_SCHEMA)
@@ -292,17 +305,19 @@ STAGED, SHUFFLED = "staged", "shuffled"
 MANIFEST_COLUMNS = [f.name for f in OUTPUT_SCHEMA.fields if f.name not in ("payload", "checksum_ok")]
 
 
-def assemble(chunks: DataFrame, candidates: DataFrame, scope: str = "", strict: bool = False) -> DataFrame:
+def assemble(
+    chunks: DataFrame, candidates: DataFrame, scope: str = "", strict: bool = False, verify_only: bool = False
+) -> DataFrame:
     """Whole waveforms for the candidate ids (one row each; payload null where the checksum fails),
     grouped by a shuffle: for waveforms spread over partitions or with duplicate chunks. Where the
     candidates have a ``checksum``, only chunks carrying it are used (not another content's).
-    ``strict``: see ``assemble_arrow``."""
+    ``strict``, ``verify_only``: see ``assemble_arrow``."""
     keys = ["waveform_id", "checksum"] if "checksum" in candidates.columns else ["waveform_id"]
     wanted = chunks.join(candidates.select(*keys), keys, "left_semi")
     failpoints = armed()
 
     def one_waveform(table: pa.Table) -> pa.Table:
-        return assemble_arrow(table, failpoints, scope, strict)
+        return assemble_arrow(table, failpoints, scope, strict, verify_only)
 
     return wanted.groupBy("waveform_id").applyInArrow(one_waveform, OUTPUT_SCHEMA)
 
@@ -499,11 +514,13 @@ def _assembled(spark: SparkSession, settings, store: RunStore, plan: RunPlan, ro
     local = routed[routed["route"] == LOCAL]
     if len(local):
         files = chunk_files(store, plan)
-        parts.append(assemble_local(spark, files, local, settings.output_batch_bytes, scope=plan.run_id))
+        batch_bytes = settings.output_batch_bytes
+        parts.append(assemble_local(spark, files, local, batch_bytes, scope=plan.run_id, verify_only=True))
     shuffled = routed[routed["route"] == SHUFFLE]
     if len(shuffled):
         wanted = wanted_waveforms(spark, shuffled)
-        parts.append(assemble(spark.read.parquet(*map(str, chunk_paths)), wanted, scope=plan.run_id))
+        chunks = spark.read.parquet(*map(str, chunk_paths))
+        parts.append(assemble(chunks, wanted, scope=plan.run_id, verify_only=True))
     if not parts:
         return None
     assembled = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])

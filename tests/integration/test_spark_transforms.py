@@ -114,6 +114,34 @@ def test_assemble_file_strict_refuses_a_changed_or_missing_waveform_and_stops_af
     assert [r["checksum_ok"] for batch in assemble_file(str(path), {"b": b_sum}) for r in batch.to_pylist()] == [False]
 
 
+def test_a_verifying_assembly_brings_rows_back_without_payloads_and_publish_refuses_changed_chunks(tmp_path):
+    """A reassembly verifies out-of-order waveforms without keeping their bytes (``verify_only``:
+    the row and ``checksum_ok``, no payload); publish assembles them again strictly, so chunks
+    damaged since are an error marked STAGED_CHANGED, never a row, in both assemblies."""
+    import pyarrow.parquet as pq
+
+    from wavepipe.spark_apps.reassemble import STAGED_CHANGED, assemble_file
+
+    a, a_sum = waveform_records("a", 3, seed=3)
+    rows = _rows([a[2], a[0], a[1]])  # out of order in its one staged file
+    path = tmp_path / "staged.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=CHUNK_SCHEMA), path)
+    (verified,) = [r for b in assemble_file(str(path), {"a": a_sum}, verify_only=True) for r in b.to_pylist()]
+    assert verified["checksum_ok"] and verified["payload"] is None and verified["size_bytes"] > 0
+    (written,) = [r for b in assemble_file(str(path), {"a": a_sum}, strict=True) for r in b.to_pylist()]
+    assert written["payload"] is not None and {**written, "payload": None} == verified
+    table = pa.Table.from_pylist(rows, schema=CHUNK_SCHEMA)
+    assert assemble_arrow(table, verify_only=True).to_pylist() == [verified]
+    damaged = table.set_column(
+        table.schema.get_field_index("payload"),
+        "payload",
+        pa.array([bytes(len(r["payload"])) for r in rows], pa.binary()),
+    )
+    assert assemble_arrow(damaged).to_pylist()[0]["checksum_ok"] is False
+    with pytest.raises(RuntimeError, match=f"{STAGED_CHANGED}: the chunks of a no longer hash to {a_sum}"):
+        assemble_arrow(damaged, strict=True)
+
+
 def test_a_publish_append_commits_once_per_transaction_id(spark, tmp_path):
     """Two appends of the same rows that both passed the key check (a killed client's write still
     running on the engine beside its retry): with one transaction (the group's id, the run's
