@@ -197,85 +197,112 @@ def plan_run(settings: Settings, run_id: str, **request: Unpack[RunRequest]) -> 
     store.claim_group(group, run_id)
     try:
         failpoint("plan.after_claim")
-        previous = store.previous_ranges(group, topic)
-        partitions = partitions_of(settings, topic)
-        positions = committed_positions(settings, group, topic, partitions)
-        committed = {p: offset for p, (offset, _) in positions.items()}
-        committed_by = {p: committed_run_id(meta) for p, (_, meta) in positions.items()}
-        earliest = list_offsets(settings, topic, partitions, OffsetSpec.earliest())
-        stable = list_offsets(settings, topic, partitions, OffsetSpec.latest())
-        started = None
-        recovered = _lost_commit(settings, run_id, group, topic, committed, committed_by)
-        if recovered is not None:  # the tables hold a run Kafka never heard of: go on after it
-            committed_or_start = {p: recovered["offsets"].get(p, [0, committed[p]])[1] for p in partitions}
-            committed_or_start = {p: earliest[p] if v is None else v for p, v in committed_or_start.items()}
-        elif all(offset is None for offset in committed.values()):
-            if not choice:
-                raise NewGroupError(_new_group_refusal(settings, group, topic, previous))
-            started = choice
-            committed_or_start = _group_starts(settings, topic, partitions, choice, earliest, stable)
-            log.info(
-                "run %s: group %s is new on %s and starts at %s: %s", run_id, group, topic, choice, committed_or_start
-            )
-        else:
-            committed_or_start = {p: earliest[p] if committed[p] is None else committed[p] for p in partitions}
-        moved = offsets_moved(store, previous, positions)
-        for p, move in moved.items():
-            log.warning(
-                "run %s: %s[%d] was moved from %s to %s by %s since this home's last commit",
-                run_id,
-                topic,
-                p,
-                move["from"],
-                move["to"],
-                move["by"],
-            )
-        ranges, lost, gaps = [], {}, []
-        for p in partitions:
-            start = committed_or_start[p]
-            if start < earliest[p]:
-                gaps.append(f"{topic}[{p}] [{start}, {earliest[p]})")
-                lost[p] = [start, earliest[p]]
-                start = earliest[p]
-            end = max(start, stable[p])
-            if cap:
-                # The cap bounds the records new to this run. When the last run ended with the
-                # same safe offset (a waveform longer than the cap is still pending there), the
-                # range grows past that run's end instead of repeating it.
-                seen_end = previous.get(p, [None, None])[1] if previous.get(p, [None])[0] == start else None
-                end = min(end, max(start, seen_end or start) + cap)
-            ranges.append(OffsetRange(topic, p, start, end))
-        if gaps and not skip_lost_offsets:
-            raise RetentionGapError(
-                f"group {group!r} is behind what {topic} still retains: offsets {', '.join(gaps)} were "
-                f"deleted before they were read. Nothing was read. To accept the loss and go on from the "
-                f"earliest retained offsets, run with --skip-lost-offsets (DAG param skip_lost_offsets); "
-                f"the run's report records the skipped ranges."
-            )
-        if gaps:
-            log.warning("run %s: skipping offsets the topic no longer retains: %s", run_id, ", ".join(gaps))
-        plan = RunPlan.new(
-            run_id,
-            topic,
-            group,
-            ranges,
-            previous=previous,
-            caps={"records_per_partition": cap},
-            committed=committed,
-            lost=lost,
-            latest={p: stable[p] for p in partitions},
-            new_group_start=started,
-            moved=moved,
-            txn_version=_next_txn(settings, group, topic),
-            committed_by=committed_by,
-            recovered=recovered,
-        )
+        plan = _plan_incremental(settings, store, run_id, topic, group, cap, choice, skip_lost_offsets)
         store.save_plan(plan)
     except BaseException:
         store.release_group(group, run_id)
         raise
-    log.info("run %s: planned %d offsets over %d partitions", run_id, plan.total_offsets, len(ranges))
+    log.info("run %s: planned %d offsets over %d partitions", run_id, plan.total_offsets, len(plan.ranges))
     return plan
+
+
+def _plan_incremental(
+    settings: Settings,
+    store: RunStore,
+    run_id: str,
+    topic: str,
+    group: str,
+    cap: int,
+    choice: str,
+    skip_lost_offsets: bool,
+) -> RunPlan:
+    """``plan_run``'s new plan, with the group claimed: where each partition starts (the group's
+    offsets, a lost commit found in the tables, or a new group's ``choice``) and ends."""
+    previous = store.previous_ranges(group, topic)
+    partitions = partitions_of(settings, topic)
+    positions = committed_positions(settings, group, topic, partitions)
+    committed = {p: offset for p, (offset, _) in positions.items()}
+    committed_by = {p: committed_run_id(meta) for p, (_, meta) in positions.items()}
+    earliest = list_offsets(settings, topic, partitions, OffsetSpec.earliest())
+    stable = list_offsets(settings, topic, partitions, OffsetSpec.latest())
+    started = None
+    recovered = _lost_commit(settings, run_id, group, topic, committed, committed_by)
+    if recovered is not None:  # the tables hold a run Kafka never heard of: go on after it
+        starts = {p: recovered["offsets"].get(p, [0, committed[p]])[1] for p in partitions}
+        starts = {p: earliest[p] if v is None else v for p, v in starts.items()}
+    elif all(offset is None for offset in committed.values()):
+        if not choice:
+            raise NewGroupError(_new_group_refusal(settings, group, topic, previous))
+        started = choice
+        starts = _group_starts(settings, topic, partitions, choice, earliest, stable)
+        log.info("run %s: group %s is new on %s and starts at %s: %s", run_id, group, topic, choice, starts)
+    else:
+        starts = {p: earliest[p] if committed[p] is None else committed[p] for p in partitions}
+    moved = offsets_moved(store, previous, positions)
+    for p, move in moved.items():
+        log.warning(
+            "run %s: %s[%d] was moved from %s to %s by %s since this home's last commit",
+            run_id,
+            topic,
+            p,
+            move["from"],
+            move["to"],
+            move["by"],
+        )
+    ranges, lost = planned_ranges(topic, starts, earliest, stable, cap, previous)
+    gaps = [f"{topic}[{p}] [{a}, {b})" for p, (a, b) in sorted(lost.items())]
+    if gaps and not skip_lost_offsets:
+        raise RetentionGapError(
+            f"group {group!r} is behind what {topic} still retains: offsets {', '.join(gaps)} were "
+            f"deleted before they were read. Nothing was read. To accept the loss and go on from the "
+            f"earliest retained offsets, run with --skip-lost-offsets (DAG param skip_lost_offsets); "
+            f"the run's report records the skipped ranges."
+        )
+    if gaps:
+        log.warning("run %s: skipping offsets the topic no longer retains: %s", run_id, ", ".join(gaps))
+    return RunPlan.new(
+        run_id,
+        topic,
+        group,
+        ranges,
+        previous=previous,
+        caps={"records_per_partition": cap},
+        committed=committed,
+        lost=lost,
+        latest={p: stable[p] for p in partitions},
+        new_group_start=started,
+        moved=moved,
+        txn_version=_next_txn(settings, group, topic),
+        committed_by=committed_by,
+        recovered=recovered,
+    )
+
+
+def planned_ranges(
+    topic: str,
+    starts: dict[int, int],
+    earliest: dict[int, int],
+    stable: dict[int, int],
+    cap: int,
+    previous: dict[int, list[int]],
+) -> tuple[list[OffsetRange], dict[int, list[int]]]:
+    """Per partition, ``[start, end)``: from its start (moved up to the earliest offset the topic
+    retains; what that skips is ``lost``) to the last stable offset, at most ``cap`` records new
+    to this run (0: no cap). When the last run ended with the same start (a waveform longer than
+    the cap is still pending there), the range grows past that run's end instead of repeating
+    it. Returns (ranges, lost)."""
+    ranges, lost = [], {}
+    for p in sorted(starts):
+        start = starts[p]
+        if start < earliest[p]:
+            lost[p] = [start, earliest[p]]
+            start = earliest[p]
+        end = max(start, stable[p])
+        if cap:
+            seen_end = previous.get(p, [None, None])[1] if previous.get(p, [None])[0] == start else None
+            end = min(end, max(start, seen_end or start) + cap)
+        ranges.append(OffsetRange(topic, p, start, end))
+    return ranges, lost
 
 
 def _new_group_refusal(settings: Settings, group: str, topic: str, previous: dict[int, list[int]]) -> str:
@@ -384,25 +411,51 @@ def plan_window_run(
     Claims ``backfill_lane(group)``, not the group: the incremental runs go on meanwhile, and the
     window run never commits offsets.
     """
-    from wavepipe.consumers.boundaries import scan_boundaries
 
     store = RunStore(settings)
     start, end = as_utc(start), as_utc(end)
     existing = store.load_plan(run_id)
     if existing is not None:
-        if existing.window is None or [existing.window["start"], existing.window["end"]] != [
-            start.isoformat(),
-            end.isoformat(),
-        ]:
-            planned = (
-                "as an incremental run"
-                if existing.window is None
-                else f"for the window [{existing.window['start']}, {existing.window['end']})"
-            )
-            raise WindowError(f"run {run_id} was planned {planned}; start a new run id for this window")
+        _same_window_or_refuse(existing, start, end)
         store.claim_group(existing.group, run_id)
         log.info("run %s: reusing its frozen window plan", run_id)
         return existing
+    _closed_window_or_refuse(start, end)
+    topic = topic or settings.topic
+    lane = backfill_lane(group or settings.group)
+    release_stale_claim(store, lane, run_id)
+    store.claim_group(lane, run_id)
+    try:
+        plan = _plan_window(settings, run_id, topic, lane, start, end)
+        store.save_plan(plan)
+    except BaseException:
+        store.release_group(lane, run_id)
+        raise
+    log.info(
+        "run %s: window [%s, %s) is offsets %s; reading %s",
+        run_id,
+        start.isoformat(),
+        end.isoformat(),
+        plan.window["offsets"],
+        {r.partition: [r.start, r.end] for r in plan.ranges},
+    )
+    return plan
+
+
+def _same_window_or_refuse(existing: RunPlan, start: datetime, end: datetime) -> None:
+    if existing.window is None or [existing.window["start"], existing.window["end"]] != [
+        start.isoformat(),
+        end.isoformat(),
+    ]:
+        planned = (
+            "as an incremental run"
+            if existing.window is None
+            else f"for the window [{existing.window['start']}, {existing.window['end']})"
+        )
+        raise WindowError(f"run {existing.run_id} was planned {planned}; start a new run id for this window")
+
+
+def _closed_window_or_refuse(start: datetime, end: datetime) -> None:
     if not start < end:
         raise WindowError(
             f"window [{start.isoformat()}, {end.isoformat()}) is empty: its start must be before its end. Nothing was read"
@@ -413,62 +466,47 @@ def plan_window_run(
             "reprocessed (the incremental runs read the present). Backfill up to an earlier time, or wait until "
             f"{end.isoformat()} has passed. Nothing was read"
         )
-    topic = topic or settings.topic
-    lane = backfill_lane(group or settings.group)
-    release_stale_claim(store, lane, run_id)
-    store.claim_group(lane, run_id)
-    try:
-        partitions = partitions_of(settings, topic)
-        earliest = list_offsets(settings, topic, partitions, OffsetSpec.earliest())
-        stable = list_offsets(settings, topic, partitions, OffsetSpec.latest())
-        first = offsets_for_time(settings, topic, partitions, start, stable)
-        last = offsets_for_time(settings, topic, partitions, end, stable)
-        ranges, offsets, notes = [], {}, []
-        for p in partitions:
-            a, b = first[p], max(first[p], last[p])
-            if 0 < earliest[p] == a < b:
-                notes.append(
-                    f"{topic}[{p}]: the window starts at the earliest retained offset {a}; records "
-                    "before it were deleted by retention, so any of them in the window cannot be reprocessed"
-                )
-            read_end = b
-            if a < b < stable[p]:  # waveforms begun in the window may go on after it
-                read_end = max(
-                    b,
-                    scan_boundaries(
-                        settings,
-                        topic,
-                        p,
-                        b,
-                        low=earliest[p],
-                        high=stable[p],
-                        max_scan=settings.incomplete_after_offsets,
-                    ).close_offset,
-                )
-            offsets[str(p)] = [a, b]
-            ranges.append(OffsetRange(topic, p, a, read_end))
-        window = {"start": start.isoformat(), "end": end.isoformat(), "offsets": offsets, "notes": notes}
-        plan = RunPlan.new(
-            run_id,
-            topic,
-            lane,
-            ranges,
-            latest={p: stable[p] for p in partitions},
-            window=window,
-            txn_version=_next_txn(settings, lane, topic),
-        )
-        for note in notes:
-            log.warning("run %s: %s", run_id, note)
-        store.save_plan(plan)
-    except BaseException:
-        store.release_group(lane, run_id)
-        raise
-    log.info(
-        "run %s: window [%s, %s) is offsets %s; reading %s",
+
+
+def _plan_window(settings: Settings, run_id: str, topic: str, lane: str, start: datetime, end: datetime) -> RunPlan:
+    """``plan_window_run``'s new plan, with the lane claimed: per partition the window's offsets,
+    and the range read (to where the waveforms begun in it end: ``_window_read_end``)."""
+    partitions = partitions_of(settings, topic)
+    earliest = list_offsets(settings, topic, partitions, OffsetSpec.earliest())
+    stable = list_offsets(settings, topic, partitions, OffsetSpec.latest())
+    first = offsets_for_time(settings, topic, partitions, start, stable)
+    last = offsets_for_time(settings, topic, partitions, end, stable)
+    ranges, offsets, notes = [], {}, []
+    for p in partitions:
+        a, b = first[p], max(first[p], last[p])
+        if 0 < earliest[p] == a < b:
+            notes.append(
+                f"{topic}[{p}]: the window starts at the earliest retained offset {a}; records "
+                "before it were deleted by retention, so any of them in the window cannot be reprocessed"
+            )
+        read_end = _window_read_end(settings, topic, p, a, b, earliest[p], stable[p])
+        offsets[str(p)] = [a, b]
+        ranges.append(OffsetRange(topic, p, a, read_end))
+    window = {"start": start.isoformat(), "end": end.isoformat(), "offsets": offsets, "notes": notes}
+    for note in notes:
+        log.warning("run %s: %s", run_id, note)
+    return RunPlan.new(
         run_id,
-        start.isoformat(),
-        end.isoformat(),
-        offsets,
-        {r.partition: [r.start, r.end] for r in plan.ranges},
+        topic,
+        lane,
+        ranges,
+        latest={p: stable[p] for p in partitions},
+        window=window,
+        txn_version=_next_txn(settings, lane, topic),
     )
-    return plan
+
+
+def _window_read_end(settings: Settings, topic: str, p: int, a: int, b: int, low: int, high: int) -> int:
+    """Where a window run reads partition ``p``'s window ``[a, b)`` to: past ``b`` while waveforms
+    begun in the window go on after it (at most ``incomplete_after_offsets`` further)."""
+    from wavepipe.consumers.boundaries import scan_boundaries
+
+    if not a < b < high:
+        return b
+    found = scan_boundaries(settings, topic, p, b, low=low, high=high, max_scan=settings.incomplete_after_offsets)
+    return max(b, found.close_offset)

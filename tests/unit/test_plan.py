@@ -141,3 +141,18 @@ def test_a_dag_run_airflow_reuses_for_a_window_works_under_a_new_run_id_and_keep
     finish(f"{run}.reprocess-1")
     assert window_run_id(settings, run, window) == f"{run}.reprocess-2"  # reprocessed again after it finished
     assert store.load_plan(run).window is None and store.load_step(run, Step.REPORT) == {"commit": {}}
+
+
+def test_planned_ranges_skip_what_the_topic_lost_and_grow_past_a_capped_waveform():
+    from wavepipe.consumers.planner import planned_ranges
+
+    starts, earliest, stable = {1: 40, 0: 5}, {0: 10, 1: 0}, {0: 100, 1: 200}
+    ranges, lost = planned_ranges("t", starts, earliest, stable, cap=0, previous={})
+    assert [(r.partition, r.start, r.end) for r in ranges] == [(0, 10, 100), (1, 40, 200)]
+    assert lost == {0: [5, 10]}
+    # capped: 50 records new to this run; partition 1's last run also started at 40 and read to
+    # 90 (a waveform longer than the cap is pending there), so this one reads 50 past that
+    ranges, _ = planned_ranges("t", starts, earliest, stable, cap=50, previous={1: [40, 90], 0: [0, 10]})
+    assert [(r.partition, r.start, r.end) for r in ranges] == [(0, 10, 60), (1, 40, 140)]
+    ranges, _ = planned_ranges("t", {0: 100}, {0: 0}, {0: 80}, cap=0, previous={})
+    assert [(r.start, r.end) for r in ranges] == [(100, 100)], "an end never precedes its start"
