@@ -468,40 +468,13 @@ def _outside(offsets, intervals: list[tuple[int, int]]):
 
 
 def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
-    from wavepipe.consumers.committer import OffsetsMovedError, commit_safe_offsets
-    from wavepipe.faults import failpoint
-
     plan = _require_plan(store, run_id)
     holder = store.active_run(plan.group)
     if holder != run_id:
-        done = store.load_step(run_id, Step.REPORT)
-        if _committed(done):  # a retry of a commit that went through
-            written = json_path(settings, run_id).exists()
-            return {
-                **done,
-                "report_path": str(json_path(settings, run_id)) if written else None,
-                "report_html": str(html_path(settings, run_id)) if written else None,
-            }
-        raise RuntimeError(
-            f"run {run_id} no longer holds group {plan.group!r} (active: {holder or 'none'}); it was "
-            "abandoned or superseded, so it must not commit. Start a new run."
-        )
+        return _committed_before(settings, store, plan, holder)
     began = time.monotonic()
     to_read = partitions_to_read(plan)
-    for r in plan.ranges:
-        if r.partition in to_read and store.load_result(run_id, Step.consume(r), ReadStats) is None:
-            raise RuntimeError(f"run {run_id}: partition {r.partition} was never consumed; run its consume step")
-    reassembled = store.load_result(run_id, Step.REASSEMBLE, Reassembled) if to_read else None
-    if to_read and reassembled is None:
-        raise RuntimeError(f"run {run_id}: no reassembly result; run the reassemble step")
-    validation = store.load_result(run_id, Step.VALIDATE, Validated) if to_read else None
-    if to_read and not (validation and validation.success and validation.published):
-        raise RuntimeError(
-            f"run {run_id}: its output was not validated and published"
-            + (" (validation failed)" if validation else "")
-            + "; run the validate step first. "
-            "No offset was committed."
-        )
+    validation = _published_result(store, plan, to_read)
     skipped = None if to_read else nothing_to_read(plan)
     report = _report(store, plan, validation=validation, skipped=skipped)
     if report["balance_errors"]:
@@ -514,32 +487,93 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
     if plan.is_window:  # a backfill: the window's output was replaced; the group's offsets stay
         report["commit"] = {}  # (the report names its window: build_report)
     elif to_read:
-        safe = {int(p): part["safe_offset"] for p, part in report["partitions"].items()}
-        failpoint("commit.before_offsets")
-        try:
-            committed = commit_safe_offsets(settings, plan, safe, functools.partial(_new_dead_letters, store, plan))
-        except OffsetsMovedError:
-            store.release_group(plan.group, run_id)  # this run can never commit: free the group
-            store.discard_staging(run_id)
-            raise
-        failpoint("commit.after_offsets")
-        report["commit"] = {str(p): v for p, v in committed.items()}
-        store.save_previous_ranges(
-            plan.group, plan.topic, {r.partition: [safe[r.partition], r.end] for r in plan.ranges}
-        )
+        report["commit"] = _commit_offsets(settings, store, plan, report)
     else:  # nothing new was read
-        if plan.new_group_start or plan.recovered:  # a new group's offsets are created; a lost commit is made
-            starts = {r.partition: r.start for r in plan.ranges}
-            dead = functools.partial(_new_dead_letters, store, plan)
-            report["commit"] = {str(p): v for p, v in commit_safe_offsets(settings, plan, starts, dead).items()}
-        else:  # the group's offsets (and their run metadata) stay as they are
-            report["commit"] = {str(r.partition): {"before": r.start, "after": r.start} for r in plan.ranges}
-        if plan.new_group_start or plan.moved or plan.recovered:
-            # where this home continues from now: a new group's start, or a move by someone else (said once)
-            store.save_previous_ranges(plan.group, plan.topic, {r.partition: [r.start, r.end] for r in plan.ranges})
+        report["commit"] = _commit_idle(settings, store, plan)
     if not plan.is_window:
         _lag_after(settings, plan, report)
     _timed(store, run_id, "commit", began)
+    return _finish(settings, store, plan, report, skipped)
+
+
+def _committed_before(settings: Settings, store: RunStore, plan: RunPlan, holder: str | None) -> dict:
+    """A commit step of a run that no longer holds its group: its report when it committed
+    already (a retry of a commit that went through), else an error (abandoned or superseded)."""
+    done = store.load_step(plan.run_id, Step.REPORT)
+    if _committed(done):
+        written = json_path(settings, plan.run_id).exists()
+        return {
+            **done,
+            "report_path": str(json_path(settings, plan.run_id)) if written else None,
+            "report_html": str(html_path(settings, plan.run_id)) if written else None,
+        }
+    raise RuntimeError(
+        f"run {plan.run_id} no longer holds group {plan.group!r} (active: {holder or 'none'}); it was "
+        "abandoned or superseded, so it must not commit. Start a new run."
+    )
+
+
+def _published_result(store: RunStore, plan: RunPlan, to_read: list[int]) -> Validated | None:
+    """The run's validation, once every partition it reads was consumed, reassembled, validated
+    and published (None: it read nothing); else an error naming the step to run."""
+    run_id = plan.run_id
+    for r in plan.ranges:
+        if r.partition in to_read and store.load_result(run_id, Step.consume(r), ReadStats) is None:
+            raise RuntimeError(f"run {run_id}: partition {r.partition} was never consumed; run its consume step")
+    if not to_read:
+        return None
+    if store.load_result(run_id, Step.REASSEMBLE, Reassembled) is None:
+        raise RuntimeError(f"run {run_id}: no reassembly result; run the reassemble step")
+    validation = store.load_result(run_id, Step.VALIDATE, Validated)
+    if not (validation and validation.success and validation.published):
+        raise RuntimeError(
+            f"run {run_id}: its output was not validated and published"
+            + (" (validation failed)" if validation else "")
+            + "; run the validate step first. "
+            "No offset was committed."
+        )
+    return validation
+
+
+def _commit_offsets(settings: Settings, store: RunStore, plan: RunPlan, report: dict) -> dict:
+    """The safe offsets to the group (compare-and-set); where this home continues from."""
+    from wavepipe.consumers.committer import OffsetsMovedError, commit_safe_offsets
+    from wavepipe.faults import failpoint
+
+    safe = {int(p): part["safe_offset"] for p, part in report["partitions"].items()}
+    failpoint("commit.before_offsets")
+    try:
+        committed = commit_safe_offsets(settings, plan, safe, functools.partial(_new_dead_letters, store, plan))
+    except OffsetsMovedError:
+        store.release_group(plan.group, plan.run_id)  # this run can never commit: free the group
+        store.discard_staging(plan.run_id)
+        raise
+    failpoint("commit.after_offsets")
+    store.save_previous_ranges(plan.group, plan.topic, {r.partition: [safe[r.partition], r.end] for r in plan.ranges})
+    return {str(p): v for p, v in committed.items()}
+
+
+def _commit_idle(settings: Settings, store: RunStore, plan: RunPlan) -> dict:
+    """A run that read nothing: a new group's offsets are created, a lost commit is made; else the
+    group's offsets (and their run metadata) stay as they are."""
+    from wavepipe.consumers.committer import commit_safe_offsets
+
+    if plan.new_group_start or plan.recovered:
+        starts = {r.partition: r.start for r in plan.ranges}
+        dead = functools.partial(_new_dead_letters, store, plan)
+        commit = {str(p): v for p, v in commit_safe_offsets(settings, plan, starts, dead).items()}
+    else:
+        commit = {str(r.partition): {"before": r.start, "after": r.start} for r in plan.ranges}
+    if plan.new_group_start or plan.moved or plan.recovered:
+        # where this home continues from now: a new group's start, or a move by someone else (said once)
+        store.save_previous_ranges(plan.group, plan.topic, {r.partition: [r.start, r.end] for r in plan.ranges})
+    return commit
+
+
+def _finish(settings: Settings, store: RunStore, plan: RunPlan, report: dict, skipped: str | None) -> dict:
+    """The committed run's report saved and written (an idle run: a line of the group's history
+    instead), its group released and its staged copies removed."""
+    run_id = plan.run_id
     report["timings_s"].update(store.load_step(run_id, Step.TIMINGS) or {})
     report["status"] = "window_replaced" if plan.is_window else "committed"
     store.save_step(run_id, Step.REPORT, report)
