@@ -206,9 +206,10 @@ def wavepipe_ingest_dag(
     ``watch_records``/``watch_bytes``/``watch_max_delay_s``/``watch_poll_s`` (the settings of
     those names, which may also come from ``settings``, the config file or ``WAVEPIPE_*``): also
     run as soon as the group's lag reaches one, besides ``schedule`` (event-driven runs,
-    docs/operations.md). An event-driven DAG whose settings set ``follow_s`` runs its one task,
-    ``follow`` (``FollowOperator``), as a follow loop: micro-batches back to back for up to that
-    many seconds. Other keyword arguments go to ``DAG``."""
+    docs/operations.md). A DAG whose settings set ``follow_s`` runs its one task, ``follow``
+    (``FollowOperator``), as a follow loop: micro-batches back to back for up to that many seconds
+    from each DAG run's start (the watcher's, or the schedule's). Other keyword arguments go to
+    ``DAG``."""
     named = {
         "topic": topic,
         "group": group,
@@ -264,7 +265,7 @@ def wavepipe_ingest_dag(
         **dag_kwargs,
     ) as dag:
         resolved = load_settings(**common["settings_overrides"])
-        if lag_asset is not None and resolved.follow_s:  # micro-batches back to back in one long task
+        if resolved.follow_s:  # micro-batches back to back in one long task, however a DAG run starts
             FollowOperator(
                 task_id="follow", follow_s=resolved.follow_s, poll_s=resolved.watch_poll_s, **follow_up, **common
             )

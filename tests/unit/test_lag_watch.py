@@ -104,6 +104,15 @@ def test_the_factory_adds_a_lag_watcher_beside_the_schedule_when_a_threshold_is_
     one = wavepipe_ingest_dag(dag_id="one", single_task=True)
     assert [t.task_id for t in one.tasks] == ["run"] and one.get_task("run").follow_up is None
     assert set(one.params) == set(plain.params)
+    # with follow_s, an event-driven DAG's one task is a follow loop polling at the watcher's rate
+    follow = wavepipe_ingest_dag(
+        dag_id="follow", topic="seismic", watch_records=1, watch_poll_s=0.5, settings={"follow_s": 600}
+    )
+    assert [t.task_id for t in follow.tasks] == ["follow"]
+    loop = follow.get_task("follow")
+    assert (loop.follow_s, loop.poll_s, loop.follow_up.name) == (600, 0.5, "follow__lag")
+    scheduled = wavepipe_ingest_dag(dag_id="scheduled", settings={"follow_s": 600})  # the clock starts its loops
+    assert scheduled.task_ids == ["follow"] and scheduled.get_task("follow").follow_up is None
 
     # from the settings the DAG processor sees (config file, WAVEPIPE_*), on data only
     monkeypatch.setenv("WAVEPIPE_WATCH_BYTES", "1000000")

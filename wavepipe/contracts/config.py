@@ -381,9 +381,9 @@ class Settings(BaseModel):
     watch_bytes: Annotated[Count, Field(ge=0), Rule("must be 0 (off) or a number of bytes")] = 0
     watch_max_delay_s: Annotated[Number, Field(ge=0), Rule("must be 0 (off) or a number of seconds")] = 0.0
     watch_poll_s: Annotated[Number, Field(ge=0.1, le=3600), Rule("must be 0.1 to 3600 seconds")] = 2.0
-    #: Event-driven runs as a follow loop: an event-driven ingest DAG's one task runs micro-batches
-    #: back to back (``wavepipe follow``) for up to this many seconds while the group lags, polling
-    #: its lag every ``watch_poll_s``, instead of one run per DAG run. 0: one run per DAG run.
+    #: Runs as a follow loop: the ingest DAG's one task runs micro-batches back to back (``wavepipe
+    #: follow``) for up to this many seconds from each DAG run's start (the lag watcher's or the
+    #: schedule's), polling the group's lag every ``watch_poll_s``. 0: one run per DAG run.
     follow_s: Annotated[Number, Field(ge=0, le=86_400), Rule("must be 0 (off) to 86400 seconds")] = 0.0
     #: ``wavepipe table vacuum`` (and the maintenance DAG) keeps the files an output table no
     #: longer uses for this many hours, for readers outside wavepipe still on an older version;
