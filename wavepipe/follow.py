@@ -8,7 +8,8 @@ the group's claim or the run's lock at its first micro-batch, says so and ends; 
 batch beside the first.
 
 Between micro-batches the loop asks Kafka for the group's lag (``consumers.lag.LagProbe``: two
-small requests) every ``poll_s`` and starts a run as soon as there is any. A micro-batch that
+small requests) every ``poll_s`` and starts a run as soon as there is any new (``Backlog``: a
+lag that a waveform still missing chunks holds back waits for new records). A micro-batch that
 fails (the engine died, a run-level expectation failed) is retried after a pause that doubles up
 to ``MAX_BACKOFF_S``; after ``max_failures`` failures in a row the loop ends with the last error.
 """
@@ -30,6 +31,9 @@ log = logging.getLogger("wavepipe.follow")
 
 #: The longest pause before a failed micro-batch is tried again.
 MAX_BACKOFF_S = 60.0
+#: How long the same backlog waits before it is run again when no new record came (a waveform
+#: still missing chunks holds the group's commit back; ``incomplete_after_s`` may end it by then).
+SAME_BACKLOG_S = 60.0
 
 
 class GroupBusyError(RuntimeError):
@@ -86,6 +90,23 @@ def batch_line(number: int, batch: dict) -> str:
     )
 
 
+@dataclass
+class Backlog:
+    """When the group's lag is worth a micro-batch: new records arrived since the last one (its
+    end offsets moved), the last one's cap left records it saw, or ``SAME_BACKLOG_S`` passed. So
+    a lag that only a waveform still missing chunks holds back (the run reads them, leaves them
+    pending, commits before them) does not start run after run on the same records."""
+
+    end: dict[int, int] | None = None
+    at: float = float("-inf")
+
+    def due(self, end: dict[int, int], now: float) -> bool:
+        return end != self.end or now - self.at >= SAME_BACKLOG_S
+
+    def ran(self, end: dict[int, int], now: float, left_by_cap: int) -> None:
+        self.end, self.at = (None if left_by_cap else dict(end)), now
+
+
 def backoff_s(failures: int) -> float:
     """The pause before trying again after ``failures`` failed micro-batches in a row."""
     return min(MAX_BACKOFF_S, 2.0 ** (failures - 1))
@@ -103,8 +124,9 @@ def follow(
     each run's ``RunRequest`` beside its topic and group (caps, a new group's start); ``on_batch``:
     called with each micro-batch's report."""
     from wavepipe.consumers.lag import LagProbe
+    from wavepipe.pipeline import left_by_cap
 
-    done, began, failures = Followed(), time.monotonic(), 0
+    done, began, failures, backlog = Followed(), time.monotonic(), 0, Backlog()
     probe = LagProbe(settings, settings.topic, settings.group)
     try:
         while True:
@@ -112,7 +134,8 @@ def follow(
             if ended:
                 done.ended = ended
                 return done
-            if not _has_work(settings, probe):
+            end = _work(settings, probe, backlog)
+            if end is None:
                 stop.wait(options.poll_s)
                 continue
             t = time.monotonic()
@@ -129,6 +152,7 @@ def follow(
                 stop.wait(pause)
                 continue
             failures = 0
+            backlog.ran(end, time.monotonic(), left_by_cap(report))
             done.batches.append(batch_summary(report, time.monotonic() - t))
             log.info("%s", batch_line(len(done.batches), done.batches[-1]))
             if on_batch is not None:
@@ -147,13 +171,14 @@ def _limit_reached(options: FollowOptions, done: Followed, began: float, stop: t
     return ""
 
 
-def _has_work(settings: Settings, probe) -> bool:
-    """The group lags, is new (its first run starts it, or is refused with the reason), or has
-    an unfinished run to resume."""
-    if RunStore(settings).active_run(settings.group) is not None:
-        return True
+def _work(settings: Settings, probe, backlog: Backlog) -> dict[int, int] | None:
+    """The topic's end offsets when a micro-batch is due (None: wait): the group has an
+    unfinished run to resume, is new (its first run starts it, or is refused with the reason), or
+    lags with a backlog that is ``due``."""
     lag = probe.measure(oldest=False)
-    return lag.new_group or lag.records > 0
+    if RunStore(settings).active_run(settings.group) is not None or lag.new_group:
+        return lag.end
+    return lag.end if lag.records > 0 and backlog.due(lag.end, time.monotonic()) else None
 
 
 def _one_batch(settings: Settings, request: dict) -> dict:

@@ -10,7 +10,7 @@ import time
 import pytest
 from confluent_kafka.admin import OffsetSpec
 
-from tests.helpers import assert_accounted, output_rows, run_cli, start_cli
+from tests.helpers import assert_accounted, output_rows, produce_in_order, run_cli, start_cli, waveform_records
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.spark_apps.tables import delta_row_count
@@ -86,3 +86,20 @@ def test_a_loop_killed_between_the_table_and_the_kafka_commit_resumes_and_a_seco
     (report,) = [r for r in _reports(settings) if not r.get("skipped")]
     assert report["outcome"]["new"] == len(sent), "the resumed run is the killed one, published once"
     assert_accounted(spark, settings, report)
+
+
+def test_a_lag_held_back_by_a_waveform_still_missing_chunks_starts_no_run_after_run(settings, spark):
+    """The group's commit stays before a waveform whose last chunks have not come, so its lag
+    stays above 0; the loop reads it once, then waits for new records instead of running the
+    same backlog again and again. When they come, the waveform completes, once."""
+    ensure_topic(settings)
+    records, checksum = waveform_records("late", 4, seed=21)
+    produce_in_order(settings, records[:2], partition=0)
+    code, out = run_cli(settings, "follow", "--poll", "0.2", "--max-seconds", "8", timeout=120)
+    assert code == 0 and out.count("micro-batch ") == 1 and "micro-batch 1: run " in out, out
+    (pending,) = [r for r in _reports(settings) if not r.get("skipped")]
+    assert pending["outcome"]["new"] == 0 and pending["outcome"]["pending"] == 1, pending["outcome"]
+    produce_in_order(settings, records[2:], partition=0)
+    code, out = run_cli(settings, "follow", "--poll", "0.2", "--max-batches", "1", timeout=300)
+    assert code == 0, out
+    assert [(r[0], r[1]) for r in output_rows(spark, settings)] == [("late", checksum)]

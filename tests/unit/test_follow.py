@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from wavepipe.contracts.errors import UsageError
-from wavepipe.follow import MAX_BACKOFF_S, FollowOptions, backoff_s, batch_line, batch_summary
+from wavepipe.follow import MAX_BACKOFF_S, SAME_BACKLOG_S, Backlog, FollowOptions, backoff_s, batch_line, batch_summary
 
 
 @pytest.mark.parametrize(
@@ -35,3 +35,14 @@ def test_a_micro_batch_line_says_what_it_published_how_fast_and_the_lag_it_left(
     assert "(20 records/s)" in line and line.endswith("lag after: 3 records")
     report["partitions"]["1"]["lag_after"] = None  # the end offsets could not be read
     assert batch_line(1, batch_summary(report, 0.0)).endswith("lag after: unknown")
+
+
+def test_the_same_backlog_waits_for_new_records_unless_a_cap_left_some_or_it_waited_long_enough():
+    backlog = Backlog()
+    assert backlog.due({0: 10}, now=0.0), "a first backlog is run"
+    backlog.ran({0: 10}, now=0.0, left_by_cap=0)
+    assert not backlog.due({0: 10}, now=5.0), "a waveform still missing chunks: no run after run"
+    assert backlog.due({0: 11}, now=5.0), "a new record"
+    assert backlog.due({0: 10}, now=SAME_BACKLOG_S), "long enough (incomplete_after_s may end it)"
+    backlog.ran({0: 10}, now=6.0, left_by_cap=40)
+    assert backlog.due({0: 10}, now=6.5), "a cap left records the run saw: the next one at once"
