@@ -22,6 +22,9 @@ and does I/O. Guarantees:
   output table, in one Spark write;
 * every staged record ends in one place: an output waveform, pending (incomplete, re-read next
   run from the partition's safe offset), quarantine (with a reason) or dead letter (with a reason).
+
+The joining of payloads itself is ``spark_apps/assembly.py`` (pure pyarrow); here Spark runs it
+where the bytes are.
 """
 
 from __future__ import annotations
@@ -41,18 +44,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from deltalake import write_deltalake
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema
 
-from wavepipe.contracts.config import Settings
 from wavepipe.contracts.plan import RunPlan, utc_now
-from wavepipe.contracts.protocol import checksum, output_facts
 from wavepipe.contracts.runfiles import RunStore, Step, staged_paths
 from wavepipe.contracts.steps import PartitionAccount, ReadStats, Reassembled, WindowRows
 from wavepipe.delta_protocol import repair_schema
 from wavepipe.faults import armed, failpoint
 from wavepipe.spark import phase
 from wavepipe.spark_apps.app import load_run, output_lock
+from wavepipe.spark_apps.assembly import ARROW_OUTPUT_SCHEMA, assemble_arrow, assemble_tasks
 from wavepipe.spark_apps.metadata import (
     CANDIDATE,
     DIGEST,
@@ -77,191 +78,10 @@ from wavepipe.spark_apps.tables import delta_version, id_rows
 
 log = logging.getLogger("wavepipe.reassemble")
 
-OUTPUT_SCHEMA = T.StructType(
-    [
-        T.StructField("waveform_id", T.StringType(), False),
-        T.StructField("source", T.StringType(), False),
-        T.StructField("start_time", T.TimestampType(), False),
-        T.StructField("date", T.DateType(), False),
-        T.StructField("dtype", T.StringType(), False),
-        T.StructField("channels", T.IntegerType(), False),
-        T.StructField("sample_rate", T.DoubleType(), False),
-        T.StructField("n_samples", T.LongType(), False),
-        T.StructField("duration_s", T.DoubleType(), False),
-        T.StructField("size_bytes", T.LongType(), False),
-        T.StructField("n_chunks", T.IntegerType(), False),
-        T.StructField("checksum", T.StringType(), False),
-        T.StructField("payload", T.BinaryType(), True),
-        T.StructField("topic", T.StringType(), False),
-        T.StructField("partition", T.IntegerType(), False),
-        T.StructField("first_offset", T.LongType(), False),
-        T.StructField("last_offset", T.LongType(), False),
-        T.StructField("checksum_ok", T.BooleanType(), False),
-    ]
-)
-# --- pure transformations ------------------------------------------------------------------------
-
-
-ARROW_OUTPUT_SCHEMA = to_arrow_schema(OUTPUT_SCHEMA, timezone="UTC")
+#: The output table's columns as Spark types (``assembly.ARROW_OUTPUT_SCHEMA``'s).
+OUTPUT_SCHEMA = from_arrow_schema(ARROW_OUTPUT_SCHEMA, prefer_timestamp_ntz=False)
 #: A waveform is one binary cell of one row: Spark and Arrow cap those near 2 GiB; keep margin.
 MAX_WAVEFORM_BYTES_LIMIT = 1024 * 1024 * 1024
-_FACTS = ("waveform_id", "source", "dtype", "channels", "sample_rate", "start_ns", "checksum", "topic")
-
-
-def output_row(
-    facts: dict, payload: bytes, n_chunks: int, partition: int, first_offset: int, last_offset: int, keep: bool = True
-) -> dict:
-    """One output row (a dict in OUTPUT_SCHEMA's order) for a joined payload; checksum verified,
-    payload dropped (None) when it does not match, or when not ``keep`` (verified only)."""
-    ok = checksum(payload) == facts["checksum"]
-    row = output_facts(facts, len(payload), n_chunks, partition, first_offset, last_offset)
-    return {**row, "payload": payload if ok and keep else None, "checksum_ok": ok}
-
-
-def _batch(rows: list[dict]) -> pa.RecordBatch:
-    columns = {name: [r[name] for r in rows] for name in ARROW_OUTPUT_SCHEMA.names}
-    arrays = []
-    for f in ARROW_OUTPUT_SCHEMA:
-        values = columns[f.name]
-        if pa.types.is_timestamp(f.type):
-            arrays.append(pa.array(values, pa.int64()).cast(f.type))
-        elif pa.types.is_date32(f.type):
-            arrays.append(pa.array(values, pa.int32()).cast(f.type))
-        else:
-            arrays.append(pa.array(values, f.type))
-    return pa.RecordBatch.from_arrays(arrays, schema=ARROW_OUTPUT_SCHEMA)
-
-
-#: Marks the error of a staged chunk file whose bytes changed after the reader hashed them.
-STAGED_CHANGED = "wavepipe: staged chunks changed on disk"
-
-
-def assemble_arrow(
-    table: pa.Table, failpoints: str | None = None, scope: str = "", strict: bool = False, verify_only: bool = False
-) -> pa.Table:
-    """One waveform's chunk rows -> one output row: chunks in sequence order (first copy of each),
-    payload joined, checksum verified. Runs in the Python workers; holds one waveform at a time.
-    ``strict``: a waveform verified before (by an earlier assembly) that no longer hashes to its
-    checksum raises an error marked ``STAGED_CHANGED``, as in ``assemble_file``; ``verify_only``:
-    the row comes back without its payload."""
-    order = sorted(
-        range(table.num_rows),
-        key=lambda i: (table["seq"][i].as_py(), table["partition"][i].as_py(), table["offset"][i].as_py()),
-    )
-    seqs = table["seq"].to_pylist()
-    payloads = table["payload"]
-    picked, seen = [], set()
-    for i in order:
-        if seqs[i] not in seen:
-            seen.add(seqs[i])
-            picked.append(i)
-    payload = b"".join(payloads[i].as_py() for i in picked)
-    facts = {name: table[name][picked[0]].as_py() for name in _FACTS}
-    offsets = table["offset"].to_pylist()
-    partitions = table["partition"].to_pylist()
-    first_chunk = min(range(table.num_rows), key=lambda i: (partitions[i], offsets[i]))
-    first, last = offsets[first_chunk], max(offsets)
-    row = output_row(facts, payload, len(picked), partitions[first_chunk], first, last, keep=not verify_only)
-    if strict and not row["checksum_ok"]:
-        raise RuntimeError(
-            f"{STAGED_CHANGED}: the chunks of {facts['waveform_id']} no longer hash to {facts['checksum']}"
-        )
-    failpoint("assemble.batch", failpoints, scope)
-    return pa.Table.from_batches([_batch([row])])
-
-
-def assemble_file(
-    path: str,
-    wanted: dict[str, str | None] | set[str],
-    strict: bool = False,
-    batch_bytes: int = Settings.model_fields["output_batch_bytes"].default,
-    verify_only: bool = False,
-) -> Iterator[pa.RecordBatch]:
-    """Whole waveforms from one staged file, streamed: the ``wanted`` ids (id -> ``wp-checksum``,
-    or a set: any checksum) must have every chunk carrying that checksum, once, in this file (one
-    Kafka partition); chunks of the same id with another checksum (another content under a reused
-    id) are not used. Holds only the waveforms whose chunks are still arriving (with keyed
-    producers, one or two) and one batch of output (``batch_bytes`` of payload, or one waveform);
-    stops reading once every wanted one is out.
-
-    ``strict`` (waveforms the reader verified as it staged them): a waveform that no longer hashes
-    to its checksum, or is not in the file, raises an error marked ``STAGED_CHANGED`` (the file
-    changed since it was read) instead of coming out with ``checksum_ok`` false. ``verify_only``:
-    the rows come back without their payloads (a reassembly verifying them; publish writes them)."""
-    wanted = wanted if isinstance(wanted, dict) else dict.fromkeys(wanted)
-    open_: dict[str, dict] = {}
-    rows: list[dict] = []
-    buffered = done = 0
-    staged = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering would read the whole file ahead
-    for batch in _row_group_batches(staged):
-        if done == len(wanted):
-            break
-        ids = batch.column("waveform_id").to_pylist()
-        if wanted.keys().isdisjoint(ids):
-            continue
-        checksums = batch.column("checksum").to_pylist()
-        seqs = batch.column("seq").to_pylist()
-        counts = batch.column("chunk_count").to_pylist()
-        offsets = batch.column("offset").to_pylist()
-        payloads = batch.column("payload")
-        for i, wid in enumerate(ids):
-            if wid not in wanted or wanted[wid] not in (None, checksums[i]):
-                continue
-            w = open_.get(wid)
-            if w is None:
-                facts = {name: batch.column(name)[i].as_py() for name in _FACTS}
-                w = open_[wid] = {
-                    "facts": facts,
-                    "parts": {},
-                    "partition": batch.column("partition")[i].as_py(),
-                    "first": offsets[i],
-                }
-            w["parts"][seqs[i]] = payloads[i].as_py()
-            if len(w["parts"]) == counts[i]:
-                del open_[wid]
-                payload = b"".join(w["parts"][k] for k in sorted(w["parts"]))
-                row = output_row(
-                    w["facts"], payload, counts[i], w["partition"], w["first"], offsets[i], not verify_only
-                )
-                if strict and not row["checksum_ok"]:
-                    raise RuntimeError(
-                        f"{STAGED_CHANGED}: {path}: the chunks of {wid} no longer hash to "
-                        f"{w['facts']['checksum']}, as they did when they were read"
-                    )
-                rows.append(row)
-                done += 1
-                buffered += len(payload) if not verify_only else 0
-                if buffered >= batch_bytes:
-                    yield _batch(rows)
-                    rows, buffered = [], 0
-    if open_:  # classify said these were complete in this file: the file changed under us
-        raise RuntimeError(
-            f"{STAGED_CHANGED if strict else 'staged chunks changed'}: {path}: {len(open_)} waveforms "
-            f"expected complete are not, e.g. {next(iter(open_))}"
-        )
-    if strict and done < len(wanted):
-        raise RuntimeError(
-            f"{STAGED_CHANGED}: {path}: {len(wanted) - done} waveforms it held when it was read are not in it"
-        )
-    if rows:
-        yield _batch(rows)
-
-
-def _row_group_batches(staged: pq.ParquetFile, rows: int = 256) -> Iterator[pa.RecordBatch]:
-    """One row group in memory at a time (the reader wrote them ``staging_flush_bytes`` big)."""
-    for index in range(staged.num_row_groups):
-        yield from staged.read_row_group(index).to_batches(max_chunksize=rows)
-
-
-def _assemble_tasks(
-    batches: Iterator[pa.RecordBatch], failpoints: str | None, scope: str, strict: bool, batch_bytes: int, verify: bool
-) -> Iterator[pa.RecordBatch]:
-    for batch in batches:
-        for path, ids in zip(batch.column("path").to_pylist(), batch.column("ids").to_pylist(), strict=True):
-            wanted = {w["waveform_id"]: w["checksum"] for w in ids}
-            for out in assemble_file(path, wanted, strict, batch_bytes, verify_only=verify):
-                yield out
-                failpoint("assemble.batch", failpoints, scope)
 
 
 def assemble_local(
@@ -285,7 +105,7 @@ def assemble_local(
     failpoints = armed()  # the workers (a Spark engine's) do not have this process's environment
 
     def tasks_of_this_run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return _assemble_tasks(batches, failpoints, scope, strict, batch_bytes, verify_only)
+        return assemble_tasks(batches, failpoints, scope, strict, batch_bytes, verify_only)
 
     local = spark.createDataFrame(tasks, "path string, ids array<struct<waveform_id: string, checksum: string>>")
     return local.mapInArrow(tasks_of_this_run, OUTPUT_SCHEMA)

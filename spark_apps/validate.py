@@ -53,15 +53,13 @@ from wavepipe.maintenance import table_paths
 from wavepipe.offline_docs import localize_site
 from wavepipe.spark import phase
 from wavepipe.spark_apps.app import load_run, output_lock
+from wavepipe.spark_apps.assembly import STAGED_CHANGED, assemble_arrow, assemble_file
 from wavepipe.spark_apps.reassemble import (
     MANIFEST_COLUMNS,
     MANIFEST_SCHEMA,
     SHUFFLED,
     STAGED,
-    STAGED_CHANGED,
     assemble,
-    assemble_arrow,
-    assemble_file,
     assemble_local,
     chunk_files,
     earlier_rows,

@@ -8,7 +8,7 @@ import pytest
 from tests.helpers import waveform_records
 from wavepipe.consumers.staging import CHUNK_SCHEMA, chunk_row
 from wavepipe.contracts.protocol import parse_chunk
-from wavepipe.spark_apps.reassemble import assemble, assemble_arrow
+from wavepipe.spark_apps.reassemble import assemble
 
 pytestmark = pytest.mark.integration
 
@@ -37,109 +37,6 @@ def test_assemble_orders_by_sequence_and_verifies(spark):
     assert row["checksum_ok"] and row["checksum"] == expected
     assert (row["n_chunks"], row["first_offset"], row["last_offset"]) == (4, 100, 104)
     assert bytes(row["payload"]) == b"".join(v for _, _, v in records)
-
-
-def test_assemble_arrow_flags_a_corrupt_payload_without_spark():
-    records, _ = waveform_records("w", 2, seed=3)
-    rows = _rows(records)
-    rows[1]["payload"] = bytes(len(rows[1]["payload"]))
-    out = assemble_arrow(pa.Table.from_pylist(rows, schema=CHUNK_SCHEMA)).to_pylist()[0]
-    assert out["checksum_ok"] is False and out["payload"] is None
-
-
-def test_assemble_file_streams_interleaved_waveforms_without_spark(tmp_path):
-    """The shuffle-free path: waveforms interleaved in one staged file, only the wanted ones."""
-    import pyarrow.parquet as pq
-
-    from wavepipe.spark_apps.reassemble import assemble_file
-
-    a, a_sum = waveform_records("a", 3, seed=1)
-    b, b_sum = waveform_records("b", 2, seed=2)
-    c, _ = waveform_records("c", 2, seed=3)
-    order = [a[0], b[0], c[0], a[1], b[1], c[1], a[2]]
-    rows = _rows(order, partition=1, first_offset=10)
-    rows[5]["payload"] = bytes(len(rows[5]["payload"]))  # c is corrupt but not wanted here
-    path = tmp_path / "staged.parquet"
-    pq.write_table(pa.Table.from_pylist(rows, schema=CHUNK_SCHEMA), path)
-    out = {r["waveform_id"]: r for batch in assemble_file(str(path), {"a", "b"}) for r in batch.to_pylist()}
-    assert set(out) == {"a", "b"}
-    assert out["a"]["payload"] == b"".join(v for _, _, v in a) and out["a"]["checksum"] == a_sum
-    assert out["b"]["payload"] == b"".join(v for _, _, v in b) and out["b"]["checksum"] == b_sum
-    assert (out["a"]["partition"], out["a"]["first_offset"], out["a"]["last_offset"], out["a"]["n_chunks"]) == (
-        1,
-        10,
-        16,
-        3,
-    )
-    assert all(r["checksum_ok"] for r in out.values())
-    # output_batch_bytes: a batch closes once it holds that many payload bytes (at least one waveform)
-    assert [batch.num_rows for batch in assemble_file(str(path), {"a", "b"})] == [2]
-    assert [batch.num_rows for batch in assemble_file(str(path), {"a", "b"}, batch_bytes=1)] == [1, 1]
-
-
-def test_assemble_file_refuses_a_wanted_waveform_that_is_not_complete_in_the_file(tmp_path):
-    import pyarrow.parquet as pq
-
-    from wavepipe.spark_apps.reassemble import assemble_file
-
-    a, _ = waveform_records("a", 3, seed=1)
-    path = tmp_path / "staged.parquet"
-    pq.write_table(pa.Table.from_pylist(_rows(a[:2]), schema=CHUNK_SCHEMA), path)
-    with pytest.raises(RuntimeError, match="expected complete are not"):
-        list(assemble_file(str(path), {"a"}))
-
-
-def test_assemble_file_strict_refuses_a_changed_or_missing_waveform_and_stops_after_the_last_wanted(tmp_path):
-    """At publish, the readers' hashes are checked again as the bytes are written: a staged file
-    changed since (a zeroed chunk, a waveform gone) is an error marked STAGED_CHANGED, not a row."""
-    import pyarrow.parquet as pq
-
-    from wavepipe.spark_apps.reassemble import STAGED_CHANGED, assemble_file
-
-    a, a_sum = waveform_records("a", 2, seed=1)
-    b, b_sum = waveform_records("b", 2, seed=2)
-    rows = _rows([*a, *b])
-    path = tmp_path / "staged.parquet"
-    pq.write_table(pa.Table.from_pylist(rows, schema=CHUNK_SCHEMA), path, row_group_size=2)
-    # only the first row group is needed for a: the damaged second one is never read
-    damaged = [dict(r) for r in rows]
-    damaged[3]["payload"] = bytes(len(damaged[3]["payload"]))
-    pq.write_table(pa.Table.from_pylist(damaged, schema=CHUNK_SCHEMA), path, row_group_size=2)
-    (out,) = [r for batch in assemble_file(str(path), {"a": a_sum}, strict=True) for r in batch.to_pylist()]
-    assert out["waveform_id"] == "a" and out["checksum_ok"]
-    with pytest.raises(RuntimeError, match=f"{STAGED_CHANGED}: .*b no longer hash to {b_sum}"):
-        list(assemble_file(str(path), {"a": a_sum, "b": b_sum}, strict=True))
-    with pytest.raises(RuntimeError, match=f"{STAGED_CHANGED}: .*1 waveforms it held when it was read are not in it"):
-        list(assemble_file(str(path), {"a": a_sum, "gone": a_sum}, strict=True))
-    assert [r["checksum_ok"] for batch in assemble_file(str(path), {"b": b_sum}) for r in batch.to_pylist()] == [False]
-
-
-def test_a_verifying_assembly_brings_rows_back_without_payloads_and_publish_refuses_changed_chunks(tmp_path):
-    """A reassembly verifies out-of-order waveforms without keeping their bytes (``verify_only``:
-    the row and ``checksum_ok``, no payload); publish assembles them again strictly, so chunks
-    damaged since are an error marked STAGED_CHANGED, never a row, in both assemblies."""
-    import pyarrow.parquet as pq
-
-    from wavepipe.spark_apps.reassemble import STAGED_CHANGED, assemble_file
-
-    a, a_sum = waveform_records("a", 3, seed=3)
-    rows = _rows([a[2], a[0], a[1]])  # out of order in its one staged file
-    path = tmp_path / "staged.parquet"
-    pq.write_table(pa.Table.from_pylist(rows, schema=CHUNK_SCHEMA), path)
-    (verified,) = [r for b in assemble_file(str(path), {"a": a_sum}, verify_only=True) for r in b.to_pylist()]
-    assert verified["checksum_ok"] and verified["payload"] is None and verified["size_bytes"] > 0
-    (written,) = [r for b in assemble_file(str(path), {"a": a_sum}, strict=True) for r in b.to_pylist()]
-    assert written["payload"] is not None and {**written, "payload": None} == verified
-    table = pa.Table.from_pylist(rows, schema=CHUNK_SCHEMA)
-    assert assemble_arrow(table, verify_only=True).to_pylist() == [verified]
-    damaged = table.set_column(
-        table.schema.get_field_index("payload"),
-        "payload",
-        pa.array([bytes(len(r["payload"])) for r in rows], pa.binary()),
-    )
-    assert assemble_arrow(damaged).to_pylist()[0]["checksum_ok"] is False
-    with pytest.raises(RuntimeError, match=f"{STAGED_CHANGED}: the chunks of a no longer hash to {a_sum}"):
-        assemble_arrow(damaged, strict=True)
 
 
 def test_a_publish_append_commits_once_per_transaction_id(spark, tmp_path):

@@ -1,0 +1,222 @@
+"""Payload assembly: one waveform's chunks in, one checked output row out. Pure pyarrow.
+
+No Spark here (``tests/unit/test_assembly.py`` checks that importing this module loads none): the
+functions run wherever the bytes are, in a Spark engine's Python workers (``mapInArrow``,
+``applyInArrow`` in ``reassemble.py``) or in the run's own process (the plot in ``validate.py``).
+
+* ``assemble_file`` streams one staged file (one Kafka partition's chunks, as its reader wrote
+  them) and joins the waveforms asked for, holding only those whose chunks are still arriving;
+* ``assemble_arrow`` joins one waveform from its chunk rows wherever they were staged (in
+  sequence order, the first copy of each chunk);
+* every joined payload is hashed against its ``wp-checksum``: a mismatch gives a row with
+  ``checksum_ok`` false and no payload, or (``strict``, bytes verified before) an error marked
+  ``STAGED_CHANGED``: the staged file changed on disk since.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from wavepipe.contracts.config import Settings
+from wavepipe.contracts.protocol import checksum, output_facts
+from wavepipe.faults import failpoint
+
+#: The output table's columns (Spark's ``reassemble.OUTPUT_SCHEMA`` is made from these).
+ARROW_OUTPUT_SCHEMA = pa.schema(
+    [
+        pa.field("waveform_id", pa.string(), False),
+        pa.field("source", pa.string(), False),
+        pa.field("start_time", pa.timestamp("us", tz="UTC"), False),
+        pa.field("date", pa.date32(), False),
+        pa.field("dtype", pa.string(), False),
+        pa.field("channels", pa.int32(), False),
+        pa.field("sample_rate", pa.float64(), False),
+        pa.field("n_samples", pa.int64(), False),
+        pa.field("duration_s", pa.float64(), False),
+        pa.field("size_bytes", pa.int64(), False),
+        pa.field("n_chunks", pa.int32(), False),
+        pa.field("checksum", pa.string(), False),
+        pa.field("payload", pa.binary(), True),
+        pa.field("topic", pa.string(), False),
+        pa.field("partition", pa.int32(), False),
+        pa.field("first_offset", pa.int64(), False),
+        pa.field("last_offset", pa.int64(), False),
+        pa.field("checksum_ok", pa.bool_(), False),
+    ]
+)
+#: Marks the error of a staged chunk file whose bytes changed after the reader hashed them.
+STAGED_CHANGED = "wavepipe: staged chunks changed on disk"
+#: The chunk columns every chunk of a waveform repeats (those of its output row).
+_FACTS = ("waveform_id", "source", "dtype", "channels", "sample_rate", "start_ns", "checksum", "topic")
+_DEFAULT_BATCH_BYTES = Settings.model_fields["output_batch_bytes"].default
+
+
+def output_row(
+    facts: dict, payload: bytes, n_chunks: int, partition: int, first_offset: int, last_offset: int, keep: bool = True
+) -> dict:
+    """One output row (a dict in ARROW_OUTPUT_SCHEMA's order) for a joined payload; checksum
+    verified, payload dropped (None) when it does not match, or when not ``keep`` (verified only)."""
+    ok = checksum(payload) == facts["checksum"]
+    row = output_facts(facts, len(payload), n_chunks, partition, first_offset, last_offset)
+    return {**row, "payload": payload if ok and keep else None, "checksum_ok": ok}
+
+
+def output_batch(rows: list[dict]) -> pa.RecordBatch:
+    """``output_row``s as one record batch of ARROW_OUTPUT_SCHEMA (times in microseconds, dates
+    in days, as ``output_facts`` gives them)."""
+    arrays = []
+    for f in ARROW_OUTPUT_SCHEMA:
+        values = [r[f.name] for r in rows]
+        if pa.types.is_timestamp(f.type):
+            arrays.append(pa.array(values, pa.int64()).cast(f.type))
+        elif pa.types.is_date32(f.type):
+            arrays.append(pa.array(values, pa.int32()).cast(f.type))
+        else:
+            arrays.append(pa.array(values, f.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=ARROW_OUTPUT_SCHEMA)
+
+
+def _changed(message: str) -> RuntimeError:
+    return RuntimeError(f"{STAGED_CHANGED}: {message}")
+
+
+def assemble_arrow(
+    table: pa.Table, failpoints: str | None = None, scope: str = "", strict: bool = False, verify_only: bool = False
+) -> pa.Table:
+    """One waveform's chunk rows -> one output row: chunks in sequence order (first copy of each),
+    payload joined, checksum verified. Holds one waveform at a time. ``strict``: a waveform
+    verified before (by an earlier assembly) that no longer hashes to its checksum raises an error
+    marked ``STAGED_CHANGED``, as in ``assemble_file``; ``verify_only``: the row comes back
+    without its payload. ``failpoints``, ``scope``: the run's armed failpoints (``wavepipe.faults``)."""
+    seqs, partitions, offsets = (table[name].to_pylist() for name in ("seq", "partition", "offset"))
+    order = sorted(range(table.num_rows), key=lambda i: (seqs[i], partitions[i], offsets[i]))
+    picked, seen = [], set()
+    for i in order:
+        if seqs[i] not in seen:
+            seen.add(seqs[i])
+            picked.append(i)
+    payload = b"".join(table["payload"][i].as_py() for i in picked)
+    facts = {name: table[name][picked[0]].as_py() for name in _FACTS}
+    first_chunk = min(range(table.num_rows), key=lambda i: (partitions[i], offsets[i]))
+    first, last = offsets[first_chunk], max(offsets)
+    row = output_row(facts, payload, len(picked), partitions[first_chunk], first, last, keep=not verify_only)
+    if strict and not row["checksum_ok"]:
+        raise _changed(f"the chunks of {facts['waveform_id']} no longer hash to {facts['checksum']}")
+    failpoint("assemble.batch", failpoints, scope)
+    return pa.Table.from_batches([output_batch([row])])
+
+
+class _FileJoin:
+    """The wanted waveforms of one staged file being joined, fed one record batch at a time.
+    ``wanted``: id -> ``wp-checksum`` (None: any); chunks of a wanted id under another checksum
+    (another content under a reused id) are not used."""
+
+    def __init__(self, path: str, wanted: dict[str, str | None], strict: bool, verify_only: bool):
+        self.path, self.wanted, self.strict, self.keep = path, wanted, strict, not verify_only
+        self.open: dict[str, dict] = {}  # id -> its facts, where it starts, its chunks so far
+        self.done = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.done == len(self.wanted)
+
+    def feed(self, batch: pa.RecordBatch) -> Iterator[dict]:
+        """The output rows of the wanted waveforms whose last chunk is in ``batch``."""
+        ids = batch.column("waveform_id").to_pylist()
+        if self.wanted.keys().isdisjoint(ids):
+            return
+        cols = {name: batch.column(name).to_pylist() for name in ("checksum", "seq", "chunk_count", "offset")}
+        for i, wid in enumerate(ids):
+            if wid in self.wanted and self.wanted[wid] in (None, cols["checksum"][i]):
+                parts = self._chunks_of(wid, batch, i)
+                parts[cols["seq"][i]] = batch.column("payload")[i].as_py()
+                if len(parts) == cols["chunk_count"][i]:
+                    yield self._joined(wid, cols["offset"][i])
+
+    def _chunks_of(self, wid: str, batch: pa.RecordBatch, i: int) -> dict[int, bytes]:
+        if wid not in self.open:
+            facts = {name: batch.column(name)[i].as_py() for name in _FACTS}
+            partition, first = batch.column("partition")[i].as_py(), batch.column("offset")[i].as_py()
+            self.open[wid] = {"facts": facts, "partition": partition, "first": first, "parts": {}}
+        return self.open[wid]["parts"]
+
+    def _joined(self, wid: str, last_offset: int) -> dict:
+        w = self.open.pop(wid)
+        payload = b"".join(w["parts"][k] for k in sorted(w["parts"]))
+        row = output_row(w["facts"], payload, len(w["parts"]), w["partition"], w["first"], last_offset, self.keep)
+        if self.strict and not row["checksum_ok"]:
+            expected = w["facts"]["checksum"]
+            raise _changed(
+                f"{self.path}: the chunks of {wid} no longer hash to {expected}, as they did when they were read"
+            )
+        self.done += 1
+        return row
+
+    def check_complete(self) -> None:
+        """An error when the file ended without what its classification promised."""
+        if self.open:  # classify said these were complete in this file: the file changed under us
+            what = STAGED_CHANGED if self.strict else "staged chunks changed"
+            example = next(iter(self.open))
+            raise RuntimeError(
+                f"{what}: {self.path}: {len(self.open)} waveforms expected complete are not, e.g. {example}"
+            )
+        if self.strict and not self.finished:
+            missing = len(self.wanted) - self.done
+            raise _changed(f"{self.path}: {missing} waveforms it held when it was read are not in it")
+
+
+def assemble_file(
+    path: str,
+    wanted: dict[str, str | None] | set[str],
+    strict: bool = False,
+    batch_bytes: int = _DEFAULT_BATCH_BYTES,
+    verify_only: bool = False,
+) -> Iterator[pa.RecordBatch]:
+    """Whole waveforms from one staged file, streamed: the ``wanted`` ids (id -> ``wp-checksum``,
+    or a set: any checksum) must have every chunk carrying that checksum, once, in this file (one
+    Kafka partition). Holds only the waveforms whose chunks are still arriving (with keyed
+    producers, one or two) and one batch of output (``batch_bytes`` of payload, or one waveform);
+    stops reading once every wanted one is out.
+
+    ``strict`` (waveforms the reader verified as it staged them): a waveform that no longer hashes
+    to its checksum, or is not in the file, raises an error marked ``STAGED_CHANGED`` (the file
+    changed since it was read) instead of coming out with ``checksum_ok`` false. ``verify_only``:
+    the rows come back without their payloads (a reassembly verifying them; publish writes them)."""
+    join = _FileJoin(path, wanted if isinstance(wanted, dict) else dict.fromkeys(wanted), strict, verify_only)
+    rows: list[dict] = []
+    buffered = 0
+    staged = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering would read the whole file ahead
+    for batch in _row_group_batches(staged):
+        if join.finished:
+            break
+        for row in join.feed(batch):
+            rows.append(row)
+            buffered += 0 if verify_only else row["size_bytes"]
+            if buffered >= batch_bytes:
+                yield output_batch(rows)
+                rows, buffered = [], 0
+    join.check_complete()
+    if rows:
+        yield output_batch(rows)
+
+
+def _row_group_batches(staged: pq.ParquetFile, rows: int = 256) -> Iterator[pa.RecordBatch]:
+    """One row group in memory at a time (the reader wrote them ``staging_flush_bytes`` big)."""
+    for index in range(staged.num_row_groups):
+        yield from staged.read_row_group(index).to_batches(max_chunksize=rows)
+
+
+def assemble_tasks(
+    batches: Iterator[pa.RecordBatch], failpoints: str | None, scope: str, strict: bool, batch_bytes: int, verify: bool
+) -> Iterator[pa.RecordBatch]:
+    """``assemble_file`` over tasks: record batches of (``path``, ``ids``: a list of
+    ``{waveform_id, checksum}``), one staged file and the waveforms wanted from it per row."""
+    for batch in batches:
+        for path, ids in zip(batch.column("path").to_pylist(), batch.column("ids").to_pylist(), strict=True):
+            wanted = {w["waveform_id"]: w["checksum"] for w in ids}
+            for out in assemble_file(path, wanted, strict, batch_bytes, verify_only=verify):
+                yield out
+                failpoint("assemble.batch", failpoints, scope)
