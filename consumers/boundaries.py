@@ -31,7 +31,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -253,56 +253,53 @@ def scan_boundaries(
             "max.partition.fetch.bytes": 4 * 1024 * 1024,
         },
     )
-    chunks: list[ChunkPosition] = []
-    back = fwd = offset
-    records = 0
-    window = INITIAL_WINDOW
-    need_back = need_fwd = True
     try:
-        while True:
-            if need_back and back > floor:
-                new_back = max(floor, offset - window)
-                got, n = read_positions(consumer, topic, partition, new_back, back)
-                chunks, back, records = got + chunks, new_back, records + n
-            if need_fwd and fwd < ceiling:
-                new_fwd = min(ceiling, offset + window)
-                got, n = read_positions(consumer, topic, partition, fwd, new_fwd)
-                chunks, fwd, records = chunks + got, new_fwd, records + n
-            result = decide_boundaries(chunks, offset, end_reached=fwd >= high)
-            need_back = bool(result.unresolved or result.headless) and back > floor
-            need_fwd = bool(result.incomplete) and fwd < ceiling
-            if not (need_back or need_fwd):
-                break
-            window *= 2
+        found = _widening_scan(consumer, topic, partition, offset, (floor, ceiling), end=high)
     finally:
         consumer.close()
     notes = []
-    if result.unresolved:
+    if found.unresolved:
+        limit = "the earliest retained" if found.scanned_from <= low else "the scan limit"
         notes.append(
-            f"waveform(s) {', '.join(result.unresolved[:5])} started before offset {back} "
-            f"({'the earliest retained' if back <= low else 'the scan limit'}) and cannot be completed"
+            f"waveform(s) {', '.join(found.unresolved[:5])} started before offset {found.scanned_from} "
+            f"({limit}) and cannot be completed"
         )
     log.info(
         "%s[%d] around %d: first %d, close %d (scanned [%d, %d), %d records)",
         topic,
         partition,
         offset,
-        result.first_offset,
-        result.close_offset,
-        back,
-        fwd,
-        records,
+        found.first_offset,
+        found.close_offset,
+        found.scanned_from,
+        found.scanned_to,
+        found.records_scanned,
     )
-    return Boundaries(
-        offset=offset,
-        first_offset=result.first_offset,
-        close_offset=result.close_offset,
-        snapped_for=result.snapped_for,
-        unresolved=result.unresolved,
-        incomplete=result.incomplete,
-        headless=result.headless,
-        scanned_from=back,
-        scanned_to=fwd,
-        records_scanned=records,
-        notes=notes,
-    )
+    return replace(found, notes=notes)
+
+
+def _widening_scan(consumer, topic: str, partition: int, offset: int, limits: tuple[int, int], end: int) -> Boundaries:
+    """``decide_boundaries`` on the records read around ``offset``, from ``INITIAL_WINDOW`` on
+    each side, doubling while a side still needs more (see ``scan_boundaries``) and within
+    ``limits`` (floor, ceiling); ``end``: the partition's last stable offset."""
+    floor, ceiling = limits
+    chunks: list[ChunkPosition] = []
+    back = fwd = offset
+    records = 0
+    window = INITIAL_WINDOW
+    need_back = need_fwd = True
+    while True:
+        if need_back and back > floor:
+            new_back = max(floor, offset - window)
+            got, n = read_positions(consumer, topic, partition, new_back, back)
+            chunks, back, records = got + chunks, new_back, records + n
+        if need_fwd and fwd < ceiling:
+            new_fwd = min(ceiling, offset + window)
+            got, n = read_positions(consumer, topic, partition, fwd, new_fwd)
+            chunks, fwd, records = chunks + got, new_fwd, records + n
+        result = decide_boundaries(chunks, offset, end_reached=fwd >= end)
+        need_back = bool(result.unresolved or result.headless) and back > floor
+        need_fwd = bool(result.incomplete) and fwd < ceiling
+        if not (need_back or need_fwd):
+            return replace(result, scanned_from=back, scanned_to=fwd, records_scanned=records)
+        window *= 2

@@ -175,6 +175,28 @@ def _commit_offsets(
         if dlq:  # its dead letters went out with that commit: the ledger may not say so yet
             record_published(settings, plan.topic, _published_by_commit(plan, current, dlq))
         return {p: {"before": plan.expected_committed(p), "after": safe[p]} for p in partitions}
+    _refuse_if_moved(plan, before, safe)
+    counts = {}
+    if dlq:
+        counts = _commit_with_dead_letters(settings, plan, safe, current, dead_letters)
+    else:
+        _commit_plain(
+            settings,
+            plan,
+            [TopicPartition(plan.topic, p, safe[p], metadata=commit_metadata(plan, p)) for p in partitions],
+        )
+    after = {p: offset for p, (offset, _) in committed_positions(settings, plan.group, plan.topic, partitions).items()}
+    for p in partitions:
+        if after[p] != safe[p]:
+            raise OffsetsMovedError(f"{plan.topic}[{p}]: committed {after[p]} but wanted {safe[p]}")
+    log.info("run %s committed %s", plan.run_id, after)
+    extra = (lambda p: {"dead_letters_published": counts.get(p, 0)}) if dlq else (lambda p: {})
+    return {p: {"before": before[p], "after": after[p], **extra(p)} for p in partitions}
+
+
+def _refuse_if_moved(plan: RunPlan, before: dict[int, int | None], safe: dict[int, int]) -> None:
+    """``OffsetsMovedError`` when a partition's committed offset is neither where the plan found
+    it nor the run's own safe offset: someone else moved the group during the run."""
     moved = []
     for r in plan.ranges:
         now, expected = before[r.partition], plan.expected_committed(r.partition)
@@ -186,46 +208,51 @@ def _commit_offsets(
             f"group {plan.group!r} moved during run {plan.run_id}: {'; '.join(moved)}. Nothing was committed; "
             "the group is released and the output is idempotent, so start a new run to continue from the group's offsets."
         )
-    published, counts = {}, {}
-    if dlq:
-        ledger = ledger_published(settings, plan.topic)
-        published = {
-            p: merge_intervals(published_in_metadata(current[p][1], dlq) + ledger.get(p, [])) for p in partitions
-        }
-        lost = {int(p): r for p, r in ((plan.recovered or {}).get("ranges") or {}).items()}  # its dead letters too
-        after_commit = {
-            r.partition: merge_intervals(published[r.partition] + [[r.start, r.end]] + [lost.get(r.partition, [0, 0])])
-            for r in plan.ranges
-        }
-        to_commit = [
-            TopicPartition(plan.topic, p, safe[p], metadata=commit_metadata(plan, p, after_commit[p], dlq))
-            for p in partitions
-        ]
-        rows = (
-            row
-            for row in (dead_letters(published) if dead_letters else ())
-            if not covers(published.get(row["partition"], []), row["offset"])
-        )
-        counts = _commit_in_transaction(settings, plan, to_commit, rows)
-        record_published(settings, plan.topic, after_commit)
-        log.info("run %s: %d dead letters published to %s with the offsets", plan.run_id, sum(counts.values()), dlq)
-    else:
-        to_commit = [TopicPartition(plan.topic, p, safe[p], metadata=commit_metadata(plan, p)) for p in partitions]
-        consumer = group_consumer(settings, plan.group)
-        try:
-            result = consumer.commit(offsets=to_commit, asynchronous=False)
-        finally:
-            consumer.close()
-        failed = [f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in result or [] if tp.error is not None]
-        if failed:
-            raise OffsetsMovedError(f"commit of run {plan.run_id} failed for {', '.join(failed)}")
-    after = {p: offset for p, (offset, _) in committed_positions(settings, plan.group, plan.topic, partitions).items()}
-    for p in partitions:
-        if after[p] != safe[p]:
-            raise OffsetsMovedError(f"{plan.topic}[{p}]: committed {after[p]} but wanted {safe[p]}")
-    log.info("run %s committed %s", plan.run_id, after)
-    extra = (lambda p: {"dead_letters_published": counts.get(p, 0)}) if dlq else (lambda p: {})
-    return {p: {"before": before[p], "after": after[p], **extra(p)} for p in partitions}
+
+
+def _commit_plain(settings: Settings, plan: RunPlan, to_commit: list[TopicPartition]) -> None:
+    consumer = group_consumer(settings, plan.group)
+    try:
+        result = consumer.commit(offsets=to_commit, asynchronous=False)
+    finally:
+        consumer.close()
+    failed = [f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in result or [] if tp.error is not None]
+    if failed:
+        raise OffsetsMovedError(f"commit of run {plan.run_id} failed for {', '.join(failed)}")
+
+
+def _commit_with_dead_letters(
+    settings: Settings,
+    plan: RunPlan,
+    safe: dict[int, int],
+    current: dict[int, tuple[int | None, str | None]],
+    dead_letters: Callable[[dict[int, Intervals]], Iterable[dict]] | None,
+) -> dict[int, int]:
+    """The offsets and the run's dead letters not published before, in one Kafka transaction;
+    the offsets' metadata and the ledger record what is published by then. Returns the dead
+    letters published per partition."""
+    dlq = settings.dead_letter_topic
+    partitions = [r.partition for r in plan.ranges]
+    ledger = ledger_published(settings, plan.topic)
+    published = {p: merge_intervals(published_in_metadata(current[p][1], dlq) + ledger.get(p, [])) for p in partitions}
+    lost = {int(p): r for p, r in ((plan.recovered or {}).get("ranges") or {}).items()}  # its dead letters too
+    after_commit = {
+        r.partition: merge_intervals(published[r.partition] + [[r.start, r.end]] + [lost.get(r.partition, [0, 0])])
+        for r in plan.ranges
+    }
+    to_commit = [
+        TopicPartition(plan.topic, p, safe[p], metadata=commit_metadata(plan, p, after_commit[p], dlq))
+        for p in partitions
+    ]
+    rows = (
+        row
+        for row in (dead_letters(published) if dead_letters else ())
+        if not covers(published.get(row["partition"], []), row["offset"])
+    )
+    counts = _commit_in_transaction(settings, plan, to_commit, rows)
+    record_published(settings, plan.topic, after_commit)
+    log.info("run %s: %d dead letters published to %s with the offsets", plan.run_id, sum(counts.values()), dlq)
+    return counts
 
 
 def _published_by_commit(

@@ -242,24 +242,10 @@ def _plan_incremental(
     for p, move in moved.items():
         log.warning(
             "run %s: %s[%d] was moved from %s to %s by %s since this home's last commit",
-            run_id,
-            topic,
-            p,
-            move["from"],
-            move["to"],
-            move["by"],
+            *(run_id, topic, p, move["from"], move["to"], move["by"]),
         )
     ranges, lost = planned_ranges(topic, starts, earliest, stable, cap, previous)
-    gaps = [f"{topic}[{p}] [{a}, {b})" for p, (a, b) in sorted(lost.items())]
-    if gaps and not skip_lost_offsets:
-        raise RetentionGapError(
-            f"group {group!r} is behind what {topic} still retains: offsets {', '.join(gaps)} were "
-            f"deleted before they were read. Nothing was read. To accept the loss and go on from the "
-            f"earliest retained offsets, run with --skip-lost-offsets (DAG param skip_lost_offsets); "
-            f"the run's report records the skipped ranges."
-        )
-    if gaps:
-        log.warning("run %s: skipping offsets the topic no longer retains: %s", run_id, ", ".join(gaps))
+    _skip_or_refuse_lost(run_id, group, topic, lost, skip_lost_offsets)
     return RunPlan.new(
         run_id,
         topic,
@@ -276,6 +262,20 @@ def _plan_incremental(
         committed_by=committed_by,
         recovered=recovered,
     )
+
+
+def _skip_or_refuse_lost(run_id: str, group: str, topic: str, lost: dict[int, list[int]], skip: bool) -> None:
+    """Offsets the topic deleted before the group read them: a refusal, or (``skip``) a warning."""
+    gaps = [f"{topic}[{p}] [{a}, {b})" for p, (a, b) in sorted(lost.items())]
+    if gaps and not skip:
+        raise RetentionGapError(
+            f"group {group!r} is behind what {topic} still retains: offsets {', '.join(gaps)} were "
+            f"deleted before they were read. Nothing was read. To accept the loss and go on from the "
+            f"earliest retained offsets, run with --skip-lost-offsets (DAG param skip_lost_offsets); "
+            f"the run's report records the skipped ranges."
+        )
+    if gaps:
+        log.warning("run %s: skipping offsets the topic no longer retains: %s", run_id, ", ".join(gaps))
 
 
 def planned_ranges(

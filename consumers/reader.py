@@ -112,48 +112,59 @@ def _consume(
             messages = consumer.consume(num_messages=want, timeout=0.5)
             now = time.monotonic()
             if not messages:
-                if _position(consumer, tp) >= rng.end:
-                    break
-                if now - last_progress > settings.reader_stall_timeout_s:
-                    raise ReaderError(
-                        f"{rng.topic}[{rng.partition}]: no progress for {settings.reader_stall_timeout_s:.0f}s "
-                        f"at offset {_position(consumer, tp)}, planned end {rng.end}. Is the broker up "
-                        f"(wavepipe kafka status)? Retrying the task re-reads the same range."
-                    )
+                done = _idle_done(consumer, tp, rng, now - last_progress, settings.reader_stall_timeout_s)
                 continue
             last_progress = now
             for msg in messages:
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        if msg.offset() < rng.end:
-                            raise ReaderError(
-                                f"{rng.topic}[{rng.partition}] ends at {msg.offset()} but the plan reads to "
-                                f"{rng.end}: the log was truncated after planning. Re-plan the run."
-                            )
-                        done = True
-                        break
-                    if err.code() == KafkaError._AUTO_OFFSET_RESET:
-                        raise ReaderError(
-                            f"{rng.topic}[{rng.partition}]: offset {rng.start} was deleted (retention) after this "
-                            f"run was planned ({err.str()}); retries of this plan cannot succeed. Release it with "
-                            f"`wavepipe abandon` and start a new run: it names the lost range, and "
-                            f"--skip-lost-offsets goes on past it."
-                        )
-                    raise KafkaException(err)
-                offset = msg.offset()
-                if offset >= rng.end:
-                    done = True
+                done = _past_range(msg, rng)
+                if done:
                     break
                 _stage(msg, rng, stats, chunks, dead, digests, hashing)
-                if offset == rng.end - 1:
-                    done = True
+                done = msg.offset() == rng.end - 1
+                if done:
                     break
             if now - last_report >= PROGRESS_EVERY_S:
                 last_report = now
                 log.info("%s", progress_line(rng, stats, now - began))
     finally:
         consumer.close()
+
+
+def _idle_done(consumer, tp: TopicPartition, rng: OffsetRange, idle_s: float, stall_timeout_s: float) -> bool:
+    """After a poll that brought nothing: True when the range is read to its end; an error when
+    nothing came for ``stall_timeout_s``."""
+    if _position(consumer, tp) >= rng.end:
+        return True
+    if idle_s > stall_timeout_s:
+        raise ReaderError(
+            f"{rng.topic}[{rng.partition}]: no progress for {stall_timeout_s:.0f}s "
+            f"at offset {_position(consumer, tp)}, planned end {rng.end}. Is the broker up "
+            f"(wavepipe kafka status)? Retrying the task re-reads the same range."
+        )
+    return False
+
+
+def _past_range(msg, rng: OffsetRange) -> bool:
+    """True when ``msg`` ends the range (the partition's end, or an offset past the plan's); an
+    error for a log truncated after planning, an offset deleted since, or any other Kafka error."""
+    err = msg.error()
+    if err is None:
+        return msg.offset() >= rng.end
+    if err.code() == KafkaError._PARTITION_EOF:
+        if msg.offset() < rng.end:
+            raise ReaderError(
+                f"{rng.topic}[{rng.partition}] ends at {msg.offset()} but the plan reads to "
+                f"{rng.end}: the log was truncated after planning. Re-plan the run."
+            )
+        return True
+    if err.code() == KafkaError._AUTO_OFFSET_RESET:
+        raise ReaderError(
+            f"{rng.topic}[{rng.partition}]: offset {rng.start} was deleted (retention) after this "
+            f"run was planned ({err.str()}); retries of this plan cannot succeed. Release it with "
+            f"`wavepipe abandon` and start a new run: it names the lost range, and "
+            f"--skip-lost-offsets goes on past it."
+        )
+    raise KafkaException(err)
 
 
 def progress_line(rng: OffsetRange, stats: ReadStats, seconds: float) -> str:

@@ -314,44 +314,13 @@ def plan_rewind(
         when = target.value if target.mode == "datetime" else datetime.now(UTC) - target.value
         instant = when.isoformat(timespec="milliseconds")
         by_time = list_offsets(settings, topic, selected, OffsetSpec.for_timestamp(int(when.timestamp() * 1000)))
-    rows, outside = [], []
-    for p in selected:
-        requested = _requested(target, committed[p], earliest[p], end[p], by_time, p)
-        offset, out_of_range = clamp(requested, earliest[p], end[p], force=force)
-        notes, snapped_from, clamped_from = [], None, None
-        if out_of_range:
-            outside.append(f"{topic}[{p}] {requested} is outside the retained range [{earliest[p]}, {end[p]}]")
-            if force:
-                clamped_from = requested
-                notes.append(f"clamped from {requested}")
-            else:
-                notes.append(f"outside retained [{earliest[p]}, {end[p]}]")
-        final = offset
-        if not out_of_range or force:
-            bounds = scan_boundaries(settings, topic, p, offset, low=earliest[p], high=end[p], max_scan=max_scan)
-            if bounds.first_offset != offset:
-                snapped_from, final = offset, bounds.first_offset
-                notes.append(
-                    f"snapped from {offset} to the first chunk of {', '.join(bounds.snapped_for[:3])}"
-                    + (" ..." if len(bounds.snapped_for) > 3 else "")
-                )
-            notes += bounds.notes
-        if final == committed[p] and not notes:
-            notes.append("unchanged")
-        rows.append(
-            PartitionRewind(
-                partition=p,
-                committed=committed[p],
-                earliest=earliest[p],
-                end=end[p],
-                requested=requested,
-                final=final,
-                snapped_from=snapped_from,
-                clamped_from=clamped_from,
-                out_of_range=out_of_range,
-                note="; ".join(notes),
-            )
-        )
+    known = _Known(committed, earliest, end, by_time)
+    rows = [_partition_rewind(settings, topic, p, target, known, force, max_scan) for p in selected]
+    outside = [
+        f"{topic}[{r.partition}] {r.requested} is outside the retained range [{r.earliest}, {r.end}]"
+        for r in rows
+        if r.out_of_range
+    ]
     if outside and not force:
         refusals.append(
             f"{'; '.join(outside)}. Kafka no longer has (or does not yet have) those offsets: pick a target "
@@ -370,6 +339,51 @@ def plan_rewind(
     if refusals:
         raise RewindRefused(f"rewind of group {group!r} refused: " + " | ".join(refusals), plan)
     return plan
+
+
+@dataclass(frozen=True)
+class _Known:
+    """What Kafka says of the selected partitions when a rewind is planned: the group's committed
+    offsets, the earliest retained and the end offsets, and (a time target) the offsets at that time."""
+
+    committed: dict[int, int | None]
+    earliest: dict[int, int]
+    end: dict[int, int]
+    by_time: dict[int, int] | None
+
+
+def _partition_rewind(
+    settings: Settings, topic: str, p: int, target: RewindTarget, known: _Known, force: bool, max_scan: int | None
+) -> PartitionRewind:
+    """Where partition ``p`` would go: the target's offset, clamped (``force``) or flagged when
+    outside what the topic retains, then snapped back to the first chunk of a waveform open there."""
+    earliest, end = known.earliest[p], known.end[p]
+    requested = _requested(target, known.committed[p], earliest, end, known.by_time, p)
+    offset, out_of_range = clamp(requested, earliest, end, force=force)
+    notes, snapped_from, final = [], None, offset
+    if out_of_range:
+        notes.append(f"clamped from {requested}" if force else f"outside retained [{earliest}, {end}]")
+    if not out_of_range or force:
+        bounds = scan_boundaries(settings, topic, p, offset, low=earliest, high=end, max_scan=max_scan)
+        if bounds.first_offset != offset:
+            snapped_from, final = offset, bounds.first_offset
+            more = " ..." if len(bounds.snapped_for) > 3 else ""
+            notes.append(f"snapped from {offset} to the first chunk of {', '.join(bounds.snapped_for[:3])}{more}")
+        notes += bounds.notes
+    if final == known.committed[p] and not notes:
+        notes.append("unchanged")
+    return PartitionRewind(
+        partition=p,
+        committed=known.committed[p],
+        earliest=earliest,
+        end=end,
+        requested=requested,
+        final=final,
+        snapped_from=snapped_from,
+        clamped_from=requested if out_of_range and force else None,
+        out_of_range=out_of_range,
+        note="; ".join(notes),
+    )
 
 
 # --- applying it --------------------------------------------------------------------------
@@ -540,23 +554,7 @@ def _apply(
             "changed; plan the rewind again (dry run) and apply that"
         )
     metadata = rewind_metadata(audit_id)
-    request = ConsumerGroupTopicPartitions(
-        plan.group, [TopicPartition(plan.topic, p.partition, p.final, metadata=metadata) for p in plan.partitions]
-    )
-    admin = admin_client(settings)
-    try:
-        result = admin.alter_consumer_group_offsets([request], request_timeout=TIMEOUT_S)[plan.group].result(
-            timeout=TIMEOUT_S + 5
-        )
-    except KafkaException as exc:
-        err = exc.args[0]
-        raise refuse(
-            f"Kafka refused to move group {plan.group!r}: {err.name()} ({err.str()}); if consumers of "
-            "the group are running, stop them first, then plan the rewind again"
-        ) from exc
-    failed = [f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in result.topic_partitions if tp.error is not None]
-    if failed:
-        raise refuse(f"Kafka refused to move group {plan.group!r} for {', '.join(failed)}")
+    _alter_offsets(settings, plan, metadata, refuse)
     after = committed_positions(settings, plan.group, plan.topic, partitions)
     wrong = [
         f"{plan.topic}[{p.partition}] is at {after[p.partition][0]}, wanted {p.final}"
@@ -587,6 +585,27 @@ def _apply(
         {p.partition: (p.committed, p.final) for p in plan.partitions},
     )
     return {**record, "audit_path": str(path)}
+
+
+def _alter_offsets(settings: Settings, plan: RewindPlan, metadata: str, refuse) -> None:
+    """Set the group's offsets to the plan's (one admin request); ``refuse`` what Kafka refuses."""
+    request = ConsumerGroupTopicPartitions(
+        plan.group, [TopicPartition(plan.topic, p.partition, p.final, metadata=metadata) for p in plan.partitions]
+    )
+    admin = admin_client(settings)
+    try:
+        result = admin.alter_consumer_group_offsets([request], request_timeout=TIMEOUT_S)[plan.group].result(
+            timeout=TIMEOUT_S + 5
+        )
+    except KafkaException as exc:
+        err = exc.args[0]
+        raise refuse(
+            f"Kafka refused to move group {plan.group!r}: {err.name()} ({err.str()}); if consumers of "
+            "the group are running, stop them first, then plan the rewind again"
+        ) from exc
+    failed = [f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in result.topic_partitions if tp.error is not None]
+    if failed:
+        raise refuse(f"Kafka refused to move group {plan.group!r} for {', '.join(failed)}")
 
 
 # --- presenting it --------------------------------------------------------------------------
