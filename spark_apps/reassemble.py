@@ -196,35 +196,43 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> Reassembled:
     waveforms = by_waveform(pd.concat([status, conflicted], ignore_index=True))
     quarantine = None
     if any(w["status"] == QUARANTINED for w in waveforms):
-        quarantine = pa.concat_tables(
-            [
-                quarantine_rows(found.meta, status, plan.run_id),
-                quarantine_rows(found.conflicts, conflicted, plan.run_id),
-            ]
-        )
-        write_deltalake(str(candidates / "quarantine"), quarantine, mode="overwrite")
+        quarantine = _quarantine_candidates(found, status, conflicted, plan.run_id, candidates / "quarantine")
     dead_counts, other_dead = _stage_dead_letters(store, plan, candidates / "dead_letter")
     timings["accounting_s"] = time.monotonic() - t
     result = summarize(plan, rows, waveforms, dead_counts, timings, other_dead)
     result.output_version = found.output_version
     # what validation must find in the candidate tables (anything else: they are not this result's)
-    kinds = routed.groupby(["route", routed["digest_ok"].astype(str)]).size().to_dict()
-    from_digests = kinds.get((DIGEST, "True"), 0)
-    new = result.waveforms.get("output_new", 0)
     result.candidates = {
-        "manifest": new,
+        "manifest": result.waveforms.get("output_new", 0),
         "quarantine": quarantine.num_rows if quarantine is not None else 0,
         "dead_letter": sum(n for n, _ in dead_counts.values()),
     }
-    # how the new candidates were verified (the rest failed their checksum: quarantined)
-    result.verified = {
-        "while_read": from_digests,
-        "from_one_staged_file": kinds.get((LOCAL, "None"), 0),
-        "by_a_shuffle": kinds.get((SHUFFLE, "None"), 0),
-    }
+    result.verified = _verified_by(routed)
     if plan.is_window:
         result.window_rows = window_rows(plan, status, manifest, quarantine)
     return result
+
+
+def _quarantine_candidates(
+    found: _Found, status: pd.DataFrame, conflicted: pd.DataFrame, run_id: str, path: Path
+) -> pa.Table:
+    """The run's quarantine rows (its own waveforms', and those of other contents under ids the
+    output holds), written to the candidate table at ``path`` by delta-rs: no Spark job."""
+    rows = pa.concat_tables(
+        [quarantine_rows(found.meta, status, run_id), quarantine_rows(found.conflicts, conflicted, run_id)]
+    )
+    write_deltalake(str(path), rows, mode="overwrite")
+    return rows
+
+
+def _verified_by(routed: pd.DataFrame) -> dict[str, int]:
+    """How the new candidates were verified (the rest failed their checksum: quarantined)."""
+    kinds = routed.groupby(["route", routed["digest_ok"].astype(str)]).size().to_dict()
+    return {
+        "while_read": kinds.get((DIGEST, "True"), 0),
+        "from_one_staged_file": kinds.get((LOCAL, "None"), 0),
+        "by_a_shuffle": kinds.get((SHUFFLE, "None"), 0),
+    }
 
 
 def staged_chunk_files(store: RunStore, plan: RunPlan) -> list[Path]:

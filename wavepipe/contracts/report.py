@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 from wavepipe.contracts.config import Settings
-from wavepipe.contracts.plan import RunPlan, utc_now
+from wavepipe.contracts.plan import OffsetRange, RunPlan, utc_now
 from wavepipe.contracts.runfiles import history_path
 from wavepipe.contracts.steps import PartitionAccount, ReadStats, Reassembled, Validated, settled, to_record
 
@@ -150,6 +150,67 @@ def waveform_outcome(
     }
 
 
+#: The partitions' counts that a report's ``totals`` sums.
+_SUMMED = (
+    "offsets",
+    "records_read",
+    "output",
+    "output_already_written",
+    "pending",
+    "quarantined",
+    "dead_letter",
+    "gap",
+    "payload_bytes_read",
+    "output_bytes",
+    "other_window",
+)
+
+
+def _partition_entry(
+    plan: RunPlan, r: OffsetRange, consumed: dict[int, ReadStats], reassembled: Reassembled | None
+) -> dict:
+    """One planned range's entry of the report: what was read and where each record ended."""
+    read = consumed.get(r.partition) or ReadStats(r.topic, r.partition, r.start, r.end)
+    acc = (reassembled.partitions.get(r.partition) if reassembled else None) or PartitionAccount(safe_offset=r.end)
+    return {
+        "topic": r.topic,
+        "start": r.start,
+        "end": r.end,
+        "offsets": r.size,
+        "read": r.partition in consumed,
+        "records_read": read.records,
+        "chunks_read": read.chunks,
+        "payload_bytes_read": read.payload_bytes,
+        "gap": r.size - read.records if r.partition in consumed else 0,
+        "read_seconds": read.seconds,
+        # offsets before ``start`` the topic no longer retained, skipped on request: [from, to)
+        "lost": plan.lost.get(r.partition),
+        # records between the run's start and the partition's last stable offset when planned
+        "lag_before": max(0, plan.latest[r.partition] - r.start) if r.partition in plan.latest else None,
+        "lag_after": None,  # set by the commit: records after the committed offset then
+        "unplanned": None,  # set by the commit: of those, the records after ``end`` (a cap, or newer)
+        "left_by_cap": 0,  # set by the commit: records the plan saw after ``end`` (left by a cap)
+        **to_record(acc),
+    }
+
+
+def _timings(
+    timings: dict[str, float],
+    partitions: dict[str, dict],
+    reassembled: Reassembled | None,
+    validation: Validated | None,
+) -> dict[str, float]:
+    """The steps' seconds, the readers' sum and maximum (they may run in parallel, one mapped task
+    each), and the Spark and validation steps' own timers (``spark_``, ``validate_``)."""
+    out = {k: round(v, 3) for k, v in timings.items()}
+    read_seconds = [part["read_seconds"] for part in partitions.values()]
+    out["consume_sum"] = round(sum(read_seconds), 3)
+    out["consume_max"] = round(max(read_seconds, default=0.0), 3)
+    out.update({f"spark_{k}": v for k, v in (reassembled.timings if reassembled else {}).items()})
+    out.update({f"validate_{k}": v for k, v in (validation.timings if validation else {}).items()})
+    return out
+
+
 def build_report(
     plan: RunPlan,
     consumed: dict[int, ReadStats],
@@ -163,46 +224,8 @@ def build_report(
     The report is the run's JSON document: its partitions are keyed by their number as text.
     Waveforms that validation quarantined are accounted as quarantined (``settled``)."""
     reassembled = settled(reassembled, validation.quarantined if validation else None)
-    partitions = {}
-    for r in plan.ranges:
-        read = consumed.get(r.partition) or ReadStats(r.topic, r.partition, r.start, r.end)
-        acc = (reassembled.partitions.get(r.partition) if reassembled else None) or PartitionAccount(safe_offset=r.end)
-        partitions[str(r.partition)] = {
-            "topic": r.topic,
-            "start": r.start,
-            "end": r.end,
-            "offsets": r.size,
-            "read": r.partition in consumed,
-            "records_read": read.records,
-            "chunks_read": read.chunks,
-            "payload_bytes_read": read.payload_bytes,
-            "gap": r.size - read.records if r.partition in consumed else 0,
-            "read_seconds": read.seconds,
-            # offsets before ``start`` the topic no longer retained, skipped on request: [from, to)
-            "lost": plan.lost.get(r.partition),
-            # records between the run's start and the partition's last stable offset when planned
-            "lag_before": max(0, plan.latest[r.partition] - r.start) if r.partition in plan.latest else None,
-            "lag_after": None,  # set by the commit: records after the committed offset then
-            "unplanned": None,  # set by the commit: of those, the records after ``end`` (a cap, or newer)
-            "left_by_cap": 0,  # set by the commit: records the plan saw after ``end`` (left by a cap)
-            **to_record(acc),
-        }
-    totals: dict[str, int] = {}
-    for part in partitions.values():
-        for key in (
-            "offsets",
-            "records_read",
-            "output",
-            "output_already_written",
-            "pending",
-            "quarantined",
-            "dead_letter",
-            "gap",
-            "payload_bytes_read",
-            "output_bytes",
-            "other_window",
-        ):
-            totals[key] = totals.get(key, 0) + part.get(key, 0)
+    partitions = {str(r.partition): _partition_entry(plan, r, consumed, reassembled) for r in plan.ranges}
+    totals = {key: sum(part.get(key, 0) for part in partitions.values()) for key in _SUMMED}
     totals["lost"] = sum(to - start for start, to in plan.lost.values())
     report = {
         "report_version": REPORT_VERSION,
@@ -232,14 +255,8 @@ def build_report(
         else {k: v for k, v in to_record(validation).items() if k in VALIDATION_IN_REPORT},
         # what could not be described (a plot, Data Docs, the page, the trend): never a failure
         "notes": list(validation.notes) if validation else [],
-        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+        "timings_s": _timings(timings, partitions, reassembled, validation),
     }
-    # Readers may run in parallel (one mapped task each): report their sum and their maximum.
-    read_seconds = [part["read_seconds"] for part in partitions.values()]
-    report["timings_s"]["consume_sum"] = round(sum(read_seconds), 3)
-    report["timings_s"]["consume_max"] = round(max(read_seconds, default=0.0), 3)
-    report["timings_s"].update({f"spark_{k}": v for k, v in (reassembled.timings if reassembled else {}).items()})
-    report["timings_s"].update({f"validate_{k}": v for k, v in (validation.timings if validation else {}).items()})
     wall = sum(timings.get(k, 0.0) for k in ("plan", "reassemble", "validate")) + report["timings_s"]["consume_sum"]
     report["throughput_mb_s"] = round(totals["payload_bytes_read"] / 1e6 / wall, 2) if wall > 0 else None
     report["balance_errors"] = check_balance(report)
