@@ -6,17 +6,26 @@ each replaced whole by one atomic Delta commit, so a retry of the reassembly sta
 never see them. Only a run whose candidates passed validation appends them to the published tables
 (``publish_run``; the waveforms' payloads straight from the staged chunks), adding only keys not
 there yet, so a retried publish adds nothing twice.
+
+Every append is committed by delta-rs in the run's process, with the run's transaction: the
+small tables' rows from this process (``append_rows``), the waveforms' as Parquet files the Spark
+engine writes into a new folder of the table (``append_new``). Window runs replace their rows
+with Delta's own writer on the engine (``replaceWhere``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema
 
+from wavepipe.delta_files import add_action_fields
 from wavepipe.delta_txn import Txn
 
 log = logging.getLogger("wavepipe.tables")
@@ -32,6 +41,11 @@ TABLE_KEYS = {
     "dead_letter": (["topic", "partition", "offset"], None),
     "waveforms": (["waveform_id"], ["date"]),
 }
+
+
+#: The name of a folder in a table that holds the Parquet files of one append (``write_files``),
+#: then a time and a random part: a retry writes a new one, never over an earlier attempt's.
+FILES_FOLDER = "wavepipe-append-"
 
 
 def _holds_string(kind) -> bool:
@@ -218,11 +232,19 @@ def append_new(
     keys: list[str],
     partition_by: list[str] | None = None,
     checked_version: int | None = None,
-    merge_schema: bool = False,
     txn: Txn | None = None,
     scope: list[str] | None = None,
 ) -> None:
     """Append the rows of ``df`` whose ``keys`` are not in the table yet, in one atomic commit.
+
+    The Spark engine writes the rows as Parquet files into a new folder of the table (one Spark
+    job); this process commits them with delta-rs (``commit_files``), the run's ``txn`` in the
+    same commit, as kafka-delta-ingest commits the files it writes. Until that commit, readers
+    see none of them; files of a write killed before it are never part of the table and
+    ``wavepipe table vacuum`` removes them.
+
+    ``txn``: the run's transaction (``wavepipe.delta_txn``): a table that already holds its
+    version for its id is left as it is (an earlier attempt committed it); nothing is written.
 
     ``scope``: where in the table a row of ``df`` can already be: the waveform ids of ``df``
     (``with_ids``). Only the keys there are read (Delta skips the other files by their
@@ -231,31 +253,74 @@ def append_new(
     ``checked_version``: ``df`` already excludes the keys of that version of the table; they are
     only compared again if the table has moved since (another writer), so the payload rows are not
     joined against the table's keys in the common case.
-
-    ``txn``: the run's transaction (``wavepipe.delta_txn``): Delta skips the append if the table
-    already holds its version for its id, and refuses a concurrent twin. Two appends of the same
-    rows race past the key check when a killed client's write still runs on the Spark engine
-    beside its retry; with one ``txn`` only one of them commits.
     """
-    version = delta_version(path)
-    if version is not None and version != checked_version:
-        existing = read_delta(df.sparkSession, path)
-        if scope is not None:
-            existing = with_ids(existing, scope)
-        existing = existing.select(*keys)
-        df = df.join(existing, keys, "left_anti")
-    writer = with_txn(delta_writer(df).mode("append"), txn)
-    if merge_schema:  # columns added since the table was created (e.g. ``detail``) are added to it
-        writer = writer.option("mergeSchema", "true")
-    if partition_by and version is None:  # a new table; an existing one keeps its own layout
+    from deltalake import DeltaTable
+
+    version, table = delta_version(path), None
+    if version is not None:
+        table = DeltaTable(str(path))  # the commit is checked against this version: see commit_files
+        if txn is not None and (table.transaction_version(txn.app_id) or 0) >= txn.version:
+            return
+        partition_by = table.metadata().partition_columns  # an existing table keeps its own layout
+        if version != checked_version:
+            existing = read_delta(df.sparkSession, path)
+            if scope is not None:
+                existing = with_ids(existing, scope)
+            df = df.join(existing.select(*keys), keys, "left_anti")
+    schema = to_arrow_schema(df.schema, timezone="UTC") if table is None else None  # a new table's
+    folder = write_files(df, path, partition_by)
+    commit_files(path, folder, partition_by or [], txn, table=table, schema=schema)
+
+
+def write_files(df: DataFrame, path: Path, partition_by: list[str] | None) -> Path:
+    """``df``'s rows as Parquet files in a new folder of table ``path`` (``FILES_FOLDER``), laid
+    out in Hive-style folders by ``partition_by``, as Delta lays out its own; one Spark job."""
+    folder = Path(path) / f"{FILES_FOLDER}{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
+    conf = df.sparkSession.conf
+    conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")  # as Delta's writer; Spark's: INT96
+    conf.set("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")  # no _SUCCESS file: nothing removes it
+    writer = df.write.mode("error")
+    if partition_by:
         writer = writer.partitionBy(*partition_by)
-    writer.save(str(path))
+    writer.parquet(str(folder))
+    return folder
+
+
+def commit_files(
+    path: Path, folder: Path, partition_by: list[str], txn: Txn | None, *, table=None, schema=None
+) -> None:
+    """Commit the Parquet files under ``folder`` (``write_files``) to table ``path`` with delta-rs:
+    one commit of their ``add`` actions (statistics from their footers, ``delta_files``) and
+    ``txn``'s transaction and metadata. ``table``: the table (a ``DeltaTable``) as it was when the
+    caller found that it did not hold ``txn``: a commit of the same transaction id since then
+    fails this one (delta-rs's conflict check), so two twins never both commit. Or ``schema``
+    (pyarrow, partition columns included): there is no table yet, the commit creates it."""
+    from deltalake import Schema
+    from deltalake.transaction import AddAction, create_table_with_add_actions
+
+    files = sorted(folder.rglob("*.parquet"))
+    adds = [AddAction(**add_action_fields(Path(path), f, folder)) for f in files]
+    properties = commit_properties(txn)
+    if table is None:
+        create_table_with_add_actions(
+            str(path),
+            Schema.from_arrow(schema),
+            adds,
+            mode="error",
+            partition_by=partition_by or None,
+            commit_properties=properties,
+        )
+        return
+    _check_columns(files, table.schema(), partition_by, path)
+    table.create_write_transaction(
+        adds, "append", table.schema(), partition_by=partition_by or None, commit_properties=properties
+    )
 
 
 def append_rows(rows, path: Path, keys: list[str], txn: Txn, scope: list[str] | tuple[str, dict]) -> None:
     """Append ``rows`` (pyarrow; small: quarantine or dead-letter rows) whose ``keys`` are not in
     the table yet, in one atomic commit by delta-rs in this process: no Spark job. The commit
-    carries ``txn`` as Spark's appends do (``with_txn``): a table that already holds its version
+    carries ``txn`` as ``append_new``'s do: a table that already holds its version
     for its id is left as it is (an earlier attempt committed it). Columns the table lacks are
     added to it.
 
@@ -263,19 +328,28 @@ def append_rows(rows, path: Path, keys: list[str], txn: Txn, scope: list[str] | 
     the ``[from, to)`` of the ``offset`` column) for dead letters. Only the keys there are read
     (delta-rs skips the other files by their statistics), never every key of a table that grows."""
     from deltalake import DeltaTable, write_deltalake
-    from deltalake.transaction import CommitProperties, Transaction
 
+    table = str(path)
     if delta_version(path) is not None:
-        if (DeltaTable(str(path)).transaction_version(txn.app_id) or 0) >= txn.version:
+        table = DeltaTable(table)  # the commit is checked against this version (as in commit_files)
+        if (table.transaction_version(txn.app_id) or 0) >= txn.version:
             return
         there = _keys_in(path, keys, scope).drop_duplicates()
         mine = rows.select(keys).to_pandas().merge(there, on=keys, how="left", indicator=True)
         rows = rows.filter((mine["_merge"] == "left_only").to_numpy())
     if rows.num_rows:
-        properties = CommitProperties(
-            custom_metadata={"userMetadata": txn.metadata}, app_transactions=[Transaction(txn.app_id, txn.version)]
-        )
-        write_deltalake(str(path), rows, mode="append", schema_mode="merge", commit_properties=properties)
+        write_deltalake(table, rows, mode="append", schema_mode="merge", commit_properties=commit_properties(txn))
+
+
+def commit_properties(txn: Txn | None):
+    """A delta-rs commit's properties that carry ``txn``: its transaction and its metadata."""
+    from deltalake.transaction import CommitProperties, Transaction
+
+    if txn is None:
+        return None
+    return CommitProperties(
+        custom_metadata={"userMetadata": txn.metadata}, app_transactions=[Transaction(txn.app_id, txn.version)]
+    )
 
 
 def _keys_in(path: Path, keys: list[str], scope: list[str] | tuple[str, dict]):
@@ -305,6 +379,25 @@ def with_txn(writer, txn: Txn | None):
     if txn is None:
         return writer
     return writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version).option("userMetadata", txn.metadata)
+
+
+def _check_columns(files: list[Path], schema, partition_by: list[str], path: Path) -> None:
+    """A clear error, before the commit, when the files do not fit table ``path``'s ``schema``
+    (a Delta schema): a column the table lacks, or one it requires that the files lack."""
+    import pyarrow.parquet as pq
+
+    if not files:
+        return
+    written = set(pq.read_schema(files[0]).names) | set(partition_by)
+    fields = {f.name: f for f in schema.fields}
+    unknown = sorted(written - set(fields))
+    missing = sorted(name for name, f in fields.items() if not f.nullable and name not in written)
+    if unknown or missing:
+        raise ValueError(
+            f"{path}: the rows to append do not fit the table (columns it lacks: {unknown or 'none'}; "
+            f"required columns they lack: {missing or 'none'}); nothing was committed. If an earlier "
+            "wavepipe wrote the table, run `wavepipe table repair`."
+        )
 
 
 def with_ids(frame: DataFrame, ids: list[str], *, keep: bool = True) -> DataFrame:
