@@ -33,6 +33,21 @@ def waveform_records(waveform_id: str, n_chunks: int, chunk_size: int = 256, see
     return records, checksum(samples.tobytes())
 
 
+def chunk_rows(records, partition: int = 0, first_offset: int = 0, overrides: dict | None = None) -> list[dict]:
+    """``waveform_records`` as staged chunk rows (``staging.CHUNK_SCHEMA``) of topic ``t``, at
+    consecutive offsets from ``first_offset``; ``overrides``: index -> columns changed."""
+    from wavepipe.consumers.staging import chunk_row
+    from wavepipe.contracts.protocol import parse_chunk
+
+    overrides = overrides or {}
+    rows = []
+    for i, (_, headers, value) in enumerate(records):
+        row = chunk_row("t", partition, first_offset + i, 0, parse_chunk(headers, value))
+        row.update(overrides.get(i, {}))
+        rows.append(row)
+    return rows
+
+
 def with_headers(records, index: int, **changes):
     """Record ``index`` of ``records`` with some headers replaced (a None value drops the header);
     header names with dashes are passed as ``**{"wp-count": b"3"}``."""

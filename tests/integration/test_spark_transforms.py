@@ -5,22 +5,11 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from tests.helpers import waveform_records
-from wavepipe.consumers.staging import CHUNK_SCHEMA, chunk_row
-from wavepipe.contracts.protocol import parse_chunk
+from tests.helpers import chunk_rows, waveform_records
+from wavepipe.consumers.staging import CHUNK_SCHEMA
 from wavepipe.spark_apps.reassemble import assemble
 
 pytestmark = pytest.mark.integration
-
-
-def _rows(records, partition=0, first_offset=0, overrides=None):
-    overrides = overrides or {}
-    rows = []
-    for i, (_, headers, value) in enumerate(records):
-        row = chunk_row("t", partition, first_offset + i, 0, parse_chunk(headers, value))
-        row.update(overrides.get(i, {}))
-        rows.append(row)
-    return rows
 
 
 def _frame(spark, rows):
@@ -30,7 +19,7 @@ def _frame(spark, rows):
 def test_assemble_orders_by_sequence_and_verifies(spark):
     records, expected = waveform_records("w", 4, seed=9)
     shuffled = [records[2], records[0], records[3], records[1], records[0]]  # out of order, one duplicate
-    rows = _rows(shuffled, first_offset=100)
+    rows = chunk_rows(shuffled, first_offset=100)
     out = assemble(_frame(spark, rows), spark.createDataFrame([("w",)], "waveform_id string")).collect()
     assert len(out) == 1
     row = out[0]

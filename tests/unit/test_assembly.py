@@ -9,20 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.helpers import waveform_records
-from wavepipe.consumers.staging import CHUNK_SCHEMA, chunk_row
-from wavepipe.contracts.protocol import parse_chunk
+from tests.helpers import chunk_rows, waveform_records
+from wavepipe.consumers.staging import CHUNK_SCHEMA
 from wavepipe.spark_apps.assembly import ARROW_OUTPUT_SCHEMA, STAGED_CHANGED, assemble_arrow, assemble_file
-
-
-def _rows(records, partition=0, first_offset=0, overrides=None):
-    overrides = overrides or {}
-    rows = []
-    for i, (_, headers, value) in enumerate(records):
-        row = chunk_row("t", partition, first_offset + i, 0, parse_chunk(headers, value))
-        row.update(overrides.get(i, {}))
-        rows.append(row)
-    return rows
 
 
 def test_the_assembly_imports_no_spark():
@@ -46,7 +35,7 @@ def test_spark_output_schema_is_the_arrow_one():
 def test_assemble_arrow_orders_by_sequence_and_skips_repeated_chunks():
     records, expected = waveform_records("w", 4, seed=9)
     shuffled = [records[2], records[0], records[3], records[1], records[0]]  # out of order, one repeated
-    table = pa.Table.from_pylist(_rows(shuffled, partition=2, first_offset=100), schema=CHUNK_SCHEMA)
+    table = pa.Table.from_pylist(chunk_rows(shuffled, partition=2, first_offset=100), schema=CHUNK_SCHEMA)
     (row,) = assemble_arrow(table).to_pylist()
     assert row["checksum_ok"] and row["checksum"] == expected
     assert (row["n_chunks"], row["partition"], row["first_offset"], row["last_offset"]) == (4, 2, 100, 104)
@@ -55,7 +44,7 @@ def test_assemble_arrow_orders_by_sequence_and_skips_repeated_chunks():
 
 def test_assemble_arrow_flags_a_corrupt_payload_without_spark():
     records, _ = waveform_records("w", 2, seed=3)
-    rows = _rows(records)
+    rows = chunk_rows(records)
     rows[1]["payload"] = bytes(len(rows[1]["payload"]))
     out = assemble_arrow(pa.Table.from_pylist(rows, schema=CHUNK_SCHEMA)).to_pylist()[0]
     assert out["checksum_ok"] is False and out["payload"] is None
@@ -67,7 +56,7 @@ def test_assemble_file_streams_interleaved_waveforms_without_spark(tmp_path):
     b, b_sum = waveform_records("b", 2, seed=2)
     c, _ = waveform_records("c", 2, seed=3)
     order = [a[0], b[0], c[0], a[1], b[1], c[1], a[2]]
-    rows = _rows(order, partition=1, first_offset=10)
+    rows = chunk_rows(order, partition=1, first_offset=10)
     rows[5]["payload"] = bytes(len(rows[5]["payload"]))  # c is corrupt but not wanted here
     path = tmp_path / "staged.parquet"
     pq.write_table(pa.Table.from_pylist(rows, schema=CHUNK_SCHEMA), path)
@@ -90,7 +79,7 @@ def test_assemble_file_streams_interleaved_waveforms_without_spark(tmp_path):
 def test_assemble_file_refuses_a_wanted_waveform_that_is_not_complete_in_the_file(tmp_path):
     a, _ = waveform_records("a", 3, seed=1)
     path = tmp_path / "staged.parquet"
-    pq.write_table(pa.Table.from_pylist(_rows(a[:2]), schema=CHUNK_SCHEMA), path)
+    pq.write_table(pa.Table.from_pylist(chunk_rows(a[:2]), schema=CHUNK_SCHEMA), path)
     with pytest.raises(RuntimeError, match="expected complete are not"):
         list(assemble_file(str(path), {"a"}))
 
@@ -100,7 +89,7 @@ def test_assemble_file_strict_refuses_a_changed_or_missing_waveform_and_stops_af
     changed since (a zeroed chunk, a waveform gone) is an error marked STAGED_CHANGED, not a row."""
     a, a_sum = waveform_records("a", 2, seed=1)
     b, b_sum = waveform_records("b", 2, seed=2)
-    rows = _rows([*a, *b])
+    rows = chunk_rows([*a, *b])
     path = tmp_path / "staged.parquet"
     pq.write_table(pa.Table.from_pylist(rows, schema=CHUNK_SCHEMA), path, row_group_size=2)
     # only the first row group is needed for a: the damaged second one is never read
@@ -121,7 +110,7 @@ def test_a_verifying_assembly_brings_rows_back_without_payloads_and_publish_refu
     the row and ``checksum_ok``, no payload); publish assembles them again strictly, so chunks
     damaged since are an error marked STAGED_CHANGED, never a row, in both assemblies."""
     a, a_sum = waveform_records("a", 3, seed=3)
-    rows = _rows([a[2], a[0], a[1]])  # out of order in its one staged file
+    rows = chunk_rows([a[2], a[0], a[1]])  # out of order in its one staged file
     path = tmp_path / "staged.parquet"
     pq.write_table(pa.Table.from_pylist(rows, schema=CHUNK_SCHEMA), path)
     (verified,) = [r for b in assemble_file(str(path), {"a": a_sum}, verify_only=True) for r in b.to_pylist()]
