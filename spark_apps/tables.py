@@ -25,7 +25,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from wavepipe.delta_files import add_action_fields
+from wavepipe.delta_files import NULL_PARTITION, add_action_fields
 from wavepipe.delta_txn import Txn
 
 log = logging.getLogger("wavepipe.tables")
@@ -123,6 +123,10 @@ class DeltaLog:
     files: dict[str, tuple[int, int | None]] = field(default_factory=dict)
     last: dict[str, int] = field(default_factory=dict)
     partition_columns: list[str] = field(default_factory=list)
+    #: per live file, its partition as a folder name would say it (``date=2026-11-25``; ``""``
+    #: unpartitioned), from its partition values: files of one partition may lie in several
+    #: folders (each append writes into a folder of its own)
+    partition_of: dict[str, str] = field(default_factory=dict)
 
     @property
     def rows(self) -> int | None:
@@ -135,18 +139,25 @@ class DeltaLog:
 HISTORY_COMMITS = 1000
 
 
-def _live_files(table) -> dict[str, tuple[int, int | None]]:
+def _live_files(table, partition_columns: list[str]) -> tuple[dict[str, tuple[int, int | None]], dict[str, str]]:
+    """The live files (``DeltaLog.files``) and the partition of each (``DeltaLog.partition_of``)."""
     import pyarrow as pa
 
     adds = pa.table(table.get_add_actions(flatten=True))
     # only what is counted: a table's per-column statistics would be most of the conversion
-    wanted = ["path", "size_bytes", "num_records", *(c for c in adds.column_names if c.startswith("deletionVector"))]
-    files = {}
+    values = [f"partition.{c}" for c in partition_columns]
+    deletion = [c for c in adds.column_names if c.startswith("deletionVector")]
+    wanted = ["path", "size_bytes", "num_records", *values, *deletion]
+    files, partition_of = {}, {}
     for add in adds.select([c for c in wanted if c in adds.column_names]).to_pylist():
-        deleted = any(v is not None for k, v in add.items() if k.startswith("deletionVector"))
+        deleted = any(add.get(c) is not None for c in deletion)
         rows = None if deleted or add.get("num_records") is None else int(add["num_records"])
         files[add["path"]] = (int(add["size_bytes"] or 0), rows)
-    return files
+        partition_of[add["path"]] = "/".join(
+            f"{c}={NULL_PARTITION if add.get(v) is None else add[v]}"
+            for c, v in zip(partition_columns, values, strict=True)
+        )
+    return files, partition_of
 
 
 def delta_log(path: Path, *, history: bool = False) -> DeltaLog | None:
@@ -160,11 +171,9 @@ def delta_log(path: Path, *, history: bool = False) -> DeltaLog | None:
         return None
     try:
         table = DeltaTable(str(path))
-        state = DeltaLog(
-            version=table.version(),
-            files=_live_files(table),
-            partition_columns=list(table.metadata().partition_columns),
-        )
+        partition_columns = list(table.metadata().partition_columns)
+        files, partition_of = _live_files(table, partition_columns)
+        state = DeltaLog(table.version(), files, partition_columns=partition_columns, partition_of=partition_of)
         for info in table.history(HISTORY_COMMITS) if history else ():
             if info.get("operation"):
                 state.last.setdefault(info["operation"], int(info.get("timestamp") or 0))

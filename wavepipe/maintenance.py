@@ -163,11 +163,12 @@ def _unreadable_note(path: Path) -> str:
 
 
 def files_per_partition(state) -> dict[str, int]:
-    """Live data files per partition folder (``date=2026-11-25``; ``""`` for an unpartitioned table)."""
+    """Live data files per partition (``date=2026-11-25``; ``""`` for an unpartitioned table), by
+    their partition values, wherever their folder is (each append writes a folder of its own)."""
     counts: dict[str, int] = {}
     for p in state.files:
-        folder = unquote(p).rpartition("/")[0]
-        counts[folder] = counts.get(folder, 0) + 1
+        partition = state.partition_of[p]
+        counts[partition] = counts.get(partition, 0) + 1
     return counts
 
 

@@ -16,7 +16,8 @@ from deltalake.exceptions import CommitFailedError
 
 from wavepipe.delta_files import file_stats, partition_values
 from wavepipe.delta_txn import Txn
-from wavepipe.spark_apps.tables import commit_files
+from wavepipe.maintenance import compaction_plan, files_per_partition
+from wavepipe.spark_apps.tables import commit_files, delta_log
 
 SCHEMA = pa.schema(
     [
@@ -103,6 +104,10 @@ def test_committed_files_carry_the_transaction_once_and_their_statistics(tmp_pat
     dt = DeltaTable(str(table))
     assert (dt.version(), dt.transaction_version("wavepipe:g:t")) == (1, 2)
     assert sorted(dt.to_pyarrow_table(columns=["waveform_id"]).column(0).to_pylist()) == ["a", "b", "c"]
+    # one day's files in two appends' folders are one partition to compact
+    state = delta_log(table)
+    assert files_per_partition(state) == {"date=2026-01-01": 2}
+    assert compaction_plan(state) == (["date=2026-01-01"], [])
 
 
 def test_files_that_do_not_fit_the_table_are_refused_before_the_commit(tmp_path):
