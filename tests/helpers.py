@@ -33,7 +33,9 @@ def waveform_records(waveform_id: str, n_chunks: int, chunk_size: int = 256, see
     return records, checksum(samples.tobytes())
 
 
-def chunk_rows(records, partition: int = 0, first_offset: int = 0, overrides: dict | None = None) -> list[dict]:
+def chunk_rows(
+    records, partition: int = 0, first_offset: int = 0, overrides: dict | None = None, timestamp_ms: int = 0
+) -> list[dict]:
     """``waveform_records`` as staged chunk rows (``staging.CHUNK_SCHEMA``) of topic ``t``, at
     consecutive offsets from ``first_offset``; ``overrides``: index -> columns changed."""
     from wavepipe.consumers.staging import chunk_row
@@ -42,7 +44,7 @@ def chunk_rows(records, partition: int = 0, first_offset: int = 0, overrides: di
     overrides = overrides or {}
     rows = []
     for i, (_, headers, value) in enumerate(records):
-        row = chunk_row("t", partition, first_offset + i, 0, parse_chunk(headers, value))
+        row = chunk_row("t", partition, first_offset + i, timestamp_ms, parse_chunk(headers, value))
         row.update(overrides.get(i, {}))
         rows.append(row)
     return rows

@@ -5,20 +5,9 @@ from __future__ import annotations
 import pandas as pd
 import pyarrow as pa
 
-from tests.helpers import waveform_records
-from wavepipe.consumers.staging import CHUNK_SCHEMA, chunk_row
-from wavepipe.contracts.protocol import parse_chunk
+from tests.helpers import chunk_rows, waveform_records
+from wavepipe.consumers.staging import CHUNK_SCHEMA
 from wavepipe.spark_apps import metadata as md
-
-
-def _rows(records, partition=0, first_offset=0, overrides=None, timestamp_ms=0):
-    overrides = overrides or {}
-    rows = []
-    for i, (_, headers, value) in enumerate(records):
-        row = chunk_row("t", partition, first_offset + i, timestamp_ms, parse_chunk(headers, value))
-        row.update(overrides.get(i, {}))
-        rows.append(row)
-    return rows
 
 
 def _meta(rows) -> pd.DataFrame:
@@ -38,13 +27,13 @@ def test_classify_names_each_case():
     big, _ = waveform_records("big", 2, seed=6)
     ragged, _ = waveform_records("ragged", 2, seed=7)
     rows = (
-        _rows(ok)
-        + _rows(dup + [dup[0]], first_offset=10)
-        + _rows(part[:2], first_offset=20)
-        + _rows(count, first_offset=30, overrides={1: {"chunk_count": 3}})
-        + _rows(meta, first_offset=40, overrides={1: {"sample_rate": 99.0}})
-        + _rows(big, first_offset=50, overrides={0: {"total_size": 10**9}, 1: {"total_size": 10**9}})
-        + _rows(ragged, first_offset=60, overrides={0: {"total_size": 513}, 1: {"total_size": 513}})
+        chunk_rows(ok)
+        + chunk_rows(dup + [dup[0]], first_offset=10)
+        + chunk_rows(part[:2], first_offset=20)
+        + chunk_rows(count, first_offset=30, overrides={1: {"chunk_count": 3}})
+        + chunk_rows(meta, first_offset=40, overrides={1: {"sample_rate": 99.0}})
+        + chunk_rows(big, first_offset=50, overrides={0: {"total_size": 10**9}, 1: {"total_size": 10**9}})
+        + chunk_rows(ragged, first_offset=60, overrides={0: {"total_size": 513}, 1: {"total_size": 513}})
     )
     got = md.classify(_meta(rows), max_waveform_bytes=10**6)
     assert _by_id(got, "status", "reason", "records", "distinct_chunks") == {
@@ -66,7 +55,9 @@ def test_classify_names_each_case():
 def test_a_pending_waveform_expires_by_offsets_or_record_time():
     slow, _ = waveform_records("slow", 3, seed=1)
     fresh, _ = waveform_records("fresh", 3, seed=2)
-    rows = _rows(slow[:2], first_offset=0, timestamp_ms=1_000) + _rows(fresh[:1], first_offset=90, timestamp_ms=60_000)
+    rows = chunk_rows(slow[:2], first_offset=0, timestamp_ms=1_000) + chunk_rows(
+        fresh[:1], first_offset=90, timestamp_ms=60_000
+    )
     by_offsets = md.classify(_meta(rows), ends={0: 100}, incomplete_after_offsets=50)
     assert _by_id(by_offsets, "status", "expired") == {"slow": ("pending", True), "fresh": ("pending", False)}
     assert "none in the last 99 offsets (null s)" in _by_id(by_offsets, "detail")["slow"][0]
@@ -84,13 +75,13 @@ def test_classify_in_a_window_sets_aside_waveforms_whose_first_chunk_is_outside(
     late, _ = waveform_records("late", 2, seed=4)
     shuffled, _ = waveform_records("shuffled", 2, seed=5)
     rows = (
-        _rows(tail[1:], first_offset=10)
-        + _rows(inside, first_offset=12)
-        + _rows(straddles, first_offset=18)
-        + _rows(late, first_offset=21)
+        chunk_rows(tail[1:], first_offset=10)
+        + chunk_rows(inside, first_offset=12)
+        + chunk_rows(straddles, first_offset=18)
+        + chunk_rows(late, first_offset=21)
         # seq 1 at 15, inside; seq 0 at 25, outside: the later window's
-        + _rows([shuffled[1]], first_offset=15)
-        + _rows([shuffled[0]], first_offset=25)
+        + chunk_rows([shuffled[1]], first_offset=15)
+        + chunk_rows([shuffled[0]], first_offset=25)
     )
     got = md.classify(_meta(rows), window={0: (10, 20)}, ends={0: 30}, incomplete_after_offsets=1)
     assert _by_id(got, "status", "expired") == {
@@ -168,7 +159,7 @@ def test_final_status_quarantines_once_and_accounts_leftovers_with_their_wavefor
 def test_a_reused_id_is_a_conflict_with_both_checksums_and_its_records_are_accounted():
     mine, mine_sum = waveform_records("w", 2, seed=1)
     other, other_sum = waveform_records("w", 2, seed=2)
-    rows = _rows(mine) + _rows(other, first_offset=2)
+    rows = chunk_rows(mine) + chunk_rows(other, first_offset=2)
     meta = _meta(rows)
     kept, conflicts = md.split_conflicts(meta, pd.DataFrame({"waveform_id": ["w"], "checksum": [mine_sum]}))
     assert list(kept["offset"]) == [0, 1] and list(conflicts["offset"]) == [2, 3]
@@ -192,3 +183,19 @@ def test_a_reused_id_is_a_conflict_with_both_checksums_and_its_records_are_accou
     assert md.by_waveform(placed) == [
         {"status": "quarantined", "reason": "id_conflict", "already_written": False, "count": 1}
     ]
+
+
+def test_a_waveform_whose_chunks_disagree_on_the_checksum_names_both_and_keeps_the_smallest():
+    """``checksum`` is the smallest of a waveform's chunks' ``wp-checksum`` and the detail names
+    the largest too, for every waveform of a run, whatever the order its chunks were read in."""
+    late, late_sum = waveform_records("late", 2, seed=8)
+    torn, _ = waveform_records("torn", 3, seed=9)
+    low, high = "sha256:" + "0" * 64, "sha256:" + "f" * 64
+    rows = chunk_rows([*late, *torn], overrides={3: {"checksum": low}, 4: {"checksum": high}})
+    rows.reverse()
+    placed = md.classify(_meta(rows))
+    found = _by_id(placed, "status", "reason", "checksum")
+    assert found["late"] == ("candidate", None, late_sum)
+    assert found["torn"] == ("quarantined", "metadata_mismatch", low)
+    (detail,) = placed.loc[placed["waveform_id"] == "torn", "detail"]
+    assert f"wp-checksum {low} and {high}" in detail
