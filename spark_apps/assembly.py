@@ -51,6 +51,8 @@ ARROW_OUTPUT_SCHEMA = pa.schema(
 STAGED_CHANGED = "wavepipe: staged chunks changed on disk"
 #: The chunk columns every chunk of a waveform repeats (those of its output row).
 _FACTS = ("waveform_id", "source", "dtype", "channels", "sample_rate", "start_ns", "checksum", "topic")
+#: The chunk columns ``assemble_file`` reads.
+_READ = (*_FACTS, "seq", "chunk_count", "offset", "partition", "payload")
 _DEFAULT_BATCH_BYTES = Settings.model_fields["output_batch_bytes"].default
 
 
@@ -128,19 +130,23 @@ class _FileJoin:
         ids = batch.column("waveform_id").to_pylist()
         if self.wanted.keys().isdisjoint(ids):
             return
-        cols = {name: batch.column(name).to_pylist() for name in ("checksum", "seq", "chunk_count", "offset")}
+        cols = {name: batch.column(name).to_pylist() for name in _READ}  # a column at a time: fewer objects
         for i, wid in enumerate(ids):
             if wid in self.wanted and self.wanted[wid] in (None, cols["checksum"][i]):
-                parts = self._chunks_of(wid, batch, i)
-                parts[cols["seq"][i]] = batch.column("payload")[i].as_py()
+                parts = self._chunks_of(wid, cols, i)
+                parts[cols["seq"][i]] = cols["payload"][i]
                 if len(parts) == cols["chunk_count"][i]:
                     yield self._joined(wid, cols["offset"][i])
 
-    def _chunks_of(self, wid: str, batch: pa.RecordBatch, i: int) -> dict[int, bytes]:
+    def _chunks_of(self, wid: str, cols: dict[str, list], i: int) -> dict[int, bytes]:
         if wid not in self.open:
-            facts = {name: batch.column(name)[i].as_py() for name in _FACTS}
-            partition, first = batch.column("partition")[i].as_py(), batch.column("offset")[i].as_py()
-            self.open[wid] = {"facts": facts, "partition": partition, "first": first, "parts": {}}
+            facts = {name: cols[name][i] for name in _FACTS}
+            self.open[wid] = {
+                "facts": facts,
+                "partition": cols["partition"][i],
+                "first": cols["offset"][i],
+                "parts": {},
+            }
         return self.open[wid]["parts"]
 
     def _joined(self, wid: str, last_offset: int) -> dict:
