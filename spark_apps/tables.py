@@ -27,6 +27,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from wavepipe.delta_files import NULL_PARTITION, add_action_fields
 from wavepipe.delta_txn import Txn
+from wavepipe.faults import failpoint
 
 log = logging.getLogger("wavepipe.tables")
 
@@ -278,6 +279,7 @@ def append_new(
             df = df.join(existing.select(*keys), keys, "left_anti")
     schema = to_arrow_schema(df.schema, timezone="UTC") if table is None else None  # a new table's
     folder = write_files(df, path, partition_by)
+    failpoint("publish.before_commit")
     commit_files(path, folder, partition_by or [], txn, table=table, schema=schema)
 
 

@@ -31,6 +31,8 @@ POINTS = {
     "into the output table, or a reassembly verifying them)",
     "reassemble.after_write": "the reassemble step, after the run's manifest is written, "
     "before its candidate quarantine and dead letters are written and the result is saved",
+    "publish.before_commit": "the validate step, after the engine wrote the waveforms' files into the output "
+    "table's folder, before the run's process commits them",
     "publish.after_write": "the validate step, after the run's tables are published, before that is recorded",
     "commit.before_offsets": "the commit step, after the counts were checked, before offsets are committed",
     "commit.after_offsets": "the commit step, after offsets are committed, before the report and release",

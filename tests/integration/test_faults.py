@@ -14,6 +14,7 @@ from confluent_kafka.admin import OffsetSpec
 
 from tests.helpers import (
     assert_accounted,
+    assert_delta_rs_reads_as_spark,
     output_rows,
     produce_in_order,
     quarantine_reasons,
@@ -22,7 +23,7 @@ from tests.helpers import (
     start_python,
     waveform_records,
 )
-from wavepipe import pipeline
+from wavepipe import maintenance, pipeline
 from wavepipe.consumers.kafka_admin import admin_client, committed_offsets, ensure_topic, list_offsets
 from wavepipe.consumers.planner import RetentionGapError
 from wavepipe.contracts.config import load_settings
@@ -159,6 +160,36 @@ def test_crash_after_the_output_is_durable_then_a_rerun_adds_nothing_twice(reque
     assert_accounted(spark, settings, report)
     _assert_output(spark, settings, expected)
     assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: 12, 1: 12}
+
+
+def test_killed_between_the_engines_write_and_the_clients_commit_nothing_shows_and_the_retry_publishes_once(
+    settings, spark
+):
+    """A publish's files are written by the engine, then committed by the run's process: killed
+    in between, none of them is in the table (they lie in an uncommitted folder); the resumed run
+    writes and commits its own, once; VACUUM then removes the orphans, and delta-rs reads what
+    Spark reads."""
+    ensure_topic(settings)
+    before = _produce(settings, 2, partitions=(0, 1), prefix="early")
+    pipeline.run_once(settings)  # the table exists: the kill is an append's, not a create's
+    expected = {**before, **_produce(settings, 4, partitions=(0, 1), prefix="torn")}
+    crashed = start_cli(settings, "run", "--run-id", "torn", failpoints="publish.before_commit=kill")
+    out, _ = crashed.communicate(timeout=600)
+    assert crashed.returncode == -signal.SIGKILL, out[-3000:]
+    _assert_output(spark, settings, before)  # its files are on disk, in no version
+    orphans = maintenance.table_status("waveforms", settings.output_table).unreferenced_files
+    assert orphans > 0 and list(settings.output_table.glob("wavepipe-append-*/date=*/*.parquet"))
+
+    report = pipeline.run_once(settings)  # resumes the group's unfinished run
+    assert report["run_id"] == "torn" and report["waveforms"] == {"output_new": 4}
+    assert_accounted(spark, settings, report)
+    _assert_output(spark, settings, expected)
+    assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: 12, 1: 12}
+
+    (vacuumed,) = maintenance.vacuum(settings, tables=["waveforms"], retention_hours=0)
+    assert vacuumed["files_deleted"] == orphans and vacuumed["unreferenced_left"] == 0, vacuumed
+    _assert_output(spark, settings, expected)
+    assert assert_delta_rs_reads_as_spark(spark, settings.output_table) == len(expected)
 
 
 def test_a_lost_kafka_commit_is_found_in_the_delta_log_when_the_home_lost_the_run(settings, spark, kafka):
