@@ -36,6 +36,7 @@ pytestmark = pytest.mark.integration
 FAULTS = [
     "consume.record@{k}=kill",  # a reader SIGKILLed mid-range
     "assemble.batch=kill-app",  # the Spark engine SIGKILLed while it writes the output
+    "publish.before_commit=kill",  # the output's files written by the engine, not yet committed
     "publish.after_write=kill-app",  # ... after the output is published, before that is recorded
     "commit.before_offsets=kill",  # the output is durable, the offsets not yet committed
     "commit.after_offsets=kill",  # the offsets are committed, the report is not written
