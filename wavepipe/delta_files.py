@@ -40,15 +40,18 @@ def partition_values(relative: Path) -> dict[str, str | None]:
     return values
 
 
-def _delta_timestamp(value: datetime, up: bool) -> str:
-    """``value`` in Delta's statistics format (UTC, milliseconds), rounded ``up`` or down."""
-    value = value if value.tzinfo else value.replace(tzinfo=UTC)
+def _delta_timestamp(value: datetime, up: bool) -> str | None:
+    """``value`` in Delta's statistics format (UTC, milliseconds, a four-digit year), rounded
+    ``up`` or down; None where rounding up leaves the calendar (the bound is then not stated)."""
+    value = (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC)
     extra = value.microsecond % 1000
     if extra:
         value -= timedelta(microseconds=extra)
-        value += timedelta(milliseconds=1) if up else timedelta(0)
-    value = value.astimezone(UTC)
-    return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+        try:
+            value += timedelta(milliseconds=1) if up else timedelta(0)
+        except OverflowError:  # within the last millisecond of year 9999
+            return None
+    return f"{value.year:04d}-{value:%m-%dT%H:%M:%S}.{value.microsecond // 1000:03d}Z"
 
 
 def _bound(value, kind: pa.DataType, up: bool):

@@ -61,6 +61,21 @@ def test_file_stats_hold_every_value_of_the_file(tmp_path):
     json.dumps(stats)  # what the commit writes
 
 
+def test_timestamp_bounds_at_the_ends_of_the_calendar_stay_valid_or_are_left_out(tmp_path):
+    """Any year Spark allows: year 1 keeps four digits (RFC 3339); a maximum in the last
+    millisecond of year 9999 cannot be rounded up, so no bounds are stated for the column."""
+    first_us, last_us = -62_135_596_800_000_000, 253_402_300_799_999_999
+    for values, expected in (
+        ([first_us, 1], ("0001-01-01T00:00:00.000Z", "1970-01-01T00:00:00.001Z")),
+        ([0, last_us], None),
+    ):
+        path = tmp_path / "t.parquet"
+        pq.write_table(pa.table({"t": pa.array(values, pa.int64()).cast(pa.timestamp("us", tz="UTC"))}), path)
+        stats = file_stats(pq.read_metadata(path))
+        found = (stats["minValues"]["t"], stats["maxValues"]["t"]) if "t" in stats["minValues"] else None
+        assert found == expected and stats["nullCount"] == {"t": 0}
+
+
 def test_partition_values_come_from_spark_style_folder_names():
     assert partition_values(Path("date=2026-01-01/part-0.parquet")) == {"date": "2026-01-01"}
     assert partition_values(Path("source=a%2Fb/date=__HIVE_DEFAULT_PARTITION__/p.parquet")) == {
