@@ -585,15 +585,45 @@ LOCKED_TRIES = 30
 
 
 def _api(settings: Settings, token: str, path: str, body: dict | None = None):
-    """One REST call; on SQLite (this machine's metadata DB) a write that meets the scheduler's
-    lock answers 503 and left nothing behind, so it is tried again for up to half a minute."""
+    """One REST call as ``(status, answer)``; on SQLite (this machine's metadata DB) a write that
+    meets the scheduler's lock answers 503 and is tried again for up to half a minute."""
+    return _api_tried(settings, token, path, body)[:2]
+
+
+def _api_tried(settings: Settings, token: str, path: str, body: dict | None = None):
+    """``_api``'s call, and whether any try of it met the lock (a refused write may have left
+    something behind)."""
     url, method = f"{airflow_url(settings)}/api/v2{path}", "POST" if body else "GET"
     status, answer = _http_json(url, method=method, body=body, token=token)
+    locked = status == 503
     for _ in range(LOCKED_TRIES):
         if status != 503:
             break
         time.sleep(1)
         status, answer = _http_json(url, method=method, body=body, token=token)
+    return status, answer, locked
+
+
+#: How long a backfill left open by our own refused try is waited for (the scheduler closes one
+#: without runs on its next check of backfills, every 30 s of its loop).
+ORPHAN_WAIT_S = 150.0
+
+
+def create_backfill(settings: Settings, token: str, body: dict, *, wait_s: float = ORPHAN_WAIT_S):
+    """``POST /backfills`` as ``(status, answer)``. On SQLite a try that meets the scheduler's lock
+    answers 503, but its backfill row may stay behind without runs (Airflow commits the row
+    first and its clean-up is best effort), so the next try is refused with 409 "already a
+    running backfill". Only then, for a refusal our own try caused: wait until the scheduler has
+    closed that empty backfill, and try once more."""
+    status, answer, locked = _api_tried(settings, token, "/backfills", body)
+    if status != 409 or not locked:
+        return status, answer
+    began = time.monotonic()
+    while time.monotonic() - began < wait_s:
+        listed = _api(settings, token, f"/backfills?dag_id={quote(body['dag_id'])}&limit=1000")[1]
+        if not any(not b.get("completed_at") for b in listed.get("backfills", [])):
+            return _api(settings, token, "/backfills", body)
+        time.sleep(2)
     return status, answer
 
 
@@ -688,7 +718,7 @@ def backfill(
         if skipped and reprocess != "all":
             out("  `--reprocess all` reprocesses windows whatever runs they had")
         return 1
-    status, created = _api(settings, token, "/backfills", body)
+    status, created = create_backfill(settings, token, body)
     if status != 200:
         return _refused(dag_id, status, created, out)
     out(f"backfill {created['id']} of {dag_id}: {len(chosen)} window run(s) created, from {chosen[0]} to {chosen[-1]}")
