@@ -19,6 +19,14 @@ def _settings(args) -> Settings:
     return load_settings(home=args.home, bootstrap_servers=args.bootstrap_servers)
 
 
+def cmd_objectstore(args) -> int:
+    from wavepipe.local.objectstore import LocalObjectStore
+
+    store = LocalObjectStore.from_settings(_settings(args))
+    print({"up": store.up, "down": store.down, "status": store.status}[args.action]())
+    return 0 if args.action != "status" or store.pid() else 1
+
+
 def cmd_kafka(args) -> int:
     from wavepipe.local.kafka import LocalKafka
 
@@ -660,6 +668,13 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("kafka", help="the local Apache Kafka broker (KRaft, one node)")
     k.add_argument("action", choices=["up", "down", "status"])
     k.set_defaults(func=cmd_kafka)
+
+    o = sub.add_parser(
+        "objectstore",
+        help="this home's local S3 object store (SeaweedFS on loopback, built with Go the first time)",
+    )
+    o.add_argument("action", choices=["up", "down", "status"])
+    o.set_defaults(func=cmd_objectstore)
 
     sp = sub.add_parser(
         "spark",

@@ -290,6 +290,9 @@ class Settings(BaseModel):
     spark_connect_port: Annotated[Count, Field(ge=0, le=65535), Rule("must be a TCP port, or 0 for any free port")] = (
         15002
     )
+    #: The S3 port of this home's local object store (SeaweedFS on loopback, ``wavepipe objectstore
+    #: up``), for trying wavepipe's storage on S3 on one machine.
+    object_store_port: Annotated[Count, Field(ge=1, le=65535), Rule("must be a TCP port")] = 8333
     #: This home's local Spark Connect server is restarted between steps (when no step uses it)
     #: once its JVM and Python workers hold more than this many MB of memory; 0: never.
     spark_engine_max_rss_mb: Annotated[Count, Field(ge=0), Rule("must be 0 (never restart) or a number of MB")] = 6144
@@ -477,6 +480,11 @@ class Settings(BaseModel):
     def jars_dir(self) -> Path:
         """Maven-resolved jars (Kafka broker, Delta Lake); a cache that survives ``home`` moves."""
         return Path(os.environ.get("WAVEPIPE_JARS") or default_jars_dir())
+
+    @property
+    def tools_dir(self) -> Path:
+        """Servers built from source with Go (the local object store): beside the jars."""
+        return self.jars_dir.parent / "go"
 
     def kafka_config(self, **extra: Any) -> dict[str, Any]:
         """librdkafka properties shared by every client, plus ``extra``."""

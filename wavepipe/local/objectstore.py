@@ -1,0 +1,231 @@
+"""A real S3-compatible object store on this machine: SeaweedFS, started on loopback like the broker.
+
+SeaweedFS (Apache-2.0) serves the S3 API over its own master, volume and filer servers, all in
+one ``weed server`` process here. It keeps S3's conditional writes (``If-None-Match: *`` creates
+an object only if it is absent, ``If-Match`` replaces only the version that was read), which is
+what wavepipe's exactly-once rests on when its state lives in a bucket.
+
+The server is a Go module: ``weed_binary`` builds it once with the machine's Go from the Go module
+proxy into the tools cache (``.cache/go/`` in a checkout; a few minutes), as ``docker/check``
+builds the Compose plugin. Its data, config, credentials, ports and pid file live under one
+folder (``<home>/objectstore``); ``up`` returns once the S3 API answers a signed request.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from wavepipe.local import processes
+from wavepipe.local.jars import SetupError, require_tool
+from wavepipe.local.kafka import free_port, port_is_free
+
+#: The SeaweedFS release wavepipe's tests and ``make demo`` use (the Go module proxy's newest).
+WEED_MODULE = "github.com/seaweedfs/seaweedfs"
+WEED_VERSION = "v0.0.0-20261109003541-7506e5f91cd6"
+#: The local store's region (SeaweedFS accepts any; clients must name one to sign).
+REGION = "us-east-1"
+READY_TIMEOUT_S = 60.0
+#: The internal servers besides S3, each with an HTTP and a gRPC port.
+INTERNAL = ("master", "volume", "filer")
+
+log = logging.getLogger(__name__)
+
+
+def weed_binary(tools_dir: Path, *, say=None) -> Path:
+    """The ``weed`` server binary at ``WEED_VERSION``, built once into ``tools_dir``.
+
+    ``go install module@version`` refuses this module (its go.mod has replace directives), so it
+    is built inside the downloaded module instead, read-only, with the module's own go.sum."""
+    target = tools_dir / f"weed-{WEED_VERSION}"
+    if target.exists():
+        return target
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    go = require_tool("go", "Install Go 1.26 or newer (apt-get install golang); it builds SeaweedFS, the object store.")
+    say(f"building SeaweedFS {WEED_VERSION} (the local S3 object store) with Go into {target} (once; about 5 minutes)")
+    began = time.monotonic()
+    fetched = _go(go, "mod", "download", "-json", f"{WEED_MODULE}@{WEED_VERSION}")
+    source = json.loads(fetched).get("Dir")
+    if not source:
+        raise SetupError(f"the Go module proxy did not serve {WEED_MODULE}@{WEED_VERSION}: {fetched[-500:]}")
+    tools_dir.mkdir(parents=True, exist_ok=True)
+    partial = target.with_suffix(".part")
+    _go(go, "-C", source, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(partial), "./weed", readonly=True)
+    partial.replace(target)
+    say(f"built SeaweedFS in {time.monotonic() - began:.0f}s: {target}")
+    return target
+
+
+def _go(go: str, *args: str, readonly: bool = False) -> str:
+    """One ``go`` command's output; a failure says what to check."""
+    env = {**os.environ, **({"GOFLAGS": "-mod=readonly"} if readonly else {})}
+    result = subprocess.run([go, *args], capture_output=True, text=True, check=False, env=env)
+    if result.returncode != 0:
+        raise SetupError(
+            f"`go {' '.join(args[:3])} ...` failed:\n{result.stderr[-3000:]}\n"
+            "Check that the Go module proxy is reachable (GOPROXY) and the disk has 3 GB free, then retry."
+        )
+    return result.stdout
+
+
+@dataclass
+class LocalObjectStore:
+    """One local SeaweedFS keeping its data and config in ``folder``, its S3 API on ``port``."""
+
+    folder: Path
+    port: int
+    tools_dir: Path
+    host: str = "127.0.0.1"
+    #: The bucket ``up`` makes sure of.
+    bucket: str = "wavepipe"
+
+    @classmethod
+    def from_settings(cls, settings) -> LocalObjectStore:
+        return cls(settings.home / "objectstore", settings.object_store_port, settings.tools_dir)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.folder / "weed.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.folder / "weed.log"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.folder / "data"
+
+    def credentials(self) -> dict[str, str]:
+        """This store's access key and secret, made the first time (kept in the folder, 0600)."""
+        path = self.folder / "credentials.json"
+        if not path.exists():
+            self.folder.mkdir(parents=True, exist_ok=True)
+            made = {"access_key": f"wavepipe-{secrets.token_hex(4)}", "secret_key": secrets.token_urlsafe(24)}
+            path.touch(mode=0o600)
+            path.write_text(json.dumps(made))
+        return json.loads(path.read_text())
+
+    def client_options(self) -> dict[str, str]:
+        """What an S3 client needs for this store (the keys of ``wavepipe.storage.S3Options``)."""
+        creds = self.credentials()
+        return {"endpoint": self.endpoint, "region": REGION, **creds}
+
+    def pid(self) -> int | None:
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        return pid if processes.alive(pid, "weed") else None
+
+    def up(self) -> str:
+        """Start the store (building SeaweedFS the first time) and wait until S3 answers."""
+        if self.pid() is not None:
+            self.wait_ready()
+            return f"object store already running at {self.endpoint} (pid {self.pid()})"
+        if not port_is_free(self.host, self.port):
+            raise SetupError(
+                f"port {self.port} on {self.host} is in use by another process. Stop it, or set "
+                "WAVEPIPE_OBJECT_STORE_PORT=<free port> to run the local object store elsewhere."
+            )
+        proc = self.start()
+        try:
+            self.wait_ready(proc)
+        except BaseException:
+            self.down()
+            raise
+        return f"object store (SeaweedFS S3) {self.endpoint} started (pid {proc.pid}, data in {self.data_dir})"
+
+    def start(self) -> subprocess.Popen:
+        """Write the S3 identities and launch ``weed server``; returns at once."""
+        weed = weed_binary(self.tools_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        creds = self.credentials()
+        identity = {
+            "name": "wavepipe",
+            "credentials": [{"accessKey": creds["access_key"], "secretKey": creds["secret_key"]}],
+        }
+        identity["actions"] = ["Admin", "Read", "List", "Tagging", "Write"]
+        config = self.folder / "s3.json"
+        config.touch(mode=0o600)
+        config.write_text(json.dumps({"identities": [identity]}))
+        with self.log_file.open("ab") as out:
+            proc = subprocess.Popen(
+                [str(weed), "server", *self._flags(config)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.folder,
+            )
+        self.pid_file.write_text(f"{proc.pid}\n")
+        return proc
+
+    def _flags(self, config: Path) -> list[str]:
+        """``weed server``'s flags: everything on loopback, the internal servers on free ports,
+        the extra catalog servers off, small volumes (a test machine's disk)."""
+        flags = [f"-ip={self.host}", f"-ip.bind={self.host}", f"-dir={self.data_dir}", "-filer", "-s3"]
+        for server in INTERNAL:
+            flags += [f"-{server}.port={free_port()}", f"-{server}.port.grpc={free_port()}"]
+        flags += [f"-s3.port={self.port}", f"-s3.port.grpc={free_port()}", f"-s3.config={config}"]
+        flags += ["-s3.port.iceberg=0", "-s3.port.lance=0", "-master.volumeSizeLimitMB=256", "-volume.max=0"]
+        return flags
+
+    def wait_ready(self, proc: subprocess.Popen | None = None, timeout: float = READY_TIMEOUT_S) -> None:
+        """Until a signed write and read of a marker object in ``bucket`` succeed (which also
+        makes the bucket: the local identity is an admin, and SeaweedFS makes a missing bucket on
+        an admin's first upload)."""
+        from wavepipe.storage import S3Options, open_store
+
+        store = open_store(f"s3://{self.bucket}", S3Options(**self.client_options()))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise SetupError(f"the object store exited with code {proc.returncode}; see {self.log_file}")
+            try:
+                store.put_bytes(".wavepipe-store", b"wavepipe's local object store\n")
+                store.get_bytes(".wavepipe-store")
+                return
+            except Exception as exc:  # not answering yet: ask again until the deadline
+                log.debug("object store not ready: %s", exc)
+            time.sleep(0.5)
+        raise SetupError(f"the object store did not answer in {timeout:.0f}s; see {self.log_file}")
+
+    def down(self, timeout: float = 30.0) -> str:
+        """Stop the store (SIGTERM; SIGKILL after ``timeout``)."""
+        pid = self.pid()
+        if pid is None:
+            self.pid_file.unlink(missing_ok=True)
+            return "object store is not running"
+        os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.pid() is not None:
+            time.sleep(0.2)
+        if self.pid() is not None:
+            os.killpg(pid, signal.SIGKILL)
+        self.pid_file.unlink(missing_ok=True)
+        return f"object store (pid {pid}) stopped"
+
+    def kill(self) -> int | None:
+        """SIGKILL the store (a crash); returns the pid it had."""
+        pid = self.pid()
+        if pid is not None:
+            os.killpg(pid, signal.SIGKILL)
+            while self.pid() is not None:
+                time.sleep(0.1)
+        return pid
+
+    def status(self) -> str:
+        pid = self.pid()
+        return f"object store running at {self.endpoint} (pid {pid})" if pid else "object store is not running"

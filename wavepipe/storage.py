@@ -1,0 +1,165 @@
+"""Where wavepipe keeps things, named by a URI: a local folder or an object store's bucket.
+
+A location is a local path or ``s3://bucket/prefix`` (S3 and S3-compatible stores). Each client
+reaches it its own way, from one set of options (``S3Options``):
+- Python (run state, staged chunks): ``open_store``, Rust's object_store through obstore, with
+  S3's conditional writes: ``create`` (``If-None-Match: *``) and ``replace_if`` (``If-Match``);
+- delta-rs (the publish's commit, every read of a table): ``delta_storage_options``;
+- Spark (the engine's reads and writes of tables): ``s3a://`` through Hadoop's S3A connector,
+  configured by ``spark_confs``.
+
+An object store has no rename and no lock; what needs one is a conditional write instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+#: URI schemes of object stores (Spark names S3 ``s3a``; every other client ``s3``).
+REMOTE_SCHEMES = ("s3", "s3a")
+
+
+@dataclass(frozen=True)
+class S3Options:
+    """How to reach an S3 API. Empty ``endpoint``: AWS's own, for ``region``. Empty keys: the
+    environment's credentials (an instance or pod role, ``AWS_*`` variables, a profile)."""
+
+    endpoint: str = ""
+    region: str = ""
+    access_key: str = ""
+    secret_key: str = ""
+
+    @property
+    def plain_http(self) -> bool:
+        return self.endpoint.startswith("http://")
+
+
+def is_remote(uri: str) -> bool:
+    """Whether ``uri`` names an object store (else a local path)."""
+    return urlparse(str(uri)).scheme in REMOTE_SCHEMES
+
+
+def for_spark(uri: str) -> str:
+    """``uri`` as Spark opens it: ``s3://`` through Hadoop's S3A connector (``s3a://``)."""
+    text = str(uri)
+    return "s3a://" + text.removeprefix("s3://") if text.startswith("s3://") else text
+
+
+def for_clients(uri: str) -> str:
+    """``uri`` as delta-rs and obstore open it (``s3://``)."""
+    text = str(uri)
+    return "s3://" + text.removeprefix("s3a://") if text.startswith("s3a://") else text
+
+
+def delta_storage_options(options: S3Options) -> dict[str, str]:
+    """delta-rs's storage options. Commits are conditional puts of the next log entry
+    (``If-None-Match``), so concurrent writers need no lock table."""
+    found = {
+        "AWS_ENDPOINT_URL": options.endpoint,
+        "AWS_REGION": options.region,
+        "AWS_ACCESS_KEY_ID": options.access_key,
+        "AWS_SECRET_ACCESS_KEY": options.secret_key,
+    }
+    extra = {"AWS_ALLOW_HTTP": "true"} if options.plain_http else {}
+    path_style = {"AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false"} if options.endpoint else {}
+    return {**{k: v for k, v in found.items() if v}, **extra, **path_style, "conditional_put": "etag"}
+
+
+def spark_confs(options: S3Options) -> dict[str, str]:
+    """The Spark engine's S3A settings. A custom endpoint (an S3-compatible store) is addressed
+    path-style; ``fs.s3a.create.conditional.enabled`` lets a create be ``If-None-Match``."""
+    prefix = "spark.hadoop.fs.s3a."
+    confs = {f"{prefix}create.conditional.enabled": "true", f"{prefix}fast.upload": "true"}
+    if options.endpoint:
+        confs |= {f"{prefix}endpoint": options.endpoint, f"{prefix}path.style.access": "true"}
+        confs[f"{prefix}connection.ssl.enabled"] = "false" if options.plain_http else "true"
+    if options.region:
+        confs[f"{prefix}endpoint.region"] = options.region
+    if options.access_key:
+        confs |= {f"{prefix}access.key": options.access_key, f"{prefix}secret.key": options.secret_key}
+        confs[f"{prefix}aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+    return confs
+
+
+class Store:
+    """The objects under one location, with the writes an object store can make atomically."""
+
+    def __init__(self, uri: str, options: S3Options | None = None):
+        from obstore.store import LocalStore, S3Store
+
+        self.uri = for_clients(uri)
+        if is_remote(self.uri):
+            parsed = urlparse(self.uri)
+            prefix = parsed.path.strip("/") or None
+            self._store = S3Store(parsed.netloc, prefix=prefix, **_obstore_config(options or S3Options()))
+        else:
+            self._store = LocalStore(self.uri, mkdir=True)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        """Write ``key`` whole (a reader sees the old object or the new one, never a part)."""
+        import obstore
+
+        obstore.put(self._store, key, data)
+
+    def create(self, key: str, data: bytes) -> bool:
+        """Write ``key`` only if it does not exist; False when it did (another writer was first)."""
+        import obstore
+        from obstore.exceptions import AlreadyExistsError
+
+        try:
+            obstore.put(self._store, key, data, mode="create")
+        except AlreadyExistsError:
+            return False
+        return True
+
+    def replace_if(self, key: str, data: bytes, etag: str) -> bool:
+        """Replace ``key`` only if it is still the version whose ETag is ``etag``; False when
+        another writer replaced or removed it since (S3 only: a local folder has no ETags)."""
+        import obstore
+        from obstore.exceptions import NotFoundError, PreconditionError
+
+        try:
+            obstore.put(self._store, key, data, mode={"e_tag": etag})
+        except (PreconditionError, NotFoundError, FileNotFoundError):
+            return False
+        return True
+
+    def get_bytes(self, key: str) -> bytes:
+        import obstore
+
+        return bytes(obstore.get(self._store, key).bytes())
+
+    def head(self, key: str) -> dict | None:
+        """The object's size, modification time and ETag; None if there is none."""
+        import obstore
+        from obstore.exceptions import NotFoundError
+
+        try:
+            return dict(obstore.head(self._store, key))
+        except (NotFoundError, FileNotFoundError):  # obstore raises either, by call
+            return None
+
+    def keys(self, prefix: str = "") -> list[str]:
+        import obstore
+
+        return sorted(meta["path"] for batch in obstore.list(self._store, prefix or None) for meta in batch)
+
+    def delete(self, key: str) -> None:
+        import obstore
+
+        obstore.delete(self._store, key)
+
+
+def open_store(uri: str, options: S3Options | None = None) -> Store:
+    return Store(uri, options)
+
+
+def _obstore_config(options: S3Options) -> dict:
+    config: dict = {"region": options.region} if options.region else {}
+    if options.endpoint:
+        config |= {"endpoint": options.endpoint, "virtual_hosted_style_request": False}
+        config["allow_http"] = options.plain_http
+    if options.access_key:
+        config |= {"access_key_id": options.access_key, "secret_access_key": options.secret_key}
+    return config
