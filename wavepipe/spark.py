@@ -74,11 +74,23 @@ def spark_conf(settings: Settings, *, small_run: bool = False) -> dict[str, str]
         # executors on a cluster (local mode has none): the same quiet logging, where the file exists
         "spark.executor.extraJavaOptions": f"-Dlog4j2.configurationFile={RESOURCES / 'spark-log4j2.properties'}",
     }
+    conf |= _s3_conf(settings)
     conf.update(settings.spark_conf)
     if small_run:
         java = str(conf.get("spark.driver.extraJavaOptions", ""))
         conf["spark.driver.extraJavaOptions"] = f"{java} {SMALL_RUN_JAVA_OPTIONS}".strip()
     return {k: str(v) for k, v in conf.items()}
+
+
+def _s3_conf(settings: Settings) -> dict[str, str]:
+    """With a location on an object store: S3A's jars and settings, and wavepipe's LogStore."""
+    from wavepipe import storage
+    from wavepipe.local.jars import logstore_jar, s3_jars
+
+    if not storage.uses_s3(settings):
+        return {}
+    jars = [*spark_jars(settings.jars_dir), *s3_jars(settings.jars_dir), logstore_jar(settings.jars_dir)]
+    return {"spark.jars": ",".join(str(j) for j in jars), **storage.spark_confs(storage.s3_options(settings))}
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

@@ -35,6 +35,21 @@ class S3Options:
         return self.endpoint.startswith("http://")
 
 
+def s3_options(settings) -> S3Options:
+    """The S3 options ``settings`` give: this home's object store's (``s3_endpoint = "local"``:
+    its endpoint and credentials), or the settings' own."""
+    if settings.s3_endpoint == "local":
+        from wavepipe.local.objectstore import LocalObjectStore
+
+        return S3Options(**LocalObjectStore.from_settings(settings).client_options())
+    return S3Options(settings.s3_endpoint, settings.s3_region, settings.s3_access_key, settings.s3_secret_key)
+
+
+def uses_s3(settings) -> bool:
+    """Whether any location of ``settings`` is on an object store."""
+    return is_remote(settings.tables_uri)
+
+
 def is_remote(uri: str) -> bool:
     """Whether ``uri`` names an object store (else a local path)."""
     return urlparse(str(uri)).scheme in REMOTE_SCHEMES
@@ -66,11 +81,18 @@ def delta_storage_options(options: S3Options) -> dict[str, str]:
     return {**{k: v for k, v in found.items() if v}, **extra, **path_style, "conditional_put": "etag"}
 
 
+#: wavepipe's Delta LogStore for object stores (resources/logstore/): a commit is one
+#: ``If-None-Match`` put, so Spark's commits and delta-rs's exclude each other.
+LOGSTORE_CLASS = "io.wavepipe.delta.ConditionalPutLogStore"
+
+
 def spark_confs(options: S3Options) -> dict[str, str]:
-    """The Spark engine's S3A settings. A custom endpoint (an S3-compatible store) is addressed
-    path-style; ``fs.s3a.create.conditional.enabled`` lets a create be ``If-None-Match``."""
+    """The Spark engine's S3A and Delta settings. A custom endpoint (an S3-compatible store) is
+    addressed path-style; ``fs.s3a.create.conditional.enabled`` lets a create be
+    ``If-None-Match``, which ``LOGSTORE_CLASS`` makes of every new log entry."""
     prefix = "spark.hadoop.fs.s3a."
     confs = {f"{prefix}create.conditional.enabled": "true", f"{prefix}fast.upload": "true"}
+    confs |= {"spark.delta.logStore.s3a.impl": LOGSTORE_CLASS, "spark.delta.logStore.s3.impl": LOGSTORE_CLASS}
     if options.endpoint:
         confs |= {f"{prefix}endpoint": options.endpoint, f"{prefix}path.style.access": "true"}
         confs[f"{prefix}connection.ssl.enabled"] = "false" if options.plain_http else "true"

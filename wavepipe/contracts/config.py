@@ -185,6 +185,14 @@ def _table(value: Any) -> Any:
     return value
 
 
+def _location(text: str) -> bool:
+    """An empty text, an absolute local path, or ``s3://bucket[/prefix]`` (a valid bucket name)."""
+    if text.startswith(("s3://", "s3a://")):
+        bucket = text.split("://", 1)[1].split("/", 1)[0]
+        return re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", bucket) is not None
+    return text == "" or (Path(text).is_absolute() and "://" not in text)
+
+
 def _instant_text(value: Any) -> Any:
     """A TOML date-time written without quotes (``2026-01-01T00:00:00Z``) as the text it stands for."""
     return value.isoformat() if isinstance(value, (datetime, date)) else value
@@ -393,6 +401,21 @@ class Settings(BaseModel):
     #: under 168 (Delta's own safety check) such a reader can fail. wavepipe's runs never do: the
     #: vacuum waits for their Spark steps (docs/operations.md, "Table maintenance").
     table_retention_hours: Annotated[Number, Field(ge=0, le=87_600), Rule("must be 0 to 87600 hours")] = 168.0
+    #: Where the output tables live: empty for ``<home>/tables``, or ``s3://bucket/prefix`` (an object
+    #: store, reached as ``s3_endpoint`` says). Readers (Spark, delta-rs, Trino) open the tables there.
+    tables_uri: Annotated[str, _check(_location), Rule("must be empty, an absolute path, or s3://bucket[/prefix]")] = ""
+    #: The S3 API of ``s3://`` locations: empty for AWS's own (in ``s3_region``), ``local`` for this
+    #: home's object store (``wavepipe objectstore up``, its own credentials), or http(s)://host:port.
+    s3_endpoint: Annotated[
+        str,
+        _check(lambda v: v in ("", "local") or re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", v) is not None),
+        Rule("must be empty (AWS), local (this home's object store) or http(s)://host:port"),
+    ] = ""
+    #: The S3 region (AWS: where the bucket is; other stores take any name).
+    s3_region: str = ""
+    #: S3 credentials; both empty: the environment's (an instance or pod role, AWS_* variables).
+    s3_access_key: str = ""
+    s3_secret_key: str = ""
     #: ``wavepipe airflow up``: the Airflow API server (UI and REST API) listens on 127.0.0.1 here.
     airflow_port: Annotated[Count, Field(ge=1, le=65535), Rule("must be a TCP port, 1-65535")] = 8080
 
@@ -416,6 +439,12 @@ class Settings(BaseModel):
                     "low": f"{self.validate_sample_rate_min:g}",
                     "high": f"{self.validate_sample_rate_max:g}",
                 },
+            )
+        if applies("s3_access_key", "s3_secret_key") and bool(self.s3_access_key) != bool(self.s3_secret_key):
+            raise PydanticCustomError(
+                "rule_between_settings",
+                "s3_access_key and s3_secret_key go together: set both, or neither (the environment's)",
+                {"setting": "s3_access_key"},
             )
         if applies("dead_letter_topic", "topic") and self.dead_letter_topic and self.dead_letter_topic == self.topic:
             raise PydanticCustomError(

@@ -217,12 +217,17 @@ class LocalObjectStore:
         self.pid_file.unlink(missing_ok=True)
         return f"object store (pid {pid}) stopped"
 
-    def kill(self) -> int | None:
-        """SIGKILL the store (a crash); returns the pid it had."""
+    def kill(self, timeout: float = 30.0) -> int | None:
+        """SIGKILL the store (a crash); returns the pid it had, once its port is free again."""
         pid = self.pid()
         if pid is not None:
             os.killpg(pid, signal.SIGKILL)
-            while self.pid() is not None:
+            deadline = time.monotonic() + timeout
+            while self.pid() is not None or not port_is_free(self.host, self.port):
+                if time.monotonic() > deadline:
+                    raise SetupError(
+                        f"the object store (pid {pid}) still holds port {self.port} {timeout:.0f}s after SIGKILL"
+                    )
                 time.sleep(0.1)
         return pid
 

@@ -1,0 +1,215 @@
+"""The object store wavepipe's state and tables can live on: a real SeaweedFS on loopback (built
+with Go the first time), its conditional writes, and Delta commits on it from Spark and delta-rs
+at once (Spark through S3A and wavepipe's LogStore, delta-rs with conditional puts)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from wavepipe.contracts.config import load_settings
+from wavepipe.local.kafka import free_port
+from wavepipe.local.objectstore import LocalObjectStore
+from wavepipe.spark import settings_env, without_connect_mode
+from wavepipe.storage import S3Options, delta_storage_options, open_store
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """This module's own object store on a free port, stopped at the end."""
+    settings = load_settings()
+    local = LocalObjectStore(tmp_path_factory.mktemp("objectstore"), free_port(), settings.tools_dir)
+    local.up()
+    yield local
+    local.down()
+
+
+@pytest.fixture
+def options(store) -> S3Options:
+    return S3Options(**store.client_options())
+
+
+def _prefix(name: str) -> str:
+    return f"s3://{LocalObjectStore.bucket}/{name}-{time.time_ns()}"
+
+
+def _race_to_create(bucket, key: str, writers: int = 6) -> dict[int, bool]:
+    """``writers`` threads creating ``key`` at the same instant: which of them succeeded."""
+    results: dict[int, bool] = {}
+    barrier = threading.Barrier(writers)
+
+    def create(i: int) -> None:
+        barrier.wait()
+        results[i] = bucket.create(key, f"writer {i}".encode())
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(writers)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    return results
+
+
+def test_of_writers_racing_to_create_one_object_exactly_one_wins(options):
+    bucket = open_store(_prefix("race"), options)
+    for key in ("a", "b", "c"):
+        results = _race_to_create(bucket, key)
+        winners = [i for i, won in results.items() if won]
+        assert len(winners) == 1, results
+        assert bucket.get_bytes(key) == f"writer {winners[0]}".encode()  # the loser overwrote nothing
+
+
+def test_a_replace_of_a_version_someone_replaced_since_is_refused(options):
+    bucket = open_store(_prefix("cas"), options)
+    assert bucket.create("claim", b"run 1")
+    seen = bucket.head("claim")["e_tag"]
+    assert bucket.replace_if("claim", b"run 2", seen)
+    assert not bucket.replace_if("claim", b"run 3", seen)  # run 3 read the version run 2 replaced
+    assert bucket.get_bytes("claim") == b"run 2"
+    assert not bucket.replace_if("absent", b"x", seen)
+    assert bucket.head("absent") is None
+
+
+def test_the_store_killed_and_started_again_keeps_its_objects_and_credentials(store, options):
+    bucket = open_store(_prefix("restart"), options)
+    bucket.put_bytes("kept", b"before the crash")
+    pid = store.kill()
+    assert pid and store.pid() is None and store.status() == "object store is not running"
+    assert "started" in store.up()
+    assert open_store(bucket.uri, S3Options(**store.client_options())).get_bytes("kept") == b"before the crash"
+    assert "already running" in store.up()  # idempotent
+
+
+def test_wrong_credentials_are_refused(store, options):
+    wrong = S3Options(options.endpoint, options.region, options.access_key, "not-the-secret")
+    with pytest.raises(Exception, match=r"(?i)signature|forbidden|denied|403"):
+        open_store(_prefix("auth"), wrong).put_bytes("x", b"x")
+
+
+#: Run by a Spark driver of its own (classic pyspark, local mode) with the test's settings: Spark
+#: appends to the table while the test's delta-rs appends to it too, then says what it read.
+SPARK_WRITER = textwrap.dedent(
+    """
+    import json, sys
+    from wavepipe.contracts.config import load_settings
+    from wavepipe.spark import local_session
+    from wavepipe.storage import for_spark
+    uri, count = for_spark(sys.argv[1]), int(sys.argv[2])
+    spark = local_session(load_settings(), "object-store-test")
+    for i in range(count):
+        spark.createDataFrame([(1, i)], "writer long, i long").write.format("delta").mode("append").save(uri)
+    print(json.dumps({"rows": spark.read.format("delta").load(uri).count()}))
+    """
+)
+
+
+def test_spark_and_delta_rs_committing_to_one_table_on_s3_at_once_lose_no_commit(store, options, tmp_path):
+    """Each append is a new log entry written with ``If-None-Match``: a writer that loses a version
+    to the other reads the log again and commits the next one, so every append is in the table."""
+    uri, count = _prefix("tables") + "/shared", 8
+    so = delta_storage_options(options)
+    write_deltalake(
+        uri, pa.table({"writer": pa.array([0], pa.int64()), "i": pa.array([0], pa.int64())}), storage_options=so
+    )
+    settings = load_settings(
+        home=tmp_path / "home",
+        tables_uri=_prefix("tables"),
+        s3_endpoint=options.endpoint,
+        s3_region=options.region,
+        s3_access_key=options.access_key,
+        s3_secret_key=options.secret_key,
+        spark_master="local[1]",
+    )
+    env = {**without_connect_mode(os.environ), **settings_env(settings)}
+    spark = subprocess.Popen(
+        [sys.executable, "-c", SPARK_WRITER, uri, str(count)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    for i in range(count):
+        write_deltalake(
+            uri,
+            pa.table({"writer": pa.array([2], pa.int64()), "i": pa.array([i], pa.int64())}),
+            mode="append",
+            storage_options=so,
+        )
+    out, _ = spark.communicate(timeout=600)
+    assert spark.returncode == 0, out
+    table = DeltaTable(uri, storage_options=so)
+    writers = table.to_pyarrow_table().column("writer").to_pylist()
+    assert (writers.count(1), writers.count(2), len(writers)) == (count, count, 1 + 2 * count)
+    assert table.version() == 2 * count  # one version per append, none overwritten
+    assert json.loads(out.strip().splitlines()[-1])["rows"] >= 1 + count  # Spark read its own appends at least
+
+
+#: Run by a Spark driver of its own: S3A's streams to one object that another writer makes between
+#: the stream's open and its close (the whole object is PUT at close), and a log entry written by
+#: wavepipe's LogStore where one exists. Prints what each outcome was.
+S3A_RACE = textwrap.dedent(
+    """
+    import json, sys
+    from wavepipe.contracts.config import load_settings
+    from wavepipe.spark import local_session
+    from wavepipe.storage import LOGSTORE_CLASS, for_spark, open_store, s3_options
+    settings = load_settings()
+    uri, other = sys.argv[1], open_store(sys.argv[1], s3_options(settings))
+    spark = local_session(settings, "object-store-race")
+    jvm, conf = spark._jvm, spark._jsc.hadoopConfiguration()
+    said = {}
+    def race(name, open_stream):
+        path = jvm.org.apache.hadoop.fs.Path(for_spark(uri) + "/" + name)
+        out = open_stream(path.getFileSystem(conf), path)
+        out.write(bytearray(b"spark's"))
+        other.put_bytes(name, b"the other writer's")
+        try:
+            out.close()
+            said[name] = "closed"
+        except Exception as exc:
+            said[name] = "refused"
+        said[name + " holds"] = other.get_bytes(name).decode()
+    race("plain", lambda fs, p: fs.create(p, False))
+    race("conditional", lambda fs, p: fs.createFile(p).overwrite(False).must("fs.option.create.conditional.overwrite", True).build())
+    other.put_bytes("_delta_log/00000000000000000003.json", b"{}\\n")
+    store = getattr(jvm.io.wavepipe.delta, LOGSTORE_CLASS.rsplit(".", 1)[1])(conf)
+    entry = jvm.org.apache.hadoop.fs.Path(for_spark(uri) + "/_delta_log/00000000000000000003.json")
+    actions = jvm.java.util.ArrayList()
+    actions.add("spark's entry")
+    try:
+        store.write(entry, actions.iterator(), False, conf)
+        said["log entry"] = "written"
+    except Exception as exc:
+        said["log entry"] = "refused: " + exc.java_exception.getClass().getName()
+    said["log entry holds"] = other.get_bytes("_delta_log/00000000000000000003.json").decode()
+    print(json.dumps(said))
+    """
+)
+
+
+def test_a_plain_s3a_create_overwrites_a_racing_writer_and_the_logstores_conditional_one_does_not(options, tmp_path):
+    """Why wavepipe's LogStore exists: S3A checks for an object when a stream opens and PUTs it
+    when the stream closes, so a plain create overwrites what another writer made in between (as
+    Delta's own S3 LogStore does with a log entry); a conditional create is refused instead."""
+    uri = _prefix("s3a-race")
+    settings = load_settings(
+        home=tmp_path / "home",
+        tables_uri=uri,
+        s3_endpoint=options.endpoint,
+        s3_region=options.region,
+        s3_access_key=options.access_key,
+        s3_secret_key=options.secret_key,
+        spark_master="local[1]",
+    )
+    env = {**without_connect_mode(os.environ), **settings_env(settings)}
+    cmd = [sys.executable, "-c", S3A_RACE, uri]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (said["plain"], said["plain holds"]) == ("closed", "spark's")  # the other writer's object is gone
+    assert (said["conditional"], said["conditional holds"]) == ("refused", "the other writer's")
+    assert said["log entry"].startswith("refused") and "FileAlreadyExists" in said["log entry"], json.dumps(said)
+    assert said["log entry holds"] == "{}\n"

@@ -1,0 +1,65 @@
+"""Storage locations and each client's options for them (pure: no store is asked)."""
+
+from __future__ import annotations
+
+import pytest
+
+from wavepipe.contracts.config import load_settings
+from wavepipe.storage import (
+    LOGSTORE_CLASS,
+    S3Options,
+    delta_storage_options,
+    for_clients,
+    for_spark,
+    is_remote,
+    spark_confs,
+    uses_s3,
+)
+
+LOCAL = S3Options("http://127.0.0.1:8333", "us-east-1", "key-id", "the-secret")
+
+
+def test_uris_are_named_as_each_client_opens_them():
+    assert for_spark("s3://b/tables/waveforms") == "s3a://b/tables/waveforms"
+    assert for_clients("s3a://b/tables") == "s3://b/tables"
+    assert for_spark("/var/lib/wavepipe/tables") == "/var/lib/wavepipe/tables"
+    assert is_remote("s3://b") and is_remote("s3a://b/x") and not is_remote("/tmp/x") and not is_remote("")
+
+
+def test_delta_rs_commits_with_conditional_puts_and_reaches_a_plain_http_store():
+    options = delta_storage_options(LOCAL)
+    assert options["conditional_put"] == "etag"
+    assert options["AWS_ALLOW_HTTP"] == "true" and options["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] == "false"
+    assert (options["AWS_ACCESS_KEY_ID"], options["AWS_SECRET_ACCESS_KEY"]) == ("key-id", "the-secret")
+    aws = delta_storage_options(S3Options(region="eu-west-1"))  # AWS, the environment's credentials
+    assert aws == {"AWS_REGION": "eu-west-1", "conditional_put": "etag"}
+
+
+def test_spark_commits_through_the_conditional_logstore_and_s3a_may_make_conditional_creates():
+    confs = spark_confs(LOCAL)
+    assert confs["spark.delta.logStore.s3a.impl"] == confs["spark.delta.logStore.s3.impl"] == LOGSTORE_CLASS
+    assert confs["spark.hadoop.fs.s3a.create.conditional.enabled"] == "true"
+    assert confs["spark.hadoop.fs.s3a.path.style.access"] == "true"
+    assert confs["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
+    aws = spark_confs(S3Options(region="eu-west-1"))
+    assert "spark.hadoop.fs.s3a.endpoint" not in aws and "spark.hadoop.fs.s3a.access.key" not in aws
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"tables_uri": "s3://Bad_Bucket/x"}, "tables_uri must be empty, an absolute path, or s3://bucket"),
+        ({"tables_uri": "relative/tables"}, "tables_uri must be empty, an absolute path, or s3://bucket"),
+        ({"tables_uri": "gs://bucket/x"}, "tables_uri must be empty, an absolute path, or s3://bucket"),
+        ({"s3_endpoint": "127.0.0.1:8333"}, "s3_endpoint must be empty (AWS), local"),
+        ({"s3_access_key": "only-the-key"}, "s3_access_key and s3_secret_key go together"),
+    ],
+)
+def test_a_typo_in_a_storage_setting_is_refused_with_what_it_must_be(tmp_path, values, message):
+    with pytest.raises(Exception, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_settings(home=tmp_path, **values)
+
+
+def test_tables_on_s3_make_the_settings_use_s3(tmp_path):
+    assert not uses_s3(load_settings(home=tmp_path))
+    assert uses_s3(load_settings(home=tmp_path, tables_uri="s3://lake/wavepipe", s3_endpoint="local"))
