@@ -138,11 +138,16 @@ def spark_submit_command(settings: Settings, app: Path, *args: str, small_run: b
 
 
 def _local_env(settings: Settings) -> dict[str, str]:
-    """In local mode, or with a master on loopback, the driver binds to loopback only (it would
-    pick the first interface otherwise, which a loopback cluster may not reach)."""
+    """The environment of a Spark driver this machine starts. In local mode, or with a master on
+    loopback, the driver binds to loopback only (it would pick the first interface otherwise,
+    which a loopback cluster may not reach). With a location on S3, the S3 keys (no command line
+    shows them)."""
+    from wavepipe import storage
+
     master = settings.spark_master
     loopback = master.startswith(("spark://127.0.0.1:", "spark://localhost:"))
-    return {"SPARK_LOCAL_IP": "127.0.0.1"} if master.startswith("local") or loopback else {}
+    env = {"SPARK_LOCAL_IP": "127.0.0.1"} if master.startswith("local") or loopback else {}
+    return env | (storage.credentials_env(storage.s3_options(settings)) if storage.uses_s3(settings) else {})
 
 
 def is_small_run(settings: Settings, staged_bytes: int) -> bool:

@@ -98,10 +98,20 @@ def spark_confs(options: S3Options) -> dict[str, str]:
         confs[f"{prefix}connection.ssl.enabled"] = "false" if options.plain_http else "true"
     if options.region:
         confs[f"{prefix}endpoint.region"] = options.region
-    if options.access_key:
-        confs |= {f"{prefix}access.key": options.access_key, f"{prefix}secret.key": options.secret_key}
-        confs[f"{prefix}aws.credentials.provider"] = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+    if options.access_key:  # the keys travel in the environment (credentials_env), not on a command line
+        confs[f"{prefix}aws.credentials.provider"] = ENV_CREDENTIALS
     return confs
+
+
+#: The AWS SDK's provider that reads ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY``.
+ENV_CREDENTIALS = "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider"
+
+
+def credentials_env(options: S3Options) -> dict[str, str]:
+    """The environment a Spark process reads the settings' S3 keys from (none: its own)."""
+    if not options.access_key:
+        return {}
+    return {"AWS_ACCESS_KEY_ID": options.access_key, "AWS_SECRET_ACCESS_KEY": options.secret_key}
 
 
 class Store:

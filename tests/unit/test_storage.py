@@ -8,6 +8,7 @@ from wavepipe.contracts.config import load_settings
 from wavepipe.storage import (
     LOGSTORE_CLASS,
     S3Options,
+    credentials_env,
     delta_storage_options,
     for_clients,
     for_spark,
@@ -41,6 +42,8 @@ def test_spark_commits_through_the_conditional_logstore_and_s3a_may_make_conditi
     assert confs["spark.hadoop.fs.s3a.create.conditional.enabled"] == "true"
     assert confs["spark.hadoop.fs.s3a.path.style.access"] == "true"
     assert confs["spark.hadoop.fs.s3a.connection.ssl.enabled"] == "false"
+    assert not any("secret" in key or "access.key" in key for key in confs)  # keys: in the environment only
+    assert credentials_env(LOCAL) == {"AWS_ACCESS_KEY_ID": "key-id", "AWS_SECRET_ACCESS_KEY": "the-secret"}
     aws = spark_confs(S3Options(region="eu-west-1"))
     assert "spark.hadoop.fs.s3a.endpoint" not in aws and "spark.hadoop.fs.s3a.access.key" not in aws
 
