@@ -20,11 +20,11 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 
+from wavepipe import storage
 from wavepipe.delta_files import NULL_PARTITION, add_action_fields
 from wavepipe.delta_txn import Txn
 from wavepipe.faults import failpoint
@@ -85,25 +85,21 @@ def delta_writer(df: DataFrame):
     return protocol_types(df).write.format("delta")
 
 
-def delta_version(path: Path) -> int | None:
+def delta_version(path: str) -> int | None:
     """The table's latest committed version, from its log's file names (None: no table yet).
 
     Every Delta commit is the file ``_delta_log/<version>.json`` (zero-padded), written atomically;
     reading the names costs a directory listing, where asking Delta costs a Spark job (and, the
     first time in a JVM, several seconds of Delta's start-up).
     """
-    log_dir = Path(path) / "_delta_log"
-    if not log_dir.is_dir():
-        return None
-    versions = [int(f.name[:-5]) for f in log_dir.iterdir() if f.name.endswith(".json") and f.name[:-5].isdigit()]
-    return max(versions) if versions else None
+    versions = storage.log_versions(path)
+    return versions[-1] if versions else None
 
 
-def commit_metric(path: Path, version: int, name: str) -> int | None:
+def commit_metric(path: str, version: int, name: str) -> int | None:
     """Operation metric ``name`` (e.g. ``numDeletedRows``) of the table's commit ``version``, as
     its writer recorded it in the commit's ``commitInfo``; None when the commit does not say."""
-    commit = Path(path) / "_delta_log" / f"{version:020d}.json"
-    for line in commit.read_text().splitlines():
+    for line in storage.read_text(storage.join(path, "_delta_log", f"{version:020d}.json")).splitlines():
         info = json.loads(line).get("commitInfo") if line.strip() else None
         if info is not None:
             value = (info.get("operationMetrics") or {}).get(name)
@@ -161,17 +157,15 @@ def _live_files(table, partition_columns: list[str]) -> tuple[dict[str, tuple[in
     return files, partition_of
 
 
-def delta_log(path: Path, *, history: bool = False) -> DeltaLog | None:
+def delta_log(path: str, *, history: bool = False) -> DeltaLog | None:
     """The table's latest version, read by delta-rs (the Delta project's reader of the log: commits,
     classic, multi-part and v2 checkpoints); ``history``: also when each operation last committed.
     None when there is no table, or delta-rs cannot open it (logged: a table written with types
     the protocol does not define needs ``wavepipe table repair``): then ask Spark."""
-    from deltalake import DeltaTable
-
-    if not (Path(path) / "_delta_log").is_dir():
+    if not storage.has_table(path):
         return None
     try:
-        table = DeltaTable(str(path))
+        table = storage.delta_table(path)
         partition_columns = list(table.metadata().partition_columns)
         files, partition_of = _live_files(table, partition_columns)
         state = DeltaLog(table.version(), files, partition_columns=partition_columns, partition_of=partition_of)
@@ -184,7 +178,7 @@ def delta_log(path: Path, *, history: bool = False) -> DeltaLog | None:
     return state
 
 
-def delta_row_count(path: Path) -> int | None:
+def delta_row_count(path: str) -> int | None:
     """The rows of the table's latest version, from its log's own file statistics (``numRecords``
     of each live data file), without a Spark job; None when the log cannot say (``delta_log``, a
     file written without statistics or with deleted rows): then ask Spark."""
@@ -198,11 +192,11 @@ def delta_row_count(path: Path) -> int | None:
 ID_LIST_MAX = 2000
 
 
-def read_delta(spark: SparkSession, path: Path, version: int | None = None) -> DataFrame:
+def read_delta(spark: SparkSession, path: str, version: int | None = None) -> DataFrame:
     reader = spark.read.format("delta")
     if version is not None:
         reader = reader.option("versionAsOf", version)
-    return reader.load(str(path))
+    return reader.load(storage.for_spark(path))
 
 
 def window_predicate(topic: str, offsets: dict[int, tuple[int, int]], offset_column: str) -> str:
@@ -238,7 +232,7 @@ def replace_predicate(
 
 def append_new(
     df: DataFrame,
-    path: Path,
+    path: str,
     keys: list[str],
     partition_by: list[str] | None = None,
     checked_version: int | None = None,
@@ -264,11 +258,9 @@ def append_new(
     only compared again if the table has moved since (another writer), so the payload rows are not
     joined against the table's keys in the common case.
     """
-    from deltalake import DeltaTable
-
     version, table = delta_version(path), None
     if version is not None:
-        table = DeltaTable(str(path))  # the commit is checked against this version: see commit_files
+        table = storage.delta_table(path)  # the commit is checked against this version: see commit_files
         if txn is not None and (table.transaction_version(txn.app_id) or 0) >= txn.version:
             return
         partition_by = table.metadata().partition_columns  # an existing table keeps its own layout
@@ -283,24 +275,22 @@ def append_new(
     commit_files(path, folder, partition_by or [], txn, table=table, schema=schema)
 
 
-def write_files(df: DataFrame, path: Path, partition_by: list[str] | None) -> Path:
+def write_files(df: DataFrame, path: str, partition_by: list[str] | None) -> str:
     """``df``'s rows as Parquet files in a new folder of table ``path`` (``FILES_FOLDER``), laid
     out in Hive-style folders by ``partition_by``, as Delta lays out its own; one Spark job."""
-    folder = Path(path) / f"{FILES_FOLDER}{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
+    folder = f"{FILES_FOLDER}{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
     conf = df.sparkSession.conf
     conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")  # as Delta's writer; Spark's: INT96
     conf.set("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")  # no _SUCCESS file: nothing removes it
     writer = df.write.mode("error")
     if partition_by:
         writer = writer.partitionBy(*partition_by)
-    writer.parquet(str(folder))
+    writer.parquet(storage.for_spark(storage.join(path, folder)))
     return folder
 
 
-def commit_files(
-    path: Path, folder: Path, partition_by: list[str], txn: Txn | None, *, table=None, schema=None
-) -> None:
-    """Commit the Parquet files under ``folder`` (``write_files``) to table ``path`` with delta-rs:
+def commit_files(path: str, folder: str, partition_by: list[str], txn: Txn | None, *, table=None, schema=None) -> None:
+    """Commit the Parquet files under ``folder`` of table ``path`` (``write_files``) with delta-rs:
     one commit of their ``add`` actions (statistics from their footers, ``delta_files``) and
     ``txn``'s transaction and metadata. ``table``: the table (a ``DeltaTable``) as it was when the
     caller found that it did not hold ``txn``: a commit of the same transaction id since then
@@ -309,26 +299,28 @@ def commit_files(
     from deltalake import Schema
     from deltalake.transaction import AddAction, create_table_with_add_actions
 
-    files = sorted(folder.rglob("*.parquet"))
-    adds = [AddAction(**add_action_fields(Path(path), f, folder)) for f in files]
+    files = storage.written_files(path, folder)
+    footers = [storage.parquet_metadata(path, f.path) for f in files]
+    adds = [AddAction(**add_action_fields(f, folder, footer)) for f, footer in zip(files, footers, strict=True)]
     properties = commit_properties(txn)
     if table is None:
         create_table_with_add_actions(
-            str(path),
+            storage.for_clients(path),
             Schema.from_arrow(schema),
             adds,
             mode="error",
             partition_by=partition_by or None,
             commit_properties=properties,
+            storage_options=storage.delta_write_options(path),
         )
         return
-    _check_columns(files, table.schema(), partition_by, path)
+    _check_columns(footers[0].schema.to_arrow_schema() if footers else None, table.schema(), partition_by, path)
     table.create_write_transaction(
         adds, "append", table.schema(), partition_by=partition_by or None, commit_properties=properties
     )
 
 
-def append_rows(rows, path: Path, keys: list[str], txn: Txn, scope: list[str] | tuple[str, dict]) -> None:
+def append_rows(rows, path: str, keys: list[str], txn: Txn, scope: list[str] | tuple[str, dict]) -> None:
     """Append ``rows`` (pyarrow; small: quarantine or dead-letter rows) whose ``keys`` are not in
     the table yet, in one atomic commit by delta-rs in this process: no Spark job. The commit
     carries ``txn`` as ``append_new``'s do: a table that already holds its version
@@ -338,18 +330,26 @@ def append_rows(rows, path: Path, keys: list[str], txn: Txn, scope: list[str] | 
     ``scope``: where a row of ``rows`` can already be: its waveform ids, or (topic, per partition
     the ``[from, to)`` of the ``offset`` column) for dead letters. Only the keys there are read
     (delta-rs skips the other files by their statistics), never every key of a table that grows."""
-    from deltalake import DeltaTable, write_deltalake
+    from deltalake import write_deltalake
 
-    table = str(path)
+    table = storage.for_clients(path)
     if delta_version(path) is not None:
-        table = DeltaTable(table)  # the commit is checked against this version (as in commit_files)
+        table = storage.delta_table(path)  # the commit is checked against this version (as in commit_files)
         if (table.transaction_version(txn.app_id) or 0) >= txn.version:
             return
         there = _keys_in(path, keys, scope).drop_duplicates()
         mine = rows.select(keys).to_pandas().merge(there, on=keys, how="left", indicator=True)
         rows = rows.filter((mine["_merge"] == "left_only").to_numpy())
     if rows.num_rows:
-        write_deltalake(table, rows, mode="append", schema_mode="merge", commit_properties=commit_properties(txn))
+        options = storage.delta_write_options(path) if isinstance(table, str) else None
+        write_deltalake(
+            table,
+            rows,
+            mode="append",
+            schema_mode="merge",
+            commit_properties=commit_properties(txn),
+            storage_options=options,
+        )
 
 
 def commit_properties(txn: Txn | None):
@@ -363,12 +363,11 @@ def commit_properties(txn: Txn | None):
     )
 
 
-def _keys_in(path: Path, keys: list[str], scope: list[str] | tuple[str, dict]):
+def _keys_in(path: str, keys: list[str], scope: list[str] | tuple[str, dict]):
     """``keys`` of the table's rows in ``scope`` (``append_rows``), as pandas."""
     if isinstance(scope, list):
         return id_rows(path, scope, keys)
     import pyarrow.compute as pc
-    from deltalake import DeltaTable
 
     from wavepipe.spark_apps.metadata import inside_window
 
@@ -381,7 +380,7 @@ def _keys_in(path: Path, keys: list[str], scope: list[str] | tuple[str, dict]):
         & (pc.field("offset") >= min(a for a, _ in offsets.values()))
     )
     columns = sorted({*keys, "topic", "partition", "offset"})
-    found = DeltaTable(str(path)).to_pyarrow_dataset().to_table(columns=columns, filter=near).to_pandas()
+    found = storage.delta_table(path).to_pyarrow_dataset().to_table(columns=columns, filter=near).to_pandas()
     return found.loc[inside_window(found, topic, offsets, "offset"), keys]
 
 
@@ -392,14 +391,13 @@ def with_txn(writer, txn: Txn | None):
     return writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version).option("userMetadata", txn.metadata)
 
 
-def _check_columns(files: list[Path], schema, partition_by: list[str], path: Path) -> None:
-    """A clear error, before the commit, when the files do not fit table ``path``'s ``schema``
-    (a Delta schema): a column the table lacks, or one it requires that the files lack."""
-    import pyarrow.parquet as pq
-
-    if not files:
+def _check_columns(files_schema, schema, partition_by: list[str], path: str) -> None:
+    """A clear error, before the commit, when the files (their pyarrow ``files_schema``; None: no
+    file) do not fit table ``path``'s ``schema`` (a Delta schema): a column the table lacks, or
+    one it requires that the files lack."""
+    if files_schema is None:
         return
-    written = set(pq.read_schema(files[0]).names) | set(partition_by)
+    written = set(files_schema.names) | set(partition_by)
     fields = {f.name: f for f in schema.fields}
     unknown = sorted(written - set(fields))
     missing = sorted(name for name, f in fields.items() if not f.nullable and name not in written)
@@ -424,7 +422,7 @@ def with_ids(frame: DataFrame, ids: list[str], *, keep: bool = True) -> DataFram
     return frame.join(listed, "waveform_id", "left_semi" if keep else "left_anti")
 
 
-def id_rows(path: Path, ids: list[str], columns: list[str]):
+def id_rows(path: str, ids: list[str], columns: list[str]):
     """``columns`` of the table's rows whose ``waveform_id`` is in ``ids``, read by delta-rs in
     this process as pandas: no Spark job. Only these columns are read, and only of the files whose
     ``waveform_id`` statistics can hold the ids (delta-rs prunes the others). Every id of the
@@ -432,11 +430,10 @@ def id_rows(path: Path, ids: list[str], columns: list[str]):
     may carry another source or date. A column the table lacks comes back empty (None)."""
     import pandas as pd
     import pyarrow.compute as pc
-    from deltalake import DeltaTable
 
     if not ids or delta_version(path) is None:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
-    dataset = DeltaTable(str(path)).to_pyarrow_dataset(file_pruning_predicate=[("waveform_id", "in", ids)])
+    dataset = storage.delta_table(path).to_pyarrow_dataset(file_pruning_predicate=[("waveform_id", "in", ids)])
     there = [c for c in columns if c in dataset.schema.names]  # a table of an earlier wavepipe lacks some
     rows = dataset.to_table(columns=there, filter=pc.field("waveform_id").isin(ids)).to_pandas()
     return rows.reindex(columns=columns)

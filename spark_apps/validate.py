@@ -40,7 +40,7 @@ from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from wavepipe import delta_txn, expectations
+from wavepipe import delta_txn, expectations, storage
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.plan import RunPlan, utc_now
 from wavepipe.contracts.report import append_validation_history, describe_safely, failed_expectations
@@ -730,7 +730,7 @@ def replace_window(
     else:
         with_txn(delta_writer(source), txn).mode("overwrite").option("replaceWhere", where).option(
             "mergeSchema", "true"
-        ).save(str(target))
+        ).save(storage.for_spark(target))
     after = delta_version(target)
     if after == before:
         return 0

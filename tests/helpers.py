@@ -189,21 +189,22 @@ def _normalized(rows: list[dict]) -> list[tuple]:
     return sorted((tuple(sorted(r.items())) for r in rows), key=repr)
 
 
-def assert_delta_rs_reads_as_spark(spark, path: Path) -> int:
-    """delta-rs (the ``deltalake`` package) reads the table at ``path`` row for row as Spark does,
-    every column and value; returns the rows."""
-    from deltalake import DeltaTable
+def assert_delta_rs_reads_as_spark(spark, path: str) -> int:
+    """delta-rs (the ``deltalake`` package) reads the table at ``path`` (local or on an object
+    store) row for row as Spark does, every column and value; returns the rows."""
+    from wavepipe import storage
 
-    theirs = DeltaTable(str(path)).to_pyarrow_table()
-    ours = spark.read.format("delta").load(str(path)).toArrow()
+    name = str(path).rstrip("/").rsplit("/", 1)[-1]
+    theirs = storage.delta_table(path).to_pyarrow_table()
+    ours = spark.read.format("delta").load(storage.for_spark(path)).toArrow()
     assert sorted(theirs.column_names) == sorted(ours.column_names), (theirs.schema, ours.schema)
-    assert theirs.num_rows == ours.num_rows, f"{path.name}: delta-rs {theirs.num_rows} rows, Spark {ours.num_rows}"
-    assert _normalized(theirs.to_pylist()) == _normalized(ours.to_pylist()), f"{path.name}: rows differ"
+    assert theirs.num_rows == ours.num_rows, f"{name}: delta-rs {theirs.num_rows} rows, Spark {ours.num_rows}"
+    assert _normalized(theirs.to_pylist()) == _normalized(ours.to_pylist()), f"{name}: rows differ"
     return theirs.num_rows
 
 
 def assert_output_unique(spark, settings: Settings) -> None:
-    if not (settings.output_table / "_delta_log").exists():
+    if not (Path(settings.output_table) / "_delta_log").exists():
         return
     df = spark.read.format("delta").load(str(settings.output_table))
     total, distinct = df.count(), df.select("waveform_id").distinct().count()
@@ -211,7 +212,7 @@ def assert_output_unique(spark, settings: Settings) -> None:
 
 
 def quarantine_reasons(spark, settings: Settings) -> dict[str, str]:
-    if not (settings.quarantine_table / "_delta_log").exists():
+    if not (Path(settings.quarantine_table) / "_delta_log").exists():
         return {}
     return {
         r["waveform_id"]: r["reason"]

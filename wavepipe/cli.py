@@ -16,7 +16,11 @@ from wavepipe.local.jars import SetupError
 
 
 def _settings(args) -> Settings:
-    return load_settings(home=args.home, bootstrap_servers=args.bootstrap_servers)
+    from wavepipe import storage
+
+    settings = load_settings(home=args.home, bootstrap_servers=args.bootstrap_servers)
+    storage.configure(settings)
+    return settings
 
 
 def cmd_objectstore(args) -> int:

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import json
 import urllib.parse
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from pathlib import PurePath, PurePosixPath
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -29,7 +30,7 @@ import pyarrow.parquet as pq
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
 
 
-def partition_values(relative: Path) -> dict[str, str | None]:
+def partition_values(relative: PurePath) -> dict[str, str | None]:
     """The ``key=value`` folder names on the way to a file (``relative`` to where it was written)."""
     values: dict[str, str | None] = {}
     for part in relative.parts[:-1]:
@@ -89,15 +90,25 @@ def file_stats(metadata: pq.FileMetaData) -> dict:
     return stats
 
 
-def add_action_fields(table: Path, file: Path, written_to: Path) -> dict:
-    """What a Delta ``add`` of ``file`` says: its path relative to ``table``, size, modification
-    time (ms), partition values (its folders under ``written_to``) and ``stats`` (JSON)."""
-    info = file.stat()
+@dataclass(frozen=True)
+class WrittenFile:
+    """A data file a writer left in a table's folder: its path relative to the table, its size
+    and its modification time (ms since the epoch)."""
+
+    path: str
+    size: int
+    modified_ms: int
+
+
+def add_action_fields(written: WrittenFile, written_to: str, metadata: pq.FileMetaData) -> dict:
+    """What a Delta ``add`` of ``written`` says: its path relative to the table, size, modification
+    time (ms), partition values (its folders under ``written_to``, the folder the writer was given,
+    relative to the table) and ``stats`` (JSON, from its footer's ``metadata``)."""
     return {
-        "path": file.relative_to(table).as_posix(),
-        "size": info.st_size,
-        "partition_values": partition_values(file.relative_to(written_to)),
-        "modification_time": int(info.st_mtime * 1000),
+        "path": written.path,
+        "size": written.size,
+        "partition_values": partition_values(PurePosixPath(written.path).relative_to(written_to)),
+        "modification_time": written.modified_ms,
         "data_change": True,
-        "stats": json.dumps(file_stats(pq.read_metadata(file)), separators=(",", ":")),
+        "stats": json.dumps(file_stats(metadata), separators=(",", ":")),
     }

@@ -27,6 +27,8 @@ import time
 import uuid
 from pathlib import Path
 
+from wavepipe import storage
+
 log = logging.getLogger("wavepipe.delta_protocol")
 
 #: The protocol's primitive types (PROTOCOL.md, "Primitive Types"); ``decimal(p,s)`` below.
@@ -119,7 +121,9 @@ def _checkpoint_actions(log_dir: Path, version: int) -> dict[str, dict]:
 def latest_metadata(path: Path) -> tuple[int, dict, dict]:
     """(the table's latest version, its ``metaData`` action, its ``protocol`` action), read from
     the newest commits back to the newest checkpoint (the two actions only: this reads tables that
-    no protocol-following reader opens)."""
+    no protocol-following reader opens). Local tables only (see ``repair_schema``)."""
+    if storage.is_remote(str(path)):
+        raise RepairError(f"{path}: the log of a table on an object store is read by delta-rs, not here")
     log_dir = Path(path) / "_delta_log"
     commits = _versions(log_dir, _COMMIT) if log_dir.is_dir() else []
     if not commits:
@@ -148,6 +152,8 @@ def latest_metadata(path: Path) -> tuple[int, dict, dict]:
 
 def schema_problems(path: Path) -> list[str]:
     """The columns of the table at ``path`` whose logged types the protocol does not define."""
+    if storage.is_remote(str(path)):
+        return []  # see repair_schema
     _, meta, protocol = latest_metadata(path)
     return type_errors(json.loads(meta["schemaString"]), table_features(protocol))
 
@@ -170,7 +176,12 @@ def _commit_next(log_dir: Path, version: int, actions: list[dict]) -> bool:
 
 def repair_schema(path: Path, *, dry_run: bool = False, attempts: int = 3) -> dict | None:
     """Make the table at ``path`` readable by every Delta reader, in one metadata-only commit;
-    None when it already is. Returns what was (or, ``dry_run``, would be) changed."""
+    None when it already is. Returns what was (or, ``dry_run``, would be) changed.
+
+    A table on an object store needs none: only a local table written by wavepipe up to 77ad3ff
+    can hold the types this repairs, and object stores came later."""
+    if storage.is_remote(str(path)):
+        return None
     for _ in range(attempts):
         version, meta, protocol = latest_metadata(path)
         schema = json.loads(meta["schemaString"])

@@ -23,8 +23,8 @@ import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
+from wavepipe import storage
 from wavepipe.contracts.plan import RunPlan
 
 log = logging.getLogger("wavepipe.delta_txn")
@@ -50,16 +50,14 @@ class Txn:
     metadata: str
 
 
-def txn_version(path: Path, txn_app_id: str) -> int:
+def txn_version(path: str, txn_app_id: str) -> int:
     """The highest ``txnVersion`` table ``path`` holds for ``txn_app_id`` (0: none, or no table)."""
-    from deltalake import DeltaTable
-
-    if not (Path(path) / "_delta_log").is_dir():
+    if not storage.has_table(path):
         return 0
-    return DeltaTable(str(path)).transaction_version(txn_app_id) or 0
+    return storage.delta_table(path).transaction_version(txn_app_id) or 0
 
 
-def next_version(paths: Iterable[Path], txn_app_id: str) -> int:
+def next_version(paths: Iterable[str], txn_app_id: str) -> int:
     """The ``txnVersion`` of the next run: one above the highest any of ``paths`` holds. A table
     delta-rs cannot open (``wavepipe table repair``) raises, naming it."""
     versions = []
@@ -104,15 +102,13 @@ def parse_metadata(text: str | None) -> dict | None:
     return data
 
 
-def published_runs(path: Path, txn_app_id: str, commits: int = HISTORY_COMMITS) -> list[dict]:
+def published_runs(path: str, txn_app_id: str, commits: int = HISTORY_COMMITS) -> list[dict]:
     """The publishes of ``txn_app_id`` among the table's newest ``commits``, newest first: each
     ``parse_metadata`` with the table ``version`` it made. Empty when there is no table."""
-    from deltalake import DeltaTable
-
-    if not (Path(path) / "_delta_log").is_dir():
+    if not storage.has_table(path):
         return []
     found = []
-    for info in DeltaTable(str(path)).history(commits):
+    for info in storage.delta_table(path).history(commits):
         data = parse_metadata(info.get("userMetadata"))
         if data is not None and data.get("app_id") == txn_app_id:
             found.append({**data, "table_version": info.get("version")})
@@ -150,14 +146,13 @@ def lost_commit(published: dict | None, positions: dict[int, tuple[int | None, s
     }
 
 
-def dead_letters_of(path: Path, run_id: str):
+def dead_letters_of(path: str, run_id: str):
     """The dead-letter table's rows that run ``run_id`` published, one batch in memory at a time
     (delta-rs): for a lost commit's dead letters, which its Kafka commit would have sent."""
     import pyarrow.compute as pc
-    from deltalake import DeltaTable
 
-    if not (Path(path) / "_delta_log").is_dir():
+    if not storage.has_table(path):
         return
-    dataset = DeltaTable(str(path)).to_pyarrow_dataset()
+    dataset = storage.delta_table(path).to_pyarrow_dataset()
     for batch in dataset.to_batches(filter=pc.field("run_id") == run_id, batch_size=256):
         yield from batch.to_pylist()

@@ -6,6 +6,7 @@ import json
 import time
 from collections.abc import Callable
 
+from wavepipe import storage
 from wavepipe.contracts.config import Settings
 
 
@@ -88,7 +89,7 @@ def _check_output(settings: Settings, sent) -> list[str]:
         manifest = spark.createDataFrame(
             [(s.waveform_id, s.checksum) for s in sent], "waveform_id string, checksum string"
         )
-        output = spark.read.format("delta").load(str(settings.output_table))
+        output = spark.read.format("delta").load(storage.for_spark(settings.output_table))
         bad = compare_to_manifest(output, manifest).where("rows != 1 OR NOT bit_exact OR bit_exact IS NULL").collect()
     problems = [f"waveform {r['waveform_id']}: {r['rows']} output rows, bit-exact {r['bit_exact']}" for r in bad]
     return problems + _check_with_delta_rs(settings, sent)
@@ -97,13 +98,11 @@ def _check_output(settings: Settings, sent) -> list[str]:
 def _check_with_delta_rs(settings: Settings, sent) -> list[str]:
     """The same table read by delta-rs (the reader of Polars and most Python tools), not Spark:
     each sent waveform once, its payload bit-exact (sha256)."""
-    from deltalake import DeltaTable
-
     from wavepipe.contracts.protocol import checksum
 
     ids = sorted({s.waveform_id for s in sent})
     try:
-        table = DeltaTable(str(settings.output_table))
+        table = storage.delta_table(settings.output_table)
         rows = table.to_pyarrow_table(columns=["waveform_id", "payload"], filters=[("waveform_id", "in", ids)])
     except Exception as exc:
         return [f"delta-rs cannot read the output table ({str(exc).splitlines()[0]}): run `wavepipe table repair`"]

@@ -27,6 +27,7 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from urllib.parse import unquote
 
+from wavepipe import storage
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import UsageError, did_you_mean
 from wavepipe.contracts.runfiles import RunStore
@@ -45,7 +46,7 @@ DELTA_SAFE_RETENTION_H = 168.0
 LOCK_YIELD_S = 1.5
 
 
-def table_paths(settings: Settings) -> dict[str, Path]:
+def table_paths(settings: Settings) -> dict[str, str]:
     return {
         "waveforms": settings.output_table,
         "quarantine": settings.quarantine_table,
@@ -120,8 +121,14 @@ class TableStatus:
     note: str | None = None
 
 
-def _data_files(path: Path) -> dict[str, tuple[int, float]]:
-    """The table's data files on disk (relative path -> (bytes, modified at)), not its log."""
+def _data_files(path: str) -> dict[str, tuple[int, float]]:
+    """The table's data files in its folder (relative path -> (bytes, modified at)), not its log."""
+    if storage.is_remote(path):
+        return {
+            f.path: (f.size, f.modified_ms / 1000)
+            for f in storage.written_files(path, "")
+            if not f.path.startswith(("_", ".")) and "/_" not in f.path and "/." not in f.path
+        }
     found = {}
     for root, dirs, names in os.walk(path):
         dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
@@ -147,7 +154,7 @@ def _last(state, operation: str) -> str | None:
     return f"not in the last {HISTORY_COMMITS} commits" if state.version + 1 > HISTORY_COMMITS else None
 
 
-def _unreadable_note(path: Path) -> str:
+def _unreadable_note(path: str) -> str:
     from wavepipe import delta_protocol
 
     try:
@@ -199,11 +206,11 @@ def partition_predicate(folders: list[str]) -> str:
     return " OR ".join(terms)
 
 
-def table_status(name: str, path: Path) -> TableStatus:
+def table_status(name: str, path: str) -> TableStatus:
     from wavepipe.spark_apps.tables import delta_log
 
     status = TableStatus(table=name, path=str(path))
-    if not (path / "_delta_log").is_dir():
+    if not storage.has_table(path):
         status.note = "no table yet (no run has published to it)"
         return status
     state = delta_log(path, history=True)
@@ -252,15 +259,15 @@ def _writing(settings: Settings, what: str) -> Iterator[object]:
     time.sleep(LOCK_YIELD_S)
 
 
-def _sql_path(path: Path) -> str:
-    return "delta.`" + str(path).replace("`", "``") + "`"
+def _sql_path(path: str) -> str:
+    return "delta.`" + storage.for_spark(path).replace("`", "``") + "`"
 
 
-def _existing(settings: Settings, tables: list[str] | None, done: list[dict]) -> Iterator[tuple[str, Path]]:
+def _existing(settings: Settings, tables: list[str] | None, done: list[dict]) -> Iterator[tuple[str, str]]:
     """(name, path) of each chosen table that exists; the others are recorded in ``done`` as skipped."""
     paths = table_paths(settings)
     for name in pick_tables(tables):
-        if not (paths[name] / "_delta_log").is_dir():
+        if not storage.has_table(paths[name]):
             done.append({"table": name, "skipped": "no table yet"})
             continue
         yield name, paths[name]
@@ -308,7 +315,7 @@ def _nothing_to_compact(name: str, state, older: list[str], since: date | None) 
     return {"table": name, "skipped": f"{what}: {why}", "files_before": sum(counts.values()), "left_older": len(older)}
 
 
-def _compact(settings: Settings, name: str, path: Path, folders: list[str], *, zorder: bool) -> dict:
+def _compact(settings: Settings, name: str, path: str, folders: list[str], *, zorder: bool) -> dict:
     """``OPTIMIZE`` of ``folders`` of one table, under the tables' lock."""
     sql = f"OPTIMIZE {_sql_path(path)}"
     where = partition_predicate(folders)
@@ -395,8 +402,8 @@ def vacuum(
             seconds = time.monotonic() - began
             after = _data_files(path)
         if dry_run:
-            doomed = {str(r[0]).removeprefix("file:") for r in rows}
-            gone = {p: v for p, v in before.items() if str(path / p) in doomed}
+            doomed = {storage.for_clients(str(r[0]).removeprefix("file:")) for r in rows}
+            gone = {p: v for p, v in before.items() if storage.join(storage.for_clients(path), p) in doomed}
         else:
             gone = {p: v for p, v in before.items() if p not in after}
         result = {
@@ -438,7 +445,7 @@ def layout() -> list[str]:
     return list(TABLE_KEYS["waveforms"][1])
 
 
-def _relayout(spark, path: Path) -> dict:
+def _relayout(spark, path: str) -> dict:
     """Rewrite the waveforms table partitioned by ``layout()`` in one commit, clustered by
     ``CLUSTER_BY`` within each day (the rows, their columns and the history are kept)."""
     from wavepipe.delta_protocol import RepairError
@@ -456,7 +463,7 @@ def _relayout(spark, path: Path) -> dict:
         .mode("overwrite")
         .option("overwriteSchema", "true")
         .partitionBy(*by)
-        .save(str(path))
+        .save(storage.for_spark(path))
     )
     after = delta_log(path)
     return {
@@ -492,9 +499,11 @@ def repair(settings: Settings, *, tables: list[str] | None = None, dry_run: bool
     return done
 
 
-def _partition_columns(path: Path) -> list[str]:
+def _partition_columns(path: str) -> list[str]:
     from wavepipe import delta_protocol
 
+    if storage.is_remote(path):  # written with the protocol's types: delta-rs reads it
+        return list(storage.delta_table(path).metadata().partition_columns)
     return list(delta_protocol.latest_metadata(path)[1].get("partitionColumns") or [])
 
 

@@ -114,6 +114,109 @@ def credentials_env(options: S3Options) -> dict[str, str]:
     return {"AWS_ACCESS_KEY_ID": options.access_key, "AWS_SECRET_ACCESS_KEY": options.secret_key}
 
 
+#: The S3 options this process reaches ``s3://`` locations with (``configure``); None: not set.
+_configured: S3Options | None = None
+
+
+def configure(settings) -> None:
+    """Let this process reach the locations of ``settings``: every later ``delta_table``,
+    ``has_table`` and ``open_store`` of an ``s3://`` location uses their S3 options. A run's
+    entry points call it (the CLI, the operators, a Spark app's main) before any table is read."""
+    global _configured
+    _configured = s3_options(settings) if uses_s3(settings) else _configured
+
+
+def configured_options(uri: str) -> S3Options | None:
+    """The options ``uri`` is reached with: None for a local path; for an object store the
+    configured ones, or an error that says what is missing."""
+    if not is_remote(uri):
+        return None
+    if _configured is None:
+        raise RuntimeError(
+            f"{uri} is on an object store, but this process was not given its settings (storage.configure)"
+        )
+    return _configured
+
+
+def join(uri: str, *parts: str) -> str:
+    """``uri`` with ``parts`` appended, ``/``-separated (a local path stays a local path)."""
+    return "/".join([str(uri).rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def read_text(uri: str) -> str:
+    """The text of the file or object at ``uri``."""
+    if not is_remote(uri):
+        from pathlib import Path
+
+        return Path(uri).read_text()
+    parent, _, name = for_clients(uri).rpartition("/")
+    return open_store(parent).get_bytes(name).decode()
+
+
+def has_table(uri: str) -> bool:
+    """Whether a Delta table is at ``uri`` (its log holds an entry)."""
+    return bool(log_versions(uri))
+
+
+def log_versions(uri: str) -> list[int]:
+    """The versions of the table's log entries (``_delta_log/<version>.json``), from their names:
+    a listing, where asking Delta replays the log."""
+    if not is_remote(uri):
+        from pathlib import Path
+
+        log_dir = Path(uri) / "_delta_log"
+        names = [f.name for f in log_dir.iterdir()] if log_dir.is_dir() else []
+    else:
+        names = [key.rsplit("/", 1)[-1] for key in open_store(join(uri, "_delta_log")).list_keys()]
+    return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
+
+
+def delta_table(uri: str, **kwargs):
+    """delta-rs's ``DeltaTable`` at ``uri``, reached with the configured options."""
+    from deltalake import DeltaTable
+
+    options = configured_options(str(uri))
+    return DeltaTable(
+        for_clients(str(uri)), storage_options=delta_storage_options(options) if options else None, **kwargs
+    )
+
+
+def delta_write_options(uri: str) -> dict[str, str] | None:
+    """``storage_options`` for delta-rs's writers at ``uri`` (None: a local path)."""
+    options = configured_options(str(uri))
+    return delta_storage_options(options) if options else None
+
+
+def written_files(uri: str, folder: str, suffix: str = ".parquet"):
+    """The files under ``folder`` of table ``uri`` (a path relative to it) that end in ``suffix``,
+    as ``delta_files.WrittenFile``s (paths relative to the table), sorted by path."""
+    from wavepipe.delta_files import WrittenFile
+
+    if not is_remote(uri):
+        from pathlib import Path
+
+        found = sorted(p for p in (Path(uri) / folder).rglob(f"*{suffix}") if p.is_file())
+        return [
+            WrittenFile(p.relative_to(uri).as_posix(), p.stat().st_size, int(p.stat().st_mtime * 1000)) for p in found
+        ]
+    store = open_store(uri)
+    metas = [m for m in store.list_meta(folder) if m["path"].endswith(suffix)]
+    return sorted(
+        (WrittenFile(m["path"], m["size"], int(m["last_modified"].timestamp() * 1000)) for m in metas),
+        key=lambda f: f.path,
+    )
+
+
+def parquet_metadata(uri: str, path: str):
+    """The footer of Parquet file ``path`` of table ``uri`` (pyarrow's ``FileMetaData``): on an
+    object store two ranged reads (the footer's length, then the footer), not the whole file."""
+    import pyarrow.parquet as pq
+
+    if not is_remote(uri):
+        return pq.read_metadata(join(uri, path))
+    return pq.read_metadata(open_store(uri).reader(path))
+
+
 class Store:
     """The objects under one location, with the writes an object store can make atomically."""
 
@@ -172,10 +275,20 @@ class Store:
         except (NotFoundError, FileNotFoundError):  # obstore raises either, by call
             return None
 
-    def keys(self, prefix: str = "") -> list[str]:
+    def list_keys(self, prefix: str = "") -> list[str]:
+        return sorted(meta["path"] for meta in self.list_meta(prefix))
+
+    def list_meta(self, prefix: str = "") -> list[dict]:
+        """Each object under ``prefix``: its ``path``, ``size``, ``last_modified`` and ``e_tag``."""
         import obstore
 
-        return sorted(meta["path"] for batch in obstore.list(self._store, prefix or None) for meta in batch)
+        return [dict(meta) for batch in obstore.list(self._store, prefix or None) for meta in batch]
+
+    def reader(self, key: str):
+        """A seekable, buffered file object reading ``key`` with ranged requests."""
+        import obstore
+
+        return obstore.open_reader(self._store, key)
 
     def delete(self, key: str) -> None:
         import obstore
@@ -184,7 +297,8 @@ class Store:
 
 
 def open_store(uri: str, options: S3Options | None = None) -> Store:
-    return Store(uri, options)
+    """The objects under ``uri``, reached with ``options`` (default: the configured ones)."""
+    return Store(uri, options or configured_options(str(uri)))
 
 
 def _obstore_config(options: S3Options) -> dict:

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -74,7 +75,7 @@ def test_a_failed_validation_fails_the_validate_task_and_commits_nothing(setting
     assert "failed validation (1 expectation(s))" in log, log[-5000:]
     assert "expect_column_values_to_be_between on quarantined_share: 1 rows" in log
     assert "Report: " in log and ".html" in log
-    assert not (settings.output_table / "_delta_log").exists(), "nothing published"
+    assert not (Path(settings.output_table) / "_delta_log").exists(), "nothing published"
     assert set(committed_offsets(settings, settings.group, settings.topic, [0, 1]).values()) == {None}
 
     # the threshold is relaxed; the CLI resumes the DAG's run (it holds the group) and commits it

@@ -7,6 +7,7 @@ import json
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer, TopicPartition
@@ -130,7 +131,7 @@ def test_spark_engine_killed_mid_write_leaves_nothing_visible_then_retried(setti
     monkeypatch.delenv("WAVEPIPE_FAILPOINTS")
     assert time.monotonic() - began < 120, "the step fails soon after its server died, it does not hang"
     assert LocalEngine(killed).pid() is None, failed.value
-    written = list(settings.output_table.rglob("*.parquet"))
+    written = list(Path(settings.output_table).rglob("*.parquet"))
     assert written, "the engine was killed while it wrote the output's data files"
     assert delta_version(settings.output_table) is None, "but none of them is committed, so none is visible"
 
@@ -178,7 +179,7 @@ def test_killed_between_the_engines_write_and_the_clients_commit_nothing_shows_a
     assert crashed.returncode == -signal.SIGKILL, out[-3000:]
     _assert_output(spark, settings, before)  # its files are on disk, in no version
     orphans = maintenance.table_status("waveforms", settings.output_table).unreferenced_files
-    assert orphans > 0 and list(settings.output_table.glob("wavepipe-append-*/date=*/*.parquet"))
+    assert orphans > 0 and list(Path(settings.output_table).glob("wavepipe-append-*/date=*/*.parquet"))
 
     report = pipeline.run_once(settings)  # resumes the group's unfinished run
     assert report["run_id"] == "torn" and report["waveforms"] == {"output_new": 4}

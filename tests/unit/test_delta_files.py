@@ -85,15 +85,16 @@ def test_partition_values_come_from_spark_style_folder_names():
     assert partition_values(Path("part-0.parquet")) == {}
 
 
-def _write_files(table: Path, name: str, rows: pa.Table) -> Path:
-    folder = table / name
+def _write_files(table: Path, name: str, rows: pa.Table) -> str:
+    """``rows`` as a writer outside Delta leaves them: Parquet files in folder ``name`` of
+    ``table``, by date; the folder's name is returned, as ``tables.write_files`` returns it."""
     pads.write_dataset(
         rows.append_column("date", pa.array(["2026-01-01"] * rows.num_rows)),
-        folder,
+        table / name,
         format="parquet",
         partitioning=pads.partitioning(pa.schema([("date", pa.string())]), flavor="hive"),
     )
-    return folder
+    return name
 
 
 def test_committed_files_carry_the_transaction_once_and_their_statistics(tmp_path):
@@ -101,7 +102,7 @@ def test_committed_files_carry_the_transaction_once_and_their_statistics(tmp_pat
     table = tmp_path / "t"
     schema = SCHEMA.append(pa.field("date", pa.string(), False))
     first = _write_files(table, "wavepipe-append-1", _rows(["a", "b"], [base, base + 1]))
-    commit_files(table, first, ["date"], Txn("wavepipe:g:t", 1, "wavepipe_run {}"), schema=schema)
+    commit_files(str(table), first, ["date"], Txn("wavepipe:g:t", 1, "wavepipe_run {}"), schema=schema)
     dt = DeltaTable(str(table))
     assert (dt.version(), dt.transaction_version("wavepipe:g:t")) == (0, 1)
     assert sorted(dt.to_pyarrow_table(columns=["waveform_id"]).column(0).to_pylist()) == ["a", "b"]
@@ -112,10 +113,10 @@ def test_committed_files_carry_the_transaction_once_and_their_statistics(tmp_pat
     # a twin: it found the table without its transaction, then another commit of it landed
     stale = DeltaTable(str(table))
     second = _write_files(table, "wavepipe-append-2", _rows(["c"], [base]))
-    commit_files(table, second, ["date"], Txn("wavepipe:g:t", 2, "wavepipe_run {}"), table=DeltaTable(str(table)))
+    commit_files(str(table), second, ["date"], Txn("wavepipe:g:t", 2, "wavepipe_run {}"), table=DeltaTable(str(table)))
     twin = _write_files(table, "wavepipe-append-3", _rows(["c"], [base]))
     with pytest.raises(CommitFailedError):
-        commit_files(table, twin, ["date"], Txn("wavepipe:g:t", 2, "wavepipe_run {}"), table=stale)
+        commit_files(str(table), twin, ["date"], Txn("wavepipe:g:t", 2, "wavepipe_run {}"), table=stale)
     dt = DeltaTable(str(table))
     assert (dt.version(), dt.transaction_version("wavepipe:g:t")) == (1, 2)
     assert sorted(dt.to_pyarrow_table(columns=["waveform_id"]).column(0).to_pylist()) == ["a", "b", "c"]
@@ -129,10 +130,12 @@ def test_files_that_do_not_fit_the_table_are_refused_before_the_commit(tmp_path)
     base = int(datetime(2026, 1, 1, tzinfo=UTC).timestamp() * 1e6)
     table = tmp_path / "t"
     schema = SCHEMA.append(pa.field("date", pa.string(), False))
-    commit_files(table, _write_files(table, "wavepipe-append-1", _rows(["a"], [base])), ["date"], None, schema=schema)
+    commit_files(
+        str(table), _write_files(table, "wavepipe-append-1", _rows(["a"], [base])), ["date"], None, schema=schema
+    )
     other = _rows(["b"], [base]).append_column("extra", pa.array([1]))
     with pytest.raises(ValueError, match=r"columns it lacks: \['extra'\].*nothing was committed"):
         commit_files(
-            table, _write_files(table, "wavepipe-append-2", other), ["date"], None, table=DeltaTable(str(table))
+            str(table), _write_files(table, "wavepipe-append-2", other), ["date"], None, table=DeltaTable(str(table))
         )
     assert DeltaTable(str(table)).version() == 0

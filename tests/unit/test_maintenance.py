@@ -4,6 +4,7 @@ table's status is read from its log and folder."""
 from __future__ import annotations
 
 from datetime import date
+from pathlib import Path
 
 import pytest
 
@@ -77,7 +78,7 @@ def _append(table, rows: dict, partition_by=("date",)) -> None:
 
 def legacy_log(table) -> None:
     """Rewrite the table's first commit as the Spark Connect engine logged string columns up to 77ad3ff."""
-    first = table / "_delta_log" / f"{0:020d}.json"
+    first = Path(table) / "_delta_log" / f"{0:020d}.json"
     first.write_text(
         first.read_text().replace('\\"type\\":\\"string\\"', '\\"type\\":\\"string collate UTF8_BINARY\\"')
     )
@@ -95,7 +96,7 @@ def test_status_reads_the_log_and_the_folder(tmp_path, capsys):
     assert (before.version, before.rows, before.files, before.partition_columns) == (3, 7, 4, ["date"])
     assert (before.partitions, before.files_per_partition_max, before.unreferenced_files) == (2, 3, 0)
     assert before.partitions_to_compact == 1
-    assert before.bytes == sum(f.stat().st_size for f in table.rglob("*.parquet"))
+    assert before.bytes == sum(f.stat().st_size for f in Path(table).rglob("*.parquet"))
     assert before.last_optimize is None and before.note is None
     # a compaction: three files become one; the old ones stay on disk until a vacuum
     DeltaTable(str(table)).optimize.compact()

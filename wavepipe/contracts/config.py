@@ -476,16 +476,21 @@ class Settings(BaseModel):
         return self.home / "tables"
 
     @property
-    def output_table(self) -> Path:
-        return self.tables_dir / "waveforms"
+    def tables_location(self) -> str:
+        """Where the output tables live: ``tables_uri`` (an object store), else ``tables_dir``."""
+        return self.tables_uri.rstrip("/") or str(self.tables_dir)
 
     @property
-    def quarantine_table(self) -> Path:
-        return self.tables_dir / "quarantine"
+    def output_table(self) -> str:
+        return f"{self.tables_location}/waveforms"
 
     @property
-    def dead_letter_table(self) -> Path:
-        return self.tables_dir / "dead_letter"
+    def quarantine_table(self) -> str:
+        return f"{self.tables_location}/quarantine"
+
+    @property
+    def dead_letter_table(self) -> str:
+        return f"{self.tables_location}/dead_letter"
 
     @property
     def reports_dir(self) -> Path:

@@ -143,7 +143,10 @@ class RunStore:
     """Where a run's durable state lives: plan, per-step results, the group's active marker."""
 
     def __init__(self, settings: Settings):
+        from wavepipe import storage
+
         self.settings = settings
+        storage.configure(settings)  # this process reaches the run's tables where the settings say
 
     def run_dir(self, run_id: str) -> Path:
         return self.settings.runs_dir / run_id
