@@ -15,6 +15,7 @@ import httpx
 import numpy as np
 from confluent_kafka import Producer
 
+from wavepipe import storage
 from wavepipe.contracts.config import Settings, load_settings
 from wavepipe.contracts.protocol import checksum, split_waveform
 from wavepipe.local import airflow as local
@@ -85,7 +86,7 @@ def produce_in_order(
 def output_rows(spark, settings: Settings):
     from pyspark.sql import functions as F
 
-    df = spark.read.format("delta").load(str(settings.output_table))
+    df = spark.read.format("delta").load(storage.for_spark(settings.output_table))
     return sorted(
         (r["waveform_id"], r["checksum"], r["payload_sha"], r["run_id"])
         for r in df.select(
@@ -159,7 +160,11 @@ def assert_accounted(spark, settings: Settings, report: dict, gaps: bool = False
         assert part["start"] <= part["safe_offset"] <= part["end"], (p, part)
         assert gaps or part["gap"] == 0, (p, part)
     if report["totals"]["dead_letter"]:  # each once, also when an earlier run dead-lettered it first
-        dead = spark.read.format("delta").load(str(settings.dead_letter_table)).where(F.col("topic") == report["topic"])
+        dead = (
+            spark.read.format("delta")
+            .load(storage.for_spark(settings.dead_letter_table))
+            .where(F.col("topic") == report["topic"])
+        )
         for p, part in report["partitions"].items():
             in_range = dead.where(
                 (F.col("partition") == int(p)) & F.col("offset").between(part["start"], part["end"] - 1)
@@ -169,11 +174,11 @@ def assert_accounted(spark, settings: Settings, report: dict, gaps: bool = False
     assert_protocol_types(settings)
 
 
-def published_tables(settings: Settings) -> dict[str, Path]:
+def published_tables(settings: Settings) -> dict[str, str]:
     """The tables a run of ``settings`` published (those that exist), by name."""
     from wavepipe.maintenance import table_paths
 
-    return {name: path for name, path in table_paths(settings).items() if (path / "_delta_log").is_dir()}
+    return {name: path for name, path in table_paths(settings).items() if storage.has_table(path)}
 
 
 def assert_protocol_types(settings: Settings) -> None:
@@ -192,8 +197,6 @@ def _normalized(rows: list[dict]) -> list[tuple]:
 def assert_delta_rs_reads_as_spark(spark, path: str) -> int:
     """delta-rs (the ``deltalake`` package) reads the table at ``path`` (local or on an object
     store) row for row as Spark does, every column and value; returns the rows."""
-    from wavepipe import storage
-
     name = str(path).rstrip("/").rsplit("/", 1)[-1]
     theirs = storage.delta_table(path).to_pyarrow_table()
     ours = spark.read.format("delta").load(storage.for_spark(path)).toArrow()
@@ -204,20 +207,20 @@ def assert_delta_rs_reads_as_spark(spark, path: str) -> int:
 
 
 def assert_output_unique(spark, settings: Settings) -> None:
-    if not (Path(settings.output_table) / "_delta_log").exists():
+    if not storage.has_table(settings.output_table):
         return
-    df = spark.read.format("delta").load(str(settings.output_table))
+    df = spark.read.format("delta").load(storage.for_spark(settings.output_table))
     total, distinct = df.count(), df.select("waveform_id").distinct().count()
     assert total == distinct, f"{total - distinct} duplicate output rows"
 
 
 def quarantine_reasons(spark, settings: Settings) -> dict[str, str]:
-    if not (Path(settings.quarantine_table) / "_delta_log").exists():
+    if not storage.has_table(settings.quarantine_table):
         return {}
     return {
         r["waveform_id"]: r["reason"]
         for r in spark.read.format("delta")
-        .load(str(settings.quarantine_table))
+        .load(storage.for_spark(settings.quarantine_table))
         .select("waveform_id", "reason")
         .collect()
     }

@@ -91,28 +91,30 @@ def table_features(protocol: dict) -> set[str]:
     return set(protocol.get("readerFeatures") or []) | set(protocol.get("writerFeatures") or [])
 
 
-def _versions(log_dir: Path, pattern: re.Pattern) -> list[int]:
-    return sorted({int(m.group(1)) for f in os.listdir(log_dir) if (m := pattern.fullmatch(f))})
+def _versions(log_dir: str, pattern: re.Pattern) -> list[int]:
+    return sorted({int(m.group(1)) for f in storage.list_names(log_dir) if (m := pattern.fullmatch(f))})
 
 
 _COMMIT = re.compile(r"(\d{20})\.json")
 _CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(?:\.\d{10}\.\d{10}|\.[0-9a-fA-F-]{36})?\.(?:parquet|json)")
 
 
-def _checkpoint_actions(log_dir: Path, version: int) -> dict[str, dict]:
+def _checkpoint_actions(log_dir: str, version: int) -> dict[str, dict]:
     """The ``metaData`` and ``protocol`` of the checkpoint at ``version`` (classic, multi-part or
     v2: they are in its top-level files)."""
     import pyarrow.parquet as pq
 
     found: dict[str, dict] = {}
-    for name in sorted(os.listdir(log_dir)):
+    for name in storage.list_names(log_dir):
         if not (name.startswith(f"{version:020d}.checkpoint") and _CHECKPOINT.fullmatch(name)):
             continue
+        where = storage.join(log_dir, name)
         if name.endswith(".json"):
-            rows = [json.loads(line) for line in (log_dir / name).read_text().splitlines() if line.strip()]
+            rows = [json.loads(line) for line in storage.read_text(where).splitlines() if line.strip()]
         else:
-            columns = [c for c in ("metaData", "protocol") if c in pq.read_schema(log_dir / name).names]
-            rows = pq.read_table(log_dir / name, columns=columns).to_pylist()
+            with storage.open_file(where) as file:
+                columns = [c for c in ("metaData", "protocol") if c in pq.read_schema(file).names]
+                rows = pq.read_table(file, columns=columns).to_pylist()
         for row in rows:
             found.update({k: v for k, v in row.items() if k in ("metaData", "protocol") and v})
     return found
@@ -121,11 +123,9 @@ def _checkpoint_actions(log_dir: Path, version: int) -> dict[str, dict]:
 def latest_metadata(path: Path) -> tuple[int, dict, dict]:
     """(the table's latest version, its ``metaData`` action, its ``protocol`` action), read from
     the newest commits back to the newest checkpoint (the two actions only: this reads tables that
-    no protocol-following reader opens). Local tables only (see ``repair_schema``)."""
-    if storage.is_remote(str(path)):
-        raise RepairError(f"{path}: the log of a table on an object store is read by delta-rs, not here")
-    log_dir = Path(path) / "_delta_log"
-    commits = _versions(log_dir, _COMMIT) if log_dir.is_dir() else []
+    no protocol-following reader opens)."""
+    log_dir = storage.join(str(path), "_delta_log")
+    commits = _versions(log_dir, _COMMIT)
     if not commits:
         raise RepairError(f"{path} is not a Delta table (no commits in {log_dir})")
     latest = commits[-1]
@@ -133,7 +133,7 @@ def latest_metadata(path: Path) -> tuple[int, dict, dict]:
     floor = checkpoints[-1] if checkpoints else -1
     found: dict[str, dict] = {}
     for version in (v for v in reversed(commits) if v > floor):
-        for line in (log_dir / f"{version:020d}.json").read_text().splitlines():
+        for line in storage.read_text(storage.join(log_dir, f"{version:020d}.json")).splitlines():
             action = json.loads(line) if line.strip() else {}
             for kind in ("metaData", "protocol"):
                 if kind in action:
@@ -152,8 +152,6 @@ def latest_metadata(path: Path) -> tuple[int, dict, dict]:
 
 def schema_problems(path: Path) -> list[str]:
     """The columns of the table at ``path`` whose logged types the protocol does not define."""
-    if storage.is_remote(str(path)):
-        return []  # see repair_schema
     _, meta, protocol = latest_metadata(path)
     return type_errors(json.loads(meta["schemaString"]), table_features(protocol))
 

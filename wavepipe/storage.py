@@ -153,6 +153,23 @@ def read_text(uri: str) -> str:
     return open_store(parent).get_bytes(name).decode()
 
 
+def list_names(uri: str) -> list[str]:
+    """The names of the files directly in folder ``uri`` (none when there is no such folder)."""
+    if not is_remote(uri):
+        import os
+
+        return sorted(os.listdir(uri)) if os.path.isdir(uri) else []
+    return sorted({key.split("/", 1)[0] for key in open_store(uri).list_keys()})
+
+
+def open_file(uri: str):
+    """A seekable binary file object reading the file or object at ``uri``."""
+    if not is_remote(uri):
+        return open(uri, "rb")
+    parent, _, name = for_clients(uri).rpartition("/")
+    return open_store(parent).reader(name)
+
+
 def has_table(uri: str) -> bool:
     """Whether a Delta table is at ``uri`` (its log holds an entry)."""
     return bool(log_versions(uri))
@@ -161,13 +178,7 @@ def has_table(uri: str) -> bool:
 def log_versions(uri: str) -> list[int]:
     """The versions of the table's log entries (``_delta_log/<version>.json``), from their names:
     a listing, where asking Delta replays the log."""
-    if not is_remote(uri):
-        from pathlib import Path
-
-        log_dir = Path(uri) / "_delta_log"
-        names = [f.name for f in log_dir.iterdir()] if log_dir.is_dir() else []
-    else:
-        names = [key.rsplit("/", 1)[-1] for key in open_store(join(uri, "_delta_log")).list_keys()]
+    names = list_names(join(uri, "_delta_log"))
     return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
 
 

@@ -35,7 +35,7 @@ from wavepipe.contracts.config import load_settings
 settings, stop, rounds = load_settings(), pathlib.Path(sys.argv[1]), 0
 print("home", settings.home, flush=True)
 while not stop.exists():
-    if not (Path(settings.output_table) / "_delta_log").is_dir():
+    if not (pathlib.Path(settings.output_table) / "_delta_log").is_dir():
         time.sleep(0.5)  # no run has published yet
         continue
     for r in maintenance.optimize(settings, zorder=True):
