@@ -300,7 +300,7 @@ def commit_files(path: str, folder: str, partition_by: list[str], txn: Txn | Non
     from deltalake.transaction import AddAction, create_table_with_add_actions
 
     files = storage.written_files(path, folder)
-    footers = [storage.parquet_metadata(path, f.path) for f in files]
+    footers = [storage.parquet_metadata(path, f) for f in files]
     adds = [AddAction(**add_action_fields(f, folder, footer)) for f, footer in zip(files, footers, strict=True)]
     properties = commit_properties(txn)
     if table is None:

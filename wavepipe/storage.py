@@ -163,11 +163,14 @@ def list_names(uri: str) -> list[str]:
 
 
 def open_file(uri: str):
-    """A seekable binary file object reading the file or object at ``uri``."""
+    """A seekable binary file object reading the file or object at ``uri`` (an object is read
+    whole: for small files, such as a log's checkpoint)."""
+    import io
+
     if not is_remote(uri):
         return open(uri, "rb")
     parent, _, name = for_clients(uri).rpartition("/")
-    return open_store(parent).reader(name)
+    return io.BytesIO(open_store(parent).get_bytes(name))
 
 
 def has_table(uri: str) -> bool:
@@ -218,14 +221,25 @@ def written_files(uri: str, folder: str, suffix: str = ".parquet"):
     )
 
 
-def parquet_metadata(uri: str, path: str):
-    """The footer of Parquet file ``path`` of table ``uri`` (pyarrow's ``FileMetaData``): on an
-    object store two ranged reads (the footer's length, then the footer), not the whole file."""
+#: A Parquet file's last bytes read at once for its footer (most footers fit; a longer one costs
+#: a second read of exactly its length).
+FOOTER_GUESS = 64 * 1024
+
+
+def parquet_metadata(uri: str, written):
+    """The footer of Parquet file ``written`` (a ``delta_files.WrittenFile``) of table ``uri``, as
+    pyarrow's ``FileMetaData``: on an object store one or two ranged reads of the file's end."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     if not is_remote(uri):
-        return pq.read_metadata(join(uri, path))
-    return pq.read_metadata(open_store(uri).reader(path))
+        return pq.read_metadata(join(uri, written.path))
+    store = open_store(uri)
+    tail = store.get_range(written.path, max(0, written.size - FOOTER_GUESS), written.size)
+    needed = int.from_bytes(tail[-8:-4], "little") + 8
+    if needed > len(tail):
+        tail = store.get_range(written.path, written.size - needed, written.size)
+    return pq.read_metadata(pa.BufferReader(tail))
 
 
 class Store:
@@ -295,11 +309,11 @@ class Store:
 
         return [dict(meta) for batch in obstore.list(self._store, prefix or None) for meta in batch]
 
-    def reader(self, key: str):
-        """A seekable, buffered file object reading ``key`` with ranged requests."""
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of ``key`` (one ranged read)."""
         import obstore
 
-        return obstore.open_reader(self._store, key)
+        return bytes(obstore.get_range(self._store, key, start=start, end=end))
 
     def delete(self, key: str) -> None:
         import obstore
