@@ -468,12 +468,20 @@ def cmd_demo(args) -> int:
 
 
 def cmd_setup(args) -> int:
-    """Resolve everything that is not a Python package: the Kafka, Delta Lake and benchmark jars."""
-    from wavepipe.local.jars import kafka_jars, spark_jars
+    """Resolve everything that is not a Python package: the Kafka, Delta Lake, S3 and benchmark
+    jars, wavepipe's LogStore, and with ``--object-store`` the local object store's server."""
+    from wavepipe.local.jars import kafka_jars, logstore_jar, s3_jars, spark_jars
 
     settings = _settings(args)
     print(f"Kafka jars: {kafka_jars(settings.jars_dir)}")
     print(f"Spark jars: {', '.join(p.name for p in spark_jars(settings.jars_dir))}")
+    print(
+        f"S3 jars (Hadoop's S3A, the AWS SDK): {len(s3_jars(settings.jars_dir))}; LogStore: {logstore_jar(settings.jars_dir)}"
+    )
+    if args.object_store:
+        from wavepipe.local.objectstore import weed_binary
+
+        print(f"object store (SeaweedFS): {weed_binary(settings.tools_dir)}")
     from wavepipe.bench.systems import resolve_spark_kafka_jars
 
     print(f"Benchmark jars (Spark's Kafka source): {resolve_spark_kafka_jars(settings)}")
@@ -846,7 +854,14 @@ def build_parser() -> argparse.ArgumentParser:
     _waveform_options(d, "demo waveforms to produce")
     d.set_defaults(func=cmd_demo)
 
-    st = sub.add_parser("setup", help="resolve the Kafka and Delta Lake jars from Maven Central (idempotent)")
+    st = sub.add_parser(
+        "setup", help="resolve the Kafka, Delta Lake and S3 jars from Maven Central, build the LogStore (idempotent)"
+    )
+    st.add_argument(
+        "--object-store",
+        action="store_true",
+        help="also build the local object store (SeaweedFS, with Go; once, a few minutes): `make test` does",
+    )
     st.set_defaults(func=cmd_setup)
 
     b = sub.add_parser("bench", help="throughput and memory against the read ceiling and two alternatives")
