@@ -17,6 +17,10 @@ def run_demo(settings: Settings, *, count: int, waveform_bytes: int, dags_test: 
 
     began = time.monotonic()
     print(f"[1/4] {LocalKafka.from_settings(settings).up()}", flush=True)
+    if settings.s3_endpoint == "local":  # the tables in this home's object store
+        from wavepipe.local.objectstore import LocalObjectStore
+
+        print(f"      {LocalObjectStore.from_settings(settings).up()}", flush=True)
     if settings.spark_engine == "connect" and not settings.spark_remote:
         from wavepipe.local.engine import LocalEngine
 
