@@ -32,6 +32,7 @@ from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlparse
 
+from wavepipe import storage
 from wavepipe.contracts.config import Settings, redact_url
 from wavepipe.contracts.runfiles import read_json_or, write_json_atomic
 from wavepipe.local.engine import CONNECT_TIMEOUT_S, DEFAULT_PORT, EngineUnavailableError, LocalEngine, accepts
@@ -226,6 +227,9 @@ def attached(settings: Settings) -> Iterator[object]:
             with _watched(engine, spark) as died:
                 yield spark
         except Exception as exc:
+            store_down = storage.unreachable(settings) if storage.is_storage_error(exc) else None
+            if store_down:
+                raise storage.StorageUnavailableError(store_down) from exc
             lost = _lost_reason(exc, died, f"sc://{host}:{port}")
             if lost or _closed_session(exc):
                 with _sessions_lock:

@@ -50,6 +50,50 @@ def uses_s3(settings) -> bool:
     return is_remote(settings.tables_uri)
 
 
+class StorageUnavailableError(RuntimeError):
+    """The object store a step reads or writes did not answer; the message says what to check."""
+
+
+#: What a failure from an object store says (delta-rs and obstore, S3A and the AWS SDK).
+_STORAGE_MARKERS = (
+    "Generic S3 error",
+    "s3a://",
+    "S3AFileSystem",
+    "software.amazon.awssdk",
+    "Unable to execute HTTP request",
+    "AWSClientIOException",
+)
+
+
+def is_storage_error(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is an object store's failure."""
+    seen = exc
+    while seen is not None:
+        if any(marker in f"{seen!r} {seen}" for marker in _STORAGE_MARKERS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def unreachable(settings) -> str | None:
+    """Why the tables' object store cannot be used now, in one line with what to do; None when
+    it answers (or the tables are local)."""
+    if not uses_s3(settings):
+        return None
+    try:
+        open_store(settings.tables_location, s3_options(settings)).list_keys(".wavepipe-probe")
+    except Exception as exc:  # any failure to answer: said below, with its first line
+        endpoint = settings.s3_endpoint or "AWS S3"
+        own = " (`wavepipe objectstore status` for this home's own)" if settings.s3_endpoint == "local" else ""
+        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        return (
+            f"the object store at {endpoint} did not answer ({first}). Nothing the step wrote was committed, and "
+            f"the run's plan and staged chunks are kept: check the store{own} and the s3_* settings, then run it "
+            "again (`wavepipe run` resumes the run; in Airflow, clear the failed task)"
+        )
+    return None
+
+
 def is_remote(uri: str) -> bool:
     """Whether ``uri`` names an object store (else a local path)."""
     return urlparse(str(uri)).scheme in REMOTE_SCHEMES
@@ -67,6 +111,17 @@ def for_clients(uri: str) -> str:
     return "s3://" + text.removeprefix("s3a://") if text.startswith("s3a://") else text
 
 
+#: How long a client waits for an object store that does not answer: a few tries over about 20 s,
+#: then the step fails and says so (the clients' defaults retry for minutes, the run looks hung).
+CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S, MAX_RETRIES, RETRY_TIMEOUT_S = 5, 120, 3, 20
+DELTA_RS_PATIENCE = {
+    "connect_timeout": f"{CONNECT_TIMEOUT_S}s",
+    "timeout": f"{REQUEST_TIMEOUT_S}s",
+    "max_retries": str(MAX_RETRIES),
+    "retry_timeout": f"{RETRY_TIMEOUT_S}s",
+}
+
+
 def delta_storage_options(options: S3Options) -> dict[str, str]:
     """delta-rs's storage options. Commits are conditional puts of the next log entry
     (``If-None-Match``), so concurrent writers need no lock table."""
@@ -78,7 +133,13 @@ def delta_storage_options(options: S3Options) -> dict[str, str]:
     }
     extra = {"AWS_ALLOW_HTTP": "true"} if options.plain_http else {}
     path_style = {"AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "false"} if options.endpoint else {}
-    return {**{k: v for k, v in found.items() if v}, **extra, **path_style, "conditional_put": "etag"}
+    return {
+        **{k: v for k, v in found.items() if v},
+        **extra,
+        **path_style,
+        "conditional_put": "etag",
+        **DELTA_RS_PATIENCE,
+    }
 
 
 #: wavepipe's Delta LogStore for object stores (resources/logstore/): a commit is one
@@ -92,6 +153,11 @@ def spark_confs(options: S3Options) -> dict[str, str]:
     ``If-None-Match``, which ``LOGSTORE_CLASS`` makes of every new log entry."""
     prefix = "spark.hadoop.fs.s3a."
     confs = {f"{prefix}create.conditional.enabled": "true", f"{prefix}fast.upload": "true"}
+    confs |= {  # as DELTA_RS_PATIENCE: a store that does not answer fails the step in seconds
+        f"{prefix}connection.establish.timeout": f"{CONNECT_TIMEOUT_S}s",
+        f"{prefix}retry.limit": str(MAX_RETRIES),
+        f"{prefix}attempts.maximum": str(MAX_RETRIES),
+    }
     confs |= {"spark.delta.logStore.s3a.impl": LOGSTORE_CLASS, "spark.delta.logStore.s3.impl": LOGSTORE_CLASS}
     if options.endpoint:
         confs |= {f"{prefix}endpoint": options.endpoint, f"{prefix}path.style.access": "true"}
@@ -252,7 +318,8 @@ class Store:
         if is_remote(self.uri):
             parsed = urlparse(self.uri)
             prefix = parsed.path.strip("/") or None
-            self._store = S3Store(parsed.netloc, prefix=prefix, **_obstore_config(options or S3Options()))
+            config = _obstore_config(options or S3Options())
+            self._store = S3Store(parsed.netloc, prefix=prefix, **config, **_obstore_patience())
         else:
             self._store = LocalStore(self.uri, mkdir=True)
 
@@ -324,6 +391,16 @@ class Store:
 def open_store(uri: str, options: S3Options | None = None) -> Store:
     """The objects under ``uri``, reached with ``options`` (default: the configured ones)."""
     return Store(uri, options or configured_options(str(uri)))
+
+
+def _obstore_patience() -> dict:
+    """obstore's client and retry options of ``DELTA_RS_PATIENCE``."""
+    from datetime import timedelta
+
+    return {
+        "client_options": {"connect_timeout": f"{CONNECT_TIMEOUT_S}s", "timeout": f"{REQUEST_TIMEOUT_S}s"},
+        "retry_config": {"max_retries": MAX_RETRIES, "retry_timeout": timedelta(seconds=RETRY_TIMEOUT_S)},
+    }
 
 
 def _obstore_config(options: S3Options) -> dict:

@@ -319,3 +319,46 @@ def test_a_rewind_and_a_window_run_on_tables_in_the_bucket_keep_each_waveform_on
         assert assert_delta_rs_reads_as_spark(spark, settings.output_table) == 3
     finally:
         spark.stop()
+
+
+def test_the_store_down_at_the_publish_fails_the_run_visibly_and_the_retry_publishes_once(
+    kafka, s3_engine, store, options, tmp_path
+):
+    """The object store dies after the engine wrote the run's files into the bucket and before
+    the commit: the run fails (nothing is visible, no offset moves) and says the store cannot be
+    reached; started again, the retry publishes each waveform once. The first attempt's files
+    stay unreferenced until a vacuum."""
+    from pyspark.sql import SparkSession
+
+    from tests.helpers import make_settings, rows_by_id, run_cli, start_cli
+    from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
+    from wavepipe.consumers.producer import produce_demo
+
+    settings = make_settings(tmp_path / "home", kafka, s3_engine, **_on_store(options, _prefix("lake")))
+    ensure_topic(settings)
+    sent = produce_demo(settings, count=4, target_bytes=16 * 1024)
+    run = start_cli(settings, "run", failpoints="publish.before_commit=sleep:20")
+    bucket = open_store(settings.output_table, options)
+    began = time.monotonic()
+    while not any(k.startswith("wavepipe-append-") and "/_temporary/" not in k for k in bucket.list_keys()):
+        assert run.poll() is None and time.monotonic() - began < 300, "the engine never wrote the run's files"
+        time.sleep(0.5)
+    store.kill()  # the engine's write is done; the commit (in under 20 s) meets no store
+    killed = time.monotonic()
+    out, _ = run.communicate(timeout=300)
+    assert run.returncode != 0, out
+    assert f"the object store at {options.endpoint} did not answer" in out and "run it again" in out, out[-2000:]
+    assert time.monotonic() - killed < 90, "a store that does not answer fails the step in seconds, not minutes"
+    store.up()
+    assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: None, 1: None}
+    assert not any(k.startswith("_delta_log/") for k in bucket.list_keys())  # nothing committed
+
+    code, out = run_cli(settings, "run")
+    assert code == 0, out
+    spark = SparkSession.builder.remote(s3_engine.url()).create()
+    try:
+        rows = rows_by_id(spark, settings)
+    finally:
+        spark.stop()
+    assert {k: v[0] for k, v in rows.items()} == {w.waveform_id: w.checksum for w in sent}
+    assert len({k.split("/")[0] for k in bucket.list_keys() if k.startswith("wavepipe-append-")}) == 2

@@ -6,6 +6,7 @@ import pytest
 
 from wavepipe.contracts.config import load_settings
 from wavepipe.storage import (
+    DELTA_RS_PATIENCE,
     LOGSTORE_CLASS,
     S3Options,
     credentials_env,
@@ -33,7 +34,8 @@ def test_delta_rs_commits_with_conditional_puts_and_reaches_a_plain_http_store()
     assert options["AWS_ALLOW_HTTP"] == "true" and options["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] == "false"
     assert (options["AWS_ACCESS_KEY_ID"], options["AWS_SECRET_ACCESS_KEY"]) == ("key-id", "the-secret")
     aws = delta_storage_options(S3Options(region="eu-west-1"))  # AWS, the environment's credentials
-    assert aws == {"AWS_REGION": "eu-west-1", "conditional_put": "etag"}
+    assert aws == {"AWS_REGION": "eu-west-1", "conditional_put": "etag", **DELTA_RS_PATIENCE}
+    assert int(aws["max_retries"]) <= 3 and aws["retry_timeout"] == "20s"  # a dead store fails a step in seconds
 
 
 def test_spark_commits_through_the_conditional_logstore_and_s3a_may_make_conditional_creates():
