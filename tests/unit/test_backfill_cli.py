@@ -61,9 +61,52 @@ def _scripted_api(monkeypatch, answers: list[tuple[str, int, dict]]) -> list[tup
     return calls
 
 
-BODY = {"dag_id": "wavepipe_ingest", "from_date": W1, "to_date": W2}
+BODY = {"dag_id": "wavepipe_ingest", "from_date": W1, "to_date": W2, "reprocess_behavior": "completed"}
 LOCKED = {"detail": "Database is locked. Backfill creation is not supported on SQLite ..."}
 BUSY = {"detail": "There is already a running backfill for dag wavepipe_ingest"}
+MADE_AT = "2026-11-25T10:31:00Z"
+
+
+def _backfill(completed_at: str | None, **changes) -> dict:
+    """A backfill as the REST API lists it: of ``BODY``'s request, unless ``changes`` say otherwise."""
+    return {
+        "id": 7,
+        "from_date": W1,
+        "to_date": W2,
+        "dag_run_conf": None,
+        "reprocess_behavior": "completed",
+        "created_at": MADE_AT,
+        "completed_at": completed_at,
+        **changes,
+    }
+
+
+def _listed(*backfills) -> tuple[str, int, dict]:
+    return ("/backfills?dag_id=", 200, {"backfills": list(backfills)})
+
+
+def _runs(*queued_at: str) -> tuple[str, int, dict]:
+    return (
+        "/dags/wavepipe_ingest/dagRuns?",
+        200,
+        {"dag_runs": [{"run_type": "backfill", "queued_at": q} for q in queued_at]},
+    )
+
+
+def test_a_locked_try_that_made_the_backfill_is_taken_as_made_not_made_twice(monkeypatch):
+    from wavepipe.local.airflow import create_backfill
+
+    calls = _scripted_api(
+        monkeypatch,
+        [
+            ("/backfills", 503, LOCKED),  # answered "locked", yet the backfill and its runs were committed
+            ("/backfills", 409, BUSY),
+            _listed(_backfill(None)),
+            _runs("2026-11-25T10:31:01Z"),  # a run queued since it was made: it is ours
+        ],
+    )
+    assert create_backfill(None, "token", BODY) == (200, _backfill(None))
+    assert [c[0] for c in calls].count("POST") == 2  # never a third: no second backfill
 
 
 def test_an_empty_backfill_our_locked_try_left_is_waited_for_then_the_backfill_is_made(monkeypatch):
@@ -74,13 +117,15 @@ def test_an_empty_backfill_our_locked_try_left_is_waited_for_then_the_backfill_i
         [
             ("/backfills", 503, LOCKED),  # the row was committed, the runs were not
             ("/backfills", 409, BUSY),  # refused by what our own try left
-            ("/backfills?dag_id=", 200, {"backfills": [{"id": 7, "completed_at": None}]}),
-            ("/backfills?dag_id=", 200, {"backfills": [{"id": 7, "completed_at": "2026-11-25T10:31:00Z"}]}),
+            _listed(_backfill(None)),
+            _runs("2026-11-25T09:00:00Z"),  # only the windows' earlier runs: it has none of its own
+            _listed(_backfill(None)),
+            _listed(_backfill(MADE_AT)),  # the scheduler closed it
             ("/backfills", 200, {"id": 8}),
         ],
     )
     assert create_backfill(None, "token", BODY) == (200, {"id": 8})
-    assert [c[0] for c in calls] == ["POST", "POST", "GET", "GET", "POST"]
+    assert [c[0] for c in calls] == ["POST", "POST", "GET", "GET", "GET", "GET", "POST"]
 
 
 def test_a_backfill_someone_else_runs_is_refused_at_once(monkeypatch):
@@ -94,8 +139,10 @@ def test_a_backfill_someone_else_runs_is_refused_at_once(monkeypatch):
 def test_an_empty_backfill_never_closed_gives_back_the_refusal(monkeypatch):
     from wavepipe.local import airflow
 
-    open_one = ("/backfills?dag_id=", 200, {"backfills": [{"id": 7, "completed_at": None}]})
-    _scripted_api(monkeypatch, [("/backfills", 503, LOCKED), ("/backfills", 409, BUSY)] + [open_one] * 5)
+    empty = [_listed(_backfill(None)), _runs()]
+    _scripted_api(
+        monkeypatch, [("/backfills", 503, LOCKED), ("/backfills", 409, BUSY), *empty] + [_listed(_backfill(None))] * 5
+    )
     clock = iter(range(0, 1000, 40))
     monkeypatch.setattr(airflow.time, "monotonic", lambda: next(clock))
     assert airflow.create_backfill(None, "token", BODY, wait_s=150) == (409, BUSY)

@@ -611,20 +611,61 @@ ORPHAN_WAIT_S = 150.0
 
 def create_backfill(settings: Settings, token: str, body: dict, *, wait_s: float = ORPHAN_WAIT_S):
     """``POST /backfills`` as ``(status, answer)``. On SQLite a try that meets the scheduler's lock
-    answers 503, but its backfill row may stay behind without runs (Airflow commits the row
-    first and its clean-up is best effort), so the next try is refused with 409 "already a
-    running backfill". Only then, for a refusal our own try caused: wait until the scheduler has
-    closed that empty backfill, and try once more."""
+    answers 503, yet it may have made the backfill: Airflow commits the backfill first, then its
+    runs, and a lock met after that still answers 503. The next try is then refused with 409
+    "already a running backfill". Only then, for a refusal our own try may have caused: an open
+    backfill of exactly this request that has runs is ours (it is returned, never made twice);
+    one without runs is what a failed try left (Airflow's clean-up is best effort), so once the
+    scheduler has closed it the request is tried once more."""
     status, answer, locked = _api_tried(settings, token, "/backfills", body)
     if status != 409 or not locked:
         return status, answer
+    mine = _open_backfill_like(settings, token, body)
+    if mine is not None and _has_runs(settings, token, body, mine):
+        return 200, mine  # made by the try that was answered "database is locked"
     began = time.monotonic()
-    while time.monotonic() - began < wait_s:
-        listed = _api(settings, token, f"/backfills?dag_id={quote(body['dag_id'])}&limit=1000")[1]
-        if not any(not b.get("completed_at") for b in listed.get("backfills", [])):
-            return _api(settings, token, "/backfills", body)
+    while mine is not None and time.monotonic() - began < wait_s:
         time.sleep(2)
-    return status, answer
+        mine = _open_backfill_like(settings, token, body)
+    return _api(settings, token, "/backfills", body) if mine is None else (status, answer)
+
+
+def _open_backfill_like(settings: Settings, token: str, body: dict) -> dict | None:
+    """The open backfill of ``body``'s DAG made for exactly ``body``'s request, if there is one."""
+    from wavepipe.contracts.plan import parse_datetime
+
+    def when(text: str):
+        return parse_datetime(text.replace("Z", "+00:00"))
+
+    listed = _api(settings, token, f"/backfills?dag_id={quote(body['dag_id'])}&limit=1000")[1]
+    for backfill in listed.get("backfills", []) if isinstance(listed, dict) else []:
+        same = (when(backfill["from_date"]), when(backfill["to_date"])) == (
+            when(body["from_date"]),
+            when(body["to_date"]),
+        )
+        same = same and (backfill.get("dag_run_conf") or {}) == (body.get("dag_run_conf") or {})
+        same = same and backfill.get("reprocess_behavior") == body.get("reprocess_behavior", "none")
+        if same and not backfill.get("completed_at"):
+            return backfill
+    return None
+
+
+def _has_runs(settings: Settings, token: str, body: dict, backfill: dict) -> bool:
+    """Whether DAG runs of ``backfill``'s windows were queued since it was made (its own runs)."""
+    from wavepipe.contracts.plan import parse_datetime
+
+    made = parse_datetime(backfill["created_at"].replace("Z", "+00:00"))
+    path = (
+        f"/dags/{quote(body['dag_id'])}/dagRuns?limit=1000&logical_date_gte={quote(body['from_date'])}"
+        f"&logical_date_lte={quote(body['to_date'])}"
+    )
+    runs = _api(settings, token, path)[1]
+    return any(
+        r.get("run_type") == "backfill"
+        and r.get("queued_at")
+        and parse_datetime(r["queued_at"].replace("Z", "+00:00")) >= made
+        for r in (runs.get("dag_runs", []) if isinstance(runs, dict) else [])
+    )
 
 
 def _detail(body) -> str:
