@@ -236,6 +236,18 @@ def s3_engine(store, tmp_path_factory):
     server.down(force=True)
 
 
+@pytest.fixture(scope="module")
+def s3_spark(s3_engine):
+    """A session on the module's engine for reading the tables back; closing it leaves the
+    engine's shared session (the runs' too) open."""
+    from pyspark.sql import SparkSession
+
+    session = SparkSession.builder.remote(s3_engine.url()).create()
+    session.release_session_on_close = False
+    yield session
+    session.stop()
+
+
 def _on_store(options: S3Options, tables_uri: str) -> dict:
     """Settings that put the tables at ``tables_uri`` on the store ``options`` reach."""
     return {
@@ -247,11 +259,11 @@ def _on_store(options: S3Options, tables_uri: str) -> dict:
     }
 
 
-def test_a_bounded_run_publishes_to_tables_in_the_bucket_that_delta_rs_reads_there(kafka, s3_engine, options, tmp_path):
+def test_a_bounded_run_publishes_to_tables_in_the_bucket_that_delta_rs_reads_there(
+    kafka, s3_engine, s3_spark, options, tmp_path
+):
     """The run's publish writes its files into the table's folder in the bucket (Spark, s3a) and
     commits them there (delta-rs, a conditional put); nothing of the tables is on local disk."""
-    from pyspark.sql import SparkSession
-
     from tests.helpers import assert_delta_rs_reads_as_spark, make_settings, output_rows
     from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
     from wavepipe.consumers.producer import produce_demo
@@ -262,12 +274,8 @@ def test_a_bounded_run_publishes_to_tables_in_the_bucket_that_delta_rs_reads_the
     sent = produce_demo(settings, count=6, target_bytes=16 * 1024)
     report = run_once(settings)
     assert report["waveforms"] == {"output_new": 6}, report["waveforms"]
-    spark = SparkSession.builder.remote(s3_engine.url()).create()
-    try:
-        assert assert_delta_rs_reads_as_spark(spark, settings.output_table) == 6
-        rows = output_rows(spark, settings)
-    finally:
-        spark.stop()
+    assert assert_delta_rs_reads_as_spark(s3_spark, settings.output_table) == 6
+    rows = output_rows(s3_spark, settings)
     assert {r[0]: r[1] for r in rows} == {w.waveform_id: w.checksum for w in sent}
     assert all(r[1] == r[2] for r in rows), "payloads must be bit-exact"
     ends = {int(p): v["end"] for p, v in report["partitions"].items()}
@@ -277,13 +285,13 @@ def test_a_bounded_run_publishes_to_tables_in_the_bucket_that_delta_rs_reads_the
     assert any(k.startswith("waveforms/_delta_log/") for k in bucket.list_keys("waveforms"))
 
 
-def test_a_rewind_and_a_window_run_on_tables_in_the_bucket_keep_each_waveform_once(kafka, s3_engine, options, tmp_path):
+def test_a_rewind_and_a_window_run_on_tables_in_the_bucket_keep_each_waveform_once(
+    kafka, s3_engine, s3_spark, options, tmp_path
+):
     """Exactly once with the tables on S3: a rewind re-reads every offset and publishes nothing
     again (the group's transaction is in the bucket's log); a window run replaces the window's
     rows in one commit (Spark's, through wavepipe's LogStore), the same bytes, once each."""
     from datetime import timedelta
-
-    from pyspark.sql import SparkSession
 
     from tests.helpers import (
         assert_delta_rs_reads_as_spark,
@@ -304,32 +312,26 @@ def test_a_rewind_and_a_window_run_on_tables_in_the_bucket_keep_each_waveform_on
         records, _ = waveform_records(f"w{i}", 4, seed=i)
         produce_in_order(settings, records, when=t0 + timedelta(minutes=1 + i))
     assert run_once(settings)["waveforms"] == {"output_new": 3}
-    spark = SparkSession.builder.remote(s3_engine.url()).create()
-    try:
-        first = rows_by_id(spark, settings)
-        code, out = run_cli(settings, "rewind", "--to-earliest", "--execute", "--reason", "reprocess on S3")
-        assert code == 0, out
-        again = run_once(settings)
-        assert again["waveforms"] == {"output_already_written": 3}, again["waveforms"]
-        assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 12}
-        window = run_once(settings, window=(t0, t0 + timedelta(minutes=15)))
-        assert window["status"] == "window_replaced" and window["waveforms"] == {"output_new": 3}
-        after = rows_by_id(spark, settings)
-        assert {k: v[:2] for k, v in after.items()} == {k: v[:2] for k, v in first.items()}  # same bytes, once
-        assert assert_delta_rs_reads_as_spark(spark, settings.output_table) == 3
-    finally:
-        spark.stop()
+    first = rows_by_id(s3_spark, settings)
+    code, out = run_cli(settings, "rewind", "--to-earliest", "--execute", "--reason", "reprocess on S3")
+    assert code == 0, out
+    again = run_once(settings)
+    assert again["waveforms"] == {"output_already_written": 3}, again["waveforms"]
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 12}
+    window = run_once(settings, window=(t0, t0 + timedelta(minutes=15)))
+    assert window["status"] == "window_replaced" and window["waveforms"] == {"output_new": 3}
+    after = rows_by_id(s3_spark, settings)
+    assert {k: v[:2] for k, v in after.items()} == {k: v[:2] for k, v in first.items()}  # same bytes, once
+    assert assert_delta_rs_reads_as_spark(s3_spark, settings.output_table) == 3
 
 
 def test_the_store_down_at_the_publish_fails_the_run_visibly_and_the_retry_publishes_once(
-    kafka, s3_engine, store, options, tmp_path
+    kafka, s3_engine, s3_spark, store, options, tmp_path
 ):
     """The object store dies after the engine wrote the run's files into the bucket and before
     the commit: the run fails (nothing is visible, no offset moves) and says the store cannot be
     reached; started again, the retry publishes each waveform once. The first attempt's files
     stay unreferenced until a vacuum."""
-    from pyspark.sql import SparkSession
-
     from tests.helpers import make_settings, rows_by_id, run_cli, start_cli
     from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
     from wavepipe.consumers.producer import produce_demo
@@ -355,10 +357,6 @@ def test_the_store_down_at_the_publish_fails_the_run_visibly_and_the_retry_publi
 
     code, out = run_cli(settings, "run")
     assert code == 0, out
-    spark = SparkSession.builder.remote(s3_engine.url()).create()
-    try:
-        rows = rows_by_id(spark, settings)
-    finally:
-        spark.stop()
+    rows = rows_by_id(s3_spark, settings)
     assert {k: v[0] for k, v in rows.items()} == {w.waveform_id: w.checksum for w in sent}
     assert len({k.split("/")[0] for k in bucket.list_keys() if k.startswith("wavepipe-append-")}) == 2
