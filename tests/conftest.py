@@ -82,17 +82,9 @@ def engine(tmp_path_factory):
     """One warm Spark engine (a Spark Connect server in local mode) per test worker: every test's
     runs attach to it, as runs attach to a home's engine (``wavepipe.engine``). Its URL carries
     the engine's shared session."""
-    from wavepipe.local.engine import LocalEngine
-    from wavepipe.local.kafka import free_port
+    from tests.helpers import local_engine
 
-    server = LocalEngine(
-        load_settings(
-            home=tmp_path_factory.mktemp("engine"),
-            spark_connect_port=free_port(),
-            spark_master="local[2]",
-            spark_remote="",
-        )
-    )
+    server = local_engine(tmp_path_factory.mktemp("engine"))
     server.up()
     yield server
     server.down(force=True)

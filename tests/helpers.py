@@ -286,6 +286,17 @@ def rows_by_id(spark, settings: Settings) -> dict[str, tuple]:
     return {wid: (cs, sha, run_id) for wid, cs, sha, run_id in output_rows(spark, settings)}
 
 
+def local_engine(home: Path, **changes):
+    """A warm Spark engine of a test's own (this home's Spark Connect server in local mode, on a
+    free port), not started yet; ``changes``: its other settings."""
+    from wavepipe.local.engine import LocalEngine
+    from wavepipe.local.kafka import free_port
+
+    return LocalEngine(
+        load_settings(home=home, spark_connect_port=free_port(), spark_master="local[2]", spark_remote="", **changes)
+    )
+
+
 def make_settings(home: Path, kafka, engine, **changes) -> Settings:
     """A test's settings: ``home``, a topic and group of its own on the session's broker, its Spark
     work on the session's engine (its web UI too: reports list their Spark jobs), no caps, new

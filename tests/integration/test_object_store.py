@@ -93,6 +93,13 @@ def test_wrong_credentials_are_refused(store, options):
         open_store(_prefix("auth"), wrong).put_bytes("x", b"x")
 
 
+def _driver_env(home, options: S3Options, tables_uri: str) -> dict[str, str]:
+    """The environment of a Spark driver of the test's own (classic pyspark, local mode) whose
+    settings put the tables at ``tables_uri`` on the store."""
+    settings = load_settings(home=home, spark_master="local[1]", **_on_store(options, tables_uri))
+    return {**without_connect_mode(os.environ), **settings_env(settings)}
+
+
 #: Run by a Spark driver of its own (classic pyspark, local mode) with the test's settings: Spark
 #: appends to the table while the test's delta-rs appends to it too, then says what it read.
 SPARK_WRITER = textwrap.dedent(
@@ -118,16 +125,7 @@ def test_spark_and_delta_rs_committing_to_one_table_on_s3_at_once_lose_no_commit
     write_deltalake(
         uri, pa.table({"writer": pa.array([0], pa.int64()), "i": pa.array([0], pa.int64())}), storage_options=so
     )
-    settings = load_settings(
-        home=tmp_path / "home",
-        tables_uri=_prefix("tables"),
-        s3_endpoint=options.endpoint,
-        s3_region=options.region,
-        s3_access_key=options.access_key,
-        s3_secret_key=options.secret_key,
-        spark_master="local[1]",
-    )
-    env = {**without_connect_mode(os.environ), **settings_env(settings)}
+    env = _driver_env(tmp_path / "home", options, _prefix("tables"))
     spark = subprocess.Popen(
         [sys.executable, "-c", SPARK_WRITER, uri, str(count)], env=env, stdout=subprocess.PIPE, text=True
     )
@@ -195,16 +193,7 @@ def test_a_plain_s3a_create_overwrites_a_racing_writer_and_the_logstores_conditi
     when the stream closes, so a plain create overwrites what another writer made in between (as
     Delta's own S3 LogStore does with a log entry); a conditional create is refused instead."""
     uri = _prefix("s3a-race")
-    settings = load_settings(
-        home=tmp_path / "home",
-        tables_uri=uri,
-        s3_endpoint=options.endpoint,
-        s3_region=options.region,
-        s3_access_key=options.access_key,
-        s3_secret_key=options.secret_key,
-        spark_master="local[1]",
-    )
-    env = {**without_connect_mode(os.environ), **settings_env(settings)}
+    env = _driver_env(tmp_path / "home", options, uri)
     cmd = [sys.executable, "-c", S3A_RACE, uri]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -219,18 +208,10 @@ def test_a_plain_s3a_create_overwrites_a_racing_writer_and_the_logstores_conditi
 def s3_engine(store, tmp_path_factory):
     """A warm Spark engine of this module's own whose S3A reaches the store (its jars, settings
     and wavepipe's LogStore come with a location on S3); the runs below attach to it."""
-    from wavepipe.local.engine import LocalEngine
+    from tests.helpers import local_engine
 
     options = S3Options(**store.client_options())
-    server = LocalEngine(
-        load_settings(
-            home=tmp_path_factory.mktemp("s3-engine"),
-            spark_connect_port=free_port(),
-            spark_master="local[2]",
-            spark_remote="",
-            **_on_store(options, _prefix("engine")),
-        )
-    )
+    server = local_engine(tmp_path_factory.mktemp("s3-engine"), **_on_store(options, _prefix("engine")))
     server.up()
     yield server
     server.down(force=True)

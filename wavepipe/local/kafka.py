@@ -338,12 +338,7 @@ class LocalKafka:
             self.pid_file.unlink(missing_ok=True)
             self._reap()
             return "Kafka is not running"
-        os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.pid() is not None:
-            time.sleep(0.2)
-        if self.pid() is not None:
-            os.killpg(pid, signal.SIGKILL)
+        processes.stop_group(pid, lambda: self.pid() is not None, timeout)
         self._reap()
         self.pid_file.unlink(missing_ok=True)
         return f"Kafka (pid {pid}) stopped"

@@ -208,12 +208,7 @@ class LocalObjectStore:
         if pid is None:
             self.pid_file.unlink(missing_ok=True)
             return "object store is not running"
-        os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.pid() is not None:
-            time.sleep(0.2)
-        if self.pid() is not None:
-            os.killpg(pid, signal.SIGKILL)
+        processes.stop_group(pid, lambda: self.pid() is not None, timeout)
         self.pid_file.unlink(missing_ok=True)
         return f"object store (pid {pid}) stopped"
 

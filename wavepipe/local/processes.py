@@ -69,3 +69,18 @@ def send(pids: list[int], sig: int = signal.SIGKILL) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
+
+
+def stop_group(pid: int, still_running, timeout: float) -> None:
+    """Stop the process group of ``pid``: SIGTERM (a clean shutdown), then SIGKILL if
+    ``still_running()`` still says so after ``timeout`` seconds."""
+    import time
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and still_running():
+        time.sleep(0.2)
+    if still_running():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
