@@ -632,16 +632,11 @@ def create_backfill(settings: Settings, token: str, body: dict, *, wait_s: float
 
 def _open_backfill_like(settings: Settings, token: str, body: dict) -> dict | None:
     """The open backfill of ``body``'s DAG made for exactly ``body``'s request, if there is one."""
-    from wavepipe.contracts.plan import parse_datetime
-
-    def when(text: str):
-        return parse_datetime(text.replace("Z", "+00:00"))
-
     listed = _api(settings, token, f"/backfills?dag_id={quote(body['dag_id'])}&limit=1000")[1]
     for backfill in listed.get("backfills", []) if isinstance(listed, dict) else []:
-        same = (when(backfill["from_date"]), when(backfill["to_date"])) == (
-            when(body["from_date"]),
-            when(body["to_date"]),
+        same = (_instant(backfill["from_date"]), _instant(backfill["to_date"])) == (
+            _instant(body["from_date"]),
+            _instant(body["to_date"]),
         )
         same = same and (backfill.get("dag_run_conf") or {}) == (body.get("dag_run_conf") or {})
         same = same and backfill.get("reprocess_behavior") == body.get("reprocess_behavior", "none")
@@ -652,18 +647,14 @@ def _open_backfill_like(settings: Settings, token: str, body: dict) -> dict | No
 
 def _has_runs(settings: Settings, token: str, body: dict, backfill: dict) -> bool:
     """Whether DAG runs of ``backfill``'s windows were queued since it was made (its own runs)."""
-    from wavepipe.contracts.plan import parse_datetime
-
-    made = parse_datetime(backfill["created_at"].replace("Z", "+00:00"))
+    made = _instant(backfill["created_at"])
     path = (
         f"/dags/{quote(body['dag_id'])}/dagRuns?limit=1000&logical_date_gte={quote(body['from_date'])}"
         f"&logical_date_lte={quote(body['to_date'])}"
     )
     runs = _api(settings, token, path)[1]
     return any(
-        r.get("run_type") == "backfill"
-        and r.get("queued_at")
-        and parse_datetime(r["queued_at"].replace("Z", "+00:00")) >= made
+        r.get("run_type") == "backfill" and r.get("queued_at") and _instant(r["queued_at"]) >= made
         for r in (runs.get("dag_runs", []) if isinstance(runs, dict) else [])
     )
 
@@ -773,9 +764,14 @@ def backfill(
 
 def _iso(when: str) -> str:
     """A logical date as the dry run writes it (the API's ``Z`` and ``+00:00`` alike)."""
+    return _instant(when).isoformat()
+
+
+def _instant(when: str):
+    """An instant the REST API wrote (``Z`` or ``+00:00``), as an aware datetime."""
     from wavepipe.contracts.plan import parse_datetime
 
-    return parse_datetime(when.replace("Z", "+00:00")).isoformat()
+    return parse_datetime(when.replace("Z", "+00:00"))
 
 
 def run_cli(settings: Settings, args) -> int:
