@@ -47,9 +47,10 @@ def read_range(settings: Settings, run_id: str, partition: int) -> ReadStats:
     rng = plan.range_for(partition)
     stats = ReadStats(rng.topic, rng.partition, rng.start, rng.end)
     chunk_path, dead_path = staged_paths(store, run_id, rng)
-    chunks = StagedFile(chunk_path, CHUNK_SCHEMA, settings.staging_flush_bytes)
-    dead = StagedFile(dead_path, DEAD_LETTER_SCHEMA, settings.staging_flush_bytes)
-    digests = StagedFile(digest_path(store, run_id, rng), DIGEST_SCHEMA, settings.staging_flush_bytes)
+    flush, spool = settings.staging_flush_bytes, settings.spool_dir / run_id
+    chunks = StagedFile(chunk_path, CHUNK_SCHEMA, flush, spool)
+    dead = StagedFile(dead_path, DEAD_LETTER_SCHEMA, flush, spool)
+    digests = StagedFile(digest_path(store, run_id, rng), DIGEST_SCHEMA, flush, spool)
     staged = (digests, chunks, dead)  # the chunks after their digests: a range is staged once both are
     began = time.monotonic()
     try:

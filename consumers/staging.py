@@ -1,7 +1,8 @@
 """Staged chunk records: columnar files named by topic/partition/range, written atomically.
 
 A retry of the same range writes the same file name, so it replaces the earlier attempt instead
-of adding to it. Files appear under their final name only once complete (write, fsync, rename).
+of adding to it. Files appear under their final name only once complete (write, fsync, rename;
+on an object store: one put of the whole file).
 """
 
 from __future__ import annotations
@@ -9,12 +10,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from wavepipe import storage
 from wavepipe.contracts.protocol import CHECKSUM_PREFIX, Chunk, output_facts
+from wavepipe.faults import failpoint
 
 CHUNK_SCHEMA = pa.schema(
     [
@@ -184,18 +188,25 @@ def dead_letter_row(
 
 
 class StagedFile:
-    """Rows buffered in memory up to ``flush_bytes``, then written as one Parquet row group."""
+    """Rows buffered in memory up to ``flush_bytes``, then written as one Parquet row group.
 
-    def __init__(self, path: Path, schema: pa.Schema, flush_bytes: int):
+    ``path``: where the file goes, a local path or an object store's location. A local file is
+    written beside it and renamed into place; an object is written in ``spool`` (a local folder)
+    and put whole on ``commit``. Either way it appears only complete, under the name a retry of
+    the range reproduces, which replaces it."""
+
+    def __init__(self, path: str, schema: pa.Schema, flush_bytes: int, spool: Path):
         self.path = path
         self.schema = schema
         self.flush_bytes = flush_bytes
         self.rows = 0
         self.bytes = 0
-        self._tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        self._remote = storage.is_remote(path)
+        folder = spool if self._remote else Path(path).parent
+        folder.mkdir(parents=True, exist_ok=True)
+        self._tmp = folder / f".{path.rpartition('/')[2]}.{os.getpid()}.{id(self):x}.tmp"
         self._buffer: dict[str, list] = {name: [] for name in schema.names}
         self._buffered_bytes = 0
-        path.parent.mkdir(parents=True, exist_ok=True)
         self._writer = pq.ParquetWriter(
             self._tmp,
             schema,
@@ -222,12 +233,25 @@ class StagedFile:
         self._buffered_bytes = 0
 
     def commit(self) -> None:
-        """Flush, fsync and move into place under the final name."""
+        """Flush, then put in place under the final name: fsync and rename, or an upload."""
         self._flush()
         self._writer.close()
+        if self._remote:
+            try:
+                storage.upload(self._parts(), self.path)
+            finally:
+                self._tmp.unlink(missing_ok=True)
+            return
         with open(self._tmp, "rb") as fh:
             os.fsync(fh.fileno())
         os.replace(self._tmp, self.path)
+
+    def _parts(self) -> Iterator[bytes]:
+        """The written file in upload parts (``stage.upload``: a failpoint after each)."""
+        with open(self._tmp, "rb") as fh:
+            while part := fh.read(storage.PART_BYTES):
+                yield part
+                failpoint("stage.upload")
 
     def abort(self) -> None:
         try:

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.protocol import checksum, output_facts
 from wavepipe.faults import failpoint
+from wavepipe.storage import S3Options, open_input
 
 #: The output table's columns (Spark's ``reassemble.OUTPUT_SCHEMA`` is made from these).
 ARROW_OUTPUT_SCHEMA = pa.schema(
@@ -180,8 +181,9 @@ def assemble_file(
     strict: bool = False,
     batch_bytes: int = _DEFAULT_BATCH_BYTES,
     verify_only: bool = False,
+    reach: S3Options | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """Whole waveforms from one staged file, streamed: the ``wanted`` ids (id -> ``wp-checksum``,
+    """Whole waveforms from one staged file (``path``; on an object store reached with ``reach``), streamed: the ``wanted`` ids (id -> ``wp-checksum``,
     or a set: any checksum) must have every chunk carrying that checksum, once, in this file (one
     Kafka partition). Holds only the waveforms whose chunks are still arriving (with keyed
     producers, one or two) and one batch of output (``batch_bytes`` of payload, or one waveform);
@@ -194,7 +196,8 @@ def assemble_file(
     join = _FileJoin(path, wanted if isinstance(wanted, dict) else dict.fromkeys(wanted), strict, verify_only)
     rows: list[dict] = []
     buffered = 0
-    staged = pq.ParquetFile(path, pre_buffer=False)  # pre-buffering would read the whole file ahead
+    source = path if reach is None else open_input(path, reach)
+    staged = pq.ParquetFile(source, pre_buffer=False)  # pre-buffering would read the whole file ahead
     for batch in _row_group_batches(staged):
         if join.finished:
             break
@@ -216,13 +219,19 @@ def _row_group_batches(staged: pq.ParquetFile, rows: int = 256) -> Iterator[pa.R
 
 
 def assemble_tasks(
-    batches: Iterator[pa.RecordBatch], failpoints: str | None, scope: str, strict: bool, batch_bytes: int, verify: bool
+    batches: Iterator[pa.RecordBatch],
+    failpoints: str | None,
+    scope: str,
+    strict: bool,
+    batch_bytes: int,
+    verify: bool,
+    reach: S3Options | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """``assemble_file`` over tasks: record batches of (``path``, ``ids``: a list of
     ``{waveform_id, checksum}``), one staged file and the waveforms wanted from it per row."""
     for batch in batches:
         for path, ids in zip(batch.column("path").to_pylist(), batch.column("ids").to_pylist(), strict=True):
             wanted = {w["waveform_id"]: w["checksum"] for w in ids}
-            for out in assemble_file(path, wanted, strict, batch_bytes, verify_only=verify):
+            for out in assemble_file(path, wanted, strict, batch_bytes, verify_only=verify, reach=reach):
                 yield out
                 failpoint("assemble.batch", failpoints, scope)

@@ -21,7 +21,8 @@ from datetime import UTC, datetime
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
+
+from wavepipe import storage
 
 PENDING = "pending"
 CANDIDATE = "candidate"
@@ -77,7 +78,7 @@ QUARANTINE_SCHEMA = pa.schema(
 
 def read_meta(files: Iterable[str]) -> pd.DataFrame:
     """The metadata columns of staged chunk ``files`` (Parquet; the payload column is not read)."""
-    tables = [pq.read_table(f, columns=META_COLUMNS) for f in files]
+    tables = [storage.read_parquet(f, columns=META_COLUMNS) for f in files]
     if not tables:
         return pd.DataFrame({c: pd.Series(dtype=object) for c in META_COLUMNS})
     return pa.concat_tables(tables).to_pandas()

@@ -31,21 +31,18 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shutil
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
-from deltalake import write_deltalake
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from wavepipe import storage
 from wavepipe.contracts.plan import RunPlan, utc_now
 from wavepipe.contracts.runfiles import RunStore, Step, staged_paths
 from wavepipe.contracts.steps import PartitionAccount, ReadStats, Reassembled, WindowRows
@@ -103,9 +100,10 @@ def assemble_local(
     wanted = rows.groupby("partition")[["waveform_id", "checksum"]]
     tasks = [(files[p], group.to_dict("records")) for p, group in wanted if p in files]
     failpoints = armed()  # the workers (a Spark engine's) do not have this process's environment
+    reach = storage.worker_options(next(iter(files.values()), ""))  # an object store's endpoint: no keys
 
     def tasks_of_this_run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return assemble_tasks(batches, failpoints, scope, strict, batch_bytes, verify_only)
+        return assemble_tasks(batches, failpoints, scope, strict, batch_bytes, verify_only, reach)
 
     local = spark.createDataFrame(tasks, "path string, ids array<struct<waveform_id: string, checksum: string>>")
     return local.mapInArrow(tasks_of_this_run, OUTPUT_SCHEMA)
@@ -113,7 +111,7 @@ def assemble_local(
 
 def chunk_files(store: RunStore, plan: RunPlan) -> dict[int, str]:
     """Per partition read, the run's staged chunk file (where its reader staged it)."""
-    return {r.partition: str(staged_paths(store, plan.run_id, r)[0]) for r in plan.ranges if r.size}
+    return {r.partition: staged_paths(store, plan.run_id, r)[0] for r in plan.ranges if r.size}
 
 
 #: The manifest: one row per waveform the run publishes, all its output columns but the payload,
@@ -173,7 +171,7 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> Reassembled:
     store.clear_step(plan.run_id, Step.REASSEMBLE)
     store.clear_step(plan.run_id, Step.VALIDATE)
     candidates = store.candidate_dir(plan.run_id)
-    shutil.rmtree(candidates, ignore_errors=True)
+    storage.delete_tree(candidates)
     timings: dict[str, float] = {}
     t = time.monotonic()
     found = _classified(spark, settings, store, plan, chunk_paths)
@@ -182,7 +180,7 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> Reassembled:
         & ~found.classified["waveform_id"].isin(found.quarantined)  # quarantined once, quarantined for good
         & ~found.classified["waveform_id"].isin(found.before)
     ]
-    digests = _digests(store.staging_dir(plan.run_id))
+    digests = _digests(store.staged_files(plan.run_id, "digests"))
     routed = route(fresh, None if digests is None else digests.select(_ROUTED_BY).to_pandas())
     timings["classify_s"] = time.monotonic() - t
     t = time.monotonic()
@@ -196,8 +194,10 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> Reassembled:
     waveforms = by_waveform(pd.concat([status, conflicted], ignore_index=True))
     quarantine = None
     if any(w["status"] == QUARANTINED for w in waveforms):
-        quarantine = _quarantine_candidates(found, status, conflicted, plan.run_id, candidates / "quarantine")
-    dead_counts, other_dead = _stage_dead_letters(store, plan, candidates / "dead_letter")
+        quarantine = _quarantine_candidates(
+            found, status, conflicted, plan.run_id, storage.join(candidates, "quarantine")
+        )
+    dead_counts, other_dead = _stage_dead_letters(store, plan, storage.join(candidates, "dead_letter"))
     timings["accounting_s"] = time.monotonic() - t
     result = summarize(plan, rows, waveforms, dead_counts, timings, other_dead)
     result.output_version = found.output_version
@@ -214,14 +214,14 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> Reassembled:
 
 
 def _quarantine_candidates(
-    found: _Found, status: pd.DataFrame, conflicted: pd.DataFrame, run_id: str, path: Path
+    found: _Found, status: pd.DataFrame, conflicted: pd.DataFrame, run_id: str, path: str
 ) -> pa.Table:
     """The run's quarantine rows (its own waveforms', and those of other contents under ids the
     output holds), written to the candidate table at ``path`` by delta-rs: no Spark job."""
     rows = pa.concat_tables(
         [quarantine_rows(found.meta, status, run_id), quarantine_rows(found.conflicts, conflicted, run_id)]
     )
-    write_deltalake(str(path), rows, mode="overwrite")
+    storage.write_delta(path, rows)
     return rows
 
 
@@ -235,24 +235,24 @@ def _verified_by(routed: pd.DataFrame) -> dict[str, int]:
     }
 
 
-def staged_chunk_files(store: RunStore, plan: RunPlan) -> list[Path]:
+def staged_chunk_files(store: RunStore, plan: RunPlan) -> list[str]:
     """The run's staged chunk files; an error naming the ranges whose reader has not staged them."""
-    chunk_paths = sorted((store.staging_dir(plan.run_id) / "chunks").glob("*.parquet"))
-    staged = {p.stem for p in chunk_paths}
+    chunk_paths = store.staged_files(plan.run_id, "chunks")
+    staged = {p.rpartition("/")[2].removesuffix(".parquet") for p in chunk_paths}
     missing = [r.name for r in plan.ranges if r.size and r.name not in staged]
     if missing:
         raise RuntimeError(f"run {plan.run_id}: ranges not staged yet: {', '.join(missing)}; run their consume step")
     return chunk_paths
 
 
-def _classified(spark: SparkSession, settings, store: RunStore, plan: RunPlan, chunk_paths: list[Path]) -> _Found:
+def _classified(spark: SparkSession, settings, store: RunStore, plan: RunPlan, chunk_paths: list[str]) -> _Found:
     """The run's chunk metadata (read here: no payload, no Spark job), its ids looked up in the
     output and quarantine tables (by delta-rs, skipping files that cannot hold them), and each
     waveform classified (``metadata.classify``). A window run recomputes the window's rows: the
     tables' other rows are what was there before."""
     if not 0 < settings.max_waveform_bytes <= MAX_WAVEFORM_BYTES_LIMIT:
         raise ValueError(f"max_waveform_bytes must be in 1..{MAX_WAVEFORM_BYTES_LIMIT} (a waveform is one Spark row)")
-    meta = read_meta(map(str, chunk_paths))
+    meta = read_meta(chunk_paths)
     ids = sorted(meta["waveform_id"].dropna().unique().tolist())
     output_version = delta_version(settings.output_table)  # before the look-up: a later write changes it
     # the output's rows with the run's ids, and their checksums: an id there under another
@@ -282,7 +282,7 @@ def _classified(spark: SparkSession, settings, store: RunStore, plan: RunPlan, c
     return _Found(meta, conflicts, classified, before, quarantined, output_version)
 
 
-def earlier_rows(table: Path, plan: RunPlan, ids: list[str], columns: list[str]) -> pd.DataFrame:
+def earlier_rows(table: str, plan: RunPlan, ids: list[str], columns: list[str]) -> pd.DataFrame:
     """The rows of published ``table`` with the run's ``ids`` (``waveform_id`` and ``columns``),
     and ``counted``: the row stays beside the run's output. A window run replaces the rows inside
     its window, so only those outside it count; an incremental run counts every row."""
@@ -298,11 +298,11 @@ def earlier_rows(table: Path, plan: RunPlan, ids: list[str], columns: list[str])
 _ROUTED_BY = ["waveform_id", "checksum", "n_chunks", "partition", "digest"]
 
 
-def _digests(staging: Path) -> pa.Table | None:
-    """The waveforms the run's readers hashed in order as they staged them (``DIGEST_SCHEMA``).
-    Kept in Arrow: a start time may be any year Spark allows, beyond pandas' nanoseconds."""
-    files = sorted((staging / "digests").glob("*.parquet"))
-    return pa.concat_tables([pq.read_table(f) for f in files]) if files else None
+def _digests(files: list[str]) -> pa.Table | None:
+    """The waveforms the run's readers hashed in order as they staged them (``DIGEST_SCHEMA``;
+    ``files``: their staged digests). Kept in Arrow: a start time may be any year Spark allows,
+    beyond pandas' nanoseconds."""
+    return pa.concat_tables([storage.read_parquet(f) for f in files]) if files else None
 
 
 def _verify_assembled(
@@ -329,7 +329,7 @@ def _verify_assembled(
     if not manifest:
         return None
     table = pa.concat_tables(manifest)
-    write_deltalake(str(store.candidate_dir(plan.run_id) / "manifest"), table, mode="overwrite")
+    storage.write_delta(storage.join(store.candidate_dir(plan.run_id), "manifest"), table)
     failpoint("reassemble.after_write")
     return table
 
@@ -347,7 +347,7 @@ def _assembled(spark: SparkSession, settings, store: RunStore, plan: RunPlan, ro
     shuffled = routed[routed["route"] == SHUFFLE]
     if len(shuffled):
         wanted = wanted_waveforms(spark, shuffled)
-        chunks = spark.read.parquet(*map(str, chunk_paths))
+        chunks = spark.read.parquet(*map(storage.for_spark, chunk_paths))
         parts.append(assemble(chunks, wanted, scope=plan.run_id, verify_only=True))
     if not parts:
         return None
@@ -376,11 +376,11 @@ def _manifest_rows(rows: pa.Table, run_id: str, written_from: str) -> pa.Table:
     return rows.cast(MANIFEST_SCHEMA)
 
 
-def _stage_dead_letters(store: RunStore, plan: RunPlan, path: Path) -> tuple[dict, dict]:
+def _stage_dead_letters(store: RunStore, plan: RunPlan, path: str) -> tuple[dict, dict]:
     """The run's dead letters into its candidate table ``path``; per partition (rows, value
     bytes) of them, and of those a window run leaves to the next window (past its end)."""
-    files = sorted((store.staging_dir(plan.run_id) / "dead_letter").glob("*.parquet"))
-    tables = [t for t in (pq.read_table(f) for f in files) if t.num_rows]
+    files = store.staged_files(plan.run_id, "dead_letter")
+    tables = [t for t in (storage.read_parquet(f) for f in files) if t.num_rows]
     if not tables:
         return {}, {}
     dead = pa.concat_tables(tables)
@@ -393,7 +393,7 @@ def _stage_dead_letters(store: RunStore, plan: RunPlan, path: Path) -> tuple[dic
         dead = dead.filter(pa.array(mine))
     counts = _count_by_partition(dead)
     if dead.num_rows:
-        write_deltalake(str(path), dead, mode="overwrite")
+        storage.write_delta(path, dead)
     return counts, other
 
 

@@ -34,9 +34,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as pads
-import pyarrow.parquet as pq
-from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -320,23 +317,24 @@ def _build_docs(context, shown: list, identifiers: list) -> tuple[list[str | Non
 # --- I/O -------------------------------------------------------------------------------------------
 
 
-def _manifest(candidates: Path) -> pd.DataFrame:
+def _manifest(candidates: str) -> pd.DataFrame:
     """The run's manifest (``reassemble._assemble_and_write``), read here by delta-rs: no Spark
     job. Start times stay Python datetimes: pandas' nanosecond timestamps end in 1677 and 2262,
     Spark's in years 1 and 9999, and a producer may send any start time in between (the suite
     says if it is plausible)."""
-    path = candidates / "manifest"
+    path = storage.join(candidates, "manifest")
     rows = (
-        DeltaTable(str(path)).to_pyarrow_table() if delta_version(path) is not None else MANIFEST_SCHEMA.empty_table()
+        storage.delta_table(path).to_pyarrow_table()
+        if delta_version(path) is not None
+        else MANIFEST_SCHEMA.empty_table()
     )
     return rows.to_pandas(timestamp_as_object=True, date_as_object=True)
 
 
 def _staged_record_count(store: RunStore, plan: RunPlan) -> int:
     """Records the run staged (chunks and dead letters), from the files' own footers."""
-    staging = store.staging_dir(plan.run_id)
-    files = [f for sub in ("chunks", "dead_letter") for f in sorted((staging / sub).glob("*.parquet"))]
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    files = [f for kind in ("chunks", "dead_letter") for f in store.staged_files(plan.run_id, kind)]
+    return sum(storage.parquet_rows(f) for f in files)
 
 
 def _kept(checked: pd.DataFrame, ids: list[str]) -> pd.DataFrame:
@@ -527,9 +525,9 @@ def _staged_rows(picks: list[dict], store: RunStore, plan: RunPlan) -> list[dict
     staged = [r for r in picks if r["written_from"] == STAGED]
     for partition in {int(r["partition"]) for r in staged}:
         mine = {r["waveform_id"]: r["checksum"] for r in staged if int(r["partition"]) == partition}
-        for batch in assemble_file(
-            chunk_files(store, plan)[partition], mine, strict=True, batch_bytes=store.settings.output_batch_bytes
-        ):
+        path = chunk_files(store, plan)[partition]
+        reach = storage.configured_options(path)
+        for batch in assemble_file(path, mine, strict=True, batch_bytes=store.settings.output_batch_bytes, reach=reach):
             rows += [r for r in batch.to_pylist() if r["checksum_ok"]]
     return rows
 
@@ -540,8 +538,8 @@ def _shuffled_rows(picks: list[dict], store: RunStore, plan: RunPlan) -> list[di
     picked = {r["waveform_id"]: r["checksum"] for r in picks if r["written_from"] == SHUFFLED}
     if not picked:
         return []
-    files = [str(f) for f in staged_chunk_files(store, plan)]
-    chunks = pads.dataset(files, format="parquet").to_table(filter=pc.field("waveform_id").isin(list(picked)))
+    chunks = storage.parquet_dataset(staged_chunk_files(store, plan))
+    chunks = chunks.to_table(filter=pc.field("waveform_id").isin(list(picked)))
     rows = []
     for wid, checksum in picked.items():
         mine = chunks.filter((pc.field("waveform_id") == wid) & (pc.field("checksum") == checksum))
@@ -578,8 +576,8 @@ def publish_rows(store: RunStore, plan: RunPlan, name: str, rejection: Rejection
     """The run's rows of the small published table ``name`` (quarantine, dead letters; None:
     none): its candidate table, read by delta-rs, and for the quarantine the rows of the
     waveforms ``rejection`` holds (those go there instead of the waveforms)."""
-    source = store.candidate_dir(plan.run_id) / name
-    parts = [DeltaTable(str(source)).to_pyarrow_table()] if delta_version(source) is not None else []
+    source = storage.join(store.candidate_dir(plan.run_id), name)
+    parts = [storage.delta_table(source).to_pyarrow_table()] if delta_version(source) is not None else []
     if name == "quarantine" and rejection.rows is not None:
         parts.append(rejection.rows)
     return pa.concat_tables(parts, promote_options="default") if parts else None
@@ -677,10 +675,10 @@ def _run_keys(store: RunStore, plan: RunPlan, name: str, rejection: Rejection) -
     keys with those rows only, never with every key of a table that grows with every run."""
     if name == "dead_letter":
         return plan.topic, {r.partition: (r.start, r.end) for r in plan.ranges}
-    table = store.candidate_dir(plan.run_id) / ("manifest" if name == "waveforms" else "quarantine")
+    table = storage.join(store.candidate_dir(plan.run_id), "manifest" if name == "waveforms" else "quarantine")
     ids = set(rejection.ids) if name == "quarantine" else set()
     if delta_version(table) is not None:
-        ids.update(DeltaTable(str(table)).to_pyarrow_table(columns=["waveform_id"]).column(0).to_pylist())
+        ids.update(storage.delta_table(table).to_pyarrow_table(columns=["waveform_id"]).column(0).to_pylist())
     return sorted(ids)
 
 
@@ -700,7 +698,7 @@ def run_txn(store: RunStore, plan: RunPlan) -> Txn:
 def replace_window(
     spark: SparkSession,
     source: DataFrame | None,
-    target: Path,
+    target: str,
     name: str,
     plan: RunPlan,
     rows: WindowRows,
@@ -763,7 +761,7 @@ def check_candidates(spark: SparkSession, store: RunStore, run_id: str) -> Reass
             "run its reassemble step again"
         )
     for name, expected in reassembled.candidates.items():
-        path = store.candidate_dir(run_id) / name
+        path = storage.join(store.candidate_dir(run_id), name)
         found = 0
         if delta_version(path) is not None:
             found = delta_row_count(path)

@@ -27,6 +27,7 @@ ENV = "WAVEPIPE_FAILPOINTS"
 POINTS = {
     "plan.after_claim": "the plan step, after it claimed the group, before it asked Kafka for offsets",
     "consume.record": "a reader, after staging a record",
+    "stage.upload": "a reader putting a staged file on an object store, after each part it handed to the upload",
     "assemble.batch": "a Spark Python worker, after the writer took a batch of assembled waveforms (publishing "
     "into the output table, or a reassembly verifying them)",
     "reassemble.after_write": "the reassemble step, after the run's manifest is written, "

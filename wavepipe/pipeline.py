@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Unpack
 
-from wavepipe import report_html, spark
+from wavepipe import report_html, spark, storage
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import UsageError
 from wavepipe.contracts.plan import ActiveRunError, RunPlan, RunRequest, as_utc, new_run_id, run_request, safe_run_id
@@ -446,9 +446,9 @@ def _new_dead_letters(store: RunStore, plan: RunPlan, published: dict[int, list[
 
     for r in plan.ranges:
         _, path = staged_paths(store, plan.run_id, r)
-        if path.exists():
+        if storage.exists(path):
             intervals = [(a, b) for a, b in published.get(r.partition, []) if a < r.end and b > r.start]
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=256):
+            for batch in pq.ParquetFile(storage.open_input(path)).iter_batches(batch_size=256):
                 yield from batch.filter(_outside(batch.column("offset"), intervals)).to_pylist()
     if plan.recovered:  # the run whose Kafka commit was lost: its dead letters never went out
         from wavepipe.delta_txn import dead_letters_of
@@ -709,7 +709,8 @@ def _is_staged(store: RunStore, plan: RunPlan, partition: int) -> bool:
     only after its staged files are in place, and they stay until the run commits)."""
     r = plan.range_for(partition)
     chunks, dead = staged_paths(store, plan.run_id, r)
-    return store.load_result(plan.run_id, Step.consume(r), ReadStats) is not None and chunks.exists() and dead.exists()
+    read = store.load_result(plan.run_id, Step.consume(r), ReadStats)
+    return read is not None and storage.exists(chunks) and storage.exists(dead)
 
 
 def committed_by(settings: Settings, plan: RunPlan) -> bool:

@@ -47,7 +47,7 @@ def s3_options(settings) -> S3Options:
 
 def uses_s3(settings) -> bool:
     """Whether any location of ``settings`` is on an object store."""
-    return is_remote(settings.tables_uri)
+    return is_remote(settings.tables_uri) or is_remote(settings.staging_uri)
 
 
 class StorageUnavailableError(RuntimeError):
@@ -81,7 +81,8 @@ def unreachable(settings) -> str | None:
     if not uses_s3(settings):
         return None
     try:
-        open_store(settings.tables_location, s3_options(settings)).list_keys(".wavepipe-probe")
+        where = settings.tables_location if is_remote(settings.tables_location) else settings.staging_location
+        open_store(where, s3_options(settings)).list_keys(".wavepipe-probe")
     except Exception as exc:  # any failure to answer: said below, with its first line
         endpoint = settings.s3_endpoint or "AWS S3"
         own = " (`wavepipe objectstore status` for this home's own)" if settings.s3_endpoint == "local" else ""
@@ -239,6 +240,122 @@ def open_file(uri: str):
     return io.BytesIO(open_store(parent).get_bytes(name))
 
 
+def exists(uri: str) -> bool:
+    """Whether a file or object is at ``uri``."""
+    if not is_remote(uri):
+        import os
+
+        return os.path.isfile(uri)
+    parent, _, name = for_clients(uri).rpartition("/")
+    return open_store(parent).head(name) is not None
+
+
+def files(uri: str, suffix: str = "") -> list[str]:
+    """The files (objects) directly in folder ``uri`` whose names end in ``suffix``, as locations,
+    sorted by name."""
+    return [join(uri, name) for name in list_names(uri) if name.endswith(suffix) and not name.startswith(".")]
+
+
+def total_bytes(uris: list[str]) -> int:
+    """The summed size of the files or objects at ``uris`` (one listing per folder on a store)."""
+    if not uris:
+        return 0
+    if not is_remote(uris[0]):
+        import os
+
+        return sum(os.path.getsize(u) for u in uris)
+    sizes = {}
+    for folder in {u.rpartition("/")[0] for u in uris}:
+        sizes |= {join(folder, m["path"]): m["size"] for m in open_store(folder).list_meta()}
+    return sum(sizes.get(for_clients(u), 0) for u in uris)
+
+
+def delete_tree(uri: str) -> None:
+    """Delete everything at or under ``uri`` (nothing there: nothing to do)."""
+    if not is_remote(uri):
+        import shutil
+
+        shutil.rmtree(uri, ignore_errors=True)
+        return
+    store = open_store(uri)
+    for key in store.list_keys():
+        store.delete(key)
+
+
+def upload(parts, uri: str) -> None:
+    """Put ``parts`` (an iterable of bytes, ``PART_BYTES`` each but the last) at ``uri`` as one
+    object, a multipart upload visible only once complete: one cut short leaves no object, only
+    parts the store discards (a bucket's lifecycle rule for incomplete uploads)."""
+    parent, _, name = for_clients(uri).rpartition("/")
+    open_store(parent).put_parts(name, parts)
+
+
+def arrow_filesystem(options: S3Options):
+    """pyarrow's S3 filesystem for ``options``; empty keys: the environment's (an engine's Python
+    workers get them so, never in a task)."""
+    from pyarrow import fs
+
+    kwargs: dict = {
+        "region": options.region or None,
+        "connect_timeout": CONNECT_TIMEOUT_S,
+        "request_timeout": REQUEST_TIMEOUT_S,
+        "retry_strategy": fs.AwsStandardS3RetryStrategy(max_attempts=MAX_RETRIES),
+    }
+    if options.endpoint:
+        endpoint = urlparse(options.endpoint)
+        kwargs |= {"endpoint_override": endpoint.netloc, "scheme": endpoint.scheme}
+    if options.access_key:
+        kwargs |= {"access_key": options.access_key, "secret_key": options.secret_key}
+    return fs.S3FileSystem(**kwargs)
+
+
+def open_input(uri: str, options: S3Options | None = None):
+    """What pyarrow reads file ``uri`` from: a local path as it is, an object as a random-access
+    file of ranged reads (``options``: how to reach it, default the configured ones)."""
+    if not is_remote(uri):
+        return uri
+    filesystem = arrow_filesystem(options or configured_options(uri))
+    return filesystem.open_input_file(for_clients(uri).removeprefix("s3://"))
+
+
+def read_parquet(uri: str, columns: list[str] | None = None):
+    """The Parquet file at ``uri`` as a pyarrow table (only ``columns``, when given)."""
+    import pyarrow.parquet as pq
+
+    return pq.read_table(open_input(uri), columns=columns)
+
+
+def parquet_rows(uri: str) -> int:
+    """The rows of the Parquet file at ``uri``, from its footer."""
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(open_input(uri)).metadata.num_rows
+
+
+def parquet_dataset(uris: list[str]):
+    """pyarrow's dataset of the Parquet files at ``uris`` (all local, or all on one store)."""
+    import pyarrow.dataset as pads
+
+    if not uris or not is_remote(uris[0]):
+        return pads.dataset(uris, format="parquet")
+    filesystem = arrow_filesystem(configured_options(uris[0]))
+    return pads.dataset([for_clients(u).removeprefix("s3://") for u in uris], format="parquet", filesystem=filesystem)
+
+
+def worker_options(uri: str) -> S3Options | None:
+    """How an engine's Python worker reaches ``uri``: the configured endpoint and region, no keys
+    (the worker reads them from its environment). None: a local path."""
+    options = configured_options(uri)
+    return None if options is None else S3Options(options.endpoint, options.region)
+
+
+def write_delta(uri: str, data, mode: str = "overwrite") -> None:
+    """Write ``data`` (Arrow) as the Delta table at ``uri`` with delta-rs."""
+    from deltalake import write_deltalake
+
+    write_deltalake(for_clients(uri), data, mode=mode, storage_options=delta_write_options(uri))
+
+
 def has_table(uri: str) -> bool:
     """Whether a Delta table is at ``uri`` (its log holds an entry)."""
     return bool(log_versions(uri))
@@ -308,6 +425,10 @@ def parquet_metadata(uri: str, written):
     return pq.read_metadata(pa.BufferReader(tail))
 
 
+#: A multipart upload's part size and parts in flight (a staged file is tens of MB to GBs).
+PART_BYTES, PART_CONCURRENCY = 16 * 1024 * 1024, 4
+
+
 class Store:
     """The objects under one location, with the writes an object store can make atomically."""
 
@@ -351,6 +472,12 @@ class Store:
         except (PreconditionError, NotFoundError, FileNotFoundError):
             return False
         return True
+
+    def put_parts(self, key: str, parts) -> None:
+        """Write ``key`` from ``parts`` (bytes, in order) in one multipart upload: whole or not at all."""
+        import obstore
+
+        obstore.put(self._store, key, parts, chunk_size=PART_BYTES, max_concurrency=PART_CONCURRENCY)
 
     def get_bytes(self, key: str) -> bytes:
         import obstore

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -51,7 +52,7 @@ def test_reader_stops_exactly_at_end_and_a_retry_overwrites(settings):
     assert (stats.records, stats.first_offset, stats.last_offset) == (4, 0, 3)
     assert _staged_offsets(settings, "cap", 0) == [0, 1, 2, 3]
     read_range(settings, "cap", 0)  # a retried consume task
-    files = list((RunStore(settings).staging_dir("cap") / "chunks").iterdir())
+    files = list((Path(RunStore(settings).staging_dir("cap")) / "chunks").iterdir())
     assert len(files) == 1, files
     assert _staged_offsets(settings, "cap", 0) == [0, 1, 2, 3]
 
@@ -146,7 +147,7 @@ def test_rerunning_the_same_plan_gives_identical_output(settings, spark):
     ensure_topic(settings)
     sent = produce_demo(settings, count=6, target_bytes=16 * 1024)
     report = pipeline.run_once(settings, run_id="same")
-    assert not RunStore(settings).staging_dir("same").exists(), "staged copies are removed once committed"
+    assert not Path(RunStore(settings).staging_dir("same")).exists(), "staged copies are removed once committed"
     before = output_rows(spark, settings)
     assert sorted((r[0], r[1]) for r in before) == sorted((s.waveform_id, s.checksum) for s in sent)
     assert all(r[1] == r[2] for r in before)

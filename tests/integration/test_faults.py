@@ -72,7 +72,7 @@ def test_consume_killed_mid_range_then_retried(settings, spark):
         failpoints="consume.record@20=kill",
     )
     assert child.wait(120) == -signal.SIGKILL
-    staging = RunStore(settings).staging_dir("kill-consume")
+    staging = Path(RunStore(settings).staging_dir("kill-consume"))
     for kind in ("chunks", "digests"):  # 5 of the 12 waveforms were complete: the digest file was open too
         files = [p.name for p in (staging / kind).iterdir()]
         assert [f for f in files if f.endswith(".parquet")] == [], f"no half-staged {kind} file under its final name"
@@ -98,7 +98,7 @@ def test_a_run_whose_reader_threads_are_killed_mid_range_resumes_exactly_once(se
         settings, "run", "--run-id", "threads", "--new-group-start", "earliest", failpoints="consume.record@10=kill"
     )  # each partition's 10th record: mid-range
     assert code == -signal.SIGKILL, out  # a reader process's kill would fail the run with exit 1 instead
-    staging = RunStore(settings).staging_dir("threads") / "chunks"
+    staging = Path(RunStore(settings).staging_dir("threads")) / "chunks"
     assert any(p.name.endswith(".tmp") for p in staging.iterdir()), "killed while a reader thread staged"
     assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: None, 1: None}
 
@@ -261,7 +261,7 @@ def test_broker_restarted_during_a_run(settings, spark, own_kafka):
     expected = _produce(settings, 10, partitions=(0, 1))
     # each reader pauses at its 5th record, long enough for a restart under it
     run = start_cli(settings, "run", "--run-id", "restart", failpoints="consume.record@5=sleep:6")
-    staging = RunStore(settings).staging_dir("restart") / "chunks"
+    staging = Path(RunStore(settings).staging_dir("restart")) / "chunks"
     deadline = time.monotonic() + 120
     while not (staging.exists() and any(staging.iterdir())):
         assert time.monotonic() < deadline and run.poll() is None, "the run never started reading"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 from confluent_kafka import KafkaException, Producer, TopicCollection
@@ -144,7 +145,7 @@ def test_partition_leader_killed_mid_range_then_the_run_completes_exactly_once(c
 
     began = time.monotonic()
     run = start_cli(settings, "run", "--run-id", "failover", failpoints="consume.record@6=sleep:10")
-    staging = RunStore(settings).staging_dir("failover") / "chunks"
+    staging = Path(RunStore(settings).staging_dir("failover")) / "chunks"
     # the target partition's reader has staged 5+ records (one row group each) and stopped: it is
     # inside its pause, mid-range
     deadline, size, steady_since = time.monotonic() + 180, -1, time.monotonic()

@@ -229,10 +229,12 @@ def s3_spark(s3_engine):
     session.stop()
 
 
-def _on_store(options: S3Options, tables_uri: str) -> dict:
-    """Settings that put the tables at ``tables_uri`` on the store ``options`` reach."""
+def _on_store(options: S3Options, tables_uri: str, staging_uri: str = "") -> dict:
+    """Settings that put the tables at ``tables_uri`` (and the runs' staging at ``staging_uri``,
+    when given) on the store ``options`` reach."""
     return {
         "tables_uri": tables_uri,
+        "staging_uri": staging_uri,
         "s3_endpoint": options.endpoint,
         "s3_region": options.region,
         "s3_access_key": options.access_key,
@@ -240,36 +242,45 @@ def _on_store(options: S3Options, tables_uri: str) -> dict:
     }
 
 
-def test_a_bounded_run_publishes_to_tables_in_the_bucket_that_delta_rs_reads_there(
+def test_a_bounded_run_stages_and_publishes_in_the_bucket_that_delta_rs_reads_there(
     kafka, s3_engine, s3_spark, options, tmp_path
 ):
-    """The run's publish writes its files into the table's folder in the bucket (Spark, s3a) and
-    commits them there (delta-rs, a conditional put); nothing of the tables is on local disk."""
+    """The readers put their staged files in the bucket; the engine reads them there (s3a, and
+    its Python workers with pyarrow), writes the run's files into the table's folder and the
+    run's process commits them (delta-rs, a conditional put). No Parquet file is ever on the
+    local disk, and the run's staging is removed from the bucket once it committed."""
     from tests.helpers import assert_delta_rs_reads_as_spark, make_settings, output_rows
     from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
     from wavepipe.consumers.producer import produce_demo
-    from wavepipe.pipeline import run_once
+    from wavepipe.consumers.reader import read_range
+    from wavepipe.pipeline import plan_step, run_once
 
-    settings = make_settings(tmp_path / "home", kafka, s3_engine, **_on_store(options, _prefix("lake")))
+    staging = _prefix("staging")
+    settings = make_settings(tmp_path / "home", kafka, s3_engine, **_on_store(options, _prefix("lake"), staging))
     ensure_topic(settings)
     sent = produce_demo(settings, count=6, target_bytes=16 * 1024)
-    report = run_once(settings)
+    plan = plan_step(settings, "on-s3")
+    for r in plan.ranges:
+        read_range(settings, "on-s3", r.partition)
+    staged = open_store(staging, options).list_keys("on-s3")
+    expected = {f"on-s3/{kind}/{r.name}.parquet" for r in plan.ranges for kind in ("chunks", "dead_letter", "digests")}
+    assert set(staged) == expected, staged
+    report = run_once(settings, run_id="on-s3")
     assert report["waveforms"] == {"output_new": 6}, report["waveforms"]
+    assert open_store(staging, options).list_keys() == [], "a committed run's staging is removed"
+    assert not list((tmp_path / "home").rglob("*.parquet")), "nothing staged or published on local disk"
     assert assert_delta_rs_reads_as_spark(s3_spark, settings.output_table) == 6
     rows = output_rows(s3_spark, settings)
     assert {r[0]: r[1] for r in rows} == {w.waveform_id: w.checksum for w in sent}
     assert all(r[1] == r[2] for r in rows), "payloads must be bit-exact"
     ends = {int(p): v["end"] for p, v in report["partitions"].items()}
     assert committed_offsets(settings, settings.group, settings.topic, sorted(ends)) == ends
-    assert not settings.tables_dir.exists() or not any(settings.tables_dir.rglob("*.parquet"))
     bucket = open_store(settings.tables_location, options)
     assert any(k.startswith("waveforms/_delta_log/") for k in bucket.list_keys("waveforms"))
 
 
-def test_a_rewind_and_a_window_run_on_tables_in_the_bucket_keep_each_waveform_once(
-    kafka, s3_engine, s3_spark, options, tmp_path
-):
-    """Exactly once with the tables on S3: a rewind re-reads every offset and publishes nothing
+def test_a_rewind_and_a_window_run_on_the_bucket_keep_each_waveform_once(kafka, s3_engine, s3_spark, options, tmp_path):
+    """Exactly once with the tables and the staging on S3: a rewind re-reads every offset and publishes nothing
     again (the group's transaction is in the bucket's log); a window run replaces the window's
     rows in one commit (Spark's, through wavepipe's LogStore), the same bytes, once each."""
     from datetime import timedelta
@@ -286,7 +297,9 @@ def test_a_rewind_and_a_window_run_on_tables_in_the_bucket_keep_each_waveform_on
     from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
     from wavepipe.pipeline import run_once
 
-    settings = make_settings(tmp_path / "home", kafka, s3_engine, **_on_store(options, _prefix("lake")))
+    settings = make_settings(
+        tmp_path / "home", kafka, s3_engine, **_on_store(options, _prefix("lake"), _prefix("staging"))
+    )
     ensure_topic(settings, partitions=1)
     t0 = quarter_hour_ago(2)
     for i in range(3):
@@ -311,13 +324,15 @@ def test_the_store_down_at_the_publish_fails_the_run_visibly_and_the_retry_publi
 ):
     """The object store dies after the engine wrote the run's files into the bucket and before
     the commit: the run fails (nothing is visible, no offset moves) and says the store cannot be
-    reached; started again, the retry publishes each waveform once. The first attempt's files
-    stay unreferenced until a vacuum."""
+    reached; started again, the retry publishes each waveform once from the chunks it staged in
+    the store before it died. The first attempt's files stay unreferenced until a vacuum."""
     from tests.helpers import make_settings, rows_by_id, run_cli, start_cli
     from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
     from wavepipe.consumers.producer import produce_demo
 
-    settings = make_settings(tmp_path / "home", kafka, s3_engine, **_on_store(options, _prefix("lake")))
+    settings = make_settings(
+        tmp_path / "home", kafka, s3_engine, **_on_store(options, _prefix("lake"), _prefix("staging"))
+    )
     ensure_topic(settings)
     sent = produce_demo(settings, count=4, target_bytes=16 * 1024)
     run = start_cli(settings, "run", failpoints="publish.before_commit=sleep:20")
@@ -341,3 +356,36 @@ def test_the_store_down_at_the_publish_fails_the_run_visibly_and_the_retry_publi
     rows = rows_by_id(s3_spark, settings)
     assert {k: v[0] for k, v in rows.items()} == {w.waveform_id: w.checksum for w in sent}
     assert len({k.split("/")[0] for k in bucket.list_keys() if k.startswith("wavepipe-append-")}) == 2
+
+
+def test_a_reader_killed_mid_upload_leaves_no_staged_object_and_the_retry_stages_and_publishes_once(
+    kafka, s3_engine, s3_spark, options, tmp_path
+):
+    """The reader dies while it puts its chunk file (after the upload's first part, before the
+    upload completed): no object is there under the file's name (the range's digests, put
+    before, are), nothing is committed. Run again, the run re-reads the range, puts the file
+    whole, and publishes each waveform once; the killed reader's spool is gone with the run."""
+    from tests.helpers import make_settings, rows_by_id, run_cli, start_cli
+    from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
+    from wavepipe.consumers.producer import produce_demo
+    from wavepipe.contracts.runfiles import RunStore
+
+    staging = _prefix("staging")
+    settings = make_settings(tmp_path / "home", kafka, s3_engine, **_on_store(options, _prefix("lake"), staging))
+    ensure_topic(settings, partitions=1)
+    sent = produce_demo(settings, count=5, target_bytes=64 * 1024)
+    run = start_cli(settings, "run", "--run-id", "cut", failpoints="stage.upload@2=kill")  # 1: digests, 2: chunks
+    out, _ = run.communicate(timeout=300)
+    assert run.returncode == -9, out[-2000:]
+    staged = open_store(staging, options).list_keys("cut")
+    assert [k.split("/")[1] for k in staged] == ["digests"], staged
+    assert list((settings.spool_dir / "cut").iterdir()), "the killed reader's file was still being put"
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: None}
+
+    code, out = run_cli(settings, "run")
+    assert code == 0, out
+    rows = rows_by_id(s3_spark, settings)
+    assert {k: v[0] for k, v in rows.items()} == {w.waveform_id: w.checksum for w in sent}
+    end = RunStore(settings).load_plan("cut").range_for(0).end
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: end}
+    assert open_store(staging, options).list_keys() == [] and not (settings.spool_dir / "cut").exists()

@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
@@ -141,10 +142,10 @@ def test_secrets_are_masked_and_crashed_or_abandoned_runs_leave_nothing_behind(s
     code, out, err = cli(settings, "run", failpoints="consume.record@2=kill")  # one partition: read in-process
     assert code == -9, (code, out, err)
     run = store.active_run(settings.group)
-    assert run is not None and store.staging_dir(run).exists()
+    assert run is not None and Path(store.staging_dir(run)).exists()
     code, out, err = cli(settings, "abandon")
     assert code == 0 and "deleted its staged files" in out, (out, err)
-    assert not store.staging_dir(run).exists() and store.active_run(settings.group) is None
+    assert not Path(store.staging_dir(run)).exists() and store.active_run(settings.group) is None
 
     # the secret is nowhere in the state folder (plans, step records, reports, logs)
     for path in settings.home.rglob("*"):

@@ -128,11 +128,11 @@ def test_staged_bytes_counts_the_runs_chunk_and_dead_letter_files(tmp_path):
     store = RunStore(load_settings(home=tmp_path))
     assert store.staged_bytes("r1") == 0  # nothing staged yet
     for kind, size in (("chunks", 300), ("chunks", 200), ("dead_letter", 50)):
-        folder = store.staging_dir("r1") / kind
+        folder = Path(store.staging_dir("r1")) / kind
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"t-0-{size}.parquet").write_bytes(b"x" * size)
-    (store.candidate_dir("r1")).mkdir(parents=True)
-    (store.candidate_dir("r1") / "other.parquet").write_bytes(b"x" * 999)  # not staged input
+    Path(store.candidate_dir("r1")).mkdir(parents=True)
+    (Path(store.candidate_dir("r1")) / "other.parquet").write_bytes(b"x" * 999)  # not staged input
     assert store.staged_bytes("r1") == 550
 
 

@@ -56,6 +56,7 @@ def test_spark_commits_through_the_conditional_logstore_and_s3a_may_make_conditi
         ({"tables_uri": "s3://Bad_Bucket/x"}, "tables_uri must be empty, an absolute path, or s3://bucket"),
         ({"tables_uri": "relative/tables"}, "tables_uri must be empty, an absolute path, or s3://bucket"),
         ({"tables_uri": "gs://bucket/x"}, "tables_uri must be empty, an absolute path, or s3://bucket"),
+        ({"staging_uri": "s3:/bucket/x"}, "staging_uri must be empty, an absolute path, or s3://bucket"),
         ({"s3_endpoint": "127.0.0.1:8333"}, "s3_endpoint must be empty (AWS), local"),
         ({"s3_access_key": "only-the-key"}, "s3_access_key and s3_secret_key go together"),
     ],
@@ -65,6 +66,33 @@ def test_a_typo_in_a_storage_setting_is_refused_with_what_it_must_be(tmp_path, v
         load_settings(home=tmp_path, **values)
 
 
-def test_tables_on_s3_make_the_settings_use_s3(tmp_path):
+def test_tables_or_staging_on_s3_make_the_settings_use_s3(tmp_path):
     assert not uses_s3(load_settings(home=tmp_path))
     assert uses_s3(load_settings(home=tmp_path, tables_uri="s3://lake/wavepipe", s3_endpoint="local"))
+    on_s3 = load_settings(home=tmp_path, staging_uri="s3://lake/staging/", s3_endpoint="local")
+    assert uses_s3(on_s3) and on_s3.staging_location == "s3://lake/staging"
+
+
+def test_a_runs_staged_files_are_named_under_its_staging_wherever_it_is(tmp_path):
+    from wavepipe.contracts.plan import OffsetRange
+    from wavepipe.contracts.runfiles import RunStore
+
+    rng = OffsetRange("t", 0, 5, 9)
+    local = RunStore(load_settings(home=tmp_path))
+    assert local.staged("r1", "chunks", rng) == str(tmp_path / "staging" / "r1" / "chunks" / f"{rng.name}.parquet")
+    remote = RunStore(load_settings(home=tmp_path, staging_uri="s3://lake/stage", s3_endpoint="http://h:1"))
+    assert remote.staged("r1", "digests", rng) == f"s3://lake/stage/r1/digests/{rng.name}.parquet"
+    assert remote.candidate_dir("r1") == "s3://lake/stage/r1/candidate"
+
+
+def test_local_files_are_listed_sized_and_removed_by_location(tmp_path):
+    from wavepipe.storage import delete_tree, exists, files, total_bytes
+
+    (tmp_path / "d").mkdir()
+    for name, size in (("b.parquet", 3), ("a.parquet", 5), (".a.parquet.1.tmp", 7), ("c.json", 1)):
+        (tmp_path / "d" / name).write_bytes(b"x" * size)
+    found = files(str(tmp_path / "d"), ".parquet")
+    assert found == [str(tmp_path / "d" / "a.parquet"), str(tmp_path / "d" / "b.parquet")]
+    assert total_bytes(found) == 8 and exists(found[0]) and not exists(str(tmp_path / "d" / "z.parquet"))
+    delete_tree(str(tmp_path / "d"))
+    assert not (tmp_path / "d").exists() and files(str(tmp_path / "d")) == []

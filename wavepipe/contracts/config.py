@@ -404,6 +404,13 @@ class Settings(BaseModel):
     #: Where the output tables live: empty for ``<home>/tables``, or ``s3://bucket/prefix`` (an object
     #: store, reached as ``s3_endpoint`` says). Readers (Spark, delta-rs, Trino) open the tables there.
     tables_uri: Annotated[str, _check(_location), Rule("must be empty, an absolute path, or s3://bucket[/prefix]")] = ""
+    #: Where readers stage a run's chunks and its candidate tables are kept until it commits: empty
+    #: for ``<home>/staging``, or ``s3://bucket/prefix``, so that an engine (and a worker) on other
+    #: hosts read them there. Staged files are written locally first and put whole under names a
+    #: retry reproduces.
+    staging_uri: Annotated[str, _check(_location), Rule("must be empty, an absolute path, or s3://bucket[/prefix]")] = (
+        ""
+    )
     #: The S3 API of ``s3://`` locations: empty for AWS's own (in ``s3_region``), ``local`` for this
     #: home's object store (``wavepipe objectstore up``, its own credentials), or http(s)://host:port.
     s3_endpoint: Annotated[
@@ -470,6 +477,17 @@ class Settings(BaseModel):
     @property
     def staging_dir(self) -> Path:
         return self.home / "staging"
+
+    @property
+    def staging_location(self) -> str:
+        """Where runs are staged: ``staging_uri`` (an object store), else ``staging_dir``."""
+        return self.staging_uri.rstrip("/") or str(self.staging_dir)
+
+    @property
+    def spool_dir(self) -> Path:
+        """Where a reader writes a staged file before putting it on the object store (a folder
+        per run, removed with the run's staging)."""
+        return self.home / "spool"
 
     @property
     def tables_dir(self) -> Path:

@@ -6,8 +6,9 @@ Under ``<home>`` (the ``home`` setting):
   (``Step``; the consume, reassemble and validate records are typed in ``wavepipe.contracts.steps``),
   written atomically once the step is done; ``runs/<run_id>/.<name>.lock``: the OS
   locks that keep two processes out of one step.
-* ``staging/<run_id>/``: what the readers staged (``chunks/``, ``dead_letter/``, ``digests/``, one
-  Parquet file per offset range) and the candidate tables (``candidate/``); removed after commit.
+* ``staging/<run_id>/`` (or ``<staging_uri>/<run_id>/`` on an object store): what the readers
+  staged (``chunks/``, ``dead_letter/``, ``digests/``, one Parquet file per offset range) and the
+  candidate tables (``candidate/``); removed after commit.
 * ``groups/<group>/``: the group's active run (``active.json``), its last ranges and idle runs.
 * ``reports/<run_id>.json`` and ``.html``, ``reports/<run_id>/waveforms.png`` and
   ``reports/validation_history.jsonl``.
@@ -30,6 +31,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from wavepipe import storage
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.plan import ActiveRunError, OffsetRange, RunPlan, safe_run_id, utc_now
 from wavepipe.contracts.steps import from_record, to_record
@@ -108,14 +110,14 @@ def read_json_or(path: Path, default: Any) -> Any:
         return default
 
 
-def staged_paths(store: RunStore, run_id: str, rng: OffsetRange):
-    """The range's staged chunks and dead letters (``digest_path``: its in-order waveforms' hashes)."""
-    base = store.staging_dir(run_id)
-    return base / "chunks" / f"{rng.name}.parquet", base / "dead_letter" / f"{rng.name}.parquet"
+def staged_paths(store: RunStore, run_id: str, rng: OffsetRange) -> tuple[str, str]:
+    """Where the range's staged chunks and dead letters are (``digest_path``: its in-order
+    waveforms' hashes): a local path or an object's location."""
+    return store.staged(run_id, "chunks", rng), store.staged(run_id, "dead_letter", rng)
 
 
-def digest_path(store: RunStore, run_id: str, rng: OffsetRange):
-    return store.staging_dir(run_id) / "digests" / f"{rng.name}.parquet"
+def digest_path(store: RunStore, run_id: str, rng: OffsetRange) -> str:
+    return store.staged(run_id, "digests", rng)
 
 
 def json_path(settings: Settings, run_id: str) -> Path:
@@ -143,8 +145,6 @@ class RunStore:
     """Where a run's durable state lives: plan, per-step results, the group's active marker."""
 
     def __init__(self, settings: Settings):
-        from wavepipe import storage
-
         self.settings = settings
         storage.configure(settings)  # this process reaches the run's tables where the settings say
 
@@ -157,18 +157,26 @@ class RunStore:
     def step_path(self, run_id: str, step: str) -> Path:
         return self.run_dir(run_id) / f"{step}.json"
 
-    def staging_dir(self, run_id: str) -> Path:
-        return self.settings.staging_dir / run_id
+    def staging_dir(self, run_id: str) -> str:
+        """The run's staging: a local folder or a prefix on an object store (``staging_uri``)."""
+        return storage.join(self.settings.staging_location, run_id)
+
+    def staged(self, run_id: str, kind: str, rng: OffsetRange) -> str:
+        """Where range ``rng``'s staged file of ``kind`` (chunks, dead_letter, digests) is."""
+        return storage.join(self.staging_dir(run_id), kind, f"{rng.name}.parquet")
+
+    def staged_files(self, run_id: str, kind: str) -> list[str]:
+        """The run's staged files of ``kind`` (chunks, dead_letter, digests), sorted by name."""
+        return storage.files(storage.join(self.staging_dir(run_id), kind), ".parquet")
 
     def staged_bytes(self, run_id: str) -> int:
         """Bytes of the run's staged chunk and dead-letter files (what its Spark app reads)."""
-        staging = self.staging_dir(run_id)
-        return sum(f.stat().st_size for kind in ("chunks", "dead_letter") for f in (staging / kind).glob("*.parquet"))
+        return storage.total_bytes([f for kind in ("chunks", "dead_letter") for f in self.staged_files(run_id, kind)])
 
-    def candidate_dir(self, run_id: str) -> Path:
+    def candidate_dir(self, run_id: str) -> str:
         """The run's candidate tables (waveforms, quarantine, dead_letter): written by the
         reassembly, read by validation, published only if it passes; removed with the staging."""
-        return self.staging_dir(run_id) / "candidate"
+        return storage.join(self.staging_dir(run_id), "candidate")
 
     def group_dir(self, group: str) -> Path:
         return self.settings.groups_dir / safe_run_id(group)
@@ -240,9 +248,8 @@ class RunStore:
     def discard_staging(self, run_id: str) -> None:
         """Delete a run's staged copies (after it committed, or was abandoned or refused): the
         records are still in Kafka, and a new run reads them again."""
-        import shutil
-
-        shutil.rmtree(self.staging_dir(run_id), ignore_errors=True)
+        storage.delete_tree(self.staging_dir(run_id))
+        storage.delete_tree(str(self.settings.spool_dir / run_id))  # what killed readers left before an upload
 
     def claim_age_s(self, group: str) -> float:
         """Seconds since the group's active claim was made (0 when there is none)."""
