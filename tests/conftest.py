@@ -45,6 +45,7 @@ LONGEST_FIRST = [  # by their times in a two-worker run
     "test_spark_cluster.py",
     "test_chaos.py",
     "test_object_store.py",
+    "test_hosts_apart.py",
     "test_validation.py",
     "test_maintenance.py",
     "test_kafka_cluster.py",
