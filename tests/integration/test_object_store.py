@@ -389,3 +389,50 @@ def test_a_reader_killed_mid_upload_leaves_no_staged_object_and_the_retry_stages
     end = RunStore(settings).load_plan("cut").range_for(0).end
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: end}
     assert open_store(staging, options).list_keys() == [] and not (settings.spool_dir / "cut").exists()
+
+
+def test_the_engine_killed_mid_write_to_the_bucket_leaves_nothing_visible_and_the_retry_publishes_once(
+    kafka, s3_engine, s3_spark, options, tmp_path, monkeypatch
+):
+    """The Spark engine is SIGKILLed while it writes the run's waveforms into the bucket (a
+    Python worker's failpoint kills its whole engine): the step fails in seconds, no table
+    version holds any of the files it wrote, no offset moves; the retry, on another engine (a
+    run's state is in its home and its staging, not in an engine), publishes each waveform once."""
+    from tests.helpers import make_settings, rows_by_id
+    from wavepipe import pipeline
+    from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
+    from wavepipe.consumers.producer import produce_demo
+    from wavepipe.local.engine import LocalEngine
+
+    settings = make_settings(
+        tmp_path / "home", kafka, s3_engine, **_on_store(options, _prefix("lake"), _prefix("staging"))
+    )
+    killed = settings.replace(spark_remote="", spark_connect_port=free_port(), output_batch_bytes=2 * 1024 * 1024)
+    ensure_topic(settings)
+    sent = produce_demo(settings, count=10, target_bytes=2 * 1024 * 1024)
+    plan = pipeline.plan_step(settings, "cut-engine")
+    for p in pipeline.partitions_to_read(plan):
+        pipeline.consume_step(settings, "cut-engine", p)
+    pipeline.reassemble_step(settings, "cut-engine")
+    try:
+        LocalEngine(killed).up()  # warm first: the time below is the step's
+        monkeypatch.setenv("WAVEPIPE_FAILPOINTS", "assemble.batch@2=sleep:4+kill-app")
+        began = time.monotonic()
+        with pytest.raises(Exception) as failed:
+            pipeline.validate_step(killed, "cut-engine")
+        monkeypatch.delenv("WAVEPIPE_FAILPOINTS")
+        assert time.monotonic() - began < 120, "the step fails soon after its engine died"
+        assert LocalEngine(killed).pid() is None, failed.value
+    finally:
+        LocalEngine(killed).down(force=True)
+    table = open_store(settings.output_table, options)
+    assert table.list_keys(), "the engine was killed while it wrote into the table's folder"
+    assert not any(k.startswith("_delta_log/") for k in table.list_keys()), "none of it is committed"
+    assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: None, 1: None}
+
+    pipeline.validate_step(settings, "cut-engine")
+    report = pipeline.commit_step(settings, "cut-engine")
+    assert report["waveforms"] == {"output_new": 10}, report["waveforms"]
+    assert {k: v[0] for k, v in rows_by_id(s3_spark, settings).items()} == {w.waveform_id: w.checksum for w in sent}
+    ends = {int(p): v["end"] for p, v in report["partitions"].items()}
+    assert committed_offsets(settings, settings.group, settings.topic, sorted(ends)) == ends
