@@ -76,6 +76,10 @@ def _go(go: str, *args: str, readonly: bool = False) -> str:
     return result.stdout
 
 
+#: Starts tried when one of the store's internal ports (picked free) was taken before it bound it.
+START_TRIES = 3
+
+
 @dataclass
 class LocalObjectStore:
     """One local SeaweedFS keeping its data and config in ``folder``, its S3 API on ``port``."""
@@ -139,13 +143,26 @@ class LocalObjectStore:
                 f"port {self.port} on {self.host} is in use by another process. Stop it, or set "
                 "WAVEPIPE_OBJECT_STORE_PORT=<free port> to run the local object store elsewhere."
             )
-        proc = self.start()
-        try:
-            self.wait_ready(proc)
-        except BaseException:
-            self.down()
-            raise
+        for attempt in range(1, START_TRIES + 1):
+            log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
+            proc = self.start()
+            try:
+                self.wait_ready(proc)
+                break
+            except SetupError:
+                self.down()
+                # an internal port taken between our pick and its bind (another program's start): new ports
+                if attempt == START_TRIES or "address already in use" not in self._log_since(log_offset):
+                    raise
+            except BaseException:
+                self.down()
+                raise
         return f"object store (SeaweedFS S3) {self.endpoint} started (pid {proc.pid}, data in {self.data_dir})"
+
+    def _log_since(self, offset: int) -> str:
+        with self.log_file.open("rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode(errors="replace")
 
     def start(self) -> subprocess.Popen:
         """Write the S3 identities and launch ``weed server``; returns at once."""
