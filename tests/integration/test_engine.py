@@ -143,7 +143,8 @@ def test_an_engine_killed_under_a_run_is_said_in_one_line_within_seconds_and_the
     ), last
     assert "`wavepipe run` resumes the run" in last and "server.log" in last, last
     assert "Traceback" not in out and "_InactiveRpcError" not in out and "StatusCode" not in out, out[-3000:]
-    assert seconds < 10, f"{seconds:.1f}s from the kill to the one line (was 31-42 s)"
+    # seconds, not the client's retries (31-42 s before the watch); 2-6 s alone, 13 s once on a loaded machine
+    assert seconds < 25, f"{seconds:.1f}s from the kill to the one line (was 31-42 s)"
     assert committed_offsets(own_engine, own_engine.group, own_engine.topic, [0, 1]) == {0: None, 1: None}
 
     report = pipeline.run_once(own_engine)  # resumes the run on a new engine
