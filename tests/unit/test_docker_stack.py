@@ -362,8 +362,8 @@ def check_spark_cluster(stack: Stack) -> list[str]:
 
 def check_spark_engine(stack: Stack) -> list[str]:
     """WAVEPIPE_SPARK_REMOTE points at the Spark Connect service's name and port; it runs from the
-    one image, on the standalone master (WAVEPIPE_SPARK_MASTER), and mounts the shared home (it is
-    the driver of every run's Spark work)."""
+    one image, on the standalone master (WAVEPIPE_SPARK_MASTER), and mounts the shared home unless
+    the staging is in the object store (it is the driver of every run's Spark work)."""
     problems = []
     url = wavepipe_env(stack).get("WAVEPIPE_SPARK_REMOTE", "")
     match = re.fullmatch(r"sc://([^:/;]+):(\d+)/?", url)
@@ -384,7 +384,7 @@ def check_spark_engine(stack: Stack) -> list[str]:
     if environment(engine).get("WAVEPIPE_SPARK_MASTER") != wavepipe_env(stack).get("WAVEPIPE_SPARK_MASTER"):
         problems.append(f"{name} does not run on WAVEPIPE_SPARK_MASTER")
     home = wavepipe_env(stack).get("WAVEPIPE_HOME", "")
-    if home not in volume_mounts(engine):
+    if not staged_in_store(stack) and home not in volume_mounts(engine):
         problems.append(f"{name} does not mount the shared home {home}: it reads what the consume tasks staged")
     images = {s.get("image") for s in [engine, *task_runners(stack).values()]}
     if len(images) != 1:
@@ -394,7 +394,8 @@ def check_spark_engine(stack: Stack) -> list[str]:
 
 def check_shared_home(stack: Stack) -> list[str]:
     """WAVEPIPE_HOME is one shared named volume, mounted at that path in every Airflow service that
-    runs tasks and in every Spark worker (the Spark apps read what the consume tasks staged)."""
+    runs tasks (the run state), and in every Spark worker unless the staging is in the object store
+    (else the Spark apps read what the consume tasks staged there)."""
     problems = []
     home = wavepipe_env(stack).get("WAVEPIPE_HOME", "")
     runners, workers = task_runners(stack), spark_workers(stack)
@@ -402,6 +403,8 @@ def check_shared_home(stack: Stack) -> list[str]:
         problems.append("no Airflow service runs tasks (no Celery worker)")
     if not workers:
         problems.append("no Spark worker")
+    if staged_in_store(stack):
+        workers = {}
     sources = set()
     for name, service in {**runners, **workers}.items():
         if environment(service).get("WAVEPIPE_HOME") != home:
@@ -415,6 +418,49 @@ def check_shared_home(stack: Stack) -> list[str]:
         sources.add(source)
     if len(sources) > 1:
         problems.append(f"WAVEPIPE_HOME comes from different volumes: {sorted(sources)}")
+    return problems
+
+
+def staged_in_store(stack: Stack) -> bool:
+    return wavepipe_env(stack).get("WAVEPIPE_STAGING_URI", "").startswith("s3://")
+
+
+def object_stores(stack: Stack) -> dict[str, dict]:
+    return {n: s for n, s in services(stack).items() if str(s.get("image", "")).startswith("chrislusf/seaweedfs:")}
+
+
+def check_object_store(stack: Stack) -> list[str]:
+    """The tables and the staging are in the object store service's bucket: WAVEPIPE_S3_ENDPOINT
+    names it and its S3 port; it runs the SeaweedFS release wavepipe builds for its local store;
+    its identity holds the keys wavepipe is given; the engine and the Airflow workers wait until
+    it is healthy."""
+    from wavepipe.local.objectstore import WEED_RELEASE
+
+    env = wavepipe_env(stack)
+    problems = [
+        f"{key} is {env.get(key)!r}, not an s3:// location"
+        for key in ("WAVEPIPE_TABLES_URI", "WAVEPIPE_STAGING_URI")
+        if not env.get(key, "").startswith("s3://")
+    ]
+    stores = object_stores(stack)
+    if len(stores) != 1:
+        return [*problems, f"expected one chrislusf/seaweedfs service, found {sorted(stores)}"]
+    ((name, store),) = stores.items()
+    if store["image"] != f"chrislusf/seaweedfs:{WEED_RELEASE}":
+        problems.append(f"{name}: image {store['image']}, but wavepipe builds SeaweedFS {WEED_RELEASE}")
+    endpoint = re.fullmatch(r"http://([^:/]+):(\d+)/?", env.get("WAVEPIPE_S3_ENDPOINT", ""))
+    words = runs(store).split()
+    if endpoint is None:
+        problems.append(f"WAVEPIPE_S3_ENDPOINT is {env.get('WAVEPIPE_S3_ENDPOINT')!r}, not http://<host>:<port>")
+    elif endpoint[1] not in _hostnames(name, store) or f"-s3.port={endpoint[2]}" not in words:
+        problems.append(f"WAVEPIPE_S3_ENDPOINT {endpoint[0]} is not {name}'s S3 port ({' '.join(words)})")
+    identities = json.loads(stack["configs"]["s3-identities"]["content"])["identities"]
+    keys = {(c["accessKey"], c["secretKey"]) for i in identities for c in i["credentials"]}
+    if (env.get("WAVEPIPE_S3_ACCESS_KEY"), env.get("WAVEPIPE_S3_SECRET_KEY")) not in keys:
+        problems.append(f"{name}'s identities do not hold WAVEPIPE_S3_ACCESS_KEY and WAVEPIPE_S3_SECRET_KEY")
+    for waiting, service in {**spark_engines(stack), **task_runners(stack)}.items():
+        if (service.get("depends_on") or {}).get(name, {}).get("condition") != "service_healthy":
+            problems.append(f"{waiting} does not wait for {name} to be healthy")
     return problems
 
 
@@ -654,6 +700,7 @@ CHECKS: list[Callable[[Stack], list[str]]] = [
     check_spark_cluster,
     check_spark_engine,
     check_shared_home,
+    check_object_store,
     check_celery_on_postgres,
     check_connections,
     check_shell_snippets,
@@ -776,11 +823,11 @@ MUTATIONS = [
     (check_spark_cluster, lambda s: services(s)["spark-worker"].update(deploy={"replicas": 1}), "two Spark workers"),
     (check_spark_cluster, lambda s: services(s)["spark-master"].update(image="apache/spark:4.2.0"), "one image"),
     (check_shared_home, lambda s: _drop_mount(s, "airflow-worker", "/data"), "nothing is mounted"),
-    (check_shared_home, lambda s: _drop_mount(s, "spark-worker", "/data"), "nothing is mounted"),
+    (check_shared_home, lambda s: _set_everywhere(s, "WAVEPIPE_STAGING_URI", ""), "spark-worker: nothing is mounted"),
     (check_shared_home, lambda s: _set_everywhere(s, "WAVEPIPE_HOME", "/srv/wavepipe"), "nothing is mounted"),
     (
         check_shared_home,
-        lambda s: services(s)["spark-worker"].update(volumes=["/tmp/data:/data"]),
+        lambda s: services(s)["airflow-worker"].update(volumes=["/tmp/data:/data"]),
         "not a named volume",
     ),
     (
@@ -805,7 +852,13 @@ MUTATIONS = [
     (check_spark_engine, lambda s: _set_everywhere(s, "WAVEPIPE_SPARK_REMOTE", "sc://spark:15002"), "names host"),
     (check_spark_engine, lambda s: _set_everywhere(s, "WAVEPIPE_SPARK_REMOTE", "spark-connect:15002"), "not sc://"),
     (check_spark_engine, lambda s: _replace_word(s, "spark-connect", "0.0.0.0", "127.0.0.1"), "cannot reach"),
-    (check_spark_engine, lambda s: _drop_mount(s, "spark-connect", "/data"), "shared home"),
+    (check_spark_engine, lambda s: _set_everywhere(s, "WAVEPIPE_STAGING_URI", ""), "shared home"),
+    (check_object_store, lambda s: _set_everywhere(s, "WAVEPIPE_TABLES_URI", "/data/tables"), "not an s3://"),
+    (check_object_store, lambda s: _set_everywhere(s, "WAVEPIPE_S3_ENDPOINT", "http://objectstore:9000"), "S3 port"),
+    (check_object_store, lambda s: _set_everywhere(s, "WAVEPIPE_S3_ENDPOINT", "http://s3:8333"), "S3 port"),
+    (check_object_store, lambda s: _set_everywhere(s, "WAVEPIPE_S3_SECRET_KEY", "other"), "identities"),
+    (check_object_store, lambda s: services(s)["objectstore"].update(image="chrislusf/seaweedfs:3.80"), "builds"),
+    (check_object_store, lambda s: services(s)["spark-connect"]["depends_on"].pop("objectstore"), "healthy"),
     (check_spark_engine, lambda s: services(s)["spark-connect"].update(image="apache/spark:4.2.0"), "one image"),
     (check_connections, lambda s: _edit_conn(s, SPARK_CONN, port=15003), "spark_remote"),
     (check_connections, lambda s: _edit_conn(s, SPARK_CONN, host="spark-master"), "spark_remote"),

@@ -31,6 +31,8 @@ from wavepipe.local.kafka import free_port, port_is_free
 #: The SeaweedFS release wavepipe's tests and ``make demo`` use (the Go module proxy's newest).
 WEED_MODULE = "github.com/seaweedfs/seaweedfs"
 WEED_VERSION = "v0.0.0-20261109003541-7506e5f91cd6"
+#: The SeaweedFS release that module version is (``weed version``): the compose stack's image tag.
+WEED_RELEASE = "4.53"
 #: The local store's region (SeaweedFS accepts any; clients must name one to sign).
 REGION = "us-east-1"
 READY_TIMEOUT_S = 60.0
