@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from wavepipe.bench.monitor import ROLES
-from wavepipe.bench.systems import LABELS
+from wavepipe.bench.systems import LABELS, ON_ENGINE
 
 
 def default_results_dir() -> Path:
@@ -229,7 +229,7 @@ def markdown(results: dict, chart_name: str) -> str:
                     continue
                 mem = r["memory"]
                 cpu = sum(v["cpu_s"] for k, v in mem.items() if k not in ("broker", "harness"))
-                cpu += mem.get("harness", {}).get("cpu_s", 0) if r["system"] == "wavepipe" else 0
+                cpu += mem.get("harness", {}).get("cpu_s", 0) if r["system"] in ON_ENGINE else 0
                 lines.append(
                     f"| {LABELS[r['system']]} | {_fmt(r['wall_s'])} | {_fmt(r['mb_s'])} | {_fmt(r['chunks_s'], ',.0f')} "
                     f"| {_fmt(r['of_ceiling'], '.0%')} | {_fmt(_peak(r, 'consumer'), '.0f')} "
@@ -238,6 +238,7 @@ def markdown(results: dict, chart_name: str) -> str:
                     f"| {_fmt(_peak(r, 'broker'), '.0f')} | {cpu:.0f} |"
                 )
     lines += _warm_section(results)
+    lines += _object_store_section(results)
     lines += [
         "",
         "## Where wavepipe's time goes",
@@ -282,6 +283,45 @@ def markdown(results: dict, chart_name: str) -> str:
     if results.get("skipped"):
         lines += [f"Not run: {', '.join(results['skipped'])} (kcat is not installed).", ""]
     return "\n".join(lines)
+
+
+def _object_store_section(results: dict) -> list[str]:
+    """What putting the tables and the staging on S3 costs: the ``wavepipe_s3`` rows against
+    wavepipe's on local disk, measured side by side in this invocation, in all and per stage."""
+    pairs = [
+        (local, s3)
+        for s3 in _by(results, system="wavepipe_s3")
+        if not s3["error"]
+        for local in [_one(results, system="wavepipe", workload=s3["workload"], scale=s3["scale"])]
+        if local and not local["error"]
+    ]
+    if not pairs:
+        return []
+    lines = [
+        "",
+        "## What object storage costs",
+        "",
+        "The same ranges run twice in this invocation, one after the other on the warm engine: on local disk, "
+        "then with the staged chunks and the output tables in this machine's S3 store (SeaweedFS on loopback, "
+        "the same disk: no network between them, so this is the cost of the S3 protocol, the uploads and "
+        "S3A's commit, not of a remote store's latency). The run state stays on local disk in both.",
+        "",
+        "| workload | local s | S3 s | S3 / local | added s per run | added s per GiB |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for local, s3 in pairs:
+        added, gib = s3["wall_s"] - local["wall_s"], s3["payload_bytes"] / 2**30
+        lines.append(
+            f"| {s3['workload']} x{s3['scale']} | {local['wall_s']:.1f} | {s3['wall_s']:.1f} "
+            f"| {s3['wall_s'] / local['wall_s']:.2f}x | {added:+.1f} | {added / gib:+.1f} |"
+        )
+    lines += ["", "| workload | stage | local s | S3 s | difference s |", "|---|---|---:|---:|---:|"]
+    for local, s3 in pairs:
+        for stage in dict.fromkeys([*local["stages"], *s3["stages"]]):
+            a, b = local["stages"].get(stage), s3["stages"].get(stage)
+            diff = f"{b - a:+.1f}" if a is not None and b is not None else "-"
+            lines.append(f"| {s3['workload']} x{s3['scale']} | {stage} | {_fmt(a)} | {_fmt(b)} | {diff} |")
+    return lines
 
 
 def _warm_section(results: dict) -> list[str]:

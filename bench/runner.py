@@ -22,7 +22,7 @@ import psutil
 
 from wavepipe.bench.monitor import Monitor
 from wavepipe.bench.results import default_results_dir
-from wavepipe.bench.systems import LABELS, SYSTEMS, Ranges, resolve_spark_kafka_jars
+from wavepipe.bench.systems import LABELS, ON_ENGINE, SYSTEMS, Ranges, resolve_spark_kafka_jars
 from wavepipe.bench.workloads import KiB, MiB, SignalPool, Workload, default_workloads, produce_backlog
 from wavepipe.contracts.config import Settings, source_checkout
 from wavepipe.local.jars import RESOURCES
@@ -39,7 +39,8 @@ class BenchOptions:
     partitions: int = 4
     parallelism: int = 2
     systems: tuple[str, ...] = tuple(SYSTEMS)
-    scale_systems: tuple[str, ...] = tuple(SYSTEMS)
+    #: the systems also run at ``scale`` times the backlog (the object store's row: at 1x only)
+    scale_systems: tuple[str, ...] = tuple(s for s in SYSTEMS if s != "wavepipe_s3")
     out_dir: Path = field(default_factory=default_results_dir)
     keep: bool = False
     quick: bool = False
@@ -97,6 +98,8 @@ def run_bench(settings: Settings, options: BenchOptions) -> dict:
         log.warning("skipping %s: kcat is not installed (apt-get install kcat)", ", ".join(skipped))
     broker = LocalKafka.from_settings(settings)
     log.info("%s", broker.up())
+    if "wavepipe_s3" in systems:
+        settings = with_object_store(settings)
     # the engine's cold start on its own; it is warm for every measurement after it
     engine_start = measure_engine_start(settings) if "wavepipe" in systems else None
     if "spark_kafka_source" in systems:
@@ -170,6 +173,19 @@ def run_bench(settings: Settings, options: BenchOptions) -> dict:
 
 #: The small run of the warm-engine measurement: ten 1 MiB waveforms in 64 KiB chunks.
 WARM_SMALL = Workload("warm_small", 1 * MiB, 64 * KiB, 10 * MiB)
+
+
+def with_object_store(settings: Settings) -> Settings:
+    """``settings`` reaching an object store for the ``wavepipe_s3`` row: the one ``s3_endpoint``
+    names, else this home's local store, started here. Every run of the bench then attaches to one
+    engine that can reach it (its S3A jars and settings come with ``s3_endpoint``)."""
+    if settings.s3_endpoint and settings.s3_endpoint != "local":
+        return settings
+    from wavepipe.local.objectstore import LocalObjectStore
+
+    settings = settings.replace(s3_endpoint="local")
+    log.info("%s", LocalObjectStore.from_settings(settings).up())
+    return settings
 
 
 def measure_engine_start(settings: Settings) -> dict | None:
@@ -295,10 +311,8 @@ def _measure(
     log.info("  %-34s x%d on %s ...", LABELS[system], scale, _describe_ranges(ranges))
     try:
         # the engine's processes are wavepipe's: the other systems run beside it, idle, not on it
-        engine = _engine_pid(settings)
-        with Monitor(
-            broker_pid, engine if system == "wavepipe" else None, ignore_pid=None if system == "wavepipe" else engine
-        ) as monitor:
+        engine, on_engine = _engine_pid(settings), system in ON_ENGINE
+        with Monitor(broker_pid, engine if on_engine else None, ignore_pid=None if on_engine else engine) as monitor:
             outcome = (run or SYSTEMS[system])(settings, topic, ranges, workdir, options.parallelism)
         m.memory = monitor.stats()
         m.wall_s = round(outcome.wall_s, 3)
@@ -322,7 +336,18 @@ def _measure(
     finally:
         if not options.keep and not keep_workdir:
             shutil.rmtree(workdir, ignore_errors=True)
+            if m.info.get("s3_prefix"):
+                _delete_prefix(m.info["s3_prefix"])
     return m
+
+
+def _delete_prefix(prefix: str) -> None:
+    from wavepipe import storage
+
+    try:
+        storage.delete_tree(prefix)
+    except Exception as exc:  # the measurement stands; only the store's disk is not freed
+        log.warning("could not delete %s (%s); delete it by hand to free the store's disk", prefix, exc)
 
 
 def _engine_pid(settings: Settings) -> int | None:
@@ -341,9 +366,11 @@ def _check(system: str, outcome, target: Workload, manifest: dict[str, str]) -> 
         return f"{got} bytes written"
     import pyarrow.dataset as ds
 
+    from wavepipe import storage
+
     # The Parquet files alone (no partition columns from folder names; only id, checksum and a few
     # payloads are read). For wavepipe's Delta table that is its content: a fresh table, appends only.
-    dataset = ds.dataset(str(outcome.output), format="parquet")
+    dataset = storage.parquet_dataset(str(outcome.output))
     table = dataset.to_table(columns=["waveform_id", "checksum"])
     ids = table["waveform_id"].to_pylist()
     if len(ids) != len(set(ids)):

@@ -239,6 +239,17 @@ def wavepipe_run(
     )
 
 
+def wavepipe_s3(settings: Settings, topic: str, ranges: Ranges, workdir: Path, parallelism: int) -> Outcome:
+    """``wavepipe_run`` with the output tables and the staging in the object store ``settings``
+    reach (``s3_endpoint``; the bench starts this home's local store), under a prefix of its own
+    (``info["s3_prefix"]``, which the runner deletes after its check); the run state stays local."""
+    prefix = f"s3://wavepipe/bench/{workdir.parent.name}-{workdir.name}-{uuid.uuid4().hex[:8]}"
+    on_s3 = settings.replace(tables_uri=f"{prefix}/tables", staging_uri=f"{prefix}/staging")
+    outcome = wavepipe_run(on_s3, topic, ranges, workdir, parallelism)
+    outcome.info["s3_prefix"] = prefix
+    return outcome
+
+
 #: The run's one write of its waveforms' bytes (not part of the validation gate's cost).
 PUBLISH_STAGE = "publish: assemble from the staged chunks, write the output once"
 
@@ -297,6 +308,7 @@ SYSTEMS = {
     "ceiling_kcat": ceiling_kcat,
     "ceiling_confluent": ceiling_confluent,
     "wavepipe": wavepipe_run,
+    "wavepipe_s3": wavepipe_s3,
     "python_consumer": python_consumer,
     "spark_kafka_source": spark_kafka_source,
 }
@@ -304,6 +316,9 @@ LABELS = {
     "ceiling_kcat": "ceiling: kcat",
     "ceiling_confluent": "ceiling: confluent-kafka loop",
     "wavepipe": "wavepipe (end to end)",
+    "wavepipe_s3": "wavepipe, tables and staging on S3 (local)",
     "python_consumer": "hand-written Python consumer",
     "spark_kafka_source": "Spark Kafka source + group-by",
 }
+#: The systems that run on wavepipe's Spark engine (its processes are theirs while they run).
+ON_ENGINE = ("wavepipe", "wavepipe_s3")

@@ -83,11 +83,12 @@ def spark_conf(settings: Settings, *, small_run: bool = False) -> dict[str, str]
 
 
 def _s3_conf(settings: Settings) -> dict[str, str]:
-    """With a location on an object store: S3A's jars and settings, and wavepipe's LogStore."""
+    """With a location on an object store, or an S3 endpoint set (``storage.reaches_s3``): S3A's
+    jars and settings, and wavepipe's LogStore."""
     from wavepipe import storage
     from wavepipe.local.jars import logstore_jar, s3_jars
 
-    if not storage.uses_s3(settings):
+    if not storage.reaches_s3(settings):
         return {}
     jars = [*spark_jars(settings.jars_dir), *s3_jars(settings.jars_dir), logstore_jar(settings.jars_dir)]
     return {"spark.jars": ",".join(str(j) for j in jars), **storage.spark_confs(storage.s3_options(settings))}
@@ -147,7 +148,7 @@ def _local_env(settings: Settings) -> dict[str, str]:
     master = settings.spark_master
     loopback = master.startswith(("spark://127.0.0.1:", "spark://localhost:"))
     env = {"SPARK_LOCAL_IP": "127.0.0.1"} if master.startswith("local") or loopback else {}
-    return env | (storage.credentials_env(storage.s3_options(settings)) if storage.uses_s3(settings) else {})
+    return env | (storage.credentials_env(storage.s3_options(settings)) if storage.reaches_s3(settings) else {})
 
 
 def is_small_run(settings: Settings, staged_bytes: int) -> bool:

@@ -50,6 +50,12 @@ def uses_s3(settings) -> bool:
     return is_remote(settings.tables_uri) or is_remote(settings.staging_uri)
 
 
+def reaches_s3(settings) -> bool:
+    """Whether the Spark engine of ``settings`` must reach an object store: a location is on one,
+    or an S3 endpoint is set (an engine shared by runs with local and S3 locations)."""
+    return uses_s3(settings) or bool(settings.s3_endpoint)
+
+
 class StorageUnavailableError(RuntimeError):
     """The object store a step reads or writes did not answer; the message says what to check."""
 
@@ -332,14 +338,17 @@ def parquet_rows(uri: str) -> int:
     return pq.ParquetFile(open_input(uri)).metadata.num_rows
 
 
-def parquet_dataset(uris: list[str]):
-    """pyarrow's dataset of the Parquet files at ``uris`` (all local, or all on one store)."""
+def parquet_dataset(source: str | list[str]):
+    """pyarrow's dataset of the Parquet files at ``source``: a folder (its files, those whose
+    names start with ``_`` or ``.`` left out) or a list of files, all local or all on one store."""
     import pyarrow.dataset as pads
 
-    if not uris or not is_remote(uris[0]):
-        return pads.dataset(uris, format="parquet")
-    filesystem = arrow_filesystem(configured_options(uris[0]))
-    return pads.dataset([for_clients(u).removeprefix("s3://") for u in uris], format="parquet", filesystem=filesystem)
+    first = source if isinstance(source, str) else (source[0] if source else "")
+    if not is_remote(first):
+        return pads.dataset(source, format="parquet")
+    filesystem = arrow_filesystem(configured_options(first))
+    paths = [for_clients(u).removeprefix("s3://") for u in ([source] if isinstance(source, str) else source)]
+    return pads.dataset(paths[0] if isinstance(source, str) else paths, format="parquet", filesystem=filesystem)
 
 
 def worker_options(uri: str) -> S3Options | None:

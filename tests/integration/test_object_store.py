@@ -470,3 +470,43 @@ def test_two_runs_of_one_group_on_two_workers_that_share_no_state_publish_each_w
     for code, out in zip(codes, outs, strict=True):
         if code:  # the one that lost: refused at its commit, in a line that says why
             assert "offsets" in out and "moved" in out, out[-2000:]
+
+
+def test_the_built_server_is_the_release_the_compose_stack_runs(store):
+    """docker/compose.yaml runs the SeaweedFS image of the release built here (``WEED_RELEASE``)."""
+    from wavepipe.local.objectstore import WEED_RELEASE, weed_binary
+
+    said = subprocess.run([str(weed_binary(store.tools_dir)), "version"], capture_output=True, text=True, check=True)
+    assert f" {WEED_RELEASE} " in said.stdout, said.stdout
+
+
+def test_the_bench_measures_wavepipe_on_the_store_beside_local_disk(kafka, s3_engine, options, tmp_path):
+    """``wavepipe bench``'s S3 row: the same ranges run with the tables and the staging in the
+    bucket and on local disk, each output checked (once each, checksums, a sample re-hashed read
+    back from the bucket), the page says what the store costs; the row's prefix is deleted."""
+    from tests.helpers import make_settings
+    from wavepipe.bench.runner import BenchOptions, run_bench, save
+
+    settings = make_settings(tmp_path / "home", kafka, s3_engine, **_on_store(options, ""))
+    bench = BenchOptions.quick_options(
+        large_bytes=4 * 2**20,
+        small_bytes=1 * 2**20,
+        scale=1,
+        out_dir=tmp_path / "out",
+        systems=("wavepipe", "wavepipe_s3"),
+    )
+    bench.warm_runs = 0
+    results = run_bench(settings, bench)
+    rows = {(m["system"], m["workload"], m["scale"]): m for m in results["measurements"]}
+    assert {k for k in rows if k[2] == 1} == {
+        (s, w, 1) for s in ("wavepipe", "wavepipe_s3") for w in ("large", "small")
+    }
+    for system, workload, _ in rows:
+        m = rows[(system, workload, 1)]
+        assert m["error"] is None and m["check"].startswith(f"{m['waveforms']} waveforms once each"), m
+    assert "s3_prefix" in rows[("wavepipe_s3", "large", 1)]["info"]
+    assert not [k for k in open_store(f"s3://{LocalObjectStore.bucket}", options).list_keys() if k.startswith("bench/")]
+    page = save(results, bench.out_dir)[1].read_text()
+    local, s3 = rows[("wavepipe", "large", 1)], rows[("wavepipe_s3", "large", 1)]
+    assert "## What object storage costs" in page
+    assert f"| large x1 | {local['wall_s']:.1f} | {s3['wall_s']:.1f} | {s3['wall_s'] / local['wall_s']:.2f}x |" in page
