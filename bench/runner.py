@@ -183,9 +183,16 @@ def with_object_store(settings: Settings) -> Settings:
         return settings
     from wavepipe.local.objectstore import LocalObjectStore
 
-    settings = settings.replace(s3_endpoint="local")
-    log.info("%s", LocalObjectStore.from_settings(settings).up())
-    return settings
+    store = LocalObjectStore.from_settings(settings)
+    log.info("%s", store.up())
+    # named in full: each run has a home of its own, and "local" would name that home's store
+    options = store.client_options()
+    return settings.replace(
+        s3_endpoint=options["endpoint"],
+        s3_region=options["region"],
+        s3_access_key=options["access_key"],
+        s3_secret_key=options["secret_key"],
+    )
 
 
 def measure_engine_start(settings: Settings) -> dict | None:
