@@ -78,6 +78,12 @@ def _go(go: str, *args: str, readonly: bool = False) -> str:
     return result.stdout
 
 
+#: The master's settings (``master.toml`` keys as ``WEED_`` variables). A restart on new internal
+#: ports looks to SeaweedFS like a master that lost its state, and by default it then freezes volume
+#: growth until an operator checks the cluster: every write needing a new volume (a new bucket, a
+#: full volume) would fail or hang. One node with one disk has no other state to check against.
+WEED_ENV = {"WEED_MASTER_VOLUME_GROWTH_FREEZE_ON_TOPOLOGY_MISMATCH": "false"}
+
 #: Starts tried when one of the store's internal ports (picked free) was taken before it bound it.
 START_TRIES = 3
 
@@ -182,6 +188,7 @@ class LocalObjectStore:
         with self.log_file.open("ab") as out:
             proc = subprocess.Popen(
                 [str(weed), "server", *self._flags(config)],
+                env={**os.environ, **WEED_ENV},
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -199,6 +206,7 @@ class LocalObjectStore:
             flags += [f"-{server}.port={free_port()}", f"-{server}.port.grpc={free_port()}"]
         flags += [f"-s3.port={self.port}", f"-s3.port.grpc={free_port()}", f"-s3.config={config}"]
         flags += ["-s3.port.iceberg=0", "-s3.port.lance=0", "-master.volumeSizeLimitMB=256", "-volume.max=0"]
+        flags += ["-master.telemetry=false"]  # it would report to seaweedfs.com
         return flags
 
     def wait_ready(self, proc: subprocess.Popen | None = None, timeout: float = READY_TIMEOUT_S) -> None:
