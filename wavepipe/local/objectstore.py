@@ -81,8 +81,12 @@ def _go(go: str, *args: str, readonly: bool = False) -> str:
 #: The master's settings (``master.toml`` keys as ``WEED_`` variables). A restart on new internal
 #: ports looks to SeaweedFS like a master that lost its state, and by default it then freezes volume
 #: growth until an operator checks the cluster: every write needing a new volume (a new bucket, a
-#: full volume) would fail or hang. One node with one disk has no other state to check against.
-WEED_ENV = {"WEED_MASTER_VOLUME_GROWTH_FREEZE_ON_TOPOLOGY_MISMATCH": "false"}
+#: full volume) would fail or hang. One node with one disk has no other state to check against:
+#: no freeze, and one a store made before (it is kept on disk) lifted after a second.
+WEED_ENV = {
+    "WEED_MASTER_VOLUME_GROWTH_FREEZE_ON_TOPOLOGY_MISMATCH": "false",
+    "WEED_MASTER_VOLUME_GROWTH_STATE_LOSS_RECOVERY_WAIT": "1s",
+}
 
 #: Starts tried when one of the store's internal ports (picked free) was taken before it bound it.
 START_TRIES = 3
