@@ -15,6 +15,7 @@ with Delta's own writer on the engine (``replaceWhere``).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import uuid
@@ -243,38 +244,31 @@ def is_commit_conflict(exc: BaseException) -> bool:
     return isinstance(exc, CommitFailedError) or (isinstance(exc, DeltaError) and "already exists" in str(exc))
 
 
-def deciding_again_on_conflict(publish, path: str) -> None:
-    """``publish()``, and again (up to ``COMMIT_TRIES`` in all) while its commit meets another
-    writer's: the next try finds what that writer committed (the group's transaction: nothing to
-    write; or some of the keys: only the others are written). Files of a refused try are in no
-    version (``wavepipe table vacuum`` removes them)."""
-    for attempt in range(1, COMMIT_TRIES + 1):
-        try:
-            publish()
-            return
-        except Exception as exc:  # only a commit conflict is tried again
-            if not is_commit_conflict(exc) or attempt == COMMIT_TRIES:
-                raise
-            first = str(exc).splitlines()[0]
-            log.warning(
-                "%s: another writer committed first (%s); deciding again from the table as it is now", path, first
-            )
+def decided_again_on_conflict(publish):
+    """``publish(data, path, ...)``, tried again (up to ``COMMIT_TRIES`` in all) while its commit
+    meets another writer's: the next try finds what that writer committed (the group's
+    transaction: nothing to write; or some of the keys: only the others are written). Files of a
+    refused try are in no version (``wavepipe table vacuum`` removes them)."""
+
+    @functools.wraps(publish)
+    def publishing(data, path: str, *args, **kwargs) -> None:
+        for attempt in range(1, COMMIT_TRIES + 1):
+            try:
+                publish(data, path, *args, **kwargs)
+                return
+            except Exception as exc:  # only a commit conflict is tried again
+                if not is_commit_conflict(exc) or attempt == COMMIT_TRIES:
+                    raise
+                first = str(exc).splitlines()[0]
+                log.warning(
+                    "%s: another writer committed first (%s); deciding again from the table as it is now", path, first
+                )
+
+    return publishing
 
 
+@decided_again_on_conflict
 def append_new(
-    df: DataFrame,
-    path: str,
-    keys: list[str],
-    partition_by: list[str] | None = None,
-    checked_version: int | None = None,
-    txn: Txn | None = None,
-    scope: list[str] | None = None,
-) -> None:
-    """``append_once``, decided again if its commit meets another writer's (``deciding_again_on_conflict``)."""
-    deciding_again_on_conflict(lambda: append_once(df, path, keys, partition_by, checked_version, txn, scope), path)
-
-
-def append_once(
     df: DataFrame,
     path: str,
     keys: list[str],
@@ -364,12 +358,8 @@ def commit_files(path: str, folder: str, partition_by: list[str], txn: Txn | Non
     )
 
 
+@decided_again_on_conflict
 def append_rows(rows, path: str, keys: list[str], txn: Txn, scope: list[str] | tuple[str, dict]) -> None:
-    """``append_rows_once``, decided again if its commit meets another writer's."""
-    deciding_again_on_conflict(lambda: append_rows_once(rows, path, keys, txn, scope), path)
-
-
-def append_rows_once(rows, path: str, keys: list[str], txn: Txn, scope: list[str] | tuple[str, dict]) -> None:
     """Append ``rows`` (pyarrow; small: quarantine or dead-letter rows) whose ``keys`` are not in
     the table yet, in one atomic commit by delta-rs in this process: no Spark job. The commit
     carries ``txn`` as ``append_new``'s do: a table that already holds its version
