@@ -595,7 +595,7 @@ def _staged_waveforms(spark: SparkSession, store: RunStore, plan: RunPlan, rejec
         files = chunk_files(store, plan)
         parts.append(assemble_local(spark, files, staged, batch_bytes, scope=plan.run_id, strict=True))
     if len(shuffled):
-        chunks = spark.read.parquet(*map(str, staged_chunk_files(store, plan)))
+        chunks = spark.read.parquet(*map(storage.for_spark, staged_chunk_files(store, plan)))
         parts.append(assemble(chunks, wanted_waveforms(spark, shuffled), scope=plan.run_id, strict=True))
     if not parts:
         return None

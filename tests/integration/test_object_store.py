@@ -515,3 +515,37 @@ def test_the_bench_measures_wavepipe_on_the_store_beside_local_disk(kafka, s3_en
     local, s3 = rows[("wavepipe", "large", 1)], rows[("wavepipe_s3", "large", 1)]
     assert "## What object storage costs" in page
     assert f"| large x1 | {local['wall_s']:.1f} | {s3['wall_s']:.1f} | {s3['wall_s'] / local['wall_s']:.2f}x |" in page
+
+
+def test_chunks_out_of_order_spread_over_partitions_and_junk_take_every_route_on_the_bucket(
+    kafka, s3_engine, s3_spark, options, tmp_path
+):
+    """With the staging and the tables in the bucket, each of the reassembly's routes reads the
+    staged chunks there: a waveform in order (verified by its reader), one reversed in one
+    partition (assembled from its staged file by a Python worker), one spread over two partitions
+    (grouped by a shuffle, which Spark reads through S3A), and a junk record dead-lettered."""
+    from tests.helpers import make_settings, produce_in_order, rows_by_id, waveform_records
+    from wavepipe.consumers.kafka_admin import ensure_topic
+    from wavepipe.pipeline import run_once
+
+    settings = make_settings(
+        tmp_path / "home", kafka, s3_engine, **_on_store(options, _prefix("lake"), _prefix("staging"))
+    )
+    ensure_topic(settings)
+    ordered, ordered_sum = waveform_records("ordered", 3, seed=1)
+    reversed_, reversed_sum = waveform_records("reversed", 4, seed=2)
+    spread, spread_sum = waveform_records("spread", 4, seed=3)
+    produce_in_order(settings, [*ordered, *reversed_[::-1], spread[0], spread[1], (b"k", None, b"junk")])
+    produce_in_order(settings, [spread[2], spread[3]], partition=1)
+    report = run_once(settings)
+    assert report["waveforms"] == {"output_new": 3}, report["waveforms"]
+    assert report["verified"] == {"while_read": 1, "from_one_staged_file": 1, "by_a_shuffle": 1}, report["verified"]
+    rows = rows_by_id(s3_spark, settings)
+    assert {k: v[0] for k, v in rows.items()} == {
+        "ordered": ordered_sum,
+        "reversed": reversed_sum,
+        "spread": spread_sum,
+    }
+    assert all(v[0] == v[1] for v in rows.values()), "payloads must be bit-exact"
+    dead = storage.delta_table(settings.dead_letter_table).to_pyarrow_table(columns=["reason", "value"]).to_pylist()
+    assert dead == [{"reason": "missing_header", "value": b"junk"}], dead

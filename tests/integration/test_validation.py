@@ -273,7 +273,7 @@ def test_a_staged_chunk_damaged_after_it_was_read_publishes_nothing_and_the_retr
     pipeline.reassemble_step(settings, "damaged")
     assert RunStore(settings).load_result("damaged", Step.REASSEMBLE, Reassembled).verified["while_read"] == 4
 
-    staged, _ = staged_paths(RunStore(settings), "damaged", plan.range_for(0))
+    staged = Path(staged_paths(RunStore(settings), "damaged", plan.range_for(0))[0])
     table = pq.read_table(staged).to_pylist()
     table[4]["payload"] = bytes(len(table[4]["payload"]))  # w1's second chunk, zeroed on disk
     pq.write_table(pa.Table.from_pylist(table, schema=pq.read_schema(staged)), staged)
