@@ -549,3 +549,32 @@ def test_chunks_out_of_order_spread_over_partitions_and_junk_take_every_route_on
     assert all(v[0] == v[1] for v in rows.values()), "payloads must be bit-exact"
     dead = storage.delta_table(settings.dead_letter_table).to_pyarrow_table(columns=["reason", "value"]).to_pylist()
     assert dead == [{"reason": "missing_header", "value": b"junk"}], dead
+
+
+def test_a_homes_engine_started_before_its_tables_moved_to_the_bucket_is_restarted_with_s3a(
+    kafka, s3_engine, options, tmp_path
+):
+    """A home's own engine started without S3 access (the tables were local then) meets a run
+    whose tables and staging are in a bucket: the run restarts it with S3A (no step uses it) and
+    publishes, instead of failing on the engine's first read of the store."""
+    from tests.helpers import local_engine, make_settings
+    from wavepipe.consumers.kafka_admin import ensure_topic
+    from wavepipe.consumers.producer import produce_demo
+    from wavepipe.local.engine import LocalEngine
+    from wavepipe.pipeline import run_once
+
+    before = local_engine(tmp_path / "home")
+    before.up()
+    try:
+        was = before.pid()
+        settings = make_settings(
+            tmp_path / "home", kafka, s3_engine, **_on_store(options, _prefix("lake"), _prefix("staging"))
+        ).replace(spark_remote="", spark_ui="", spark_connect_port=before.settings.spark_connect_port)
+        ensure_topic(settings)
+        sent = produce_demo(settings, count=3, target_bytes=16 * 1024)
+        report = run_once(settings)
+        assert report["waveforms"] == {"output_new": len(sent)}, report["waveforms"]
+        engine = LocalEngine(settings)
+        assert engine.pid() not in (None, was) and engine.state()["reaches_s3"] is True
+    finally:
+        LocalEngine(before.settings).down(force=True)

@@ -202,6 +202,7 @@ class LocalEngine:
                 "master": self.settings.spark_master,
                 "log_offset": log_offset,
                 "settings": self.fingerprint(),
+                "reaches_s3": self._needs_s3(),
             },
         )
         try:
@@ -387,6 +388,9 @@ class LocalEngine:
                         "lost its executor heartbeat (Spark's race SPARK-59451; the executor would be "
                         "declared dead after spark.network.timeout)"
                     )
+                elif self._needs_s3() and not self.state().get("reaches_s3"):
+                    self._restart_for_s3(pid)
+                    return self.url()
                 if why:
                     with self._exclusive_if_idle() as idle:
                         if idle:
@@ -401,6 +405,26 @@ class LocalEngine:
                         "spark_master, spark_conf): it keeps them until `wavepipe spark restart`"
                     )
             return self.url()
+
+    def _needs_s3(self) -> bool:
+        from wavepipe import storage
+
+        return storage.reaches_s3(self.settings)
+
+    def _restart_for_s3(self, pid: int) -> None:
+        """The run's tables or staging are in an object store, and the engine was started
+        without S3A (before they were): restarted with it when no step uses it, else refused in
+        a line (every step of this run would fail on its first read of the store)."""
+        with self._exclusive_if_idle() as idle:
+            if not idle:
+                raise EngineUnavailableError(
+                    "this home's Spark engine was started without S3 access, and this run's tables or staging "
+                    "are in an object store; a step of another run is using the engine now: run this one again "
+                    "when it is done (the engine is then restarted with S3A), or `wavepipe spark restart`"
+                )
+            log.info("the Spark engine was started without S3 access, which this run needs: restarting it")
+            self._stop(pid)
+            log.info("%s", self._start())
 
     def _answering_pid(self, wait_s: float = 20.0) -> int | None:
         """The server's pid if it accepts connections; None once it is gone. A server that is
