@@ -11,7 +11,7 @@ and a retry after a commit that went through publishes nothing twice. A record's
 partition, offset) is dead-lettered on the topic once, whatever rewinds and re-reads happen: per
 partition, the origin offsets whose dead letters are on the topic already are kept as intervals,
 in the committed offset's metadata (written in the same transaction as the dead letters) and in a
-ledger under ``home`` (which survives a rewind or a Kafka tool's reset that drops the metadata);
+ledger in the run state (``home`` or ``state_uri``) (which survives a rewind or a Kafka tool's reset that drops the metadata);
 only dead letters outside them are produced.
 """
 
@@ -21,14 +21,13 @@ import bisect
 import json
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 
 from confluent_kafka import TopicPartition
 
 from wavepipe.consumers.kafka_admin import committed_positions, group_consumer, new_producer
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.plan import RunPlan
-from wavepipe.contracts.runfiles import RunStore, read_json, write_json_atomic
+from wavepipe.contracts.runfiles import RunStore
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 60.0
@@ -94,37 +93,31 @@ def published_in_metadata(metadata: str | None, dead_letter_topic: str) -> Inter
         return []
 
 
-def ledger_path(settings: Settings, topic: str) -> Path:
-    """The ledger of the dead letters of ``topic`` published so far, per dead-letter topic and
-    partition: ``{dead_letter_topic: {partition: [[start, end), ...]}}``."""
-    return settings.home / "dead-letters" / f"{topic}.json"
-
-
 def ledger_published(settings: Settings, topic: str) -> dict[int, Intervals]:
     """Per partition, the origin offsets of ``topic`` whose dead letters the ledger records as
-    published to ``settings.dead_letter_topic``."""
-    path = ledger_path(settings, topic)
-    if not path.exists():
-        return {}
+    published to ``settings.dead_letter_topic``. The ledger (``RunStore.ledger``) is, per
+    dead-letter topic and partition, ``{dead_letter_topic: {partition: [[start, end), ...]}}``."""
+    store = RunStore(settings)
     try:
-        mine = read_json(path).get(settings.dead_letter_topic, {})
+        mine = store.ledger(topic).get(settings.dead_letter_topic, {})
         return {int(p): merge_intervals(v) for p, v in mine.items()}
     except (ValueError, TypeError, AttributeError) as exc:
         raise RuntimeError(
-            f"the dead-letter ledger {path} cannot be read ({exc}); nothing was published or committed. "
-            "It lists the offsets whose dead letters are on the dead-letter topic already: repair it, or delete "
-            "it to rely on the committed offsets' metadata alone (after a rewind, dead letters may then go out again)."
+            f"the dead-letter ledger {store.state.where(f'dead-letters/{topic}.json')} cannot be read ({exc}); "
+            "nothing was published or committed. It lists the offsets whose dead letters are on the dead-letter "
+            "topic already: repair it, or delete it to rely on the committed offsets' metadata alone (after a "
+            "rewind, dead letters may then go out again)."
         ) from None
 
 
 def record_published(settings: Settings, topic: str, published: dict[int, Intervals]) -> None:
-    """Add ``published`` (per partition) to the ledger of ``topic`` (atomic replace)."""
-    path = ledger_path(settings, topic)
-    data = read_json(path) if path.exists() else {}
+    """Add ``published`` (per partition) to the ledger of ``topic`` (a whole replace)."""
+    store = RunStore(settings)
+    data = store.ledger(topic)
     mine = data.setdefault(settings.dead_letter_topic, {})
     for p, intervals in published.items():
         mine[str(p)] = merge_intervals(mine.get(str(p), []) + list(intervals))
-    write_json_atomic(path, data)
+    store.save_ledger(topic, data)
 
 
 def committed_run_id(metadata: str | None) -> str | None:
@@ -153,9 +146,8 @@ def commit_safe_offsets(
     """
     if not settings.dead_letter_topic:
         return _commit_offsets(settings, plan, safe, None)
-    path = ledger_path(settings, plan.topic)
     with RunStore(settings).lock(
-        path.with_name(f".{path.name}.lock"), f"the dead-letter ledger of {plan.topic}", wait_s=300
+        f"dead-letters/.{plan.topic}.json.lock", f"the dead-letter ledger of {plan.topic}", wait_s=300
     ):
         return _commit_offsets(settings, plan, safe, dead_letters)
 

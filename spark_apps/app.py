@@ -19,7 +19,7 @@ def load_run(run_id: str, log: logging.Logger) -> tuple[Settings, RunStore, RunP
     store = RunStore(settings)
     plan = store.load_plan(run_id)
     if plan is None:
-        log.error("run %s has no plan under %s", run_id, settings.runs_dir)
+        log.error("run %s has no plan under %s", run_id, store.runs_location)
     return settings, store, plan
 
 
@@ -33,7 +33,5 @@ def output_lock(settings: Settings, store: RunStore):
     backfill beside the incremental runs waits here (up to ``OUTPUT_LOCK_WAIT_S``) instead of
     writing beside it."""
     return store.lock(
-        settings.tables_dir / ".reassemble.lock",
-        f"a Spark app writing {settings.tables_dir}",
-        wait_s=OUTPUT_LOCK_WAIT_S,
+        "tables/.reassemble.lock", f"a Spark app writing {settings.tables_location}", wait_s=OUTPUT_LOCK_WAIT_S
     )

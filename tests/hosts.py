@@ -1,7 +1,9 @@
 """Hosts apart on one machine, for tests that must show wavepipe needs no shared disk.
 
 Each host is a network namespace of its own, plugged into one LAN (a bridge in a namespace of
-its own) by a veth pair, and every command on it runs in a new mount namespace where:
+its own) by a veth pair, and every command on it runs in new mount and UTS namespaces where:
+- the host name is ``wp-<host>``, resolved by its own ``/etc/hosts`` (a process of another host
+  is not taken for one of its own);
 - ``/srv`` is the host's own folder (its disk: kept from one command to the next);
 - ``/tmp`` and ``/dev/shm`` are empty and private (so every other host's folder, all kept
   under one root folder, is out of sight as well);
@@ -22,17 +24,24 @@ import time
 from pathlib import Path
 
 #: What isolating hosts needs; a test without it is skipped, saying so.
-NEEDS = "root with CAP_NET_ADMIN and CAP_SYS_ADMIN (network and mount namespaces), iproute2's ip, util-linux's unshare"
+NEEDS = (
+    "root with CAP_NET_ADMIN and CAP_SYS_ADMIN (network, mount and UTS namespaces), iproute2's ip, util-linux's unshare"
+)
 
-#: Runs as ``sh -c PRIVATE sh <host folder> <hosts root> <code> <argv...>`` in a new mount namespace.
+#: Runs as ``sh -c PRIVATE sh <host name> <host folder> <hosts root> <code> <argv...>`` in new mount
+#: and UTS namespaces: the host's own name, folder, /tmp and /dev/shm, the code read-only.
 PRIVATE = r"""
 set -e
-own=$1 hosts=$2 code=$3
-shift 3
+name=$1 own=$2 hosts=$3 code=$4
+shift 4
+echo "$name" > /proc/sys/kernel/hostname
 mount --bind "$own" /srv
 mount --bind "$code" /mnt
 mount -t tmpfs -o mode=1777 tmpfs /tmp
 mount -t tmpfs tmpfs /dev/shm
+printf '127.0.0.1 localhost %s\n' "$name" > /dev/shm/hosts
+mount --bind /dev/shm/hosts /etc/hosts
+rm /dev/shm/hosts
 if [ -d "$hosts" ]; then mount -t tmpfs tmpfs "$hosts"; fi
 mkdir -p "$code"
 mount --bind /mnt "$code"
@@ -56,10 +65,10 @@ def why_not() -> str | None:
         return f"needs {NEEDS}; `ip netns add` failed: {made.stderr.strip()}"
     subprocess.run(["ip", "netns", "del", probe], check=False, capture_output=True)
     mounted = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", "true"], check=False, capture_output=True, text=True
+        ["unshare", "--mount", "--uts", "--propagation", "private", "true"], check=False, capture_output=True, text=True
     )
     if mounted.returncode:
-        return f"needs {NEEDS}; `unshare --mount` failed: {mounted.stderr.strip()}"
+        return f"needs {NEEDS}; `unshare --mount --uts` failed: {mounted.stderr.strip()}"
     return None
 
 
@@ -127,8 +136,8 @@ class Lan:
         if "JAVA_HOME" in os.environ:
             own["JAVA_HOME"] = os.environ["JAVA_HOME"]
         variables = [f"{k}={v}" for k, v in {**own, **env}.items()]
-        wrapper = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", PRIVATE, "sh"]
-        folders = [str(self.root / name), str(self.root), str(self.code)]
+        wrapper = ["unshare", "--mount", "--uts", "--propagation", "private", "--", "sh", "-c", PRIVATE, "sh"]
+        folders = [f"wp-{name}", str(self.root / name), str(self.root), str(self.code)]
         return ["ip", "netns", "exec", self._ns(name), *wrapper, *folders, "env", "-i", *variables, *argv]
 
     def run(self, name: str, argv: list[str], env: dict[str, str], timeout: float = 600) -> tuple[int, str]:

@@ -279,18 +279,11 @@ def cmd_status(args) -> int:
         return EXIT_USAGE
     ends = list_offsets(settings, topic, parts, OffsetSpec.latest())
     lanes = lanes_of(group)
-    reports = []
-    for path in sorted(settings.reports_dir.glob("*.json"), key=lambda p: p.stat().st_mtime):
-        try:
-            rep = json.loads(path.read_text())
-        except ValueError:
-            continue
-        if rep.get("group") in lanes and rep.get("topic", topic) == topic:
-            reports.append((path, rep))
+    reports = [rep for rep in store.reports() if rep.get("group") in lanes and rep.get("topic", topic) == topic]
     # pending waveforms wait right after the committed offset: the last committed run's report
     # names them, if the group is still where that run left it (else a rewind or another tool
     # moved it and they are unknown until the next run)
-    last = next((rep for _, rep in reversed(reports) if rep.get("group") == group and rep.get("commit")), None)
+    last = next((rep for rep in reversed(reports) if rep.get("group") == group and rep.get("commit")), None)
     moved = offsets_moved(store, store.previous_ranges(group, topic), positions)
     print(f"group {group!r} on {topic} ({settings.bootstrap_servers})")
     rows = [("PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "PENDING-CHUNKS", "MOVED-BY")]
@@ -319,7 +312,7 @@ def cmd_status(args) -> int:
     for lane in lanes:
         active = store.active_run(lane)
         print(f"active {'backfill ' if lane != group else ''}run: {active or 'none'}")
-    runs = _last_runs(reports, [f for lane in lanes for f in store.failures(lane)])
+    runs = _last_runs(settings, reports, [f for lane in lanes for f in store.failures(lane)])
     if runs:
         print("last runs:")
     for line in runs:
@@ -347,26 +340,29 @@ def cmd_status(args) -> int:
     return EXIT_OK
 
 
-def _last_runs(reports: list, failures: list[dict], last: int = 8) -> list[str]:
+def _last_runs(settings, reports: list[dict], failures: list[dict], last: int = 8) -> list[str]:
     """The ``last`` runs, oldest first, each by its latest outcome: its report (committed, or a
     window replaced) or the step that failed and why."""
     latest: dict[str, tuple[str, str]] = {}
     for at, run_id, line in sorted(
-        [(rep.get("reported_at", ""), rep["run_id"], _report_line(path, rep)) for path, rep in reports]
+        [(rep.get("reported_at", ""), rep["run_id"], _report_line(settings, rep)) for rep in reports]
         + [(f["at"], f["run_id"], f"FAILED at {f['step']}: {f['reason']}") for f in failures]
     ):
         latest[run_id] = (at, line)
     return [f"{run_id}: {line}" for run_id, (_, line) in sorted(latest.items(), key=lambda kv: kv[1][0])[-last:]]
 
 
-def _report_line(path, rep: dict) -> str:
+def _report_line(settings, rep: dict) -> str:
+    from wavepipe.contracts.runfiles import html_path
+
+    page = html_path(settings, rep["run_id"])
     outcome = rep.get("status") or ("committed" if rep.get("commit") else "?")
     if rep.get("window"):
         outcome += f" [{rep['window']['start']}, {rep['window']['end']})"
     return (
         f"{outcome}; {rep['totals']['output']} chunks out, {rep['totals']['pending']} pending, "
         f"{rep['totals']['quarantined']} quarantined, {rep['totals']['dead_letter']} dead-lettered; "
-        f"file://{path.with_suffix('.html')}"
+        + (f"file://{page}" if page.exists() else "its page is on the worker that ran it")
     )
 
 

@@ -27,7 +27,7 @@ from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import UsageError
 from wavepipe.contracts.plan import ActiveRunError, RunPlan, RunRequest, as_utc, new_run_id, run_request, safe_run_id
 from wavepipe.contracts.report import build_report, failed_expectations, spark_jobs_summary, validation_trend
-from wavepipe.contracts.runfiles import RunStore, Step, html_path, json_path, staged_paths, write_json_atomic
+from wavepipe.contracts.runfiles import RunStore, Step, html_path, json_path, staged_paths
 from wavepipe.contracts.steps import ReadStats, Reassembled, Validated
 
 log = logging.getLogger(__name__)
@@ -399,7 +399,7 @@ def _write_report(settings: Settings, report: dict) -> Path:
         is None
     ):
         describe_safely(notes, "the run's plain page", report_html.write_plain, report, page)
-    write_json_atomic(json_path(settings, report["run_id"]), report)
+    RunStore(settings).save_report(report)
     return page
 
 
@@ -482,7 +482,7 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
         raise AccountingError(
             f"run {run_id}: the counts do not add up, so no offset was committed: "
             + "; ".join(report["balance_errors"])
-            + f". Report: {store.step_path(run_id, Step.REPORT)}"
+            + f". Report: {store.where(run_id, Step.REPORT)}"
         )
     if plan.is_window:  # a backfill: the window's output was replaced; the group's offsets stay
         report["commit"] = {}  # (the report names its window: build_report)
@@ -753,7 +753,7 @@ REPROCESS = ".reprocess-"
 def _attempts(store: RunStore, run_id: str) -> list[str]:
     """``run_id`` and its reprocessings that have a plan, oldest first."""
     ids = [run_id]
-    while store.plan_path(f"{run_id}{REPROCESS}{len(ids)}").exists():
+    while store.has_plan(f"{run_id}{REPROCESS}{len(ids)}"):
         ids.append(f"{run_id}{REPROCESS}{len(ids)}")
     return ids
 
@@ -802,5 +802,5 @@ def _give_up_replaced(settings: Settings, run_id: str) -> None:
 def _require_plan(store: RunStore, run_id: str) -> RunPlan:
     plan = store.load_plan(run_id)
     if plan is None:
-        raise RuntimeError(f"run {run_id} has no plan under {store.settings.runs_dir}; run the plan step first")
+        raise RuntimeError(f"run {run_id} has no plan under {store.runs_location}; run the plan step first")
     return plan

@@ -3,7 +3,7 @@
 A location is a local path or ``s3://bucket/prefix`` (S3 and S3-compatible stores). Each client
 reaches it its own way, from one set of options (``S3Options``):
 - Python (run state, staged chunks): ``open_store``, Rust's object_store through obstore, with
-  S3's conditional writes: ``create`` (``If-None-Match: *``) and ``replace_if`` (``If-Match``);
+  S3's conditional writes: ``put_if`` (``If-None-Match: *``, or ``If-Match`` a version's ETag);
 - delta-rs (the publish's commit, every read of a table): ``delta_storage_options``;
 - Spark (the engine's reads and writes of tables): ``s3a://`` through Hadoop's S3A connector,
   configured by ``spark_confs``.
@@ -47,7 +47,7 @@ def s3_options(settings) -> S3Options:
 
 def uses_s3(settings) -> bool:
     """Whether any location of ``settings`` is on an object store."""
-    return is_remote(settings.tables_uri) or is_remote(settings.staging_uri)
+    return any(is_remote(uri) for uri in (settings.tables_uri, settings.staging_uri, settings.state_uri))
 
 
 def reaches_s3(settings) -> bool:
@@ -459,28 +459,28 @@ class Store:
 
         obstore.put(self._store, key, data)
 
-    def create(self, key: str, data: bytes) -> bool:
-        """Write ``key`` only if it does not exist; False when it did (another writer was first)."""
+    def put_if(self, key: str, data: bytes, etag: str | None = None) -> str | None:
+        """Write ``key`` if it does not exist (``etag`` None) or is still the version ``etag``
+        names; the new version's ETag, or None when another writer was first (S3 only for
+        ``etag``: a local folder has no conditional replace)."""
         import obstore
-        from obstore.exceptions import AlreadyExistsError
+        from obstore.exceptions import AlreadyExistsError, NotFoundError, PreconditionError
 
         try:
-            obstore.put(self._store, key, data, mode="create")
-        except AlreadyExistsError:
-            return False
-        return True
+            return obstore.put(self._store, key, data, mode="create" if etag is None else {"e_tag": etag})["e_tag"]
+        except (AlreadyExistsError, PreconditionError, NotFoundError, FileNotFoundError):
+            return None
 
-    def replace_if(self, key: str, data: bytes, etag: str) -> bool:
-        """Replace ``key`` only if it is still the version whose ETag is ``etag``; False when
-        another writer replaced or removed it since (S3 only: a local folder has no ETags)."""
+    def get_tagged(self, key: str) -> tuple[bytes, str] | None:
+        """``key``'s bytes and their version's ETag; None if there is no such object."""
         import obstore
-        from obstore.exceptions import NotFoundError, PreconditionError
+        from obstore.exceptions import NotFoundError
 
         try:
-            obstore.put(self._store, key, data, mode={"e_tag": etag})
-        except (PreconditionError, NotFoundError, FileNotFoundError):
-            return False
-        return True
+            found = obstore.get(self._store, key)
+        except (NotFoundError, FileNotFoundError):
+            return None
+        return bytes(found.bytes()), found.meta["e_tag"]
 
     def put_parts(self, key: str, parts) -> None:
         """Write ``key`` from ``parts`` (bytes, in order) in one multipart upload: whole or not at all."""

@@ -37,7 +37,7 @@ def test_plan_is_frozen_and_reused_by_a_retry(settings):
     produce_demo(settings, count=4, target_bytes=8 * 1024)  # more data arrives before the retry
     again = pipeline.plan_step(settings, "run-a")
     assert again == first, "a retry must reuse the stored plan, not plan again"
-    assert RunStore(settings).plan_path("run-a").exists()
+    assert RunStore(settings).has_plan("run-a")
     with pytest.raises(ActiveRunError, match="run-a"):
         pipeline.plan_step(settings, "run-b")  # the group has an active run
 

@@ -1,15 +1,16 @@
 """Nothing needs a shared disk: the object store, the broker, the Spark engine and the run's
-process each on a host of their own (``tests/hosts.py``: a network namespace joined to one LAN
-by a veth pair, a mount namespace with a private /tmp and folder, the code read-only). The
-tables and the runs' staging are in the store; the run state is the worker's own. A bounded
-run, its retry after a killed reader, and a window run pass end to end; the test reads the
-result back from the bucket (delta-rs) and through the engine (Spark), and the offsets from
-Kafka, as a host of the LAN."""
+processes each on a host of their own (``tests/hosts.py``: a network namespace joined to one LAN
+by a veth pair, mount and UTS namespaces with a private name, /tmp and folder, the code read-only).
+The tables, the runs' staging and the run state are in the store. A bounded run killed on one
+worker is resumed by another worker (once the dead holder's lease on it has run out), and a window
+run passes end to end; the test reads the result back from the bucket (delta-rs) and through the
+engine (Spark), and the offsets from Kafka, as a host of the LAN."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -23,6 +24,8 @@ pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
 CODE = Path(__file__).resolve().parents[2]
 WAVEPIPE = str(Path(sys.executable).with_name("wavepipe"))
 S3_PORT, KAFKA_PORT, CONNECT_PORT = 8333, 9092, 15002
+#: the run state's leases here: a retry on another host waits this long for a killed holder's
+LEASE_S = 5.0
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +49,7 @@ def apart(lan, tmp_path_factory):
     from wavepipe.spark import settings_env
 
     jars = load_settings().jars_dir
-    addresses = {name: lan.add(name) for name in ("store", "kafka", "spark", "worker")}
+    addresses = {name: lan.add(name) for name in ("store", "kafka", "spark", "worker", "worker2")}
     started = (
         f"from pathlib import Path; from wavepipe.local.objectstore import LocalObjectStore; "
         f"print(LocalObjectStore(Path('/srv/objectstore'), {S3_PORT}, Path({str(jars.parent / 'go')!r}), "
@@ -67,6 +70,8 @@ def apart(lan, tmp_path_factory):
         "spark_master": "local[2]",
         "tables_uri": "s3://wavepipe/lake",
         "staging_uri": "s3://wavepipe/staging",
+        "state_uri": "s3://wavepipe/state",
+        "state_lease_s": LEASE_S,
         "s3_endpoint": f"http://{addresses['store']}:{S3_PORT}",
         "s3_region": "us-east-1",
         "s3_access_key": keys["access_key"],
@@ -93,6 +98,7 @@ def test_a_run_retried_after_a_killed_reader_and_a_window_run_need_no_shared_dis
     from tests.helpers import assert_delta_rs_reads_as_spark, produce_in_order, quarter_hour_ago, waveform_records
     from wavepipe import storage
     from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
+    from wavepipe.contracts.runfiles import RunStore
 
     on_host, observer = apart
     storage.configure(observer)
@@ -107,9 +113,17 @@ def test_a_run_retried_after_a_killed_reader_and_a_window_run_need_no_shared_dis
     code, out = lan.run("worker", [WAVEPIPE, "run"], {**on_host, "WAVEPIPE_FAILPOINTS": "consume.record@6=kill"})
     assert code in (-9, 137), out[-3000:]  # the failpoint killed it
     assert committed_offsets(observer, observer.group, observer.topic, [0]) == {0: None}
-    code, out = lan.run("worker", [WAVEPIPE, "run"], on_host)
-    assert code == 0, out[-3000:]
+    state = RunStore(observer)
+    killed = state.active_run(observer.group)
+    assert killed is not None and state.load_plan(killed) is not None, "the plan and the claim are in the bucket"
+    code, out = lan.run("worker2", [WAVEPIPE, "run"], on_host)  # another host: the lease is live still
+    assert code != 0 and "lease good for" in out and "wp-worker" in out, out[-3000:]
+    time.sleep(LEASE_S)
+    code, out = lan.run("worker2", [WAVEPIPE, "run"], on_host)
+    assert code == 0 and killed in out, out[-3000:]
     assert committed_offsets(observer, observer.group, observer.topic, [0]) == {0: 12}
+    [report] = state.reports()
+    assert report["run_id"] == killed and report["waveforms"] == {"output_new": 3}, "resumed, counted once"
 
     spark = SparkSession.builder.remote(observer.spark_remote).create()
     try:
@@ -124,9 +138,9 @@ def test_a_run_retried_after_a_killed_reader_and_a_window_run_need_no_shared_dis
         spark.stop()
     assert committed_offsets(observer, observer.group, observer.topic, [0]) == {0: 12}, "a window run commits none"
 
-    worker, engine = lan.root / "worker", lan.root / "spark"
-    assert (worker / "wavepipe" / "runs").is_dir(), "the run state is the worker's own"
-    assert not list(worker.rglob("*.parquet")), "nothing staged or published on the worker's disk"
-    assert not (engine / "wavepipe" / "runs").exists() and not list(engine.rglob("*.parquet"))
+    for host in ("worker", "worker2", "spark"):
+        assert not (lan.root / host / "wavepipe" / "runs").exists(), f"no run state on {host}'s disk"
+        assert not (lan.root / host / "wavepipe" / "groups").exists(), f"no group claim on {host}'s disk"
+        assert not list((lan.root / host).rglob("*.parquet")), f"nothing staged or published on {host}'s disk"
     staged = storage.open_store(observer.staging_location).list_keys()
     assert staged == [], f"committed runs leave no staging behind: {staged[:5]}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -50,7 +51,7 @@ def _race_to_create(bucket, key: str, writers: int = 6) -> dict[int, bool]:
 
     def create(i: int) -> None:
         barrier.wait()
-        results[i] = bucket.create(key, f"writer {i}".encode())
+        results[i] = bucket.put_if(key, f"writer {i}".encode()) is not None
 
     threads = [threading.Thread(target=create, args=(i,)) for i in range(writers)]
     [t.start() for t in threads]
@@ -69,13 +70,90 @@ def test_of_writers_racing_to_create_one_object_exactly_one_wins(options):
 
 def test_a_replace_of_a_version_someone_replaced_since_is_refused(options):
     bucket = open_store(_prefix("cas"), options)
-    assert bucket.create("claim", b"run 1")
-    seen = bucket.head("claim")["e_tag"]
-    assert bucket.replace_if("claim", b"run 2", seen)
-    assert not bucket.replace_if("claim", b"run 3", seen)  # run 3 read the version run 2 replaced
-    assert bucket.get_bytes("claim") == b"run 2"
-    assert not bucket.replace_if("absent", b"x", seen)
+    seen = bucket.put_if("claim", b"run 1")
+    assert seen is not None and seen == bucket.head("claim")["e_tag"]
+    assert bucket.put_if("claim", b"run 2", seen) is not None
+    assert bucket.put_if("claim", b"run 3", seen) is None  # run 3 read the version run 2 replaced
+    assert bucket.get_tagged("claim")[0] == b"run 2"
+    assert bucket.put_if("absent", b"x", seen) is None
     assert bucket.head("absent") is None
+
+
+def _state_on_store(options: S3Options, tmp_path, name: str, **changes):
+    """Settings of a worker with its own ``home`` and the run state in a prefix of the bucket."""
+    return load_settings(home=tmp_path / name, **_on_store(options, ""), **changes)
+
+
+def test_of_workers_racing_to_claim_one_group_in_the_bucket_exactly_one_wins(options, tmp_path):
+    """Six workers (homes apart, the state in one prefix) claim one group at the same instant:
+    one claim is made, the five others are refused naming the run that holds the group."""
+    from wavepipe.contracts.plan import ActiveRunError
+    from wavepipe.contracts.runfiles import RunStore
+
+    state = _prefix("state")
+    stores = [RunStore(_state_on_store(options, tmp_path, f"w{i}", state_uri=state)) for i in range(6)]
+    barrier, outcomes = threading.Barrier(len(stores)), {}
+
+    def claim(i: int) -> None:
+        barrier.wait()
+        try:
+            stores[i].claim_group("g", f"run-{i}")
+            outcomes[i] = "claimed"
+        except ActiveRunError as exc:
+            outcomes[i] = str(exc)
+
+    threads = [threading.Thread(target=claim, args=(i,)) for i in range(len(stores))]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    [winner] = [i for i, said in outcomes.items() if said == "claimed"]
+    assert stores[3].active_run("g") == f"run-{winner}"
+    assert all(f"run-{winner} of group 'g'" in said for i, said in outcomes.items() if i != winner), outcomes
+    for i in range(len(stores)):  # each failure is kept: no line lost to a concurrent append
+        stores[i].record_failure("g", f"run-{i}", "plan", "lost the claim")
+    assert sorted(f["run_id"] for f in stores[0].failures("g")) == [f"run-{i}" for i in range(len(stores))]
+
+
+def test_a_step_lease_in_the_bucket_is_renewed_while_held_and_taken_over_only_once_its_holder_is_gone(
+    options, tmp_path
+):
+    """A step lock on an object store is a lease (3 s here): held past its term it is renewed, so
+    another worker is refused, naming the holder; a lease whose holder on another host stopped
+    renewing is taken over once it ran out; one whose holder on this host was killed, at once."""
+    from tests.helpers import start_python
+    from wavepipe.contracts.runfiles import RunStore
+
+    state = _prefix("state")
+    one, other = (RunStore(_state_on_store(options, tmp_path, n, state_uri=state, state_lease_s=3)) for n in "ab")
+
+    def contend(settings, wait_s: float = 0, hold_s: float = 0) -> subprocess.Popen:
+        """Another process taking step 'run' of run r: it says ``held`` or why it could not."""
+        code = (
+            "import time; from wavepipe.contracts.runfiles import RunStore; from wavepipe.contracts.config import "
+            f"load_settings\ntry:\n  with RunStore(load_settings()).lock('runs/r/.run.lock', 'run r', {wait_s}):\n"
+            f"    print('held', flush=True); time.sleep({hold_s})\nexcept Exception as exc: print(exc, flush=True)"
+        )
+        return start_python(settings, code, None, stdout=subprocess.PIPE, text=True)
+
+    with one.step_lock("r", "run"):
+        time.sleep(4.5)  # past its first term: renewed by then
+        said = contend(other.settings).communicate(timeout=60)[0]
+        assert re.search(r"pid \d+ on .* lease good for", said), said
+    assert contend(other.settings).communicate(timeout=60)[0].strip() == "held", "let go: free at once"
+
+    lease = {"owner": "x", "host": "another-host", "pid": 1, "expires_at": time.time() + 4}
+    open_store(state, options).put_bytes("runs/r/.run.lock", json.dumps(lease).encode())
+    assert "another-host" in contend(other.settings).communicate(timeout=60)[0]
+    began = time.monotonic()
+    with other.lock("runs/r/.run.lock", "run r", wait_s=15):
+        assert 1 < time.monotonic() - began < 8, "taken over once its term ran out"
+
+    holder = contend(one.settings, hold_s=600)
+    assert holder.stdout.readline().strip() == "held"
+    holder.kill()
+    holder.wait()
+    began = time.monotonic()
+    with other.step_lock("r", "run"):  # its holder was a process of this host, and is gone
+        assert time.monotonic() - began < 2
 
 
 def test_the_store_killed_and_started_again_keeps_its_objects_and_credentials(store, options):
@@ -237,7 +315,7 @@ def s3_spark(s3_engine):
 
 def _on_store(options: S3Options, tables_uri: str, staging_uri: str = "") -> dict:
     """Settings that put the tables at ``tables_uri`` (and the runs' staging at ``staging_uri``,
-    when given) on the store ``options`` reach."""
+    when given; both may be empty) on the store ``options`` reach."""
     return {
         "tables_uri": tables_uri,
         "staging_uri": staging_uri,

@@ -134,7 +134,7 @@ def test_data_starts_a_run_and_data_during_it_one_follow_up_run(airflow, spark):
     second = produce_demo(settings, count=3, target_bytes=64 * 1024)
     _wait("the watcher to fire for the second batch", lambda: fired() > sent)
     # an event-driven run is one task, "run": its plan is frozen in the home before it reads
-    _wait("that run's plan", lambda: RunStore(settings).plan_path(safe_run_id(a_id)).exists())
+    _wait("that run's plan", lambda: RunStore(settings).has_plan(safe_run_id(a_id)))
     tasks = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{a_id}/taskInstances").json()["task_instances"]
     assert [t["task_id"] for t in tasks] == ["run"], tasks
     sent = fired()

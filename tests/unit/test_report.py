@@ -145,13 +145,15 @@ def test_window_runs_account_for_other_windows_records():
 
 
 def test_status_lists_each_run_by_its_latest_outcome_failed_ones_with_their_reason(tmp_path):
-    from pathlib import Path
-
     from wavepipe.cli import _last_runs
+
+    settings = load_settings(home=tmp_path)
+    (settings.reports_dir).mkdir()
+    (settings.reports_dir / "a.html").write_text("a's page, on this worker")
 
     def report(run_id, at, **extra):
         totals = {"output": 3, "pending": 0, "quarantined": 0, "dead_letter": 0}
-        return Path(f"/r/{run_id}.json"), {
+        return {
             "run_id": run_id,
             "reported_at": at,
             "status": "committed",
@@ -161,6 +163,7 @@ def test_status_lists_each_run_by_its_latest_outcome_failed_ones_with_their_reas
 
     window = {"start": "2026-11-25T10:00:00+00:00", "end": "2026-11-25T10:15:00+00:00"}
     lines = _last_runs(
+        settings,
         [report("a", "2026-11-25T11:00"), report("w", "2026-11-25T11:20", status="window_replaced", window=window)],
         [
             {"run_id": "w", "step": "plan", "reason": "window ... has not closed yet", "at": "2026-11-25T11:10"},
@@ -168,9 +171,9 @@ def test_status_lists_each_run_by_its_latest_outcome_failed_ones_with_their_reas
         ],
     )
     assert lines == [
-        "a: committed; 3 chunks out, 0 pending, 0 quarantined, 0 dead-lettered; file:///r/a.html",
+        f"a: committed; 3 chunks out, 0 pending, 0 quarantined, 0 dead-lettered; file://{settings.reports_dir}/a.html",
         "w: window_replaced [2026-11-25T10:00:00+00:00, 2026-11-25T10:15:00+00:00); 3 chunks out, 0 pending, "
-        "0 quarantined, 0 dead-lettered; file:///r/w.html",  # its retry succeeded after the failure
+        "0 quarantined, 0 dead-lettered; its page is on the worker that ran it",  # its retry succeeded after the failure
         "b: FAILED at validate: 2 expectations failed",
     ]
 

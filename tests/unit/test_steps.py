@@ -1,6 +1,7 @@
 """Step records are typed: saved as JSON, read back as the same type, and refused when they are not one."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +22,7 @@ def test_a_reassembly_comes_back_with_its_partition_numbers(tmp_path):
         window_rows=WindowRows(keep=["a"], extra={"waveforms": []}),
     )
     store.save_result("r1", Step.REASSEMBLE, result)
-    on_disk = json.loads(store.step_path("r1", Step.REASSEMBLE).read_text())
+    on_disk = json.loads(Path(store.where("r1", Step.REASSEMBLE)).read_text())
     assert sorted(on_disk["partitions"]) == ["0", "12"], "JSON's keys are text"
     back = store.load_result("r1", Step.REASSEMBLE, Reassembled)
     assert back == result and sorted(back.partitions) == [0, 12]
@@ -53,7 +54,7 @@ def test_a_record_that_is_not_one_is_refused_naming_the_step(tmp_path, change, w
             run_id="r1", finished_at="t", partitions={0: PartitionAccount(safe_offset=1)}, waveforms={}, timings={}
         ),
     )
-    path = store.step_path("r1", Step.REASSEMBLE)
+    path = Path(store.where("r1", Step.REASSEMBLE))
     record = json.loads(path.read_text())
     change(record)
     path.write_text(json.dumps(record))
@@ -76,7 +77,7 @@ def test_a_nan_example_stays_a_nan_and_a_record_cut_short_is_refused(tmp_path):
     store.save_result("r1", Step.VALIDATE, result)
     [examples] = [f["examples"] for s in store.load_result("r1", Step.VALIDATE, Validated).suites for f in s["failed"]]
     assert math.isnan(examples[0]) and examples[1] == math.inf, "not None: the page shows what failed"
-    path = store.step_path("r1", Step.VALIDATE)
+    path = Path(store.where("r1", Step.VALIDATE))
     path.write_text(path.read_text()[:40])
     with pytest.raises(
         RuntimeError, match=r"validate.json is not a validate record .*not JSON.*run the run's validate step"

@@ -411,6 +411,15 @@ class Settings(BaseModel):
     staging_uri: Annotated[str, _check(_location), Rule("must be empty, an absolute path, or s3://bucket[/prefix]")] = (
         ""
     )
+    #: Where the run state is kept (plans, group claims, step records and locks, the dead-letter
+    #: ledger, report records): empty for ``<home>``, a folder every worker mounts, or
+    #: ``s3://bucket/prefix``, so that Airflow workers that share no disk resume each other's runs.
+    #: On an object store a claim is a conditional create and a step lock a lease (``state_lease_s``).
+    state_uri: Annotated[str, _check(_location), Rule("must be empty, an absolute path, or s3://bucket[/prefix]")] = ""
+    #: How long a step lock on an object store (``state_uri``) outlives a holder that stops renewing
+    #: it (killed, or cut off): a retry on another host waits this long; on the holder's own host, a
+    #: retry takes over the lock of a process that is gone at once.
+    state_lease_s: Annotated[Number, Field(ge=3, le=3600), Rule("must be 3 to 3600 seconds")] = 30.0
     #: The S3 API of ``s3://`` locations: empty for AWS's own (in ``s3_region``), ``local`` for this
     #: home's object store (``wavepipe objectstore up``, its own credentials), or http(s)://host:port.
     s3_endpoint: Annotated[

@@ -1,0 +1,347 @@
+"""Where a run's state is kept (plans, claims, step records, locks, ledgers): a local folder, or a
+prefix on an object store (``state_uri``) that workers on other hosts share.
+
+Both keep the same keys (``runs/<run_id>/plan.json``, ``groups/<group>/active.json``, ...) and
+give the same guarantees by different means:
+
+* a write is whole: the local folder writes a temporary file and renames it; an object store's PUT
+  is atomic by itself;
+* a create is refused when the key exists: ``link(2)`` of a written file, or S3's conditional PUT
+  (``If-None-Match: *``), which exactly one of several racing writers wins;
+* a lock keeps two processes out of one step: an OS file lock (``flock``, dropped by the kernel
+  when its holder dies) or a *lease*: an object naming its holder and its expiry, created if
+  absent, renewed by its holder every third of ``lease_s`` with a conditional replace
+  (``If-Match`` its ETag), and taken over only when it has expired, or when its holder was a
+  process on this host that is gone. A holder that cannot renew (stalled longer than the lease)
+  loses it and says so in its log; the data's own guarantees (the Delta transaction, Kafka's
+  compare-and-set of the offsets) still keep each waveform once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class StepBusyError(RuntimeError):
+    """The same step of the same run is executing in another process right now."""
+
+
+#: Locks this process holds (by location), so a step called inside ``run_once`` does not wait on itself.
+_held: set[str] = set()
+
+
+def process_gone(host: Any, pid: Any) -> bool:
+    """Whether ``pid`` on ``host`` is known to have exited: only a process of this host can be
+    looked at (another host's is never taken as gone)."""
+    if host != socket.gethostname() or not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    import psutil
+
+    try:  # a zombie (exited, not reaped yet) is gone too
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def busy_message(what: str, holder: str, waited: float, wait_s: float) -> str:
+    return (
+        f"{what} is running in another process right now ({holder}); two of them must not overlap."
+        + (f" Waited {waited:.0f}s." if wait_s else "")
+        + " Wait for it, or stop it and retry."
+    )
+
+
+def lease_verdict(lease: dict, now: float) -> str:
+    """What a lease found on a lock means: ``expired`` (its holder stopped renewing it), ``orphaned``
+    (its holder was a process of this host that is gone), else ``held``."""
+    if not isinstance(lease.get("expires_at"), int | float) or lease["expires_at"] < now:
+        return "expired"
+    return "orphaned" if process_gone(lease.get("host"), lease.get("pid")) else "held"
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` so that readers see the old file or the new one, never a part (fsync + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class LocalState:
+    """The run state in a local (or shared POSIX) folder."""
+
+    remote = False
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def where(self, key: str) -> str:
+        return str(self.root / key)
+
+    def read(self, key: str) -> bytes | None:
+        try:
+            return (self.root / key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write(self, key: str, data: bytes) -> None:
+        write_bytes_atomic(self.root / key, data)
+
+    def create(self, key: str, data: bytes) -> bool:
+        path = self.root / key
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}")
+        write_bytes_atomic(tmp, data)
+        try:
+            os.link(tmp, path)  # fails if the key exists; readers never see a half-written one
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink()
+        return True
+
+    def delete(self, key: str) -> None:
+        (self.root / key).unlink(missing_ok=True)
+
+    def exists(self, key: str) -> bool:
+        return (self.root / key).exists()
+
+    def listing(self, prefix: str) -> list[tuple[str, float]]:
+        """``(key, modified epoch seconds)`` of each entry directly under folder ``prefix``."""
+        folder = self.root / prefix
+        if not folder.is_dir():
+            return []
+        return [(f"{prefix.rstrip('/')}/{p.name}", p.stat().st_mtime) for p in folder.iterdir() if p.is_file()]
+
+    def append(self, key: str, line: str, keep: int) -> None:
+        """Add ``line`` to the text at ``key``, keeping about its last ``keep`` lines."""
+        path = self.root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as fh:  # one short write per line: appends from two runs do not interleave
+            fh.write(line + "\n")
+        if path.stat().st_size > keep * 1000:
+            self.write(key, "".join(f"{kept}\n" for kept in path.read_text().splitlines()[-keep:]).encode())
+
+    @contextmanager
+    def lock(self, key: str, what: str, wait_s: float = 0.0) -> Iterator[None]:
+        """Hold ``key`` exclusively, or raise ``StepBusyError``: at once, or after waiting up to
+        ``wait_s`` seconds (logging who it waits for each minute). An OS file lock (``flock``):
+        the kernel drops it when the holder exits, also on SIGKILL, so a crashed step never blocks
+        its retry. It serialises processes on one machine or on a shared filesystem with working
+        ``flock`` (local disks; not every NFS)."""
+        import fcntl
+
+        path = self.root / key
+        if str(path) in _held:
+            yield
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            began = time.monotonic()
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+                    waited = time.monotonic() - began
+                    if waited >= wait_s:
+                        raise StepBusyError(busy_message(what, f"pid {holder}", waited, wait_s)) from None
+                    if int(waited) % 60 == 0:
+                        log.info("waiting for %s (pid %s) to finish", what, holder)
+                    time.sleep(1.0)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            _held.add(str(path))
+            try:
+                yield
+            finally:
+                _held.discard(str(path))
+        finally:
+            os.close(fd)  # releases the lock
+
+
+class ObjectState:
+    """The run state under a prefix of an object store: conditional puts and leases."""
+
+    remote = True
+    #: tries of a read-modify-write (``append``) that meets other writers
+    APPEND_TRIES = 8
+
+    def __init__(self, uri: str, lease_s: float):
+        from wavepipe import storage
+
+        self.uri = uri.rstrip("/")
+        self.lease_s = lease_s
+        self._store = storage.open_store(self.uri)
+
+    def where(self, key: str) -> str:
+        return f"{self.uri}/{key}"
+
+    def read(self, key: str) -> bytes | None:
+        found = self._store.get_tagged(key)
+        return None if found is None else found[0]
+
+    def write(self, key: str, data: bytes) -> None:
+        self._store.put_bytes(key, data)
+
+    def create(self, key: str, data: bytes) -> bool:
+        return self._store.put_if(key, data) is not None
+
+    def delete(self, key: str) -> None:
+        if self._store.head(key) is not None:
+            self._store.delete(key)
+
+    def exists(self, key: str) -> bool:
+        return self._store.head(key) is not None
+
+    def listing(self, prefix: str) -> list[tuple[str, float]]:
+        folder = prefix.rstrip("/") + "/"
+        return [
+            (m["path"], m["last_modified"].timestamp())
+            for m in self._store.list_meta(folder)
+            if "/" not in m["path"][len(folder) :]
+        ]
+
+    def append(self, key: str, line: str, keep: int) -> None:
+        for _ in range(self.APPEND_TRIES):
+            found = self._store.get_tagged(key)
+            lines = found[0].decode().splitlines() if found else []
+            text = "".join(f"{kept}\n" for kept in [*lines, line][-keep:]).encode()
+            if self._store.put_if(key, text, found[1] if found else None) is not None:
+                return
+        log.warning("could not add to %s: %d other writers were first; the line was: %s", key, self.APPEND_TRIES, line)
+
+    @contextmanager
+    def lock(self, key: str, what: str, wait_s: float = 0.0) -> Iterator[None]:
+        """Hold ``key`` as a lease (see the module's doc), or raise ``StepBusyError``: at once, or
+        after waiting up to ``wait_s`` seconds."""
+        if self.where(key) in _held:
+            yield
+            return
+        lease = Lease(self._store, key, self.lease_s)
+        began = time.monotonic()
+        while (holder := lease.take()) is not None:
+            waited = time.monotonic() - began
+            if waited >= wait_s:
+                raise StepBusyError(busy_message(what, holder, waited, wait_s))
+            if int(waited) % 60 == 0:
+                log.info("waiting for %s (%s) to finish", what, holder)
+            time.sleep(1.0)
+        _held.add(self.where(key))
+        try:
+            yield
+        finally:
+            _held.discard(self.where(key))
+            lease.release()
+
+
+class Lease:
+    """One process's lease on a key of an object store (``ObjectState.lock``)."""
+
+    def __init__(self, store, key: str, lease_s: float):
+        self.store, self.key, self.lease_s = store, key, lease_s
+        self.owner = uuid.uuid4().hex
+        self.etag: str | None = None
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+
+    def _body(self) -> bytes:
+        return json.dumps(
+            {
+                "owner": self.owner,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "expires_at": time.time() + self.lease_s,
+            }
+        ).encode()
+
+    def take(self) -> str | None:
+        """Take the lease: None when taken, else who holds it (for a message)."""
+        self.etag = self.store.put_if(self.key, self._body())
+        if self.etag is None:
+            found = self.store.get_tagged(self.key)
+            if found is None:
+                return "a holder that just let go"
+            try:
+                current = json.loads(found[0])
+            except ValueError:
+                current = {}
+            verdict = lease_verdict(current, time.time())
+            if verdict == "held":
+                left = current["expires_at"] - time.time()
+                return (
+                    f"pid {current.get('pid', '?')} on {current.get('host', '?')}, its lease good for {left:.0f}s more"
+                )
+            self.etag = self.store.put_if(self.key, self._body(), found[1])
+            if self.etag is None:
+                return "another process that took it over first"
+            log.warning("took over the lock %s: its holder's lease was %s (%s)", self.key, verdict, current)
+        self._renewer = threading.Thread(target=self._renew, name=f"lease {self.key}", daemon=True)
+        self._renewer.start()
+        return None
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.lease_s / 3):
+            try:
+                etag = self.store.put_if(self.key, self._body(), self.etag)
+            except Exception as exc:  # the store did not answer: try again before the lease runs out
+                log.warning("could not renew the lease %s (%s); trying again", self.key, exc)
+                continue
+            if etag is None:
+                log.error(
+                    "lost the lease %s: another process took it over (this one stalled longer than %.0fs); "
+                    "the Delta transaction and Kafka's offsets still keep each waveform once",
+                    self.key,
+                    self.lease_s,
+                )
+                return
+            self.etag = etag
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+        found = self.store.get_tagged(self.key)
+        if found is not None and found[1] == self.etag:
+            self.store.delete(self.key)
+
+
+def open_state(settings) -> LocalState | ObjectState:
+    """The run state of ``settings``: ``state_uri`` on an object store, else the ``home`` folder."""
+    from wavepipe import storage
+
+    if storage.is_remote(settings.state_uri):
+        return ObjectState(settings.state_uri, settings.state_lease_s)
+    return LocalState(Path(settings.state_uri) if settings.state_uri else settings.home)
