@@ -430,7 +430,8 @@ def object_stores(stack: Stack) -> dict[str, dict]:
 
 
 def check_object_store(stack: Stack) -> list[str]:
-    """The tables and the staging are in the object store service's bucket: WAVEPIPE_S3_ENDPOINT
+    """The tables, the staging and the run state are in the object store service's bucket (the
+    Airflow workers share no state but it): WAVEPIPE_S3_ENDPOINT
     names it and its S3 port; it runs the SeaweedFS release wavepipe builds for its local store;
     its identity holds the keys wavepipe is given; the engine and the Airflow workers wait until
     it is healthy."""
@@ -439,7 +440,7 @@ def check_object_store(stack: Stack) -> list[str]:
     env = wavepipe_env(stack)
     problems = [
         f"{key} is {env.get(key)!r}, not an s3:// location"
-        for key in ("WAVEPIPE_TABLES_URI", "WAVEPIPE_STAGING_URI")
+        for key in ("WAVEPIPE_TABLES_URI", "WAVEPIPE_STAGING_URI", "WAVEPIPE_STATE_URI")
         if not env.get(key, "").startswith("s3://")
     ]
     stores = object_stores(stack)
@@ -854,6 +855,7 @@ MUTATIONS = [
     (check_spark_engine, lambda s: _replace_word(s, "spark-connect", "0.0.0.0", "127.0.0.1"), "cannot reach"),
     (check_spark_engine, lambda s: _set_everywhere(s, "WAVEPIPE_STAGING_URI", ""), "shared home"),
     (check_object_store, lambda s: _set_everywhere(s, "WAVEPIPE_TABLES_URI", "/data/tables"), "not an s3://"),
+    (check_object_store, lambda s: _set_everywhere(s, "WAVEPIPE_STATE_URI", ""), "WAVEPIPE_STATE_URI is '', not"),
     (check_object_store, lambda s: _set_everywhere(s, "WAVEPIPE_S3_ENDPOINT", "http://objectstore:9000"), "S3 port"),
     (check_object_store, lambda s: _set_everywhere(s, "WAVEPIPE_S3_ENDPOINT", "http://s3:8333"), "S3 port"),
     (check_object_store, lambda s: _set_everywhere(s, "WAVEPIPE_S3_SECRET_KEY", "other"), "identities"),
