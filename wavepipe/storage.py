@@ -51,9 +51,20 @@ def uses_s3(settings) -> bool:
 
 
 def reaches_s3(settings) -> bool:
-    """Whether the Spark engine of ``settings`` must reach an object store: a location is on one,
-    or an S3 endpoint is set (an engine shared by runs with local and S3 locations)."""
-    return uses_s3(settings) or bool(settings.s3_endpoint)
+    """Whether the Spark engine of ``settings`` must reach an object store: the tables or the
+    staging are on one (the run state is never the engine's), or an S3 endpoint is set (an engine
+    shared by runs with local and S3 locations)."""
+    return is_remote(settings.tables_uri) or is_remote(settings.staging_uri) or bool(settings.s3_endpoint)
+
+
+def s3_reach(settings) -> str:
+    """Which object store the Spark engine of ``settings`` reaches, and with which keys, as a
+    fingerprint ("": none): an engine started for another one must be started again."""
+    if not reaches_s3(settings):
+        return ""
+    import hashlib
+
+    return hashlib.sha256(repr(s3_options(settings)).encode()).hexdigest()[:16]
 
 
 class StorageUnavailableError(RuntimeError):

@@ -57,6 +57,7 @@ def test_spark_commits_through_the_conditional_logstore_and_s3a_may_make_conditi
         ({"tables_uri": "relative/tables"}, "tables_uri must be empty, an absolute path, or s3://bucket"),
         ({"tables_uri": "gs://bucket/x"}, "tables_uri must be empty, an absolute path, or s3://bucket"),
         ({"staging_uri": "s3:/bucket/x"}, "staging_uri must be empty, an absolute path, or s3://bucket"),
+        ({"state_uri": "state/folder"}, "state_uri must be empty, an absolute path, or s3://bucket"),
         ({"s3_endpoint": "127.0.0.1:8333"}, "s3_endpoint must be empty (AWS), local"),
         ({"s3_access_key": "only-the-key"}, "s3_access_key and s3_secret_key go together"),
     ],
@@ -71,6 +72,23 @@ def test_tables_or_staging_on_s3_make_the_settings_use_s3(tmp_path):
     assert uses_s3(load_settings(home=tmp_path, tables_uri="s3://lake/wavepipe", s3_endpoint="local"))
     on_s3 = load_settings(home=tmp_path, staging_uri="s3://lake/staging/", s3_endpoint="local")
     assert uses_s3(on_s3) and on_s3.staging_location == "s3://lake/staging"
+
+
+def test_the_engine_reaches_the_store_of_the_tables_and_staging_and_knows_which(tmp_path):
+    from wavepipe.storage import reaches_s3, s3_reach
+
+    state_only = load_settings(home=tmp_path, state_uri="s3://lake/state", s3_region="eu-west-1")
+    assert uses_s3(state_only) and not reaches_s3(state_only), "the run state is never the engine's"
+    assert s3_reach(state_only) == ""
+    tables = state_only.replace(tables_uri="s3://lake/tables")
+    reach = s3_reach(tables)
+    assert reach and s3_reach(tables) == reach, "the same store, the same fingerprint"
+    for other in (
+        {"s3_endpoint": "http://minio:9000"},
+        {"s3_region": "us-east-1"},
+        {"s3_access_key": "k", "s3_secret_key": "s"},
+    ):
+        assert s3_reach(tables.replace(**other)) != reach, other
 
 
 def test_a_runs_staged_files_are_named_under_its_staging_wherever_it_is(tmp_path):

@@ -202,7 +202,7 @@ class LocalEngine:
                 "master": self.settings.spark_master,
                 "log_offset": log_offset,
                 "settings": self.fingerprint(),
-                "reaches_s3": self._needs_s3(),
+                "reaches_s3": self._s3_reach(),
             },
         )
         try:
@@ -388,7 +388,7 @@ class LocalEngine:
                         "lost its executor heartbeat (Spark's race SPARK-59451; the executor would be "
                         "declared dead after spark.network.timeout)"
                     )
-                elif self._needs_s3() and not self.state().get("reaches_s3"):
+                elif self._s3_reach() and self.state().get("reaches_s3") != self._s3_reach():
                     self._restart_for_s3(pid)
                     return self.url()
                 if why:
@@ -406,23 +406,25 @@ class LocalEngine:
                     )
             return self.url()
 
-    def _needs_s3(self) -> bool:
+    def _s3_reach(self) -> str:
         from wavepipe import storage
 
-        return storage.reaches_s3(self.settings)
+        return storage.s3_reach(self.settings)
 
     def _restart_for_s3(self, pid: int) -> None:
         """The run's tables or staging are in an object store, and the engine was started
-        without S3A (before they were): restarted with it when no step uses it, else refused in
-        a line (every step of this run would fail on its first read of the store)."""
+        without S3A (before they were), or for another store (endpoint, region or keys): restarted
+        for this one when no step uses it, else refused in a line (every step of this run would
+        fail on its first read of the store)."""
         with self._exclusive_if_idle() as idle:
             if not idle:
                 raise EngineUnavailableError(
-                    "this home's Spark engine was started without S3 access, and this run's tables or staging "
-                    "are in an object store; a step of another run is using the engine now: run this one again "
-                    "when it is done (the engine is then restarted with S3A), or `wavepipe spark restart`"
+                    "this home's Spark engine was started without S3 access or for another object store, and "
+                    "this run's tables or staging are in an object store; a step of another run is using the "
+                    "engine now: run this one again when it is done (the engine is then restarted for this "
+                    "store), or `wavepipe spark restart`"
                 )
-            log.info("the Spark engine was started without S3 access, which this run needs: restarting it")
+            log.info("the Spark engine was started without S3 access or for another object store: restarting it")
             self._stop(pid)
             log.info("%s", self._start())
 
