@@ -240,11 +240,13 @@ def wavepipe_run(
 
 
 def wavepipe_s3(settings: Settings, topic: str, ranges: Ranges, workdir: Path, parallelism: int) -> Outcome:
-    """``wavepipe_run`` with the output tables and the staging in the object store ``settings``
-    reach (``s3_endpoint``; the bench starts this home's local store), under a prefix of its own
-    (``info["s3_prefix"]``, which the runner deletes after its check); the run state stays local."""
+    """``wavepipe_run`` with the output tables, the staging and the run state in the object store
+    ``settings`` reach (``s3_endpoint``; the bench starts this home's local store), under a prefix
+    of its own (``info["s3_prefix"]``, which the runner deletes after its check)."""
     prefix = f"s3://wavepipe/bench/{workdir.parent.name}-{workdir.name}-{uuid.uuid4().hex[:8]}"
-    on_s3 = settings.replace(tables_uri=f"{prefix}/tables", staging_uri=f"{prefix}/staging")
+    on_s3 = settings.replace(
+        tables_uri=f"{prefix}/tables", staging_uri=f"{prefix}/staging", state_uri=f"{prefix}/state"
+    )
     outcome = wavepipe_run(on_s3, topic, ranges, workdir, parallelism)
     outcome.info["s3_prefix"] = prefix
     return outcome
@@ -316,7 +318,7 @@ LABELS = {
     "ceiling_kcat": "ceiling: kcat",
     "ceiling_confluent": "ceiling: confluent-kafka loop",
     "wavepipe": "wavepipe (end to end)",
-    "wavepipe_s3": "wavepipe, tables and staging on S3 (local)",
+    "wavepipe_s3": "wavepipe, tables, staging and run state on S3 (local)",
     "python_consumer": "hand-written Python consumer",
     "spark_kafka_source": "Spark Kafka source + group-by",
 }

@@ -204,7 +204,7 @@ class ObjectState:
 
         self.uri = uri.rstrip("/")
         self.lease_s = lease_s
-        self._store = storage.open_store(self.uri)
+        self._store = _Answering(storage.open_store(self.uri), self.uri)
 
     def where(self, key: str) -> str:
         return f"{self.uri}/{key}"
@@ -265,6 +265,33 @@ class ObjectState:
         finally:
             _held.discard(self.where(key))
             lease.release()
+
+
+class _Answering:
+    """A store whose failures to answer raise ``StorageUnavailableError`` in one line that says
+    what to check (obstore's own message runs to dozens of lines)."""
+
+    def __init__(self, store, uri: str):
+        self._store, self._uri = store, uri
+
+    def __getattr__(self, name: str):
+        call = getattr(self._store, name)
+
+        def answered(*args, **kwargs):
+            from wavepipe import storage
+
+            try:
+                return call(*args, **kwargs)
+            except Exception as exc:
+                if not storage.is_storage_error(exc):
+                    raise
+                first = str(exc).splitlines()[0][:300]
+                raise storage.StorageUnavailableError(
+                    f"the run state's object store ({self._uri}) did not answer: {first}. Check the store and the "
+                    "s3_* settings, then run again: the run resumes from its plan and staged files"
+                ) from None
+
+        return answered
 
 
 class Lease:
@@ -330,12 +357,17 @@ class Lease:
             self.etag = etag
 
     def release(self) -> None:
+        """Stop renewing and delete the lease if it is still this one's (never raises: a lease
+        that could not be deleted runs out within its term)."""
         self._stop.set()
         if self._renewer is not None:
             self._renewer.join()
-        found = self.store.get_tagged(self.key)
-        if found is not None and found[1] == self.etag:
-            self.store.delete(self.key)
+        try:
+            found = self.store.get_tagged(self.key)
+            if found is not None and found[1] == self.etag:
+                self.store.delete(self.key)
+        except Exception as exc:  # the store did not answer: the step's own outcome stands
+            log.warning("could not let go of the lease %s (%s); it runs out within %.0fs", self.key, exc, self.lease_s)
 
 
 def open_state(settings) -> LocalState | ObjectState:

@@ -98,7 +98,7 @@ def unreachable(settings) -> str | None:
     if not uses_s3(settings):
         return None
     try:
-        where = settings.tables_location if is_remote(settings.tables_location) else settings.staging_location
+        where = next(uri for uri in (settings.tables_uri, settings.staging_uri, settings.state_uri) if is_remote(uri))
         open_store(where, s3_options(settings)).list_keys(".wavepipe-probe")
     except Exception as exc:  # any failure to answer: said below, with its first line
         endpoint = settings.s3_endpoint or "AWS S3"
