@@ -140,7 +140,7 @@ def describe_committer(metadata: str | None, store: RunStore) -> str:
     if meta.get("rewind"):
         return f"wavepipe rewind {meta['rewind']}"
     if meta.get("run_id"):
-        return f"run {meta['run_id']}, which this home ({store.settings.home}) does not know: another wavepipe home"
+        return f"run {meta['run_id']}, which this run state ({store.runs_location}) does not know: another wavepipe home or state_uri"
     return "a commit without wavepipe metadata: a Kafka tool (kafka-consumer-groups --reset-offsets) or another client"
 
 

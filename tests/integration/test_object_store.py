@@ -522,37 +522,61 @@ def test_the_engine_killed_mid_write_to_the_bucket_leaves_nothing_visible_and_th
     assert committed_offsets(settings, settings.group, settings.topic, sorted(ends)) == ends
 
 
-def test_two_runs_of_one_group_on_two_workers_that_share_no_state_publish_each_waveform_once(
+def _two_at_once(*workers) -> list[tuple[int, str]]:
+    """``wavepipe run`` started on each of ``workers`` at once: (return code, output) of each."""
+    from tests.helpers import start_cli
+
+    runs = [start_cli(s, "run") for s in workers]
+    outs = [run.communicate(timeout=600)[0] for run in runs]
+    return [(run.returncode, out) for run, out in zip(runs, outs, strict=True)]
+
+
+def test_two_runs_of_one_group_on_two_workers_at_once_publish_each_waveform_once_and_shared_state_runs_one(
     kafka, s3_engine, s3_spark, options, tmp_path
 ):
-    """Two workers, each with a home of its own (no shared claim, no shared lock), start a run of
-    one group at once on the tables and staging in the bucket. What keeps it exactly once is
-    where the run's commits are: the table's log (the group's transaction: a publish that meets
-    the other's commit decides again and writes nothing twice) and Kafka (the offsets' compare-
-    and-set, which takes a group already at the run's own end as done). Each waveform is
-    published once and the offsets end at the topic's end; a run that fails says why. (Both
-    runs' reports count the waveforms as new: neither knows of the other.)"""
-    from tests.helpers import make_settings, rows_by_id, start_cli
+    """Two workers start a run of one group at once, on the tables and staging in the bucket.
+
+    First each with a home of its own (no shared claim, no shared lock). What keeps it exactly
+    once is where the run's commits are: the table's log (the group's transaction: a publish that
+    meets the other's commit decides again and writes nothing twice) and Kafka (the offsets'
+    compare-and-set, which takes a group already at the run's own end as done). Each waveform is
+    published once and the offsets end at the topic's end; a run that fails says why (both
+    reports count the waveforms as new: neither knows of the other).
+
+    Then with the run state in the bucket too: one claims the group and runs, the other is
+    refused at once naming that run, and the one report counts each new waveform once."""
+    from tests.helpers import make_settings, rows_by_id
     from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
     from wavepipe.consumers.producer import produce_demo
+    from wavepipe.contracts.runfiles import RunStore
 
     first = make_settings(tmp_path / "a", kafka, s3_engine, **_on_store(options, _prefix("lake"), _prefix("staging")))
     second = first.replace(home=tmp_path / "b")
     ensure_topic(first)
     sent = produce_demo(first, count=8, target_bytes=64 * 1024)
-    runs = [start_cli(s, "run") for s in (first, second)]
-    outs = [run.communicate(timeout=600)[0] for run in runs]
-    codes = [run.returncode for run in runs]
-    assert 0 in codes and set(codes) <= {0, 1}, list(zip(codes, [o[-1500:] for o in outs], strict=True))
+    outcomes = _two_at_once(first, second)
+    assert 0 in dict(outcomes) and set(dict(outcomes)) <= {0, 1}, [(c, o[-1500:]) for c, o in outcomes]
     rows = rows_by_id(s3_spark, first)
     assert {k: v[0] for k, v in rows.items()} == {w.waveform_id: w.checksum for w in sent}
     published = s3_spark.read.format("delta").load(storage.for_spark(first.output_table)).count()
     assert published == len(sent), "no waveform twice"
     ends = committed_offsets(first, first.group, first.topic, [0, 1])
     assert all(ends.values()), ends
-    for code, out in zip(codes, outs, strict=True):
+    for code, out in outcomes:
         if code:  # the one that lost: refused at its commit, in a line that says why
             assert "offsets" in out and "moved" in out, out[-2000:]
+
+    state = _prefix("state")
+    first, second = first.replace(state_uri=state), second.replace(state_uri=state)
+    more = produce_demo(first, count=8, target_bytes=64 * 1024)
+    outcomes = _two_at_once(first, second)
+    assert sorted(code for code, _ in outcomes) == [0, 1], [(c, o[-1500:]) for c, o in outcomes]
+    [report] = RunStore(first).reports()
+    assert report["waveforms"] == {"output_new": len(more)}, report["waveforms"]
+    [refused] = [out for code, out in outcomes if code]
+    assert f"run {report['run_id']} of group" in refused, refused[-2000:]
+    rows = rows_by_id(s3_spark, first)
+    assert {k: v[0] for k, v in rows.items()} == {w.waveform_id: w.checksum for w in [*sent, *more]}
 
 
 def test_the_built_server_is_the_release_the_compose_stack_runs(store):

@@ -251,9 +251,25 @@ def _commands(settings: Settings) -> dict[str, list[str]]:
     }
 
 
+#: Set in a service ``run_service`` supervises (the service itself, not its supervisor).
+SUPERVISED = "WAVEPIPE_AIRFLOW_SUPERVISED"
+
+
 def run_service() -> None:
     """``airflow <sys.argv[1:]>`` whose log server (started by the scheduler and the triggerer)
-    listens on ``LOOPBACK`` only; Airflow 3.3 binds it to every interface and has no setting."""
+    listens on ``LOOPBACK`` only; Airflow 3.3 binds it to every interface and has no setting.
+
+    Supervised: a scheduler or triggerer whose loop dies on an error it does not handle (on
+    SQLite, a backfill whose creation the API rolled back under the scheduler's update ends the
+    scheduler with ``StaleDataError``) is started again, so queued runs do not wait for a
+    scheduler that is gone."""
+    if os.environ.get(SUPERVISED) != "1":
+        os.environ[SUPERVISED] = "1"
+        sys.exit(
+            processes.supervise(
+                [sys.executable, "-c", f"from {__name__} import run_service; run_service()", *sys.argv[1:]]
+            )
+        )
     import airflow.utils.serve_logs as serve_logs
     from airflow.__main__ import main
 

@@ -84,3 +84,21 @@ def stop_group(pid: int, still_running, timeout: float) -> None:
     if still_running():
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
+
+
+def supervise(argv: list[str], *, min_uptime_s: float = 30.0, pause_s: float = 2.0, say=print) -> int:
+    """Run ``argv`` and start it again each time it crashes after running ``min_uptime_s`` or
+    more (a service whose loop died on an error it could not handle); a crash sooner, or an exit
+    with 0, ends the supervision with its code (a start that fails is for the caller to report).
+    Signals that end the supervisor's process group end the service with it."""
+    import subprocess
+    import time
+
+    while True:
+        began = time.monotonic()
+        code = subprocess.call(argv)
+        ran = time.monotonic() - began
+        if code == 0 or code < 0 or ran < min_uptime_s:
+            return code
+        say(f"wavepipe: {' '.join(argv[-2:])} exited with {code} after {ran:.0f}s; starting it again", flush=True)
+        time.sleep(pause_s)
