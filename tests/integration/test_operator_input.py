@@ -177,7 +177,7 @@ def test_offsets_moved_by_someone_else_are_reported_and_idle_runs_keep_one_line(
     code, out, err = cli(settings, "status")
     assert code == 0, err
     assert re.search(r"\n\s+0\s+3\s+3\s+0\s+\S+\s+a commit without wavepipe metadata", out), out
-    assert "run run_of_another_home, which this home" in out
+    assert "run run_of_another_home, which this run state" in out
     code, out, err = cli(settings, "run")
     assert code == 0, (out, err)
     assert "[0] was moved by someone else: from 0 to 3 by a commit without wavepipe metadata" in out

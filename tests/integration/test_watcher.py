@@ -110,7 +110,7 @@ def test_data_starts_a_run_and_data_during_it_one_follow_up_run(airflow, spark):
     # 15-minute clock of the incremental runs stays beside the lag's (unpausing starts no run)
     triggerer_log = local.log_file(settings, "triggerer")
     _wait("the watcher to start", lambda: f"watching group {settings.group!r}" in triggerer_log.read_text())
-    assert f"{DAG_ID}: the clock of the incremental runs" in triggerer_log.read_text()
+    _wait("its clock to start", lambda: f"{DAG_ID}: the clock of the incremental runs" in triggerer_log.read_text())
     before = {r["dag_run_id"] for r in _runs(api)}
 
     first = produce_demo(settings, count=4, target_bytes=64 * 1024)
