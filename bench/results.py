@@ -302,9 +302,9 @@ def _object_store_section(results: dict) -> list[str]:
         "## What object storage costs",
         "",
         "The same ranges run twice in this invocation, one after the other on the warm engine: on local disk, "
-        "then with the staged chunks and the output tables in this machine's S3 store (SeaweedFS on loopback, "
-        "the same disk: no network between them, so this is the cost of the S3 protocol, the uploads and "
-        "S3A's commit, not of a remote store's latency). The run state stays on local disk in both.",
+        "then with the staged chunks, the output tables and the run state in this machine's S3 store (SeaweedFS "
+        "on loopback, the same disk: no network between them, so this is the cost of the S3 protocol, the "
+        "uploads and S3A's commit, not of a remote store's latency).",
         "",
         "| workload | local s | S3 s | S3 / local | added s per run | added s per GiB |",
         "|---|---:|---:|---:|---:|---:|",

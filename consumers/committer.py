@@ -11,7 +11,7 @@ and a retry after a commit that went through publishes nothing twice. A record's
 partition, offset) is dead-lettered on the topic once, whatever rewinds and re-reads happen: per
 partition, the origin offsets whose dead letters are on the topic already are kept as intervals,
 in the committed offset's metadata (written in the same transaction as the dead letters) and in a
-ledger in the run state (``home`` or ``state_uri``) (which survives a rewind or a Kafka tool's reset that drops the metadata);
+ledger in the run state (``home`` or ``state_uri``), which survives a rewind or a Kafka tool's reset that drops the metadata;
 only dead letters outside them are produced.
 """
 

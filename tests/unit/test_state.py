@@ -81,3 +81,22 @@ def test_the_state_is_the_home_unless_state_uri_names_another_place(tmp_path):
         load_settings(home=tmp_path, state_uri="relative/folder")
     with pytest.raises(ValueError, match="state_lease_s"):
         load_settings(home=tmp_path, state_lease_s=1)
+
+
+def test_the_reports_in_the_state_are_listed_oldest_first_and_what_is_not_one_is_skipped(tmp_path):
+    import json
+
+    from wavepipe.contracts.config import load_settings
+    from wavepipe.contracts.runfiles import RunStore
+
+    store = RunStore(load_settings(home=tmp_path))
+    folder = store.settings.reports_dir
+    folder.mkdir()
+    for i, text in enumerate(
+        [json.dumps({"run_id": "b"}), "[1, 2]", "{not json", json.dumps({"run_id": "a"}), json.dumps({"x": 1})]
+    ):
+        path = folder / f"{i}.json"
+        path.write_text(text)
+        os.utime(path, (1000 + i, 1000 + i))
+    (folder / "validation_history.jsonl").write_text("{}\n")
+    assert [r["run_id"] for r in store.reports()] == ["b", "a"]

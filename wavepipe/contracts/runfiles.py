@@ -298,14 +298,15 @@ class RunStore:
             self._put(f"reports/{report['run_id']}.json", report)
 
     def reports(self) -> list[dict]:
-        """Every run's report in the state, oldest first (those not JSON are skipped)."""
+        """Every run's report in the state, oldest first (what is not a report's JSON is skipped)."""
         found = []
         for key, _ in sorted(self.state.listing("reports"), key=lambda entry: entry[1]):
-            if key.endswith(".json"):
-                try:
-                    found.append(self._get(key))
-                except ValueError:
-                    continue
+            try:
+                report = self._get(key) if key.endswith(".json") else None
+            except ValueError:
+                continue
+            if isinstance(report, dict) and isinstance(report.get("run_id"), str):
+                found.append(report)
         return found
 
     def ledger(self, topic: str) -> dict:
