@@ -268,8 +268,8 @@ class ObjectState:
 
 
 class _Answering:
-    """A store whose failures to answer raise ``StorageUnavailableError`` in one line that says
-    what to check (obstore's own message runs to dozens of lines)."""
+    """A store whose failures (no answer, no bucket, refused keys) raise ``StorageUnavailableError``
+    in one line that says what to check (obstore's own message runs to dozens of lines)."""
 
     def __init__(self, store, uri: str):
         self._store, self._uri = store, uri
@@ -278,17 +278,20 @@ class _Answering:
         call = getattr(self._store, name)
 
         def answered(*args, **kwargs):
+            from obstore.exceptions import BaseError
+
             from wavepipe import storage
 
             try:
                 return call(*args, **kwargs)
             except Exception as exc:
-                if not storage.is_storage_error(exc):
+                if not (isinstance(exc, BaseError) or storage.is_storage_error(exc)):
                     raise
                 first = str(exc).splitlines()[0][:300]
                 raise storage.StorageUnavailableError(
-                    f"the run state's object store ({self._uri}) did not answer: {first}. Check the store and the "
-                    "s3_* settings, then run again: the run resumes from its plan and staged files"
+                    f"the run state's object store ({self._uri}) failed: {first}. Check that the store answers and "
+                    "the bucket exists, and the s3_* settings, then run again: the run resumes from its plan and "
+                    "staged files"
                 ) from None
 
         return answered

@@ -479,7 +479,11 @@ class Store:
 
         try:
             return obstore.put(self._store, key, data, mode="create" if etag is None else {"e_tag": etag})["e_tag"]
-        except (AlreadyExistsError, PreconditionError, NotFoundError, FileNotFoundError):
+        except (AlreadyExistsError, PreconditionError):
+            return None
+        except (NotFoundError, FileNotFoundError):  # replaced: the version was removed since; created: no bucket
+            if etag is None:
+                raise
             return None
 
     def get_tagged(self, key: str) -> tuple[bytes, str] | None:

@@ -86,7 +86,9 @@ def _state_on_store(options: S3Options, tmp_path, name: str, **changes):
 
 def test_of_workers_racing_to_claim_one_group_in_the_bucket_exactly_one_wins(options, tmp_path):
     """Six workers (homes apart, the state in one prefix) claim one group at the same instant:
-    one claim is made, the five others are refused naming the run that holds the group."""
+    one claim is made, the five others are refused naming the run that holds the group; their
+    failure lines, added at once, are all kept. A state in a bucket that does not exist fails in
+    a line that names it."""
     from wavepipe.contracts.plan import ActiveRunError
     from wavepipe.contracts.runfiles import RunStore
 
@@ -111,6 +113,10 @@ def test_of_workers_racing_to_claim_one_group_in_the_bucket_exactly_one_wins(opt
     for i in range(len(stores)):  # each failure is kept: no line lost to a concurrent append
         stores[i].record_failure("g", f"run-{i}", "plan", "lost the claim")
     assert sorted(f["run_id"] for f in stores[0].failures("g")) == [f"run-{i}" for i in range(len(stores))]
+    typo = f"s3://no-such-bucket-{time.time_ns()}/state"
+    nowhere = RunStore(_state_on_store(options, tmp_path, "typo", state_uri=typo))
+    with pytest.raises(storage.StorageUnavailableError, match=rf"\({typo}\) failed: .*the bucket exists"):
+        nowhere.reports()  # (SeaweedFS makes a bucket on a first PUT, where AWS answers NoSuchBucket)
 
 
 def test_a_step_lease_in_the_bucket_is_renewed_while_held_and_taken_over_only_once_its_holder_is_gone(
