@@ -374,17 +374,27 @@ def counted_jobs(spark, settings: Settings, into: dict) -> Iterator[None]:
         with contextlib.suppress(Exception):
             spark.removeTag(tag)
         ui = (settings.spark_ui.rstrip("/") or None) if settings.spark_remote else LocalEngine(settings).ui_url()
+        into["jobs"] = _listed_jobs(ui, tag) if ui else None
+
+
+def _listed_jobs(ui: str, tag: str, attempts: int = 3) -> list[dict] | None:
+    """``spark_jobs``, asked again after a failure (a loaded engine's UI answers late); None once
+    every attempt failed."""
+    for attempt in range(1, attempts + 1):
         try:
-            into["jobs"] = spark_jobs(ui, tag) if ui else None
+            return spark_jobs(ui, tag)
         except Exception as exc:
-            log.warning("could not list the step's Spark jobs from %s: %s", ui, exc)
-            into["jobs"] = None
+            log.warning(
+                "could not list the step's Spark jobs from %s (attempt %d of %d): %s", ui, attempt, attempts, exc
+            )
+            time.sleep(attempt)
+    return None
 
 
 def _get_json(url: str):
     import urllib.request
 
-    with urllib.request.urlopen(url, timeout=5) as response:
+    with urllib.request.urlopen(url, timeout=15) as response:
         return json.loads(response.read())
 
 
