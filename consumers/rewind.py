@@ -648,9 +648,20 @@ def format_plan(plan: RewindPlan) -> str:
 
 
 def run_cli(settings: Settings, args) -> int:
-    """``wavepipe rewind``: print the plan; apply it with --execute. 0 ok, 2 refused or bad input."""
+    """``wavepipe rewind``: print the plan; apply it with --execute. 0 ok, 2 refused or bad input.
+    ``--json``: the plan and what happened to it as one document (``rewind_document``) on stdout."""
     topic = args.topic or settings.topic
     group = args.group or settings.group
+    as_json = getattr(args, "json", False)
+    say = (lambda _text: None) if as_json else print
+
+    def told(plan, code: int, applied: dict | None = None, refused: str | None = None) -> int:
+        if as_json:
+            print(
+                json.dumps(rewind_document(plan, args.execute, applied, refused), indent=2, sort_keys=True, default=str)
+            )
+        return code
+
     try:
         target = RewindTarget.from_args(args)
         partitions = parse_partitions(args.partitions)
@@ -660,16 +671,16 @@ def run_cli(settings: Settings, args) -> int:
         return 2
     except RewindRefused as exc:
         if exc.plan is not None:
-            print(format_plan(exc.plan))
+            say(format_plan(exc.plan))
         if args.execute:
             audit_refused(settings, exc, reason=args.reason)
         print(f"{'refused' if args.execute else 'dry run: would be refused'}: {exc}", file=sys.stderr)
         print("nothing changed", file=sys.stderr)
-        return 2
-    print(format_plan(plan))
+        return told(exc.plan, 2, refused=str(exc))
+    say(format_plan(plan))
     if not args.execute:
-        print("dry run: nothing changed; add --execute to apply")
-        return 0
+        say("dry run: nothing changed; add --execute to apply")
+        return told(plan, 0)
     if not args.reason.strip():
         print(
             'wavepipe rewind: --execute needs --reason "..." (kept in the audit record); nothing changed',
@@ -680,13 +691,25 @@ def run_cli(settings: Settings, args) -> int:
         done = execute_rewind(settings, plan, reason=args.reason)
     except RewindRefused as exc:
         print(f"refused: {exc}", file=sys.stderr)
-        return 2
-    print(
+        return told(plan, 2, refused=str(exc))
+    say(
         f"applied rewind {done['id']}: "
         + ", ".join(f"{plan.topic}[{p}] {part['from']} -> {part['to']}" for p, part in done["partitions"].items())
     )
-    print(f"audit: {done['audit_path']}")
-    return 0
+    say(f"audit: {done['audit_path']}")
+    return told(plan, 0, applied=done)
+
+
+def rewind_document(plan: RewindPlan | None, execute: bool, applied: dict | None, refused: str | None) -> dict:
+    """``wavepipe rewind --json``: the plan (None when it could not be made), whether it was to be
+    applied, the applied rewind's record (id, partitions from -> to, audit path) or the refusal."""
+    return {
+        "execute": bool(execute),
+        "outcome": "refused" if refused else "applied" if applied else "dry_run",
+        "plan": None if plan is None else plan_as_dict(plan),
+        "applied": applied,
+        "refused": refused,
+    }
 
 
 def plan_as_dict(plan: RewindPlan) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -141,6 +143,19 @@ def run_cli(settings: Settings, *args: str, failpoints: str | None = None, timeo
     proc = start_cli(settings, *args, failpoints=failpoints)
     out, _ = proc.communicate(timeout=timeout)
     return proc.returncode, out
+
+
+def run_cli_json(settings: Settings, *args: str, timeout: float = 600) -> tuple[int, Any, str]:
+    """``wavepipe <args> --json``: (return code, the JSON document on stdout, stderr)."""
+    proc = start_python(
+        settings,
+        f"import sys; from wavepipe.cli import main; sys.exit(main({[*args, '--json']!r}))",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, (json.loads(out) if out.strip() else None), err
 
 
 def assert_accounted(spark, settings: Settings, report: dict, gaps: bool = False) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import signal
@@ -111,6 +112,8 @@ def cmd_produce(args) -> int:
 
 
 def _print_report(report: dict) -> None:
+    from wavepipe.status import describe_move
+
     t, outcome = report["totals"], report.get("outcome") or {}
     window = report.get("window")
     if report.get("skipped"):
@@ -138,7 +141,7 @@ def _print_report(report: dict) -> None:
     if report.get("new_group_start"):
         print(f"  group {report['group']!r} was new on {report['topic']} and started at {report['new_group_start']}")
     for p, move in sorted((report.get("moved") or {}).items(), key=lambda kv: int(kv[0])):
-        print(f"  {report['topic']}[{p}] was moved by someone else: {_describe_move(move)}")
+        print(f"  {report['topic']}[{p}] was moved by someone else: {describe_move(move)}")
     for p, part in sorted(report["partitions"].items(), key=lambda kv: int(kv[0])):
         commit = report.get("commit", {}).get(p, {})
         if report.get("window"):
@@ -167,18 +170,6 @@ def _print_report(report: dict) -> None:
         print("no report for an idle run (`wavepipe status` counts them)")
 
 
-def _describe_move(move: dict) -> str:
-    """One moved partition in words: from where to where, by whom, what is skipped or re-read."""
-    what = (
-        f"offsets [{move['skipped'][0]}, {move['skipped'][1]}) were skipped here"
-        if move.get("skipped")
-        else f"offsets [{move['reread'][0]}, {move['reread'][1]}) are read again"
-        if move.get("reread")
-        else "its committed offset was removed"
-    )
-    return f"from {move['from']} to {move['to']} by {move['by']}; {what}"
-
-
 def cmd_run(args) -> int:
     from wavepipe.contracts.plan import RunRequest
     from wavepipe.pipeline import ValidationFailedError, run_once
@@ -201,7 +192,10 @@ def cmd_run(args) -> int:
     except ValidationFailedError as exc:
         print(f"wavepipe run: {exc}", file=sys.stderr)
         return EXIT_VALIDATION
-    _print_report(report)
+    if args.json:
+        print(_as_json(report))
+    else:
+        _print_report(report)
     return EXIT_OK
 
 
@@ -259,122 +253,14 @@ def cmd_abandon(args) -> int:
 
 def cmd_status(args) -> int:
     """Like ``kafka-consumer-groups --describe``: per partition the committed offset, the end, the
-    lag, the chunks pending there and any move by someone else; then runs and validation."""
-    from confluent_kafka.admin import OffsetSpec
-
-    from wavepipe.consumers.kafka_admin import committed_positions, list_offsets, partitions_of
-    from wavepipe.consumers.planner import lanes as lanes_of
-    from wavepipe.consumers.planner import new_group_message, offsets_moved
-    from wavepipe.contracts.report import validation_trend
-    from wavepipe.contracts.runfiles import RunStore
+    lag, the chunks pending there and any move by someone else; then runs and validation
+    (``wavepipe.status``; ``--json``: that document)."""
+    from wavepipe.status import group_status, status_lines
 
     settings = _settings(args)
-    topic, group = args.topic or settings.topic, args.group or settings.group
-    store = RunStore(settings)
-    parts = partitions_of(settings, topic)
-    positions = committed_positions(settings, group, topic, parts)
-    committed = {p: offset for p, (offset, _) in positions.items()}
-    if all(offset is None for offset in committed.values()) and store.active_run(group) is None:
-        print(f"wavepipe status: {new_group_message(settings, group, topic)}", file=sys.stderr)
-        return EXIT_USAGE
-    ends = list_offsets(settings, topic, parts, OffsetSpec.latest())
-    lanes = lanes_of(group)
-    reports = [rep for rep in store.reports() if rep.get("group") in lanes and rep.get("topic", topic) == topic]
-    # pending waveforms wait right after the committed offset: the last committed run's report
-    # names them, if the group is still where that run left it (else a rewind or another tool
-    # moved it and they are unknown until the next run)
-    last = next((rep for rep in reversed(reports) if rep.get("group") == group and rep.get("commit")), None)
-    moved = offsets_moved(store, store.previous_ranges(group, topic), positions)
-    print(f"group {group!r} on {topic} ({settings.bootstrap_servers})")
-    rows = [("PARTITION", "CURRENT-OFFSET", "LOG-END-OFFSET", "LAG", "PENDING-CHUNKS", "MOVED-BY")]
-    for p in parts:
-        part = (last or {}).get("partitions", {}).get(str(p), {})
-        after = (last or {}).get("commit", {}).get(str(p), {}).get("after")
-        pending = str(part.get("pending", 0)) if last and after == committed[p] else "?"
-        lag = "-" if committed[p] is None else str(ends[p] - committed[p])
-        rows.append(
-            (
-                str(p),
-                "-" if committed[p] is None else str(committed[p]),
-                str(ends[p]),
-                lag,
-                pending,
-                moved[p]["by"] if p in moved else "-",
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for r in rows:
-        print("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
-    for p, move in sorted(moved.items()):
-        print(f"moved since this home's last commit: {topic}[{p}] {_describe_move(move)}")
-    if last and last.get("waveforms", {}).get("pending"):
-        print(f"pending waveforms after run {last['run_id']}: {last['waveforms']['pending']}")
-    for lane in lanes:
-        active = store.active_run(lane)
-        print(f"active {'backfill ' if lane != group else ''}run: {active or 'none'}")
-    runs = _last_runs(settings, reports, [f for lane in lanes for f in store.failures(lane)])
-    if runs:
-        print("last runs:")
-    for line in runs:
-        print(f"  {line}")
-    print(_engine_line(settings))
-    idle = store.idle_runs(group)
-    if idle:
-        print(
-            f"idle runs (nothing new to read) since the last run that read something: {idle['count']}, "
-            f"from {idle['first_at']} to {idle['last_at']} (last: {idle['last_run_id']})"
-        )
-    trend = validation_trend(settings, groups=lanes)
-    if trend:
-        passed = sum(1 for e in trend if e["success"])
-        print(
-            f"validation, last {len(trend)} attempts: {passed} passed, {len(trend) - passed} failed "
-            f"(oldest first: {''.join('+' if e['success'] else 'x' for e in trend)})"
-        )
-        for e in trend[-5:]:
-            failed = f"; failed: {', '.join(e['failed_expectations'])}" if e["failed_expectations"] else ""
-            print(
-                f"  {e['checked_at']} {e['run_id']}: {'passed' if e['success'] else 'FAILED'}, "
-                f"{e['waveforms']} waveforms, {e['evaluated']} expectations{failed}"
-            )
+    doc = group_status(settings, args.topic or settings.topic, args.group or settings.group)
+    print(_as_json(doc) if args.json else "\n".join(status_lines(doc)))
     return EXIT_OK
-
-
-def _last_runs(settings, reports: list[dict], failures: list[dict], last: int = 8) -> list[str]:
-    """The ``last`` runs, oldest first, each by its latest outcome: its report (committed, or a
-    window replaced) or the step that failed and why."""
-    latest: dict[str, tuple[str, str]] = {}
-    for at, run_id, line in sorted(
-        [(rep.get("reported_at", ""), rep["run_id"], _report_line(settings, rep)) for rep in reports]
-        + [(f["at"], f["run_id"], f"FAILED at {f['step']}: {f['reason']}") for f in failures]
-    ):
-        latest[run_id] = (at, line)
-    return [f"{run_id}: {line}" for run_id, (_, line) in sorted(latest.items(), key=lambda kv: kv[1][0])[-last:]]
-
-
-def _report_line(settings, rep: dict) -> str:
-    from wavepipe.contracts.runfiles import html_path
-
-    page = html_path(settings, rep["run_id"])
-    outcome = rep.get("status") or ("committed" if rep.get("commit") else "?")
-    if rep.get("window"):
-        outcome += f" [{rep['window']['start']}, {rep['window']['end']})"
-    return (
-        f"{outcome}; {rep['totals']['output']} chunks out, {rep['totals']['pending']} pending, "
-        f"{rep['totals']['quarantined']} quarantined, {rep['totals']['dead_letter']} dead-lettered; "
-        + (f"file://{page}" if page.exists() else "its page is on the worker that ran it")
-    )
-
-
-def _engine_line(settings) -> str:
-    """Where the runs' Spark work goes, and this home's engine's state (no call to a remote one)."""
-    if settings.spark_engine == "submit":
-        return f"Spark: a spark-submit app per step, master {settings.spark_master}"
-    if settings.spark_remote:
-        return f"Spark: the Spark Connect server {redact_url(settings.spark_remote)}"
-    from wavepipe.local.engine import LocalEngine
-
-    return LocalEngine(settings).status()
 
 
 def cmd_table(args) -> int:
@@ -391,11 +277,15 @@ def cmd_table(args) -> int:
             ("--days", args.days, ("optimize",)),
             ("--retention-hours", args.retention_hours, ("vacuum",)),
             ("--dry-run", args.dry_run, ("vacuum", "repair")),
+            ("--json", args.json, ("status",)),
         )
         if value not in (None, False) and args.action not in actions
     ]
     if wrong:
         raise UsageError(f"{', '.join(wrong)}: not an option of `table {args.action}`")
+    if args.action == "status" and args.json:
+        print(_as_json([dataclasses.asdict(t) for t in maintenance.status(settings, tables)]))
+        return 0
     if args.action == "status":
         print(
             f"{'table':<12} {'version':>7} {'rows':>8} {'files':>6} {'MB':>9} {'partitions':>10} "
@@ -656,6 +546,19 @@ is safe); 2 a flag, setting or name is wrong (nothing ran); 3 the output failed 
 was published, no offset moved)"""
 
 
+def _json_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help=f'print {what} as one JSON document on stdout (keys: docs/operations.md, "Scripting"); '
+        "messages and progress stay on stderr",
+    )
+
+
+def _as_json(doc) -> str:
+    return json.dumps(doc, indent=2, sort_keys=True, default=str)
+
+
 def _waveform_options(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--count", type=_positive, default=24, help=f"{what} (default 24)")
     parser.add_argument(
@@ -754,6 +657,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="reprocess the time window [START, END) (ISO-8601, UTC if no zone) instead of continuing "
         "from the group's offsets: its output is replaced, no offset is committed",
     )
+    _json_flag(r, "the run's report")
     r.set_defaults(func=cmd_run)
 
     f = sub.add_parser(
@@ -781,6 +685,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status", help="committed offsets, lag and recent runs of a group")
     s.add_argument("--topic", help="default: config `topic`")
     s.add_argument("--group", help="default: config `group`")
+    _json_flag(s, "the group's status")
     s.set_defaults(func=cmd_status)
 
     tb = sub.add_parser(
@@ -806,6 +711,7 @@ def build_parser() -> argparse.ArgumentParser:
     tb.add_argument(
         "--dry-run", action="store_true", help="vacuum, repair: say what it would delete or change, change nothing"
     )
+    _json_flag(tb, "status: the tables' state")
     tb.set_defaults(func=cmd_table)
 
     rw = sub.add_parser("rewind", help="move a group's committed offsets (dry run unless --execute)")
@@ -826,6 +732,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="accept a target outside what the topic retains (clamped to the retained range)",
     )
     rw.add_argument("--reason", default="", help="why: kept in the audit record")
+    _json_flag(rw, "the rewind's plan and outcome")
     rw.set_defaults(func=cmd_rewind)
 
     af = sub.add_parser("airflow", help="Airflow on this machine (api-server, scheduler, dag-processor, triggerer)")

@@ -18,6 +18,7 @@ from tests.helpers import (
     output_rows,
     produce_in_order,
     run_cli,
+    run_cli_json,
     waveform_records,
 )
 from wavepipe import pipeline
@@ -164,6 +165,18 @@ def test_cli_dry_run_changes_nothing_and_execute_applies_and_audits(settings):
 
     code, out = run_cli(settings, "rewind", "--by-duration", "2 hours")
     assert code == 2 and "duration '2 hours' is not understood" in out
+
+    # --json: the plan and its outcome as one document, dry run and applied alike
+    code, doc, err = run_cli_json(settings, "rewind", "--to-earliest", "--partitions", "1")
+    assert code == 0, err
+    assert (doc["outcome"], doc["execute"], doc["applied"]) == ("dry_run", False, None)
+    assert [(p["partition"], p["committed"], p["final"]) for p in doc["plan"]["partitions"]] == [(1, 3, 0)], doc["plan"]
+    code, doc, err = run_cli_json(
+        settings, "rewind", "--to-earliest", "--partitions", "1", "--execute", "--reason", "json"
+    )
+    assert code == 0 and doc["outcome"] == "applied", (err, doc)
+    assert doc["applied"]["partitions"]["1"] == {**doc["applied"]["partitions"]["1"], "from": 3, "to": 0}
+    assert _committed(settings, (0, 1)) == {0: 3, 1: 0}
 
 
 def test_refused_while_the_group_has_a_live_member(settings):

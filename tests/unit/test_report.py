@@ -145,7 +145,7 @@ def test_window_runs_account_for_other_windows_records():
 
 
 def test_status_lists_each_run_by_its_latest_outcome_failed_ones_with_their_reason(tmp_path):
-    from wavepipe.cli import _last_runs
+    from wavepipe.status import last_runs, run_line
 
     settings = load_settings(home=tmp_path)
     (settings.reports_dir).mkdir()
@@ -162,7 +162,7 @@ def test_status_lists_each_run_by_its_latest_outcome_failed_ones_with_their_reas
         }
 
     window = {"start": "2026-11-25T10:00:00+00:00", "end": "2026-11-25T10:15:00+00:00"}
-    lines = _last_runs(
+    runs = last_runs(
         settings,
         [report("a", "2026-11-25T11:00"), report("w", "2026-11-25T11:20", status="window_replaced", window=window)],
         [
@@ -170,7 +170,13 @@ def test_status_lists_each_run_by_its_latest_outcome_failed_ones_with_their_reas
             {"run_id": "b", "step": "validate", "reason": "2 expectations failed", "at": "2026-11-25T11:30"},
         ],
     )
-    assert lines == [
+    # --json gives the entries, the text their lines
+    assert [(r["run_id"], r["outcome"], r.get("page")) for r in runs] == [
+        ("a", "committed", str(settings.reports_dir / "a.html")),
+        ("w", "window_replaced", None),
+        ("b", "failed", None),
+    ]
+    assert [run_line(r) for r in runs] == [
         f"a: committed; 3 chunks out, 0 pending, 0 quarantined, 0 dead-lettered; file://{settings.reports_dir}/a.html",
         "w: window_replaced [2026-11-25T10:00:00+00:00, 2026-11-25T10:15:00+00:00); 3 chunks out, 0 pending, "
         "0 quarantined, 0 dead-lettered; its page is on the worker that ran it",  # its retry succeeded after the failure
