@@ -29,6 +29,9 @@ from airflow.sdk import (
 
 from wavepipe.consumers.lag import Thresholds
 from wavepipe.contracts.config import check_settings, load_settings
+from wavepipe.contracts.errors import did_you_mean
+from wavepipe.plugins import dag_docs
+from wavepipe.plugins.assets import topic_asset
 from wavepipe.plugins.hooks import SPARK_CONN_ID, WavepipeHook
 from wavepipe.plugins.maintenance import OptimizeTablesOperator, VacuumTablesOperator
 from wavepipe.plugins.operators import (
@@ -107,7 +110,7 @@ def _lag_asset(dag_id: str, topic: str | None, group: str | None, common: Mappin
     )
     return Asset(
         name=f"{dag_id}__lag",
-        uri=f"x-wavepipe://lag/{dag_id}",
+        uri=topic_asset(resolved.bootstrap_servers, topic, group).uri,
         extra={"topic": topic, "group": group, "fires_on": thresholds.describe()},
         watchers=[AssetWatcher(name=f"{dag_id}__lag", trigger=trigger)],
     )
@@ -139,20 +142,81 @@ def _ingest_schedule(dag_id: str, schedule: Any, lag_asset: Asset | None) -> Any
     )
 
 
+#: Task options the factories set themselves, per task (the wiring depends on them).
+_OWN_TASK_OPTIONS = frozenset(
+    {
+        "task_id",
+        "dag",
+        "task_group",
+        "params",
+        "inlets",
+        "outlets",
+        "trigger_rule",
+        "map_index_template",
+        "do_xcom_push",
+        "multiple_outputs",
+        "default_args",
+        "kwargs",
+        "self",
+    }
+)
+#: DAG options that would break a wavepipe DAG, and why.
+_OWN_DAG_OPTIONS = {
+    "params": "its params are the runs' (topic, group, caps, window): a run's conf gives their values",
+    "max_active_runs": "one run at a time holds a pipeline's consumer group",
+    "catchup": "an incremental run reads everything new; reprocess past windows with a backfill",
+    "default_args": "give them as the factory's default_args",
+}
+
+
+def task_defaults(dag_id: str, ours: Mapping[str, Any], theirs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The DAG's ``default_args``: the factory's (``ours``), under the DAG file's (``theirs``:
+    ``owner``, ``pool``, ``queue``, ``execution_timeout``, ``on_failure_callback``, ... any
+    ``BaseOperator`` argument but those the factory wires itself). A name that is no task option
+    is refused, with the closest ones: Airflow would drop it silently."""
+    import inspect
+
+    from airflow.sdk import BaseOperator
+
+    options = set(inspect.signature(BaseOperator.__init__).parameters) - _OWN_TASK_OPTIONS
+    theirs = dict(theirs or {})
+    for name in sorted(set(theirs) - options):
+        why = (
+            "the DAG sets it on each task itself"
+            if name in _OWN_TASK_OPTIONS
+            else f"it is not a task option{did_you_mean(name, options)}"
+        )
+        raise ValueError(f"{dag_id}: default_args[{name!r}]: {why}")
+    return {**ours, **theirs}
+
+
+def dag_options(dag_id: str, ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``DAG`` arguments: the factory's, with the DAG file's other keyword arguments over them
+    (``description``, ``doc_md``, ``dagrun_timeout``, ``owner_links``, ...), but none that would
+    break the pipeline (``_OWN_DAG_OPTIONS``, refused with the reason)."""
+    for name in sorted(set(theirs) & set(_OWN_DAG_OPTIONS)):
+        raise ValueError(f"{dag_id}: {name} is the factory's to set: {_OWN_DAG_OPTIONS[name]}")
+    return {**ours, **theirs}
+
+
 def _dag(
     dag_id: str,
     topic: str | None,
     group: str | None,
-    description: str,
+    summary: str,
     *,
-    params: dict[str, Param],
+    run_params: dict[str, Param],
     tags: list[str] | None,
+    defaults: Mapping[str, Any],
+    default_args: Mapping[str, Any] | None,
+    doc_md: str,
     **kwargs: Any,
 ) -> DAG:
-    """A wavepipe DAG: one run at a time, no catchup, the ``topic`` and ``group`` params first."""
+    """A wavepipe DAG: one run at a time, no catchup, the ``topic`` and ``group`` params first;
+    the DAG file's ``default_args`` over the factory's ``defaults``, its DAG options over ours."""
+    own = {"description": summary, "doc_md": doc_md, "tags": tags if tags is not None else ["wavepipe"]}
     return DAG(
         dag_id=dag_id,
-        description=description,
         catchup=False,
         max_active_runs=1,
         params={
@@ -164,10 +228,10 @@ def _dag(
                 type=["null", "string"],
                 description="Consumer group whose offsets are the progress (default: config `group`)",
             ),
-            **params,
+            **run_params,
         },
-        tags=tags if tags is not None else ["wavepipe"],
-        **kwargs,
+        default_args=task_defaults(dag_id, defaults, default_args),
+        **dag_options(dag_id, own, kwargs),
     )
 
 
@@ -181,8 +245,9 @@ def wavepipe_ingest_dag(
     kafka_conn_id: str = WavepipeHook.default_conn_name,
     spark_conn_id: str = SPARK_CONN_ID,
     start_date: datetime = START_DATE,
-    retries: int = 2,
+    retries: int | None = None,
     tags: list[str] | None = None,
+    default_args: Mapping[str, Any] | None = None,
     watch_records: int | None = None,
     watch_bytes: int | None = None,
     watch_max_delay_s: float | None = None,
@@ -222,6 +287,10 @@ def wavepipe_ingest_dag(
     lag_asset = _lag_asset(dag_id, topic, group, common)
     # a run that a cap cut short queues its follow-up through this alias
     follow_up = {"follow_up": lag_asset, "outlets": [AssetAlias(f"{dag_id}__follow_up")]} if lag_asset else {}
+    # the tables a committed run put rows in get their events through this one
+    follow_up["published"] = AssetAlias(f"{dag_id}__published")
+    resolved = load_settings(**common["settings_overrides"])
+    reads = {"inlets": [topic_asset(resolved.bootstrap_servers, topic or resolved.topic)]}
     with _dag(
         dag_id,
         topic,
@@ -230,8 +299,10 @@ def wavepipe_ingest_dag(
         schedule=_ingest_schedule(dag_id, schedule, lag_asset),
         start_date=start_date,
         tags=tags,
-        default_args={"retries": retries, "retry_delay": timedelta(seconds=15)},
-        params={
+        defaults={"retries": _retries(dag_id, retries, default_args), "retry_delay": timedelta(seconds=15)},
+        default_args=default_args,
+        doc_md=dag_docs.INGEST,
+        run_params={
             "max_records": _optional(
                 "integer", "Cap: records per partition in this run", minimum=1, section=SINGLE_RUNS_ONLY
             ),
@@ -264,29 +335,53 @@ def wavepipe_ingest_dag(
         },
         **dag_kwargs,
     ) as dag:
-        resolved = load_settings(**common["settings_overrides"])
+        docs = dag_docs.TASKS
         if resolved.follow_s:  # micro-batches back to back in one long task, however a DAG run starts
             FollowOperator(
-                task_id="follow", follow_s=resolved.follow_s, poll_s=resolved.watch_poll_s, **follow_up, **common
+                task_id="follow",
+                follow_s=resolved.follow_s,
+                poll_s=resolved.watch_poll_s,
+                doc_md=docs["follow"],
+                **reads,
+                **follow_up,
+                **common,
             )
             return dag
         if (lag_asset is not None) if single_task is None else single_task:
-            RunOperator(task_id="run", **follow_up, **common)  # its arguments: the run's params, typed
+            # its arguments: the run's params, typed
+            RunOperator(task_id="run", doc_md=docs["run"], **reads, **follow_up, **common)
             return dag
-        plan = PlanOperator(task_id="plan", **common)  # its arguments: the run's params, typed
+        # its arguments: the run's params, typed
+        plan = PlanOperator(task_id="plan", doc_md=docs["plan"], **reads, **common)
         consume = ConsumeOperator.partial(
             task_id="consume",
             map_index_template="{{ task.partitions_label }}",
+            doc_md=docs["consume"],
             **common,
         ).expand(partitions=plan.output)
         # an event-driven run validates and publishes in its reassembly's Spark session (fresher)
         reassemble = ReassembleOperator(
-            task_id="reassemble", trigger_rule=TriggerRule.NONE_FAILED, validate=bool(lag_asset), **common
+            task_id="reassemble",
+            trigger_rule=TriggerRule.NONE_FAILED,
+            validate=bool(lag_asset),
+            doc_md=docs["reassemble"],
+            **common,
         )
-        validate = ValidateOperator(task_id="validate", trigger_rule=TriggerRule.NONE_FAILED, **common)
-        commit = CommitOperator(task_id="commit", trigger_rule=TriggerRule.NONE_FAILED, **follow_up, **common)
+        validate = ValidateOperator(
+            task_id="validate", trigger_rule=TriggerRule.NONE_FAILED, doc_md=docs["validate"], **common
+        )
+        commit = CommitOperator(
+            task_id="commit", trigger_rule=TriggerRule.NONE_FAILED, doc_md=docs["commit"], **follow_up, **common
+        )
         plan >> consume >> reassemble >> validate >> commit
     return dag
+
+
+def _retries(dag_id: str, retries: int | None, default_args: Mapping[str, Any] | None) -> int:
+    """The ingest tasks' retries: the factory's ``retries`` or ``default_args``'s (not both), else 2."""
+    if retries is not None and "retries" in (default_args or {}):
+        raise ValueError(f"{dag_id}: give retries as the factory's argument or in default_args, not both")
+    return 2 if retries is None else retries
 
 
 def wavepipe_rewind_dag(
@@ -299,6 +394,7 @@ def wavepipe_rewind_dag(
     spark_conn_id: str = SPARK_CONN_ID,
     start_date: datetime = START_DATE,
     tags: list[str] | None = None,
+    default_args: Mapping[str, Any] | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
     """The rewind DAG: manual only, a dry run unless ``execute`` (with a reason); every applied
@@ -315,8 +411,10 @@ def wavepipe_rewind_dag(
         schedule=None,
         start_date=start_date,
         tags=tags,
-        default_args={"retries": 0},
-        params={
+        defaults={"retries": 0},
+        default_args=default_args,
+        doc_md=dag_docs.REWIND,
+        run_params={
             "partitions": Param(
                 "",
                 type=["null", "string"],
@@ -349,7 +447,9 @@ def wavepipe_rewind_dag(
         },
         **dag_kwargs,
     ) as dag:
-        RewindOperator(task_id="rewind", **common)  # its arguments: the run's params, typed
+        RewindOperator(
+            task_id="rewind", doc_md=dag_docs.TASKS["rewind"], **common
+        )  # its arguments: the run's params, typed
     return dag
 
 
@@ -364,6 +464,7 @@ def wavepipe_maintenance_dag(
     spark_conn_id: str = SPARK_CONN_ID,
     start_date: datetime = START_DATE,
     tags: list[str] | None = None,
+    default_args: Mapping[str, Any] | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
     """The maintenance DAG: optimize (compact the output tables' partitions that hold more than one
@@ -375,15 +476,19 @@ def wavepipe_maintenance_dag(
     if days is not None and (isinstance(days, bool) or not isinstance(days, int) or days < 0):
         raise ValueError(f"{dag_id}: days must be None (every partition) or 0 or more, got {days!r}")
     common = _pipeline({}, settings, kafka_conn_id=kafka_conn_id, spark_conn_id=spark_conn_id)
+    own = {
+        "description": "Output tables: compact (OPTIMIZE, clustered by source and start time) -> VACUUM old files",
+        "doc_md": dag_docs.MAINTENANCE,
+        "tags": tags if tags is not None else ["wavepipe"],
+    }
     with DAG(
         dag_id=dag_id,
-        description="Output tables: compact (OPTIMIZE, clustered by source and start time) -> VACUUM old files",
         schedule=schedule,
         start_date=start_date,
         catchup=False,
         max_active_runs=1,
-        tags=tags if tags is not None else ["wavepipe"],
-        default_args={"retries": 1, "retry_delay": timedelta(minutes=5)},
+        default_args=task_defaults(dag_id, {"retries": 1, "retry_delay": timedelta(minutes=5)}, default_args),
+        **dag_options(dag_id, own, dag_kwargs),
         params={
             "tables": Param(
                 "",
@@ -410,9 +515,8 @@ def wavepipe_maintenance_dag(
             ),
             "dry_run": Param(False, type="boolean", description="VACUUM only counts what it would delete"),
         },
-        **dag_kwargs,
     ) as dag:
-        optimize = OptimizeTablesOperator(task_id="optimize", **common)
-        vacuum = VacuumTablesOperator(task_id="vacuum", **common)
+        optimize = OptimizeTablesOperator(task_id="optimize", doc_md=dag_docs.TASKS["optimize"], **common)
+        vacuum = VacuumTablesOperator(task_id="vacuum", doc_md=dag_docs.TASKS["vacuum"], **common)
         optimize >> vacuum
     return dag

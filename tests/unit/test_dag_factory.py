@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from wavepipe.contracts.config import SettingsError
+from wavepipe.contracts.config import SettingsError, load_settings
 from wavepipe.plugins.airflow_dags import SINGLE_RUNS_ONLY
 
 
@@ -18,9 +18,26 @@ def test_the_dag_folder_imports_with_its_wiring():
 
     bag = DagBag(dag_folder=str(DAGS_FOLDER))
     assert bag.import_errors == {}
-    assert sorted(bag.dags) == ["wavepipe_ingest", "wavepipe_maintenance", "wavepipe_rewind"]
+    assert sorted(bag.dags) == [
+        "wavepipe_ingest",
+        "wavepipe_maintenance",
+        "wavepipe_rewind",
+        "wavepipe_waveforms_summary",
+    ]
     dag = bag.dags["wavepipe_ingest"]
     assert [t.task_id for t in dag.topological_sort()] == ["plan", "consume", "reassemble", "validate", "commit"]
+    # every DAG and task says in the UI what it does
+    assert all(d.doc_md for d in bag.dags.values()) and all(t.doc_md for d in bag.dags.values() for t in d.tasks)
+    # the plan reads the topic (named as the apache-kafka provider names it); the commit emits the
+    # tables' events through an alias, the downstream example runs on the waveforms table
+    settings = load_settings()
+    assert [a.uri for a in dag.get_task("plan").inlets] == [
+        f"kafka://{settings.bootstrap_servers.split(',')[0]}/{settings.topic}"
+    ]
+    assert [o.name for o in dag.get_task("commit").outlets] == ["wavepipe_ingest__published"]
+    downstream = bag.dags["wavepipe_waveforms_summary"]
+    (asset,) = downstream.timetable.asset_condition.objects
+    assert asset.uri == Path(settings.output_table).resolve().as_uri()
     assert dag.max_active_runs == 1 and not dag.catchup
     assert set(dag.params) == {
         "topic",
@@ -190,3 +207,55 @@ def test_which_window_a_run_reprocesses(run_type, window, expected):
     else:
         with pytest.raises(AirflowFailException, match=expected):
             run_window(context, *window)
+
+
+def _on_failure(context):  # a DAG file's callback
+    pass
+
+
+def test_a_dag_files_default_args_and_dag_options_reach_every_task():
+    from datetime import timedelta
+
+    from wavepipe.plugins.airflow_dags import wavepipe_ingest_dag, wavepipe_maintenance_dag, wavepipe_rewind_dag
+
+    options = {
+        "owner": "seis",
+        "pool": "seismic",
+        "queue": "spark-side",
+        "execution_timeout": timedelta(minutes=20),
+        "on_failure_callback": _on_failure,
+    }
+    dag = wavepipe_ingest_dag("seis", default_args=options, description="Seismic", dagrun_timeout=timedelta(hours=1))
+    assert dag.description == "Seismic" and dag.dagrun_timeout == timedelta(hours=1) and dag.max_active_runs == 1
+    for task in dag.tasks:
+        assert (task.owner, task.pool, task.queue, task.execution_timeout) == (
+            "seis",
+            "seismic",
+            "spark-side",
+            timedelta(minutes=20),
+        ), task.task_id
+        assert task.on_failure_callback == [_on_failure] and task.retries == 2  # ours, where theirs is silent
+    assert wavepipe_ingest_dag("seis", default_args={"retries": 5}).get_task("plan").retries == 5
+    for factory in (wavepipe_rewind_dag, wavepipe_maintenance_dag):
+        assert {t.owner for t in factory(default_args={"owner": "ops"}).tasks} == {"ops"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (
+            {"default_args": {"excution_timeout": 60}},
+            r"default_args\['excution_timeout'\]: it is not a task option; did you mean 'execution_timeout'",
+        ),
+        ({"default_args": {"trigger_rule": "all_done"}}, "the DAG sets it on each task itself"),
+        ({"default_args": {"retries": 1}, "retries": 3}, "not both"),
+        ({"max_active_runs": 2}, "one run at a time holds a pipeline's consumer group"),
+        ({"catchup": True}, "backfill"),
+        ({"params": {}}, "params are the runs'"),
+    ],
+)
+def test_task_and_dag_options_that_would_be_dropped_or_break_the_pipeline_are_refused(kwargs, match):
+    from wavepipe.plugins.airflow_dags import wavepipe_ingest_dag
+
+    with pytest.raises(ValueError, match=match):
+        wavepipe_ingest_dag("seis", **kwargs)

@@ -47,11 +47,14 @@ def airflow_env(settings: Settings) -> dict[str, str]:
     }
 
 
-def _airflow(settings: Settings, *args: str, capture: bool = False) -> subprocess.CompletedProcess:
+def _airflow(
+    settings: Settings, *args: str, capture: bool = False, dags_folder: Path | None = None
+) -> subprocess.CompletedProcess:
     airflow = Path(sys.executable).parent / "airflow"
-    return subprocess.run(
-        [str(airflow), *args], env=airflow_env(settings), text=True, capture_output=capture, check=False
-    )
+    env = airflow_env(settings)
+    if dags_folder is not None:
+        env["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags_folder)
+    return subprocess.run([str(airflow), *args], env=env, text=True, capture_output=capture, check=False)
 
 
 def ensure_db(settings: Settings) -> None:
@@ -68,15 +71,16 @@ def ensure_db(settings: Settings) -> None:
 
 
 def dags_test(
-    settings: Settings, dag_id: str, conf: dict | None = None, *, capture: bool = False
+    settings: Settings, dag_id: str, conf: dict | None = None, *, capture: bool = False, dag_file: Path | None = None
 ) -> subprocess.CompletedProcess:
     """Run one DAG run in this machine's Airflow (``airflow dags test``); raise if it fails, unless
-    ``capture`` (then the caller reads the task logs from the result's output)."""
+    ``capture`` (then the caller reads the task logs from the result's output). ``dag_file``: the
+    DAG's file, when it is not one of the package's (its folder is then the DAG folder)."""
     ensure_db(settings)
-    args = ["dags", "test", dag_id]
+    args = ["dags", "test", dag_id, *(["--dagfile-path", str(dag_file)] if dag_file else [])]
     if conf:
         args += ["-c", json.dumps(conf)]
-    result = _airflow(settings, *args, capture=capture)
+    result = _airflow(settings, *args, capture=capture, dags_folder=dag_file.parent if dag_file else None)
     if capture:
         return result
     if result.returncode != 0:
