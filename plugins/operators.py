@@ -24,6 +24,7 @@ from wavepipe.contracts.config import SettingsError, check_settings
 from wavepipe.contracts.errors import UsageError, did_you_mean
 from wavepipe.contracts.plan import ActiveRunError, as_utc, parse_datetime
 from wavepipe.contracts.steps import to_record
+from wavepipe.plugins.assets import published_extra, table_assets
 from wavepipe.plugins.hooks import SPARK_CONN_ID, WavepipeHook
 
 #: Seconds between a waiting window run's attempts to take its group's backfill lane.
@@ -327,15 +328,22 @@ class ValidateOperator(WavepipeOperator):
 class CommitOperator(WavepipeOperator):
     """Commit the safe offsets once the output is validated and published, and write the run report.
 
-    ``follow_up``: the asset an event-driven DAG runs on (its outlets then hold an ``AssetAlias``):
-    when a cap left records the run's plan saw (on the watched topic and group), an event for it
-    queues one follow-up run, while this run still holds the DAG's one active slot. Records newer
-    than the plan are the watcher's to judge against its thresholds."""
+    ``published``: an ``AssetAlias`` through which, once the offsets are committed, an event goes
+    to each output table the run put rows in (``wavepipe.plugins.assets``: the table's asset, with
+    the run id, rows and table version as its extra), so a DAG scheduled on the waveforms table
+    runs once per run that published waveforms, never for an idle run.
 
-    def __init__(self, *, follow_up: Asset | None = None, **kwargs):
+    ``follow_up``: the asset an event-driven DAG runs on (its outlets then hold an ``AssetAlias``
+    for it): when a cap left records the run's plan saw (on the watched topic and group), an event
+    for it queues one follow-up run, while this run still holds the DAG's one active slot. Records
+    newer than the plan are the watcher's to judge against its thresholds."""
+
+    def __init__(self, *, follow_up: Asset | None = None, published: AssetAlias | None = None, **kwargs):
         super().__init__(**kwargs)
-        self.follow_up = follow_up
-        aliases = [o for o in self.outlets if isinstance(o, AssetAlias)]
+        self.follow_up, self.published = follow_up, published
+        if published is not None and published not in self.outlets:
+            self.outlets = [*self.outlets, published]
+        aliases = [o for o in self.outlets if isinstance(o, AssetAlias) and o != published]
         if follow_up is not None and len(aliases) != 1:
             raise ValueError(
                 f"{self.task_id}: follow_up needs exactly one AssetAlias among the outlets to emit its event "
@@ -344,11 +352,12 @@ class CommitOperator(WavepipeOperator):
 
     def execute(self, context) -> str:
         settings = self.settings()
-        return self.committed(context, pipeline.commit_step(settings, self.run_id(settings, context)))
+        return self.committed(context, pipeline.commit_step(settings, self.run_id(settings, context)), settings)
 
-    def committed(self, context, report: dict) -> str | None:
-        """After the run's commit: a follow-up queued when a cap left records, the report in the
-        log. Returns the report page's path."""
+    def committed(self, context, report: dict, settings) -> str | None:
+        """After the run's commit: its tables' asset events, a follow-up queued when a cap left
+        records, the report in the log. Returns the report page's path."""
+        self._announce(context, report, settings)
         left = 0 if report.get("window") else pipeline.left_by_cap(report)
         watched = self.follow_up is not None and (report.get("topic"), report.get("group")) == (
             self.follow_up.extra.get("topic"),
@@ -356,7 +365,7 @@ class CommitOperator(WavepipeOperator):
         )
         if watched and left:
             # newer records are the watcher's to judge against its thresholds
-            (alias,) = [o for o in self.outlets if isinstance(o, AssetAlias)]
+            (alias,) = [o for o in self.outlets if isinstance(o, AssetAlias) and o != self.published]
             context["outlet_events"][alias].add(self.follow_up, extra={"left_by_cap": left})
             self.log.info("a cap left %d records this run's plan saw: a follow-up run is queued", left)
         if report.get("report_html"):
@@ -369,6 +378,17 @@ class CommitOperator(WavepipeOperator):
             )
         self.log.info("totals: %s", report["totals"])
         return report.get("report_html")
+
+    def _announce(self, context, report: dict, settings) -> None:
+        """An asset event for each table the committed run put rows in."""
+        if self.published is None:
+            return
+        tables = table_assets(settings)
+        for table, extra in published_extra(report).items():
+            context["outlet_events"][self.published].add(tables[table], extra=extra)
+            self.log.info(
+                "asset event: %s got %d rows (version %s)", tables[table].uri, extra["rows"], extra["table_version"]
+            )
 
 
 class RunOperator(PlanOperator, CommitOperator):
@@ -385,7 +405,7 @@ class RunOperator(PlanOperator, CommitOperator):
             report = pipeline.run_steps(settings, plan)
         except pipeline.ValidationFailedError as exc:
             raise AirflowFailException(str(exc)) from exc
-        return self.committed(context, report)
+        return self.committed(context, report, settings)
 
 
 class FollowOperator(RunOperator):
@@ -414,7 +434,9 @@ class FollowOperator(RunOperator):
         self._stop = threading.Event()
         options = FollowOptions(poll_s=self.poll_s, max_seconds=self.follow_s)
         try:
-            done = follow(settings, options, self._stop, request, on_batch=lambda rep: self.committed(context, rep))
+            done = follow(
+                settings, options, self._stop, request, on_batch=lambda rep: self.committed(context, rep, settings)
+            )
         except (UsageError, pipeline.ValidationFailedError) as exc:
             raise AirflowFailException(str(exc)) from exc
         self.log.info("%d micro-batch(es); ended: %s", len(done.batches), done.ended)

@@ -886,6 +886,8 @@ def _publish(spark, settings: Settings, plan: RunPlan, result: Validated, reject
             "its planned ranges again from Kafka; in Airflow, clear the run's tasks from consume on."
         ) from None
     result.published = True
+    # under the output lock: a table's version now is the run's own commit where it put rows
+    result.table_versions = {name: delta_version(path) for name, path in table_paths(settings).items()}
 
 
 def _log_outcome(plan: RunPlan, result: Validated) -> None:

@@ -268,6 +268,23 @@ def test_a_run_triggered_through_the_rest_api_ingests_and_commits(airflow, api, 
     parts = partitions_of(settings, settings.topic)
     ends = list_offsets(settings, settings.topic, parts, OffsetSpec.latest())
     assert committed_offsets(settings, settings.group, settings.topic, parts) == ends
+    _assert_published_events(api, settings, run_id, report)
+
+
+def _assert_published_events(api, settings, run_id: str, report: dict) -> None:
+    """The commit task emitted one event, for the waveforms table (the only one with rows), with
+    the run's id, rows and the table's version in its extra."""
+    assets = api.get("/api/v2/assets", params={"uri_pattern": "/tables/", "limit": 100}).json()["assets"]
+    events = [
+        e
+        for a in assets
+        for e in api.get("/api/v2/assets/events", params={"asset_id": a["id"], "limit": 100}).json()["asset_events"]
+        if e["source_run_id"] == run_id
+    ]
+    assert [(e["uri"], e["source_task_id"]) for e in events] == [(f"file://{settings.output_table}", "commit")], events
+    extra = events[0]["extra"]
+    assert (extra["run_id"], extra["rows"], extra["group"]) == (safe_run_id(run_id), 6, settings.group), extra
+    assert extra["table_version"] == report["output_table_version"] is not None
 
 
 def _wait_for_runs(api, run_ids: list[str], timeout_s: float = RUN_TIMEOUT_S) -> dict[str, str]:

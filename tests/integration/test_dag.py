@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import output_rows, run_cli
+from tests.helpers import output_rows, run_cli_json
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.contracts.runfiles import RunStore
@@ -62,24 +62,74 @@ def test_demo_command_end_to_end(settings):
     assert "'output_new': 4" in second.stdout  # only the new demo data, once
 
 
-def test_a_failed_validation_fails_the_validate_task_and_commits_nothing(settings, spark):
+#: A team's DAG file: the ingest DAG with its own task options and failure callback.
+TEAM_DAG = """
+import json
+from datetime import timedelta
+from pathlib import Path
+
+from wavepipe.plugins.airflow_dags import wavepipe_ingest_dag
+
+
+def tell_the_team(context):
+    ti, task = context["ti"], context["task"]
+    record = {{"task_id": ti.task_id, "owner": task.owner, "pool": task.pool, "queue": task.queue,
+              "execution_timeout_s": task.execution_timeout.total_seconds(),
+              "error": str(context.get("exception"))[:300]}}
+    Path({out!r}).write_text(json.dumps(record))
+
+
+dag = wavepipe_ingest_dag(
+    dag_id="seismic_ingest",
+    default_args={{"owner": "seis", "pool": "default_pool", "queue": "seismic",
+                  "execution_timeout": timedelta(minutes=10), "on_failure_callback": tell_the_team}},
+)
+"""
+
+
+def test_a_failed_validation_fails_the_validate_task_and_commits_nothing(settings, spark, tmp_path):
     # the demo's audio is 16 kHz: quarantined, one waveform of three, more than the run may lose
     strict = settings.replace(
         validate_sample_rate_max=1000.0, validate_max_quarantined_share=0.2, validate_quarantine_judged_from=2
     )
     ensure_topic(settings)
     sent = produce_demo(settings, count=3, target_bytes=16 * 1024)
-    result = dags_test(strict, "wavepipe_ingest", capture=True)
+    # a team's own DAG file, with its task options and a failure callback
+    called = tmp_path / "callback.json"
+    dag_file = tmp_path / "seismic_ingest.py"
+    dag_file.write_text(TEAM_DAG.format(out=str(called)))
+    result = dags_test(strict, "seismic_ingest", capture=True, dag_file=dag_file)
     log = result.stdout + result.stderr
     assert result.returncode != 0 and "DagRun failed" in log, log[-5000:]
+    # the failure reached the team's callback, on a task that carried the team's options
+    record = json.loads(called.read_text())
+    assert record["task_id"] == "validate" and "failed validation" in record["error"], record
+    assert (record["owner"], record["pool"], record["queue"], record["execution_timeout_s"]) == (
+        "seis",
+        "default_pool",
+        "seismic",
+        600.0,
+    )
     assert "failed validation (1 expectation(s))" in log, log[-5000:]
     assert "expect_column_values_to_be_between on quarantined_share: 1 rows" in log
     assert "Report: " in log and ".html" in log
     assert not (Path(settings.output_table) / "_delta_log").exists(), "nothing published"
     assert set(committed_offsets(settings, settings.group, settings.topic, [0, 1]).values()) == {None}
 
-    # the threshold is relaxed; the CLI resumes the DAG's run (it holds the group) and commits it
-    code, out = run_cli(settings.replace(validate_sample_rate_max=20_000.0), "run")
-    assert code == 0, out[-3000:]
-    assert "manual__" in out and "validation: passed" in out
+    # the threshold is relaxed; the CLI resumes the DAG's run (it holds the group) and commits it;
+    # --json prints its report, the document the run's JSON twin holds
+    relaxed = settings.replace(validate_sample_rate_max=20_000.0)
+    code, report, err = run_cli_json(relaxed, "run")
+    assert code == 0, err[-3000:]
+    assert report["run_id"].startswith("manual__") and report["validation"]["success"] is True, report
+    twin = json.loads(Path(report["report_path"]).read_text())
+    assert (twin["run_id"], twin["totals"], twin["outcome"]) == (report["run_id"], report["totals"], report["outcome"])
     assert sorted(r[0] for r in output_rows(spark, settings)) == sorted(s.waveform_id for s in sent)
+    code, status, err = run_cli_json(relaxed, "status")
+    assert code == 0, err[-3000:]
+    assert status["group"] == settings.group and [r["run_id"] for r in status["runs"]] == [report["run_id"]]
+    assert {p: part["lag"] for p, part in status["partitions"].items()} == dict.fromkeys(status["partitions"], 0)
+    assert status["runs"][0]["waveforms"]["new"] == 3 and status["validation_trend"][-1]["success"] is True
+    code, tables, err = run_cli_json(relaxed, "table", "status")
+    assert code == 0, err[-3000:]
+    assert {t["table"]: t["rows"] for t in tables}["waveforms"] == 3

@@ -1,7 +1,8 @@
 """Event-driven runs for real: the shipped ingest DAG with a lag threshold set, served by
 `wavepipe airflow up` (api-server, scheduler, dag-processor, triggerer). The watcher in the
 triggerer sees new records on the session's broker and the scheduler starts a run; data arriving
-during that run leads to one follow-up run, never overlapping it.
+during that run leads to one follow-up run, never overlapping it. The shipped downstream DAG,
+scheduled on the waveforms table's asset, runs once per run that published, never for an idle one.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from wavepipe.pipeline import run_once
 pytestmark = pytest.mark.integration
 
 DAG_ID = "wavepipe_ingest"
+DOWNSTREAM = "wavepipe_waveforms_summary"
 TIMEOUT_S = 900  # generous: a contended machine running two test files at once is slow
 
 
@@ -56,8 +58,8 @@ def airflow(kafka, engine, tmp_path_factory):
         progress(f"`wavepipe airflow down` (teardown): {out.strip()}")
 
 
-def _runs(api) -> list[dict]:
-    response = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns", params={"order_by": "start_date", "limit": 100})
+def _runs(api, dag_id: str = DAG_ID) -> list[dict]:
+    response = api.get(f"/api/v2/dags/{dag_id}/dagRuns", params={"order_by": "start_date", "limit": 100})
     assert response.status_code == 200, response.text
     return response.json()["dag_runs"]
 
@@ -104,8 +106,9 @@ def _state(api, run_id: str, task_id: str | None = None) -> str | None:
 
 def test_data_starts_a_run_and_data_during_it_one_follow_up_run(airflow, spark):
     settings, api = airflow
-    unpause = api.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False})
-    assert unpause.status_code == 200, unpause.text
+    for dag_id in (DOWNSTREAM, DAG_ID):
+        unpause = api.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False})
+        assert unpause.status_code == 200, unpause.text
     # the DAG processor registers the watchers of an unpaused DAG, the triggerer starts them: the
     # 15-minute clock of the incremental runs stays beside the lag's (unpausing starts no run)
     triggerer_log = local.log_file(settings, "triggerer")
@@ -168,7 +171,9 @@ def test_data_starts_a_run_and_data_during_it_one_follow_up_run(airflow, spark):
 
     # the events: the watcher's, one for each arrival during the first run
     (asset,) = api.get("/api/v2/assets", params={"name_pattern": f"{DAG_ID}__lag"}).json()["assets"]
-    assert asset["uri"] == f"x-wavepipe://lag/{DAG_ID}" and asset["extra"]["group"] == settings.group
+    # the topic as the group reads it, named as the apache-kafka provider names a topic
+    assert asset["uri"] == f"kafka://{settings.bootstrap_servers}/{settings.topic}?group={settings.group}"
+    assert asset["extra"]["group"] == settings.group
     events = api.get("/api/v2/assets/events", params={"asset_id": asset["id"], "limit": 100}).json()["asset_events"]
     fired = [e for e in events if e["extra"].get("from_trigger")]
     assert fired and {e["extra"]["payload"]["group"] for e in fired} == {settings.group}
@@ -190,3 +195,37 @@ def test_data_starts_a_run_and_data_during_it_one_follow_up_run(airflow, spark):
     readers = {r[3] for r in rows}
     assert safe_run_id(a_id) in readers and readers <= {safe_run_id(r) for r in runs if r not in before}
     assert {p.stem for p in settings.reports_dir.glob("*.json")} >= readers
+
+    _downstream_ran_once_per_publishing_run(settings, api, [r for r in runs if r not in before])
+
+
+def _downstream_ran_once_per_publishing_run(settings, api, ingest_runs: list[str]) -> None:
+    """The downstream DAG ran once for each ingest run that published waveforms, read back what
+    each one's event announced, and did not run for an idle run triggered afterwards."""
+    publishing = {safe_run_id(r) for r in ingest_runs if (settings.reports_dir / f"{safe_run_id(r)}.json").exists()}
+    assert publishing, ingest_runs
+    _wait(
+        "the downstream runs",
+        lambda: len([r for r in _runs(api, DOWNSTREAM) if r["state"] == "success"]) >= len(publishing),
+    )
+    down = _runs(api, DOWNSTREAM)
+    assert len(down) == len(publishing) and {r["run_type"] for r in down} == {"asset_triggered"}, down
+    summaries = []
+    for run in down:
+        entry = api.get(
+            f"/api/v2/dags/{DOWNSTREAM}/dagRuns/{run['dag_run_id']}/taskInstances/summarize/xcomEntries/return_value"
+        )
+        assert entry.status_code == 200, entry.text
+        summaries.extend(entry.json()["value"])
+    assert sorted(s["run_id"] for s in summaries) == sorted(publishing), summaries
+    assert all(s["read"] == s["announced"] > 0 and s["table_version"] is not None for s in summaries), summaries
+
+    # an idle run (nothing new) publishes nothing: no event, no downstream run
+    idle = api.post(f"/api/v2/dags/{DAG_ID}/dagRuns", json={"logical_date": None})
+    assert idle.status_code == 200, idle.text
+    idle_id = idle.json()["dag_run_id"]
+    _wait("the idle run", lambda: _state(api, idle_id) in ("success", "failed"))
+    assert _state(api, idle_id) == "success"
+    time.sleep(5)  # a scheduler loop or two
+    assert len(_runs(api, DOWNSTREAM)) == len(down), "an idle run started the downstream DAG"
+    progress(f"downstream: {len(down)} runs for {len(publishing)} publishing runs; none for idle run {idle_id}")

@@ -93,8 +93,9 @@ def test_the_factory_adds_a_lag_watcher_beside_the_schedule_when_a_threshold_is_
     # records it did not plan queues its follow-up on the same asset
     assert [t.task_id for t in live.tasks] == ["run"]
     run = live.get_task("run")
-    assert run.follow_up == asset and [o.name for o in run.outlets] == ["live__follow_up"]
-    assert plain.get_task("commit").follow_up is None and not plain.get_task("commit").outlets
+    assert run.follow_up == asset and [o.name for o in run.outlets] == ["live__follow_up", "live__published"]
+    assert plain.get_task("commit").follow_up is None
+    assert [o.name for o in plain.get_task("commit").outlets] == ["plain__published"]
     # asked for five tasks, its reassembly validates and publishes in the same Spark session
     apart = wavepipe_ingest_dag(dag_id="apart", topic="seismic", watch_records=100, single_task=False)
     assert [t.task_id for t in apart.topological_sort()] == ["plan", "consume", "reassemble", "validate", "commit"]

@@ -250,6 +250,7 @@ def build_report(
         # how the new waveforms were verified: hashed by their reader as it staged them, or by Spark
         "verified": dict(reassembled.verified) if reassembled else {},
         "output_table_version": validation.output_table_version if validation else None,
+        "table_versions": dict(validation.table_versions) if validation else {},
         "validation": None
         if validation is None
         else {k: v for k, v in to_record(validation).items() if k in VALIDATION_IN_REPORT},

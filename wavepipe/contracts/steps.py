@@ -134,6 +134,8 @@ class Validated:
     plot: str | None = None
     published: bool = False
     output_table_version: int | None = None
+    #: each output table's version once the run's publish committed (what an asset event names)
+    table_versions: dict[str, int | None] = field(default_factory=dict)
     #: a window run: the output table's rows its window's commit replaced (None: Delta did not say)
     replaced_rows: int | None = None
     timings: dict[str, float] = field(default_factory=dict)
