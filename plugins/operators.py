@@ -24,6 +24,7 @@ from wavepipe.contracts.config import SettingsError, check_settings
 from wavepipe.contracts.errors import UsageError, did_you_mean
 from wavepipe.contracts.plan import ActiveRunError, as_utc, parse_datetime
 from wavepipe.contracts.steps import to_record
+from wavepipe.plugins import metrics
 from wavepipe.plugins.assets import published_extra, table_assets
 from wavepipe.plugins.hooks import SPARK_CONN_ID, WavepipeHook
 
@@ -133,6 +134,53 @@ class WavepipeOperator(BaseOperator):
 
     def settings(self):
         return WavepipeHook(self.wavepipe_conn_id, self.spark_conn_id).get_settings(**self.settings_overrides)
+
+    # OpenLineage (``wavepipe.plugins.lineage``), asked by Airflow's OpenLineage provider after
+    # execute, in the task's process: what the task committed, or the validation that failed it.
+    # It only describes the run: whatever goes wrong here is logged, never raised.
+    _committed: tuple | None = None  # (settings, the reports of the runs it committed)
+    _failed_validation: tuple | None = None  # (settings, the run id)
+
+    def get_openlineage_facets_on_complete(self, task_instance):
+        from wavepipe.plugins import lineage
+
+        return self._lineage(lineage.run_lineage, self._committed)
+
+    def get_openlineage_facets_on_failure(self, task_instance):
+        from wavepipe.plugins import lineage
+
+        def failed(settings, run_id):
+            from wavepipe.contracts.runfiles import RunStore, Step
+            from wavepipe.contracts.steps import Validated
+
+            store = RunStore(settings)
+            validated = store.load_result(run_id, Step.VALIDATE, Validated)
+            return lineage.failed_validation_lineage(settings, store.load_plan(run_id), validated.suites)
+
+        return self._lineage(failed, self._failed_validation)
+
+    def _validation_failed(self, settings, run_id: str) -> None:
+        """A failed validation: the lineage's assertions to send, the ``validation_failed`` count."""
+        from wavepipe.contracts.runfiles import RunStore
+
+        self._failed_validation = (settings, run_id)
+        try:
+            plan = RunStore(settings).load_plan(run_id)
+        except Exception:  # the failure itself is what the task reports
+            plan = None
+        topic, group = (plan.topic, plan.group) if plan else (settings.topic, settings.group)
+        metrics.send({"validation_failed": ("count", 1)}, dag_id=self.dag_id, topic=topic, group=group, log=self.log)
+
+    def _lineage(self, build, what):
+        from airflow.providers.openlineage.extractors import OperatorLineage
+
+        if not what:
+            return OperatorLineage()
+        try:
+            return build(*what)
+        except Exception as exc:  # describing the run never fails it
+            self.log.warning("no OpenLineage facets for this task: %s", exc)
+            return OperatorLineage()
 
     @staticmethod
     def run_id(settings, context) -> str:
@@ -293,10 +341,12 @@ class ReassembleOperator(WavepipeOperator):
         self.validate = validate
 
     def execute(self, context) -> dict | None:
+        settings = self.settings()
+        run_id = self.run_id(settings, context)
         try:
-            settings = self.settings()
-            result = pipeline.reassemble_step(settings, self.run_id(settings, context), validate=self.validate)
+            result = pipeline.reassemble_step(settings, run_id, validate=self.validate)
         except pipeline.ValidationFailedError as exc:
+            self._validation_failed(settings, run_id)
             raise AirflowFailException(str(exc)) from exc
         if result:
             self.log.info("waveforms: %s", result.waveforms)
@@ -311,10 +361,12 @@ class ValidateOperator(WavepipeOperator):
     Clear the task to retry after a fix."""
 
     def execute(self, context) -> dict | None:
+        settings = self.settings()
+        run_id = self.run_id(settings, context)
         try:
-            settings = self.settings()
-            result = pipeline.validate_step(settings, self.run_id(settings, context))
+            result = pipeline.validate_step(settings, run_id)
         except pipeline.ValidationFailedError as exc:
+            self._validation_failed(settings, run_id)
             raise AirflowFailException(str(exc)) from exc
         if result:
             self.log.info(
@@ -357,7 +409,10 @@ class CommitOperator(WavepipeOperator):
     def committed(self, context, report: dict, settings) -> str | None:
         """After the run's commit: its tables' asset events, a follow-up queued when a cap left
         records, the report in the log. Returns the report page's path."""
+        self._committed = (settings, [*(self._committed or (None, []))[1], report])
         self._announce(context, report, settings)
+        topic, group = report.get("topic"), report.get("group")
+        metrics.send(metrics.run_metrics(report), dag_id=self.dag_id, topic=topic, group=group, log=self.log)
         left = 0 if report.get("window") else pipeline.left_by_cap(report)
         watched = self.follow_up is not None and (report.get("topic"), report.get("group")) == (
             self.follow_up.extra.get("topic"),
@@ -404,6 +459,7 @@ class RunOperator(PlanOperator, CommitOperator):
         try:
             report = pipeline.run_steps(settings, plan)
         except pipeline.ValidationFailedError as exc:
+            self._validation_failed(settings, plan.run_id)
             raise AirflowFailException(str(exc)) from exc
         return self.committed(context, report, settings)
 

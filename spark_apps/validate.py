@@ -184,6 +184,15 @@ def _summarize_result(name: str, result, docs_url: str | None) -> dict:
         "evaluated": stats["evaluated_expectations"],
         "failed_count": stats["unsuccessful_expectations"],
         "failed": failed,
+        # every expectation's outcome (what lineage carries as data-quality assertions)
+        "checks": [
+            {
+                "expectation": r.expectation_config.type,
+                "column": r.expectation_config.kwargs.get("column"),
+                "success": bool(r.success),
+            }
+            for r in result.results
+        ],
         "data_docs": docs_url,
     }
 
