@@ -6,10 +6,10 @@ import json
 import logging
 import os
 
-from airflow.providers.apache.kafka.hooks.base import KafkaBaseHook
 from airflow.sdk import BaseHook
 
 from wavepipe.contracts.config import Settings, load_settings, redact_url
+from wavepipe.plugins.connections import SPARK_CONNECT_TYPES, WavepipeSparkConnectHook, kafka_config_of
 
 log = logging.getLogger(__name__)
 
@@ -46,61 +46,27 @@ def spark_master_from_connection(host: str | None, port: int | None, extra: dict
 
 
 def kafka_client_config(conn_id: str, conn=None) -> dict:
-    """The librdkafka configuration of the Kafka Connection ``conn_id``, as the apache-kafka
-    provider's hook builds it from the Connection's extra (``bootstrap.servers`` included)."""
-    conn = conn or BaseHook.get_connection(conn_id)
-    if conn.conn_type != "kafka":
-        raise ValueError(
-            f"Airflow connection {conn_id!r} is of type {conn.conn_type!r}: wavepipe reads Kafka from the "
-            "apache-kafka provider's type 'kafka' (extra = the librdkafka configuration)"
-        )
-    extra = conn.extra_dejson
-    if not extra.get("bootstrap.servers"):
-        where = f" It names {conn.host!r} as its host, which that type does not read." if conn.host else ""
-        raise ValueError(
-            f"Airflow connection {conn_id!r} has no bootstrap.servers in its extra.{where} Give the brokers "
-            'there, e.g. {"bootstrap.servers": "b1:9092,b2:9092"}, beside any other librdkafka property'
-        )
-    config = _KafkaConnection(conn).client_config()
-    callbacks = sorted(key for key, value in config.items() if callable(value))
-    if callbacks:  # the provider's callback allowlist, or its MSK / Google Managed Kafka sign-in
-        raise ValueError(
-            f"Airflow connection {conn_id!r} gives Kafka callbacks {callbacks}: wavepipe hands the Kafka "
-            "configuration to its reader processes as JSON, so it takes plain librdkafka properties only "
-            "(e.g. SASL/SCRAM or mutual TLS instead of an OAuth callback)"
-        )
-    return config
-
-
-class _KafkaConnection(KafkaBaseHook):
-    """The apache-kafka provider's hook, asked only for the configuration it builds from ``conn``
-    (the Connection already fetched: a task asks the API server for it once, not twice)."""
-
-    def __init__(self, conn) -> None:
-        super().__init__(kafka_config_id=conn.conn_id)
-        self._conn = conn
-
-    def get_connection(self, conn_id: str):
-        return self._conn
-
-    def client_config(self) -> dict:
-        return dict(self._build_config())
+    """The librdkafka configuration of the Kafka Connection ``conn_id`` (``bootstrap.servers``
+    included): its extra, as the apache-kafka provider defines its type; refused where a run
+    cannot use it (``connections.kafka_config_of``)."""
+    return kafka_config_of(conn or BaseHook.get_connection(conn_id))
 
 
 class WavepipeHook(BaseHook):
     """Settings for a run, with Kafka and Spark taken from Airflow Connections where they exist.
 
-    Kafka, Connection ``conn_id`` (default ``wavepipe_kafka``) of the apache-kafka provider's type
-    ``kafka``, as that provider defines it: its extra is the librdkafka configuration
-    (``bootstrap.servers`` and TLS, SASL, ... properties), built by the provider's hook
-    (``KafkaBaseHook``; plain properties only, no callbacks) and given to
-    every Kafka client, with wavepipe's own keys per client (group, isolation, transactions) on top.
+    Kafka, Connection ``conn_id`` (default ``wavepipe_kafka``) of wavepipe's type
+    ``wavepipe_kafka`` or the apache-kafka provider's ``kafka`` (``connections``): its extra is the
+    librdkafka configuration (``bootstrap.servers`` and TLS, SASL, ... properties; plain
+    properties only, no callbacks), given to every Kafka client, with wavepipe's own keys per
+    client (group, isolation, transactions) on top.
 
-    Spark, Connection ``wavepipe_spark``, of either of the apache-spark provider's types:
+    Spark, Connection ``wavepipe_spark``, of one of these types:
 
-    * ``spark_connect`` (Spark Connect): the server the run's Spark work attaches to, as the
-      provider's ``SparkConnectHook`` builds its URL (host, port, user id, token, SSL). Airflow's
-      workers then need no JVM.
+    * ``wavepipe_spark_connect`` or the apache-spark provider's ``spark_connect`` (Spark Connect):
+      the server the run's Spark work attaches to, its URL built as the provider's
+      ``SparkConnectHook`` builds it (host, port, user id, token, SSL). Airflow's workers then need
+      no JVM.
     * ``spark`` (spark-submit, the fallback): its host and port name the master each step's Spark
       app is submitted to (``spark://host`` + port, ``yarn``, ``k8s://https://...``), and ``conf``
       in its extra (a JSON object of Spark properties) is added to ``spark_conf``.
@@ -157,10 +123,8 @@ class WavepipeHook(BaseHook):
                 ),
             )
             return settings
-        if conn.conn_type == "spark_connect":
-            from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
-
-            url = SparkConnectHook(self.spark_conn_id).get_connection_url()
+        if conn.conn_type in SPARK_CONNECT_TYPES:
+            url = WavepipeSparkConnectHook(self.spark_conn_id).get_connection_url()
             log.info("Spark from Airflow connection %r: Spark Connect server %s", self.spark_conn_id, redact_url(url))
             return settings.replace(spark_engine="connect", spark_remote=url)
         extra = json.loads(conn.extra) if conn.extra else {}

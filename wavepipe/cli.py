@@ -263,6 +263,22 @@ def cmd_status(args) -> int:
     return EXIT_OK
 
 
+def cmd_check(args) -> int:
+    """Every configured service tried as a run uses it (``wavepipe.checks``), one line each."""
+    from wavepipe.checks import check_all
+
+    settings = _settings(args)
+    checks = check_all(settings)
+    if args.json:
+        print(_as_json([dataclasses.asdict(c) for c in checks]))
+    else:
+        print("\n".join(str(c) for c in checks))
+    failed = [c.service for c in checks if c.ok is False]
+    if failed and not args.json:
+        print(f"wavepipe check: {len(failed)} of {len(checks)} failed ({', '.join(failed)})", file=sys.stderr)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
 def cmd_table(args) -> int:
     """Maintenance of the output tables: status (from their logs), optimize, vacuum, repair."""
     from wavepipe import maintenance
@@ -687,6 +703,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--group", help="default: config `group`")
     _json_flag(s, "the group's status")
     s.set_defaults(func=cmd_status)
+
+    ck = sub.add_parser(
+        "check",
+        help="try every configured service as a run uses it (Kafka, the Spark engine, the tables', staging's and "
+        "state's storage, this home's Airflow): one line each, what works or what to fix; exit 1 if one fails",
+    )
+    _json_flag(ck, "the checks")
+    ck.set_defaults(func=cmd_check)
 
     tb = sub.add_parser(
         "table",

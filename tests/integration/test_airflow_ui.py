@@ -11,8 +11,10 @@ import contextlib
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime, timedelta
 
@@ -63,12 +65,48 @@ def _processes_of(settings, sessions: set[int] = frozenset()) -> dict[int, str]:
 
 
 @pytest.fixture(scope="module")
-def airflow(kafka, engine, tmp_path_factory):
-    """``wavepipe airflow up`` on a free port; ``down`` afterwards, whatever happened."""
+def observers(tmp_path_factory):
+    """What a team's Airflow sends its lineage and metrics to: OpenLineage's file transport (a
+    JSON-lines file) and a StatsD server (a UDP socket; a thread keeps wavepipe's lines, as the
+    scheduler's own metrics would fill the socket's buffer)."""
+    lineage = tmp_path_factory.mktemp("openlineage") / "events.jsonl"
+    statsd = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    statsd.bind(("127.0.0.1", 0))
+    statsd.settimeout(0.2)
+    received: list[str] = []
+    stop = threading.Event()
+
+    def listen() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                received.extend(line for line in statsd.recv(65536).decode().splitlines() if ".wavepipe." in line)
+
+    listener = threading.Thread(target=listen, daemon=True)
+    listener.start()
+    env = {
+        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps({"type": "file", "log_file_path": str(lineage), "append": True}),
+        "AIRFLOW__OPENLINEAGE__NAMESPACE": "wavepipe-test",
+        "AIRFLOW__METRICS__STATSD_ON": "True",
+        "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+        "AIRFLOW__METRICS__STATSD_PORT": str(statsd.getsockname()[1]),
+        "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
+    }
+    try:
+        yield env, lineage, received
+    finally:
+        stop.set()
+        listener.join(5)
+        statsd.close()
+
+
+@pytest.fixture(scope="module")
+def airflow(kafka, engine, tmp_path_factory, observers):
+    """``wavepipe airflow up`` on a free port, its lineage and metrics going to ``observers``;
+    ``down`` afterwards, whatever happened."""
     settings = make_settings(tmp_path_factory.mktemp("airflow-ui") / "home", kafka, engine, airflow_port=free_port())
     sessions: set[int] = set()
     try:
-        code, out, seconds = airflow_cli(settings, "up")
+        code, out, seconds = airflow_cli(settings, "up", env=observers[0])
         progress(f"\n`wavepipe airflow up`: exit {code} after {seconds:.1f}s\n{out}")
         assert code == 0, out[-5000:]
         sessions.update(pid for pid in local.running(settings).values() if pid)
@@ -179,7 +217,7 @@ def test_trigger_form_params_come_through_the_rest_api(api):
     assert all("null" in p["schema"]["type"] for p in params.values()), params
 
 
-def test_a_run_triggered_through_the_rest_api_ingests_and_commits(airflow, api, spark):
+def test_a_run_triggered_through_the_rest_api_ingests_and_commits(airflow, api, spark, observers):
     defaults, *_ = airflow
     # A run of the 15-minute clock may start while the test runs, with the default params (the
     # services' topic and group): give it an empty topic, and the triggered run a topic and group
@@ -191,15 +229,11 @@ def test_a_run_triggered_through_the_rest_api_ingests_and_commits(airflow, api, 
 
     conn = api.get(f"/api/v2/connections/{local.KAFKA_CONN_ID}")
     assert conn.status_code == 200, conn.text
-    # the apache-kafka provider's type: extra is the librdkafka configuration, servers included
-    assert conn.json()["conn_type"] == "kafka" and not conn.json()["host"]
+    # wavepipe's type, as the apache-kafka provider defines its own: extra is the librdkafka
+    # configuration, servers included
+    assert conn.json()["conn_type"] == "wavepipe_kafka" and not conn.json()["host"]
     assert json.loads(conn.json()["extra"])["bootstrap.servers"] == settings.bootstrap_servers
-    # the Connection form's Test button: the provider's hook asks the brokers for their metadata
-    body = {k: conn.json()[k] for k in ("connection_id", "conn_type", "extra")}
-    tested = api.post("/api/v2/connections/test", json=body)
-    assert tested.status_code == 200 and tested.json()["status"] is True, tested.text
-    # Not tested here: a Test against a dead broker. The provider's hook leaves a librdkafka client
-    # retrying inside the API server; in 1 of 4 runs the server then stalled for 60 s (sqlite locked).
+    _assert_the_test_buttons_check_what_a_run_checks(api, conn.json(), defaults)  # the services' settings
 
     began = time.monotonic()
     trigger = api.post(
@@ -269,6 +303,90 @@ def test_a_run_triggered_through_the_rest_api_ingests_and_commits(airflow, api, 
     ends = list_offsets(settings, settings.topic, parts, OffsetSpec.latest())
     assert committed_offsets(settings, settings.group, settings.topic, parts) == ends
     _assert_published_events(api, settings, run_id, report)
+    _assert_lineage(observers[1], settings, run_id, report)
+    _assert_metrics(observers[2], settings, report)
+
+
+def _assert_the_test_buttons_check_what_a_run_checks(api, conn: dict, settings) -> None:
+    """The Connection form's Test button, through the REST API, for wavepipe's two types: green
+    for what a run accepts, red (with the reason) for what it refuses or cannot reach."""
+
+    def tested(**body) -> tuple[bool, str, float]:
+        began = time.monotonic()
+        answer = api.post("/api/v2/connections/test", json={"connection_id": "wp_test", **body})
+        assert answer.status_code == 200, answer.text
+        return answer.json()["status"], answer.json()["message"], time.monotonic() - began
+
+    ok, message, _ = tested(conn_type="wavepipe_kafka", extra=conn["extra"])
+    assert ok and f"topic {settings.topic!r} has" in message, message
+    callback = json.dumps({"bootstrap.servers": settings.bootstrap_servers, "oauth_cb": "team.auth.token"})
+    ok, message, _ = tested(conn_type="wavepipe_kafka", extra=callback)
+    assert not ok and "callbacks ['oauth_cb']" in message, message
+    dead = json.dumps({"bootstrap.servers": f"127.0.0.1:{free_port()}"})
+    ok, message, seconds = tested(conn_type="wavepipe_kafka", extra=dead)
+    assert not ok and "did not answer" in message and seconds < 30, (message, seconds)
+    assert api.get("/api/v2/monitor/health").status_code == 200  # no client left retrying in the server
+    host, port = settings.spark_remote.removeprefix("sc://").split("/")[0].split(";")[0].split(":")
+    ok, message, _ = tested(conn_type="wavepipe_spark_connect", host=host, port=int(port))
+    assert ok and re.search(r"Spark 4\.\d+\.\d+ at sc://.* ran a query", message), message
+    ok, message, _ = tested(conn_type="wavepipe_spark_connect", host="127.0.0.1", port=free_port())
+    assert not ok and "is not reachable" in message, message
+
+
+def _assert_lineage(path, settings, run_id: str, report: dict) -> None:
+    """Airflow's OpenLineage provider sent the commit task's lineage: the topic with the ranges
+    read, the three tables with their rows, the validation's assertions."""
+    deadline = time.monotonic() + 60  # the provider sends from a process of its own
+    while True:
+        events = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        done = [
+            e
+            for e in events
+            if e["eventType"] == "COMPLETE"
+            and e["job"]["name"] == f"{DAG_ID}.commit"
+            and e["outputs"]
+            and e["run"]["facets"].get("wavepipe_run", {}).get("run_ids") == [safe_run_id(run_id)]
+        ]
+        if done or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert len(done) == 1, [(e["eventType"], e["job"]["name"]) for e in events]
+    (topic,) = done[0]["inputs"]
+    assert (topic["namespace"], topic["name"]) == (f"kafka://{settings.bootstrap_servers}", settings.topic)
+    ranges = topic["inputFacets"]["wavepipe_offsetRanges"]["partitions"]
+    assert {p: [r["start"], r["end"]] for p, r in ranges.items()} == {
+        p: [part["start"], part["end"]] for p, part in report["partitions"].items()
+    }
+    outputs = {o["name"]: o for o in done[0]["outputs"]}
+    assert set(outputs) == {settings.output_table, settings.quarantine_table, settings.dead_letter_table}
+    waveforms = outputs[settings.output_table]
+    assert waveforms["outputFacets"]["outputStatistics"]["rowCount"] == 6
+    checks = waveforms["facets"]["dataQualityAssertions"]["assertions"]
+    assert len(checks) == sum(s["evaluated"] for s in report["validation"]["suites"]) and all(
+        c["success"] for c in checks
+    ), checks
+
+
+def _assert_metrics(received: list[str], settings, report: dict) -> None:
+    """The run's numbers reached the StatsD server through Airflow's metrics layer (a clock run
+    of the module's Airflow may send its own zeros: each expected line is looked for)."""
+
+    def sent(name: str) -> list[tuple[float, str]]:
+        found = []
+        for line in list(received):
+            stat, _, rest = line.partition(":")
+            value, _, kind = rest.partition("|")
+            if stat == name:
+                found.append((float(value), kind))
+        return found
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not sent("airflow.wavepipe.run_duration"):
+        time.sleep(0.2)
+    assert (report["totals"]["records_read"], "c") in sent("airflow.wavepipe.records_read"), received[-50:]
+    assert (6, "c") in sent(f"airflow.wavepipe.{DAG_ID}.waveforms_published"), received[-50:]
+    assert (0, "g") in sent("airflow.wavepipe.lag_after") and (1, "c") in sent("airflow.wavepipe.validation_passed")
+    assert [kind for _, kind in sent("airflow.wavepipe.run_duration")][:1] == ["ms"], received[-50:]
 
 
 def _assert_published_events(api, settings, run_id: str, report: dict) -> None:

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.helpers import run_cli
+from tests.helpers import run_cli, run_cli_json
 from wavepipe.contracts.config import load_settings
 from wavepipe.local.kafka import free_port
 from wavepipe.spark import settings_env
@@ -53,3 +53,33 @@ def test_commands_against_a_running_broker_print_no_librdkafka_lines(settings):
         code, out = run_cli(settings, *args, timeout=120)
         assert code in (0, 2), out[-3000:]  # status of a group without offsets is a usage answer (2)
         assert not LIBRDKAFKA_LINE.search(out), out[-3000:]
+
+
+def test_check_tries_every_service_and_says_what_to_fix(settings, tmp_path):
+    """``wavepipe check``: the session's broker and engine answer, the home's folders take a
+    write; a dead broker and an object store that does not answer are one FAIL line each, exit 1."""
+    code, checks, err = run_cli_json(settings, "check")
+    assert code == 0, (checks, err)
+    by = {c["service"]: c for c in checks}
+    assert list(by) == ["kafka", "spark", "tables", "staging", "state", "airflow"]
+    assert by["kafka"]["ok"] and "1 broker(s)" in by["kafka"]["line"], by["kafka"]
+    assert by["spark"]["ok"] and re.search(r"Spark 4\.\d+\.\d+ at sc://", by["spark"]["line"]), by["spark"]
+    assert all(
+        by[n]["ok"] and "written, read back and deleted" in by[n]["line"] for n in ("tables", "staging", "state")
+    )
+    assert by["airflow"]["ok"] is None and "wavepipe airflow up" in by["airflow"]["line"]
+
+    broken = settings.replace(
+        bootstrap_servers=f"127.0.0.1:{free_port()}",
+        tables_uri="s3://lake/tables",
+        s3_endpoint=f"http://127.0.0.1:{free_port()}",
+        s3_access_key="k",
+        s3_secret_key="s",
+    )
+    began = time.monotonic()
+    code, out = run_cli(broken, "check", timeout=180)
+    lines = {line.split()[1]: line for line in out.splitlines() if line[:4] in ("ok  ", "FAIL", "idle")}
+    assert code == 1 and lines["kafka"].startswith("FAIL") and "wavepipe kafka up" in lines["kafka"], out
+    assert lines["tables"].startswith("FAIL") and "s3_* settings" in lines["tables"], out
+    assert lines["spark"].startswith("ok") and "2 of 6 failed (kafka, tables)" in out, out
+    assert time.monotonic() - began < 120 and "Traceback" not in out

@@ -53,21 +53,29 @@ def test_a_kafka_connection_the_provider_would_not_read_is_refused_with_what_to_
     from wavepipe.plugins.hooks import kafka_client_config
 
     conn_id = _kafka_connection(monkeypatch, conn_type="kafka", host="b1:9092", extra={"client.id": "x"})
-    with pytest.raises(ValueError, match=r"no bootstrap.servers in its extra\. It names 'b1:9092' as its host"):
+    with pytest.raises(
+        ValueError, match=r"no bootstrap.servers in its extra.*property\. It names 'b1:9092' as its host"
+    ):
         kafka_client_config(conn_id)
     conn_id = _kafka_connection(monkeypatch, conn_type="http", extra={"bootstrap.servers": "b1:9092"})
     with pytest.raises(ValueError, match="of type 'http'"):
         kafka_client_config(conn_id)
 
 
-def test_a_kafka_callback_is_refused_as_it_cannot_reach_the_reader_processes(monkeypatch):
-    """the provider turns some configurations into callables (its MSK IAM and Google OAuth
-    sign-in); wavepipe's readers get the configuration as JSON, so that is refused, not lost"""
-    from wavepipe.plugins import hooks
+def test_what_a_run_cannot_hand_its_readers_is_refused_by_both_types(monkeypatch):
+    """the provider turns callbacks (and its MSK IAM and Google OAuth sign-in) into callables;
+    wavepipe's readers get the configuration as JSON, so those are refused, not lost, whichever
+    of the two Kafka types the Connection is"""
+    from wavepipe.plugins.connections import refused_kafka_config
+    from wavepipe.plugins.hooks import kafka_client_config
 
-    conn_id = _kafka_connection(monkeypatch, conn_type="kafka", extra={"bootstrap.servers": "b1:9092"})
-    monkeypatch.setattr(
-        hooks.KafkaBaseHook, "_build_config", lambda self: {"bootstrap.servers": "b1:9092", "oauth_cb": print}
-    )
-    with pytest.raises(ValueError, match=r"callbacks \['oauth_cb'\]"):
-        hooks.kafka_client_config(conn_id)
+    for conn_type in ("kafka", "wavepipe_kafka"):
+        conn_id = _kafka_connection(
+            monkeypatch, conn_type=conn_type, extra={"bootstrap.servers": "b1:9092", "oauth_cb": "team.auth.token"}
+        )
+        with pytest.raises(ValueError, match=r"callbacks \['oauth_cb'\]"):
+            kafka_client_config(conn_id)
+    oauth = {"bootstrap.servers": "b1:9092", "security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER"}
+    assert "sasl.oauthbearer.method=oidc" in refused_kafka_config(oauth)
+    assert refused_kafka_config({**oauth, "sasl.oauthbearer.method": "oidc"}) is None  # librdkafka's own
+    assert refused_kafka_config({"bootstrap.servers": "b1:9092", "error_cb": print}) is not None

@@ -541,7 +541,7 @@ def check_connections(stack: Stack) -> list[str]:
             json.loads(conn.extra or "{}")
     except (ValueError, TypeError) as exc:
         return [f"an AIRFLOW_CONN_* value does not parse as a JSON connection: {exc}"]
-    for conn_id, conn_type in zip(ids, ("kafka", "spark_connect"), strict=True):
+    for conn_id, conn_type in zip(ids, ("wavepipe_kafka", "wavepipe_spark_connect"), strict=True):
         if conns[conn_id].conn_type != conn_type:
             problems.append(f"{conn_id}: conn_type {conns[conn_id].conn_type!r}, expected {conn_type!r}")
 

@@ -382,7 +382,7 @@ def health(settings: Settings) -> dict | None:
     return body if status == 200 and isinstance(body, dict) else None
 
 
-def _unhealthy(report: dict) -> list[str]:
+def unhealthy(report: dict) -> list[str]:
     parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
     return [p for p in parts if (report.get(p) or {}).get("status") != "healthy"]
 
@@ -392,12 +392,13 @@ def sync_kafka_connection(settings: Settings) -> None:
 
     ``airflow connections import --overwrite`` is an upsert, so `up` can run it every time: the
     DAG's tasks (WavepipeHook) then take Kafka from the Connection, which users may edit in the UI
-    for other clusters. It is the apache-kafka provider's type ``kafka``: its extra is the librdkafka
-    configuration, ``bootstrap.servers`` first. The temporary file can hold SASL secrets: mode 600,
+    for other clusters. It is wavepipe's type ``wavepipe_kafka`` (as the apache-kafka provider's
+    ``kafka``: its extra is the librdkafka configuration, ``bootstrap.servers`` first), whose Test
+    button checks what a run checks. The temporary file can hold SASL secrets: mode 600,
     removed after."""
     conn = {
         KAFKA_CONN_ID: {
-            "conn_type": "kafka",
+            "conn_type": "wavepipe_kafka",
             "description": "Kafka for wavepipe (written by `wavepipe airflow up` from the wavepipe settings)",
             "extra": json.dumps({"bootstrap.servers": settings.bootstrap_servers, **settings.kafka_client_config}),
         }
@@ -482,7 +483,7 @@ def up(settings: Settings, *, timeout_s: float = READY_TIMEOUT_S, out=None) -> i
             out("Fix the cause above, then run `wavepipe airflow down` and `wavepipe airflow up` again.")
             return 1
         report = health(settings)
-        waiting = _unhealthy(report) if report is not None else ["api-server"]
+        waiting = unhealthy(report) if report is not None else ["api-server"]
         if not waiting:
             break
         if elapsed > timeout_s:
@@ -585,7 +586,7 @@ def status(settings: Settings, *, out=None) -> int:
         out(f"{name:14s} {'running, pid ' + str(pid) if pid else 'stopped'}   log: {log_file(settings, name)}")
     report = health(settings) if state["api-server"] else None
     if report is not None:
-        bad = _unhealthy(report)
+        bad = unhealthy(report)
         out(f"{airflow_url(settings)}: {'healthy' if not bad else 'unhealthy: ' + ', '.join(bad)}")
         out(f"  user: {ADMIN_USER}; password in {passwords_file(settings)}")
     else:

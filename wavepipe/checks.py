@@ -1,0 +1,142 @@
+"""``wavepipe check``: each configured service tried the way a run uses it, one line each saying
+what works or what to fix. The Airflow Connections' Test buttons (``wavepipe.plugins.connections``)
+run the same checks, so a Connection that tests green is one a run accepts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from wavepipe.contracts.config import Settings, redact_url
+
+
+@dataclass(frozen=True)
+class Check:
+    """One service's outcome: ``ok`` True (works), False (a run would fail: ``line`` says what
+    to fix) or None (not running now, and a run starts it on demand)."""
+
+    service: str
+    ok: bool | None
+    line: str
+
+    def __str__(self) -> str:
+        mark = {True: "ok  ", False: "FAIL", None: "idle"}[self.ok]
+        return f"{mark} {self.service:<8} {self.line}"
+
+
+def _tried(service: str, attempt: Callable[[], Check], fix: str) -> Check:
+    """``attempt()``, or a failed check with the error's first line, and ``fix`` unless the error
+    is wavepipe's own (those say what to do)."""
+    try:
+        return attempt()
+    except Exception as exc:
+        first = redact_url(str(exc).splitlines()[0][:400]) if str(exc) else type(exc).__name__
+        said = type(exc).__module__.startswith("wavepipe.")
+        return Check(service, False, first if said else f"{first}; {fix}")
+
+
+def check_kafka(settings: Settings, timeout_s: float = 10.0) -> Check:
+    """The cluster answers with the credentials a run uses, and the topic is there."""
+    from wavepipe.consumers.kafka_admin import cluster_metadata
+
+    def attempt() -> Check:
+        began = time.monotonic()
+        meta = cluster_metadata(settings, timeout=timeout_s)
+        took = time.monotonic() - began
+        topic = meta.topics.get(settings.topic)
+        where = f"{len(meta.brokers)} broker(s) at {settings.bootstrap_servers} answered in {took:.1f}s"
+        if topic is None or topic.error is not None:
+            return Check("kafka", True, f"{where}; topic {settings.topic!r} is not there yet (a producer makes it)")
+        return Check("kafka", True, f"{where}; topic {settings.topic!r} has {len(topic.partitions)} partition(s)")
+
+    return _tried(
+        "kafka",
+        attempt,
+        "check the brokers (`wavepipe kafka up` for this machine's), bootstrap_servers and kafka_client_config",
+    )
+
+
+def check_engine(settings: Settings) -> Check:
+    """The Spark engine attaches and runs a query: its version and the query's seconds."""
+    from wavepipe.local.engine import LocalEngine
+
+    if settings.spark_engine == "submit":
+        return Check(
+            "spark", None, f"a spark-submit app per step, master {settings.spark_master} (started by each run)"
+        )
+    if not settings.spark_remote and LocalEngine(settings).pid() is None:
+        return Check("spark", None, "this home's engine is not running; a run starts it (`wavepipe spark up` now)")
+
+    def attempt() -> Check:
+        from wavepipe.engine import attached
+
+        with attached(settings) as spark:
+            began = time.monotonic()
+            rows = spark.range(3).count()
+            took = time.monotonic() - began
+            version = spark.version
+        if rows != 3:
+            return Check("spark", False, f"a query of 3 rows counted {rows}: the engine is not well")
+        where = redact_url(settings.spark_remote) or "this home's engine"
+        return Check("spark", True, f"Spark {version} at {where} ran a query in {took:.2f}s")
+
+    return _tried("spark", attempt, "check the engine (`wavepipe spark status`) and spark_remote")
+
+
+def check_location(settings: Settings, name: str, uri: str) -> Check:
+    """A location a run writes: an object written, read back and deleted."""
+    from wavepipe import storage
+
+    def attempt() -> Check:
+        storage.configure(settings)
+        store = storage.open_store(uri, storage.s3_options(settings) if storage.is_remote(uri) else None)
+        key = f".wavepipe-check/{uuid.uuid4().hex}"
+        body = b"wavepipe check"
+        began = time.monotonic()
+        store.put_bytes(key, body)
+        try:
+            if store.get_bytes(key) != body:
+                return Check(name, False, f"{uri}: an object read back differs from what was written")
+        finally:
+            store.delete(key)
+            if not storage.is_remote(uri):  # a folder's store leaves the probe's folder
+                with contextlib.suppress(OSError):
+                    (Path(uri) / ".wavepipe-check").rmdir()
+        return Check(name, True, f"{uri}: written, read back and deleted in {time.monotonic() - began:.2f}s")
+
+    own = " (`wavepipe objectstore status` for this home's own)" if settings.s3_endpoint == "local" else ""
+    return _tried(name, attempt, f"check the store{own}, that the bucket exists, and the s3_* settings")
+
+
+def check_airflow(settings: Settings) -> Check:
+    """This home's Airflow: its services and the health of its API."""
+    from wavepipe.local import airflow
+
+    if not any(airflow.running(settings).values()):
+        return Check("airflow", None, "this home's Airflow is not running (`wavepipe airflow up` starts it)")
+    report = airflow.health(settings)
+    if report is None:
+        return Check(
+            "airflow", False, f"{airflow.airflow_url(settings)} does not answer; see `wavepipe airflow status`"
+        )
+    bad = airflow.unhealthy(report)
+    if bad:
+        return Check("airflow", False, f"unhealthy: {', '.join(bad)}; see `wavepipe airflow status` and its logs")
+    return Check("airflow", True, f"{airflow.airflow_url(settings)}: every service healthy")
+
+
+def check_all(settings: Settings) -> list[Check]:
+    """Every service a run uses, as configured; an object store location once."""
+    checks = [check_kafka(settings), check_engine(settings)]
+    locations = {
+        "tables": settings.tables_location,
+        "staging": settings.staging_location,
+        "state": settings.state_uri or str(settings.home),
+    }
+    checks += [check_location(settings, name, uri) for name, uri in locations.items()]
+    return [*checks, check_airflow(settings)]
