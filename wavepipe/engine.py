@@ -391,6 +391,61 @@ def _listed_jobs(ui: str, tag: str, attempts: int = 3) -> list[dict] | None:
     return None
 
 
+class StageProgress:
+    """A Spark Connect progress handler (``spark.registerProgressHandler``): what the engine says
+    of the operation running now (its stages, tasks done of all, bytes read) and how many
+    operations finished, for a step's progress lines (``summary``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[str, tuple[int, int, int, int, int]] = {}
+        self._finished = 0
+
+    def __call__(self, stages, inflight_tasks: int, operation_id: str | None, done: bool) -> None:
+        stages = list(stages or ())
+        key = operation_id or "?"
+        with self._lock:
+            if done:  # said once, when the operation ends
+                self._finished += 1
+                self._running.pop(key, None)
+                return
+            self._running[key] = (
+                sum(1 for s in stages if s.done),
+                len(stages),
+                sum(s.num_completed_tasks for s in stages),
+                sum(s.num_tasks for s in stages),
+                sum(s.num_bytes_read for s in stages),
+            )
+
+    def summary(self) -> str | None:
+        """``Spark: 2 operation(s) done; now 1/2 stage(s), 14/16 task(s), 85.2 MB read``."""
+        with self._lock:
+            parts = [f"{self._finished} operation(s) done"] if self._finished else []
+            for stages_done, stages, tasks_done, tasks, read in self._running.values():
+                parts.append(
+                    f"now {stages_done}/{stages} stage(s), {tasks_done}/{tasks} task(s), {read / 1e6:.1f} MB read"
+                )
+        return f"Spark: {'; '.join(parts)}" if parts else None
+
+
+@contextlib.contextmanager
+def stage_progress(spark) -> Iterator[StageProgress]:
+    """A ``StageProgress`` fed by the session's operations while the block runs (none where the
+    client has no progress handlers: only a description of the step)."""
+    handler = StageProgress()
+    try:
+        spark.registerProgressHandler(handler)
+    except Exception as exc:
+        log.debug("no Spark progress for this step: %s", exc)
+        yield handler
+        return
+    try:
+        yield handler
+    finally:
+        with contextlib.suppress(Exception):
+            spark.removeProgressHandler(handler)
+
+
 def _get_json(url: str):
     import urllib.request
 

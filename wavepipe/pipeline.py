@@ -316,7 +316,8 @@ def _on_engine(settings: Settings, store: RunStore, plan: RunPlan, step: str, *,
             engine.attached(settings) as session,
             engine.sole_writer(session, settings),
             engine.counted_jobs(session, settings, jobs),
-            spark.progress(f"Spark step {step}", staged),
+            engine.stage_progress(session) as stages,
+            spark.progress(f"Spark step {step}", staged, detail=stages.summary),
         ):
             attach_s = time.monotonic() - began
             log.info("run %s: attached to the Spark engine in %.2fs", plan.run_id, attach_s)

@@ -236,10 +236,10 @@ def current_phase() -> str | None:
 
 
 @contextlib.contextmanager
-def progress(what: str, staged_bytes: int | None = None, outcome=None):
+def progress(what: str, staged_bytes: int | None = None, outcome=None, detail=None):
     """Log a line when ``what`` starts, every ``PROGRESS_EVERY_S`` while it runs (with the
-    ``phase`` it is in), and when it ends (``done``, or ``failed in <phase>``, or what
-    ``outcome()`` says once it ended)."""
+    ``phase`` it is in, and what ``detail()`` says: the engine's stages), and when it ends
+    (``done``, or ``failed in <phase>``, or what ``outcome()`` says once it ended)."""
     what = what + (f" on {staged_bytes / 1e6:.1f} MB of staged chunks" if staged_bytes else "")
     began = time.monotonic()
     done = threading.Event()
@@ -248,7 +248,8 @@ def progress(what: str, staged_bytes: int | None = None, outcome=None):
     def tick() -> None:
         while not done.wait(PROGRESS_EVERY_S):
             now = f" ({_phase['now']})" if _phase["now"] else ""
-            log.info("%s: running for %.0fs%s", what, time.monotonic() - began, now)
+            said = detail() if detail else None
+            log.info("%s: running for %.0fs%s%s", what, time.monotonic() - began, now, f"; {said}" if said else "")
 
     log.info("%s: started", what)
     ticker = threading.Thread(target=tick, name="spark-progress", daemon=True)

@@ -151,3 +151,23 @@ def test_an_engine_killed_under_a_run_is_said_in_one_line_within_seconds_and_the
     assert report["run_id"] == "killed"
     assert_accounted(spark, own_engine, report)
     assert {r[0]: r[1] for r in output_rows(spark, own_engine)} == expected
+
+
+def test_a_steps_progress_lines_say_the_engines_stages(settings, monkeypatch, caplog):
+    """Spark Connect's progress handler feeds a step's progress lines: the operation running
+    now (stages, tasks, bytes read) and the operations done."""
+    from wavepipe import engine, spark
+
+    monkeypatch.setattr(spark, "PROGRESS_EVERY_S", 0.2)
+    caplog.set_level("INFO", logger=spark.log.name)
+    with (
+        engine.attached(settings) as session,
+        engine.stage_progress(session) as stages,
+        spark.progress("Spark step test", detail=stages.summary),
+    ):
+        total = session.range(0, 20_000_000, numPartitions=8).selectExpr("sum(id % 7)").collect()[0][0]
+        time.sleep(0.5)  # a tick after the operation
+    assert total == sum(i % 7 for i in range(7)) * (20_000_000 // 7) + sum(range(20_000_000 % 7))
+    assert stages.summary() == "Spark: 1 operation(s) done"
+    ticks = [r.getMessage() for r in caplog.records if "Spark step test: running for" in r.getMessage()]
+    assert any(t.endswith("; Spark: 1 operation(s) done") for t in ticks), ticks

@@ -102,3 +102,25 @@ def test_a_jobs_kind_is_the_outermost_relation_or_command_of_its_plan():
         == "write_operation"
     )
     assert plan_kind("something else") == "?"
+
+
+def test_stage_progress_sums_the_running_operations_stages():
+    from types import SimpleNamespace
+
+    from wavepipe.engine import StageProgress
+
+    progress = StageProgress()
+    assert progress.summary() is None
+
+    def stage(done: bool, tasks: int, completed: int, read: int):
+        return SimpleNamespace(done=done, num_tasks=tasks, num_completed_tasks=completed, num_bytes_read=read)
+
+    progress(
+        stages=[stage(True, 8, 8, 50_000_000), stage(False, 8, 3, 2_500_000)],
+        inflight_tasks=5,
+        operation_id="a",
+        done=False,
+    )
+    assert progress.summary() == "Spark: now 1/2 stage(s), 11/16 task(s), 52.5 MB read"
+    progress(stages=[], inflight_tasks=0, operation_id="a", done=True)
+    assert progress.summary() == "Spark: 1 operation(s) done"
