@@ -23,10 +23,12 @@ from wavepipe import pipeline
 from wavepipe.contracts.config import SettingsError, check_settings
 from wavepipe.contracts.errors import UsageError, did_you_mean
 from wavepipe.contracts.plan import ActiveRunError, as_utc, parse_datetime
+from wavepipe.contracts.runfiles import Step
 from wavepipe.contracts.steps import to_record
 from wavepipe.plugins import metrics
 from wavepipe.plugins.assets import published_extra, table_assets
 from wavepipe.plugins.hooks import SPARK_CONN_ID, WavepipeHook
+from wavepipe.plugins.links import DataDocsLink, RunPageLink
 
 #: Seconds between a waiting window run's attempts to take its group's backfill lane.
 WINDOW_LANE_RETRY_S = 30
@@ -140,6 +142,7 @@ class WavepipeOperator(BaseOperator):
     # It only describes the run: whatever goes wrong here is logged, never raised.
     _committed: tuple | None = None  # (settings, the reports of the runs it committed)
     _failed_validation: tuple | None = None  # (settings, the run id)
+    _data_docs: tuple | None = None  # (settings, the Data Docs page of its validation)
 
     def get_openlineage_facets_on_complete(self, task_instance):
         from wavepipe.plugins import lineage
@@ -160,16 +163,40 @@ class WavepipeOperator(BaseOperator):
         return self._lineage(failed, self._failed_validation)
 
     def _validation_failed(self, settings, run_id: str) -> None:
-        """A failed validation: the lineage's assertions to send, the ``validation_failed`` count."""
+        """A failed validation: the lineage's assertions to send, the ``validation_failed`` count,
+        the link to its Data Docs."""
         from wavepipe.contracts.runfiles import RunStore
 
         self._failed_validation = (settings, run_id)
+        self._validation_seen(settings, run_id)
         try:
             plan = RunStore(settings).load_plan(run_id)
         except Exception:  # the failure itself is what the task reports
             plan = None
         topic, group = (plan.topic, plan.group) if plan else (settings.topic, settings.group)
         metrics.send({"validation_failed": ("count", 1)}, dag_id=self.dag_id, topic=topic, group=group, log=self.log)
+
+    def _validation_seen(self, settings, run_id: str) -> None:
+        """The Data Docs link of the run's recorded validation (never fails the task)."""
+        from wavepipe.contracts.runfiles import RunStore
+        from wavepipe.contracts.steps import Validated
+
+        try:
+            validated = RunStore(settings).load_result(run_id, Step.VALIDATE, Validated)
+        except Exception as exc:
+            self.log.warning("no Data Docs link: %s", exc)
+            return
+        self._shows_validation(settings, to_record(validated) if validated else None)
+
+    def _shows_validation(self, settings, validation: dict | None) -> None:
+        """The Data Docs link of ``validation`` (a ``Validated`` record): its first failed
+        suite's results, else the index."""
+        if not validation:
+            return
+        failed = [s.get("data_docs") for s in validation.get("suites") or () if not s.get("success")]
+        page = next((p for p in failed if p), None) or validation.get("data_docs_index")
+        if page:
+            self._data_docs = (settings, page)
 
     def _lineage(self, build, what):
         from airflow.providers.openlineage.extractors import OperatorLineage
@@ -336,6 +363,8 @@ class ReassembleOperator(WavepipeOperator):
     event-driven DAG does to save its run a second session's start; a failed validation fails
     this task then, without retries."""
 
+    operator_extra_links = (DataDocsLink(),)
+
     def __init__(self, *, validate: bool = False, **kwargs):
         super().__init__(**kwargs)
         self.validate = validate
@@ -348,6 +377,8 @@ class ReassembleOperator(WavepipeOperator):
         except pipeline.ValidationFailedError as exc:
             self._validation_failed(settings, run_id)
             raise AirflowFailException(str(exc)) from exc
+        if result and self.validate:
+            self._validation_seen(settings, run_id)
         if result:
             self.log.info("waveforms: %s", result.waveforms)
         return None if result is None else result.waveforms
@@ -360,6 +391,8 @@ class ValidateOperator(WavepipeOperator):
     must change first); the log names the failed expectations and links the run's report page.
     Clear the task to retry after a fix."""
 
+    operator_extra_links = (DataDocsLink(),)
+
     def execute(self, context) -> dict | None:
         settings = self.settings()
         run_id = self.run_id(settings, context)
@@ -369,6 +402,7 @@ class ValidateOperator(WavepipeOperator):
             self._validation_failed(settings, run_id)
             raise AirflowFailException(str(exc)) from exc
         if result:
+            self._shows_validation(settings, to_record(result))
             self.log.info(
                 "validation passed (%d expectations) and the output is published; Data Docs: %s",
                 sum(s["evaluated"] for s in result.suites),
@@ -390,6 +424,8 @@ class CommitOperator(WavepipeOperator):
     for it queues one follow-up run, while this run still holds the DAG's one active slot. Records
     newer than the plan are the watcher's to judge against its thresholds."""
 
+    operator_extra_links = (RunPageLink(), DataDocsLink())
+
     def __init__(self, *, follow_up: Asset | None = None, published: AssetAlias | None = None, **kwargs):
         super().__init__(**kwargs)
         self.follow_up, self.published = follow_up, published
@@ -410,6 +446,7 @@ class CommitOperator(WavepipeOperator):
         """After the run's commit: its tables' asset events, a follow-up queued when a cap left
         records, the report in the log. Returns the report page's path."""
         self._committed = (settings, [*(self._committed or (None, []))[1], report])
+        self._shows_validation(settings, report.get("validation"))
         self._announce(context, report, settings)
         topic, group = report.get("topic"), report.get("group")
         metrics.send(metrics.run_metrics(report), dag_id=self.dag_id, topic=topic, group=group, log=self.log)

@@ -18,6 +18,7 @@ import threading
 import time
 from datetime import datetime, timedelta
 
+import httpx
 import psutil
 import pytest
 from confluent_kafka.admin import OffsetSpec
@@ -304,6 +305,7 @@ def test_a_run_triggered_through_the_rest_api_ingests_and_commits(airflow, api, 
     assert committed_offsets(settings, settings.group, settings.topic, parts) == ends
     _assert_published_events(api, settings, run_id, report)
     _assert_lineage(observers[1], settings, run_id, report)
+    _assert_the_task_links_open_the_run_page_and_data_docs(api, run_id, report)
     _assert_metrics(observers[2], settings, report)
 
 
@@ -331,6 +333,24 @@ def _assert_the_test_buttons_check_what_a_run_checks(api, conn: dict, settings) 
     assert ok and re.search(r"Spark 4\.\d+\.\d+ at sc://.* ran a query", message), message
     ok, message, _ = tested(conn_type="wavepipe_spark_connect", host="127.0.0.1", port=free_port())
     assert not ok and "is not reachable" in message, message
+
+
+def _assert_the_task_links_open_the_run_page_and_data_docs(api, run_id: str, report: dict) -> None:
+    """The commit task's extra links: its run's page and its validation's Data Docs, served by
+    the API server to a logged-in user only."""
+    links = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/commit/links")
+    assert links.status_code == 200, links.text
+    found = links.json()["extra_links"]
+    page_url, docs_url = found["wavepipe run page"], found["Great Expectations Data Docs"]
+    assert page_url.endswith(f"/wavepipe/reports/{safe_run_id(run_id)}.html"), found
+    page = api.get(page_url)
+    assert page.status_code == 200 and report["run_id"] in page.text, page.text[:500]
+    assert "file://" not in page.text and 'href="/wavepipe/data-docs/' in page.text  # its Data Docs links served too
+    docs = api.get(docs_url)
+    assert docs.status_code == 200 and "wavepipe_waveforms" in docs.text, (docs_url, docs.text[:300])
+    assert httpx.get(page_url).status_code == 401, "the pages are for logged-in users"
+    # a path out of the Data Docs folder (dots encoded, as a client that does not normalize sends them)
+    assert api.get("/wavepipe/data-docs/%2e%2e/%2e%2e/%2e%2e/airflow/airflow.db").status_code == 404
 
 
 def _assert_lineage(path, settings, run_id: str, report: dict) -> None:
