@@ -421,3 +421,49 @@ def open_offline(browser, url: str):
     page.route("**/*", route)
     page.goto(url, wait_until="load")
     return page, failed
+
+
+@contextlib.contextmanager
+def otlp_metrics_receiver():
+    """An OpenTelemetry collector's OTLP/HTTP metrics endpoint on a free loopback port, as an
+    Airflow with ``[metrics] otel_on`` sends to: yields (its URL, the points received: a list of
+    (metric name, value, attributes))."""
+    import gzip
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+
+    points: list[tuple[str, float, dict]] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if self.headers.get("Content-Encoding") == "gzip":
+                body = gzip.decompress(body)
+            request = ExportMetricsServiceRequest.FromString(body)
+            for resource in request.resource_metrics:
+                for scope in resource.scope_metrics:
+                    for metric in scope.metrics:
+                        kind = metric.WhichOneof("data")
+                        for point in getattr(metric, kind).data_points:
+                            value = getattr(point, "as_int", 0) or getattr(point, "as_double", 0.0)
+                            if kind in ("histogram", "exponential_histogram"):
+                                value = point.sum
+                            attributes = {a.key: a.value.string_value for a in point.attributes}
+                            points.append((metric.name, float(value), attributes))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args):  # quiet
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", points
+    finally:
+        server.shutdown()
+        server.server_close()

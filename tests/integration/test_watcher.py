@@ -15,7 +15,7 @@ from datetime import datetime
 import pytest
 from confluent_kafka.admin import OffsetSpec
 
-from tests.helpers import airflow_api, airflow_cli, make_settings, output_rows, progress
+from tests.helpers import airflow_api, airflow_cli, make_settings, otlp_metrics_receiver, output_rows, progress
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets, partitions_of
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.contracts.plan import safe_run_id
@@ -47,12 +47,20 @@ def airflow(kafka, engine, tmp_path_factory):
     run_once(settings)  # the group's offsets exist (a run on an empty topic: no Spark work)
     try:
         # each run dawdles 8 s after it publishes (a larger batch would), so data sent while it
-        # runs reaches the watcher before it commits
-        code, out, seconds = airflow_cli(settings, "up", env={"WAVEPIPE_FAILPOINTS": "publish.after_write=sleep:8"})
-        progress(f"\n`wavepipe airflow up` (watching): exit {code} after {seconds:.1f}s")
-        assert code == 0, out[-5000:]
-        with airflow_api(settings) as api:
-            yield settings, api
+        # runs reaches the watcher before it commits; metrics go to an OpenTelemetry collector
+        with otlp_metrics_receiver() as (otlp, points):
+            env = {
+                "WAVEPIPE_FAILPOINTS": "publish.after_write=sleep:8",
+                "AIRFLOW__METRICS__OTEL_ON": "True",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": otlp,
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_METRIC_EXPORT_INTERVAL": "1000",
+            }
+            code, out, seconds = airflow_cli(settings, "up", env=env)
+            progress(f"\n`wavepipe airflow up` (watching): exit {code} after {seconds:.1f}s")
+            assert code == 0, out[-5000:]
+            with airflow_api(settings) as api:
+                yield settings, api, points
     finally:
         code, out, _ = airflow_cli(settings, "down", timeout=120)
         progress(f"`wavepipe airflow down` (teardown): {out.strip()}")
@@ -105,7 +113,7 @@ def _state(api, run_id: str, task_id: str | None = None) -> str | None:
 
 
 def test_data_starts_a_run_and_data_during_it_one_follow_up_run(airflow, spark):
-    settings, api = airflow
+    settings, api, points = airflow
     for dag_id in (DOWNSTREAM, DAG_ID):
         unpause = api.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False})
         assert unpause.status_code == 200, unpause.text
@@ -197,6 +205,22 @@ def test_data_starts_a_run_and_data_during_it_one_follow_up_run(airflow, spark):
     assert {p.stem for p in settings.reports_dir.glob("*.json")} >= readers
 
     _downstream_ran_once_per_publishing_run(settings, api, [r for r in runs if r not in before])
+    _metrics_reached_the_collector(points, settings)
+
+
+def _metrics_reached_the_collector(points: list, settings) -> None:
+    """Each run's numbers reached the OpenTelemetry collector through Airflow's metrics layer,
+    tagged with the DAG, topic and group: every publishing run's waveforms among them."""
+    _wait("the runs' metrics", lambda: any(name == "airflow.wavepipe.run_duration" for name, _, _ in points), 60)
+    ours = [(name, value, tags) for name, value, tags in points if name.startswith("airflow.wavepipe.")]
+    tagged = {
+        (t.get("dag_id"), t.get("topic"), t.get("group")) for name, _, t in ours if name == "airflow.wavepipe.runs"
+    }
+    assert tagged == {(DAG_ID, settings.topic, settings.group)}, tagged
+    # each run's task process sends its run's count (cumulative per process: repeated each export)
+    published = {value for name, value, _ in ours if name == "airflow.wavepipe.waveforms_published"}
+    reports = [json.loads(p.read_text()) for p in settings.reports_dir.glob("*.json")]
+    assert reports and {r["outcome"]["new"] for r in reports} <= published, (published, ours[-20:])
 
 
 def _downstream_ran_once_per_publishing_run(settings, api, ingest_runs: list[str]) -> None:
