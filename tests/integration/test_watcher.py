@@ -45,10 +45,12 @@ def airflow(kafka, engine, tmp_path_factory):
     )
     ensure_topic(settings)
     run_once(settings)  # the group's offsets exist (a run on an empty topic: no Spark work)
-    try:
-        # each run dawdles 8 s after it publishes (a larger batch would), so data sent while it
-        # runs reaches the watcher before it commits; metrics go to an OpenTelemetry collector
-        with otlp_metrics_receiver() as (otlp, points):
+    # metrics go to an OpenTelemetry collector, up until the services are down: each exports its
+    # last metrics as it exits (to a collector gone, each would retry for a minute)
+    with otlp_metrics_receiver() as (otlp, points):
+        try:
+            # each run dawdles 8 s after it publishes (a larger batch would), so data sent while
+            # it runs reaches the watcher before it commits
             env = {
                 "WAVEPIPE_FAILPOINTS": "publish.after_write=sleep:8",
                 "AIRFLOW__METRICS__OTEL_ON": "True",
@@ -61,9 +63,10 @@ def airflow(kafka, engine, tmp_path_factory):
             assert code == 0, out[-5000:]
             with airflow_api(settings) as api:
                 yield settings, api, points
-    finally:
-        code, out, _ = airflow_cli(settings, "down", timeout=120)
-        progress(f"`wavepipe airflow down` (teardown): {out.strip()}")
+        finally:
+            began = time.monotonic()
+            code, out, _ = airflow_cli(settings, "down", timeout=120)
+            progress(f"`wavepipe airflow down` (teardown, {time.monotonic() - began:.1f}s): {out.strip()}")
 
 
 def _runs(api, dag_id: str = DAG_ID) -> list[dict]:
