@@ -9,7 +9,7 @@ from typing import ClassVar
 from airflow.plugins_manager import AirflowPlugin
 
 from wavepipe.plugins.links import DataDocsLink, RunPageLink
-from wavepipe.plugins.report_app import PREFIX, build_app
+from wavepipe.plugins.report_app import LazyApps
 from wavepipe.plugins.schedules import BackfillWindows
 
 
@@ -17,4 +17,4 @@ class WavepipePlugin(AirflowPlugin):
     name = "wavepipe"
     timetables: ClassVar[list] = [BackfillWindows]
     operator_extra_links: ClassVar[list] = [RunPageLink(), DataDocsLink()]
-    fastapi_apps: ClassVar[list] = [{"app": build_app(), "url_prefix": PREFIX, "name": "wavepipe run pages"}]
+    fastapi_apps = LazyApps()

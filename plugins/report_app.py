@@ -6,25 +6,16 @@ FastAPI app at ``/wavepipe``) to users logged in to Airflow: a task's extra link
 app: every route here asks for the caller's Airflow login itself.
 """
 
-from __future__ import annotations
+# no ``from __future__ import annotations``: FastAPI reads the routes' annotations, made in
+# ``build_app``, as objects
 
 import re
 from pathlib import Path
-
-from fastapi import Depends, FastAPI, HTTPException
-from fastapi.responses import FileResponse, HTMLResponse
 
 #: Where the app is mounted under the API server's base URL.
 PREFIX = "/wavepipe"
 #: A report file's name: a safe run id, ``.html`` or ``.json``.
 _REPORT_NAME = re.compile(r"^[A-Za-z0-9_.+-]+\.(html|json)$")
-
-
-def _user():
-    """The Airflow login the API server's own routes ask for (its JWT, bearer or cookie)."""
-    from airflow.api_fastapi.core_api.security import get_user
-
-    return get_user
 
 
 def data_docs_root(settings) -> Path:
@@ -33,6 +24,8 @@ def data_docs_root(settings) -> Path:
 
 def inside(root: Path, relative: str) -> Path:
     """``root/relative`` if it is a file inside ``root`` (no ``..``, no link out), else 404."""
+    from fastapi import HTTPException
+
     path = (root / relative).resolve()
     if not path.is_file() or not path.is_relative_to(root.resolve()):
         raise HTTPException(status_code=404, detail=f"no such file under {root.name}: {relative}")
@@ -47,10 +40,22 @@ def served_page(html: str, docs_root: Path, prefix: str) -> str:
     )
 
 
-def build_app() -> FastAPI:
+def build_app():
+    """The app (FastAPI is imported here: the plugin that holds it is loaded by every Airflow
+    process, and only the API server serves it)."""
+    from fastapi import Depends, FastAPI, HTTPException, Request
+    from fastapi.responses import FileResponse, HTMLResponse
+
     from wavepipe.contracts.config import load_settings
 
-    app = FastAPI(title="wavepipe run pages", dependencies=[Depends(_user())])
+    async def logged_in(request: Request) -> None:
+        """The login the API server's own routes ask for (its JWT, as a bearer token or the UI's
+        cookie); 401 or 403 without one."""
+        from airflow.api_fastapi.core_api.security import bearer_scheme, get_user
+
+        await get_user(request, None, await bearer_scheme(request))
+
+    app = FastAPI(title="wavepipe run pages", dependencies=[Depends(logged_in)])
 
     @app.get("/reports/{name}")
     def report(name: str):
@@ -67,6 +72,19 @@ def build_app() -> FastAPI:
         return FileResponse(inside(data_docs_root(load_settings()), relative))
 
     return app
+
+
+class LazyApps:
+    """The plugin's ``fastapi_apps``, made when the API server first asks for them (a class
+    attribute read in every process otherwise)."""
+
+    def __init__(self) -> None:
+        self._apps: list | None = None
+
+    def __get__(self, obj, owner=None) -> list:
+        if self._apps is None:
+            self._apps = [{"app": build_app(), "url_prefix": PREFIX, "name": "wavepipe run pages"}]
+        return self._apps
 
 
 def _base() -> str:
