@@ -88,11 +88,10 @@ def _pipeline(
     }
 
 
-def _lag_asset(dag_id: str, topic: str | None, group: str | None, common: Mapping[str, Any]) -> Asset | None:
-    """None, or when the DAG's settings (the factory's, over the config file and ``WAVEPIPE_*`` as
-    the DAG processor sees them) set a ``watch_*`` threshold: an asset whose watcher
-    (``GroupLagTrigger``, in the triggerer) fires when the group's lag reaches it."""
-    resolved = load_settings(**common["settings_overrides"])
+def _lag_asset(dag_id: str, topic: str | None, group: str | None, common: Mapping[str, Any], resolved) -> Asset | None:
+    """None, or when the DAG's settings (``resolved``: the factory's, over the config file and
+    ``WAVEPIPE_*`` as the DAG processor sees them) set a ``watch_*`` threshold: an asset whose
+    watcher (``GroupLagTrigger``, in the triggerer) fires when the group's lag reaches it."""
     thresholds = Thresholds.of(resolved)
     if not thresholds.on:
         return None
@@ -178,6 +177,8 @@ def task_defaults(dag_id: str, ours: Mapping[str, Any], theirs: Mapping[str, Any
 
     from airflow.sdk import BaseOperator
 
+    if theirs is not None and not isinstance(theirs, Mapping):
+        raise ValueError(f"{dag_id}: default_args must be a dict of task options, got {type(theirs).__name__}")
     options = set(inspect.signature(BaseOperator.__init__).parameters) - _OWN_TASK_OPTIONS
     theirs = dict(theirs or {})
     for name in sorted(set(theirs) - options):
@@ -284,12 +285,13 @@ def wavepipe_ingest_dag(
         "watch_poll_s": watch_poll_s,
     }
     common = _pipeline(named, settings, kafka_conn_id=kafka_conn_id, spark_conn_id=spark_conn_id)
-    lag_asset = _lag_asset(dag_id, topic, group, common)
-    # a run that a cap cut short queues its follow-up through this alias
-    follow_up = {"follow_up": lag_asset, "outlets": [AssetAlias(f"{dag_id}__follow_up")]} if lag_asset else {}
-    # the tables a committed run put rows in get their events through this one
-    follow_up["published"] = AssetAlias(f"{dag_id}__published")
     resolved = load_settings(**common["settings_overrides"])
+    lag_asset = _lag_asset(dag_id, topic, group, common, resolved)
+    # the tables a committed run put rows in get their events through an alias; a run that a cap
+    # cut short queues its follow-up through another
+    commits = {"published": AssetAlias(f"{dag_id}__published")}
+    if lag_asset:
+        commits.update(follow_up=lag_asset, outlets=[AssetAlias(f"{dag_id}__follow_up")])
     reads = {"inlets": [topic_asset(resolved.bootstrap_servers, topic or resolved.topic)]}
     with _dag(
         dag_id,
@@ -343,13 +345,13 @@ def wavepipe_ingest_dag(
                 poll_s=resolved.watch_poll_s,
                 doc_md=docs["follow"],
                 **reads,
-                **follow_up,
+                **commits,
                 **common,
             )
             return dag
         if (lag_asset is not None) if single_task is None else single_task:
             # its arguments: the run's params, typed
-            RunOperator(task_id="run", doc_md=docs["run"], **reads, **follow_up, **common)
+            RunOperator(task_id="run", doc_md=docs["run"], **reads, **commits, **common)
             return dag
         # its arguments: the run's params, typed
         plan = PlanOperator(task_id="plan", doc_md=docs["plan"], **reads, **common)
@@ -371,7 +373,7 @@ def wavepipe_ingest_dag(
             task_id="validate", trigger_rule=TriggerRule.NONE_FAILED, doc_md=docs["validate"], **common
         )
         commit = CommitOperator(
-            task_id="commit", trigger_rule=TriggerRule.NONE_FAILED, doc_md=docs["commit"], **follow_up, **common
+            task_id="commit", trigger_rule=TriggerRule.NONE_FAILED, doc_md=docs["commit"], **commits, **common
         )
         plan >> consume >> reassemble >> validate >> commit
     return dag

@@ -252,6 +252,7 @@ def test_a_dag_files_default_args_and_dag_options_reach_every_task():
         ({"max_active_runs": 2}, "one run at a time holds a pipeline's consumer group"),
         ({"catchup": True}, "backfill"),
         ({"params": {}}, "params are the runs'"),
+        ({"default_args": [("owner", "seis")]}, "default_args must be a dict of task options, got list"),
     ],
 )
 def test_task_and_dag_options_that_would_be_dropped_or_break_the_pipeline_are_refused(kwargs, match):
