@@ -377,17 +377,24 @@ def counted_jobs(spark, settings: Settings, into: dict) -> Iterator[None]:
         into["jobs"] = _listed_jobs(ui, tag) if ui else None
 
 
-def _listed_jobs(ui: str, tag: str, attempts: int = 3) -> list[dict] | None:
-    """``spark_jobs``, asked again after a failure (a loaded engine's UI answers late); None once
-    every attempt failed."""
+#: Seconds a request to the engine's web UI waits for its answer.
+UI_TIMEOUT_S = 10.0
+
+
+def _listed_jobs(ui: str, tag: str, attempts: int = 2) -> list[dict] | None:
+    """``spark_jobs``, or None where the engine's UI could not say. A loaded engine's UI answers
+    late: each request waits up to ``UI_TIMEOUT_S``; a quick failure (an error page, the UI
+    starting) is asked again once, a timed-out one is not (a UI that does not answer would hold
+    every step up)."""
     for attempt in range(1, attempts + 1):
+        began = time.monotonic()
         try:
             return spark_jobs(ui, tag)
         except Exception as exc:
-            log.warning(
-                "could not list the step's Spark jobs from %s (attempt %d of %d): %s", ui, attempt, attempts, exc
-            )
-            time.sleep(attempt)
+            log.warning("could not list the step's Spark jobs from %s (attempt %d): %s", ui, attempt, exc)
+            if time.monotonic() - began > UI_TIMEOUT_S / 2:
+                return None
+            time.sleep(1)
     return None
 
 
@@ -449,7 +456,7 @@ def stage_progress(spark) -> Iterator[StageProgress]:
 def _get_json(url: str):
     import urllib.request
 
-    with urllib.request.urlopen(url, timeout=15) as response:
+    with urllib.request.urlopen(url, timeout=UI_TIMEOUT_S) as response:
         return json.loads(response.read())
 
 

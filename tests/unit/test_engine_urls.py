@@ -124,3 +124,33 @@ def test_stage_progress_sums_the_running_operations_stages():
     assert progress.summary() == "Spark: now 1/2 stage(s), 11/16 task(s), 52.5 MB read"
     progress(stages=[], inflight_tasks=0, operation_id="a", done=True)
     assert progress.summary() == "Spark: 1 operation(s) done"
+
+
+def test_the_job_list_is_asked_again_after_a_quick_failure_never_after_a_timeout(monkeypatch):
+    import time
+
+    from wavepipe import engine
+
+    calls = []
+
+    def flaky(ui, tag):
+        calls.append(tag)
+        if len(calls) == 1:
+            raise ValueError("500 while the UI starts")
+        return [{"id": 1}]
+
+    monkeypatch.setattr(engine, "spark_jobs", flaky)
+    monkeypatch.setattr(engine.time, "sleep", lambda s: None)
+    assert engine._listed_jobs("http://ui", "t") == [{"id": 1}] and len(calls) == 2
+
+    calls.clear()
+    clock = iter([0.0, engine.UI_TIMEOUT_S])  # the first request took the whole timeout
+
+    def slow(ui, tag):
+        calls.append(tag)
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(engine, "spark_jobs", slow)
+    real = time.monotonic
+    monkeypatch.setattr(engine.time, "monotonic", lambda: next(clock, real()))
+    assert engine._listed_jobs("http://ui", "t") is None and len(calls) == 1
