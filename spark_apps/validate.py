@@ -896,7 +896,10 @@ def _publish(spark, settings: Settings, plan: RunPlan, result: Validated, reject
         ) from None
     result.published = True
     # under the output lock: a table's version now is the run's own commit where it put rows
-    result.table_versions = {name: delta_version(path) for name, path in table_paths(settings).items()}
+    result.table_versions = {
+        name: result.output_table_version if name == "waveforms" else delta_version(path)
+        for name, path in table_paths(settings).items()
+    }
 
 
 def _log_outcome(plan: RunPlan, result: Validated) -> None:

@@ -93,7 +93,6 @@ def check_location(settings: Settings, name: str, uri: str) -> Check:
     from wavepipe import storage
 
     def attempt() -> Check:
-        storage.configure(settings)
         store = storage.open_store(uri, storage.s3_options(settings) if storage.is_remote(uri) else None)
         key = f".wavepipe-check/{uuid.uuid4().hex}"
         body = b"wavepipe check"
