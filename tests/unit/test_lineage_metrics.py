@@ -71,3 +71,18 @@ def test_a_runs_metrics_and_their_names():
     idle = run_metrics({"run_id": "i", "partitions": {}, "totals": {}})
     assert idle == {"runs": ("count", 1)}
     assert stat_names("team.seismic", "lag_after") == ("wavepipe.lag_after", "wavepipe.team__seismic.lag_after")
+
+
+def test_a_failed_validations_lineage_is_the_planned_ranges_and_the_assertions_and_no_output(tmp_path):
+    from types import SimpleNamespace
+
+    from wavepipe.plugins.lineage import failed_validation_lineage
+
+    settings = load_settings(home=tmp_path, bootstrap_servers="b1:9092")
+    plan = SimpleNamespace(topic="seismic", group="g", ranges=[SimpleNamespace(partition=0, start=5, end=9, size=4)])
+    suites = _report("r1", 5, 9, new=0, success=False)["validation"]["suites"]
+    lineage = failed_validation_lineage(settings, plan, suites)
+    (topic,) = [Serde.to_dict(d) for d in lineage.inputs]
+    assert topic["inputFacets"]["wavepipe_offsetRanges"]["partitions"] == {"0": {"start": 5, "end": 9, "records": 4}}
+    checks = topic["inputFacets"]["dataQualityAssertions"]["assertions"]
+    assert [c["success"] for c in checks] == [True, False] and lineage.outputs == []
