@@ -175,6 +175,34 @@ def goals(results: dict) -> list[tuple[str, bool | None, str]]:
     return out
 
 
+def figures(results: dict) -> dict[str, float]:
+    """The figures the docs may quote from a bench run, by the key they name
+    (``wavepipe.bench.figures``): ``<system> <workload> x<scale> wall_s|mb_s|of_ceiling``,
+    ``... stage <stage>``, ``... wall/wavepipe`` (its wall time over wavepipe's on the same ranges),
+    ``... gate/rest`` (the validation gate's stages over the rest of the wall time, as the goal),
+    ``<system> <workload> growth <role>`` (peak RSS at the larger scale over 1x, minus 1),
+    ``warm median`` (the goal's figure), ``warm run <n>`` and ``scale``."""
+    out = {"scale": results["options"]["scale"], "warm median": warm_run_seconds(results)}
+    out |= {f"warm run {i}": m["wall_s"] for i, m in enumerate(warm_runs(results), 1)}
+    for m in results["measurements"]:
+        if m["error"] or m["workload"] == "warm_small":
+            continue
+        key = f"{m['system']} {m['workload']} x{m['scale']}"
+        out |= {f"{key} {field}": m[field] for field in ("wall_s", "mb_s", "of_ceiling")}
+        out |= {f"{key} stage {stage}": seconds for stage, seconds in m["stages"].items()}
+        wp = _one(results, system="wavepipe", workload=m["workload"], scale=m["scale"])
+        if wp:
+            out[f"{key} wall/wavepipe"] = m["wall_s"] / wp["wall_s"]
+        gate = sum(s for stage, s in m["stages"].items() if stage.startswith("validate: "))
+        if gate:
+            out[f"{key} gate/rest"] = gate / (m["wall_s"] - gate)
+        one = _one(results, system=m["system"], workload=m["workload"], scale=1)
+        for role in m["memory"] if one and m["scale"] > 1 else ():
+            if _peak(one, role) and _peak(m, role):
+                out[f"{m['system']} {m['workload']} growth {role}"] = _peak(m, role) / _peak(one, role) - 1
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def _fmt(value, spec: str = ".1f", none: str = "-") -> str:
     return none if value is None else format(value, spec)
 

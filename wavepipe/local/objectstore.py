@@ -51,7 +51,11 @@ def weed_binary(tools_dir: Path, *, say=None) -> Path:
     if target.exists():
         return target
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
-    go = require_tool("go", "Install Go 1.26 or newer (apt-get install golang); it builds SeaweedFS, the object store.")
+    go = require_tool(
+        "go",
+        "Install Go 1.21 or newer, which fetches the Go 1.26 toolchain SeaweedFS needs (Debian 12: golang-go "
+        "from bookworm-backports; see the README); it builds SeaweedFS, the object store.",
+    )
     say(f"building SeaweedFS {WEED_VERSION} (the local S3 object store) with Go into {target} (once; about 5 minutes)")
     began = time.monotonic()
     fetched = _go(go, "mod", "download", "-json", f"{WEED_MODULE}@{WEED_VERSION}")
