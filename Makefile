@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml requirements.lock | sha2
 .PHONY: setup chromium demo test test-unit lint format kafka-down clean docker-check data-docs-assets
 
 $(STAMP): pyproject.toml requirements.lock
-	@command -v java >/dev/null || { echo "Java 17 is required (apt-get install openjdk-17-jre-headless)"; exit 1; }
+	@command -v javac >/dev/null || { echo "Java 17 with javac is required (apt-get install openjdk-17-jdk-headless)"; exit 1; }
 	@command -v mvn >/dev/null || { echo "Maven is required (apt-get install maven)"; exit 1; }
 	@$(PYTHON) -c 'import sys; assert (3, 11) <= sys.version_info[:2] < (3, 14), "Python 3.11-3.13 is required"'
 	rm -f $(VENV)/.installed-*

@@ -25,7 +25,7 @@ from wavepipe.bench.results import default_results_dir
 from wavepipe.bench.systems import LABELS, ON_ENGINE, SYSTEMS, Ranges, resolve_spark_kafka_jars
 from wavepipe.bench.workloads import KiB, MiB, SignalPool, Workload, default_workloads, produce_backlog
 from wavepipe.contracts.config import Settings, source_checkout
-from wavepipe.local.jars import RESOURCES
+from wavepipe.local.jars import RESOURCES, delta_build, installed_pyspark
 
 log = logging.getLogger("wavepipe.bench")
 CEILINGS = ("ceiling_kcat", "ceiling_confluent")
@@ -462,7 +462,8 @@ def machine_info() -> dict:
         "python": platform.python_version(),
         "kafka": kafka_version,
         "pyspark": version("pyspark"),
-        "delta_spark": version("delta-spark"),
+        # the Delta Lake jars resolved for that Spark (the results' name for them predates the jars)
+        "delta_spark": delta_build(installed_pyspark())["delta.version"],
         "confluent_kafka": confluent_kafka.version()[0],
         "librdkafka": confluent_kafka.libversion()[0],
         "kcat": (subprocess.run([kcat, "-V"], capture_output=True, text=True, check=False).stdout.splitlines() or [""])[

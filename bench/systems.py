@@ -301,9 +301,11 @@ def spark_kafka_source(settings: Settings, topic: str, ranges: Ranges, workdir: 
 
 
 def resolve_spark_kafka_jars(settings: Settings) -> Path:
-    from wavepipe.local.jars import resolve_jars
+    from wavepipe.local.jars import installed_pyspark, resolve_jars
 
-    return resolve_jars(HERE / "spark-kafka-pom.xml", settings.jars_dir, include_artifact_ids=SPARK_KAFKA_ARTIFACTS)
+    spark = {"spark.version": installed_pyspark()}
+    pom = HERE / "spark-kafka-pom.xml"
+    return resolve_jars(pom, settings.jars_dir, include_artifact_ids=SPARK_KAFKA_ARTIFACTS, properties=spark)
 
 
 SYSTEMS = {

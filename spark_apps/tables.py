@@ -16,6 +16,7 @@ with Delta's own writer on the engine (``replaceWhere``).
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import logging
 import uuid
@@ -24,6 +25,7 @@ from datetime import UTC, datetime
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StructType
 
 from wavepipe import storage
 from wavepipe.delta_files import NULL_PARTITION, add_action_fields
@@ -84,6 +86,14 @@ def protocol_types(df: DataFrame) -> DataFrame:
 def delta_writer(df: DataFrame):
     """The one way wavepipe writes a Delta table: ``df``'s writer, with protocol-valid types."""
     return protocol_types(df).write.format("delta")
+
+
+def arrow_schema(schema: StructType):
+    """``schema`` as Arrow, timestamps in UTC (pyspark 4.2 asks for ``timezone``, 4.1 for
+    ``timestamp_utc``)."""
+    if "timezone" in inspect.signature(to_arrow_schema).parameters:
+        return to_arrow_schema(schema, timezone="UTC")
+    return to_arrow_schema(schema, timestamp_utc=True)
 
 
 def delta_version(path: str) -> int | None:
@@ -307,7 +317,7 @@ def append_new(
             if scope is not None:
                 existing = with_ids(existing, scope)
             df = df.join(existing.select(*keys), keys, "left_anti")
-    schema = to_arrow_schema(df.schema, timezone="UTC") if table is None else None  # a new table's
+    schema = arrow_schema(df.schema) if table is None else None  # a new table's
     folder = write_files(df, path, partition_by)
     failpoint("publish.before_commit")
     commit_files(path, folder, partition_by or [], txn, table=table, schema=schema)

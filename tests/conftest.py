@@ -36,6 +36,7 @@ from wavepipe.contracts.config import Settings, load_settings
 #: workers of ``make test`` (pytest-xdist, one file per worker at a time) finish close together.
 #: Order only: a file missing here runs after these, in the usual order.
 LONGEST_FIRST = [  # by their times in a two-worker run
+    "test_wheel.py",  # two virtualenvs installed, each with the unit tier and a run through Airflow
     "test_faults.py",
     "test_bad_input.py",
     "test_airflow_ui.py",
@@ -50,7 +51,6 @@ LONGEST_FIRST = [  # by their times in a two-worker run
     "test_maintenance.py",
     "test_kafka_cluster.py",
     "test_bench.py",
-    "test_wheel.py",
     "test_backfill.py",
     "test_redelivery.py",
     "test_hostile_waveforms.py",

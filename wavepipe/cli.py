@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+from wavepipe import __version__
 from wavepipe.contracts.config import Settings, load_settings, redact_url
 from wavepipe.contracts.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, EXIT_VALIDATION, UsageError
 from wavepipe.local.jars import SetupError
@@ -590,6 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--home", help="state folder (default: WAVEPIPE_HOME or <project>/.wavepipe)")
     parser.add_argument("--bootstrap-servers", help="Kafka bootstrap servers (default: config)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging, and tracebacks on errors")
+    parser.add_argument("--version", action="version", version=f"wavepipe {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     k = sub.add_parser("kafka", help="the local Apache Kafka broker (KRaft, one node)")

@@ -1,22 +1,31 @@
-"""wavepipe as a package: its wheel, installed (not editable) into a fresh virtualenv outside the
-checkout, gives the CLI, Spark apps that a Spark Connect server's Python workers import from the
-installed package, and DAG factories a user's DAG folder calls to run two pipelines side by side."""
+"""wavepipe as a release: its sdist and wheel, built and checked as a team would receive them, and
+the wheel installed (not editable) into fresh virtualenvs outside the checkout with each dependency
+set of its tested ranges (tests/compat.py: the oldest the ranges allow, the newest released). In
+each: pip check, the unit tier, the CLI, Spark apps that a Spark Connect server's Python workers
+import from the installed package, and DAG factories a user's DAG folder calls to run two
+pipelines side by side through ``airflow dags test``."""
 
 from __future__ import annotations
 
+import email
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import textwrap
+import tomllib
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 import pytest
+from packaging.specifiers import SpecifierSet
 
-from tests.helpers import output_rows
+from tests.compat import OLDEST_AIRFLOW_PINS, SETS, lowest_pins, newest_python
+from tests.helpers import output_rows, progress
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.contracts.config import PROJECT_ROOT, load_settings
@@ -25,6 +34,9 @@ from wavepipe.local.kafka import free_port
 from wavepipe.offline_docs import LOCAL_COPIES
 
 pytestmark = pytest.mark.integration
+
+PYPROJECT = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["project"]
+VERSION = PYPROJECT["version"]
 
 USER_DAGS = """\
     from wavepipe.plugins.airflow_dags import wavepipe_ingest_dag, wavepipe_rewind_dag
@@ -78,64 +90,103 @@ def _run(args: list, *, cwd: Path, env: dict, timeout: float = 600) -> subproces
     return result
 
 
+@dataclass(frozen=True)
+class Release:
+    root: Path
+    sdist: Path
+    wheel: Path
+
+
+@dataclass(frozen=True)
+class Installed:
+    name: str
+    venv: Path
+    release: Release
+    versions: dict[str, str]
+
+
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
-    """wavepipe's wheel built from this checkout and installed, with the pinned dependencies, into
-    a new virtualenv in a temporary folder (pip's cache makes the second install quick)."""
-    root = tmp_path_factory.mktemp("wheel")
+def release(tmp_path_factory) -> Release:
+    """The sdist, and the wheel built from that sdist (so the sdist is complete), made with
+    ``python -m build`` from a copy of the sources (setuptools builds in the tree: a stale build/
+    of the checkout would end up in them), both passing ``twine check --strict``."""
+    root = tmp_path_factory.mktemp("release")
     assert not root.is_relative_to(PROJECT_ROOT)
-    dist = root / "dist"
-    # from a copy of the sources (setuptools builds in the tree: a stale build/ of the checkout would
-    # end up in the wheel); pip fetches the build backend pyproject.toml names, as `make setup` did
     src = root / "src"
-    shutil.copytree(
-        PROJECT_ROOT,
-        src,
-        ignore=shutil.ignore_patterns(
-            ".git",
-            ".venv",
-            ".cache",
-            ".wavepipe",
-            ".pytest_cache",
-            "build",
-            "dist",
-            "*.egg-info",
-            "__pycache__",
-            "tests",
-        ),
-    )
-    _run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", dist, src], cwd=root, env=dict(os.environ)
-    )
-    wheels = sorted(dist.glob("wavepipe-*.whl"))
-    assert len(wheels) == 1, wheels
-    venv = root / "venv"
-    _run([sys.executable, "-m", "venv", venv], cwd=root, env=dict(os.environ))
+    ignore = (".git", ".venv", ".cache", ".wavepipe", ".pytest_cache", "build", "dist", "*.egg-info", "__pycache__")
+    shutil.copytree(PROJECT_ROOT, src, ignore=shutil.ignore_patterns(*ignore, "tests"))
+    dist = root / "dist"
+    progress("building the sdist and the wheel (python -m build)")
+    _run([sys.executable, "-m", "build", "--outdir", dist, src], cwd=root, env=dict(os.environ))
+    (sdist,), (wheel,) = sorted(dist.glob("wavepipe-*.tar.gz")), sorted(dist.glob("wavepipe-*.whl"))
+    _run([sys.executable, "-m", "twine", "check", "--strict", sdist, wheel], cwd=root, env=dict(os.environ))
+    return Release(root, sdist, wheel)
+
+
+def _requires(wheel: Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as z:
+        meta = email.message_from_bytes(z.read(f"wavepipe-{VERSION}.dist-info/METADATA"))
+    return meta.get_all("Requires-Dist") or []
+
+
+@pytest.fixture(scope="module", params=SETS)
+def installed(request, release) -> Installed:
+    """The wheel with its test extra installed into a new virtualenv with one dependency set: the
+    oldest (every lower bound of wavepipe's requirements pinned, on this Python) or the newest
+    (pip's newest releases within the ranges, on the newest Python found); pip's cache makes a
+    second install quick. ``pip check`` passes."""
+    name = request.param
+    python = sys.executable if name == "oldest" else newest_python()
+    venv = release.root / f"venv-{name}"
+    _run([python, "-m", "venv", venv], cwd=release.root, env=dict(os.environ))
     env = _venv_env(venv)
-    _run(
-        [
-            venv / "bin" / "python",
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--disable-pip-version-check",
-            "-c",
-            PROJECT_ROOT / "requirements.lock",
-            wheels[0],
-        ],
-        cwd=root,
-        env=env,
-        timeout=1200,
-    )
-    _run([venv / "bin" / "python", "-m", "pip", "check"], cwd=root, env=env)
-    return root, venv, wheels[0]
+    pip = [venv / "bin" / "python", "-m", "pip", "--disable-pip-version-check"]
+    _run([*pip, "install", "--quiet", "--upgrade", "pip"], cwd=release.root, env=env)
+    constraints = []
+    if name == "oldest":
+        pins = release.root / "oldest.txt"
+        pins.write_text("\n".join([*lowest_pins(_requires(release.wheel)), *OLDEST_AIRFLOW_PINS]) + "\n")
+        constraints = ["-c", pins]
+    progress(f"installing the wheel with the {name} dependency set ({Path(python).name}; a few minutes when cold)")
+    _run([*pip, "install", "--quiet", *constraints, f"{release.wheel}[test]"], cwd=release.root, env=env, timeout=1800)
+    _run([*pip, "check"], cwd=release.root, env=env)
+    names = ("apache-airflow", "pyspark", "pyspark-client", "numpy", "pandas", "pyarrow", "great-expectations")
+    listed = _run([*pip, "list", "--format", "json"], cwd=release.root, env=env).stdout
+    versions = {p["name"].lower(): p["version"] for p in json.loads(listed) if p["name"].lower() in names}
+    versions["python"] = _run(
+        [venv / "bin" / "python", "-c", "import platform; print(platform.python_version())"], cwd=release.root, env=env
+    ).stdout.strip()
+    progress(f"{name} set: " + ", ".join(f"{k} {v}" for k, v in sorted(versions.items())))
+    return Installed(name, venv, release, versions)
 
 
-def test_the_wheel_holds_the_package_and_no_source_tree_paths(installed):
-    root, venv, wheel = installed
-    names = zipfile.ZipFile(wheel).namelist()
-    assert {n.split("/")[0] for n in names} == {"wavepipe", "wavepipe-0.1.0.dist-info"}, sorted(names)
+def test_the_release_files_are_complete(release):
+    """What a team's pip, index and scanners read: the license, the Python versions, the tested
+    ranges (every requirement with a floor), the version of pyproject.toml, and only the package."""
+    with zipfile.ZipFile(release.wheel) as z:
+        names = z.namelist()
+        meta = email.message_from_bytes(z.read(f"wavepipe-{VERSION}.dist-info/METADATA"))
+    assert {n.split("/")[0] for n in names} == {"wavepipe", f"wavepipe-{VERSION}.dist-info"}, sorted(names)
+    assert f"wavepipe-{VERSION}.dist-info/licenses/LICENSE" in names
+    assert meta["Version"] == VERSION and meta["License-Expression"] == "Apache-2.0"
+    assert SpecifierSet(meta["Requires-Python"]) == SpecifierSet(PYPROJECT["requires-python"])
+    pythons = {c.rsplit(" :: ", 1)[-1] for c in meta.get_all("Classifier") if c.startswith("Programming Language")}
+    assert {"3.11", "3.12", "3.13"} <= pythons, pythons
+    assert len(lowest_pins(meta.get_all("Requires-Dist"))) == len(PYPROJECT["dependencies"])
+    core = [r for r in meta.get_all("Requires-Dist") if "extra ==" not in r]
+    assert not [r for r in core if "==" in r], "a requirement of the package is pinned to one release"
+    with tarfile.open(release.sdist) as sdist:
+        members = {m.name.split("/", 1)[-1] for m in sdist.getmembers()}
+    for needed in (
+        "LICENSE",
+        "README.md",
+        "pyproject.toml",
+        "consumers/planner.py",
+        "spark_apps/reassemble.py",
+        "wavepipe/resources/logstore/pom.xml",
+        "dags/wavepipe_ingest.py",
+    ):
+        assert needed in members, needed
     for needed in (
         "wavepipe/spark_apps/reassemble.py",
         "wavepipe/plugins/airflow_dags.py",
@@ -151,6 +202,10 @@ def test_the_wheel_holds_the_package_and_no_source_tree_paths(installed):
         "wavepipe/resources/data_docs/webfonts/fa-solid-900.woff2",
     ):
         assert needed in names, needed
+
+
+def test_the_installed_package_runs_without_the_source_tree(installed):
+    root, venv = installed.release.root, installed.venv
     env = _venv_env(venv)
     where = _run(
         [
@@ -161,7 +216,8 @@ def test_the_wheel_holds_the_package_and_no_source_tree_paths(installed):
             "print(json.dumps({'package': wavepipe.__file__, 'app': r.__file__, 'checkout': str(c.source_checkout()), "
             "'home': str(c.load_settings().home), 'jars': str(c.load_settings().jars_dir), "
             "'reassemble_app': str(p.REASSEMBLE_APP), 'dags': str(l.DAGS_FOLDER), "
-            "'pom': str(j.RESOURCES / 'kafka-pom.xml'), 'pom_exists': (j.RESOURCES / 'kafka-pom.xml').is_file()}))",
+            "'pom': str(j.RESOURCES / 'kafka-pom.xml'), 'pom_exists': (j.RESOURCES / 'kafka-pom.xml').is_file(), "
+            "'delta': j.delta_build(j.installed_pyspark())}))",
         ],
         cwd=root,
         env={**env, "HOME": str(root / "user")},
@@ -175,12 +231,44 @@ def test_the_wheel_holds_the_package_and_no_source_tree_paths(installed):
     assert found["home"] == str(root / "user" / ".local" / "share" / "wavepipe"), found
     assert found["jars"] == str(root / "user" / ".cache" / "wavepipe" / "jars"), found
     assert Path(found["reassemble_app"]).is_file() and (Path(found["dags"]) / "wavepipe_ingest.py").is_file()
+    # the Delta build resolved for this set's Spark
+    assert found["delta"]["spark.binary"] == ".".join(installed.versions["pyspark"].split(".")[:2]), found
+    assert _run([venv / "bin" / "wavepipe", "--version"], cwd=root, env=env).stdout.strip() == f"wavepipe {VERSION}"
     cli = _run([venv / "bin" / "wavepipe", "--help"], cwd=root, env=env)
     assert "wavepipe" in cli.stdout and "run" in cli.stdout
 
 
+def test_the_unit_tier_passes(installed, tmp_path):
+    """The checkout's unit tests, on a copy outside it, import the installed package; the tests of
+    the repository's own files (its docs, docker/, layout) are the checkout's, not the package's."""
+    shutil.copytree(PROJECT_ROOT / "tests", tmp_path / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    ini = tomllib.loads((PROJECT_ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    markers = "".join(f"\n    {m}" for m in ini["markers"])
+    (tmp_path / "pytest.ini").write_text(f"[pytest]\npythonpath = .\naddopts = -ra\nmarkers ={markers}\n")
+    env = _venv_env(installed.venv, HOME=str(tmp_path / "user"))
+    progress(f"the unit tier on the {installed.name} set")
+    result = _run(
+        [
+            installed.venv / "bin" / "python",
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "not repository",
+            "tests/unit",
+        ],
+        cwd=tmp_path,
+        env=env,
+        timeout=900,
+    )
+    summary = result.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "failed" not in summary and "error" not in summary, result.stdout[-3000:]
+
+
 def test_a_users_dag_folder_runs_two_pipelines_side_by_side(installed, kafka, spark, tmp_path):
-    _, venv, _ = installed
+    venv = installed.venv
     home = tmp_path / "homes"
     base = load_settings(
         bootstrap_servers=kafka.bootstrap,

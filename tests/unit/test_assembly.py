@@ -22,11 +22,10 @@ def test_the_assembly_imports_no_spark():
 
 
 def test_spark_output_schema_is_the_arrow_one():
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     from wavepipe.spark_apps.reassemble import OUTPUT_SCHEMA
+    from wavepipe.spark_apps.tables import arrow_schema
 
-    assert to_arrow_schema(OUTPUT_SCHEMA, timezone="UTC").equals(ARROW_OUTPUT_SCHEMA)
+    assert arrow_schema(OUTPUT_SCHEMA).equals(ARROW_OUTPUT_SCHEMA)
     assert [f.name for f in OUTPUT_SCHEMA.fields if not f.nullable] == [
         f.name for f in ARROW_OUTPUT_SCHEMA if not f.nullable
     ]

@@ -136,6 +136,16 @@ def test_staged_bytes_counts_the_runs_chunk_and_dead_letter_files(tmp_path):
     assert store.staged_bytes("r1") == 550
 
 
+@pytest.mark.repository
+def test_a_checkout_keeps_its_state_in_its_own_folder(monkeypatch):
+    from wavepipe.contracts import config
+
+    for name in ("WAVEPIPE_CONFIG", "WAVEPIPE_HOME", "WAVEPIPE_JARS"):
+        monkeypatch.delenv(name, raising=False)
+    assert config.source_checkout() == config.PROJECT_ROOT  # the tests run from the checkout
+    assert load_settings().home == config.PROJECT_ROOT / ".wavepipe"
+
+
 def test_an_installed_wavepipe_keeps_its_state_in_the_users_folders(tmp_path, monkeypatch):
     """Without a source checkout (a wheel in site-packages) the home, the jars and the config file
     are never looked for beside the code: XDG folders, and the working folder's wavepipe.toml."""
@@ -143,8 +153,6 @@ def test_an_installed_wavepipe_keeps_its_state_in_the_users_folders(tmp_path, mo
 
     for name in ("WAVEPIPE_CONFIG", "WAVEPIPE_HOME", "WAVEPIPE_JARS"):
         monkeypatch.delenv(name, raising=False)
-    assert config.source_checkout() == config.PROJECT_ROOT  # the tests run from the checkout
-    assert load_settings().home == config.PROJECT_ROOT / ".wavepipe"
     monkeypatch.setattr(config, "source_checkout", lambda: None)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))

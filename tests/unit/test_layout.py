@@ -8,6 +8,10 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.repository  # the repository's own files, not the installed package
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -10,9 +10,15 @@ import hashlib
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 RESOURCES = Path(__file__).resolve().parents[1] / "resources"
+
+#: The Delta Lake release resolved for each Spark minor version wavepipe supports: the newest with
+#: a Maven Central build for that Spark (``io.delta:delta-spark_<minor>_2.13``). Spark 4.3 has none
+#: yet, and Airflow's Spark provider has no pyspark-client 4.3 (see ``pyspark_problem``).
+DELTA_FOR_SPARK = {"4.1": "4.4.0", "4.2": "4.4.0"}
 
 
 class SetupError(RuntimeError):
@@ -32,11 +38,14 @@ def resolve_jars(
     *,
     include_group_ids: str | None = None,
     include_artifact_ids: str | None = None,
+    properties: dict[str, str] | None = None,
 ) -> Path:
-    """Copy the dependencies of ``pom_name`` (a file name in resources/, or a path) into a cache
-    folder and return it."""
+    """Copy the dependencies of ``pom_name`` (a file name in resources/, or a path), with its
+    ``properties`` set (Maven's ``-Dname=value``), into a cache folder and return it."""
     pom = RESOURCES / pom_name if isinstance(pom_name, str) else pom_name
+    defines = [f"-D{name}={value}" for name, value in sorted((properties or {}).items())]
     filters = (include_group_ids or "") + (f"|{include_artifact_ids}" if include_artifact_ids else "")
+    filters += "".join(f"|{d}" for d in defines)
     digest = hashlib.sha256(pom.read_bytes() + filters.encode()).hexdigest()[:12]
     target = jars_dir.resolve() / f"{pom.stem}-{digest}"
     if (target / ".complete").exists():
@@ -44,7 +53,7 @@ def resolve_jars(
     mvn = require_tool("mvn", "Install Maven (apt-get install maven); it resolves the jars from Maven Central.")
     require_tool("java", "Install Java 17 (apt-get install openjdk-17-jre-headless).")
     print(f"resolving jars of {pom_name} from Maven Central into {target} ...", file=sys.stderr, flush=True)
-    cmd = [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={target}"]
+    cmd = [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={target}", *defines]
     if include_group_ids:
         cmd.append(f"-DincludeGroupIds={include_group_ids}")
     if include_artifact_ids:
@@ -76,8 +85,10 @@ S3_GROUPS = ",".join(
 
 
 def s3_jars(jars_dir: Path) -> list[Path]:
-    """Hadoop's S3A connector and the AWS SDK modules it uses (about 16 MB), for ``s3a://``."""
-    return sorted(resolve_jars("s3-pom.xml", jars_dir, include_group_ids=S3_GROUPS).glob("*.jar"))
+    """Hadoop's S3A connector, at the Hadoop release the installed pyspark ships, and the AWS SDK
+    modules it uses (about 16 MB), for ``s3a://``."""
+    hadoop = {"hadoop.version": hadoop_version()}
+    return sorted(resolve_jars("s3-pom.xml", jars_dir, include_group_ids=S3_GROUPS, properties=hadoop).glob("*.jar"))
 
 
 def logstore_jar(jars_dir: Path) -> Path:
@@ -105,6 +116,69 @@ def logstore_jar(jars_dir: Path) -> Path:
 
 
 def spark_jars(jars_dir: Path) -> list[Path]:
-    """Delta Lake jars for the pinned Spark (only io.delta artifacts: Spark ships the rest)."""
-    folder = resolve_jars("spark-pom.xml", jars_dir, include_group_ids="io.delta")
+    """Delta Lake jars for the installed Spark (only io.delta artifacts: Spark ships the rest)."""
+    build = delta_build(installed_pyspark())
+    folder = resolve_jars("spark-pom.xml", jars_dir, include_group_ids="io.delta", properties=build)
     return sorted(folder.glob("*.jar"))
+
+
+def installed_pyspark() -> str:
+    """The installed pyspark's release, after checking that nothing else overwrote its files."""
+    version = metadata.version("pyspark")
+    try:
+        client = metadata.version("pyspark-client")
+    except metadata.PackageNotFoundError:
+        client = None
+    problem = pyspark_problem(version, client)
+    if problem:
+        raise SetupError(problem)
+    return version
+
+
+def pyspark_problem(pyspark: str, client: str | None) -> str | None:
+    """Why this pyspark (and the pyspark-client installed beside it, if any) cannot run wavepipe's
+    Spark work, or None. Both install into the same ``pyspark/`` folder, so a different release of
+    one overwrites files of the other."""
+    if client is not None and client != pyspark:
+        return (
+            f"pyspark {pyspark} and pyspark-client {client} are both installed and share the pyspark/ folder, so "
+            f"each overwrote files of the other: install the same release of both "
+            f"(pip install pyspark=={client} or pyspark-client=={pyspark}, whichever exists)"
+        )
+    try:
+        delta_build(pyspark)
+    except SetupError as err:
+        return str(err)
+    return None
+
+
+def delta_build(pyspark: str) -> dict[str, str]:
+    """The Maven properties of resources/spark-pom.xml for Spark ``pyspark``: its minor version and
+    the Delta Lake release built for it."""
+    minor = ".".join(pyspark.split(".")[:2])
+    if minor not in DELTA_FOR_SPARK:
+        supported = ", ".join(DELTA_FOR_SPARK)
+        raise SetupError(
+            f"pyspark {pyspark} is not supported: wavepipe resolves Delta Lake for Spark {supported} "
+            f"(install {_required('pyspark')} with the same release of pyspark-client)"
+        )
+    return {"spark.binary": minor, "delta.version": DELTA_FOR_SPARK[minor]}
+
+
+def _required(name: str) -> str:
+    """The requirement on ``name`` that wavepipe's installed metadata declares."""
+    try:
+        found = [r for r in metadata.requires("wavepipe") or () if r.split(">")[0].split("<")[0].strip() == name]
+    except metadata.PackageNotFoundError:
+        found = []
+    return found[0].replace(" ", "") if found else name
+
+
+def hadoop_version() -> str:
+    """The Hadoop release whose client jars the installed pyspark ships."""
+    import pyspark
+
+    jars = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
+    if not jars:
+        raise SetupError("pyspark's jars have no hadoop-client-api: reinstall pyspark (not pyspark-client alone)")
+    return jars[-1].stem.removeprefix("hadoop-client-api-")
