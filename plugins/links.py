@@ -1,5 +1,5 @@
 """A wavepipe task's extra links (the buttons on its page in the Airflow UI): its run's page and
-the Great Expectations Data Docs of its validation, served by the API server
+the Great Expectations Data Docs of its validation, served by the API server from the run state
 (``wavepipe.plugins.report_app``). Airflow asks for them in the worker once the task ends and
 keeps them; a task with nothing to show gets no link."""
 
@@ -38,10 +38,7 @@ class DataDocsLink(BaseOperatorLink):
 
     def get_link(self, operator, *, ti_key) -> str:
         docs = getattr(operator, "_data_docs", None)
-        if not docs:
-            return ""
-        settings, url = docs
-        from wavepipe.plugins.report_app import data_docs_root
+        from wavepipe.pages import site_path
 
-        root = f"file://{data_docs_root(settings).resolve()}/"
-        return app_url(f"data-docs/{url[len(root) :]}") if url and url.startswith(root) else ""
+        path = site_path(docs[1] or "") if docs else None
+        return app_url(f"data-docs/{path}") if path else ""

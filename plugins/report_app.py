@@ -1,25 +1,21 @@
 """The run pages and Great Expectations Data Docs, served by Airflow's API server (a plugin's
 FastAPI app at ``/wavepipe``) to users logged in to Airflow: a task's extra links open them
-(``wavepipe.plugins.links``). Files are served from the API server's wavepipe home (its
-``reports`` and Data Docs folders): a home every worker and the API server share, as
-``wavepipe airflow up`` and the compose stack have. Airflow does not authenticate a plugin's
-app: every route here asks for the caller's Airflow login itself.
+(``wavepipe.plugins.links``). Pages are read from the run state (``state_uri``: a bucket or a
+folder; the API server's home only when that is the state), where each run keeps them
+(``wavepipe.pages``), so the API server shares no disk with the workers; what the Data Docs load
+(styles, scripts, images) comes from the installed packages. Airflow does not authenticate a
+plugin's app: every route here asks for the caller's Airflow login itself, and reads only keys
+made of names it checked.
 """
 
 # no ``from __future__ import annotations``: FastAPI reads the routes' annotations, made in
 # ``build_app``, as objects
 
-import re
+from collections.abc import Callable
 from pathlib import Path
 
 #: Where the app is mounted under the API server's base URL.
 PREFIX = "/wavepipe"
-#: A report file's name: a safe run id, ``.html`` or ``.json``.
-_REPORT_NAME = re.compile(r"^[A-Za-z0-9_.+-]+\.(html|json)$")
-
-
-def data_docs_root(settings) -> Path:
-    return settings.gx_dir / "uncommitted" / "data_docs" / "local_site"
 
 
 def inside(root: Path, relative: str) -> Path:
@@ -32,21 +28,38 @@ def inside(root: Path, relative: str) -> Path:
     return path
 
 
-def served_page(html: str, docs_root: Path, prefix: str) -> str:
-    """A run page as the API server serves it: its Data Docs links (``file://`` on the worker)
-    point at the app's Data Docs route."""
-    return html.replace(f"file://{docs_root.resolve()}/", f"{prefix}/data-docs/").replace(
-        f"file://{docs_root}/", f"{prefix}/data-docs/"
-    )
+def kept(key_of: Callable[[str], str], name: str) -> bytes:
+    """What the run state of this server's settings holds at ``key_of(name)``: 404 for a name
+    ``key_of`` refuses (ValueError) or nothing there, 503 when the state's store does not answer."""
+    from fastapi import HTTPException
+
+    from wavepipe.contracts.config import load_settings
+    from wavepipe.contracts.runfiles import RunStore
+    from wavepipe.storage import StorageUnavailableError
+
+    try:
+        key = key_of(name)
+    except ValueError as exc:
+        raise HTTPException(status_code=404, detail=str(exc)) from None
+    try:
+        found = RunStore(load_settings()).state.read(key)
+    except StorageUnavailableError as exc:
+        raise HTTPException(status_code=503, detail=str(exc)) from None
+    if found is None:
+        raise HTTPException(status_code=404, detail=f"not in the run state (or no longer kept): {name}")
+    return found
 
 
 def build_app():
     """The app (FastAPI is imported here: the plugin that holds it is loaded by every Airflow
     process, and only the API server serves it)."""
-    from fastapi import Depends, FastAPI, HTTPException, Request
-    from fastapi.responses import FileResponse, HTMLResponse
+    import mimetypes
 
-    from wavepipe.contracts.config import load_settings
+    from fastapi import Depends, FastAPI, Request
+    from fastapi.responses import FileResponse, HTMLResponse, Response
+
+    from wavepipe import pages
+    from wavepipe.offline_docs import asset
 
     async def logged_in(request: Request) -> None:
         """The login the API server's own routes ask for (its JWT, as a bearer token or the UI's
@@ -59,17 +72,18 @@ def build_app():
 
     @app.get("/reports/{name}")
     def report(name: str):
-        if not _REPORT_NAME.match(name):
-            raise HTTPException(status_code=404, detail="not a run report's name")
-        settings = load_settings()
-        path = inside(settings.reports_dir, name)
-        if path.suffix == ".json":
-            return FileResponse(path, media_type="application/json")
-        return HTMLResponse(served_page(path.read_text(), data_docs_root(settings), _base() + PREFIX))
+        found = kept(pages.report_key, name)
+        if name.endswith(".json"):
+            return Response(found, media_type="application/json")
+        return HTMLResponse(pages.served_page(found.decode(), _base() + PREFIX))
 
     @app.get("/data-docs/{relative:path}")
     def data_docs(relative: str):
-        return FileResponse(inside(data_docs_root(load_settings()), relative))
+        shipped = asset(relative)
+        if shipped is not None:
+            return FileResponse(inside(*shipped))
+        media_type = mimetypes.guess_type(relative)[0] or "application/octet-stream"
+        return Response(kept(pages.data_docs_key, relative), media_type=media_type)
 
     return app
 

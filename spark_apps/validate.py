@@ -38,6 +38,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from wavepipe import delta_txn, expectations, storage
+from wavepipe import pages as run_pages
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.plan import RunPlan, utc_now
 from wavepipe.contracts.report import append_validation_history, describe_safely, failed_expectations
@@ -233,7 +234,18 @@ def run_suites(
         context,
         [shown for *_, shown, _ in checks],
         [i for *_, stored in checks for i in stored],
-    ) or ([], "")
+    ) or ([], "", [])
+    if docs[2]:
+        describe_safely(
+            notes,
+            "keeping the Data Docs in the run state",
+            run_pages.keep_data_docs,
+            RunStore(settings),
+            run_id,
+            docs[2][0].parent,
+            docs[2],
+            catching=storage.STORAGE_ERRORS,
+        )
     pages = docs[0] or [None] * len(checks)
     out = [
         {
@@ -307,9 +319,9 @@ def _bound_docs_index(context) -> None:
         context.variables.save()
 
 
-def _build_docs(context, shown: list, identifiers: list) -> tuple[list[str | None], str]:
-    """Build this run's Data Docs pages (and the index once); the page of each ``shown`` result
-    and the index URL."""
+def _build_docs(context, shown: list, identifiers: list) -> tuple[list[str | None], str, list[Path]]:
+    """Build this run's Data Docs pages (and the index once); the page of each ``shown`` result,
+    the index URL and, in a local site, the files built (the index first)."""
     context.build_data_docs(resource_identifiers=identifiers)
     built = {}
     for identifier in identifiers:
@@ -317,10 +329,11 @@ def _build_docs(context, shown: list, identifiers: list) -> tuple[list[str | Non
         built[identifier] = urls[0]["site_url"] if urls else None
     index_url = context.get_docs_sites_urls()
     index = index_url[0]["site_url"] if index_url else ""
+    files = []
     if index.startswith("file://"):  # GX's pages load their styles and scripts from CDNs
         files = [Path(unquote(urlparse(url).path)) for url in [index, *built.values()] if url]
         localize_site(files[0].parent, files)
-    return [built.get(identifier) for identifier in shown], index
+    return [built.get(identifier) for identifier in shown], index, files
 
 
 # --- I/O -------------------------------------------------------------------------------------------

@@ -5,11 +5,13 @@ Font Awesome and Vega from CDNs, so on a machine without internet the pages come
 index empty. wavepipe ships those files (``resources/data_docs``, fetched from the npm registry by
 ``make data-docs-assets``; licenses beside them) and points each built page at a copy in the
 site's ``static/wavepipe/`` folder. The dark-mode stylesheet (bootstrap-prefers-dark, 0.9 MB)
-is left out: its link is removed and pages stay light.
+is left out: its link is removed and pages stay light. A site the API server serves from the run
+state (``wavepipe.pages``) gets these files, and GX's images, from the installed packages (``asset``).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -89,17 +91,39 @@ def remote_urls(html: str) -> list[str]:
     return [m.group(1) for m in _REMOTE_TAG.finditer(html)]
 
 
+def shipped_dir() -> Path:
+    """The shipped files, in the installed package."""
+    return Path(str(resources.files("wavepipe").joinpath("resources", "data_docs")))
+
+
+def gx_static_dir() -> Path:
+    """GX's own files that it copies into a site's ``static/`` (its images and fonts), in the
+    installed package (found without importing GX)."""
+    (package,) = importlib.util.find_spec("great_expectations").submodule_search_locations
+    return Path(package) / "render" / "view" / "static"
+
+
+def asset(path: str) -> tuple[Path, str] | None:
+    """Where the file at ``path`` in a Data Docs site is in the installed packages, as (a folder,
+    the path in it), for what the pages load from the site's ``static/``: the shipped copies
+    (``SITE_FOLDER``) and GX's images; None for any other path (a page)."""
+    if path.startswith(f"{SITE_FOLDER}/"):
+        return shipped_dir(), path.removeprefix(f"{SITE_FOLDER}/")
+    if path.startswith("static/"):
+        return gx_static_dir(), path.removeprefix("static/")
+    return None
+
+
 def install_assets(site: Path) -> Path:
     """Copy the shipped files into ``site``'s ``SITE_FOLDER`` (only those missing or changed)."""
     target = site / SITE_FOLDER
-    shipped = resources.files("wavepipe") / "resources" / "data_docs"
-    with resources.as_file(shipped) as source:
-        for path in Path(source).rglob("*"):
-            if path.is_file():
-                dest = target / path.relative_to(source)
-                if not dest.exists() or dest.stat().st_size != path.stat().st_size:
-                    dest.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copyfile(path, dest)
+    source = shipped_dir()
+    for path in source.rglob("*"):
+        if path.is_file():
+            dest = target / path.relative_to(source)
+            if not dest.exists() or dest.stat().st_size != path.stat().st_size:
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, dest)
     return target
 
 

@@ -22,7 +22,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Unpack
 
-from wavepipe import report_html, spark, storage
+from wavepipe import pages, report_html, spark, storage
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import UsageError
 from wavepipe.contracts.plan import ActiveRunError, RunPlan, RunRequest, as_utc, new_run_id, run_request, safe_run_id
@@ -377,9 +377,10 @@ def _check_validation(settings: Settings, store: RunStore, plan: RunPlan) -> Val
 
 
 def _write_report(settings: Settings, report: dict) -> Path:
-    """The run's JSON report and its HTML page beside it; returns the page. The page and the
-    validation trend on it only describe the run: when one fails, ``report["notes"]`` says so
-    (in the JSON, and on a plain page with the notes and the report) and the run goes on."""
+    """The run's JSON report and its HTML page beside it, both kept in the run state too; returns
+    the page. The page, the validation trend on it and its copy in the state only describe the
+    run: when one fails, ``report["notes"]`` says so (in the JSON, and on a plain page with the
+    notes and the report) and the run goes on."""
     from wavepipe.consumers.planner import lanes
     from wavepipe.contracts.report import describe_safely
 
@@ -400,7 +401,16 @@ def _write_report(settings: Settings, report: dict) -> Path:
         is None
     ):
         describe_safely(notes, "the run's plain page", report_html.write_plain, report, page)
-    RunStore(settings).save_report(report)
+    store = RunStore(settings)
+    describe_safely(
+        notes,
+        "keeping the run's page in the run state",
+        pages.keep_page,
+        store,
+        report["run_id"],
+        catching=storage.STORAGE_ERRORS,
+    )
+    store.save_report(report)
     return page
 
 

@@ -71,6 +71,11 @@ class StorageUnavailableError(RuntimeError):
     """The object store a step reads or writes did not answer; the message says what to check."""
 
 
+#: What reading or writing a location is expected to raise when the storage fails: the run
+#: state's object store not answering (``wavepipe.state``, in one line) or a local disk's error.
+STORAGE_ERRORS: tuple[type[Exception], ...] = (StorageUnavailableError, OSError)
+
+
 #: What a failure from an object store says (delta-rs and obstore, S3A and the AWS SDK).
 _STORAGE_MARKERS = (
     "Generic S3 error",

@@ -41,14 +41,22 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def describe_safely(notes: list[str], what: str, step: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+def describe_safely(
+    notes: list[str],
+    what: str,
+    step: Callable[..., T],
+    *args: Any,
+    catching: tuple[type[Exception], ...] = (Exception,),
+    **kwargs: Any,
+) -> T | None:
     """Run ``step``, which only describes a run (a plot, a page, Data Docs, the validation trend):
-    it never fails the run. Whatever ``Exception`` it raises is logged as a warning and appended
-    to ``notes`` as one line, ``"<what> failed: <reason>"``; the result is then None. Interrupts
-    and exits (``BaseException``) are not caught."""
+    it never fails the run. Whatever it raises of ``catching`` (any ``Exception`` unless told) is
+    logged as a warning and appended to ``notes`` as one line, ``"<what> failed: <reason>"``; the
+    result is then None. Anything else (a narrower ``catching`` lets a programming error through)
+    and interrupts and exits (``BaseException``) are not caught."""
     try:
         return step(*args, **kwargs)
-    except Exception as exc:
+    except catching as exc:
         lines = str(exc).strip().splitlines()
         reason = lines[0][:NOTE_REASON_CHARS] if lines else "no reason given"
         note = f"{what} failed: {reason}"

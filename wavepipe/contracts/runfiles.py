@@ -9,6 +9,8 @@ In the run state (``<home>``, or ``state_uri``: a shared folder or an object sto
   leases on an object store) that keep two processes out of one step.
 * ``groups/<group>/``: the group's active run (``active.json``), its last ranges and idle runs.
 * ``reports/<run_id>.json``: each run's report (also under ``<home>`` beside its page).
+* ``reports/<run_id>.html`` and the Data Docs its validation built: the run's pages, which
+  Airflow's API server serves from here (``wavepipe.pages``, which keeps the last runs').
 * ``dead-letters/<topic>.json``: the dead letters of a topic published so far.
 
 Under ``<home>``:
@@ -294,8 +296,13 @@ class RunStore:
         """The run's report: beside its page under ``<home>``, and in the state where other
         workers read it (one file when the state is the home)."""
         write_json_atomic(json_path(self.settings, report["run_id"]), report)
-        if self.state.where("reports") != str(self.settings.reports_dir):
+        if not self.in_home(f"reports/{report['run_id']}.json"):
             self._put(f"reports/{report['run_id']}.json", report)
+
+    def in_home(self, key: str) -> bool:
+        """Whether the state's ``key`` is the home's own file of that path (the state is the
+        home): what the home has there needs no copy."""
+        return self.state.where(key) == str(self.settings.home / key)
 
     def reports(self) -> list[dict]:
         """Every run's report in the state, oldest first (what is not a report's JSON is skipped)."""
