@@ -465,6 +465,37 @@ def check_object_store(stack: Stack) -> list[str]:
     return problems
 
 
+#: What the API server needs to read the run pages from the run state in the object store.
+STATE_SETTINGS = (
+    "WAVEPIPE_STATE_URI",
+    "WAVEPIPE_S3_ENDPOINT",
+    "WAVEPIPE_S3_REGION",
+    "WAVEPIPE_S3_ACCESS_KEY",
+    "WAVEPIPE_S3_SECRET_KEY",
+)
+
+
+def check_pages_from_state(stack: Stack) -> list[str]:
+    """The API server serves the run pages and Data Docs from the run state (wavepipe's plugin,
+    wavepipe.plugins.report_app), so it needs no home of the workers': the state is in the object
+    store, and the API server has the task runners' location of it and S3 settings."""
+    env = wavepipe_env(stack)
+    servers = {n: s for n, s in airflow_services(stack).items() if re.search(r"\bapi-server\b", runs(s))}
+    problems = [] if servers else ["no Airflow API server"]
+    if not env.get("WAVEPIPE_STATE_URI", "").startswith("s3://"):
+        problems.append(
+            f"WAVEPIPE_STATE_URI is {env.get('WAVEPIPE_STATE_URI')!r}: the run pages need it in the object store"
+        )
+    for name, service in servers.items():
+        own = environment(service)
+        problems += [
+            f"{name}: {key} differs from the task runners' (it reads the run pages from the run state)"
+            for key in STATE_SETTINGS
+            if own.get(key) != env.get(key)
+        ]
+    return problems
+
+
 def check_celery_on_postgres(stack: Stack) -> list[str]:
     """Every Airflow service: the Celery executor, Postgres as metadata DB and result backend, Redis
     as broker; at least two Celery workers with a few slots each."""
@@ -702,6 +733,7 @@ CHECKS: list[Callable[[Stack], list[str]]] = [
     check_spark_engine,
     check_shared_home,
     check_object_store,
+    check_pages_from_state,
     check_celery_on_postgres,
     check_connections,
     check_shell_snippets,
@@ -861,6 +893,13 @@ MUTATIONS = [
     (check_object_store, lambda s: _set_everywhere(s, "WAVEPIPE_S3_SECRET_KEY", "other"), "identities"),
     (check_object_store, lambda s: services(s)["objectstore"].update(image="chrislusf/seaweedfs:3.80"), "builds"),
     (check_object_store, lambda s: services(s)["spark-connect"]["depends_on"].pop("objectstore"), "healthy"),
+    (
+        check_pages_from_state,
+        lambda s: _set_in(s, "airflow-api-server", "WAVEPIPE_STATE_URI", ""),
+        "airflow-api-server: WAVEPIPE_STATE_URI differs",
+    ),
+    (check_pages_from_state, lambda s: _set_in(s, "airflow-api-server", "WAVEPIPE_S3_SECRET_KEY", "x"), "S3_SECRET"),
+    (check_pages_from_state, lambda s: _set_everywhere(s, "WAVEPIPE_STATE_URI", "/data/state"), "object store"),
     (check_spark_engine, lambda s: services(s)["spark-connect"].update(image="apache/spark:4.2.0"), "one image"),
     (check_connections, lambda s: _edit_conn(s, SPARK_CONN, port=15003), "spark_remote"),
     (check_connections, lambda s: _edit_conn(s, SPARK_CONN, host="spark-master"), "spark_remote"),
