@@ -28,6 +28,8 @@ import yaml
 
 from wavepipe.contracts.config import PROJECT_ROOT, Settings, load_settings
 
+pytestmark = pytest.mark.repository  # the repository's own files, not the installed package
+
 COMPOSE_FILE = PROJECT_ROOT / "docker" / "compose.yaml"
 KAFKA_POM = PROJECT_ROOT / "wavepipe" / "resources" / "kafka-pom.xml"
 #: Where docker/check builds the Compose CLI plugin when `docker compose` is missing.
