@@ -51,7 +51,7 @@ def resolve_jars(
     if (target / ".complete").exists():
         return target
     mvn = require_tool("mvn", "Install Maven (apt-get install maven); it resolves the jars from Maven Central.")
-    require_tool("java", "Install Java 17 (apt-get install openjdk-17-jre-headless).")
+    require_tool("java", "Install Java 17 (apt-get install openjdk-17-jdk-headless).")
     print(f"resolving jars of {pom_name} from Maven Central into {target} ...", file=sys.stderr, flush=True)
     cmd = [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies", f"-DoutputDirectory={target}", *defines]
     if include_group_ids:
