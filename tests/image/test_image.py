@@ -6,155 +6,51 @@ waveforms, its own Spark engine in local mode), and the same through Airflow
 (``airflow dags test wavepipe_ingest``, by ``wavepipe demo``).
 
 Every command runs in a working container of the image (``buildah run``, chroot isolation) inside
-a network namespace of the test's own that has only a loopback: the image's servers bind there,
-out of the way of anything on this machine, and nothing in the image can reach a registry.
+a network namespace of the test's own that has only a loopback (tests/image/boxes.py): the image's
+servers bind there, out of the way of anything on this machine, and nothing in the image can reach
+a registry.
 
-Opt-in, not part of ``make test``: ``WAVEPIPE_IMAGE_TEST=1 .venv/bin/python -m pytest tests/image``
-(root; buildah and debootstrap are installed with apt-get when missing). The first build takes
-minutes; with the base and the image's layers in .cache/buildah/ (WAVEPIPE_BUILDAH_CACHE moves it)
-and the build's inputs unchanged, the build is reused in seconds.
+The last step of ``make test`` (``make test-image``); alone: ``WAVEPIPE_IMAGE_TEST=1
+.venv/bin/python -m pytest tests/image`` (root; buildah and debootstrap are installed with apt-get
+when missing). The first build takes minutes; with the base and the image's layers in
+.cache/buildah/ (WAVEPIPE_BUILDAH_CACHE moves it) and the build's inputs unchanged, the build is
+reused in seconds.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import shutil
-import signal
-import subprocess
 import time
-import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("WAVEPIPE_BUILDAH_CACHE") or ROOT / ".cache" / "buildah")
-IMAGE = os.environ.get("IMAGE") or "localhost/wavepipe:latest"
-BUILDAH = ["buildah", "--storage-driver", "vfs", "--root", str(CACHE / "storage"), "--runroot", str(CACHE / "run")]
-HOSTNAME = "wavepipe-image"
+from tests.image.boxes import Box, build_local, ok, say, why_not
+
 #: the DAG files the Dockerfile copies into the Airflow services' DAG folder, by their DAG ids
 DAG_IDS = {"wavepipe_ingest", "wavepipe_maintenance", "wavepipe_rewind", "wavepipe_waveforms_summary"}
 #: what `wavepipe setup` resolves: one folder per pom (with its .complete marker) and the LogStore
 JAR_FOLDERS = ("kafka-pom-", "spark-pom-", "s3-pom-", "spark-kafka-pom-", "logstore-")
 
-
-def _why_not() -> str | None:
-    if os.environ.get("WAVEPIPE_IMAGE_TEST") != "1":
-        return "builds and runs the image (minutes): set WAVEPIPE_IMAGE_TEST=1 to run it"
-    if os.geteuid() != 0:
-        return "needs root (rootful buildah, debootstrap, network namespaces)"
-    if shutil.which("ip") is None:
-        return "needs iproute2's ip (network namespaces)"
-    return None
-
-
-REASON = _why_not()
+REASON = why_not()
 pytestmark = [pytest.mark.image, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
 
 
-def _say(message: str) -> None:
-    print(f"[image test] {message}", flush=True)
-
-
-@dataclass
-class Built:
-    image: str
-    output: str
-    seconds: float
-
-
 @pytest.fixture(scope="module")
-def built() -> Built:
+def built():
     """The image, built by docker/build-local (reused when it and its base are up to date)."""
-    began = time.monotonic()
-    done = subprocess.run(
-        [str(ROOT / "docker" / "build-local")],
-        env={**os.environ, "IMAGE": IMAGE, "WAVEPIPE_BUILDAH_CACHE": str(CACHE)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=3600,
-        check=False,
-    )
-    seconds = time.monotonic() - began
-    _say(f"docker/build-local: exit {done.returncode} in {seconds:.0f}s\n{done.stdout[-4000:]}")
-    assert done.returncode == 0, done.stdout[-6000:]
-    return Built(IMAGE, done.stdout, seconds)
-
-
-class Box:
-    """A working container of the image in a network namespace with only a loopback."""
-
-    def __init__(self, image: str):
-        tag = uuid.uuid4().hex[:8]
-        self.netns, self.name, self.mark = f"wpimg{tag}", f"wavepipe-imgtest-{tag}", f"wavepipe-imgtest-{tag}"
-        subprocess.run(["ip", "netns", "add", self.netns], check=True)
-        subprocess.run(["ip", "netns", "exec", self.netns, "ip", "link", "set", "lo", "up"], check=True)
-        made = subprocess.run(
-            [*BUILDAH, "from", "--name", self.name, "--add-host", f"{HOSTNAME}:127.0.0.1", image],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if made.returncode:
-            subprocess.run(["ip", "netns", "del", self.netns], check=False)
-            raise RuntimeError(f"buildah from {image} failed: {made.stderr}")
-
-    def run(self, script: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-        """``bash -c script`` in the container, output captured (stdout and stderr apart)."""
-        variables = [f"-e={k}={v}" for k, v in {"IMAGE_TEST_MARK": self.mark, **(env or {})}.items()]
-        argv = [
-            *("ip", "netns", "exec", self.netns),
-            *BUILDAH,
-            *("run", "--isolation", "chroot", "--network", "host", "--hostname", HOSTNAME, *variables),
-            *(self.name, "--", "bash", "-c", script),
-        ]
-        began = time.monotonic()
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-        _say(f"$ {script.strip().splitlines()[0][:120]}  -> exit {done.returncode} in {time.monotonic() - began:.1f}s")
-        return done
-
-    def left_behind(self) -> list[int]:
-        """Processes started in the container that are still running (found by the variable every
-        command of this box gets)."""
-        found = []
-        needle = f"IMAGE_TEST_MARK={self.mark}".encode()
-        for proc in Path("/proc").iterdir():
-            if proc.name.isdigit():
-                try:
-                    if needle in (proc / "environ").read_bytes().split(b"\0"):
-                        found.append(int(proc.name))
-                except OSError:
-                    pass
-        return found
-
-    def close(self) -> None:
-        self.run("wavepipe spark down --force; wavepipe kafka down", timeout=120)
-        for pid in self.left_behind():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        subprocess.run([*BUILDAH, "rm", self.name], capture_output=True, check=False)
-        subprocess.run(["ip", "netns", "del", self.netns], check=False)
+    return build_local()
 
 
 @pytest.fixture(scope="module")
 def box(built):
-    b = Box(built.image)
+    b = Box(built.image, stop="wavepipe spark down --force; wavepipe kafka down")
     try:
         yield b
     finally:
         b.close()
-
-
-def _ok(done: subprocess.CompletedProcess) -> str:
-    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
-    return done.stdout
 
 
 def _json_line(out: str):
@@ -163,28 +59,28 @@ def _json_line(out: str):
 
 
 def test_the_cli_runs(box):
-    out = _ok(box.run("wavepipe --help && wavepipe --version"))
+    out = ok(box.run("wavepipe --help && wavepipe --version"))
     assert "usage: wavepipe" in out
     assert re.search(r"\d+\.\d+\.\d+", out.splitlines()[-1]), out
 
 
 def test_setup_was_done_at_build_and_needs_no_network_again(box):
-    listing = _ok(box.run("ls -a /opt/wavepipe/jars/*/ && ls /opt/wavepipe/jars"))
-    folders = _ok(box.run("ls /opt/wavepipe/jars")).split()
+    listing = ok(box.run("ls -a /opt/wavepipe/jars/*/ && ls /opt/wavepipe/jars"))
+    folders = ok(box.run("ls /opt/wavepipe/jars")).split()
     for prefix in JAR_FOLDERS:
         assert [f for f in folders if f.startswith(prefix)], f"no {prefix}* in /opt/wavepipe/jars: {folders}"
     assert listing.count(".complete") == len(JAR_FOLDERS) - 1, listing  # every pom folder; the LogStore has its jar
     assert "wavepipe-logstore.jar" in listing
     # a JRE stays; the JDK and Maven that built the LogStore and resolved the jars are gone
     tools = box.run("java -version 2>&1; command -v javac mvn || true")
-    assert 'version "17' in _ok(tools) and "javac" not in tools.stdout and "mvn" not in tools.stdout, tools.stdout
+    assert 'version "17' in ok(tools) and "javac" not in tools.stdout and "mvn" not in tools.stdout, tools.stdout
     # no route leaves this namespace: /proc/net/route has its header line only
-    routes = _ok(box.run("cat /proc/net/route")).strip().splitlines()
+    routes = ok(box.run("cat /proc/net/route")).strip().splitlines()
     assert len(routes) == 1, routes
     began = time.monotonic()
     setup = box.run("wavepipe setup")
     seconds = time.monotonic() - began
-    _ok(setup)
+    ok(setup)
     assert "resolving" not in setup.stderr and "building" not in setup.stderr, setup.stderr
     assert seconds < 60, f"a second wavepipe setup took {seconds:.0f}s"
 
@@ -195,11 +91,11 @@ def test_the_airflow_dag_folder_parses(box):
         "AIRFLOW__CORE__DAGS_FOLDER": "/opt/airflow/dags",
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
     }
-    _ok(box.run("airflow db migrate >/tmp/airflow-migrate.log 2>&1 || { cat /tmp/airflow-migrate.log; exit 1; }", env))
-    dags = _json_line(_ok(box.run("airflow dags list --local -o json", env)))
+    ok(box.run("airflow db migrate >/tmp/airflow-migrate.log 2>&1 || { cat /tmp/airflow-migrate.log; exit 1; }", env))
+    dags = _json_line(ok(box.run("airflow dags list --local -o json", env)))
     assert {d["dag_id"] for d in dags} == DAG_IDS
     assert {Path(d["fileloc"]).parent for d in dags} == {Path("/opt/airflow/dags")}
-    assert _json_line(_ok(box.run("airflow dags list-import-errors --local -o json", env))) == []
+    assert _json_line(ok(box.run("airflow dags list-import-errors --local -o json", env))) == []
 
 
 #: Kafka's own consumer group tool, from the jars in the image
@@ -221,7 +117,7 @@ os._exit(0)  # not the interpreter's teardown: once in 4 runs it aborted there (
 
 def _committed(box: Box, group: str) -> dict[int, tuple[int, int]]:
     """partition -> (committed offset, log end offset), as Kafka's own tool describes the group."""
-    table = _ok(box.run(DESCRIBE.format(group=shlex.quote(group)), timeout=120))
+    table = ok(box.run(DESCRIBE.format(group=shlex.quote(group)), timeout=120))
     found = {}
     for line in table.splitlines():
         words = line.split()
@@ -232,16 +128,16 @@ def _committed(box: Box, group: str) -> dict[int, tuple[int, int]]:
 
 def test_a_bounded_run_inside_the_image(box):
     env = {"WAVEPIPE_TOPIC": "image-run", "WAVEPIPE_GROUP": "image-run"}
-    _ok(box.run("wavepipe kafka up", env, timeout=180))
-    produced = _ok(box.run("wavepipe produce --demo --count 6", env, timeout=180))
+    ok(box.run("wavepipe kafka up", env, timeout=180))
+    produced = ok(box.run("wavepipe produce --demo --count 6", env, timeout=180))
     assert "produced 6 waveforms" in produced, produced
     run = box.run("wavepipe run --new-group-start earliest --json", env, timeout=900)
-    report = json.loads(_ok(run))
-    _say(f"run {report['run_id']}: {report['outcome']}, totals {report['totals']}")
+    report = json.loads(ok(run))
+    say(f"run {report['run_id']}: {report['outcome']}, totals {report['totals']}")
     assert report["status"] == "committed", report
     assert report["outcome"]["new"] == 6 and report["outcome"]["quarantined"] == 0, report["outcome"]
     assert report["balance_errors"] == [] and report["validation"]["success"], report
-    published = json.loads(_ok(box.run(f"python -c {shlex.quote(READ_BACK)}", env, timeout=180)))
+    published = json.loads(ok(box.run(f"python -c {shlex.quote(READ_BACK)}", env, timeout=180)))
     assert len(published["sent"]) == 6 and published["rows"] == published["sent"], published
     committed = _committed(box, "image-run")
     planned = {int(p): part["end"] for p, part in report["partitions"].items()}
@@ -253,7 +149,7 @@ def test_a_bounded_run_inside_the_image(box):
 def test_the_ingest_dag_through_airflow_inside_the_image(box):
     env = {"WAVEPIPE_TOPIC": "image-dag", "WAVEPIPE_GROUP": "image-dag"}
     demo = box.run("wavepipe demo --count 6", env, timeout=1200)
-    out = _ok(demo)
+    out = ok(demo)
     assert "OK: all 6 produced waveforms are in the output once and bit-exact" in out, out[-4000:]
     lines = re.findall(r"partition (\d+): \[(\d+), (\d+)\) .*; committed (\d+)", out)
     assert lines and all(int(end) == int(c) for _, _, end, c in lines), lines
@@ -279,11 +175,11 @@ def test_the_services_dag_file_through_airflow_dags_test(box):
         "AIRFLOW__CORE__DAGS_FOLDER": "/opt/airflow/dags",
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
     }
-    _ok(box.run("wavepipe kafka up && wavepipe produce --demo --count 6", env, timeout=180))
+    ok(box.run("wavepipe kafka up && wavepipe produce --demo --count 6", env, timeout=180))
     conf = json.dumps({"new_group_start": "earliest"})
     script = f"airflow db migrate >/dev/null && airflow dags test wavepipe_ingest -c {shlex.quote(conf)}"
-    _ok(box.run(script, env, timeout=1200))
-    report = json.loads(_ok(box.run(f"python -c {shlex.quote(NEWEST_REPORT)} image-services", env)))
+    ok(box.run(script, env, timeout=1200))
+    report = json.loads(ok(box.run(f"python -c {shlex.quote(NEWEST_REPORT)} image-services", env)))
     assert report is not None, "the DAG run wrote no report for topic image-services"
     assert report["status"] == "committed" and report["outcome"]["new"] == 6, report
     assert report["balance_errors"] == [], report["balance_errors"]
