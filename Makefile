@@ -59,7 +59,8 @@ test: test-unit setup chromium
 
 # Last, the image tier: docker/Dockerfile built with buildah on a Debian base made with debootstrap
 # (docker/build-local; about 5 minutes the first time, seconds when its inputs are unchanged), and
-# run: the CLI, offline setup, the DAG folder, a bounded run and the ingest DAG inside the image.
+# run: the CLI, offline setup, the DAG folder, a bounded run and the ingest DAG inside the image;
+# and the README followed on that Debian base (its apt-get line, then make demo; about 4 minutes).
 # Needs root (buildah, network namespaces); without it every test there is skipped, saying why.
 test-image: $(STAMP)
 	WAVEPIPE_IMAGE_TEST=1 $(BIN)/python -m pytest -q --durations=10 tests/image
