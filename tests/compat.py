@@ -5,11 +5,12 @@ allow (every lower bound of its own requirements pinned, the rest resolved by pi
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from packaging.requirements import Requirement
 
 #: The sets, in the order the tier runs them.
 SETS = ("oldest", "newest")
@@ -21,24 +22,19 @@ OLDEST_AIRFLOW_PINS = ["fastapi<0.156.1"]
 #: Interpreters the newest set looks for, newest first (the package's Python classifiers).
 PYTHONS = ("python3.13", "python3.12")
 
-_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
-_LOWER = re.compile(r">=\s*([0-9][^,;\s]*)")
-
 
 def lowest_pins(requires: list[str]) -> list[str]:
-    """``name==lower`` for each requirement with a lower bound (``>=``), markers and extras aside;
-    a requirement for an extra (``; extra == "test"``) is left out. Raises when a requirement of
-    the package itself has no lower bound: every range must say where its tested floor is."""
+    """``name==lower`` for each requirement with a lower bound (``>=``); a requirement for an extra
+    (``; extra == "test"``) is left out. Raises when a requirement of the package itself has no
+    lower bound: every range must say where its tested floor is."""
     pins = []
-    for requirement in requires:
-        spec, _, marker = requirement.partition(";")
-        if "extra" in marker:
+    for requirement in map(Requirement, requires):
+        if requirement.marker and "extra" in str(requirement.marker):
             continue
-        name = _NAME.match(spec)
-        lower = _LOWER.search(spec)
-        if not name or not lower:
-            raise ValueError(f"requirement without a lower bound: {requirement!r}")
-        pins.append(f"{name.group(1)}=={lower.group(1)}")
+        lower = [s.version for s in requirement.specifier if s.operator == ">="]
+        if not lower:
+            raise ValueError(f"requirement without a lower bound: {str(requirement)!r}")
+        pins.append(f"{requirement.name}=={lower[0]}")
     return pins
 
 

@@ -167,11 +167,13 @@ def delta_build(pyspark: str) -> dict[str, str]:
 
 def _required(name: str) -> str:
     """The requirement on ``name`` that wavepipe's installed metadata declares."""
+    from packaging.requirements import Requirement
+
     try:
-        found = [r for r in metadata.requires("wavepipe") or () if r.split(">")[0].split("<")[0].strip() == name]
+        found = [Requirement(r) for r in metadata.requires("wavepipe") or ()]
     except metadata.PackageNotFoundError:
         found = []
-    return found[0].replace(" ", "") if found else name
+    return next((f"{name}{r.specifier}" for r in found if r.name == name and not r.marker), name)
 
 
 def hadoop_version() -> str:
