@@ -358,6 +358,46 @@ def progress(message: str) -> None:
     print(message, file=sys.__stderr__, flush=True)
 
 
+#: How long a triggered DAG run may take: generous, a contended machine running two test files at once is slow.
+RUN_TIMEOUT_S = 900
+
+
+def trigger_run(api, dag_id: str, conf: dict) -> str:
+    """Trigger ``dag_id`` with ``conf`` through the REST API and unpause it (new DAGs start paused,
+    for users; unpausing after the trigger lets this run go first); its run id."""
+    trigger = api.post(f"/api/v2/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf})
+    assert trigger.status_code == 200, trigger.text
+    assert trigger.json()["conf"] == conf
+    unpause = api.patch(f"/api/v2/dags/{dag_id}", json={"is_paused": False})
+    assert unpause.status_code == 200 and unpause.json()["is_paused"] is False, unpause.text
+    return trigger.json()["dag_run_id"]
+
+
+def wait_for_runs(api, dag_id: str, run_ids: list[str], timeout_s: float = RUN_TIMEOUT_S) -> dict[str, str]:
+    """Poll the DAG runs until each succeeded or failed; print their tasks' states every 15 s."""
+    began, last_print, states = time.monotonic(), 0.0, {}
+    while True:
+        elapsed = time.monotonic() - began
+        states = {r: api.get(f"/api/v2/dags/{dag_id}/dagRuns/{r}").json()["state"] for r in run_ids}
+        if all(s in ("success", "failed") for s in states.values()):
+            return states
+        if elapsed - last_print >= 15:
+            progress(
+                f"  {elapsed:5.0f}s "
+                + "; ".join(f"{r}: {s} ({_task_states(api, dag_id, r)})" for r, s in states.items())
+            )
+            last_print = elapsed
+        assert elapsed < timeout_s, f"runs still {states} after {timeout_s}s"
+        time.sleep(3)
+
+
+def _task_states(api, dag_id: str, run_id: str) -> str:
+    tis = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
+    return ", ".join(
+        t["task_id"] + (f"[{t['map_index']}]" if t["map_index"] >= 0 else "") + f"={t['state']}" for t in tis
+    )
+
+
 @contextlib.contextmanager
 def airflow_api(settings: Settings):
     """An httpx client for the REST API, logged in as the admin with a JWT from ``POST /auth/token``."""

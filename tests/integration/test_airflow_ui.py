@@ -24,6 +24,7 @@ import pytest
 from confluent_kafka.admin import OffsetSpec
 
 from tests.helpers import (
+    RUN_TIMEOUT_S,
     airflow_api,
     airflow_cli,
     headless_chromium,
@@ -34,6 +35,8 @@ from tests.helpers import (
     quarter_hour_ago,
     rows_by_id,
     run_cli,
+    trigger_run,
+    wait_for_runs,
 )
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets, partitions_of
 from wavepipe.consumers.producer import produce_demo
@@ -47,7 +50,6 @@ from wavepipe.plugins.airflow_dags import SINGLE_RUNS_ONLY
 pytestmark = pytest.mark.integration
 
 DAG_ID = "wavepipe_ingest"
-RUN_TIMEOUT_S = 900  # generous: a contended machine running two test files at once is slow
 
 
 def _processes_of(settings, sessions: set[int] = frozenset()) -> dict[int, str]:
@@ -237,37 +239,8 @@ def test_a_run_triggered_through_the_rest_api_ingests_and_commits(airflow, api, 
     _assert_the_test_buttons_check_what_a_run_checks(api, conn.json(), defaults)  # the services' settings
 
     began = time.monotonic()
-    trigger = api.post(
-        f"/api/v2/dags/{DAG_ID}/dagRuns",
-        json={"logical_date": None, "conf": {"topic": settings.topic, "group": settings.group}},
-    )
-    assert trigger.status_code == 200, trigger.text
-    run_id = trigger.json()["dag_run_id"]
-    assert trigger.json()["conf"] == {"topic": settings.topic, "group": settings.group}
-    # new DAGs start paused (for users); unpausing after the trigger lets our run go first
-    unpause = api.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False})
-    assert unpause.status_code == 200 and unpause.json()["is_paused"] is False, unpause.text
-
-    state, last_print = None, 0.0
-    while True:
-        elapsed = time.monotonic() - began
-        state = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}").json()["state"]
-        if state in ("success", "failed"):
-            break
-        if elapsed - last_print >= 15:
-            tis = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
-            progress(
-                f"  {elapsed:5.0f}s run {run_id}: {state}; "
-                + ", ".join(
-                    f"{t['task_id']}{'' if t['map_index'] < 0 else '[' + str(t['map_index']) + ']'}={t['state']}"
-                    for t in tis
-                )
-            )
-            last_print = elapsed
-        assert elapsed < RUN_TIMEOUT_S, (
-            f"run {run_id} still {state} after {RUN_TIMEOUT_S}s; logs: {settings.airflow_home / 'logs'}"
-        )
-        time.sleep(3)
+    run_id = trigger_run(api, DAG_ID, {"topic": settings.topic, "group": settings.group})
+    state = wait_for_runs(api, DAG_ID, [run_id])[run_id]
     seconds = time.monotonic() - began
     progress(f"run {run_id}: {state} {seconds:.1f}s after the trigger")
     assert state == "success", f"run {run_id} {state}; task logs under {settings.airflow_home / 'logs'}"
@@ -425,21 +398,6 @@ def _assert_published_events(api, settings, run_id: str, report: dict) -> None:
     assert extra["table_version"] == report["output_table_version"] is not None
 
 
-def _wait_for_runs(api, run_ids: list[str], timeout_s: float = RUN_TIMEOUT_S) -> dict[str, str]:
-    """Poll the DAG runs until each succeeded or failed; print progress every 15 s."""
-    began, last_print, states = time.monotonic(), 0.0, {}
-    while True:
-        elapsed = time.monotonic() - began
-        states = {r: api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{r}").json()["state"] for r in run_ids}
-        if all(s in ("success", "failed") for s in states.values()):
-            return states
-        if elapsed - last_print >= 15:
-            progress(f"  {elapsed:5.0f}s " + ", ".join(f"{r}: {s}" for r, s in states.items()))
-            last_print = elapsed
-        assert elapsed < timeout_s, f"runs still {states} after {timeout_s}s"
-        time.sleep(3)
-
-
 def test_a_backfill_of_two_windows_reprocesses_them_into_identical_output(airflow, api, spark):
     """A backfill over two 15-minute windows: each window's offsets come from
     Kafka's offsets-for-times, the waveform that straddles their edge belongs to the first one,
@@ -469,7 +427,7 @@ def test_a_backfill_of_two_windows_reprocesses_them_into_identical_output(airflo
         runs = {r["dag_run_id"]: r["logical_date"] for r in listed if r["run_type"] == "backfill"}
         assert time.monotonic() - began < 120, f"backfill runs not created: {listed}"
         time.sleep(2)
-    states = _wait_for_runs(api, sorted(runs))
+    states = wait_for_runs(api, DAG_ID, sorted(runs))
     progress(f"backfill of 2 windows: {states} after {time.monotonic() - began:.1f}s")
     assert set(states.values()) == {"success"}, f"{states}; task logs under {defaults.airflow_home / 'logs'}"
 
@@ -570,7 +528,7 @@ def _reprocessed_again(settings, api, spark, t0, runs, by_start, group_offsets) 
     before = rows_by_id(spark, settings)
 
     _backfill(settings, api, t0, t0 + quarter, "completed", conf)  # "All Runs"
-    states = _wait_for_runs(api, sorted(runs))
+    states = wait_for_runs(api, DAG_ID, sorted(runs))
     assert set(states.values()) == {"success"}, states
     again = {}
     for run_id, report in first_reports.items():
@@ -596,7 +554,7 @@ def _reprocessed_again(settings, api, spark, t0, runs, by_start, group_offsets) 
     assert code == 0 and f"{safe_run_id(failed)}: FAILED at plan: topic '{settings.topic}-typo' does not exist" in out
     assert all(f"{r}.reprocess-1: passed" in out for r in first_reports), out
     _backfill(settings, api, third, third, "failed", conf)
-    assert _wait_for_runs(api, [failed]) == {failed: "success"}
+    assert wait_for_runs(api, DAG_ID, [failed]) == {failed: "success"}
     report = json.loads((settings.reports_dir / f"{safe_run_id(failed)}.json").read_text())
     assert report["status"] == "window_replaced" and report["waveforms"] == {"output_new": 1}  # D
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == group_offsets

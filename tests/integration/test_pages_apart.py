@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import airflow_api, airflow_cli, make_settings, progress
+from tests.helpers import airflow_api, airflow_cli, make_settings, progress, trigger_run, wait_for_runs
 from wavepipe import pages
 from wavepipe.consumers.kafka_admin import ensure_topic
 from wavepipe.consumers.producer import produce_demo
@@ -33,7 +33,6 @@ from wavepipe.storage import S3Options, open_store
 pytestmark = pytest.mark.integration
 
 DAG_ID = "wavepipe_ingest"
-RUN_TIMEOUT_S = 900  # generous: a contended machine running two test files at once is slow
 
 
 @pytest.fixture(scope="module")
@@ -109,19 +108,8 @@ def _healthy(url: str) -> bool:
 
 def _run_to_success(api, settings) -> str:
     """Trigger the DAG with the topic and group of ``settings`` as conf; its run id once it succeeded."""
-    began = time.monotonic()
-    trigger = api.post(
-        f"/api/v2/dags/{DAG_ID}/dagRuns",
-        json={"logical_date": None, "conf": {"topic": settings.topic, "group": settings.group}},
-    )
-    assert trigger.status_code == 200, trigger.text
-    run_id = trigger.json()["dag_run_id"]
-    unpause = api.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False})
-    assert unpause.status_code == 200, unpause.text
-    while (state := api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}").json()["state"]) not in ("success", "failed"):
-        assert time.monotonic() - began < RUN_TIMEOUT_S, f"run {run_id} still {state}"
-        time.sleep(3)
-    progress(f"run {run_id}: {state} {time.monotonic() - began:.1f}s after the trigger")
+    run_id = trigger_run(api, DAG_ID, {"topic": settings.topic, "group": settings.group})
+    state = wait_for_runs(api, DAG_ID, [run_id])[run_id]
     assert state == "success", f"run {run_id} {state}; task logs under {settings.airflow_home / 'logs'}"
     return run_id
 
