@@ -25,7 +25,7 @@ import pytest
 from packaging.specifiers import SpecifierSet
 
 from tests.compat import OLDEST_AIRFLOW_PINS, SETS, lowest_pins, newest_python
-from tests.helpers import output_rows, progress
+from tests.helpers import assert_delta_rs_reads_as_spark, output_rows, progress
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.contracts.config import PROJECT_ROOT, load_settings
@@ -352,6 +352,8 @@ def test_a_users_dag_folder_runs_two_pipelines_side_by_side(installed, kafka, sp
         )
     rows = output_rows(spark, seismic)
     assert sorted((r[0], r[1]) for r in rows) == sorted((s.waveform_id, s.checksum) for s in sent)
+    # the table this set's Spark and Delta wrote, read by the checkout's delta-rs as by its Spark
+    assert assert_delta_rs_reads_as_spark(spark, seismic.output_table) == len(sent)
     reports = list(seismic.reports_dir.glob("*.json"))
     assert len(reports) == 1 and json.loads(reports[0].read_text())["waveforms"] == {"output_new": 4}
     ends = {int(p): part["end"] for p, part in json.loads(reports[0].read_text())["partitions"].items()}
