@@ -250,6 +250,26 @@ class LagProbe:
             )
         return found
 
+    def wait_for_records(self, end: dict[int, int], timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a record after the offsets ``end`` (a measurement's last
+        stable offsets) and say whether one came: a long poll on the assign-only consumer, so a
+        follow loop wakes when a producer's records become readable, not at its next poll.
+        False also when the wait could not be made (an error is logged; the caller polls)."""
+        with self._lock:
+            consumer = self._group_consumer()
+            consumer.assign([TopicPartition(self.topic, p, o) for p, o in end.items()])
+            try:
+                message = consumer.poll(timeout_s)
+            finally:
+                consumer.unassign()
+        if message is None:
+            return False
+        if message.error() is not None:
+            log.warning("%s: waiting for new records: %s; measuring the lag again", self.topic, message.error())
+            time.sleep(timeout_s)  # an error that comes back at once must not turn the wait into a spin
+            return False
+        return True
+
     def close(self) -> None:
         with self._lock:
             self._close()

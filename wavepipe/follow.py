@@ -8,8 +8,10 @@ the group's claim or the run's lock at its first micro-batch, says so and ends; 
 batch beside the first.
 
 Between micro-batches the loop asks Kafka for the group's lag (``consumers.lag.LagProbe``: two
-small requests) every ``poll_s`` and starts a run as soon as there is any new (``Backlog``: a
-lag that a waveform still missing chunks holds back waits for new records). A micro-batch that
+small requests) and starts a run as soon as there is any new (``Backlog``: a lag that a waveform
+still missing chunks holds back waits for new records). While idle it waits on a long poll for the
+next record after the offsets it measured, so a micro-batch starts when a record becomes readable,
+not at the next poll; the lag is measured again at least every ``poll_s``. A micro-batch that
 fails (the engine died, a run-level expectation failed) is retried after a pause that doubles up
 to ``MAX_BACKOFF_S``; after ``max_failures`` failures in a row the loop ends with the last error.
 """
@@ -134,9 +136,10 @@ def follow(
             if ended:
                 done.ended = ended
                 return done
-            end = _work(settings, probe, backlog)
+            lag = probe.measure(oldest=False)
+            end = _work(settings, lag, backlog)
             if end is None:
-                stop.wait(options.poll_s)
+                _idle(probe, lag, options.poll_s, stop)
                 continue
             t = time.monotonic()
             try:
@@ -171,14 +174,23 @@ def _limit_reached(options: FollowOptions, done: Followed, began: float, stop: t
     return ""
 
 
-def _work(settings: Settings, probe, backlog: Backlog) -> dict[int, int] | None:
+def _work(settings: Settings, lag, backlog: Backlog) -> dict[int, int] | None:
     """The topic's end offsets when a micro-batch is due (None: wait): the group has an
     unfinished run to resume, is new (its first run starts it, or is refused with the reason), or
     lags with a backlog that is ``due``."""
-    lag = probe.measure(oldest=False)
     if RunStore(settings).active_run(settings.group) is not None or lag.new_group:
         return lag.end
     return lag.end if lag.records > 0 and backlog.due(lag.end, time.monotonic()) else None
+
+
+def _idle(probe, lag, poll_s: float, stop: threading.Event) -> None:
+    """Wait until a record arrives after what ``lag`` measured (a long poll: the loop wakes as the
+    record becomes readable), at most ``poll_s``, then the lag is measured again (a backlog may be
+    due again). A new group has no offsets to wait after: it waits ``poll_s``."""
+    if lag.new_group:
+        stop.wait(poll_s)
+    else:
+        probe.wait_for_records(lag.end, poll_s)
 
 
 def _one_batch(settings: Settings, request: dict) -> dict:
