@@ -72,15 +72,20 @@ class Sent:
 
 
 class DeltaWatcher:
-    """Watches a Delta table's log: for each waveform id, when the commit that added its row
-    appeared, and the rows' checksums and payload sha256 (read from the added Parquet files)."""
+    """Watches a Delta table's log (a local path or an object store URI): for each waveform id,
+    when the commit that added its row appeared, and the rows' checksums and payload sha256 (read
+    from the added Parquet files). A commit is read once it is listed: Delta writes its data files
+    before the log entry that adds them, and the entry whole (a rename or a conditional put).
+    A scan that fails (a store not answering, a bug) ends the watch: ``wait_for`` raises with
+    the reason, rather than waiting out its timeout."""
 
-    def __init__(self, table: Path, poll_s: float = 0.1):
-        self.table, self.poll_s = table, poll_s
+    def __init__(self, table: str | Path, poll_s: float = 0.1):
+        self.table, self.poll_s = str(table), poll_s
         self.seen: dict[str, list[float]] = {}  # waveform id -> time of each commit adding it
         self.bad: list[str] = []  # rows whose payload does not hash to their checksum
         self.checksums: dict[str, str] = {}
         self.commits = 0
+        self.error: str | None = None
         self._done: set[str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="delta-watcher", daemon=True)
@@ -97,32 +102,34 @@ class DeltaWatcher:
         while not self._stop.is_set():
             try:
                 self.scan()
-            except Exception as exc:  # a commit half written: read it again next time
-                log.debug("delta watcher: %s", exc)
+            except Exception as exc:
+                log.exception("delta watcher on %s stopped", self.table)
+                self.error = f"the Delta log of {self.table} could not be read: {type(exc).__name__}: {exc}"
+                return
             self._stop.wait(self.poll_s)
 
     def scan(self) -> None:
-        logdir = self.table / "_delta_log"
-        if not logdir.is_dir():
-            return
-        for entry in sorted(logdir.glob("*.json")):
-            if entry.name in self._done:
+        from wavepipe import storage
+
+        logdir = storage.join(self.table, "_delta_log")
+        for name in storage.list_names(logdir):
+            if name in self._done or not (name.endswith(".json") and name[:-5].isdigit()):
                 continue
             now = time.time()
-            adds = [json.loads(line)["add"]["path"] for line in entry.read_text().splitlines() if '"add"' in line]
+            entry = storage.read_text(storage.join(logdir, name))
+            adds = [json.loads(line)["add"]["path"] for line in entry.splitlines() if '"add"' in line]
             self._read(adds, now)
-            self._done.add(entry.name)
+            self._done.add(name)
             self.commits += 1
 
     def _read(self, paths: list[str], when: float) -> None:
         import hashlib
 
-        import pyarrow.parquet as pq
+        from wavepipe import storage
 
         for path in paths:
-            table = pq.read_table(
-                self.table / urllib.parse.unquote(path), columns=["waveform_id", "checksum", "payload"]
-            )
+            uri = storage.join(self.table, urllib.parse.unquote(path))
+            table = storage.read_parquet(uri, columns=["waveform_id", "checksum", "payload"])
             for wid, checksum, payload in zip(*(table.column(c).to_pylist() for c in table.column_names), strict=True):
                 self.seen.setdefault(wid, []).append(when)
                 self.checksums[wid] = checksum
@@ -132,6 +139,8 @@ class DeltaWatcher:
     def wait_for(self, ids: list[str], timeout_s: float, what: str) -> bool:
         began, said = time.monotonic(), 0.0
         while True:
+            if self.error:
+                raise RuntimeError(f"{what}: {self.error}")
             missing = [i for i in ids if i not in self.seen]
             if not missing:
                 return True
@@ -229,18 +238,20 @@ def _stats(values: list[float]) -> dict:
 
 
 def _wavepipe(settings: Settings, options: TrickleOptions, work: Path, stamp: str) -> list[dict]:
-    return [_wavepipe_mode(settings, options, work, stamp, mode) for mode in options.modes]
+    return _wavepipe_system(settings, options, work, stamp)
 
 
 def _wavepipe_follow(settings: Settings, options: TrickleOptions, work: Path, stamp: str) -> list[dict]:
-    """As ``_wavepipe``, the DAG's task a follow loop long enough to cover a mode's sends."""
-    follow_s = options.seconds + options.drain_s + 300
-    return [_wavepipe_mode(settings, options, work, stamp, mode, follow_s=follow_s) for mode in options.modes]
+    """As ``_wavepipe``, the DAG's task a follow loop long enough to cover every mode's sends."""
+    follow_s = len(options.modes) * (options.seconds + options.drain_s) + 300
+    return _wavepipe_system(settings, options, work, stamp, follow_s=follow_s)
 
 
-def _wavepipe_mode(
-    settings: Settings, options: TrickleOptions, work: Path, stamp: str, mode: str, follow_s: float = 0.0
-) -> dict:
+def _wavepipe_system(
+    settings: Settings, options: TrickleOptions, work: Path, stamp: str, follow_s: float = 0.0
+) -> list[dict]:
+    """One home, topic and group with its own Spark engine and Airflow services, the modes sent
+    one after the other (a warm-up first)."""
     from wavepipe.consumers.kafka_admin import ensure_topic
     from wavepipe.local import airflow as local
     from wavepipe.local.engine import LocalEngine
@@ -248,11 +259,10 @@ def _wavepipe_mode(
     from wavepipe.pipeline import run_once
 
     system = "wavepipe_follow" if follow_s else "wavepipe"
-    home = work / f"{system}-{mode}"
     s = settings.replace(
-        home=home,
-        topic=f"trickle-{system}-{mode}-{stamp}",
-        group=f"trickle-{system}-{mode}-{stamp}",
+        home=work / system,
+        topic=f"trickle-{system}-{stamp}",
+        group=f"trickle-{system}-{stamp}",
         follow_s=follow_s,
         new_group_start="earliest",
         watch_records=1,
@@ -263,7 +273,7 @@ def _wavepipe_mode(
         spark_connect_port=0,
     )
     ensure_topic(s, partitions=2)
-    log.info("%s (%s): starting this home's Spark engine and Airflow", system, mode)
+    log.info("%s: starting this home's Spark engine and Airflow", system)
     LocalEngine(s).up()
     try:
         run_once(s)  # the group's offsets exist; nothing to read yet
@@ -275,45 +285,75 @@ def _wavepipe_mode(
         _until(lambda: f"watching group {s.group!r}" in triggerer.read_text(), 180, "the lag watcher to start")
         _until(lambda: api.settled(), 300, "any run at unpause to finish")
         with DeltaWatcher(s.output_table) as watcher:
-            warm = _produce(s, s.topic, [0.0] * options.warmup, options, f"warm-{mode}-{stamp}")
-            watcher.wait_for([w.waveform_id for w in warm], options.drain_s, "wavepipe warm-up")
-            if not follow_s:  # a follow task keeps running: its loop takes the next waveforms
-                _until(lambda: api.settled(), 300, "the warm-up runs to finish")
-            runs_before = {r["dag_run_id"] for r in api.runs()}
-            log.info("%s (%s): sending for %.0f s", system, mode, options.seconds)
-            began = time.time()
-            sent = _produce(s, s.topic, options.schedule(mode), options, f"{mode}-{stamp}")
-            watcher.wait_for([w.waveform_id for w in sent], options.drain_s, f"wavepipe {mode}")
-            ended = max(watcher.seen.get(w.waveform_id, [time.time()])[0] for w in sent)
-            runs = [r for r in api.runs() if r["dag_run_id"] not in runs_before]
-            result = _latencies(sent, watcher)
-        minutes = max(1e-9, (ended - began) / 60)
-        batches = _published_runs(s, began)
-        result.update(
-            system=system,
-            mode=mode,
-            runs=batches,
-            runs_per_minute=round(batches / minutes, 2),
-            dag_runs=len(runs),
-            run_types=sorted({r["run_type"] for r in runs}),
-            failed_runs=len([r for r in runs if r["state"] == "failed"]),
-            table_commits=watcher.commits,
-        )
-        log.info("%s (%s): %s", system, mode, _line(result))
-        return result
+            warm = _produce(s, s.topic, [0.0] * options.warmup, options, f"warm-{stamp}")
+            watcher.wait_for([w.waveform_id for w in warm], options.drain_s, f"{system} warm-up")
+            return [_wavepipe_mode(s, options, api, watcher, stamp, mode) for mode in options.modes]
     finally:
         local.down(s, out=log.info)
         LocalEngine(s).down(force=True)
 
 
-def _published_runs(settings: Settings, since: float) -> int:
-    """wavepipe runs (a DAG run's, or a follow task's micro-batches) that read records since
-    ``since`` (wall-clock seconds): their reports."""
-    count = 0
-    for path in settings.reports_dir.glob("*.json"):
-        if path.stat().st_mtime >= since and not json.loads(path.read_text()).get("skipped"):
-            count += 1
-    return count
+def _wavepipe_mode(
+    s: Settings, options: TrickleOptions, api: _Api, watcher: DeltaWatcher, stamp: str, mode: str
+) -> dict:
+    """One mode's sends on a running system, its freshness and the runs that served it."""
+    system = "wavepipe_follow" if s.follow_s else "wavepipe"
+    if not s.follow_s:  # a follow task keeps running: its loop takes the next waveforms
+        _until(lambda: api.settled(), 300, "the earlier runs to finish")
+    runs_before, commits_before = {r["dag_run_id"] for r in api.runs()}, watcher.commits
+    log.info("%s (%s): sending for %.0f s", system, mode, options.seconds)
+    began = time.time()
+    sent = _produce(s, s.topic, options.schedule(mode), options, f"{mode}-{stamp}")
+    watcher.wait_for([w.waveform_id for w in sent], options.drain_s, f"{system} {mode}")
+    ended = max(watcher.seen.get(w.waveform_id, [time.time()])[0] for w in sent)
+    if not s.follow_s:
+        _until(lambda: api.settled(), 300, "this mode's runs to finish")
+    runs = [r for r in api.runs() if r["dag_run_id"] not in runs_before]
+    result = _latencies(sent, watcher)
+    reports = _run_reports(s, began, ended)
+    minutes = max(1e-9, (ended - began) / 60)
+    result.update(
+        system=system,
+        mode=mode,
+        runs=len(reports),
+        runs_per_minute=round(len(reports) / minutes, 2),
+        dag_runs=len(runs),
+        run_types=sorted({r["run_type"] for r in runs}),
+        failed_runs=len([r for r in runs if r["state"] == "failed"]),
+        table_commits=watcher.commits - commits_before,
+        stages=_stage_seconds(reports),
+    )
+    log.info("%s (%s): %s", system, mode, _line(result))
+    return result
+
+
+def _run_reports(settings: Settings, began: float, ended: float) -> list[dict]:
+    """The reports of the wavepipe runs (a DAG run's, or a follow task's micro-batches) that
+    read records between ``began`` and ``ended`` (wall-clock seconds; a run reports after its
+    commit)."""
+    reports = []
+    for path in sorted(settings.reports_dir.glob("*.json")):
+        if began <= path.stat().st_mtime <= ended + 1.0:
+            report = json.loads(path.read_text())
+            if not report.get("skipped"):
+                reports.append(report)
+    return reports
+
+
+#: The steps of a run, as its report's ``timings_s`` names them, in the order they run.
+STEPS = ("plan", "consume_max", "reassemble", "validate", "commit")
+
+
+def _stage_seconds(reports: list[dict]) -> dict[str, float | None]:
+    """Where a run's time went: each step's median seconds over ``reports``."""
+    return {
+        step: (
+            round(statistics.median(t), 3)
+            if (t := [r["timings_s"][step] for r in reports if step in r["timings_s"]])
+            else None
+        )
+        for step in STEPS
+    }
 
 
 class _Api:
