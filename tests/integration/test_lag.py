@@ -113,3 +113,34 @@ def test_the_watcher_outlives_a_topic_that_is_missing_and_fires_once_records_arr
     assert event.payload["topic"] == settings.topic and event.payload["group"] == settings.group
     assert event.payload["lag_records"] == 2 and event.payload["reasons"] == ["lag 2 records >= 1"]
     assert any(f"topic '{settings.topic}' does not exist" in m for m in said), said
+
+
+def test_waiting_for_records_wakes_when_one_after_the_measured_offsets_arrives(settings):
+    import threading
+
+    ensure_topic(settings, partitions=2)
+    produce_in_order(settings, waveform_records("w-before", n_chunks=2, chunk_size=100)[0], partition=0)
+    probe = LagProbe(settings, settings.topic, settings.group)
+    try:
+        lag = probe.measure(oldest=False)
+        assert lag.end == {0: 2, 1: 0}
+        # records before the measured offsets do not wake it: it waits out its timeout
+        began = time.monotonic()
+        assert probe.wait_for_records(lag.end, 1.0) is False
+        assert time.monotonic() - began >= 0.9
+        later = threading.Timer(
+            0.5,
+            produce_in_order,
+            (settings, waveform_records("w-after", n_chunks=1, chunk_size=100)[0]),
+            {"partition": 1},
+        )
+        later.start()
+        began = time.monotonic()
+        assert probe.wait_for_records(lag.end, 60.0) is True
+        assert time.monotonic() - began < 30  # woken by the record, long before its timeout
+        later.join()
+        # after it, the lag is measured again, and a wait after the new offsets sleeps again
+        assert probe.measure(oldest=False).end == {0: 2, 1: 1}
+        assert probe.wait_for_records({0: 2, 1: 1}, 0.5) is False
+    finally:
+        probe.close()
