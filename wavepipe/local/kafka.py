@@ -12,7 +12,6 @@ of a node live under one folder. ``up`` returns only once the node answers metad
 from __future__ import annotations
 
 import base64
-import logging
 import os
 import signal
 import socket
@@ -29,8 +28,6 @@ from wavepipe.local import processes
 from wavepipe.local.jars import RESOURCES, SetupError, kafka_jars, require_tool
 
 READY_TIMEOUT_S = 90.0
-
-log = logging.getLogger(__name__)
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -315,21 +312,27 @@ class LocalKafka:
     ) -> None:
         """Wait until the node answers metadata requests on its client listener and at least
         ``brokers`` brokers (this one among them) are registered and unfenced."""
-        from wavepipe.consumers.kafka_admin import new_admin
+        from confluent_kafka import KafkaException
 
-        deadline = time.monotonic() + timeout
+        from wavepipe.consumers.kafka_admin import new_admin
+        from wavepipe.waiting import wait_until
+
         admin = new_admin(self.client_config())  # connection refused while it starts: DEBUG lines only
-        while time.monotonic() < deadline:
+
+        def ready() -> bool:
             if proc is not None and proc.poll() is not None:
                 raise SetupError(f"Kafka node {self.node_id} exited with code {proc.returncode}; see {self.log_file}")
-            try:
-                meta = admin.list_topics(timeout=2)
-                if len(meta.brokers) >= brokers and (self.quorum_voters is None or self.node_id in meta.brokers):
-                    return
-            except Exception as exc:  # not answering yet: ask again until the deadline
-                log.debug("Kafka node %s not ready: %s", self.node_id, exc)
-            time.sleep(0.5)
-        raise SetupError(f"Kafka node {self.node_id} did not become ready in {timeout:.0f}s; see {self.log_file}")
+            meta = admin.list_topics(timeout=2)  # KafkaException while it does not answer yet
+            return len(meta.brokers) >= brokers and (self.quorum_voters is None or self.node_id in meta.brokers)
+
+        wait_until(
+            ready,
+            timeout,
+            f"Kafka node {self.node_id} at {self.bootstrap} to be ready",
+            retry_on=(KafkaException,),
+            hint=f"see its log {self.log_file}",
+            error=SetupError,
+        )
 
     def down(self, timeout: float = 30.0) -> str:
         """Stop the node (SIGTERM, a controlled shutdown; SIGKILL after ``timeout``)."""

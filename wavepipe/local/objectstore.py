@@ -14,7 +14,6 @@ folder (``<home>/objectstore``); ``up`` returns once the S3 API answers a signed
 from __future__ import annotations
 
 import json
-import logging
 import os
 import secrets
 import signal
@@ -38,8 +37,6 @@ REGION = "us-east-1"
 READY_TIMEOUT_S = 60.0
 #: The internal servers besides S3, each with an HTTP and a gRPC port.
 INTERNAL = ("master", "volume", "filer")
-
-log = logging.getLogger(__name__)
 
 
 def weed_binary(tools_dir: Path, *, say=None) -> Path:
@@ -221,21 +218,29 @@ class LocalObjectStore:
         """Until a signed write and read of a marker object in ``bucket`` succeed (which also
         makes the bucket: the local identity is an admin, and SeaweedFS makes a missing bucket on
         an admin's first upload)."""
+        from obstore.exceptions import BaseError
+
         from wavepipe.storage import S3Options, open_store
+        from wavepipe.waiting import wait_until
 
         store = open_store(f"s3://{self.bucket}", S3Options(**self.client_options()))
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def answers() -> bool:
             if proc is not None and proc.poll() is not None:
                 raise SetupError(f"the object store exited with code {proc.returncode}; see {self.log_file}")
-            try:
-                store.put_bytes(".wavepipe-store", b"wavepipe's local object store\n")
-                store.get_bytes(".wavepipe-store")
-                return
-            except Exception as exc:  # not answering yet: ask again until the deadline
-                log.debug("object store not ready: %s", exc)
-            time.sleep(0.5)
-        raise SetupError(f"the object store did not answer in {timeout:.0f}s; see {self.log_file}")
+            store.put_bytes(".wavepipe-store", b"wavepipe's local object store\n")
+            store.get_bytes(".wavepipe-store")
+            return True
+
+        # not answering yet: obstore's errors (refused, 5xx, no bucket yet) or the OS's (a NotFound)
+        wait_until(
+            answers,
+            timeout,
+            f"the object store at {self.endpoint} to answer",
+            retry_on=(BaseError, OSError),
+            hint=f"see its log {self.log_file}",
+            error=SetupError,
+        )
 
     def down(self, timeout: float = 30.0) -> str:
         """Stop the store (SIGTERM; SIGKILL after ``timeout``)."""
