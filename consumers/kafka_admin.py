@@ -18,6 +18,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from wavepipe.contracts.config import Settings
+from wavepipe.contracts.errors import UsageError
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 30.0
@@ -219,14 +220,19 @@ def ensure_topic(settings: Settings, topic: str | None = None, partitions: int |
             raise
 
 
+class UnknownTopicError(UsageError):
+    """The topic does not exist on the cluster (yet: a watcher waits for it)."""
+
+
 def partitions_of(settings: Settings, topic: str) -> list[int]:
-    """The topic's partitions; an unknown topic is a ``UsageError`` naming the closest topics."""
+    """The topic's partitions; an unknown topic is an ``UnknownTopicError`` (a ``UsageError``)
+    naming the closest topics."""
     info = cluster_metadata(settings, topic).topics.get(topic)
     if info is None or info.error is not None or not info.partitions:
-        from wavepipe.contracts.errors import UsageError, did_you_mean
+        from wavepipe.contracts.errors import did_you_mean
 
         existing = [t for t in cluster_metadata(settings).topics if not t.startswith("__")]
-        raise UsageError(
+        raise UnknownTopicError(
             f"topic {topic!r} does not exist on {settings.bootstrap_servers}{did_you_mean(topic, existing)}"
         )
     return sorted(info.partitions)

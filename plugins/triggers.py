@@ -18,7 +18,10 @@ from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from asgiref.sync import sync_to_async
+from confluent_kafka import KafkaException
 
+from wavepipe import waiting
+from wavepipe.consumers.kafka_admin import UnknownTopicError
 from wavepipe.consumers.lag import LagProbe, Thresholds, Watch
 from wavepipe.plugins.hooks import WavepipeHook
 
@@ -30,14 +33,20 @@ REFIRE_S = 300.0
 STATUS_EVERY_S = 600.0
 #: Longest pause between attempts while the broker does not answer.
 MAX_BACKOFF_S = 60.0
+#: What a measurement raises while the broker is down, restarting or refusing the client
+#: (``KafkaUnreachableError`` and ``KafkaAuthenticationError`` are ``ConnectionError``s; the
+#: Connection is read again each time), or while the topic does not exist yet: tried again.
+MEASURE_ERRORS = (KafkaException, OSError, UnknownTopicError)
+STOPPED_HINT = "the watcher measures no more: fix the cause, then restart Airflow's triggerer, which starts it again"
 
 
 class GroupLagTrigger(BaseEventTrigger):
     """Fires when ``group``'s lag on ``topic`` reaches ``records``, about ``bytes``, or a record
     ``max_delay_s`` old (0 turns one off), measured every ``poll_s``. Kafka comes from the Airflow
     Connection ``wavepipe_conn_id`` when it exists, else from the settings (with
-    ``settings_overrides``, the DAG's settings). An unreachable broker is logged and retried; the
-    watcher never stops on its own."""
+    ``settings_overrides``, the DAG's settings). An unreachable broker or a missing topic
+    (``MEASURE_ERRORS``) is logged and retried with a growing pause, for ever; any other error
+    (a bad setting, a bug) stops its measurements, logged once with its traceback."""
 
     def __init__(
         self,
@@ -94,7 +103,9 @@ class GroupLagTrigger(BaseEventTrigger):
                     self._probe = await sync_to_async(self._open, thread_sensitive=False)()
                 probe = self._probe
                 lag = await sync_to_async(probe.measure, thread_sensitive=False)(oldest=self.thresholds.needs_oldest)
-            except Exception as exc:  # the broker down or restarting: say so, wait, try again
+            except Exception as exc:
+                if not waiting.expected(exc, MEASURE_ERRORS):
+                    await self._stop(exc, where)  # returns only by being cancelled
                 log.warning("%s: could not measure the lag (%s); trying again in %.0f s", where, exc, backoff)
                 await self._close()
                 await asyncio.sleep(backoff)
@@ -125,6 +136,15 @@ class GroupLagTrigger(BaseEventTrigger):
                     log.info("%s: lag %d records after %d measurements; no run due", where, lag.records, polls)
                 said_at = time.monotonic()
             await asyncio.sleep(self.poll_s)
+
+    async def _stop(self, exc: Exception, where: str) -> None:
+        """Stop measuring for an error that trying again cannot fix: logged once with its
+        traceback, then wait until cancelled (a triggerer restart, a changed watcher). Not raised:
+        the triggerer would start a failed watcher again within a second, logging the same error
+        every second."""
+        waiting.stopped(exc, f"the lag of {where}", STOPPED_HINT)
+        await self._close()
+        await asyncio.Event().wait()
 
     async def _close(self) -> None:
         probe, self._probe = self._probe, None

@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import http.client
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlparse
 
-from wavepipe import storage
+from wavepipe import storage, waiting
 from wavepipe.contracts.config import Settings, redact_url
 from wavepipe.contracts.runfiles import read_json_or, write_json_atomic
 from wavepipe.local.engine import CONNECT_TIMEOUT_S, DEFAULT_PORT, EngineUnavailableError, LocalEngine, accepts
@@ -379,18 +380,25 @@ def counted_jobs(spark, settings: Settings, into: dict) -> Iterator[None]:
 
 #: Seconds a request to the engine's web UI waits for its answer.
 UI_TIMEOUT_S = 10.0
+#: What asking the engine's web UI raises when it cannot answer now: no connection, a timeout or
+#: an error page (``OSError``: ``urllib.error.URLError``, ``HTTPError``), a cut answer, half a page.
+UI_ERRORS: tuple[type[Exception], ...] = (OSError, http.client.HTTPException, ValueError)
 
 
 def _listed_jobs(ui: str, tag: str, attempts: int = 2) -> list[dict] | None:
     """``spark_jobs``, or None where the engine's UI could not say. A loaded engine's UI answers
-    late: each request waits up to ``UI_TIMEOUT_S``; a quick failure (an error page, the UI
-    starting) is asked again once, a timed-out one is not (a UI that does not answer would hold
-    every step up)."""
+    late: each request waits up to ``UI_TIMEOUT_S``; a quick failure (``UI_ERRORS``: an error
+    page, the UI starting) is asked again once, a timed-out one is not (a UI that does not answer
+    would hold every step up). Any other error is not asked again: logged once with its
+    traceback, and None (the list only describes a run)."""
     for attempt in range(1, attempts + 1):
         began = time.monotonic()
         try:
             return spark_jobs(ui, tag)
         except Exception as exc:
+            if not waiting.expected(exc, UI_ERRORS):
+                waiting.stopped(exc, f"the step's Spark jobs from {ui}", "the run's report lists no jobs for it")
+                return None
             log.warning("could not list the step's Spark jobs from %s (attempt %d): %s", ui, attempt, exc)
             if time.monotonic() - began > UI_TIMEOUT_S / 2:
                 return None

@@ -343,10 +343,22 @@ class Lease:
         return None
 
     def _renew(self) -> None:
+        """Every third of the term until released. A store that fails (``STORAGE_ERRORS``) is
+        tried again before the lease runs out; any other error stops the renewal, logged once with
+        its traceback (the lease then runs out within its term)."""
+        from wavepipe import storage, waiting
+
         while not self._stop.wait(self.lease_s / 3):
             try:
                 etag = self.store.put_if(self.key, self._body(), self.etag)
-            except Exception as exc:  # the store did not answer: try again before the lease runs out
+            except Exception as exc:
+                if not waiting.expected(exc, storage.STORAGE_ERRORS):
+                    hint = (
+                        f"it runs out within {self.lease_s:.0f}s and another process may take it over; the Delta "
+                        "transaction and Kafka's offsets still keep each waveform once"
+                    )
+                    waiting.stopped(exc, f"the lease {self.key} to be renewed", hint)
+                    return
                 log.warning("could not renew the lease %s (%s); trying again", self.key, exc)
                 continue
             if etag is None:

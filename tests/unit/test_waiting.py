@@ -1,8 +1,10 @@
 """Polling loops retry only what means "not ready yet" (``wavepipe.waiting``): anything else ends
-the wait at once, logged once with its traceback, and the error names what was awaited."""
+the wait at once, logged once with its traceback, and the error names what was awaited; and the
+loops that use it (the lag watcher, a lease's renewer, the step's job list)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -118,6 +120,88 @@ def test_ctrl_c_is_never_caught():
 
     with pytest.raises(KeyboardInterrupt):
         wait_until(check, 5, "it", retry_on=(Exception,))
+
+
+def test_the_lag_watcher_retries_a_broker_that_is_down_and_stops_measuring_on_a_bug(monkeypatch):
+    """A bug is logged once and ends the measurements, but not the trigger (the triggerer would
+    start a failed one again within a second); a broker that is down is retried."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from wavepipe.plugins import triggers
+
+    monkeypatch.setattr(triggers, "MAX_BACKOFF_S", 0.01)
+    trigger = triggers.GroupLagTrigger(topic="t", group="g", records=1, poll_s=0.001)
+    failures = [KafkaException(KafkaError(KafkaError._TRANSPORT)), ConnectionError("refused"), TypeError("a bug")]
+    opened = []
+
+    def broken_open():
+        opened.append(1)
+        raise failures[min(len(opened), len(failures)) - 1]
+
+    monkeypatch.setattr(trigger, "_open", broken_open)
+
+    async def first_event():
+        return await trigger.run().__anext__()
+
+    with _Records("wavepipe.plugins.triggers", "wavepipe.waiting") as logs, pytest.raises(TimeoutError):
+        asyncio.run(asyncio.wait_for(first_event(), timeout=1.0))
+    assert len(opened) == 3, "retried twice, then not again"
+    assert logs.said("could not measure the lag") == 2
+    (logged,) = logs.errors()
+    assert logged.exc_info[0] is TypeError
+    assert logged.getMessage().startswith("stopped waiting for the lag of group 'g' on 't': TypeError: a bug")
+
+
+class _Store:
+    """A store whose conditional puts raise what it is given, then stop the renewer."""
+
+    def __init__(self, lease, failures):
+        self.lease, self.failures, self.calls = lease, failures, 0
+
+    def put_if(self, key, data, etag=None):
+        self.calls += 1
+        if self.calls > len(self.failures):
+            self.lease._stop.set()
+            return "etag"
+        raise self.failures[self.calls - 1]
+
+
+def test_a_lease_renewer_retries_a_store_that_fails_and_stops_on_anything_else():
+    from wavepipe.state import Lease
+    from wavepipe.storage import StorageUnavailableError
+
+    lease = Lease(None, "runs/r/.lock", lease_s=0.003)
+    lease.store = _Store(lease, [StorageUnavailableError("no answer"), OSError("reset")])
+    with _Records("wavepipe.state", "wavepipe.waiting") as logs:
+        lease._renew()
+    assert lease.store.calls == 3 and lease.etag == "etag" and not logs.errors()
+    assert logs.said("could not renew the lease runs/r/.lock") == 2
+
+    lease = Lease(None, "runs/r/.lock", lease_s=0.003)
+    lease.store = _Store(lease, [AttributeError("a bug"), StorageUnavailableError("no answer")])
+    with _Records("wavepipe.state", "wavepipe.waiting") as logs:
+        lease._renew()
+    assert lease.store.calls == 1, "not tried again after a bug"
+    (logged,) = logs.errors()
+    assert logged.exc_info[0] is AttributeError and "the lease runs/r/.lock to be renewed" in logged.getMessage()
+
+
+def test_the_job_list_is_not_asked_again_after_a_bug(monkeypatch):
+    from wavepipe import engine
+
+    calls = []
+
+    def buggy(ui, tag):
+        calls.append(tag)
+        raise KeyError("jobTags")
+
+    monkeypatch.setattr(engine, "spark_jobs", buggy)
+    monkeypatch.setattr(engine.time, "sleep", lambda s: None)
+    with _Records("wavepipe.engine", "wavepipe.waiting") as logs:
+        assert engine._listed_jobs("http://ui", "t") is None
+    assert len(calls) == 1
+    (logged,) = logs.errors()
+    assert logged.exc_info[0] is KeyError and "the step's Spark jobs from http://ui" in logged.getMessage()
 
 
 def test_expected_takes_types_or_a_predicate():
