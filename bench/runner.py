@@ -20,6 +20,7 @@ from pathlib import Path
 
 import psutil
 
+from wavepipe.bench import lifecycle
 from wavepipe.bench.monitor import Monitor
 from wavepipe.bench.results import default_results_dir
 from wavepipe.bench.systems import LABELS, ON_ENGINE, SYSTEMS, Ranges, resolve_spark_kafka_jars
@@ -89,6 +90,7 @@ class Measurement:
 
 def run_bench(settings: Settings, options: BenchOptions) -> dict:
     from wavepipe.consumers.kafka_admin import ensure_topic
+    from wavepipe.local.engine import LocalEngine
     from wavepipe.local.kafka import LocalKafka
 
     began = time.monotonic()  # "in all": the engine's cold start and warm-up included
@@ -97,9 +99,11 @@ def run_bench(settings: Settings, options: BenchOptions) -> dict:
     if skipped:
         log.warning("skipping %s: kcat is not installed (apt-get install kcat)", ", ".join(skipped))
     broker = LocalKafka.from_settings(settings)
-    log.info("%s", broker.up())
+    log.info("%s", lifecycle.start("the Kafka broker", broker))
     if "wavepipe_s3" in systems:
         settings = with_object_store(settings)
+    if settings.spark_engine == "connect" and not settings.spark_remote:
+        lifecycle.as_found("the Spark engine", LocalEngine(settings))  # runs start it on demand
     # the engine's cold start on its own; it is warm for every measurement after it
     engine_start = measure_engine_start(settings) if "wavepipe" in systems else None
     if "spark_kafka_source" in systems:
@@ -184,7 +188,7 @@ def with_object_store(settings: Settings) -> Settings:
     from wavepipe.local.objectstore import LocalObjectStore
 
     store = LocalObjectStore.from_settings(settings)
-    log.info("%s", store.up())
+    log.info("%s", lifecycle.start("the object store", store))
     # named in full: each run has a home of its own, and "local" would name that home's store
     options = store.client_options()
     return settings.replace(

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from wavepipe.bench import lifecycle
 from wavepipe.contracts.config import Settings
 
 log = logging.getLogger("wavepipe.bench.trickle")
@@ -52,6 +53,7 @@ class TrickleOptions:
     watch_poll_s: float = 1.0  # wavepipe's lag watcher
     drain_s: float = 300.0  # how long to wait for the last rows after the last send
     warmup: int = 3  # waveforms each system reads before the measured ones (not measured)
+    watcher_load_s: float = 120.0  # how long the triggerer's CPU is measured, with and without a watcher
     command: str = "wavepipe bench --trickle"
 
     def schedule(self, mode: str) -> list[float]:
@@ -274,8 +276,8 @@ def _wavepipe_system(
     )
     ensure_topic(s, partitions=2)
     log.info("%s: starting this home's Spark engine and Airflow", system)
-    LocalEngine(s).up()
     try:
+        LocalEngine(s).up()
         run_once(s)  # the group's offsets exist; nothing to read yet
         if local.up(s, out=log.info) != 0:
             raise RuntimeError(f"`wavepipe airflow up` failed; see {s.airflow_home / 'logs'}")
@@ -540,12 +542,12 @@ def run_trickle(settings: Settings, options: TrickleOptions) -> dict:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     work = settings.home / "bench" / f"trickle-{stamp}"
     broker = LocalKafka.from_settings(settings)
-    log.info("%s", broker.up())
+    log.info("%s", lifecycle.start("the Kafka broker", broker))
     measured: list[dict] = []
     runners = {"wavepipe": _wavepipe, "wavepipe_follow": _wavepipe_follow, "spark_streaming": _spark_streaming}
     for system in options.systems:
         measured += runners[system](settings, options, work, stamp)
-    load = watcher_load(settings, work, stamp) if "wavepipe" in options.systems else None
+    load = watcher_load(settings, work, stamp, options.watcher_load_s) if "wavepipe" in options.systems else None
     return {
         "watcher_load": load,
         "benchmark": "trickle",

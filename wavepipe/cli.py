@@ -392,6 +392,13 @@ def cmd_setup(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    from wavepipe.bench.lifecycle import stopping_what_it_starts
+
+    with stopping_what_it_starts():  # SIGTERM, Ctrl-C or a failure: what it started is stopped
+        return _bench(args)
+
+
+def _bench(args) -> int:
     from pathlib import Path
 
     from wavepipe.bench.runner import BenchOptions, run_bench, save
@@ -861,8 +868,8 @@ def main(argv: list[str] | None = None) -> int:
     except SetupError as exc:
         print(f"wavepipe {args.command}: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    except KeyboardInterrupt:
-        print(f"wavepipe {args.command}: interrupted; a retry resumes where it stopped", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        print(f"wavepipe {args.command}: {exc or 'interrupted'}; a retry resumes where it stopped", file=sys.stderr)
         return 130
     except Exception as exc:
         if args.verbose:
