@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 OLDEST_TIMEOUT_S = 5.0
 #: The topic's partitions are asked for again this often.
 PARTITIONS_EVERY_S = 60.0
+#: After a wait that a new record ended, the lag is measured no sooner than this after the last
+#: measurement: records arriving without a pause wake a watcher at most this often.
+MIN_MEASURE_INTERVAL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -253,8 +256,10 @@ class LagProbe:
     def wait_for_records(self, end: dict[int, int], timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` for a record after the offsets ``end`` (a measurement's last
         stable offsets) and say whether one came: a long poll on the assign-only consumer, so a
-        follow loop wakes when a producer's records become readable, not at its next poll.
-        False also when the wait could not be made (an error is logged; the caller polls)."""
+        watcher wakes when a producer's records become readable, not at its next poll (at most
+        every ``MIN_MEASURE_INTERVAL_S``). False also when the wait could not be made (an error is
+        logged; the caller measures again after ``timeout_s``)."""
+        began = time.monotonic()
         with self._lock:
             consumer = self._group_consumer()
             consumer.assign([TopicPartition(self.topic, p, o) for p, o in end.items()])
@@ -268,6 +273,7 @@ class LagProbe:
             log.warning("%s: waiting for new records: %s; measuring the lag again", self.topic, message.error())
             time.sleep(timeout_s)  # an error that comes back at once must not turn the wait into a spin
             return False
+        time.sleep(max(0.0, MIN_MEASURE_INTERVAL_S - (time.monotonic() - began)))
         return True
 
     def close(self) -> None:

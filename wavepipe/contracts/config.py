@@ -386,15 +386,17 @@ class Settings(BaseModel):
     #: Event-driven runs: an ingest DAG whose settings turn one of these on also runs when its
     #: group's lag on the topic (last stable offset minus committed offset) reaches this many
     #: records, about this many bytes, or when its oldest uncommitted record is this many seconds
-    #: old (an Airflow asset watcher in the triggerer measures it every ``watch_poll_s``; it never
-    #: reads for the group or commits). 0 turns a threshold off; all 0: the schedule only.
+    #: old (an Airflow asset watcher in the triggerer measures it when a record arrives and at
+    #: least every ``watch_poll_s``; it never reads for the group or commits). 0 turns a threshold
+    #: off; all 0: the schedule only.
     watch_records: Annotated[Count, Field(ge=0), Rule("must be 0 (off) or a number of records")] = 0
     watch_bytes: Annotated[Count, Field(ge=0), Rule("must be 0 (off) or a number of bytes")] = 0
     watch_max_delay_s: Annotated[Number, Field(ge=0), Rule("must be 0 (off) or a number of seconds")] = 0.0
     watch_poll_s: Annotated[Number, Field(ge=0.1, le=3600), Rule("must be 0.1 to 3600 seconds")] = 2.0
     #: Runs as a follow loop: the ingest DAG's one task runs micro-batches back to back (``wavepipe
     #: follow``) for up to this many seconds from each DAG run's start (the lag watcher's or the
-    #: schedule's), polling the group's lag every ``watch_poll_s``. 0: one run per DAG run.
+    #: schedule's), waking on each new record (the lag measured at least every ``watch_poll_s``).
+    #: 0: one run per DAG run.
     follow_s: Annotated[Number, Field(ge=0, le=86_400), Rule("must be 0 (off) to 86400 seconds")] = 0.0
     #: ``wavepipe table vacuum`` (and the maintenance DAG) keeps the files an output table no
     #: longer uses for this many hours, for readers outside wavepipe still on an older version;
