@@ -8,7 +8,9 @@ answered this process yet gets ``FIRST_CONTACT_TIMEOUT_S`` to do so (``require_r
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -120,10 +122,21 @@ def require_reachable(settings: Settings) -> None:
         cluster_metadata(settings)
 
 
+#: This process's admin clients, one per cluster configuration (a client is thread-safe, and a
+#: new one takes up to a second to find the partitions' leaders: a run asks several times).
+_admins: dict[tuple[int, str], AdminClient] = {}
+
+
 def admin_client(settings: Settings) -> AdminClient:
-    """An admin client of ``settings``' cluster, which has answered (``require_reachable``)."""
+    """This process's admin client of ``settings``' cluster, which has answered
+    (``require_reachable``); made once per configuration and process (a child process makes its
+    own)."""
     require_reachable(settings)
-    return new_admin(settings.kafka_config())
+    config = settings.kafka_config()
+    key = (os.getpid(), json.dumps(config, sort_keys=True, default=str))
+    if key not in _admins:
+        _admins[key] = new_admin(config)
+    return _admins[key]
 
 
 def cluster_metadata(settings: Settings, topic: str | None = None, timeout: float = TIMEOUT_S):
@@ -195,6 +208,21 @@ def group_consumer(settings: Settings, group: str, **extra) -> Consumer:
             }
         )
     )
+
+
+#: This process's consumers that only read and commit a group's offsets, one per configuration
+#: and group (opening one and finding its coordinator costs a run 50-100 ms each time).
+_offset_clients: dict[tuple[int, str, str], Consumer] = {}
+
+
+def offsets_client(settings: Settings, group: str) -> Consumer:
+    """This process's ``group_consumer`` for reading and committing ``group``'s offsets (never
+    for reading records); kept open, one per configuration, group and process."""
+    config = settings.kafka_config()
+    key = (os.getpid(), json.dumps(config, sort_keys=True, default=str), group)
+    if key not in _offset_clients:
+        _offset_clients[key] = group_consumer(settings, group)
+    return _offset_clients[key]
 
 
 def ensure_topic(settings: Settings, topic: str | None = None, partitions: int | None = None) -> None:
@@ -270,11 +298,9 @@ def committed_positions(
     partitions = list(partitions)
 
     def fetch() -> dict[int, tuple[int | None, str | None]]:
-        consumer = group_consumer(settings, group)
-        try:
-            result = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=TIMEOUT_S)
-        finally:
-            consumer.close()
+        result = offsets_client(settings, group).committed(
+            [TopicPartition(topic, p) for p in partitions], timeout=TIMEOUT_S
+        )
         out: dict[int, tuple[int | None, str | None]] = {}
         for tp in result:
             if tp.error is not None:
