@@ -449,69 +449,85 @@ def watcher_load(settings: Settings, work: Path, stamp: str, seconds: float = 12
 
 
 def _spark_streaming(settings: Settings, options: TrickleOptions, work: Path, stamp: str) -> list[dict]:
+    """One streaming query (``spark_streaming_app.py``, spark-submit) on a topic of its own, the
+    modes sent one after the other (a warm-up first); stopped with its stop file however it ends."""
     from wavepipe.bench.systems import resolve_spark_kafka_jars
+    from wavepipe.consumers.kafka_admin import ensure_topic
     from wavepipe.local.jars import spark_jars
 
     kafka_jars = sorted(resolve_spark_kafka_jars(settings).glob("*.jar"))
     jars = ",".join(str(j) for j in [*spark_jars(settings.jars_dir), *kafka_jars])
     s = settings.replace(spark_conf={**settings.spark_conf, "spark.jars": jars}, spark_engine="submit")
-    return [_streaming_mode(s, options, work, stamp, mode) for mode in options.modes]
-
-
-def _streaming_mode(s: Settings, options: TrickleOptions, work: Path, stamp: str, mode: str) -> dict:
-    from wavepipe import spark
-    from wavepipe.consumers.kafka_admin import ensure_topic
-
-    topic = f"trickle-streaming-{mode}-{stamp}"
+    topic, folder = f"trickle-streaming-{stamp}", work / "streaming"
     ensure_topic(s, topic, partitions=2)
-    out, ready, stop = (
-        work / f"streaming-{mode}" / "table",
-        work / f"streaming-{mode}" / "ready",
-        work / f"streaming-{mode}" / "stop",
-    )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    app_error: list[BaseException] = []
+    folder.mkdir(parents=True, exist_ok=True)
+    app = _StreamingApp(s, topic, folder, options.trigger_s)
+    try:
+        app.start()
+        with DeltaWatcher(folder / "table") as watcher:
+            warm = _produce(s, topic, [0.0] * options.warmup, options, f"swarm-{stamp}")
+            watcher.wait_for([w.waveform_id for w in warm], options.drain_s, "streaming warm-up")
+            return [_streaming_mode(s, options, topic, watcher, stamp, mode) for mode in options.modes]
+    finally:
+        app.stop()
 
-    def app() -> None:
+
+class _StreamingApp:
+    """``spark_streaming_app.py`` through spark-submit in a thread: started until its query runs,
+    stopped by its stop file."""
+
+    def __init__(self, settings: Settings, topic: str, folder: Path, trigger_s: float):
+        self.settings, self.topic, self.folder, self.trigger_s = settings, topic, folder, trigger_s
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._submit, name="spark-streaming", daemon=True)
+
+    def _submit(self) -> None:
+        from wavepipe import spark
+
+        f = self.folder
         try:
             spark.submit(
-                s,
+                self.settings,
                 HERE / "spark_streaming_app.py",
-                *("--bootstrap", s.bootstrap_servers, "--topic", topic, "--out", str(out)),
-                *("--checkpoint", str(out.parent / "checkpoint"), "--trigger-s", str(options.trigger_s)),
-                *("--ready", str(ready), "--stop", str(stop)),
+                *("--bootstrap", self.settings.bootstrap_servers, "--topic", self.topic, "--out", str(f / "table")),
+                *("--checkpoint", str(f / "checkpoint"), "--trigger-s", str(self.trigger_s)),
+                *("--ready", str(f / "ready"), "--stop", str(f / "stop")),
             )
         except BaseException as exc:
-            app_error.append(exc)
+            self.errors.append(exc)
 
-    thread = threading.Thread(target=app, name="spark-streaming", daemon=True)
-    thread.start()
-    try:
-        _until(lambda: ready.exists() or app_error or not thread.is_alive(), 300, "the streaming query to start")
-        if app_error or not thread.is_alive():
-            raise RuntimeError(f"the streaming app stopped before its query started: {app_error}")
-        with DeltaWatcher(out) as watcher:
-            warm = _produce(s, topic, [0.0] * options.warmup, options, f"swarm-{mode}-{stamp}")
-            watcher.wait_for([w.waveform_id for w in warm], options.drain_s, "streaming warm-up")
-            commits_before = watcher.commits
-            log.info("Spark Structured Streaming (%s): sending for %.0f s", mode, options.seconds)
-            began = time.time()
-            sent = _produce(s, topic, options.schedule(mode), options, f"s{mode}-{stamp}")
-            watcher.wait_for([w.waveform_id for w in sent], options.drain_s, f"streaming {mode}")
-            ended = max(watcher.seen.get(w.waveform_id, [time.time()])[0] for w in sent)
-            result = _latencies(sent, watcher)
-            batches = watcher.commits - commits_before
-    finally:
-        stop.touch()
-        thread.join(timeout=120)
-    minutes = max(1e-9, (ended - began) / 60)
+    def start(self) -> None:
+        self.thread.start()
+        ready = self.folder / "ready"
+        _until(lambda: ready.exists() or not self.thread.is_alive(), 300, "the streaming query to start")
+        if self.errors or not self.thread.is_alive():
+            raise RuntimeError(f"the streaming app stopped before its query started: {self.errors}")
+
+    def stop(self) -> None:
+        (self.folder / "stop").touch()
+        if self.thread.is_alive():
+            self.thread.join(timeout=120)
+
+
+def _streaming_mode(
+    s: Settings, options: TrickleOptions, topic: str, watcher: DeltaWatcher, stamp: str, mode: str
+) -> dict:
+    """One mode's sends to the running query, its freshness and micro-batches."""
+    commits_before = watcher.commits
+    log.info("Spark Structured Streaming (%s): sending for %.0f s", mode, options.seconds)
+    began = time.time()
+    sent = _produce(s, topic, options.schedule(mode), options, f"s{mode}-{stamp}")
+    watcher.wait_for([w.waveform_id for w in sent], options.drain_s, f"streaming {mode}")
+    ended = max(watcher.seen.get(w.waveform_id, [time.time()])[0] for w in sent)
+    result = _latencies(sent, watcher)
+    batches = watcher.commits - commits_before
     result.update(
         system="spark_streaming",
         mode=mode,
         runs=batches,
-        runs_per_minute=round(batches / minutes, 2),
+        runs_per_minute=round(batches / max(1e-9, (ended - began) / 60), 2),
         trigger_s=options.trigger_s,
-        table_commits=watcher.commits,
+        table_commits=batches,
     )
     log.info("Spark Structured Streaming (%s): %s", mode, _line(result))
     return result
