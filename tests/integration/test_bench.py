@@ -92,3 +92,65 @@ def test_consume_scaling_reads_the_same_backlog_over_1_2_and_4_partitions(settin
     assert all(row["vs_one_reader"] > 0 for row in rows.values())
     md = save_scaling(result, tmp_path / "out")[1].read_text()
     assert md.count("\n| ") == 6  # header + five measurements
+
+
+def test_table_layout_measures_every_state_and_finds_every_waveform_once(settings, tmp_path):
+    """``wavepipe bench --table-layout``'s functions on its quick case that takes every code path (the
+    earlier source/date layout too), cut to two micro-batches per date partition (so compaction has
+    files to rewrite) and one read of each kind: the reads still find rows (asserted below)."""
+    import dataclasses
+
+    from wavepipe.bench import table_layout
+    from wavepipe.bench.table_layout import ZORDERED
+
+    options = dataclasses.replace(
+        table_layout.cases(True, "wavepipe bench --table-layout --quick")[-1], batches=4, legacy_batches=1, reads=1
+    )
+    assert options.legacy_batches and options.sources > 1
+    result = table_layout.run_layout(settings, options)
+
+    by = {s["state"]: s for s in result["states"]}
+    assert list(by) == ["one batch", "micro-batches", "compacted", ZORDERED]
+    for name, s in by.items():
+        assert s["errors"] == [], (name, s["errors"])  # every read's rows and bytes as written
+        assert s["rows_per_read"] and all(n > 0 for n in s["rows_per_read"]), (name, s["rows_per_read"])
+        assert s["rows_per_day_read"] and all(n > 0 for n in s["rows_per_day_read"]), name
+        assert s["partitions"] == 2 and s["mb"] > 0, (name, s)  # start times over two dates
+        for key in ("read_median_s", "day_median_s", "dedupe_median_s", "dedupe_join_median_s"):
+            assert s[key] > 0, (name, key, s[key])
+        assert s["vs_one_batch"] > 0 and s["day_vs_one_batch"] > 0 and s["dedupe_vs_one_batch"] > 0, (name, s)
+    micro_files = by["micro-batches"]["files"]
+    assert micro_files >= options.batches  # a file or more a commit
+    for name in ("one batch", "compacted", ZORDERED):
+        assert by[name]["files"] == 2 and by[name]["files_per_partition_max"] == 1, (name, by[name])
+    compact, zorder = result["optimize"]["compact"], result["optimize"]["zorder"]
+    for step in (compact, zorder):  # both rewrote the micro-batches' files, one per date
+        assert (step["files_removed"], step["files_added"], step["files_before"]) == (micro_files, 2, micro_files), step
+    assert "ZORDER BY" in zorder["sql"] and "ZORDER BY" not in compact["sql"]
+    assert result["vacuum"]["files_deleted"] == micro_files and result["vacuum"]["bytes_deleted"] > 0
+    commits, legacy = result["commits"], result["commits"]["legacy"]
+    assert commits["batches"] == options.batches and commits["partition_by"] == ["date"]
+    assert commits["commit_median_s"] > 0 and commits["files_per_commit"] >= 1
+    # the earlier layout: a file per source (and date) in each commit
+    assert legacy["batches"] == 1 and legacy["partition_by"] == ["source", "date"]
+    assert legacy["files_per_commit"] >= options.sources
+    assert result["append_s"] > 0 and result["seconds"] > 0
+    assert list((settings.home / "bench").iterdir()) == []  # its home and engine went with it
+
+    verdicts = {name: met for name, met, _ in table_layout.goals(result)}
+    assert len(verdicts) == 3 and None not in verdicts.values(), verdicts  # every goal had its numbers
+    assert verdicts["every waveform exactly once in every state"] is True
+    paths = table_layout.save(result, tmp_path / "out")
+    assert [p.name for p in paths] == [f"{options.name}.{ext}" for ext in ("json", "png", "md")]
+    assert json.loads(paths[0].read_text())["states"] == result["states"]
+    assert paths[1].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = paths[2].read_text()
+    for s in result["states"]:
+        row = f"| {s['state']} | {s['files']} | {s['mb']} | {s['partitions']} | {s['files_per_partition_max']} | "
+        assert row + f"{s['read_median_s']} | {s['read_min_s']} | {s['read_max_s']} | {s['vs_one_batch']}x |" in page
+    assert f"(compaction): {micro_files} files rewritten into 2 in {compact['seconds']} s;" in page
+    assert f"on the micro-batches: {micro_files} files rewritten into 2 in {zorder['seconds']} s." in page
+    assert f": {result['vacuum']['files_deleted']} replaced files" in page
+    assert f"{legacy['files_per_commit']:g} files each" in page
+    assert "- met: every waveform exactly once in every state (yes)" in page
+    assert f"![read time per layout]({options.name}.png)" in page

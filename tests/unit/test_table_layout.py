@@ -87,6 +87,11 @@ def test_goals_and_the_page(tmp_path, monkeypatch):
     assert [p.name for p in paths] == ["table-layout.json", "table-layout.md"]
     page = (tmp_path / "table-layout.md").read_text()
     assert "| compacted | 8 | 1.0 | 8 | 1 | 0.7 |" in page and "MISSED: compacted: a read within 1.2x" in page
+    assert "(compaction): 160 files rewritten into 8 in 5.0 s;" in page
+    # a compaction that found nothing to rewrite says why on the page instead of failing it
+    missed["optimize"]["zorder"] = {"table": "waveforms", "skipped": "2 partition(s), 2 file(s): each holds one file"}
+    page = table_layout.to_markdown(missed)
+    assert "on the micro-batches: rewrote nothing (2 partition(s), 2 file(s): each holds one file)." in page
 
 
 def test_the_cases_and_what_a_commit_costs_on_the_page(tmp_path):
