@@ -514,14 +514,14 @@ def _bench_txn_state(settings, args) -> int:
     from pathlib import Path
 
     from wavepipe.bench import txn_state
-    from wavepipe.bench.results import default_results_dir, save_page
+    from wavepipe.bench.results import default_results_dir
 
     out = Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else default_results_dir())
-    result = txn_state.measure(settings, commits=500 if args.quick else 10_000)
+    result = txn_state.measure(settings, txn_state.TxnStateSize.quick() if args.quick else txn_state.TxnStateSize())
     print(txn_state.to_markdown(result))
-    paths = save_page(result, out, "txn-state", txn_state.to_markdown, txn_state.chart)
+    paths = txn_state.save(result, out)
     print(f"results: {', '.join(map(str, paths))}")
-    return 0 if all(met for _, met, _ in txn_state.goals(result)) else 1
+    return 0 if txn_state.state_kept(result) else 1
 
 
 def _bench_consume_scaling(settings, args) -> int:

@@ -154,3 +154,48 @@ def test_table_layout_measures_every_state_and_finds_every_waveform_once(setting
     assert f"{legacy['files_per_commit']:g} files each" in page
     assert "- met: every waveform exactly once in every state (yes)" in page
     assert f"![read time per layout]({options.name}.png)" in page
+
+
+def test_txn_state_keeps_one_transaction_entry_where_an_id_per_run_grows(settings, tmp_path):
+    """``wavepipe bench --txn-state``'s functions at the smallest size with two samples of the state
+    (two checkpoints) and one append through wavepipe's Spark writer to each grown table."""
+    from wavepipe.bench import txn_state
+    from wavepipe.delta_txn import txn_version
+
+    size = txn_state.TxnStateSize.quick(commits=200, spark_appends=1)
+    assert size.sample_every == txn_state.CHECKPOINT_EVERY
+    result = txn_state.measure(settings, size)
+
+    schemes = result["schemes"]
+    assert list(schemes) == list(txn_state.SCHEMES)
+    for scheme, data in schemes.items():
+        samples = data["samples"]
+        assert [s["commits"] for s in samples] == [100, 200], scheme
+        assert [s["checkpoint_version"] for s in samples] == [99, 199], scheme  # a fresh checkpoint each
+        assert all(s["checkpoint_bytes"] > 0 and 0 < s["commit_ms_median"] <= s["commit_ms_p95"] for s in samples)
+        assert len(data["spark_append_s"]) == 1 and data["spark_append_s_median"] > 0, data
+    per_run, stable = schemes["id_per_run"]["samples"], schemes["stable_id"]["samples"]
+    assert [s["txn_entries"] for s in per_run] == [100, 200]  # an entry a run, kept in every checkpoint
+    assert [s["txn_entries"] for s in stable] == [1, 1]
+    assert per_run[1]["checkpoint_bytes"] > per_run[0]["checkpoint_bytes"] > stable[0]["checkpoint_bytes"]
+    # the Spark append landed with its transaction: the stable id's version went on from the commits'
+    tables = settings.home / "bench" / f"txn-state-{result['started']}" / "tables"
+    assert txn_version(str(tables / "stable_id"), txn_state._txn("stable_id", 1)[0]) == 201
+    assert txn_version(str(tables / "id_per_run"), txn_state._txn("id_per_run", 201)[0]) == 1
+
+    goals = txn_state.goals(result)
+    verdicts = {name: met for name, met, _ in goals}
+    assert verdicts["one transaction entry"] is True and verdicts["checkpoint size flat"] is True, goals
+    assert isinstance(verdicts["commit time flat"], bool)  # measured, not asserted
+    assert txn_state.state_kept(result)  # what the CLI exits on
+    paths = txn_state.save(result, tmp_path / "out")
+    assert [p.name for p in paths] == ["txn-state.json", "txn-state.png", "txn-state.md"]
+    assert json.loads(paths[0].read_text())["schemes"] == schemes
+    assert paths[1].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    page = paths[2].read_text()
+    assert page.startswith("# Transaction state over 200 micro-batch commits")
+    for scheme, data in schemes.items():
+        for s in data["samples"]:
+            assert f"| {scheme} | {s['commits']:,} | {s['txn_entries']:,} | {s['checkpoint_bytes']:,} |" in page
+        assert f"| {scheme} | {data['spark_append_s_median']} |" in page
+    assert "(median of 1)" in page and "- met: one transaction entry (1 -> 1)" in page

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from wavepipe.bench.monitor import role_of
 from wavepipe.bench.results import goals, markdown
 
@@ -204,5 +206,21 @@ def test_the_txn_state_goals_hold_only_when_the_stable_ids_state_stays_flat():
     }
     assert [met for _, met, _ in txn_state.goals(result)] == [True, True, True]
     assert "| id_per_run | 10,000 | 10,000 | 1,500,000 |" in txn_state.to_markdown(result)
+    assert txn_state.state_kept(result)
+    result["schemes"]["stable_id"]["samples"] = [flat[0], sample(10_000, 1, 13877, 130.0)]  # the log's files
+    assert [met for _, met, _ in txn_state.goals(result)] == [True, True, False]
+    assert txn_state.state_kept(result)  # the CLI's exit: the state's goals, not the commit time's
     result["schemes"]["stable_id"]["samples"] = grown
     assert [met for _, met, _ in txn_state.goals(result)] == [False, False, False]
+    assert not txn_state.state_kept(result)
+
+
+def test_the_txn_state_sizes_sample_at_checkpoints_at_least_twice():
+    from wavepipe.bench.txn_state import TxnStateSize
+
+    full, quick = TxnStateSize(), TxnStateSize.quick()
+    assert (full.commits, full.sample_every, quick.commits, quick.sample_every) == (10_000, 500, 500, 100)
+    assert full.commits // full.sample_every == 20 and quick.commits // quick.sample_every == 5
+    for wrong in ({"sample_every": 150}, {"commits": 100}, {"spark_appends": 0}):
+        with pytest.raises(ValueError):  # off the checkpoints, one sample (first = last), nothing timed
+            TxnStateSize.quick(**wrong)
