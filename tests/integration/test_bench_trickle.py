@@ -43,7 +43,8 @@ def test_every_trickle_system_publishes_each_waveform_once_and_says_where_its_ti
             r = rows[(system, mode)]
             assert r["failed_runs"] == 0, (system, mode, r)
             # where a run's time went, from the runs' own reports: every step timed
-            assert set(r["stages"]) == set(trickle.STEPS) and all(v is not None for v in r["stages"].values()), r
+            assert set(r["stages"]) == {trickle.WAITED, *trickle.STEPS}, r["stages"]
+            assert all(v is not None and v >= 0 for v in r["stages"].values()), (system, mode, r["stages"])
     assert all(r["run_types"] == ["asset_triggered"] for k, r in rows.items() if k[0] == "wavepipe")
     # the follow task: one DAG run (the watcher's) serves every micro-batch of both modes
     follow_runs = [r["dag_runs"] for k, r in rows.items() if k[0] == "wavepipe_follow"]
@@ -58,6 +59,7 @@ def test_every_trickle_system_publishes_each_waveform_once_and_says_where_its_ti
     page = paths[2].read_text()
     for r in result["results"]:
         assert f"| {trickle.LABELS[r['system']]} | {r['mode']} | 10/10 | {r['p50_s']} | {r['p95_s']} |" in page
+    assert "## Where a run's time goes" in page
     verdicts = trickle.goals(result)
     assert verdicts and all(met is not None for _, met, _ in verdicts), verdicts
 
