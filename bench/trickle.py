@@ -241,11 +241,11 @@ def _stats(values: list[float]) -> dict:
 # --- wavepipe, event-driven through the real Airflow services ------------------------------------
 
 
-def _wavepipe(settings: Settings, options: TrickleOptions, work: Path, stamp: str) -> list[dict]:
+def _wavepipe(settings: Settings, options: TrickleOptions, work: Path, stamp: str) -> dict:
     return _wavepipe_system(settings, options, work, stamp)
 
 
-def _wavepipe_follow(settings: Settings, options: TrickleOptions, work: Path, stamp: str) -> list[dict]:
+def _wavepipe_follow(settings: Settings, options: TrickleOptions, work: Path, stamp: str) -> dict:
     """As ``_wavepipe``, the DAG's task a follow loop long enough to cover every mode's sends."""
     follow_s = len(options.modes) * (options.seconds + options.drain_s) + 300
     return _wavepipe_system(settings, options, work, stamp, follow_s=follow_s)
@@ -253,9 +253,10 @@ def _wavepipe_follow(settings: Settings, options: TrickleOptions, work: Path, st
 
 def _wavepipe_system(
     settings: Settings, options: TrickleOptions, work: Path, stamp: str, follow_s: float = 0.0
-) -> list[dict]:
+) -> dict:
     """One home, topic and group with its own Spark engine and Airflow services, the modes sent
-    one after the other (a warm-up first)."""
+    one after the other (a warm-up first): their ``results``, and for the event-driven DAG the
+    ``watcher_load`` measured on its idle topic before them."""
     from wavepipe.consumers.kafka_admin import ensure_topic
     from wavepipe.local import airflow as local
     from wavepipe.local.engine import LocalEngine
@@ -284,14 +285,21 @@ def _wavepipe_system(
         if local.up(s, out=log.info) != 0:
             raise RuntimeError(f"`wavepipe airflow up` failed; see {s.airflow_home / 'logs'}")
         api = _Api(s)
+        used = {}
+        if not follow_s and options.watcher_load_s:  # a paused DAG's watcher does not run
+            _until(api.has_dag, 180, "the ingest DAG to be parsed")
+            used["not-watching"] = _triggerer_cpu(s, options.watcher_load_s)
         api.call("PATCH", "/api/v2/dags/wavepipe_ingest", {"is_paused": False})
         triggerer = local.log_file(s, "triggerer")
         _until(lambda: f"watching group {s.group!r}" in triggerer.read_text(), 180, "the lag watcher to start")
         _until(lambda: api.settled(), 300, "any run at unpause to finish")
+        if used:
+            used["watching"] = _triggerer_cpu(s, options.watcher_load_s)
         with DeltaWatcher(s.output_table) as watcher:
             warm = _produce(s, s.topic, [0.0] * options.warmup, options, f"warm-{stamp}")
             watcher.wait_for([w.waveform_id for w in warm], options.drain_s, f"{system} warm-up")
-            return [_wavepipe_mode(s, options, api, watcher, stamp, mode) for mode in options.modes]
+            results = [_wavepipe_mode(s, options, api, watcher, stamp, mode) for mode in options.modes]
+        return {"results": results, "watcher_load": _load(used, options) if used else None}
     finally:
         local.down(s, out=log.info)
         LocalEngine(s).down(force=True)
@@ -403,6 +411,13 @@ class _Api:
     def runs(self) -> list[dict]:
         return self.call("GET", "/api/v2/dags/wavepipe_ingest/dagRuns?limit=1000&order_by=start_date")["dag_runs"]
 
+    def has_dag(self) -> bool:
+        """Whether the ingest DAG has been parsed (the API knows it)."""
+        status, _ = self.local._http_json(
+            self.local.airflow_url(self.settings) + "/api/v2/dags/wavepipe_ingest", token=self.token
+        )
+        return status == 200
+
     def settled(self) -> bool:
         """No run of the DAG queued or running (unpausing it starts none: its clock's first run is
         at the next quarter hour)."""
@@ -417,50 +432,27 @@ def _until(check, timeout_s: float, what: str) -> None:
         time.sleep(0.5)
 
 
-def watcher_load(settings: Settings, work: Path, stamp: str, seconds: float = 120.0, poll_s: float = 1.0) -> dict:
-    """The lag watcher's own cost in the triggerer: its processes' CPU time over ``seconds`` on an
-    idle topic, with the ingest DAG watching (every ``poll_s``) and without a watcher, side by side."""
+def _triggerer_cpu(s: Settings, seconds: float) -> float:
+    """CPU seconds the triggerer's processes use over ``seconds`` (the topic idle)."""
     import psutil
 
-    from wavepipe.consumers.kafka_admin import ensure_topic
     from wavepipe.local import airflow as local
-    from wavepipe.local.kafka import free_port
-    from wavepipe.pipeline import run_once
 
     def cpu(pid: int) -> float:
         procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
         return sum(sum(p.cpu_times()[:2]) for p in procs)
 
-    used = {}
-    for watching in (False, True):
-        name = "watching" if watching else "not-watching"
-        s = settings.replace(
-            home=work / f"load-{name}",
-            topic=f"trickle-load-{name}-{stamp}",
-            group=f"trickle-load-{name}-{stamp}",
-            new_group_start="earliest",
-            watch_records=1 if watching else 0,
-            watch_poll_s=poll_s,
-            airflow_port=free_port(),
-        )
-        ensure_topic(s, partitions=2)
-        run_once(s)  # the group's offsets exist; nothing to read (no Spark work)
-        if local.up(s, out=log.info) != 0:
-            raise RuntimeError(f"`wavepipe airflow up` failed; see {s.airflow_home / 'logs'}")
-        try:
-            api = _Api(s)
-            api.call("PATCH", "/api/v2/dags/wavepipe_ingest", {"is_paused": False})
-            if watching:
-                triggerer = local.log_file(s, "triggerer")
-                _until(lambda s=s, t=triggerer: f"watching group {s.group!r}" in t.read_text(), 180, "the watcher")
-            _until(api.settled, 300, "any run at unpause to finish")
-            pid = local.running(s)["triggerer"]
-            before = cpu(pid)
-            log.info("the triggerer's CPU, %s, over %.0f s ...", name.replace("-", " "), seconds)
-            time.sleep(seconds)
-            used[name] = round(cpu(pid) - before, 2)
-        finally:
-            local.down(s, out=log.info)
+    pid = local.running(s)["triggerer"]
+    before = cpu(pid)
+    log.info("the triggerer's CPU over %.0f s ...", seconds)
+    time.sleep(seconds)
+    return round(cpu(pid) - before, 2)
+
+
+def _load(used: dict[str, float], options: TrickleOptions) -> dict:
+    """The lag watcher's own cost in the triggerer, from its CPU with the ingest DAG watching
+    (its watcher measuring at least every ``watch_poll_s``) and paused (no watcher), side by side."""
+    seconds, poll_s = options.watcher_load_s, options.watch_poll_s
     extra = used["watching"] - used["not-watching"]
     return {
         "seconds": seconds,
@@ -475,7 +467,7 @@ def watcher_load(settings: Settings, work: Path, stamp: str, seconds: float = 12
 # --- Spark Structured Streaming ------------------------------------------------------------------
 
 
-def _spark_streaming(settings: Settings, options: TrickleOptions, work: Path, stamp: str) -> list[dict]:
+def _spark_streaming(settings: Settings, options: TrickleOptions, work: Path, stamp: str) -> dict:
     """One streaming query (``spark_streaming_app.py``, spark-submit) on a topic of its own, the
     modes sent one after the other (a warm-up first); stopped with its stop file however it ends."""
     from wavepipe.bench.systems import resolve_spark_kafka_jars
@@ -494,7 +486,7 @@ def _spark_streaming(settings: Settings, options: TrickleOptions, work: Path, st
         with DeltaWatcher(folder / "table") as watcher:
             warm = _produce(s, topic, [0.0] * options.warmup, options, f"swarm-{stamp}")
             watcher.wait_for([w.waveform_id for w in warm], options.drain_s, "streaming warm-up")
-            return [_streaming_mode(s, options, topic, watcher, stamp, mode) for mode in options.modes]
+            return {"results": [_streaming_mode(s, options, topic, watcher, stamp, mode) for mode in options.modes]}
     finally:
         app.stop()
 
@@ -584,10 +576,12 @@ def run_trickle(settings: Settings, options: TrickleOptions) -> dict:
     broker = LocalKafka.from_settings(settings)
     log.info("%s", lifecycle.start("the Kafka broker", broker))
     measured: list[dict] = []
+    load = None
     runners = {"wavepipe": _wavepipe, "wavepipe_follow": _wavepipe_follow, "spark_streaming": _spark_streaming}
     for system in options.systems:
-        measured += runners[system](settings, options, work, stamp)
-    load = watcher_load(settings, work, stamp, options.watcher_load_s) if "wavepipe" in options.systems else None
+        out = runners[system](settings, options, work, stamp)
+        measured += out["results"]
+        load = out.get("watcher_load") or load
     return {
         "watcher_load": load,
         "benchmark": "trickle",
@@ -686,10 +680,11 @@ def to_markdown(result: dict, chart_name: str = "trickle.png") -> str:
             "## The watcher's own load",
             "",
             f"On an idle topic, over {load['seconds']:.0f} s, the triggerer's processes used {used['watching']} CPU s with "
-            f"the ingest DAG's watcher measuring at least every {load['poll_s']:g} s, and {used['not-watching']} s without a watcher: "
-            f"about {load['watcher_cpu_ms_per_poll']} ms of CPU per poll, {load['watcher_core_percent']}% of one core. "
-            f"Each poll is {load['broker_requests_per_poll']} small requests to the broker (the group's committed "
-            "offsets, the partitions' last stable offsets) on clients kept open; the topic's partitions once a minute.",
+            f"the ingest DAG's watcher measuring at least every {load['poll_s']:g} s, and {used['not-watching']} s with the DAG "
+            f"paused (no watcher): about {load['watcher_cpu_ms_per_poll']} ms of CPU per poll, "
+            f"{load['watcher_core_percent']}% of one core. Each poll is {load['broker_requests_per_poll']} small requests to "
+            "the broker (the group's committed offsets, the partitions' last stable offsets) on clients kept open, "
+            "then a long poll for the next record; the topic's partitions once a minute.",
         ]
     ratios = []
     for mode in o["modes"]:

@@ -93,7 +93,10 @@ def test_the_page_states_the_goals_and_a_chart_failure_loses_nothing(tmp_path, m
     paths = save(result, tmp_path)
     assert [p.name for p in paths] == ["trickle.json", "trickle.md"]
     page = (tmp_path / "trickle.md").read_text()
-    assert "used 6.6 CPU s with the ingest DAG's watcher measuring at least every 1 s, and 3.0 s without" in page
+    assert (
+        "used 6.6 CPU s with the ingest DAG's watcher measuring at least every 1 s, and 3.0 s with the DAG paused"
+        in page
+    )
     assert (
         "**missed** (p50 20.0 s, 5.0x" in page
         and "event-driven (Airflow)'s p50 is 5.0x Spark Structured Streaming's" in page
