@@ -14,6 +14,8 @@ next record after the offsets it measured, so a micro-batch starts when a record
 not at the next poll; the lag is measured again at least every ``poll_s``. A micro-batch that
 fails (the engine died, a run-level expectation failed) is retried after a pause that doubles up
 to ``MAX_BACKOFF_S``; after ``max_failures`` failures in a row the loop ends with the last error.
+One that fails on an error of the code itself (``BUGS``: a ``TypeError``, ...) ends it at once,
+its traceback logged.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from wavepipe import waiting
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import UsageError
 from wavepipe.contracts.plan import ActiveRunError
@@ -36,6 +39,12 @@ MAX_BACKOFF_S = 60.0
 #: How long the same backlog waits before it is run again when no new record came (a waveform
 #: still missing chunks holds the group's commit back; ``incomplete_after_s`` may end it by then).
 SAME_BACKLOG_S = 60.0
+
+
+#: Errors of wavepipe's own code, not of a service or the data: a micro-batch that fails with one
+#: is not tried again.
+BUGS = (TypeError, AttributeError, NameError, ImportError, AssertionError)
+BUG_HINT = "trying again fails the same way; the run resumes from where it stopped once the cause is fixed"
 
 
 class GroupBusyError(RuntimeError):
@@ -146,6 +155,8 @@ def follow(
                 report = _one_batch(settings, request or {})
             except (UsageError, GroupBusyError):
                 raise
+            except BUGS as exc:  # another try fails the same way: no backoff, the traceback once
+                raise waiting.stopped(exc, f"the next micro-batch of group {settings.group!r}", BUG_HINT) from exc
             except Exception as exc:
                 failures += 1
                 if failures >= options.max_failures:

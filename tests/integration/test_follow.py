@@ -103,3 +103,25 @@ def test_a_lag_held_back_by_a_waveform_still_missing_chunks_starts_no_run_after_
     code, out = run_cli(settings, "follow", "--poll", "0.2", "--max-batches", "1", timeout=300)
     assert code == 0, out
     assert [(r[0], r[1]) for r in output_rows(spark, settings)] == [("late", checksum)]
+
+
+def test_a_micro_batch_failing_on_a_bug_ends_the_loop_at_once_with_the_reason(settings, monkeypatch, caplog):
+    import threading
+
+    from wavepipe import follow
+    from wavepipe.waiting import WaitError
+
+    ensure_topic(settings, partitions=2)
+    produce_in_order(settings, waveform_records("w-bug", n_chunks=2, chunk_size=100)[0], partition=0)
+    tries = []
+
+    def buggy(*_):  # what a bug in a step looks like: "str / str"
+        tries.append(1)
+        return "table" / "_delta_log"
+
+    monkeypatch.setattr(follow, "_one_batch", buggy)
+    options = follow.FollowOptions(poll_s=0.5, max_failures=3)
+    with pytest.raises(WaitError, match=r"TypeError: unsupported operand type.*cannot fix"):
+        follow.follow(settings.replace(new_group_start="earliest"), options, threading.Event())
+    assert tries == [1]  # not tried again after a pause, as a service's failure is
+    assert [r.exc_info[0] for r in caplog.records if r.exc_info] == [TypeError]  # its traceback, once
