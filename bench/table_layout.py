@@ -294,8 +294,8 @@ def run_layout(settings: Settings, options: LayoutOptions) -> dict:
     clustered = s.replace(tables_uri=str(s.home / "zorder" / "tables"))
     layout = list(TABLE_KEYS["waveforms"][1])
     log.info("table layout: starting a Spark engine for %s", s.home)
-    LocalEngine(s).up()
-    try:
+    try:  # started inside: stopped also when a signal comes while it starts
+        LocalEngine(s).up()
         with engine.attached(s) as spark:
             commits = _append_batches(spark, micro, options, options.batches, layout)
             if options.legacy_batches:

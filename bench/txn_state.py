@@ -157,8 +157,8 @@ def measure(settings: Settings, size: TxnStateSize) -> dict:
     for scheme in SCHEMES:
         result["schemes"][scheme] = {"samples": grow(s.tables_dir / scheme, scheme, commits, size.sample_every)}
     log.info("txn state: starting a Spark engine for %s", s.home)
-    LocalEngine(s).up()
-    try:
+    try:  # started inside: stopped also when a signal comes while it starts
+        LocalEngine(s).up()
         with engine.attached(s) as spark:
             for scheme in SCHEMES:
                 timed = spark_appends(spark, s.tables_dir / scheme, scheme, commits + 1, size.spark_appends)
