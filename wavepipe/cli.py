@@ -418,7 +418,7 @@ def _bench(args) -> int:
         "partitions": args.partitions,
         "scale": args.scale,
         "keep": args.keep,
-        "command": " ".join(["wavepipe", "bench", *sys.argv[2:]]),
+        "command": _bench_command(),
     }
     if args.large_mib is not None:
         changes["large_bytes"] = args.large_mib * 2**20
@@ -456,15 +456,20 @@ def _bench(args) -> int:
     return 0
 
 
+def _bench_command() -> str:
+    """The benchmark's command line as typed, for its results page (options before ``bench`` too)."""
+    return " ".join(["wavepipe", *sys.argv[1:]])
+
+
 def _bench_trickle(settings, args) -> int:
     from pathlib import Path
 
     from wavepipe.bench import trickle
     from wavepipe.bench.results import default_results_dir
 
-    options = trickle.TrickleOptions(command=" ".join(["wavepipe", "bench", *sys.argv[2:]]))
+    options = trickle.TrickleOptions(command=_bench_command())
     if args.quick:
-        options.seconds, options.drain_s = 20.0, 240.0
+        options.seconds, options.drain_s, options.watcher_load_s = 20.0, 240.0, 20.0
     if args.seconds is not None:
         if args.seconds < 10:
             print("wavepipe bench: --seconds must be at least 10", file=sys.stderr)
@@ -495,7 +500,7 @@ def _bench_table_layout(settings, args) -> int:
     from wavepipe.bench import table_layout
     from wavepipe.bench.results import default_results_dir
 
-    command = " ".join(["wavepipe", "bench", *sys.argv[2:]])
+    command = _bench_command()
     out = Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else default_results_dir())
     exactly_once = True
     for options in table_layout.cases(args.quick, command):
