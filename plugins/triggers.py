@@ -135,16 +135,22 @@ class GroupLagTrigger(BaseEventTrigger):
                 else:
                     log.info("%s: lag %d records after %d measurements; no run due", where, lag.records, polls)
                 said_at = time.monotonic()
-            await self._idle(probe, lag)
+            await self._idle(probe, lag, where)
 
-    async def _idle(self, probe: LagProbe, lag) -> None:
+    async def _idle(self, probe: LagProbe, lag, where: str) -> None:
         """Until a record arrives after what ``lag`` measured (a long poll in a thread of its own),
-        at most ``poll_s`` (a record's age grows without one); a group without offsets waits
-        ``poll_s``."""
+        at most ``poll_s`` (a record's age grows without one); a group without offsets, or a wait
+        the broker fails (``MEASURE_ERRORS``), waits ``poll_s``."""
         if lag.new_group:
             await asyncio.sleep(self.poll_s)
-        else:
+            return
+        try:
             await sync_to_async(probe.wait_for_records, thread_sensitive=False)(lag.end, self.poll_s)
+        except Exception as exc:
+            if not waiting.expected(exc, MEASURE_ERRORS):
+                await self._stop(exc, where)  # returns only by being cancelled
+            log.warning("%s: could not wait for new records (%s); measuring again in %g s", where, exc, self.poll_s)
+            await asyncio.sleep(self.poll_s)
 
     async def _stop(self, exc: Exception, where: str) -> None:
         """Stop measuring for an error that trying again cannot fix: logged once with its
