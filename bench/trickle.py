@@ -34,6 +34,7 @@ from pathlib import Path
 
 from wavepipe.bench import lifecycle
 from wavepipe.contracts.config import Settings
+from wavepipe.waiting import wait_until
 
 log = logging.getLogger("wavepipe.bench.trickle")
 HERE = Path(__file__).resolve().parent
@@ -287,12 +288,12 @@ def _wavepipe_system(
         api = _Api(s)
         used = {}
         if not follow_s and options.watcher_load_s:  # a paused DAG's watcher does not run
-            _until(api.has_dag, 180, "the ingest DAG to be parsed")
+            wait_until(api.has_dag, 180, "the ingest DAG to be parsed")
             used["not-watching"] = _triggerer_cpu(s, options.watcher_load_s)
         api.call("PATCH", "/api/v2/dags/wavepipe_ingest", {"is_paused": False})
         triggerer = local.log_file(s, "triggerer")
-        _until(lambda: f"watching group {s.group!r}" in triggerer.read_text(), 180, "the lag watcher to start")
-        _until(lambda: api.settled(), 300, "any run at unpause to finish")
+        wait_until(lambda: f"watching group {s.group!r}" in triggerer.read_text(), 180, "the lag watcher to start")
+        wait_until(lambda: api.settled(), 300, "any run at unpause to finish")
         if used:
             used["watching"] = _triggerer_cpu(s, options.watcher_load_s)
         with DeltaWatcher(s.output_table) as watcher:
@@ -311,7 +312,7 @@ def _wavepipe_mode(
     """One mode's sends on a running system, its freshness and the runs that served it."""
     system = "wavepipe_follow" if s.follow_s else "wavepipe"
     if not s.follow_s:  # a follow task keeps running: its loop takes the next waveforms
-        _until(lambda: api.settled(), 300, "the earlier runs to finish")
+        wait_until(lambda: api.settled(), 300, "the earlier runs to finish")
     runs_before, commits_before = {r["dag_run_id"] for r in api.runs()}, watcher.commits
     log.info("%s (%s): sending for %.0f s", system, mode, options.seconds)
     began = time.time()
@@ -319,7 +320,7 @@ def _wavepipe_mode(
     watcher.wait_for([w.waveform_id for w in sent], options.drain_s, f"{system} {mode}")
     ended = max(watcher.seen.get(w.waveform_id, [time.time()])[0] for w in sent)
     if not s.follow_s:
-        _until(lambda: api.settled(), 300, "this mode's runs to finish")
+        wait_until(lambda: api.settled(), 300, "this mode's runs to finish")
     runs = [r for r in api.runs() if r["dag_run_id"] not in runs_before]
     result = _latencies(sent, watcher)
     reports = _run_reports(s, began, ended)
@@ -424,14 +425,6 @@ class _Api:
         return all(r["state"] not in ("queued", "running") for r in self.runs())
 
 
-def _until(check, timeout_s: float, what: str) -> None:
-    began = time.monotonic()
-    while not check():
-        if time.monotonic() - began > timeout_s:
-            raise TimeoutError(f"waited {timeout_s:.0f} s for {what}")
-        time.sleep(0.5)
-
-
 def _triggerer_cpu(s: Settings, seconds: float) -> float:
     """CPU seconds the triggerer's processes use over ``seconds`` (the topic idle)."""
     import psutil
@@ -518,7 +511,7 @@ class _StreamingApp:
     def start(self) -> None:
         self.thread.start()
         ready = self.folder / "ready"
-        _until(lambda: ready.exists() or not self.thread.is_alive(), 300, "the streaming query to start")
+        wait_until(lambda: ready.exists() or not self.thread.is_alive(), 300, "the streaming query to start")
         if self.errors or not self.thread.is_alive():
             raise RuntimeError(f"the streaming app stopped before its query started: {self.errors}")
 
