@@ -418,7 +418,7 @@ def _bench(args) -> int:
         "partitions": args.partitions,
         "scale": args.scale,
         "keep": args.keep,
-        "command": _bench_command(),
+        "command": _bench_command(args),
     }
     if args.large_mib is not None:
         changes["large_bytes"] = args.large_mib * 2**20
@@ -456,9 +456,9 @@ def _bench(args) -> int:
     return 0
 
 
-def _bench_command() -> str:
+def _bench_command(args) -> str:
     """The benchmark's command line as typed, for its results page (options before ``bench`` too)."""
-    return " ".join(["wavepipe", *sys.argv[1:]])
+    return " ".join(["wavepipe", *args.argv])
 
 
 def _bench_trickle(settings, args) -> int:
@@ -467,7 +467,7 @@ def _bench_trickle(settings, args) -> int:
     from wavepipe.bench import trickle
     from wavepipe.bench.results import default_results_dir
 
-    options = trickle.TrickleOptions(command=_bench_command())
+    options = trickle.TrickleOptions(command=_bench_command(args))
     if args.quick:
         options.seconds, options.drain_s, options.watcher_load_s = 20.0, 240.0, 20.0
     if args.seconds is not None:
@@ -500,7 +500,7 @@ def _bench_table_layout(settings, args) -> int:
     from wavepipe.bench import table_layout
     from wavepipe.bench.results import default_results_dir
 
-    command = _bench_command()
+    command = _bench_command(args)
     out = Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else default_results_dir())
     exactly_once = True
     for options in table_layout.cases(args.quick, command):
@@ -857,6 +857,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: see ``wavepipe.contracts.errors`` (0 done, 1 failed, 2 usage or configuration, 3 validation)."""
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as typed, for a benchmark's page
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
