@@ -179,6 +179,12 @@ def _cpu(proc: psutil.Process) -> float:
     return t.user + t.system
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` and its descendants have used so far."""
+    root = psutil.Process(pid)
+    return sum(_cpu(p) for p in [root, *root.children(recursive=True)])
+
+
 def _rss_hwm_kb(pid: int) -> tuple[int, int]:
     rss = hwm = 0
     with open(f"/proc/{pid}/status") as fh:

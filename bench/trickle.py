@@ -427,19 +427,14 @@ class _Api:
 
 def _triggerer_cpu(s: Settings, seconds: float) -> float:
     """CPU seconds the triggerer's processes use over ``seconds`` (the topic idle)."""
-    import psutil
-
+    from wavepipe.bench.monitor import tree_cpu_s
     from wavepipe.local import airflow as local
 
-    def cpu(pid: int) -> float:
-        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-        return sum(sum(p.cpu_times()[:2]) for p in procs)
-
     pid = local.running(s)["triggerer"]
-    before = cpu(pid)
+    before = tree_cpu_s(pid)
     log.info("the triggerer's CPU over %.0f s ...", seconds)
     time.sleep(seconds)
-    return round(cpu(pid) - before, 2)
+    return round(tree_cpu_s(pid) - before, 2)
 
 
 def _load(used: dict[str, float], options: TrickleOptions) -> dict:
