@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import tenacity
+
 from wavepipe import waiting
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import UsageError
@@ -118,9 +120,33 @@ class Backlog:
         self.end, self.at = (None if left_by_cap else dict(end)), now
 
 
-def backoff_s(failures: int) -> float:
-    """The pause before trying again after ``failures`` failed micro-batches in a row."""
-    return min(MAX_BACKOFF_S, 2.0 ** (failures - 1))
+def worth_retrying(exc: BaseException) -> bool:
+    """Whether a micro-batch that failed with ``exc`` is tried again: any error but wrong usage,
+    another loop on the group and ``BUGS`` (never ``BaseException``: Ctrl-C ends the loop)."""
+    return isinstance(exc, Exception) and not isinstance(exc, (UsageError, GroupBusyError, *BUGS))
+
+
+def batch_retrying(max_failures: int, stop: threading.Event) -> tenacity.Retrying:
+    """How failed micro-batches are tried again: after a pause of 1 s that doubles with each
+    failure in a row up to ``MAX_BACKOFF_S`` (cut short when ``stop`` is set), while they fail
+    with errors ``worth_retrying``; the ``max_failures``-th in a row is raised."""
+
+    def say(state: tenacity.RetryCallState) -> None:
+        log.warning(
+            "micro-batch failed (%d in a row), trying again in %.0f s: %s",
+            state.attempt_number,
+            state.next_action.sleep,
+            state.outcome.exception(),
+        )
+
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception(worth_retrying),
+        stop=tenacity.stop_after_attempt(max_failures),
+        wait=tenacity.wait_exponential(max=MAX_BACKOFF_S),
+        sleep=stop.wait,
+        before_sleep=say,
+        reraise=True,
+    )
 
 
 def follow(
@@ -137,35 +163,15 @@ def follow(
     from wavepipe.consumers.lag import LagProbe
     from wavepipe.pipeline import left_by_cap
 
-    done, began, failures, backlog = Followed(), time.monotonic(), 0, Backlog()
+    done, began, backlog = Followed(), time.monotonic(), Backlog()
     probe = LagProbe(settings, settings.topic, settings.group)
     try:
         while True:
-            ended = _limit_reached(options, done, began, stop)
-            if ended:
-                done.ended = ended
+            batch = _next_batch(settings, options, stop, request or {}, probe, backlog, done, began)
+            if isinstance(batch, str):
+                done.ended = batch
                 return done
-            lag = probe.measure(oldest=False)
-            end = _work(settings, lag, backlog)
-            if end is None:
-                _idle(probe, lag, options.poll_s, stop)
-                continue
-            t = time.monotonic()
-            try:
-                report = _one_batch(settings, request or {})
-            except (UsageError, GroupBusyError):
-                raise
-            except BUGS as exc:  # another try fails the same way: no backoff, the traceback once
-                raise waiting.stopped(exc, f"the next micro-batch of group {settings.group!r}", BUG_HINT) from exc
-            except Exception as exc:
-                failures += 1
-                if failures >= options.max_failures:
-                    raise
-                pause = backoff_s(failures)
-                log.warning("micro-batch failed (%d in a row), trying again in %.0f s: %s", failures, pause, exc)
-                stop.wait(pause)
-                continue
-            failures = 0
+            end, report, t = batch
             backlog.ran(end, time.monotonic(), left_by_cap(report))
             done.batches.append(batch_summary(report, time.monotonic() - t))
             log.info("%s", batch_line(len(done.batches), done.batches[-1]))
@@ -173,6 +179,42 @@ def follow(
                 on_batch(report)
     finally:
         probe.close()
+
+
+def _next_batch(
+    settings: Settings,
+    options: FollowOptions,
+    stop: threading.Event,
+    request: dict,
+    probe,
+    backlog: Backlog,
+    done: Followed,
+    began: float,
+) -> tuple[dict[int, int], dict, float] | str:
+    """The next micro-batch that succeeded, as the end offsets it was started at, its report and
+    when it started; or why the loop ends (a limit of ``options``, ``stop``). Waits on lag while
+    there is no work; a failed micro-batch is tried again as ``batch_retrying`` says, the limits
+    and the lag checked again first. Only a micro-batch's own failure is retried: one of the lag
+    probe ends the loop."""
+    for attempt in batch_retrying(options.max_failures, stop):
+        ended = _limit_reached(options, done, began, stop)
+        if ended:
+            return ended
+        lag = probe.measure(oldest=False)
+        end = _work(settings, lag, backlog)
+        if end is None:
+            _idle(probe, lag, options.poll_s, stop)
+            continue  # not an attempt: the failures in a row so far still count
+        t = time.monotonic()
+        with attempt:
+            report = _one_batch(settings, request)
+        outcome = attempt.retry_state.outcome
+        if not outcome.failed:
+            return end, report, t
+        if isinstance(outcome.exception(), BUGS):  # another try fails the same way: no backoff, the traceback once
+            exc = outcome.exception()
+            raise waiting.stopped(exc, f"the next micro-batch of group {settings.group!r}", BUG_HINT) from exc
+    raise AssertionError("batch_retrying ends in a success (returned above) or raises")
 
 
 def _limit_reached(options: FollowOptions, done: Followed, began: float, stop: threading.Event) -> str:

@@ -1,11 +1,24 @@
-"""The follow loop's pure parts: its options, the pause after failures, a micro-batch's line."""
+"""The follow loop's pure parts: its options, the tries after failures, a micro-batch's line."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
+import tenacity
 
 from wavepipe.contracts.errors import UsageError
-from wavepipe.follow import MAX_BACKOFF_S, SAME_BACKLOG_S, Backlog, FollowOptions, backoff_s, batch_line, batch_summary
+from wavepipe.follow import (
+    MAX_BACKOFF_S,
+    SAME_BACKLOG_S,
+    Backlog,
+    FollowOptions,
+    GroupBusyError,
+    batch_line,
+    batch_retrying,
+    batch_summary,
+    worth_retrying,
+)
 
 
 @pytest.mark.parametrize(
@@ -17,8 +30,60 @@ def test_options_a_loop_could_not_honour_are_refused(bad):
 
 
 def test_the_pause_after_failures_doubles_up_to_its_cap():
-    assert [backoff_s(n) for n in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 8.0]
-    assert backoff_s(30) == MAX_BACKOFF_S
+    retrying = batch_retrying(3, threading.Event())
+    state = tenacity.RetryCallState(retrying, None, (), {})
+    pauses = []
+    for failures in (1, 2, 3, 4, 30):
+        state.attempt_number = failures
+        pauses.append(retrying.wait(state))
+    assert pauses == [1.0, 2.0, 4.0, 8.0, MAX_BACKOFF_S]
+
+
+def test_failed_micro_batches_are_tried_again_until_max_failures_in_a_row_then_the_last_error_is_raised():
+    failures, paused = [], []
+
+    def failing():
+        failures.append(len(failures) + 1)
+        raise RuntimeError(f"the engine died ({len(failures)})")
+
+    retrying = batch_retrying(3, threading.Event()).copy(sleep=paused.append)
+    with pytest.raises(RuntimeError, match=r"the engine died \(3\)"):
+        retrying(failing)
+    assert failures == [1, 2, 3] and paused == [1.0, 2.0]
+
+
+def test_a_set_stop_cuts_the_pause_short():
+    stop = threading.Event()
+    stop.set()
+    calls = []
+
+    def fails_once():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("a run-level expectation failed")
+        return "ran"
+
+    retrying = batch_retrying(3, stop)
+    retrying.wait = tenacity.wait_fixed(3600)  # would hang the test if the pause were not cut short
+    assert retrying(fails_once) == "ran"
+
+
+@pytest.mark.parametrize(
+    "error", [TypeError("a bug"), AttributeError("a bug"), UsageError("bad option"), GroupBusyError("another loop")]
+)
+def test_bugs_wrong_usage_and_another_loop_are_not_tried_again(error):
+    assert not worth_retrying(error)
+    assert not worth_retrying(KeyboardInterrupt())
+    assert worth_retrying(RuntimeError("the engine died")) and worth_retrying(ConnectionError("no broker"))
+    calls = []
+
+    def fails():
+        calls.append(1)
+        raise error
+
+    with pytest.raises(type(error)):
+        batch_retrying(3, threading.Event()).copy(sleep=lambda s: None)(fails)
+    assert calls == [1]
 
 
 def test_a_micro_batch_line_says_what_it_published_how_fast_and_the_lag_it_left():
