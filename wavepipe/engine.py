@@ -33,6 +33,8 @@ from datetime import datetime
 from pathlib import Path
 from urllib.parse import urlparse
 
+import tenacity
+
 from wavepipe import storage, waiting
 from wavepipe.contracts.config import Settings, redact_url
 from wavepipe.contracts.runfiles import read_json_or, write_json_atomic
@@ -388,22 +390,35 @@ UI_ERRORS: tuple[type[Exception], ...] = (OSError, http.client.HTTPException, Va
 def _listed_jobs(ui: str, tag: str, attempts: int = 2) -> list[dict] | None:
     """``spark_jobs``, or None where the engine's UI could not say. A loaded engine's UI answers
     late: each request waits up to ``UI_TIMEOUT_S``; a quick failure (``UI_ERRORS``: an error
-    page, the UI starting) is asked again once, a timed-out one is not (a UI that does not answer
-    would hold every step up). Any other error is not asked again: logged once with its
-    traceback, and None (the list only describes a run)."""
-    for attempt in range(1, attempts + 1):
-        began = time.monotonic()
-        try:
-            return spark_jobs(ui, tag)
-        except Exception as exc:
-            if not waiting.expected(exc, UI_ERRORS):
-                waiting.stopped(exc, f"the step's Spark jobs from {ui}", "the run's report lists no jobs for it")
-                return None
-            log.warning("could not list the step's Spark jobs from %s (attempt %d): %s", ui, attempt, exc)
-            if time.monotonic() - began > UI_TIMEOUT_S / 2:
-                return None
-            time.sleep(1)
-    return None
+    page, the UI starting) is asked again a second later, up to ``attempts`` times in all, one
+    after half of ``UI_TIMEOUT_S`` is not (a UI that does not answer would hold every step up).
+    Any other error is not asked again: logged once with its traceback, and None (the list only
+    describes a run)."""
+
+    def say(state: tenacity.RetryCallState) -> None:
+        log.warning(
+            "could not list the step's Spark jobs from %s (attempt %d): %s",
+            ui,
+            state.attempt_number,
+            state.outcome.exception(),
+        )
+
+    def given_up(state: tenacity.RetryCallState) -> None:
+        say(state)
+        return None
+
+    retrying = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(UI_ERRORS),
+        stop=tenacity.stop_after_attempt(attempts) | tenacity.stop_after_delay(UI_TIMEOUT_S / 2),
+        wait=tenacity.wait_fixed(1),
+        before_sleep=say,
+        retry_error_callback=given_up,
+    )
+    try:
+        return retrying(spark_jobs, ui, tag)
+    except Exception as exc:  # not UI_ERRORS (those end in given_up): a bug, not asked again
+        waiting.stopped(exc, f"the step's Spark jobs from {ui}", "the run's report lists no jobs for it")
+        return None
 
 
 class StageProgress:

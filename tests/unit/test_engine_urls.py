@@ -144,13 +144,24 @@ def test_the_job_list_is_asked_again_after_a_quick_failure_never_after_a_timeout
     assert engine._listed_jobs("http://ui", "t") == [{"id": 1}] and len(calls) == 2
 
     calls.clear()
-    clock = iter([0.0, engine.UI_TIMEOUT_S])  # the first request took the whole timeout
+    clock = [time.monotonic()]
 
-    def slow(ui, tag):
+    def slow(ui, tag):  # the request takes the whole timeout
         calls.append(tag)
+        clock[0] += engine.UI_TIMEOUT_S
         raise TimeoutError("timed out")
 
     monkeypatch.setattr(engine, "spark_jobs", slow)
-    real = time.monotonic
-    monkeypatch.setattr(engine.time, "monotonic", lambda: next(clock, real()))
+    monkeypatch.setattr(engine.time, "monotonic", lambda: clock[0])
     assert engine._listed_jobs("http://ui", "t") is None and len(calls) == 1
+
+    calls.clear()
+    slept = []
+    monkeypatch.setattr(engine.time, "sleep", slept.append)
+
+    def down(ui, tag):  # quick failures each time: asked twice, a second apart, no pause after the last
+        calls.append(tag)
+        raise ConnectionRefusedError("no UI")
+
+    monkeypatch.setattr(engine, "spark_jobs", down)
+    assert engine._listed_jobs("http://ui", "t") is None and len(calls) == 2 and slept == [1]
