@@ -27,12 +27,17 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import tenacity
+
 log = logging.getLogger(__name__)
+
+#: Seconds between tries of a lock another process holds.
+LOCK_RETRY_S = 1.0
 
 
 class StepBusyError(RuntimeError):
@@ -67,6 +72,29 @@ def busy_message(what: str, holder: str, waited: float, wait_s: float) -> str:
         f"{what} is running in another process right now ({holder}); two of them must not overlap."
         + (f" Waited {waited:.0f}s." if wait_s else "")
         + " Wait for it, or stop it and retry."
+    )
+
+
+def lock_retrying(
+    what: str, wait_s: float, retry: tenacity.retry_base, holder: Callable[[tenacity.RetryCallState], str]
+) -> tenacity.Retrying:
+    """Tries of a lock while ``retry`` says another process holds it: every ``LOCK_RETRY_S``,
+    logging who it waits for (``holder``) each minute, for up to ``wait_s`` seconds; then
+    ``StepBusyError`` naming the holder. Whatever else a try raises is raised at once."""
+
+    def say(state: tenacity.RetryCallState) -> None:
+        if int(state.seconds_since_start) % 60 == 0:
+            log.info("waiting for %s (%s) to finish", what, holder(state))
+
+    def refuse(state: tenacity.RetryCallState) -> None:
+        raise StepBusyError(busy_message(what, holder(state), state.seconds_since_start, wait_s))
+
+    return tenacity.Retrying(
+        retry=retry,
+        stop=tenacity.stop_after_delay(wait_s),
+        wait=tenacity.wait_fixed(LOCK_RETRY_S),
+        before_sleep=say,
+        retry_error_callback=refuse,
     )
 
 
@@ -168,19 +196,13 @@ class LocalState:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            began = time.monotonic()
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-                    waited = time.monotonic() - began
-                    if waited >= wait_s:
-                        raise StepBusyError(busy_message(what, f"pid {holder}", waited, wait_s)) from None
-                    if int(waited) % 60 == 0:
-                        log.info("waiting for %s (pid %s) to finish", what, holder)
-                    time.sleep(1.0)
+
+            def holder(_: tenacity.RetryCallState) -> str:
+                return f"pid {os.pread(fd, 64, 0).decode(errors='replace').strip() or '?'}"
+
+            # flock refuses at once (BlockingIOError) while another process holds the lock
+            taking = lock_retrying(what, wait_s, tenacity.retry_if_exception_type(BlockingIOError), holder)
+            taking(fcntl.flock, fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             os.ftruncate(fd, 0)
             os.pwrite(fd, str(os.getpid()).encode(), 0)
             _held.add(str(path))
@@ -235,13 +257,26 @@ class ObjectState:
         ]
 
     def append(self, key: str, line: str, keep: int) -> None:
-        for _ in range(self.APPEND_TRIES):
+        """Add ``line`` to the text at ``key``, keeping its last ``keep`` lines: a conditional
+        replace of the version read, tried again (``APPEND_TRIES`` in all) while other writers
+        are first; then the line is logged, not added."""
+
+        def add() -> str | None:
             found = self._store.get_tagged(key)
             lines = found[0].decode().splitlines() if found else []
             text = "".join(f"{kept}\n" for kept in [*lines, line][-keep:]).encode()
-            if self._store.put_if(key, text, found[1] if found else None) is not None:
-                return
-        log.warning("could not add to %s: %d other writers were first; the line was: %s", key, self.APPEND_TRIES, line)
+            return self._store.put_if(key, text, found[1] if found else None)
+
+        def not_added(_: tenacity.RetryCallState) -> None:
+            log.warning(
+                "could not add to %s: %d other writers were first; the line was: %s", key, self.APPEND_TRIES, line
+            )
+
+        tenacity.Retrying(
+            retry=tenacity.retry_if_result(lambda etag: etag is None),
+            stop=tenacity.stop_after_attempt(self.APPEND_TRIES),
+            retry_error_callback=not_added,
+        )(add)
 
     @contextmanager
     def lock(self, key: str, what: str, wait_s: float = 0.0) -> Iterator[None]:
@@ -251,14 +286,11 @@ class ObjectState:
             yield
             return
         lease = Lease(self._store, key, self.lease_s)
-        began = time.monotonic()
-        while (holder := lease.take()) is not None:
-            waited = time.monotonic() - began
-            if waited >= wait_s:
-                raise StepBusyError(busy_message(what, holder, waited, wait_s))
-            if int(waited) % 60 == 0:
-                log.info("waiting for %s (%s) to finish", what, holder)
-            time.sleep(1.0)
+        # take() names the lease's holder while another process holds it, else None
+        taking = lock_retrying(
+            what, wait_s, tenacity.retry_if_result(lambda holder: holder is not None), lambda s: s.outcome.result()
+        )
+        taking(lease.take)
         _held.add(self.where(key))
         try:
             yield

@@ -3,6 +3,8 @@ side is tested against a real store in tests/integration/test_object_store.py.""
 
 from __future__ import annotations
 
+import fcntl
+import logging
 import os
 import socket
 import subprocess
@@ -10,8 +12,9 @@ import sys
 import time
 
 import pytest
+import tenacity
 
-from wavepipe.state import LocalState, StepBusyError, lease_verdict, open_state
+from wavepipe.state import LocalState, ObjectState, StepBusyError, lease_verdict, lock_retrying, open_state
 
 
 def test_a_create_is_refused_when_the_key_exists_and_leaves_no_temporary_file(tmp_path):
@@ -52,6 +55,122 @@ def test_a_lock_is_refused_to_another_process_and_free_once_its_holder_exits(tmp
         holder.wait()
     with state.lock("runs/r/.l", "step r"), state.lock("runs/r/.l", "step r"):  # again inside: no wait on itself
         pass
+
+
+class _Clock:
+    """``time.monotonic`` that only ``sleep`` moves on."""
+
+    def __init__(self):
+        self.now, self.slept = 1000.0, []
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_a_lock_held_elsewhere_is_tried_each_second_until_wait_s_then_refused_naming_its_holder(monkeypatch, caplog):
+    clock, tries = _Clock(), []
+    monkeypatch.setattr(time, "monotonic", lambda: clock.now)
+
+    def take():
+        tries.append(clock.now)
+        return "pid 7 on h"
+
+    taking = lock_retrying(
+        "step r", 3.0, tenacity.retry_if_result(lambda holder: holder is not None), lambda s: s.outcome.result()
+    ).copy(sleep=clock.sleep)
+    busy = r"step r is running in another process right now \(pid 7 on h\).* Waited 3s\. Wait for it"
+    with caplog.at_level(logging.INFO, "wavepipe.state"), pytest.raises(StepBusyError, match=busy):
+        taking(take)
+    assert clock.slept == [1.0, 1.0, 1.0] and len(tries) == 4
+    assert [r.getMessage() for r in caplog.records] == ["waiting for step r (pid 7 on h) to finish"]
+
+    tries.clear()
+    with pytest.raises(StepBusyError, match=r"\(pid 7 on h\); two of them must not overlap\. Wait for it"):
+        lock_retrying("step r", 0.0, tenacity.retry_if_result(bool), lambda s: s.outcome.result())(take)
+    assert len(tries) == 1, "no wait: refused at the first try"
+
+
+def test_a_lock_taken_once_its_holder_lets_go_and_a_failing_store_is_not_tried_again(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(time, "monotonic", lambda: clock.now)
+    answers = iter(["pid 7 on h", None])
+    taking = lock_retrying(
+        "step r", 60.0, tenacity.retry_if_result(lambda holder: holder is not None), lambda s: s.outcome.result()
+    )
+    assert taking.copy(sleep=clock.sleep)(lambda: next(answers)) is None and clock.slept == [1.0]
+
+    def store_down():
+        raise OSError("the store did not answer")
+
+    with pytest.raises(OSError, match="did not answer"):
+        taking.copy(sleep=clock.sleep)(store_down)
+    assert clock.slept == [1.0]
+
+
+def test_a_local_lock_waits_for_its_holder_and_says_who_holds_it(tmp_path, monkeypatch):
+    state = LocalState(tmp_path)
+    path = tmp_path / "runs" / "r" / ".l"
+    path.parent.mkdir(parents=True)
+    path.write_text("4242")
+    other = os.open(path, os.O_RDWR)  # another open file: flock refuses this process's too
+    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    sleeps = []
+
+    def sleep(seconds):  # the holder lets go during the second pause
+        sleeps.append(seconds)
+        if len(sleeps) == 2:
+            os.close(other)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    try:
+        with pytest.raises(StepBusyError, match="pid 4242"), state.lock("runs/r/.l", "step r"):
+            pass
+        with state.lock("runs/r/.l", "step r", wait_s=60):
+            assert path.read_text() == str(os.getpid())
+    finally:
+        if len(sleeps) < 2:
+            os.close(other)
+    assert sleeps == [1.0, 1.0]
+
+
+class _RacedStore:
+    """A store where ``first`` other writers replace the object between each read and write."""
+
+    def __init__(self, first: int):
+        self.text, self.etag, self.first, self.puts = b"", "v0", first, 0
+
+    def get_tagged(self, key):
+        return (self.text, self.etag) if self.text else None
+
+    def put_if(self, key, data, etag=None):
+        self.puts += 1
+        if self.first:
+            self.first -= 1
+            self.text, self.etag = self.text + b"theirs\n", f"v{self.puts}x"
+            return None
+        self.text, self.etag = data, f"v{self.puts}"
+        return self.etag
+
+
+def _object_state(store) -> ObjectState:
+    state = ObjectState.__new__(ObjectState)
+    state.uri, state.lease_s, state._store = "s3://b/state", 30.0, store
+    return state
+
+
+def test_an_object_store_append_is_tried_again_while_other_writers_are_first_then_logged(caplog):
+    store = _RacedStore(first=3)
+    _object_state(store).append("groups/g/failed.jsonl", "mine", keep=10)
+    assert store.text == b"theirs\ntheirs\ntheirs\nmine\n" and store.puts == 4
+
+    store = _RacedStore(first=ObjectState.APPEND_TRIES)
+    with caplog.at_level(logging.WARNING, "wavepipe.state"):
+        _object_state(store).append("groups/g/failed.jsonl", "mine", keep=10)
+    assert b"mine" not in store.text and store.puts == ObjectState.APPEND_TRIES
+    assert [r.getMessage() for r in caplog.records] == [
+        "could not add to groups/g/failed.jsonl: 8 other writers were first; the line was: mine"
+    ]
 
 
 def test_a_lease_is_held_until_its_term_unless_its_holder_on_this_host_is_gone():
