@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import tenacity
+
 from wavepipe.local import processes
 from wavepipe.local.jars import SetupError, require_tool
 from wavepipe.local.kafka import free_port, port_is_free
@@ -93,6 +95,10 @@ WEED_ENV = {
 START_TRIES = 3
 
 
+class PortTakenError(SetupError):
+    """The store did not start: one of its internal ports, picked free, was taken before it bound it."""
+
+
 @dataclass
 class LocalObjectStore:
     """One local SeaweedFS keeping its data and config in ``folder``, its S3 API on ``port``."""
@@ -156,21 +162,31 @@ class LocalObjectStore:
                 f"port {self.port} on {self.host} is in use by another process. Stop it, or set "
                 "WAVEPIPE_OBJECT_STORE_PORT=<free port> to run the local object store elsewhere."
             )
-        for attempt in range(1, START_TRIES + 1):
-            log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
-            proc = self.start()
-            try:
-                self.wait_ready(proc)
-                break
-            except SetupError:
-                self.down()
-                # an internal port taken between our pick and its bind (another program's start): new ports
-                if attempt == START_TRIES or "address already in use" not in self._log_since(log_offset):
-                    raise
-            except BaseException:
-                self.down()
-                raise
+        # an internal port taken between our pick and its bind (another program's start): new ports
+        starting = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(PortTakenError),
+            stop=tenacity.stop_after_attempt(START_TRIES),
+            reraise=True,
+        )
+        proc = starting(self._start_answering)
         return f"object store (SeaweedFS S3) {self.endpoint} started (pid {proc.pid}, data in {self.data_dir})"
+
+    def _start_answering(self) -> subprocess.Popen:
+        """Start the server and wait until S3 answers; one that does not is stopped again, its
+        error raised (``PortTakenError`` when its log says an internal port was taken)."""
+        log_offset = self.log_file.stat().st_size if self.log_file.exists() else 0
+        proc = self.start()
+        try:
+            self.wait_ready(proc)
+        except SetupError as exc:
+            self.down()
+            if "address already in use" in self._log_since(log_offset):
+                raise PortTakenError(str(exc)) from exc
+            raise
+        except BaseException:
+            self.down()
+            raise
+        return proc
 
     def _log_since(self, offset: int) -> str:
         with self.log_file.open("rb") as fh:
