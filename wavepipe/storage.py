@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+from wavepipe.local import objectstore_access
+
 #: URI schemes of object stores (Spark names S3 ``s3a``; every other client ``s3``).
 REMOTE_SCHEMES = ("s3", "s3a")
 
@@ -39,9 +41,8 @@ def s3_options(settings) -> S3Options:
     """The S3 options ``settings`` give: this home's object store's (``s3_endpoint = "local"``:
     its endpoint and credentials), or the settings' own."""
     if settings.s3_endpoint == "local":
-        from wavepipe.local.objectstore import LocalObjectStore
-
-        return S3Options(**LocalObjectStore.from_settings(settings).client_options())
+        folder = objectstore_access.store_folder(settings.home)
+        return S3Options(**objectstore_access.client_options(folder, settings.object_store_port))
     return S3Options(settings.s3_endpoint, settings.s3_region, settings.s3_access_key, settings.s3_secret_key)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from wavepipe.contracts.config import load_settings
@@ -89,6 +91,31 @@ def test_the_engine_reaches_the_store_of_the_tables_and_staging_and_knows_which(
         {"s3_access_key": "k", "s3_secret_key": "s"},
     ):
         assert s3_reach(tables.replace(**other)) != reach, other
+
+
+def test_local_s3_options_are_the_home_object_stores_and_storage_does_not_import_its_server(tmp_path):
+    import ast
+    import stat
+
+    from wavepipe import storage
+    from wavepipe.local import objectstore_access
+    from wavepipe.local.objectstore import LocalObjectStore
+
+    settings = load_settings(home=tmp_path, tables_uri="s3://lake/tables", s3_endpoint="local", object_store_port=18333)
+    options = storage.s3_options(settings)
+    assert options == S3Options(**LocalObjectStore.from_settings(settings).client_options())
+    assert options.endpoint == "http://127.0.0.1:18333" and options.access_key.startswith("wavepipe-")
+    keys = tmp_path / "objectstore" / "credentials.json"
+    assert stat.S_IMODE(keys.stat().st_mode) == 0o600 and storage.s3_options(settings) == options, "made once"
+
+    def imported(module) -> set[str]:
+        tree = ast.parse(Path(module.__file__).read_text())
+        return {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+            a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+        }
+
+    assert "wavepipe.local.objectstore" not in imported(storage), "the store's server imports storage, not back"
+    assert not any(name.startswith("wavepipe") for name in imported(objectstore_access)), "a leaf of wavepipe"
 
 
 def test_a_runs_staged_files_are_named_under_its_staging_wherever_it_is(tmp_path):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -25,17 +24,16 @@ from pathlib import Path
 
 import tenacity
 
-from wavepipe.local import processes
+from wavepipe.local import objectstore_access, processes
 from wavepipe.local.jars import SetupError, require_tool
 from wavepipe.local.kafka import free_port, port_is_free
+from wavepipe.storage import S3Options, open_store
 
 #: The SeaweedFS release wavepipe's tests and ``make demo`` use (the Go module proxy's newest).
 WEED_MODULE = "github.com/seaweedfs/seaweedfs"
 WEED_VERSION = "v0.0.0-20261109003541-7506e5f91cd6"
 #: The SeaweedFS release that module version is (``weed version``): the compose stack's image tag.
 WEED_RELEASE = "4.53"
-#: The local store's region (SeaweedFS accepts any; clients must name one to sign).
-REGION = "us-east-1"
 READY_TIMEOUT_S = 60.0
 #: The internal servers besides S3, each with an HTTP and a gRPC port.
 INTERNAL = ("master", "volume", "filer")
@@ -106,17 +104,17 @@ class LocalObjectStore:
     folder: Path
     port: int
     tools_dir: Path
-    host: str = "127.0.0.1"
+    host: str = objectstore_access.HOST
     #: The bucket ``up`` makes sure of.
     bucket: str = "wavepipe"
 
     @classmethod
     def from_settings(cls, settings) -> LocalObjectStore:
-        return cls(settings.home / "objectstore", settings.object_store_port, settings.tools_dir)
+        return cls(objectstore_access.store_folder(settings.home), settings.object_store_port, settings.tools_dir)
 
     @property
     def endpoint(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return objectstore_access.endpoint(self.port, self.host)
 
     @property
     def pid_file(self) -> Path:
@@ -132,18 +130,11 @@ class LocalObjectStore:
 
     def credentials(self) -> dict[str, str]:
         """This store's access key and secret, made the first time (kept in the folder, 0600)."""
-        path = self.folder / "credentials.json"
-        if not path.exists():
-            self.folder.mkdir(parents=True, exist_ok=True)
-            made = {"access_key": f"wavepipe-{secrets.token_hex(4)}", "secret_key": secrets.token_urlsafe(24)}
-            path.touch(mode=0o600)
-            path.write_text(json.dumps(made))
-        return json.loads(path.read_text())
+        return objectstore_access.credentials(self.folder)
 
     def client_options(self) -> dict[str, str]:
         """What an S3 client needs for this store (the keys of ``wavepipe.storage.S3Options``)."""
-        creds = self.credentials()
-        return {"endpoint": self.endpoint, "region": REGION, **creds}
+        return objectstore_access.client_options(self.folder, self.port, self.host)
 
     def pid(self) -> int | None:
         try:
@@ -236,7 +227,6 @@ class LocalObjectStore:
         an admin's first upload)."""
         from obstore.exceptions import BaseError
 
-        from wavepipe.storage import S3Options, open_store
         from wavepipe.waiting import wait_until
 
         store = open_store(f"s3://{self.bucket}", S3Options(**self.client_options()))
