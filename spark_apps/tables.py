@@ -9,8 +9,11 @@ there yet, so a retried publish adds nothing twice.
 
 Every append is committed by delta-rs in the run's process, with the run's transaction: the
 small tables' rows from this process (``append_rows``), the waveforms' as Parquet files the Spark
-engine writes into a new folder of the table (``append_new``). Window runs replace their rows
-with Delta's own writer on the engine (``replaceWhere``).
+engine writes into a new folder of the table (``append_new``). A commit that meets another
+writer's is tried again, as kafka-delta-ingest retries its commits: the same files, against the
+table as it is then, without writing them again; only when that writer committed the run's
+transaction (nothing left to do) or some of the same keys (decided again) does it differ. Window
+runs replace their rows with Delta's own writer on the engine (``replaceWhere``).
 """
 
 from __future__ import annotations
@@ -22,13 +25,15 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import PurePosixPath
 
+import tenacity
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from wavepipe import storage
-from wavepipe.delta_files import NULL_PARTITION, add_action_fields
+from wavepipe.delta_files import NULL_PARTITION, add_action_fields, partition_values
 from wavepipe.delta_txn import Txn
 from wavepipe.faults import failpoint
 
@@ -241,8 +246,9 @@ def replace_predicate(
     return where
 
 
-#: Tries of a publish whose commit met another writer's (two runs of one group at once, each on a
-#: worker of its own): each try decides again from the table as it is then.
+#: Tries of a commit that met another writer's (two runs of one group at once, each on a worker
+#: of its own; two first runs creating a table), in all: each try decides again from the table as
+#: it is then.
 COMMIT_TRIES = 3
 
 
@@ -251,33 +257,54 @@ def is_commit_conflict(exc: BaseException) -> bool:
     same transaction, or the table's creation."""
     from deltalake.exceptions import CommitFailedError, DeltaError
 
+    # A commit that lost to another is typed (CommitFailedError). A table created by another
+    # writer since this one found none is not: delta-rs (1.x) raises its generic DeltaTableError
+    # ("A Delta Lake table already exists at that location."), which the Python binding turns into
+    # a plain DeltaError (only "not a table", protocol and commit errors get their own types), so
+    # that one is told by its text.
     return isinstance(exc, CommitFailedError) or (isinstance(exc, DeltaError) and "already exists" in str(exc))
+
+
+def _committing(path: str) -> tenacity.Retrying:
+    """Tries of a publish to table ``path`` (``COMMIT_TRIES`` in all) while its commit meets
+    another writer's (``is_commit_conflict``); any other error, or the last try's, is raised."""
+
+    def say(state: tenacity.RetryCallState) -> None:
+        first = str(state.outcome.exception()).splitlines()[0]
+        log.warning("%s: another writer committed first (%s); deciding again from the table as it is now", path, first)
+
+    return tenacity.Retrying(
+        retry=tenacity.retry_if_exception(is_commit_conflict),
+        stop=tenacity.stop_after_attempt(COMMIT_TRIES),
+        before_sleep=say,
+        reraise=True,
+    )
 
 
 def decided_again_on_conflict(publish):
     """``publish(data, path, ...)``, tried again (up to ``COMMIT_TRIES`` in all) while its commit
     meets another writer's: the next try finds what that writer committed (the group's
-    transaction: nothing to write; or some of the keys: only the others are written). Files of a
-    refused try are in no version (``wavepipe table vacuum`` removes them)."""
+    transaction: nothing to write; or some of the keys: only the others are written). For a
+    publish without a Spark write (``append_rows``); ``append_new`` commits the files it wrote
+    again instead."""
 
     @functools.wraps(publish)
     def publishing(data, path: str, *args, **kwargs) -> None:
-        for attempt in range(1, COMMIT_TRIES + 1):
-            try:
-                publish(data, path, *args, **kwargs)
-                return
-            except Exception as exc:  # only a commit conflict is tried again
-                if not is_commit_conflict(exc) or attempt == COMMIT_TRIES:
-                    raise
-                first = str(exc).splitlines()[0]
-                log.warning(
-                    "%s: another writer committed first (%s); deciding again from the table as it is now", path, first
-                )
+        _committing(str(path))(publish, data, path, *args, **kwargs)
 
     return publishing
 
 
-@decided_again_on_conflict
+@dataclass(frozen=True)
+class _Written:
+    """Files a publish wrote into a table (``write_files``) and has not committed: their
+    ``folder``, the columns they are laid out by and, for a table not there then, its schema."""
+
+    folder: str
+    partition_by: list[str]
+    schema: object = None
+
+
 def append_new(
     df: DataFrame,
     path: str,
@@ -295,6 +322,12 @@ def append_new(
     see none of them; files of a write killed before it are never part of the table and
     ``wavepipe table vacuum`` removes them.
 
+    A commit that meets another writer's (``is_commit_conflict``) is tried again, up to
+    ``COMMIT_TRIES`` in all, against the table as it is then, with the files already written: no
+    second Spark job. Unless the table now holds ``txn`` (a twin committed the run: nothing is
+    committed, the files are left to ``wavepipe table vacuum``), or holds some of the files' keys:
+    then the rows are decided again and written anew.
+
     ``txn``: the run's transaction (``wavepipe.delta_txn``): a table that already holds its
     version for its id is left as it is (an earlier attempt committed it); nothing is written.
 
@@ -306,21 +339,114 @@ def append_new(
     only compared again if the table has moved since (another writer), so the payload rows are not
     joined against the table's keys in the common case.
     """
-    version, table = delta_version(path), None
-    if version is not None:
-        table = storage.delta_table(path)  # the commit is checked against this version: see commit_files
-        if txn is not None and (table.transaction_version(txn.app_id) or 0) >= txn.version:
+    written: list[_Written] = []  # files of this publish's write not committed yet (one write's)
+
+    def write_and_commit(table) -> None:
+        frame, laid_out = df, partition_by
+        if table is not None:  # the commit is checked against this version: see commit_files
+            laid_out = table.metadata().partition_columns  # an existing table keeps its own layout
+            if table.version() != checked_version:
+                existing = read_delta(frame.sparkSession, path)
+                if scope is not None:
+                    existing = with_ids(existing, scope)
+                frame = frame.join(existing.select(*keys), keys, "left_anti")
+        schema = arrow_schema(frame.schema) if table is None else None  # a new table's
+        folder = write_files(frame, path, laid_out)
+        written.append(_Written(folder, list(laid_out or []), schema))
+        failpoint("publish.before_commit")
+        commit_files(path, folder, laid_out or [], txn, table=table, schema=schema)
+
+    def publish() -> None:
+        table = storage.delta_table(path) if delta_version(path) is not None else None
+        if table is not None and txn is not None and (table.transaction_version(txn.app_id) or 0) >= txn.version:
+            if written:
+                log.info(
+                    "%s: transaction %s@%d was committed by another attempt; the files this one wrote (%s) "
+                    "are in no version (`wavepipe table vacuum` removes them)",
+                    path,
+                    txn.app_id,
+                    txn.version,
+                    written[0].folder,
+                )
             return
-        partition_by = table.metadata().partition_columns  # an existing table keeps its own layout
-        if version != checked_version:
-            existing = read_delta(df.sparkSession, path)
-            if scope is not None:
-                existing = with_ids(existing, scope)
-            df = df.join(existing.select(*keys), keys, "left_anti")
-    schema = arrow_schema(df.schema) if table is None else None  # a new table's
-    folder = write_files(df, path, partition_by)
-    failpoint("publish.before_commit")
-    commit_files(path, folder, partition_by or [], txn, table=table, schema=schema)
+        if written:
+            files = written[0]
+            why = _why_not_commit_again(path, files, keys, scope, table)
+            if why is None:
+                log.info(
+                    "%s: committing the files already written (%s) against the table's version %s, "
+                    "without writing them again",
+                    path,
+                    files.folder,
+                    "none" if table is None else table.version(),
+                )
+                commit_files(path, files.folder, files.partition_by, txn, table=table, schema=files.schema)
+                return
+            log.warning(
+                "%s: the files written (%s) cannot be committed again: %s; writing the rows again "
+                "(those files are in no version; `wavepipe table vacuum` removes them)",
+                path,
+                files.folder,
+                why,
+            )
+            written.clear()
+        write_and_commit(table)
+
+    _committing(str(path))(publish)
+
+
+def _why_not_commit_again(path: str, files: _Written, keys: list[str], scope, table) -> str | None:
+    """Why ``files`` cannot be committed as they are to table ``path`` as it is now (``table``, a
+    ``DeltaTable``; None: still no table), or None: it is laid out as they are and holds none of
+    their keys. Only the files' key columns are read (pyarrow), and only the table's keys in
+    ``scope`` (delta-rs, ``_keys_in``; no scope: those equal to the files' keys)."""
+    if table is None:  # still no table: the files create it, unless they were written into one
+        return None if files.schema is not None else "the table is no longer there"
+    laid_out = list(table.metadata().partition_columns)
+    if laid_out != files.partition_by:
+        return f"the table is partitioned by {laid_out}, the files by {files.partition_by}"
+    mine = _written_keys(path, files, keys)
+    if mine.empty:
+        return None
+    there = _keys_in(path, keys, scope) if scope is not None else _keys_among(path, keys, mine)
+    both = mine.astype(object).merge(there.astype(object).drop_duplicates(), on=keys, how="inner")
+    if both.empty:
+        return None
+    shown = ", ".join(str(tuple(row)) if len(keys) > 1 else str(row[0]) for row in both.head(3).itertuples(index=False))
+    return f"{len(both)} of their rows have keys the table holds now (e.g. {shown})"
+
+
+def _written_keys(path: str, files: _Written, keys: list[str]):
+    """``keys`` of the rows in ``files`` (as pandas), read from the files themselves: only the key
+    columns; a key the files are laid out by, from their folder names."""
+    import pandas as pd
+
+    frames = []
+    for written in storage.written_files(path, files.folder):
+        values = partition_values(PurePosixPath(written.path).relative_to(files.folder))
+        stored = [k for k in keys if k not in values]
+        frame = storage.read_parquet(storage.join(path, written.path), columns=stored).to_pandas()
+        for key in keys:
+            if key in values:
+                frame[key] = values[key]
+        frames.append(frame[keys])
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=keys)
+
+
+def _keys_among(path: str, keys: list[str], mine):
+    """``keys`` of the table's rows whose every key is among those of ``mine`` (pandas), read by
+    delta-rs: only the key columns (none when the table lacks one)."""
+    import pandas as pd
+    import pyarrow.compute as pc
+
+    dataset = storage.delta_table(path).to_pyarrow_dataset()
+    if not set(keys) <= set(dataset.schema.names):
+        return pd.DataFrame(columns=keys)
+    near = None
+    for key in keys:
+        found = pc.field(key).isin(list(mine[key].dropna().unique()))
+        near = found if near is None else near & found
+    return dataset.to_table(columns=keys, filter=near).to_pandas()
 
 
 def write_files(df: DataFrame, path: str, partition_by: list[str] | None) -> str:

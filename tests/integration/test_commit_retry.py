@@ -1,0 +1,106 @@
+"""A publish's commit that meets another writer's, on the real Spark engine (``tables.append_new``):
+the files the engine wrote are committed again, no second write; only when the other writer
+committed some of the same keys are the rows decided again and written anew. (The twin that
+committed the run's transaction, and the tries' limit: tests/unit/test_commit_conflicts.py.)"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.parse
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+from deltalake.transaction import CommitProperties, Transaction
+
+from wavepipe.delta_txn import Txn
+from wavepipe.spark_apps import tables
+from wavepipe.spark_apps.tables import append_new, read_delta
+
+pytestmark = pytest.mark.integration
+
+APP = "wavepipe:g:t"
+DAY = "2026-01-01"
+SCHEMA = "waveform_id string, n long, date string"
+
+
+@pytest.fixture
+def writes(monkeypatch) -> list[str]:
+    """The folders the engine's writes (``tables.write_files``, the real one) made, one a write."""
+    real, folders = tables.write_files, []
+
+    def write_files(df, path, partition_by):
+        folders.append(real(df, path, partition_by))
+        return folders[-1]
+
+    monkeypatch.setattr(tables, "write_files", write_files)
+    return folders
+
+
+def _meanwhile(monkeypatch, commit) -> None:
+    """``commit()`` by another writer once, between ``append_new``'s write and its commit."""
+    pending = [commit]
+
+    def failpoint(name: str) -> None:
+        if name == "publish.before_commit" and pending:
+            pending.pop()()
+
+    monkeypatch.setattr(tables, "failpoint", failpoint)
+
+
+def _older_run(path, ids: list[str], version: int) -> None:
+    """An older run of the group (its transaction id, a lower version) committing ``ids`` late."""
+    rows = pa.table({"waveform_id": ids, "n": [0] * len(ids), "date": [DAY] * len(ids)})
+    write_deltalake(
+        str(path),
+        rows,
+        mode="append",
+        partition_by=["date"],
+        commit_properties=CommitProperties(app_transactions=[Transaction(APP, version)]),
+    )
+
+
+def _frame(spark, ids: list[str]):
+    return spark.createDataFrame([(i, n, DAY) for n, i in enumerate(ids)], SCHEMA)
+
+
+def _ids(spark, path) -> list[str]:
+    return sorted(r[0] for r in read_delta(spark, path).select("waveform_id").collect())
+
+
+def test_the_engines_files_are_committed_again_not_written_again(spark, tmp_path, monkeypatch, writes, caplog):
+    path = tmp_path / "waveforms"
+    _older_run(path, ["a"], 5)
+    checked = DeltaTable(str(path)).version()
+    _meanwhile(monkeypatch, lambda: _older_run(path, ["b"], 6))
+    with caplog.at_level(logging.INFO, logger="wavepipe.tables"):
+        append_new(
+            _frame(spark, ["c", "d"]), path, ["waveform_id"], ["date"], checked, Txn(APP, 7, "run 7"), ["c", "d"]
+        )
+    assert len(writes) == 1, "the engine wrote the rows again"
+    table = DeltaTable(str(path))
+    log = (path / "_delta_log" / f"{table.version():020d}.json").read_text().splitlines()
+    added = {urllib.parse.unquote(json.loads(line)["add"]["path"]) for line in log if '"add"' in line}
+    written = {p.relative_to(path).as_posix() for p in (path / writes[0]).rglob("*.parquet")}
+    assert added == written != set()
+    assert table.transaction_version(APP) == 7
+    assert _ids(spark, path) == ["a", "b", "c", "d"]
+    assert "committing the files already written" in caplog.text
+
+
+def test_keys_another_writer_committed_meanwhile_are_decided_again(spark, tmp_path, monkeypatch, writes, caplog):
+    """The older run committed ``b`` too: the files written cannot be committed as they are, so
+    the rows are decided again from the table (one more write, of ``c`` only); each key once."""
+    path = tmp_path / "waveforms"
+    _older_run(path, ["a"], 5)
+    checked = DeltaTable(str(path)).version()
+    _meanwhile(monkeypatch, lambda: _older_run(path, ["b"], 6))
+    with caplog.at_level(logging.INFO, logger="wavepipe.tables"):
+        append_new(
+            _frame(spark, ["b", "c"]), path, ["waveform_id"], ["date"], checked, Txn(APP, 7, "run 7"), ["b", "c"]
+        )
+    assert len(writes) == 2
+    assert _ids(spark, path) == ["a", "b", "c"]
+    assert DeltaTable(str(path)).transaction_version(APP) == 7
+    assert "cannot be committed again: 1 of their rows have keys the table holds now (e.g. b)" in caplog.text
