@@ -15,7 +15,9 @@ functions run wherever the bytes are, in a Spark engine's Python workers (``mapI
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,7 +25,17 @@ import pyarrow.parquet as pq
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.protocol import checksum, output_facts
 from wavepipe.faults import failpoint
-from wavepipe.storage import S3Options, open_input
+from wavepipe.storage import (
+    S3Options,
+    arrow_filesystem,
+    configured_options,
+    files,
+    for_clients,
+    is_remote,
+    join,
+    open_input,
+    read_text,
+)
 
 #: The output table's columns (Spark's ``reassemble.OUTPUT_SCHEMA`` is made from these).
 ARROW_OUTPUT_SCHEMA = pa.schema(
@@ -82,17 +94,46 @@ def output_batch(rows: list[dict]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(arrays, schema=ARROW_OUTPUT_SCHEMA)
 
 
-def _changed(message: str) -> RuntimeError:
-    return RuntimeError(f"{STAGED_CHANGED}: {message}")
+def _changed(message: str, notes: str | None, reach: S3Options | None = None) -> RuntimeError:
+    """The error of a staged file that changed since its reader hashed it; first a note of it in
+    folder ``notes`` (the run's ``changed`` folder), which the publishing process reads: the error
+    itself reaches it only as the text of a Spark failure."""
+    text = f"{STAGED_CHANGED}: {message}"
+    if notes is not None:
+        leave_note(notes, text, reach)
+    return RuntimeError(text)
+
+
+def leave_note(folder: str, text: str, reach: S3Options | None = None) -> None:
+    """``text`` as a new file in ``folder`` (local, or on an object store reached with ``reach``)."""
+    name = f"{uuid.uuid4().hex}.txt"
+    if not is_remote(folder):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / name).write_text(text)
+        return
+    filesystem = arrow_filesystem(reach or configured_options(folder))
+    with filesystem.open_output_stream(join(for_clients(folder), name).removeprefix("s3://")) as out:
+        out.write(text.encode())
+
+
+def changed_notes(folder: str) -> list[str]:
+    """The notes the assemblies left in ``folder`` (``_changed``), oldest name first; none: no
+    staged file was found changed."""
+    return [read_text(f) for f in files(folder, ".txt")]
 
 
 def assemble_arrow(
-    table: pa.Table, failpoints: str | None = None, scope: str = "", strict: bool = False, verify_only: bool = False
+    table: pa.Table,
+    failpoints: str | None = None,
+    scope: str = "",
+    strict: bool = False,
+    verify_only: bool = False,
+    notes: str | None = None,
 ) -> pa.Table:
     """One waveform's chunk rows -> one output row: chunks in sequence order (first copy of each),
     payload joined, checksum verified. Holds one waveform at a time. ``strict``: a waveform
     verified before (by an earlier assembly) that no longer hashes to its checksum raises an error
-    marked ``STAGED_CHANGED``, as in ``assemble_file``; ``verify_only``: the row comes back
+    marked ``STAGED_CHANGED`` and leaves a note of it in folder ``notes``, as in ``assemble_file``; ``verify_only``: the row comes back
     without its payload. ``failpoints``, ``scope``: the run's armed failpoints (``wavepipe.faults``)."""
     seqs, partitions, offsets = (table[name].to_pylist() for name in ("seq", "partition", "offset"))
     order = sorted(range(table.num_rows), key=lambda i: (seqs[i], partitions[i], offsets[i]))
@@ -107,7 +148,7 @@ def assemble_arrow(
     first, last = offsets[first_chunk], max(offsets)
     row = output_row(facts, payload, len(picked), partitions[first_chunk], first, last, keep=not verify_only)
     if strict and not row["checksum_ok"]:
-        raise _changed(f"the chunks of {facts['waveform_id']} no longer hash to {facts['checksum']}")
+        raise _changed(f"the chunks of {facts['waveform_id']} no longer hash to {facts['checksum']}", notes)
     failpoint("assemble.batch", failpoints, scope)
     return pa.Table.from_batches([output_batch([row])])
 
@@ -117,8 +158,11 @@ class _FileJoin:
     ``wanted``: id -> ``wp-checksum`` (None: any); chunks of a wanted id under another checksum
     (another content under a reused id) are not used."""
 
-    def __init__(self, path: str, wanted: dict[str, str | None], strict: bool, verify_only: bool):
+    def __init__(
+        self, path: str, wanted: dict[str, str | None], strict: bool, verify_only: bool, notes=None, reach=None
+    ):
         self.path, self.wanted, self.strict, self.keep = path, wanted, strict, not verify_only
+        self.notes, self.reach = notes, reach
         self.open: dict[str, dict] = {}  # id -> its facts, where it starts, its chunks so far
         self.done = 0
 
@@ -157,7 +201,9 @@ class _FileJoin:
         if self.strict and not row["checksum_ok"]:
             expected = w["facts"]["checksum"]
             raise _changed(
-                f"{self.path}: the chunks of {wid} no longer hash to {expected}, as they did when they were read"
+                f"{self.path}: the chunks of {wid} no longer hash to {expected}, as they did when they were read",
+                self.notes,
+                self.reach,
             )
         self.done += 1
         return row
@@ -165,14 +211,15 @@ class _FileJoin:
     def check_complete(self) -> None:
         """An error when the file ended without what its classification promised."""
         if self.open:  # classify said these were complete in this file: the file changed under us
-            what = STAGED_CHANGED if self.strict else "staged chunks changed"
-            example = next(iter(self.open))
-            raise RuntimeError(
-                f"{what}: {self.path}: {len(self.open)} waveforms expected complete are not, e.g. {example}"
-            )
+            detail = f"{self.path}: {len(self.open)} waveforms expected complete are not, e.g. {next(iter(self.open))}"
+            if self.strict:
+                raise _changed(detail, self.notes, self.reach)
+            raise RuntimeError(f"staged chunks changed: {detail}")
         if self.strict and not self.finished:
             missing = len(self.wanted) - self.done
-            raise _changed(f"{self.path}: {missing} waveforms it held when it was read are not in it")
+            raise _changed(
+                f"{self.path}: {missing} waveforms it held when it was read are not in it", self.notes, self.reach
+            )
 
 
 def assemble_file(
@@ -182,6 +229,7 @@ def assemble_file(
     batch_bytes: int = _DEFAULT_BATCH_BYTES,
     verify_only: bool = False,
     reach: S3Options | None = None,
+    notes: str | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Whole waveforms from one staged file (``path``; on an object store reached with ``reach``), streamed: the ``wanted`` ids (id -> ``wp-checksum``,
     or a set: any checksum) must have every chunk carrying that checksum, once, in this file (one
@@ -191,9 +239,11 @@ def assemble_file(
 
     ``strict`` (waveforms the reader verified as it staged them): a waveform that no longer hashes
     to its checksum, or is not in the file, raises an error marked ``STAGED_CHANGED`` (the file
-    changed since it was read) instead of coming out with ``checksum_ok`` false. ``verify_only``:
+    changed since it was read), and leaves a note of it in folder ``notes`` (``_changed``), instead
+    of coming out with ``checksum_ok`` false. ``verify_only``:
     the rows come back without their payloads (a reassembly verifying them; publish writes them)."""
-    join = _FileJoin(path, wanted if isinstance(wanted, dict) else dict.fromkeys(wanted), strict, verify_only)
+    wanted = wanted if isinstance(wanted, dict) else dict.fromkeys(wanted)
+    join = _FileJoin(path, wanted, strict, verify_only, notes, reach)
     rows: list[dict] = []
     buffered = 0
     source = path if reach is None else open_input(path, reach)
@@ -226,12 +276,13 @@ def assemble_tasks(
     batch_bytes: int,
     verify: bool,
     reach: S3Options | None = None,
+    notes: str | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """``assemble_file`` over tasks: record batches of (``path``, ``ids``: a list of
     ``{waveform_id, checksum}``), one staged file and the waveforms wanted from it per row."""
     for batch in batches:
         for path, ids in zip(batch.column("path").to_pylist(), batch.column("ids").to_pylist(), strict=True):
             wanted = {w["waveform_id"]: w["checksum"] for w in ids}
-            for out in assemble_file(path, wanted, strict, batch_bytes, verify_only=verify, reach=reach):
+            for out in assemble_file(path, wanted, strict, batch_bytes, verify_only=verify, reach=reach, notes=notes):
                 yield out
                 failpoint("assemble.batch", failpoints, scope)

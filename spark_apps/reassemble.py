@@ -1,7 +1,9 @@
-"""Reassembly: one run's staged chunks in, whole checked waveforms out.
+"""Reassembly: one run's staged chunks in, its candidate tables out (the waveforms it would
+publish, without their payloads; its quarantine and dead-letter rows).
 
-Transformations are pure ``DataFrame -> DataFrame`` functions; ``main()`` only parses arguments
-and does I/O. Guarantees:
+``reassemble_run`` replaces the run's candidate tables (small, written by delta-rs) and
+returns the run's accounting; the Spark parts (``assemble``, ``assemble_local``) are
+``DataFrame -> DataFrame`` functions. Guarantees:
 
 * a waveform is written once: ids already in the output table are never candidates again, so a
   retried run, a re-read after a rewind, or pending chunks read a second time add no rows;
@@ -29,9 +31,7 @@ where the bytes are.
 
 from __future__ import annotations
 
-import argparse
 import logging
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,10 +46,8 @@ from wavepipe import storage
 from wavepipe.contracts.plan import RunPlan, utc_now
 from wavepipe.contracts.runfiles import RunStore, Step, staged_paths
 from wavepipe.contracts.steps import PartitionAccount, ReadStats, Reassembled, WindowRows
-from wavepipe.delta_protocol import repair_schema
+from wavepipe.delta_protocol import repair_once
 from wavepipe.faults import armed, failpoint
-from wavepipe.spark import phase
-from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_apps.assembly import ARROW_OUTPUT_SCHEMA, assemble_arrow, assemble_tasks
 from wavepipe.spark_apps.metadata import (
     CANDIDATE,
@@ -89,13 +87,14 @@ def assemble_local(
     scope: str = "",
     strict: bool = False,
     verify_only: bool = False,
+    notes: str | None = None,
 ) -> DataFrame:
     """Whole waveforms for the waveforms ``rows`` names (id, checksum, partition), whose chunks are
     all in one partition's staged file, each file streamed by one task: no shuffle of payloads
     (the common case with keyed producers). The tasks (a file and its ids each) are made here and
     handed to Spark as a local relation, which it splits over its cores: no Spark job before the
     one that assembles. ``batch_bytes``: the setting ``output_batch_bytes``; ``scope``: what the
-    run's failpoints count their hits in (the run id); ``strict``, ``verify_only``: see
+    run's failpoints count their hits in (the run id); ``strict``, ``verify_only``, ``notes``: see
     ``assemble_file``."""
     wanted = rows.groupby("partition")[["waveform_id", "checksum"]]
     tasks = [(files[p], group.to_dict("records")) for p, group in wanted if p in files]
@@ -103,10 +102,16 @@ def assemble_local(
     reach = storage.worker_options(next(iter(files.values()), ""))  # an object store's endpoint: no keys
 
     def tasks_of_this_run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return assemble_tasks(batches, failpoints, scope, strict, batch_bytes, verify_only, reach)
+        return assemble_tasks(batches, failpoints, scope, strict, batch_bytes, verify_only, reach, notes)
 
     local = spark.createDataFrame(tasks, "path string, ids array<struct<waveform_id: string, checksum: string>>")
     return local.mapInArrow(tasks_of_this_run, OUTPUT_SCHEMA)
+
+
+def changed_notes_dir(store: RunStore, run_id: str) -> str:
+    """Where an assembly that finds a staged file changed since its reader hashed it leaves a note
+    (``assembly.changed_notes``): in the run's staging, so a read from Kafka again drops them."""
+    return storage.join(store.staging_dir(run_id), "changed")
 
 
 def chunk_files(store: RunStore, plan: RunPlan) -> dict[int, str]:
@@ -124,18 +129,23 @@ MANIFEST_COLUMNS = [f.name for f in OUTPUT_SCHEMA.fields if f.name not in ("payl
 
 
 def assemble(
-    chunks: DataFrame, candidates: DataFrame, scope: str = "", strict: bool = False, verify_only: bool = False
+    chunks: DataFrame,
+    candidates: DataFrame,
+    scope: str = "",
+    strict: bool = False,
+    verify_only: bool = False,
+    notes: str | None = None,
 ) -> DataFrame:
     """Whole waveforms for the candidate ids (one row each; payload null where the checksum fails),
     grouped by a shuffle: for waveforms spread over partitions or with duplicate chunks. Where the
     candidates have a ``checksum``, only chunks carrying it are used (not another content's).
-    ``strict``, ``verify_only``: see ``assemble_arrow``."""
+    ``strict``, ``verify_only``, ``notes``: see ``assemble_arrow``."""
     keys = ["waveform_id", "checksum"] if "checksum" in candidates.columns else ["waveform_id"]
     wanted = chunks.join(candidates.select(*keys), keys, "left_semi")
     failpoints = armed()
 
     def one_waveform(table: pa.Table) -> pa.Table:
-        return assemble_arrow(table, failpoints, scope, strict, verify_only)
+        return assemble_arrow(table, failpoints, scope, strict, verify_only, notes)
 
     return wanted.groupBy("waveform_id").applyInArrow(one_waveform, OUTPUT_SCHEMA)
 
@@ -158,12 +168,14 @@ class _Found:
     output_version: int | None
 
 
-def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> Reassembled:
+def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> tuple[Reassembled, pa.Table | None]:
     """Reassemble run ``plan``'s staged chunks into its candidate tables; return the accounting.
 
-    The chunk metadata is classified in this process (``spark_apps/metadata.py``); Spark looks
-    up the run's ids in the output and quarantine tables and assembles the waveforms its readers
-    could not verify as they staged them (out of order, spread over partitions)."""
+    The chunk metadata is classified in this process (``spark_apps/metadata.py``), the run's ids
+    looked up in the output and quarantine tables by delta-rs; Spark assembles (to verify them)
+    only the waveforms its readers could not verify as they staged them (out of order, spread over
+    partitions). Returns the accounting and the manifest it wrote (None: no new waveform), which
+    validation takes in memory when it runs in this process."""
     store = RunStore(settings)
     chunk_paths = staged_chunk_files(store, plan)
     # the candidates are made again from the staged chunks: an earlier result, and any validation
@@ -210,7 +222,7 @@ def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> Reassembled:
     result.verified = _verified_by(routed)
     if plan.is_window:
         result.window_rows = window_rows(plan, status, manifest, quarantine)
-    return result
+    return result, manifest
 
 
 def _quarantine_candidates(
@@ -286,8 +298,7 @@ def earlier_rows(table: str, plan: RunPlan, ids: list[str], columns: list[str]) 
     """The rows of published ``table`` with the run's ``ids`` (``waveform_id`` and ``columns``),
     and ``counted``: the row stays beside the run's output. A window run replaces the rows inside
     its window, so only those outside it count; an incremental run counts every row."""
-    if delta_version(table) is not None:
-        repair_schema(table)  # written by an earlier wavepipe: made readable by every reader first
+    repair_once(table)  # written by an earlier wavepipe: made readable by every reader first
     rows = id_rows(table, ids, ["waveform_id", *columns, "topic", "partition", "first_offset"])
     if not plan.is_window:
         return rows.assign(counted=True)
@@ -367,6 +378,22 @@ MANIFEST_SCHEMA = pa.schema(
     [ARROW_OUTPUT_SCHEMA.field(name) for name in MANIFEST_COLUMNS]
     + [pa.field("run_id", pa.string()), pa.field("written_from", pa.string())]
 )
+
+
+def read_manifest(candidates: str) -> pd.DataFrame:
+    """The run's manifest (``_verify_assembled`` wrote it), read by delta-rs: no Spark job
+    (``manifest_frame``). Start times stay Python datetimes: pandas' nanosecond timestamps end in 1677 and 2262,
+    Spark's in years 1 and 9999, and a producer may send any start time in between (the suite
+    says if it is plausible)."""
+    path = storage.join(candidates, "manifest")
+    exists = delta_version(path) is not None
+    return manifest_frame(storage.delta_table(path).to_pyarrow_table() if exists else None)
+
+
+def manifest_frame(rows: pa.Table | None) -> pd.DataFrame:
+    """The manifest's rows (None: none) as pandas, start times as Python datetimes."""
+    rows = MANIFEST_SCHEMA.empty_table() if rows is None else rows
+    return rows.to_pandas(timestamp_as_object=True, date_as_object=True)
 
 
 def _manifest_rows(rows: pa.Table, run_id: str, written_from: str) -> pa.Table:
@@ -482,57 +509,3 @@ def summarize(
         waveforms=counts,
         timings={k: round(v, 3) for k, v in timings.items()},
     )
-
-
-def reassemble_and_save(
-    spark: SparkSession, settings, store: RunStore, plan: RunPlan, *, validate: bool, session_s: float
-) -> Reassembled:
-    """Reassemble run ``plan`` and save the result as its ``reassemble`` step; ``validate``: then
-    validate and publish in the same session. ``session_s``: what getting the session took."""
-    began = time.monotonic()
-    with phase("reassemble"):
-        result = reassemble_run(spark, settings, plan)
-    result.timings["spark_app_s"] = round(time.monotonic() - began, 3)
-    result.timings["session_start_s"] = round(session_s, 3)
-    store.save_result(plan.run_id, Step.REASSEMBLE, result)
-    log.info("run %s reassembled: %s", plan.run_id, result.waveforms)
-    if validate:
-        from wavepipe.spark_apps.validate import validate_and_publish
-
-        validate_and_publish(spark, settings, plan)
-    return result
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Reassemble one wavepipe run's staged chunks.")
-    parser.add_argument("--run-id", required=True)
-    parser.add_argument(
-        "--validate",
-        action="store_true",
-        help="then validate and publish in the same Spark session (what `wavepipe run` does)",
-    )
-    args = parser.parse_args(argv)
-    settings, store, plan = load_run(args.run_id, log)
-    if plan is None:
-        return 2
-    with output_lock(settings, store):
-        began = time.monotonic()
-        if args.validate:
-            from wavepipe.spark_apps.validate import import_in_background
-
-            import_in_background()
-        spark = SparkSession.builder.appName(f"wavepipe-reassemble-{plan.run_id}").getOrCreate()
-        try:
-            result = reassemble_and_save(
-                spark, settings, store, plan, validate=args.validate, session_s=time.monotonic() - began
-            )
-        finally:
-            began = time.monotonic()
-            spark.stop()
-        result.timings["session_stop_s"] = round(time.monotonic() - began, 3)
-        store.save_result(plan.run_id, Step.REASSEMBLE, result)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

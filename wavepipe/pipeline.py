@@ -1,12 +1,14 @@
 """The steps of one run, shared by the DAG's operators and the ``wavepipe`` CLI.
 
-plan -> consume (per partition) -> reassemble -> validate -> commit. Each step is safe to retry: the
-plan is frozen, staged files are overwritten, the reassembly replaces the run's candidate tables
-(its manifest: the new waveforms but their bytes), validation quarantines the waveforms that fail
-a per-waveform expectation and publishes the rest only when every run-level expectation holds
-(writing the waveforms' bytes once, append-if-absent, under the group's Delta transaction), and
-the commit is a compare-and-set on the group's offsets that refuses a run whose output was not
-validated.
+plan -> consume (per partition) -> reassemble -> validate -> publish -> commit; the Spark side
+(reassemble, validate, publish) runs in one session (``spark_apps/engine_run.py``). Each step is
+safe to retry: the plan is frozen, staged files are overwritten, the reassembly replaces the run's
+candidate tables (its manifest: the new waveforms but their bytes), validation quarantines the
+waveforms that fail a per-waveform expectation, the publish happens only when every run-level
+expectation holds (writing the waveforms' bytes once, append-if-absent, under the group's Delta
+transaction), and the commit refuses a run whose output was not published, or whose group's
+offsets moved since it was planned (read just before the commit: Kafka has no compare-and-set
+for offsets; the run's claim on the group keeps other wavepipe runs out meanwhile).
 """
 
 from __future__ import annotations
@@ -34,8 +36,7 @@ log = logging.getLogger(__name__)
 # found through the package (a checkout's spark_apps/ or an installed wheel's), so spark-submit
 # runs the installed files
 SPARK_APPS = Path(next(iter(importlib.import_module("wavepipe.spark_apps").__path__)))
-REASSEMBLE_APP = SPARK_APPS / "reassemble.py"
-VALIDATE_APP = SPARK_APPS / "validate.py"
+ENGINE_APP = SPARK_APPS / "engine_run.py"
 
 
 class AccountingError(RuntimeError):
@@ -257,9 +258,11 @@ def reassemble_step(settings: Settings, run_id: str, *, validate: bool = False) 
         if settings.spark_engine == "submit":
             spark.submit(
                 settings,
-                REASSEMBLE_APP,
+                ENGINE_APP,
                 "--run-id",
                 run_id,
+                "--step",
+                "reassemble",
                 *(["--validate"] if validate else []),
                 staged_bytes=store.staged_bytes(run_id),
             )
@@ -292,7 +295,9 @@ def validate_step(settings: Settings, run_id: str) -> Validated | None:
     began = time.monotonic()
     with store.step_lock(run_id, Step.RUN):
         if settings.spark_engine == "submit":
-            spark.submit(settings, VALIDATE_APP, "--run-id", run_id, staged_bytes=store.staged_bytes(run_id))
+            spark.submit(
+                settings, ENGINE_APP, "--run-id", run_id, "--step", "validate", staged_bytes=store.staged_bytes(run_id)
+            )
         else:
             _on_engine(settings, store, plan, "validate")
     _timed(store, run_id, "validate", began)
@@ -303,11 +308,11 @@ def _on_engine(settings: Settings, store: RunStore, plan: RunPlan, step: str, *,
     """Run ``step`` (``reassemble``, then validate too if ``validate``; or ``validate``) in this
     process, attached to the Spark engine (``wavepipe.engine``), holding the output tables' lock."""
     from wavepipe import engine
+    from wavepipe.spark_apps import engine_run
     from wavepipe.spark_apps.app import output_lock
-    from wavepipe.spark_apps.validate import import_in_background
 
     if validate or step == "validate":
-        import_in_background()
+        engine_run.import_in_background()
     staged = store.staged_bytes(plan.run_id)
     jobs: dict = {}
     with output_lock(settings, store), _jobs_recorded(store, plan.run_id, step, jobs):
@@ -323,13 +328,11 @@ def _on_engine(settings: Settings, store: RunStore, plan: RunPlan, step: str, *,
             log.info("run %s: attached to the Spark engine in %.2fs", plan.run_id, attach_s)
             try:
                 if step == "reassemble":
-                    from wavepipe.spark_apps.reassemble import reassemble_and_save
-
-                    reassemble_and_save(session, settings, store, plan, validate=validate, session_s=attach_s)
+                    engine_run.reassemble_and_save(
+                        session, settings, store, plan, validate=validate, session_s=attach_s
+                    )
                 else:
-                    from wavepipe.spark_apps.validate import validate_and_publish
-
-                    validate_and_publish(session, settings, plan)
+                    engine_run.validate_and_publish(session, settings, plan)
             except BaseException as exc:
                 engine.after_failure(session, exc)
                 raise
@@ -547,7 +550,7 @@ def _published_result(store: RunStore, plan: RunPlan, to_read: list[int]) -> Val
 
 
 def _commit_offsets(settings: Settings, store: RunStore, plan: RunPlan, report: dict) -> dict:
-    """The safe offsets to the group (compare-and-set); where this home continues from."""
+    """The safe offsets to the group (if it is still where the plan saw it); where this home continues from."""
     from wavepipe.consumers.committer import OffsetsMovedError, commit_safe_offsets
     from wavepipe.faults import failpoint
 

@@ -86,7 +86,7 @@ def test_a_waveform_failing_an_expectation_is_quarantined_by_name_and_the_run_co
     assert report["waveforms"][f"quarantined:{rate}"] == len(audio) + 1
     assert report["partitions"]["0"]["quarantine_reasons"][rate] > 0
     suites = {s["suite"]: s for s in report["validation"]["suites"]}
-    per_waveform, per_run = suites["wavepipe_waveforms.v2"], suites["wavepipe_run.v2"]
+    per_waveform, per_run = suites["wavepipe_waveforms.v3"], suites["wavepipe_run.v3"]
     assert report["validation"]["success"] and not per_waveform["success"] and not per_waveform["gates_run"]
     assert per_run["success"] and per_run["gates_run"]
     assert per_waveform["validated_in"] == "client"
@@ -171,7 +171,7 @@ def test_a_run_that_quarantines_too_large_a_share_commits_nothing_until_the_limi
         pipeline.run_once(settings, run_id="gate")
     message = str(failed.value)
     audio = sum(1 for s in sent if "audio" in s.waveform_id)
-    assert "wavepipe_run.v2: expect_column_values_to_be_between on quarantined_share: 1 rows" in message, message
+    assert "wavepipe_run.v3: expect_column_values_to_be_between on quarantined_share: 1 rows" in message, message
     assert "sample_rate" not in message, "a waveform's failure is not the run's"
     assert str(html_path(settings, "gate")) in message
     _published_nothing(settings)
@@ -258,7 +258,7 @@ def test_a_staged_chunk_damaged_after_it_was_read_publishes_nothing_and_the_retr
     import pyarrow.parquet as pq
 
     from wavepipe.contracts.runfiles import staged_paths
-    from wavepipe.spark_apps.validate import StagedChunksChangedError
+    from wavepipe.spark_apps.publish import StagedChunksChangedError
 
     ensure_topic(settings, partitions=1)
     records, digests = [], {}

@@ -215,7 +215,7 @@ def test_the_installed_package_runs_without_the_source_tree(installed):
             "wavepipe.pipeline as p, wavepipe.local.airflow as l, wavepipe.local.jars as j\n"
             "print(json.dumps({'package': wavepipe.__file__, 'app': r.__file__, 'checkout': str(c.source_checkout()), "
             "'home': str(c.load_settings().home), 'jars': str(c.load_settings().jars_dir), "
-            "'reassemble_app': str(p.REASSEMBLE_APP), 'dags': str(l.DAGS_FOLDER), "
+            "'engine_app': str(p.ENGINE_APP), 'dags': str(l.DAGS_FOLDER), "
             "'pom': str(j.RESOURCES / 'kafka-pom.xml'), 'pom_exists': (j.RESOURCES / 'kafka-pom.xml').is_file(), "
             "'delta': j.delta_build(j.installed_pyspark())}))",
         ],
@@ -224,7 +224,7 @@ def test_the_installed_package_runs_without_the_source_tree(installed):
     )
     found = json.loads(where.stdout)
     site = venv / "lib"
-    for key in ("package", "app", "reassemble_app", "dags", "pom"):
+    for key in ("package", "app", "engine_app", "dags", "pom"):
         assert Path(found[key]).is_relative_to(site), (key, found)
     assert found["checkout"] == "None" and found["pom_exists"]
     # an installed wavepipe keeps its state in the user's folders, never beside its code

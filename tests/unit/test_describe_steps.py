@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tests.unit.test_report import CONSUMED, PLAN, _reassembled, validated
-from wavepipe import report_html
+from wavepipe import plots, report_html
 from wavepipe.contracts.config import load_settings
 from wavepipe.contracts.report import build_report, describe_safely
 from wavepipe.contracts.runfiles import html_path, json_path
@@ -61,19 +61,19 @@ def _row(name: str, samples: np.ndarray, rate: float, waveform_id: str | None = 
 def test_the_plot_draws_every_waveform_the_protocol_allows(name, tmp_path):
     samples, rate = HOSTILE[name]
     notes: list[str] = []
-    path = validate.plot_rows([_row(name, samples, rate, waveform_id="x" * 1000)], tmp_path / "p.png", notes)
+    path = plots.plot_rows([_row(name, samples, rate, waveform_id="x" * 1000)], tmp_path / "p.png", notes)
     assert notes == []
     assert path == str(tmp_path / "p.png") and (tmp_path / "p.png").stat().st_size > 0
 
 
 def test_plot_values_and_times_stay_finite_and_moderate():
-    values, e, bad = validate.plottable(np.array([[1.7e308], [-1.7e308], [np.inf], [5e-324]]))
+    values, e, bad = plots.plottable(np.array([[1.7e308], [-1.7e308], [np.inf], [5e-324]]))
     assert e == 308 and bad == 1
     assert np.nanmax(np.abs(values)) < 10 and np.isnan(values[2, 0])
-    values, e, _ = validate.plottable(np.array([[5e-324], [0.0]]))
+    values, e, _ = plots.plottable(np.array([[5e-324], [0.0]]))
     assert e == -324 and 1 <= values[0, 0] < 10
     for rate in (5e-324, 1e-9, 1.0, 1e9, 1.7e308):
-        t, _ = validate.time_axis(4000, 2, rate)
+        t, _ = plots.time_axis(4000, 2, rate)
         assert np.isfinite(t).all() and t[-1] < 1e6
 
 
@@ -82,12 +82,12 @@ def test_channels_are_stacked_in_lanes_that_do_not_overlap():
     # a 12-lead ECG's leads: near-identical shapes and levels, which drawn over each other are one blur
     base = np.sin(np.linspace(0, 20, 1000))
     leads = np.column_stack([base * (1 + 0.05 * i) + 0.02 * rng.normal(size=1000) + 3.0 for i in range(12)])
-    lanes, spacing = validate.stacked(leads)
+    lanes, spacing = plots.stacked(leads)
     assert spacing == pytest.approx(np.ptp(leads, axis=0).max())
     for c in range(12):
         assert np.abs(lanes[:, c] + c * spacing).max() <= spacing  # inside its own band, centred on it
         assert np.ptp(lanes[:, c]) == pytest.approx(np.ptp(leads[:, c]))  # shape and scale kept
-    flat, spacing = validate.stacked(np.array([[np.nan, 1.0], [np.nan, 1.0]]))
+    flat, spacing = plots.stacked(np.array([[np.nan, 1.0], [np.nan, 1.0]]))
     assert spacing == 1.0 and np.isnan(flat[:, 0]).all() and (flat[:, 1] == -1.0).all()
 
 
@@ -95,23 +95,23 @@ def test_each_channel_has_a_colour_and_a_label_of_its_own():
     from matplotlib.figure import Figure
 
     ax = Figure().subplots()
-    note = validate._draw(ax, np.arange(100.0), np.random.default_rng(3).normal(size=(100, 12)))
+    note = plots._draw(ax, np.arange(100.0), np.random.default_rng(3).normal(size=(100, 12)))
     colours = {line.get_color() for line in ax.get_lines()}
     assert len(ax.get_lines()) == 12 and len(colours) == 12
     assert [t.get_text() for t in ax.get_yticklabels()] == [f"ch {c}" for c in range(1, 13)]
     assert note.startswith("channels stacked")
     ax = Figure().subplots()
-    assert validate._draw(ax, np.arange(5.0), np.arange(5.0)[:, None]) is None  # one channel: its values
+    assert plots._draw(ax, np.arange(5.0), np.arange(5.0)[:, None]) is None  # one channel: its values
 
 
 def test_a_failing_plot_becomes_a_note_and_the_run_goes_on(tmp_path, monkeypatch):
     def broken(rows, path):
         raise ValueError("arange: cannot compute length")
 
-    monkeypatch.setattr(validate, "plot_waveforms", broken)
+    monkeypatch.setattr(plots, "plot_waveforms", broken)
     notes: list[str] = []
     samples, rate = HOSTILE["huge_range"]
-    assert validate.plot_rows([_row("h", samples, rate)], tmp_path / "p.png", notes) is None
+    assert plots.plot_rows([_row("h", samples, rate)], tmp_path / "p.png", notes) is None
     assert notes == ["the waveform plot failed: arange: cannot compute length"]
 
 
@@ -182,9 +182,9 @@ def test_the_plot_picks_the_earliest_small_waveforms_of_a_frame_collected_in_the
             "written_from": "staged",
             "partition": [0, 0, 0, 0, 1],
             "first_offset": [90, 1, 5, 7, 0],
-            "size_bytes": [10, validate._PLOT_MAX_BYTES + 1, 10, 10, 10],
+            "size_bytes": [10, plots._PLOT_MAX_BYTES + 1, 10, 10, 10],
             "in_table": [False, True, False, False, False],
         }
     )
-    assert [p["waveform_id"] for p in validate._plot_picks(checked)] == ["first", "second", "late"]
-    assert validate._output_counts(checked) == {"rows": 5, "in_table": 1, "bytes": validate._PLOT_MAX_BYTES + 41}
+    assert [p["waveform_id"] for p in plots._plot_picks(checked)] == ["first", "second", "late"]
+    assert validate._output_counts(checked) == {"rows": 5, "in_table": 1, "bytes": plots._PLOT_MAX_BYTES + 41}

@@ -35,3 +35,8 @@ def did_you_mean(word: str, choices) -> str:
     """``"; did you mean 'a' or 'b'?"`` or ``""`` when nothing is close."""
     close = closest(word, choices)
     return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+class CandidatesMismatchError(RuntimeError):
+    """A run's candidate tables are not what its reassembly's result says it wrote: run the
+    reassemble step again."""

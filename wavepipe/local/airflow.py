@@ -284,7 +284,7 @@ def run_service() -> None:
 
 
 #: What a wavepipe task imports to run (Great Expectations alone takes about 3 s).
-TASK_MODULES = ("great_expectations", "wavepipe.spark_apps.validate", "wavepipe.pipeline", "matplotlib.figure")
+TASK_MODULES = ("great_expectations", "wavepipe.spark_apps.engine_run", "wavepipe.pipeline", "matplotlib.figure")
 
 
 def preload_task_modules() -> None:

@@ -1,0 +1,143 @@
+"""A run's steps on the Spark engine, in their order: reassemble -> validate -> publish.
+
+Each step is a module of its own (``reassemble``, ``validate``, ``publish``); this one passes
+each step's result to the next in memory and saves each result where an Airflow task boundary
+needs it (the run's ``reassemble`` and ``validate`` steps). What only describes the run (the
+plot, Data Docs, the validation history) comes after the rows are readable and never fails it.
+
+``main()`` is the same for spark-submit: ``--step reassemble [--validate]`` or ``--step validate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+import threading
+import time
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+
+from wavepipe import plots
+from wavepipe.contracts.config import Settings
+from wavepipe.contracts.errors import CandidatesMismatchError
+from wavepipe.contracts.plan import RunPlan
+from wavepipe.contracts.report import append_validation_history, describe_safely
+from wavepipe.contracts.runfiles import RunStore, Step
+from wavepipe.contracts.steps import Reassembled, Validated
+from wavepipe.spark import phase
+from wavepipe.spark_apps import publish, reassemble, validate
+from wavepipe.spark_apps.app import load_run, output_lock
+
+log = logging.getLogger("wavepipe.engine_run")
+
+
+def reassemble_and_save(
+    spark: SparkSession, settings: Settings, store: RunStore, plan: RunPlan, *, validate: bool, session_s: float
+) -> Reassembled:
+    """Reassemble run ``plan`` and save the result as its ``reassemble`` step; ``validate``: then
+    validate and publish in the same session. ``session_s``: what getting the session took."""
+    began = time.monotonic()
+    with phase("reassemble"):
+        result, manifest = reassemble.reassemble_run(spark, settings, plan)
+    result.timings["spark_app_s"] = round(time.monotonic() - began, 3)
+    result.timings["session_start_s"] = round(session_s, 3)
+    store.save_result(plan.run_id, Step.REASSEMBLE, result)
+    log.info("run %s reassembled: %s", plan.run_id, result.waveforms)
+    if validate:
+        validate_and_publish(spark, settings, plan, result, manifest)
+    return result
+
+
+def validate_and_publish(
+    spark: SparkSession,
+    settings: Settings,
+    plan: RunPlan,
+    reassembled: Reassembled | None = None,
+    manifest: pa.Table | None = None,
+) -> Validated:
+    """Validate run ``plan``'s candidates and publish them if every run-level expectation holds
+    (the waveforms a per-waveform expectation rejects are quarantined instead). ``reassembled``,
+    ``manifest``: the reassembly's result and manifest when it ran in this process (else read).
+    The outcome is saved as the run's ``validate`` step, and a line of the validation history,
+    either way."""
+    store = RunStore(settings)
+    store.clear_step(plan.run_id, Step.VALIDATE)
+    notes: list[str] = []  # what could not be described; never a reason to fail the run
+    with phase("validate"):
+        reassembled = validate.check_candidates(spark, store, plan.run_id, reassembled)
+        verdict = validate.validate(settings, store, plan, reassembled, notes, manifest)
+    result, timings = verdict.result, verdict.result.timings
+    wait_for_plot = plots.start_plot(verdict.to_publish.waveforms, store, plan, settings, notes)
+    try:
+        if result.success:
+            t = time.monotonic()
+            with phase("publish"):
+                done = publish.publish(spark, settings, plan, reassembled, verdict.to_publish, wait_for_plot)
+            result.published = True
+            result.output_table_version, result.table_versions = done.output_version, done.table_versions
+            result.replaced_rows = done.replaced_rows
+            timings["publish_s"] = time.monotonic() - t
+    finally:  # what only describes the run comes after its rows are readable
+        t = time.monotonic()
+        result.plot, timings["plot_s"] = wait_for_plot()
+        timings["plot_wait_s"] = time.monotonic() - t
+        t = time.monotonic()
+        result.data_docs_index = verdict.describe()
+        timings["data_docs_s"] = time.monotonic() - t
+    result.timings = {k: round(v, 3) for k, v in timings.items()}
+    describe_safely(notes, "the validation history", append_validation_history, settings, result)
+    result.notes = notes
+    store.save_result(plan.run_id, Step.VALIDATE, result)
+    validate.log_outcome(plan, result)
+    return result
+
+
+def import_in_background() -> None:
+    """Start importing Great Expectations (about 3 s) while the Spark session starts, instead of after."""
+    threading.Thread(target=importlib.import_module, args=("great_expectations",), daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="One wavepipe run's steps on Spark (spark-submit).")
+    parser.add_argument("--run-id", required=True)
+    parser.add_argument("--step", choices=["reassemble", "validate"], required=True)
+    parser.add_argument(
+        "--validate",
+        action="store_true",
+        help="reassemble, then validate and publish in the same Spark session (what `wavepipe run` does)",
+    )
+    args = parser.parse_args(argv)
+    settings, store, plan = load_run(args.run_id, log)
+    if plan is None:
+        return 2
+    with output_lock(settings, store):
+        began = time.monotonic()
+        if args.validate or args.step == "validate":
+            import_in_background()
+        spark = SparkSession.builder.appName(f"wavepipe-{args.step}-{plan.run_id}").getOrCreate()
+        try:
+            if args.step == "reassemble":
+                session_s = time.monotonic() - began
+                result = reassemble_and_save(spark, settings, store, plan, validate=args.validate, session_s=session_s)
+            else:
+                validated = validate_and_publish(spark, settings, plan)
+        except CandidatesMismatchError as exc:
+            log.error("%s", exc)
+            return 4
+        finally:
+            began = time.monotonic()
+            spark.stop()
+        if args.step == "reassemble":
+            result.timings["session_stop_s"] = round(time.monotonic() - began, 3)
+            store.save_result(plan.run_id, Step.REASSEMBLE, result)
+        else:
+            print(json.dumps({"success": validated.success, "published": validated.published}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,278 @@
+"""Publishing: a validated run's rows into the published tables, exactly once.
+
+Everything that writes and commits the published tables is here: the group's transaction
+(``run_txn``), the waveforms' bytes written once from the staged chunks, the small tables' rows,
+and a window run's replacement of its window. Guarantees:
+
+* each new waveform's bytes are written once, into the output table, straight from the staged
+  chunks (checked against its checksum again as they are written: a staged file that changed
+  since its reader hashed it fails the write, ``StagedChunksChangedError``, and nothing is
+  published);
+* each table gets one Delta commit that carries the group's transaction (``wavepipe.delta_txn``)
+  and only keys not in the table yet, so a retried publish adds nothing twice;
+* the output table is written first: a run whose waveforms cannot be written published nothing.
+
+The step takes what validation decided in memory (``ToPublish``); nothing it needs is read again
+from the run's files but the staged chunks themselves and the small candidate tables.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pandas as pd
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from wavepipe import delta_txn, storage
+from wavepipe.contracts.config import Settings
+from wavepipe.contracts.errors import CandidatesMismatchError
+from wavepipe.contracts.plan import RunPlan
+from wavepipe.contracts.runfiles import RunStore, Step
+from wavepipe.contracts.steps import Reassembled, WindowRows
+from wavepipe.delta_protocol import repair_once
+from wavepipe.delta_txn import Txn
+from wavepipe.faults import failpoint
+from wavepipe.maintenance import table_paths
+from wavepipe.spark_apps.assembly import changed_notes
+from wavepipe.spark_apps.reassemble import (
+    SHUFFLED,
+    STAGED,
+    assemble,
+    assemble_local,
+    changed_notes_dir,
+    chunk_files,
+    staged_chunk_files,
+    wanted_waveforms,
+)
+from wavepipe.spark_apps.rejections import Rejection
+from wavepipe.spark_apps.tables import (
+    TABLE_KEYS,
+    append_new,
+    append_rows,
+    commit_metric,
+    delta_version,
+    delta_writer,
+    replace_predicate,
+    window_predicate,
+    with_txn,
+)
+from wavepipe.spark_apps.validate import ToPublish
+
+log = logging.getLogger("wavepipe.publish")
+
+#: The published tables, in the order a run publishes them: its waveforms first, so a run whose
+#: waveforms cannot be written (``StagedChunksChangedError``) has published nothing.
+PUBLISHED = ("waveforms", "quarantine", "dead_letter")
+
+
+class StagedChunksChangedError(RuntimeError):
+    """A staged chunk file changed on disk after its reader hashed it: nothing of the run's
+    waveforms was published, and its staged copies were removed so a retry reads them again."""
+
+
+@dataclass
+class Published:
+    """The output table's version after the publish, each published table's version (what an
+    asset event names) and, for a window run, the output rows its commit replaced (None: Delta
+    did not say)."""
+
+    output_version: int | None
+    table_versions: dict[str, int | None]
+    replaced_rows: int | None = None
+
+
+def publish(
+    spark: SparkSession,
+    settings: Settings,
+    plan: RunPlan,
+    reassembled: Reassembled,
+    what: ToPublish,
+    readers_done: Callable[[], object] = lambda: None,
+) -> Published:
+    """Publish run ``plan`` (``publish_run``). A staged chunk file changed since its reader hashed
+    it (the assembly left a note saying so) publishes nothing and sends the run back to read
+    Kafka again (``StagedChunksChangedError``), once ``readers_done()`` says nothing else of the
+    run (the plot) reads its staged files."""
+    store = RunStore(settings)
+    try:
+        version, replaced = publish_run(spark, settings, plan, reassembled, what)
+    except Exception:
+        notes = changed_notes(changed_notes_dir(store, plan.run_id))
+        if not notes:
+            raise
+        readers_done()
+        read_again(store, plan)
+        raise StagedChunksChangedError(
+            f"run {plan.run_id}: {notes[0]}. None of the run's waveforms was published and no offset "
+            "moved. Its staged copies were removed: retry the run (`wavepipe run` resumes it) and it reads "
+            "its planned ranges again from Kafka; in Airflow, clear the run's tasks from consume on."
+        ) from None
+    # under the output lock: a table's version now is the run's own commit where it put rows
+    versions = {
+        name: version if name == "waveforms" else delta_version(path) for name, path in table_paths(settings).items()
+    }
+    return Published(version, versions, replaced)
+
+
+def publish_run(
+    spark: SparkSession, settings: Settings, plan: RunPlan, reassembled: Reassembled, what: ToPublish
+) -> tuple[int | None, int | None]:
+    """Append the run's rows to the published tables (keys not there yet only), or for a window
+    run replace the window's rows. Returns the output table's version after, and for a window
+    run the rows of it that the window's commit replaced (None: Delta did not say)."""
+    store = RunStore(settings)
+    targets = table_paths(settings)
+    for target in targets.values():
+        repair_once(target)
+    txn = run_txn(store, plan, reassembled)
+    small = {name: publish_rows(store, plan, name, what.rejection) for name in PUBLISHED[1:]}
+    if plan.is_window:
+        replaced = _replace_window_run(spark, store, plan, reassembled, what, small, targets, txn)
+        failpoint("publish.after_write")
+        return delta_version(settings.output_table), replaced
+    source = None if what.all_there else _staged_waveforms(spark, store, plan, what.waveforms)
+    if source is not None:
+        keys, partition_by = TABLE_KEYS["waveforms"]
+        checked = what.checked_version if what.in_table == 0 else None
+        scope = sorted(what.waveforms["waveform_id"])
+        append_new(source, targets["waveforms"], keys, partition_by, checked_version=checked, txn=txn, scope=scope)
+    for name, rows in small.items():
+        if rows is not None:
+            append_rows(rows, targets[name], TABLE_KEYS[name][0], txn, _run_keys(plan, name, rows))
+    failpoint("publish.after_write")
+    return delta_version(settings.output_table), None
+
+
+def publish_rows(store: RunStore, plan: RunPlan, name: str, rejection: Rejection) -> pa.Table | None:
+    """The run's rows of the small published table ``name`` (quarantine, dead letters; None:
+    none): its candidate table, read by delta-rs, and for the quarantine the rows of the
+    waveforms ``rejection`` holds (those go there instead of the waveforms)."""
+    source = storage.join(store.candidate_dir(plan.run_id), name)
+    parts = [storage.delta_table(source).to_pyarrow_table()] if delta_version(source) is not None else []
+    if name == "quarantine" and rejection.rows is not None:
+        parts.append(rejection.rows)
+    return pa.concat_tables(parts, promote_options="default") if parts else None
+
+
+def _staged_waveforms(spark: SparkSession, store: RunStore, plan: RunPlan, waveforms: pd.DataFrame) -> DataFrame | None:
+    """The ``waveforms`` (manifest rows) with their payloads, streamed from their staged files
+    (``assemble_local``) or grouped by a shuffle (``assemble``), strictly: one whose chunks no
+    longer hash to its checksum fails the write and leaves a note (``changed_notes_dir``)."""
+    staged, shuffled = (waveforms[waveforms["written_from"] == kind] for kind in (STAGED, SHUFFLED))
+    parts, batch_bytes = [], store.settings.output_batch_bytes
+    notes = changed_notes_dir(store, plan.run_id)
+    if len(staged):
+        files = chunk_files(store, plan)
+        parts.append(assemble_local(spark, files, staged, batch_bytes, scope=plan.run_id, strict=True, notes=notes))
+    if len(shuffled):
+        chunks = spark.read.parquet(*map(storage.for_spark, staged_chunk_files(store, plan)))
+        parts.append(assemble(chunks, wanted_waveforms(spark, shuffled), scope=plan.run_id, strict=True, notes=notes))
+    if not parts:
+        return None
+    frame = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
+    return frame.drop("checksum_ok").withColumn("run_id", F.lit(plan.run_id))
+
+
+def _replace_window_run(
+    spark: SparkSession,
+    store: RunStore,
+    plan: RunPlan,
+    reassembled: Reassembled,
+    what: ToPublish,
+    small: dict[str, pa.Table | None],
+    targets: dict,
+    txn: Txn,
+) -> int | None:
+    """Window run ``plan``'s publish: each table's rows of the window replaced (``replace_window``).
+    Returns the output table's rows the commit replaced."""
+    rows = reassembled.window_rows
+    if rows is None:
+        raise CandidatesMismatchError(
+            f"run {plan.run_id}: its reassembly recorded no window rows; run the reassemble step again"
+        )
+    outside = what.rejection.outside(plan.window_offsets())
+    rows = WindowRows(keep=rows.keep, extra={**rows.extra, "quarantine": [*rows.extra.get("quarantine", []), *outside]})
+    sources = {"waveforms": _staged_waveforms(spark, store, plan, what.waveforms)}
+    sources |= {name: None if r is None else spark.createDataFrame(r) for name, r in small.items()}
+    replaced = {name: replace_window(spark, sources[name], targets[name], name, plan, rows, txn) for name in PUBLISHED}
+    return replaced["waveforms"]
+
+
+def _run_keys(plan: RunPlan, name: str, rows: pa.Table) -> list[str] | tuple[str, dict]:
+    """Where the run's ``rows`` of the small published table ``name`` can collide with rows
+    already there (the ``scope`` of ``append_rows``): their waveform ids, or for dead letters the
+    run's topic and ranges' offsets. A publish compares its keys with those rows only, never with
+    every key of a table that grows with every run."""
+    if name == "dead_letter":
+        return plan.topic, {r.partition: (r.start, r.end) for r in plan.ranges}
+    return sorted({wid for wid in rows.column("waveform_id").to_pylist() if wid is not None})
+
+
+def run_txn(store: RunStore, plan: RunPlan, reassembled: Reassembled) -> Txn:
+    """The transaction every commit of run ``plan`` to a published table carries: its group's
+    stable id, the version frozen in its plan (a plan made while a table could not be read gets
+    one now, and keeps it), and its ranges and safe offsets as the commit's metadata."""
+    app = delta_txn.app_id(plan.group, plan.topic)
+    if plan.txn_version is None:
+        plan = dataclasses.replace(plan, txn_version=delta_txn.next_version(table_paths(store.settings).values(), app))
+        store.save_plan(plan)
+    safe = {p: acc.safe_offset for p, acc in reassembled.partitions.items()}
+    return Txn(app, plan.txn_version, delta_txn.commit_metadata(plan, safe))
+
+
+def replace_window(
+    spark: SparkSession,
+    source: DataFrame | None,
+    target: str,
+    name: str,
+    plan: RunPlan,
+    rows: WindowRows,
+    txn: Txn | None = None,
+) -> int | None:
+    """Replace the rows of window run ``plan``'s window in ``target`` by ``source``, in one atomic
+    Delta commit (``replaceWhere``): readers see the old window or the new one, and a retry
+    replaces it again with the same rows. No rows (None): the window's rows are deleted (the
+    window now holds none of this table's rows). ``rows``: the reassembly's ``window_rows`` (rows
+    kept although inside the window, rows replaced although outside it). Returns the rows of
+    ``target`` that the commit removed (Delta's commit metric; None when it does not say)."""
+    keys, partition_by = TABLE_KEYS[name]
+    if name == "dead_letter":  # records, not waveforms: the window's offsets say it all
+        where = window_predicate(plan.topic, plan.window_offsets(), "offset")
+    else:
+        where = replace_predicate(
+            plan.topic, plan.window_offsets(), "first_offset", rows.keep, rows.extra.get(name, [])
+        )
+    before = delta_version(target)
+    if before is None:
+        if source is not None:
+            append_new(source, target, keys, partition_by, txn=txn)
+        return 0
+    if source is None:  # SQL: Delta's Python API needs a plugin over Spark Connect
+        spark.sql(f"DELETE FROM delta.`{target}` WHERE {where}")
+    else:
+        with_txn(delta_writer(source), txn).mode("overwrite").option("replaceWhere", where).option(
+            "mergeSchema", "true"
+        ).save(storage.for_spark(target))
+    after = delta_version(target)
+    if after == before:
+        return 0
+    try:  # only describes the run: the window is replaced whatever this says
+        return commit_metric(target, after, "numDeletedRows")
+    except (OSError, ValueError) as exc:
+        log.warning("%s: the rows its commit %s replaced are not known: %s", target, after, exc)
+        return None
+
+
+def read_again(store: RunStore, plan: RunPlan) -> None:
+    """Forget the run's staged copies and every result made from them: its next attempt reads its
+    planned ranges again (Kafka holds the records; the plan is kept)."""
+    store.discard_staging(plan.run_id)
+    for r in plan.ranges:
+        store.clear_step(plan.run_id, Step.consume(r))
+    for step in (Step.REASSEMBLE, Step.VALIDATE):
+        store.clear_step(plan.run_id, step)
