@@ -59,12 +59,9 @@ def output_checks(manifest: pd.DataFrame, published: pd.DataFrame, run_id: str) 
     """The run's new waveforms (its manifest: one row each, no payload) with the columns the
     per-waveform suite checks. ``published``: (waveform_id, run_id) of the output table's rows
     with the run's ids."""
-    itemsize = pd.to_numeric(manifest["dtype"].str.extract(r"(\d+)$")[0], errors="coerce")  # numpy dtype.str: "<f4"
-    expected = manifest["n_samples"] * itemsize * manifest["channels"]
     by_other = published["run_id"].notna() & (published["run_id"] != run_id)
     other_ids, in_table = set(published.loc[by_other, "waveform_id"]), set(published["waveform_id"])
     return manifest[CHECKED_COLUMNS].assign(
-        expected_size_bytes=expected if expected.isna().any() else expected.astype("int64"),
         numbers_finite=np.isfinite(manifest["sample_rate"].astype(float))
         & np.isfinite(manifest["duration_s"].astype(float)),
         published_by_other_run=manifest["waveform_id"].isin(other_ids),

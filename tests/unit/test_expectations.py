@@ -10,8 +10,8 @@ from wavepipe import expectations
 from wavepipe.contracts.config import load_settings
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
-WAVEFORMS = "wavepipe_waveforms.v2"
-RUN = "wavepipe_run.v2"
+WAVEFORMS = "wavepipe_waveforms.v3"
+RUN = "wavepipe_run.v3"
 
 
 def _by_column(expectation_list):
@@ -35,9 +35,8 @@ def test_thresholds_come_from_the_settings():
     assert start.min_value == datetime(2020, 1, 1, tzinfo=UTC)
     assert start.max_value == datetime(2026, 11, 22, 13, 0, tzinfo=UTC)
     assert ("ExpectColumnValuesToBeInSet", "numbers_finite") in per_waveform
-    assert ("ExpectColumnPairValuesToBeEqual", "size_bytes") in per_waveform
     share = _by_column(suites[RUN])[("ExpectColumnValuesToBeBetween", "quarantined_share")]
-    assert (share.min_value, share.max_value) == (0, 0.25)
+    assert (share.min_value, share.max_value) == (None, 0.25)  # a share below 0 cannot happen: no bound to check
     assert not expectations.gates_the_run(WAVEFORMS) and expectations.gates_the_run(RUN)
 
 
@@ -45,7 +44,8 @@ def test_no_expectation_checks_what_the_data_path_guarantees_by_construction():
     columns = {c for suite in expectations.suites(load_settings(), NOW).values() for _, c in _by_column(suite)}
     # the checksum is verified before a row exists, the duration is n_samples / sample_rate, the
     # readers stage only their planned offsets: none of these can fail here
-    assert not columns & {"payload_sha256", "duration_error_s", "in_planned_range", "checksum"}
+    # nor can a size that is not whole samples (the parser dead-letters it) or a negative share
+    assert not columns & {"payload_sha256", "duration_error_s", "in_planned_range", "checksum", "size_bytes"}
 
 
 @pytest.mark.parametrize(
@@ -86,7 +86,6 @@ def _waveform(waveform_id: str, **values) -> dict:
         "sample_rate": 100.0,
         "start_time": datetime(2026, 1, 1, tzinfo=UTC),
         "size_bytes": 8,
-        "expected_size_bytes": 8,
         "numbers_finite": True,
         "published_by_other_run": False,
     }
@@ -100,7 +99,6 @@ def test_each_per_waveform_expectation_fails_its_waveform_and_names_it_as_the_re
         _waveform("good"),
         _waveform("rate-1e-9", sample_rate=1e-9),
         _waveform("rate-5e-324", sample_rate=5e-324, numbers_finite=False),  # its duration is infinite
-        _waveform("ragged", size_bytes=9),
         _waveform("from-1677", start_time=datetime(1677, 9, 22, tzinfo=UTC)),
         _waveform("from-the-future", start_time=datetime(2026, 11, 24, tzinfo=UTC)),
         _waveform("taken", published_by_other_run=True),
@@ -117,7 +115,6 @@ def test_each_per_waveform_expectation_fails_its_waveform_and_names_it_as_the_re
     assert reasons == {
         "rate-1e-9": "expect_column_values_to_be_between(sample_rate)",
         "rate-5e-324": "expect_column_values_to_be_in_set(numbers_finite)",  # the first it failed, in suite order
-        "ragged": "expect_column_pair_values_to_be_equal(size_bytes)",
         "from-1677": "expect_column_values_to_be_between(start_time)",
         "from-the-future": "expect_column_values_to_be_between(start_time)",
         "taken": "expect_column_values_to_be_in_set(published_by_other_run)",
@@ -125,7 +122,7 @@ def test_each_per_waveform_expectation_fails_its_waveform_and_names_it_as_the_re
     assert "sample_rate=1e-09" in rejected["rate-1e-9"]["detail"]
     both = rejected["rate-5e-324"]["detail"]
     assert "finite" in both and "sample_rate=4.94066e-324" in both, both  # every failure is in the detail
-    assert rejected["ragged"]["checksum"] == "sha256:ragged" and rejected["ragged"]["partition"] == 0
+    assert rejected["taken"]["checksum"] == "sha256:taken" and rejected["taken"]["partition"] == 0
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ def _report(run_id: str, start: int, end: int, *, new: int, lag_after: int = 0, 
         "totals": {"records_read": end - start, "payload_bytes_read": 4096, "dead_letter": 1},
         "outcome": {"new": new, "rewritten": 0, "quarantined": 0, "dead_letter_records": 1},
         "table_versions": {"waveforms": 4, "quarantine": 0, "dead_letter": 2},
-        "validation": {"success": success, "suites": [{"suite": "wavepipe_waveforms.v2", "checks": checks}]},
+        "validation": {"success": success, "suites": [{"suite": "wavepipe_waveforms.v3", "checks": checks}]},
     }
 
 

@@ -58,7 +58,7 @@ VALIDATION = {
     "timings": {"expectations_s": 1.5},
     "suites": [
         {
-            "suite": "wavepipe_run.v2",
+            "suite": "wavepipe_run.v3",
             "gates_run": True,
             "success": False,
             "evaluated": 24,
@@ -77,7 +77,7 @@ VALIDATION = {
             ],
         },
         {
-            "suite": "wavepipe_waveforms.v2",
+            "suite": "wavepipe_waveforms.v3",
             "gates_run": False,
             "success": True,
             "evaluated": 5,
