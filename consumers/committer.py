@@ -1,9 +1,12 @@
 """Committing a run's safe offsets to the consumer group, with the run id in the metadata.
 
-Compare-and-set per partition: the group must still be where it was when the run was planned
-(or already at the safe offset, when a retry repeats a commit that went through). Anything else
-means someone moved the group during the run (a rewind, another consumer), and the commit is
-refused.
+Checked, then committed, per partition: the group must still be where it was when the run was
+planned (or already at the safe offset, when a retry repeats a commit that went through), as read
+just before the commit. Anything else means someone moved the group during the run (a rewind,
+another consumer), and the commit is refused. Kafka offers no compare-and-set for offsets: a move
+between that read and the commit is not seen. The run's claim on the group keeps other wavepipe
+runs and rewinds out; Kafka's own tools refuse to reset a group with active members, not one
+that commits without joining it.
 
 With a dead-letter topic configured, the run's dead letters are produced and the offsets are
 committed in one Kafka transaction (``send_offsets_to_transaction``): both happen or neither,

@@ -456,7 +456,7 @@ def rewind_metadata(audit_id: str) -> str:
 def execute_rewind(
     settings: Settings, plan: RewindPlan, *, who: str | None = None, reason: str = "", origin: str | None = None
 ) -> dict:
-    """Apply ``plan``: re-check the refusals, compare-and-set the committed offsets, verify, audit.
+    """Apply ``plan``: re-check the refusals, commit the offsets if they are still where the plan saw them, verify, audit.
 
     Refused (``RewindRefused``, and an audit record with outcome "refused") when the plan was
     refused, the group now has members or an active run, or its committed offsets moved since

@@ -48,7 +48,7 @@ class RunPlan:
     previous: dict[int, list[int]] = field(default_factory=dict)
     caps: dict[str, int] = field(default_factory=dict)
     #: The group's committed offset per partition when planned (None: it had none). The commit
-    #: is a compare-and-set against these.
+    #: is refused if the group is elsewhere just before it (``consumers/committer.py``).
     committed: dict[int, int | None] = field(default_factory=dict)
     #: Per partition, ``[from, to)`` offsets the topic no longer retained when planned, skipped
     #: on request (``skip_lost_offsets``): never read, recorded in the report.
