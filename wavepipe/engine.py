@@ -20,8 +20,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
-import http.client
-import json
 import logging
 import os
 import threading
@@ -382,18 +380,15 @@ def counted_jobs(spark, settings: Settings, into: dict) -> Iterator[None]:
 
 #: Seconds a request to the engine's web UI waits for its answer.
 UI_TIMEOUT_S = 10.0
-#: What asking the engine's web UI raises when it cannot answer now: no connection, a timeout or
-#: an error page (``OSError``: ``urllib.error.URLError``, ``HTTPError``), a cut answer, half a page.
-UI_ERRORS: tuple[type[Exception], ...] = (OSError, http.client.HTTPException, ValueError)
 
 
 def _listed_jobs(ui: str, tag: str, attempts: int = 2) -> list[dict] | None:
     """``spark_jobs``, or None where the engine's UI could not say. A loaded engine's UI answers
-    late: each request waits up to ``UI_TIMEOUT_S``; a quick failure (``UI_ERRORS``: an error
-    page, the UI starting) is asked again a second later, up to ``attempts`` times in all, one
-    after half of ``UI_TIMEOUT_S`` is not (a UI that does not answer would hold every step up).
-    Any other error is not asked again: logged once with its traceback, and None (the list only
-    describes a run)."""
+    late: each request waits up to ``UI_TIMEOUT_S``; a quick failure (``http_client.FAILED``: no
+    connection, an error page, the UI starting) is asked again a second later, up to ``attempts``
+    times in all, one after half of ``UI_TIMEOUT_S`` is not (a UI that does not answer would hold
+    every step up). Any other error is not asked again: logged once with its traceback, and None
+    (the list only describes a run)."""
 
     def say(state: tenacity.RetryCallState) -> None:
         log.warning(
@@ -407,8 +402,10 @@ def _listed_jobs(ui: str, tag: str, attempts: int = 2) -> list[dict] | None:
         say(state)
         return None
 
+    from wavepipe import http_client
+
     retrying = tenacity.Retrying(
-        retry=tenacity.retry_if_exception_type(UI_ERRORS),
+        retry=tenacity.retry_if_exception_type(http_client.FAILED),
         stop=tenacity.stop_after_attempt(attempts) | tenacity.stop_after_delay(UI_TIMEOUT_S / 2),
         wait=tenacity.wait_fixed(1),
         before_sleep=say,
@@ -416,7 +413,7 @@ def _listed_jobs(ui: str, tag: str, attempts: int = 2) -> list[dict] | None:
     )
     try:
         return retrying(spark_jobs, ui, tag)
-    except Exception as exc:  # not UI_ERRORS (those end in given_up): a bug, not asked again
+    except Exception as exc:  # not http_client.FAILED (those end in given_up): a bug, not asked again
         waiting.stopped(exc, f"the step's Spark jobs from {ui}", "the run's report lists no jobs for it")
         return None
 
@@ -477,10 +474,9 @@ def stage_progress(spark) -> Iterator[StageProgress]:
 
 
 def _get_json(url: str):
-    import urllib.request
+    from wavepipe import http_client
 
-    with urllib.request.urlopen(url, timeout=UI_TIMEOUT_S) as response:
-        return json.loads(response.read())
+    return http_client.get_json(url, timeout_s=UI_TIMEOUT_S)
 
 
 def _ui_time(text: str | None) -> datetime | None:

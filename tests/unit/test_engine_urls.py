@@ -129,6 +129,8 @@ def test_stage_progress_sums_the_running_operations_stages():
 def test_the_job_list_is_asked_again_after_a_quick_failure_never_after_a_timeout(monkeypatch):
     import time
 
+    import httpx
+
     from wavepipe import engine
 
     calls = []
@@ -149,7 +151,7 @@ def test_the_job_list_is_asked_again_after_a_quick_failure_never_after_a_timeout
     def slow(ui, tag):  # the request takes the whole timeout
         calls.append(tag)
         clock[0] += engine.UI_TIMEOUT_S
-        raise TimeoutError("timed out")
+        raise httpx.ReadTimeout("timed out")
 
     monkeypatch.setattr(engine, "spark_jobs", slow)
     monkeypatch.setattr(engine.time, "monotonic", lambda: clock[0])
@@ -161,7 +163,7 @@ def test_the_job_list_is_asked_again_after_a_quick_failure_never_after_a_timeout
 
     def down(ui, tag):  # quick failures each time: asked twice, a second apart, no pause after the last
         calls.append(tag)
-        raise ConnectionRefusedError("no UI")
+        raise httpx.ConnectError("[Errno 111] Connection refused")
 
     monkeypatch.setattr(engine, "spark_jobs", down)
     assert engine._listed_jobs("http://ui", "t") is None and len(calls) == 2 and slept == [1]

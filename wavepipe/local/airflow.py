@@ -357,26 +357,16 @@ def _port_free(port: int) -> bool:
 def _http_json(
     url: str, *, method: str = "GET", body: dict | None = None, token: str | None = None, timeout: float = 10.0
 ) -> tuple[int, dict | str]:
-    """One REST call with the standard library (no client package needed for the CLI)."""
-    import urllib.error
-    import urllib.request
+    """One REST call as ``(status, answer)``: the answer's JSON, or its text where it is not JSON.
+    Any status is returned; a server that does not answer raises ``httpx.TransportError``."""
+    from wavepipe import http_client
 
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        request.add_header("Content-Type", "application/json")
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
+    response = http_client.request(method, url, body=body, token=token, timeout_s=timeout)
+    text = response.content.decode(errors="replace")
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            text = response.read().decode()
-            status = response.status
-    except urllib.error.HTTPError as exc:
-        text, status = exc.read().decode(errors="replace"), exc.code
-    try:
-        return status, json.loads(text)
+        return response.status_code, json.loads(text)
     except ValueError:
-        return status, text
+        return response.status_code, text
 
 
 def api_token(settings: Settings) -> str:
@@ -393,11 +383,11 @@ def api_token(settings: Settings) -> str:
 
 def health(settings: Settings) -> dict | None:
     """``GET /api/v2/monitor/health`` (no login needed), or None while the API does not answer."""
-    import urllib.error
+    import httpx
 
     try:
         status, body = _http_json(f"{airflow_url(settings)}/api/v2/monitor/health", timeout=5)
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+    except httpx.TransportError:
         return None
     return body if status == 200 and isinstance(body, dict) else None
 

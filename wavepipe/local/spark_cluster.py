@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,11 +134,14 @@ class LocalSparkCluster:
 
     def alive_workers(self) -> int:
         """Workers registered and alive, from the master's JSON status page."""
+        from wavepipe import http_client
+
         ui_port = self._state().get("ui_port")
-        with urllib.request.urlopen(f"http://{HOST}:{ui_port}/json/", timeout=2) as resp:
-            return int(json.load(resp).get("aliveworkers", 0))
+        return int(http_client.get_json(f"http://{HOST}:{ui_port}/json/", timeout_s=2).get("aliveworkers", 0))
 
     def wait_ready(self, procs: list[subprocess.Popen] | None = None, timeout: float = READY_TIMEOUT_S) -> None:
+        from wavepipe import http_client
+
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for proc in procs or []:
@@ -150,7 +152,7 @@ class LocalSparkCluster:
             try:
                 if self.alive_workers() >= self.workers:
                     return
-            except (OSError, ValueError):
+            except http_client.FAILED:
                 pass  # the master's web UI is not up yet (or answered half a page)
             time.sleep(0.5)
         raise SetupError(
