@@ -12,7 +12,13 @@ Python workers), where a spark-submit app pays 8-16 s of start-up every time.
 All runs of a home share one server-side session (``session_id``): Spark 4.2 keeps a Python
 worker daemon per session until the server stops (about 50 MB, more with idle workers), so one
 session per run would grow the server without bound; one shared session also keeps its Python
-workers warm. Runs never change the session's configuration and never release it.
+workers warm. Runs never release the session, and they change its configuration: the publish's
+Parquet writes (``spark_apps.tables.write_files``) set ``spark.sql.parquet.outputTimestampType``
+to ``TIMESTAMP_MICROS`` (as Delta writes) and ``mapreduce.fileoutputcommitter.marksuccessfuljobs``
+to ``false`` (no ``_SUCCESS`` file), always to those values, which then stay for every command on
+the session. A VACUUM with a retention under Delta's safe one (``wavepipe.maintenance``) turns
+Delta's retention check off for its command (for every user of the session meanwhile) and unsets
+it after.
 """
 
 from __future__ import annotations
