@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.protocol import checksum, output_facts
+from wavepipe.delta_files import NULL_PARTITION
 from wavepipe.faults import failpoint
 from wavepipe.storage import (
     S3Options,
@@ -286,3 +290,102 @@ def assemble_tasks(
             for out in assemble_file(path, wanted, strict, batch_bytes, verify_only=verify, reach=reach, notes=notes):
                 yield out
                 failpoint("assemble.batch", failpoints, scope)
+
+
+# --- writing the output's Parquet files in the worker ----------------------------------------------
+
+#: The columns of a published waveform row: the output's but ``checksum_ok``, and the run's id.
+PUBLISHED_SCHEMA = pa.schema(
+    [f for f in ARROW_OUTPUT_SCHEMA if f.name != "checksum_ok"] + [pa.field("run_id", pa.string(), False)]
+)
+#: What a worker says of each Parquet file it wrote: its path under the table, and its rows.
+WRITTEN_SCHEMA = pa.schema([pa.field("path", pa.string(), False), pa.field("rows", pa.int64(), False)])
+
+
+@dataclass(frozen=True)
+class FilesTarget:
+    """Where workers write a publish's Parquet files: table ``table``'s new folder ``folder``,
+    in Hive-style folders by ``partition_by`` (as Spark lays them out), each row with ``run_id``;
+    on an object store reached with ``reach``. Picklable: it travels to Spark's Python workers."""
+
+    table: str
+    folder: str
+    partition_by: tuple[str, ...]
+    run_id: str
+    reach: S3Options | None = None
+
+
+def write_parquet(batches: Iterator[pa.RecordBatch], target: FilesTarget) -> Iterator[pa.RecordBatch]:
+    """Write output rows (record batches of ``ARROW_OUTPUT_SCHEMA``) as Parquet files, one per
+    partition value, each batch a row group of its own (``output_batch_bytes`` of payload, so a
+    row group never holds more); yields one ``WRITTEN_SCHEMA`` batch once all are closed. The
+    payload goes from the batch into the file: no copy through the JVM. zstd, as Spark's files;
+    no dictionary and no statistics for the payload (they would cost CPU and say nothing)."""
+    writers: dict[tuple, tuple[str, pq.ParquetWriter]] = {}
+    counts: dict[str, int] = {}
+    filesystem = arrow_filesystem(target.reach or configured_options(target.table)) if is_remote(target.table) else None
+    stored = pa.schema([f for f in PUBLISHED_SCHEMA if f.name not in target.partition_by])
+    settings = {
+        "compression": "zstd",
+        "use_dictionary": [n for n in stored.names if n != "payload"],
+        "write_statistics": [n for n in stored.names if n != "payload"],
+        "filesystem": filesystem,
+    }
+    try:
+        for batch in batches:
+            table = _published(batch, target.run_id)
+            for values, rows in _by_partition(table, target.partition_by):
+                if values not in writers:
+                    relative = _file_path(target, values)
+                    writers[values] = (relative, pq.ParquetWriter(_where(target, relative), stored, **settings))
+                relative, writer = writers[values]
+                writer.write_table(rows.select(stored.names))
+                counts[relative] = counts.get(relative, 0) + rows.num_rows
+    finally:
+        for _, writer in writers.values():
+            writer.close()
+    if counts:
+        yield pa.RecordBatch.from_pydict({"path": list(counts), "rows": list(counts.values())}, schema=WRITTEN_SCHEMA)
+
+
+def _published(batch: pa.RecordBatch, run_id: str) -> pa.Table:
+    """Output rows as the published table holds them: verified ones only, with the run's id."""
+    table = pa.Table.from_batches([batch]).cast(ARROW_OUTPUT_SCHEMA)  # Spark's time zone name aside, the same
+    if not pc.all(table["checksum_ok"]).as_py():  # a strict assembly raised first; a defence only
+        raise RuntimeError(f"{STAGED_CHANGED}: an unverified waveform reached the writer")
+    table = table.drop_columns(["checksum_ok"])
+    return table.append_column(PUBLISHED_SCHEMA.field("run_id"), pa.array([run_id] * table.num_rows, pa.string()))
+
+
+def _by_partition(table: pa.Table, partition_by: tuple[str, ...]) -> Iterator[tuple[tuple, pa.Table]]:
+    """``table``'s rows per combination of the ``partition_by`` columns' values (usually one)."""
+    if not partition_by or table.num_rows == 0:
+        yield (), table
+        return
+    keys = table.select(list(partition_by)).group_by(list(partition_by)).aggregate([]).to_pylist()
+    for key in keys:
+        where = None
+        for name, value in key.items():
+            match = pc.is_null(table[name]) if value is None else pc.equal(table[name], value)
+            where = match if where is None else pc.and_(where, match)
+        yield tuple(key[n] for n in partition_by), table.filter(where)
+
+
+def _file_path(target: FilesTarget, values: tuple) -> str:
+    """A new file's path under the table: the folder, then ``name=value`` folders (Spark's null
+    name for a missing value), then a name no other writer uses."""
+    folders = [
+        f"{quote(name, safe='')}={NULL_PARTITION if v is None else quote(str(v), safe='')}"
+        for name, v in zip(target.partition_by, values, strict=True)
+    ]
+    return "/".join([target.folder, *folders, f"part-{uuid.uuid4().hex}.zstd.parquet"])
+
+
+def _where(target: FilesTarget, relative: str) -> str:
+    """Where pyarrow opens ``relative`` (under the table): a local path (its folders made) or a
+    bucket/key on the object store."""
+    if not is_remote(target.table):
+        path = Path(target.table) / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return str(path)
+    return join(for_clients(target.table), relative).removeprefix("s3://")

@@ -38,20 +38,23 @@ from wavepipe.delta_protocol import repair_once
 from wavepipe.delta_txn import Txn
 from wavepipe.faults import failpoint
 from wavepipe.maintenance import table_paths
-from wavepipe.spark_apps.assembly import changed_notes
+from wavepipe.spark_apps.assembly import PUBLISHED_SCHEMA, FilesTarget, changed_notes
 from wavepipe.spark_apps.reassemble import (
     SHUFFLED,
     STAGED,
+    WRITTEN,
     assemble,
     assemble_local,
     changed_notes_dir,
     chunk_files,
     staged_chunk_files,
     wanted_waveforms,
+    written_by_workers,
 )
 from wavepipe.spark_apps.rejections import Rejection
 from wavepipe.spark_apps.tables import (
     TABLE_KEYS,
+    WorkerWrites,
     append_new,
     append_rows,
     commit_metric,
@@ -135,7 +138,7 @@ def publish_run(
         replaced = _replace_window_run(spark, store, plan, reassembled, what, small, targets, txn)
         failpoint("publish.after_write")
         return delta_version(settings.output_table), replaced
-    source = None if what.all_there else _staged_waveforms(spark, store, plan, what.waveforms)
+    source = None if what.all_there or not len(what.waveforms) else _waveform_files(spark, store, plan, what.waveforms)
     if source is not None:
         keys, partition_by = TABLE_KEYS["waveforms"]
         checked = what.checked_version if what.in_table == 0 else None
@@ -159,23 +162,50 @@ def publish_rows(store: RunStore, plan: RunPlan, name: str, rejection: Rejection
     return pa.concat_tables(parts, promote_options="default") if parts else None
 
 
+def _waveform_files(spark: SparkSession, store: RunStore, plan: RunPlan, waveforms: pd.DataFrame) -> WorkerWrites:
+    """The ``waveforms`` (manifest rows), for Spark's Python workers to write as Parquet files
+    into the output table's new folder themselves (``_assembled``): one Spark job, and the bytes
+    never pass through the JVM."""
+
+    def files(target: FilesTarget, skip: set[str]) -> DataFrame:
+        parts = _assembled(spark, store, plan, waveforms[~waveforms["waveform_id"].isin(skip)], target)
+        return _union(parts) if parts else spark.createDataFrame([], WRITTEN)
+
+    return WorkerWrites(PUBLISHED_SCHEMA, plan.run_id, files)
+
+
 def _staged_waveforms(spark: SparkSession, store: RunStore, plan: RunPlan, waveforms: pd.DataFrame) -> DataFrame | None:
-    """The ``waveforms`` (manifest rows) with their payloads, streamed from their staged files
-    (``assemble_local``) or grouped by a shuffle (``assemble``), strictly: one whose chunks no
-    longer hash to its checksum fails the write and leaves a note (``changed_notes_dir``)."""
+    """The ``waveforms`` (manifest rows) with their payloads as a Spark frame (``_assembled``),
+    for Delta's own writer (a window run's ``replaceWhere``); None: none."""
+    parts = _assembled(spark, store, plan, waveforms, None)
+    return _union(parts).drop("checksum_ok").withColumn("run_id", F.lit(plan.run_id)) if parts else None
+
+
+def _assembled(
+    spark: SparkSession, store: RunStore, plan: RunPlan, waveforms: pd.DataFrame, writes: FilesTarget | None
+) -> list[DataFrame]:
+    """The ``waveforms`` assembled from the staged chunks, strictly (one whose chunks no longer
+    hash to its checksum fails the write and leaves a note, ``changed_notes_dir``): streamed from
+    their partition's staged file (``assemble_local``), or grouped by a shuffle (``assemble``).
+    ``writes``: the workers write them there as Parquet files and the frames hold the files."""
     staged, shuffled = (waveforms[waveforms["written_from"] == kind] for kind in (STAGED, SHUFFLED))
-    parts, batch_bytes = [], store.settings.output_batch_bytes
-    notes = changed_notes_dir(store, plan.run_id)
+    batch_bytes, notes, parts = store.settings.output_batch_bytes, changed_notes_dir(store, plan.run_id), []
     if len(staged):
         files = chunk_files(store, plan)
-        parts.append(assemble_local(spark, files, staged, batch_bytes, scope=plan.run_id, strict=True, notes=notes))
+        parts.append(
+            assemble_local(
+                spark, files, staged, batch_bytes, scope=plan.run_id, strict=True, notes=notes, writes=writes
+            )
+        )
     if len(shuffled):
         chunks = spark.read.parquet(*map(storage.for_spark, staged_chunk_files(store, plan)))
-        parts.append(assemble(chunks, wanted_waveforms(spark, shuffled), scope=plan.run_id, strict=True, notes=notes))
-    if not parts:
-        return None
-    frame = parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
-    return frame.drop("checksum_ok").withColumn("run_id", F.lit(plan.run_id))
+        rows = assemble(chunks, wanted_waveforms(spark, shuffled), scope=plan.run_id, strict=True, notes=notes)
+        parts.append(rows if writes is None else written_by_workers(rows, writes))
+    return parts
+
+
+def _union(parts: list[DataFrame]) -> DataFrame:
+    return parts[0] if len(parts) == 1 else parts[0].unionByName(parts[1])
 
 
 def _replace_window_run(

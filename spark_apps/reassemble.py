@@ -48,7 +48,14 @@ from wavepipe.contracts.runfiles import RunStore, Step, staged_paths
 from wavepipe.contracts.steps import PartitionAccount, ReadStats, Reassembled, WindowRows
 from wavepipe.delta_protocol import repair_once
 from wavepipe.faults import armed, failpoint
-from wavepipe.spark_apps.assembly import ARROW_OUTPUT_SCHEMA, assemble_arrow, assemble_tasks
+from wavepipe.spark_apps.assembly import (
+    ARROW_OUTPUT_SCHEMA,
+    WRITTEN_SCHEMA,
+    FilesTarget,
+    assemble_arrow,
+    assemble_tasks,
+    write_parquet,
+)
 from wavepipe.spark_apps.metadata import (
     CANDIDATE,
     DIGEST,
@@ -75,6 +82,8 @@ log = logging.getLogger("wavepipe.reassemble")
 
 #: The output table's columns as Spark types (``assembly.ARROW_OUTPUT_SCHEMA``'s).
 OUTPUT_SCHEMA = from_arrow_schema(ARROW_OUTPUT_SCHEMA, prefer_timestamp_ntz=False)
+#: The files a worker wrote (``assembly.WRITTEN_SCHEMA``), as Spark's schema.
+WRITTEN = from_arrow_schema(WRITTEN_SCHEMA)
 #: A waveform is one binary cell of one row: Spark and Arrow cap those near 2 GiB; keep margin.
 MAX_WAVEFORM_BYTES_LIMIT = 1024 * 1024 * 1024
 
@@ -88,6 +97,7 @@ def assemble_local(
     strict: bool = False,
     verify_only: bool = False,
     notes: str | None = None,
+    writes: FilesTarget | None = None,
 ) -> DataFrame:
     """Whole waveforms for the waveforms ``rows`` names (id, checksum, partition), whose chunks are
     all in one partition's staged file, each file streamed by one task: no shuffle of payloads
@@ -95,17 +105,30 @@ def assemble_local(
     handed to Spark as a local relation, which it splits over its cores: no Spark job before the
     one that assembles. ``batch_bytes``: the setting ``output_batch_bytes``; ``scope``: what the
     run's failpoints count their hits in (the run id); ``strict``, ``verify_only``, ``notes``: see
-    ``assemble_file``."""
+    ``assemble_file``. ``writes``: the workers write the waveforms as Parquet files there
+    themselves (``assembly.write_parquet``) and the frame holds the files written
+    (``WRITTEN``), not the rows."""
     wanted = rows.groupby("partition")[["waveform_id", "checksum"]]
     tasks = [(files[p], group.to_dict("records")) for p, group in wanted if p in files]
     failpoints = armed()  # the workers (a Spark engine's) do not have this process's environment
     reach = storage.worker_options(next(iter(files.values()), ""))  # an object store's endpoint: no keys
 
     def tasks_of_this_run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return assemble_tasks(batches, failpoints, scope, strict, batch_bytes, verify_only, reach, notes)
+        rows = assemble_tasks(batches, failpoints, scope, strict, batch_bytes, verify_only, reach, notes)
+        return rows if writes is None else write_parquet(rows, writes)
 
     local = spark.createDataFrame(tasks, "path string, ids array<struct<waveform_id: string, checksum: string>>")
-    return local.mapInArrow(tasks_of_this_run, OUTPUT_SCHEMA)
+    return local.mapInArrow(tasks_of_this_run, OUTPUT_SCHEMA if writes is None else WRITTEN)
+
+
+def written_by_workers(rows: DataFrame, writes: FilesTarget) -> DataFrame:
+    """Output ``rows`` (``assemble``'s) written as Parquet files at ``writes`` by Spark's Python
+    workers (``assembly.write_parquet``); the frame of the files written (``WRITTEN``)."""
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return write_parquet(batches, writes)
+
+    return rows.mapInArrow(write, WRITTEN)
 
 
 def changed_notes_dir(store: RunStore, run_id: str) -> str:

@@ -23,6 +23,7 @@ import inspect
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
@@ -305,8 +306,22 @@ class _Written:
     schema: object = None
 
 
+@dataclass
+class WorkerWrites:
+    """Rows that Spark's Python workers write as Parquet files themselves, straight into the
+    table's new folder (``assembly.write_parquet``): their bytes never pass through the JVM, and
+    on an object store each file is written where it stays (no commit-time copy). ``files(target,
+    skip)`` is the Spark frame of the files written at ``target`` (an ``assembly.FilesTarget``),
+    the rows whose ``waveform_id`` is in ``skip`` left out; ``schema``: the rows' columns
+    (pyarrow, partition columns included: a new table's schema); ``run_id``: the rows'."""
+
+    schema: object
+    run_id: str
+    files: Callable[[object, set[str]], DataFrame]
+
+
 def append_new(
-    df: DataFrame,
+    df: DataFrame | WorkerWrites,
     path: str,
     keys: list[str],
     partition_by: list[str] | None = None,
@@ -342,16 +357,22 @@ def append_new(
     written: list[_Written] = []  # files of this publish's write not committed yet (one write's)
 
     def write_and_commit(table) -> None:
-        frame, laid_out = df, partition_by
+        laid_out = partition_by
         if table is not None:  # the commit is checked against this version: see commit_files
             laid_out = table.metadata().partition_columns  # an existing table keeps its own layout
-            if table.version() != checked_version:
+        moved = table is not None and table.version() != checked_version
+        if isinstance(df, WorkerWrites):
+            schema = df.schema if table is None else None
+            folder = _workers_write(df, path, laid_out, _ids_there(path, keys, scope) if moved else set())
+        else:
+            frame = df
+            if moved:
                 existing = read_delta(frame.sparkSession, path)
                 if scope is not None:
                     existing = with_ids(existing, scope)
                 frame = frame.join(existing.select(*keys), keys, "left_anti")
-        schema = arrow_schema(frame.schema) if table is None else None  # a new table's
-        folder = write_files(frame, path, laid_out)
+            schema = arrow_schema(frame.schema) if table is None else None  # a new table's
+            folder = write_files(frame, path, laid_out)
         written.append(_Written(folder, list(laid_out or []), schema))
         failpoint("publish.before_commit")
         commit_files(path, folder, laid_out or [], txn, table=table, schema=schema)
@@ -449,10 +470,34 @@ def _keys_among(path: str, keys: list[str], mine):
     return dataset.to_table(columns=keys, filter=near).to_pandas()
 
 
+def _ids_there(path: str, keys: list[str], scope: list[str] | None) -> set[str]:
+    """The waveform ids of ``scope`` that table ``path`` holds now (delta-rs: only their files)."""
+    if keys != ["waveform_id"] or scope is None:
+        raise ValueError(f"{path}: rows the workers write are keyed by waveform_id within a scope of ids")
+    return set(id_rows(path, scope, ["waveform_id"])["waveform_id"])
+
+
+def _workers_write(rows: WorkerWrites, path: str, partition_by: list[str] | None, skip: set[str]) -> str:
+    """``rows`` written by Spark's Python workers into a new folder of table ``path``, laid out
+    by ``partition_by`` (one Spark job); returns the folder."""
+    from wavepipe.spark_apps.assembly import FilesTarget
+
+    folder = new_files_folder()
+    reach = storage.worker_options(path)  # an object store's endpoint: no keys
+    target = FilesTarget(str(path), folder, tuple(partition_by or ()), rows.run_id, reach)
+    rows.files(target, skip).toArrow()  # the files' paths and rows: what commit_files lists again
+    return folder
+
+
+def new_files_folder() -> str:
+    """A new folder's name for the files of one append (``FILES_FOLDER``, a time, a random part)."""
+    return f"{FILES_FOLDER}{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
+
+
 def write_files(df: DataFrame, path: str, partition_by: list[str] | None) -> str:
     """``df``'s rows as Parquet files in a new folder of table ``path`` (``FILES_FOLDER``), laid
     out in Hive-style folders by ``partition_by``, as Delta lays out its own; one Spark job."""
-    folder = f"{FILES_FOLDER}{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
+    folder = new_files_folder()
     conf = df.sparkSession.conf
     conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")  # as Delta's writer; Spark's: INT96
     conf.set("mapreduce.fileoutputcommitter.marksuccessfuljobs", "false")  # no _SUCCESS file: nothing removes it

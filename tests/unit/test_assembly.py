@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from datetime import timedelta
+from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.helpers import chunk_rows, waveform_records
+from tests.helpers import START, chunk_rows, waveform_records
 from wavepipe.consumers.staging import CHUNK_SCHEMA
+from wavepipe.contracts.protocol import split_waveform
 from wavepipe.spark_apps.assembly import ARROW_OUTPUT_SCHEMA, STAGED_CHANGED, assemble_arrow, assemble_file
 
 
@@ -126,3 +130,58 @@ def test_a_verifying_assembly_brings_rows_back_without_payloads_and_publish_refu
     assert assemble_arrow(damaged).to_pylist()[0]["checksum_ok"] is False
     with pytest.raises(RuntimeError, match=f"{STAGED_CHANGED}: the chunks of a no longer hash to {a_sum}"):
         assemble_arrow(damaged, strict=True)
+
+
+def test_a_strict_assembly_that_finds_a_staged_file_changed_leaves_a_note_for_the_publishing_process(tmp_path):
+    """The error crosses Spark only as text: the note in the run's staging is what the publish
+    reads to know the staged chunks changed (``changed_notes``), with the error's own words."""
+    from wavepipe.spark_apps.assembly import changed_notes
+
+    a, a_sum = waveform_records("a", 2, seed=1)
+    rows = chunk_rows(a)
+    rows[1] = {**rows[1], "payload": bytes(len(rows[1]["payload"]))}
+    path = tmp_path / "staged.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=CHUNK_SCHEMA), path)
+    notes = tmp_path / "staging" / "changed"
+    assert changed_notes(str(notes)) == []  # no folder: nothing changed
+    with pytest.raises(RuntimeError, match=STAGED_CHANGED):
+        list(assemble_file(str(path), {"a": a_sum}, strict=True, notes=str(notes)))
+    (note,) = changed_notes(str(notes))
+    assert note.startswith(STAGED_CHANGED) and f"a no longer hash to {a_sum}" in note
+    list(assemble_file(str(path), {"a": a_sum}, notes=str(notes)))  # not strict: a row, no note
+    assert len(changed_notes(str(notes))) == 1
+
+
+def test_the_workers_parquet_files_hold_the_published_rows_laid_out_by_date(tmp_path):
+    """``write_parquet``: the rows as the output table holds them (no ``checksum_ok``, the run's
+    id), one file per date in Spark's ``date=...`` folders, every batch a row group, payloads
+    unchanged; the files' names and row counts come back for the commit."""
+    from wavepipe.delta_files import partition_values
+    from wavepipe.spark_apps.assembly import PUBLISHED_SCHEMA, FilesTarget, write_parquet
+
+    a, _ = waveform_records("a", 3, seed=4)
+    samples = np.random.default_rng(5).normal(size=(64, 2)).astype("<f4")
+    b = split_waveform(
+        samples, waveform_id="b", sample_rate=100.0, start_time=START + timedelta(days=1), source="s", chunk_size=256
+    )
+    path = tmp_path / "staged.parquet"
+    pq.write_table(pa.Table.from_pylist(chunk_rows([*a, *b]), schema=CHUNK_SCHEMA), path)
+    out = assemble_file(str(path), {"a": None, "b": None}, strict=True)
+    batches = [batch.slice(i, 1) for batch in out for i in range(batch.num_rows)]  # a row group each
+    assembled = [r for batch in batches for r in batch.to_pylist()]
+    target = FilesTarget(str(tmp_path / "table"), "wavepipe-append-x", ("date",), "run-1")
+    (written,) = write_parquet(iter(batches), target)
+    files = written.to_pylist()
+    assert sorted(f["rows"] for f in files) == [1, 1] and len({f["path"] for f in files}) == 2
+    for f in files:
+        stored = pq.ParquetFile(tmp_path / "table" / f["path"])
+        (date,) = partition_values(Path(f["path"]).relative_to("wavepipe-append-x")).values()
+        (row,) = stored.read().to_pylist()
+        mine = next(r for r in assembled if r["waveform_id"] == row["waveform_id"])
+        assert str(mine["date"]) == date and row["payload"] == mine["payload"] and row["run_id"] == "run-1"
+        assert stored.schema_arrow.names == [n for n in PUBLISHED_SCHEMA.names if n != "date"]
+    unverified = batches[0].set_column(
+        batches[0].schema.get_field_index("checksum_ok"), "checksum_ok", pa.array([False])
+    )
+    with pytest.raises(RuntimeError, match=STAGED_CHANGED):  # an unverified row never reaches a file
+        list(write_parquet(iter([unverified]), target))
