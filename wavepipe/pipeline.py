@@ -20,6 +20,7 @@ import logging
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Unpack
@@ -367,7 +368,7 @@ def _check_validation(settings: Settings, store: RunStore, plan: RunPlan) -> Val
         raise RuntimeError(f"run {plan.run_id}: the validation app finished but left no result")
     if validation.success:
         return validation
-    report = _report(store, plan, validation=validation)
+    report = _report(store, plan, _recorded(store, plan), validation=validation)
     report["status"] = "validation_failed"
     page = _write_report(settings, report)
     lines = failed_expectations(validation.suites, gating_only=True)
@@ -417,19 +418,31 @@ def _write_report(settings: Settings, report: dict) -> Path:
     return page
 
 
-def _report(store: RunStore, plan: RunPlan, *, validation: Validated | None, skipped: str | None = None) -> dict:
-    consumed = {}
-    for r in plan.ranges:
-        step = store.load_result(plan.run_id, Step.consume(r), ReadStats)
-        if step is not None:
-            consumed[r.partition] = step
-    report = build_report(
-        plan,
-        consumed,
+@dataclass
+class _Recorded:
+    """What a run's steps recorded (per partition read, its reader's stats), read once by a step."""
+
+    consumed: dict[int, ReadStats]
+    reassembled: Reassembled | None
+    validated: Validated | None
+    timings: dict
+
+
+def _recorded(store: RunStore, plan: RunPlan) -> _Recorded:
+    consumed = {r.partition: store.load_result(plan.run_id, Step.consume(r), ReadStats) for r in plan.ranges}
+    return _Recorded(
+        {p: read for p, read in consumed.items() if read is not None},
         store.load_result(plan.run_id, Step.REASSEMBLE, Reassembled),
+        store.load_result(plan.run_id, Step.VALIDATE, Validated),
         store.load_step(plan.run_id, Step.TIMINGS) or {},
-        skipped_reason=skipped,
-        validation=validation,
+    )
+
+
+def _report(
+    store: RunStore, plan: RunPlan, recorded: _Recorded, *, validation: Validated | None, skipped: str | None = None
+) -> dict:
+    report = build_report(
+        plan, recorded.consumed, recorded.reassembled, recorded.timings, skipped_reason=skipped, validation=validation
     )
     if plan.moved:  # the group was moved by someone else since this home's last commit
         report["moved"] = {str(p): move for p, move in plan.moved.items()}
@@ -488,9 +501,10 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
         return _committed_before(settings, store, plan, holder)
     began = time.monotonic()
     to_read = partitions_to_read(plan)
-    validation = _published_result(store, plan, to_read)
+    recorded = _recorded(store, plan)
+    validation = _published_result(plan, recorded, to_read)
     skipped = None if to_read else nothing_to_read(plan)
-    report = _report(store, plan, validation=validation, skipped=skipped)
+    report = _report(store, plan, recorded, validation=validation, skipped=skipped)
     if report["balance_errors"]:
         store.save_step(run_id, Step.REPORT, report)
         raise AccountingError(
@@ -527,18 +541,18 @@ def _committed_before(settings: Settings, store: RunStore, plan: RunPlan, holder
     )
 
 
-def _published_result(store: RunStore, plan: RunPlan, to_read: list[int]) -> Validated | None:
+def _published_result(plan: RunPlan, recorded: _Recorded, to_read: list[int]) -> Validated | None:
     """The run's validation, once every partition it reads was consumed, reassembled, validated
     and published (None: it read nothing); else an error naming the step to run."""
     run_id = plan.run_id
     for r in plan.ranges:
-        if r.partition in to_read and store.load_result(run_id, Step.consume(r), ReadStats) is None:
+        if r.partition in to_read and r.partition not in recorded.consumed:
             raise RuntimeError(f"run {run_id}: partition {r.partition} was never consumed; run its consume step")
     if not to_read:
         return None
-    if store.load_result(run_id, Step.REASSEMBLE, Reassembled) is None:
+    if recorded.reassembled is None:
         raise RuntimeError(f"run {run_id}: no reassembly result; run the reassemble step")
-    validation = store.load_result(run_id, Step.VALIDATE, Validated)
+    validation = recorded.validated
     if not (validation and validation.success and validation.published):
         raise RuntimeError(
             f"run {run_id}: its output was not validated and published"
