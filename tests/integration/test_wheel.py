@@ -230,7 +230,7 @@ def test_the_installed_package_runs_without_the_source_tree(installed):
     # an installed wavepipe keeps its state in the user's folders, never beside its code
     assert found["home"] == str(root / "user" / ".local" / "share" / "wavepipe"), found
     assert found["jars"] == str(root / "user" / ".cache" / "wavepipe" / "jars"), found
-    assert Path(found["reassemble_app"]).is_file() and (Path(found["dags"]) / "wavepipe_ingest.py").is_file()
+    assert Path(found["engine_app"]).is_file() and (Path(found["dags"]) / "wavepipe_ingest.py").is_file()
     # the Delta build resolved for this set's Spark
     assert found["delta"]["spark.binary"] == ".".join(installed.versions["pyspark"].split(".")[:2]), found
     assert _run([venv / "bin" / "wavepipe", "--version"], cwd=root, env=env).stdout.strip() == f"wavepipe {VERSION}"
