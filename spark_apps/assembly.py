@@ -298,6 +298,10 @@ def assemble_tasks(
 PUBLISHED_SCHEMA = pa.schema(
     [f for f in ARROW_OUTPUT_SCHEMA if f.name != "checksum_ok"] + [pa.field("run_id", pa.string(), False)]
 )
+#: zstd's level for the output's files: 1 compressed sampled float32 noise as tightly as pyarrow's
+#: default (3) did (92.4% of its size) at 1.2-2.6x the speed on this machine; random bytes do not
+#: compress at either.
+ZSTD_LEVEL = 1
 #: What a worker says of each Parquet file it wrote: its path under the table, and its rows.
 WRITTEN_SCHEMA = pa.schema([pa.field("path", pa.string(), False), pa.field("rows", pa.int64(), False)])
 
@@ -319,7 +323,7 @@ def write_parquet(batches: Iterator[pa.RecordBatch], target: FilesTarget) -> Ite
     """Write output rows (record batches of ``ARROW_OUTPUT_SCHEMA``) as Parquet files, one per
     partition value, each batch a row group of its own (``output_batch_bytes`` of payload, so a
     row group never holds more); yields one ``WRITTEN_SCHEMA`` batch once all are closed. The
-    payload goes from the batch into the file: no copy through the JVM. zstd, as Spark's files;
+    payload goes from the batch into the file: no copy through the JVM. zstd (``ZSTD_LEVEL``);
     no dictionary and no statistics for the payload (they would cost CPU and say nothing)."""
     writers: dict[tuple, tuple[str, pq.ParquetWriter]] = {}
     counts: dict[str, int] = {}
@@ -327,6 +331,7 @@ def write_parquet(batches: Iterator[pa.RecordBatch], target: FilesTarget) -> Ite
     stored = pa.schema([f for f in PUBLISHED_SCHEMA if f.name not in target.partition_by])
     settings = {
         "compression": "zstd",
+        "compression_level": ZSTD_LEVEL,
         "use_dictionary": [n for n in stored.names if n != "payload"],
         "write_statistics": [n for n in stored.names if n != "payload"],
         "filesystem": filesystem,
