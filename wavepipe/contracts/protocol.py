@@ -8,6 +8,7 @@ the waveform id, so all chunks of a waveform share a partition.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Sequence
@@ -181,6 +182,23 @@ def parse_chunk(headers: Sequence[tuple[str, bytes | None]] | None, value: bytes
         raise ProtocolError("missing_header", f"missing {', '.join(missing)}")
     if not value:
         raise ProtocolError("empty_value", "record value is empty")
+    meta, count, size, check = _waveform_headers(tuple(h[name] for name in _WAVEFORM_HEADERS))
+    seq = _int_header(h, H_SEQ, 0, INT32_MAX)
+    if seq >= count:
+        raise ProtocolError("malformed_header", f"{H_SEQ}={seq} is not below {H_COUNT}={count}")
+    return Chunk(meta, seq, count, size, check, value)
+
+
+#: The headers every chunk of a waveform repeats, in ``_waveform_headers``'s order.
+_WAVEFORM_HEADERS = (H_ID, H_SOURCE, H_DTYPE, H_CHECKSUM, H_COUNT, H_SIZE, H_CHANNELS, H_START, H_RATE)
+
+
+@functools.lru_cache(maxsize=4096)
+def _waveform_headers(values: tuple[bytes, ...]) -> tuple[WaveformMeta, int, int, str]:
+    """The waveform's facts from the headers all its chunks repeat (``_WAVEFORM_HEADERS``'s
+    values), checked once per waveform, not once per chunk: a reader sees the same values for
+    every chunk of a waveform (a ``ProtocolError`` is not cached: it is raised for each chunk)."""
+    h = dict(zip(_WAVEFORM_HEADERS, values, strict=True))
     try:
         waveform_id = h[H_ID].decode()
         source = h[H_SOURCE].decode()
@@ -198,7 +216,6 @@ def parse_chunk(headers: Sequence[tuple[str, bytes | None]] | None, value: bytes
         raise ProtocolError("malformed_header", f"{H_DTYPE}={dtype_str!r} is not a numeric scalar type")
     if not _CHECKSUM_RE.fullmatch(check):
         raise ProtocolError("malformed_header", f"{H_CHECKSUM} must be sha256:<64 lowercase hex digits>")
-    seq = _int_header(h, H_SEQ, 0, INT32_MAX)
     count = _int_header(h, H_COUNT, 1, INT32_MAX)
     size = _int_header(h, H_SIZE, 1, INT64_MAX)
     channels = _int_header(h, H_CHANNELS, 1, INT32_MAX)
@@ -209,12 +226,9 @@ def parse_chunk(headers: Sequence[tuple[str, bytes | None]] | None, value: bytes
         raise ProtocolError("malformed_header", f"{H_RATE}={h[H_RATE]!r} is not a number") from None
     if not rate > 0 or rate == float("inf"):
         raise ProtocolError("malformed_header", f"{H_RATE} must be a positive finite number")
-    if seq >= count:
-        raise ProtocolError("malformed_header", f"{H_SEQ}={seq} is not below {H_COUNT}={count}")
     if size % (dtype.itemsize * channels):
         raise ProtocolError("malformed_header", f"{H_SIZE}={size} is not whole samples of {dtype_str} x {channels}")
-    meta = WaveformMeta(waveform_id, dtype.str, channels, rate, start_ns, source)
-    return Chunk(meta, seq, count, size, check, value)
+    return WaveformMeta(waveform_id, dtype.str, channels, rate, start_ns, source), count, size, check
 
 
 def output_facts(facts: dict, size: int, n_chunks: int, partition: int, first_offset: int, last_offset: int) -> dict:
