@@ -528,6 +528,9 @@ def _reprocessed_again(settings, api, spark, t0, runs, by_start, group_offsets) 
     before = rows_by_id(spark, settings)
 
     _backfill(settings, api, t0, t0 + quarter, "completed", conf)  # "All Runs"
+    # the backfill clears its runs one after another: a run it has not reached yet still shows its
+    # first success, so its end is what says both were reprocessed
+    _wait_for_backfills_completed(settings, api)
     states = wait_for_runs(api, DAG_ID, sorted(runs))
     assert set(states.values()) == {"success"}, states
     again = {}

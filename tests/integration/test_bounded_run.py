@@ -172,12 +172,12 @@ def test_rerunning_the_same_plan_gives_identical_output(settings, spark):
 
     # a micro-batch of waveforms in order, appended to the table: one Spark job (the engine's own
     # list), the publish's: its Python workers write the Parquet files that delta-rs then commits
-    # (a map over the staged files, not a write operation of the JVM; issue 33: <= 4)
+    # (a map over the staged files; issue 33: <= 4)
     more = produce_demo(settings, count=3, target_bytes=16 * 1024)
     appended = pipeline.run_once(settings)
     assert appended["verified"] == {"while_read": len(more), "from_one_staged_file": 0, "by_a_shuffle": 0}
     jobs = appended["spark_jobs"]
-    assert jobs["count"] == 1 and jobs["jobs"][0]["kind"] == "map_partitions", jobs
+    assert jobs["count"] == 1 and jobs["by_step"] == {"reassemble": 1}, jobs
     assert len(output_rows(spark, settings)) == len(sent) + len(more)
 
 
