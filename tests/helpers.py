@@ -507,3 +507,17 @@ def otlp_metrics_receiver():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def commit_meanwhile(monkeypatch, commit) -> None:
+    """``commit()`` by another writer once, between a publish's write (``tables.append_new``) and
+    its commit: at its ``publish.before_commit`` failpoint."""
+    from wavepipe.spark_apps import tables
+
+    pending = [commit]
+
+    def failpoint(name: str) -> None:
+        if name == "publish.before_commit" and pending:
+            pending.pop()()
+
+    monkeypatch.setattr(tables, "failpoint", failpoint)

@@ -14,6 +14,7 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.transaction import CommitProperties, Transaction
 
+from tests.helpers import commit_meanwhile
 from wavepipe.delta_txn import Txn
 from wavepipe.spark_apps import tables
 from wavepipe.spark_apps.tables import append_new, read_delta
@@ -38,17 +39,6 @@ def writes(monkeypatch) -> list[str]:
     return folders
 
 
-def _meanwhile(monkeypatch, commit) -> None:
-    """``commit()`` by another writer once, between ``append_new``'s write and its commit."""
-    pending = [commit]
-
-    def failpoint(name: str) -> None:
-        if name == "publish.before_commit" and pending:
-            pending.pop()()
-
-    monkeypatch.setattr(tables, "failpoint", failpoint)
-
-
 def _older_run(path, ids: list[str], version: int) -> None:
     """An older run of the group (its transaction id, a lower version) committing ``ids`` late."""
     rows = pa.table({"waveform_id": ids, "n": [0] * len(ids), "date": [DAY] * len(ids)})
@@ -69,15 +59,19 @@ def _ids(spark, path) -> list[str]:
     return sorted(r[0] for r in read_delta(spark, path).select("waveform_id").collect())
 
 
-def test_the_engines_files_are_committed_again_not_written_again(spark, tmp_path, monkeypatch, writes, caplog):
-    path = tmp_path / "waveforms"
+def _append_while_an_older_run_commits(spark, path, monkeypatch, caplog, ids: list[str]) -> None:
+    """Run 7 appends ``ids`` to a table of ``a`` (run 5), checked at that version; between its
+    write and its commit, run 6 commits ``b`` late."""
     _older_run(path, ["a"], 5)
     checked = DeltaTable(str(path)).version()
-    _meanwhile(monkeypatch, lambda: _older_run(path, ["b"], 6))
+    commit_meanwhile(monkeypatch, lambda: _older_run(path, ["b"], 6))
     with caplog.at_level(logging.INFO, logger="wavepipe.tables"):
-        append_new(
-            _frame(spark, ["c", "d"]), path, ["waveform_id"], ["date"], checked, Txn(APP, 7, "run 7"), ["c", "d"]
-        )
+        append_new(_frame(spark, ids), path, ["waveform_id"], ["date"], checked, Txn(APP, 7, "run 7"), ids)
+
+
+def test_the_engines_files_are_committed_again_not_written_again(spark, tmp_path, monkeypatch, writes, caplog):
+    path = tmp_path / "waveforms"
+    _append_while_an_older_run_commits(spark, path, monkeypatch, caplog, ["c", "d"])
     assert len(writes) == 1, "the engine wrote the rows again"
     table = DeltaTable(str(path))
     log = (path / "_delta_log" / f"{table.version():020d}.json").read_text().splitlines()
@@ -93,13 +87,7 @@ def test_keys_another_writer_committed_meanwhile_are_decided_again(spark, tmp_pa
     """The older run committed ``b`` too: the files written cannot be committed as they are, so
     the rows are decided again from the table (one more write, of ``c`` only); each key once."""
     path = tmp_path / "waveforms"
-    _older_run(path, ["a"], 5)
-    checked = DeltaTable(str(path)).version()
-    _meanwhile(monkeypatch, lambda: _older_run(path, ["b"], 6))
-    with caplog.at_level(logging.INFO, logger="wavepipe.tables"):
-        append_new(
-            _frame(spark, ["b", "c"]), path, ["waveform_id"], ["date"], checked, Txn(APP, 7, "run 7"), ["b", "c"]
-        )
+    _append_while_an_older_run_commits(spark, path, monkeypatch, caplog, ["b", "c"])
     assert len(writes) == 2
     assert _ids(spark, path) == ["a", "b", "c"]
     assert DeltaTable(str(path)).transaction_version(APP) == 7

@@ -23,6 +23,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import CommitProperties, Transaction
 from pyspark.sql import types as T
 
+from tests.helpers import commit_meanwhile
 from wavepipe.delta_txn import Txn
 from wavepipe.spark_apps import tables
 from wavepipe.spark_apps.tables import COMMIT_TRIES, append_new, decided_again_on_conflict, is_commit_conflict
@@ -116,17 +117,6 @@ def writes(monkeypatch) -> list[str]:
     return folders
 
 
-def _meanwhile(monkeypatch, commit) -> None:
-    """``commit()`` by another writer once, between ``append_new``'s write and its commit."""
-    pending = [commit]
-
-    def failpoint(name: str) -> None:
-        if name == "publish.before_commit" and pending:
-            pending.pop()()
-
-    monkeypatch.setattr(tables, "failpoint", failpoint)
-
-
 def _other_writer(path: Path, ids: list[str], txn: tuple[str, int] | None) -> None:
     properties = CommitProperties(app_transactions=[Transaction(*txn)]) if txn else None
     write_deltalake(str(path), _rows(ids), mode="append", partition_by=["date"], commit_properties=properties)
@@ -161,10 +151,10 @@ def test_a_commit_that_lost_commits_the_same_files_again_without_writing_them_ag
     if meanwhile.startswith("an older run"):
         _other_writer(path, ["a"], (APP, 5))
         checked = DeltaTable(str(path)).version()
-        _meanwhile(monkeypatch, lambda: _other_writer(path, ["b"], (APP, 6)))
+        commit_meanwhile(monkeypatch, lambda: _other_writer(path, ["b"], (APP, 6)))
     else:
         checked = None
-        _meanwhile(monkeypatch, lambda: _other_writer(path, ["a", "b"], None))
+        commit_meanwhile(monkeypatch, lambda: _other_writer(path, ["a", "b"], None))
     with caplog.at_level(logging.INFO, logger="wavepipe.tables"):
         append_new(_Frame(["c", "d"]), path, ["waveform_id"], ["date"], checked, Txn(APP, 7, "run 7"), ["c", "d"])
     assert len(writes) == 1, "the rows were written again"
@@ -183,7 +173,7 @@ def test_a_twin_that_committed_the_transaction_leaves_the_files_in_no_version(tm
     path = tmp_path / "waveforms"
     _other_writer(path, ["a"], (APP, 6))
     checked = DeltaTable(str(path)).version()
-    _meanwhile(monkeypatch, lambda: _other_writer(path, ["b", "c"], (APP, 7)))
+    commit_meanwhile(monkeypatch, lambda: _other_writer(path, ["b", "c"], (APP, 7)))
     with caplog.at_level(logging.INFO, logger="wavepipe.tables"):
         append_new(_Frame(["b", "c"]), path, ["waveform_id"], ["date"], checked, Txn(APP, 7, "run 7"), ["b", "c"])
     table = DeltaTable(str(path))
@@ -217,7 +207,7 @@ def test_a_commit_that_keeps_losing_is_tried_commit_tries_times_with_the_same_fi
 def test_an_error_that_is_not_a_conflict_is_not_tried_again(tmp_path, monkeypatch, writes):
     path = tmp_path / "waveforms"
     _other_writer(path, ["a"], (APP, 1))
-    _meanwhile(monkeypatch, lambda: _other_writer(path, ["b"], (APP, 2)))  # a conflict, then...
+    commit_meanwhile(monkeypatch, lambda: _other_writer(path, ["b"], (APP, 2)))  # a conflict, then...
 
     def refused(*args, **kwargs):
         raise OSError("Generic LocalFileSystem error: permission denied")
