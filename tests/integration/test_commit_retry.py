@@ -92,3 +92,61 @@ def test_keys_another_writer_committed_meanwhile_are_decided_again(spark, tmp_pa
     assert _ids(spark, path) == ["a", "b", "c"]
     assert DeltaTable(str(path)).transaction_version(APP) == 7
     assert "cannot be committed again: 1 of their rows have keys the table holds now (e.g. b)" in caplog.text
+
+
+def _worker_writes(spark, tmp_path, ids: list[str], run_id: str):
+    """A publish's waveforms as the workers write them (``tables.WorkerWrites``, the real
+    ``written_by_workers`` on the engine), from waveforms ``ids`` staged in one file; counts its
+    writes in ``.writes``."""
+    import pyarrow.parquet as pq
+    from pyspark.sql import functions as F
+
+    from tests.helpers import chunk_rows, waveform_records
+    from wavepipe.consumers.staging import CHUNK_SCHEMA
+    from wavepipe.spark_apps.assembly import PUBLISHED_SCHEMA, assemble_file
+    from wavepipe.spark_apps.reassemble import written_by_workers
+
+    staged = tmp_path / f"{run_id}.parquet"
+    records = [r for i in ids for r in waveform_records(i, 3, seed=len(i) + ord(i[0]))[0]]
+    pq.write_table(pa.Table.from_pylist(chunk_rows(records), schema=CHUNK_SCHEMA), staged)
+    rows = pa.Table.from_batches(list(assemble_file(str(staged), set(ids), strict=True)))
+    frame = spark.createDataFrame(rows.to_pandas())
+
+    def files(target, skip: set[str]):
+        source.writes += 1
+        return written_by_workers(frame.where(~F.col("waveform_id").isin(sorted(skip))), target)
+
+    source = tables.WorkerWrites(PUBLISHED_SCHEMA, run_id, files)
+    source.writes = 0
+    return source, {r["waveform_id"]: r["payload"] for r in rows.to_pylist()}
+
+
+@pytest.mark.parametrize(("mine", "writes_expected"), [(["c", "d"], 1), (["b", "c"], 2)])
+def test_the_workers_files_are_committed_again_or_decided_again_without_the_keys_there(
+    spark, tmp_path, monkeypatch, caplog, mine, writes_expected
+):
+    """The publish's own path (the workers write the files): run 6 of the group commits ``b``
+    between run 7's write and its commit. Without a shared key the same files are committed
+    (no second write); with ``b`` among them, the rows are written again without it. delta-rs
+    reads every waveform back once, its bytes as written."""
+    path = tmp_path / "waveforms"
+    first, payloads = _worker_writes(spark, tmp_path, ["a"], "run-5")
+    append_new(first, path, ["waveform_id"], ["date"], None, Txn(APP, 5, "run 5"), ["a"])
+    late, late_payloads = _worker_writes(spark, tmp_path, ["b"], "run-6")
+    source, mine_payloads = _worker_writes(spark, tmp_path, mine, "run-7")
+    checked = DeltaTable(str(path)).version()
+    commit_meanwhile(
+        monkeypatch, lambda: append_new(late, path, ["waveform_id"], ["date"], None, Txn(APP, 6, "run 6"), ["b"])
+    )
+    with caplog.at_level(logging.INFO, logger="wavepipe.tables"):
+        append_new(source, path, ["waveform_id"], ["date"], checked, Txn(APP, 7, "run 7"), mine)
+    assert source.writes == writes_expected
+    said = "committing the files already written" if writes_expected == 1 else "cannot be committed again"
+    assert said in caplog.text, caplog.text  # the commit met run 6's, in both cases
+    table = DeltaTable(str(path))
+    assert table.transaction_version(APP) == 7
+    read = table.to_pyarrow_table(columns=["waveform_id", "payload", "run_id"]).to_pylist()
+    assert sorted(r["waveform_id"] for r in read) == sorted({"a", "b", *mine})
+    expected = {**payloads, **late_payloads, **mine_payloads}
+    assert all(r["payload"] == expected[r["waveform_id"]] for r in read)
+    assert {r["waveform_id"]: r["run_id"] for r in read}["b"] == "run-6"
