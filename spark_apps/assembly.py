@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -69,7 +70,7 @@ STAGED_CHANGED = "wavepipe: staged chunks changed on disk"
 #: The chunk columns every chunk of a waveform repeats (those of its output row).
 _FACTS = ("waveform_id", "source", "dtype", "channels", "sample_rate", "start_ns", "checksum", "topic")
 #: The chunk columns ``assemble_file`` reads.
-_READ = (*_FACTS, "seq", "chunk_count", "offset", "partition", "payload")
+_READ = (*_FACTS, "seq", "chunk_count", "offset", "partition")
 _DEFAULT_BATCH_BYTES = Settings.model_fields["output_batch_bytes"].default
 
 
@@ -93,9 +94,30 @@ def output_batch(rows: list[dict]) -> pa.RecordBatch:
             arrays.append(pa.array(values, pa.int64()).cast(f.type))
         elif pa.types.is_date32(f.type):
             arrays.append(pa.array(values, pa.int32()).cast(f.type))
+        elif f.name == "payload":
+            arrays.append(_binary(values))
         else:
             arrays.append(pa.array(values, f.type))
     return pa.RecordBatch.from_arrays(arrays, schema=ARROW_OUTPUT_SCHEMA)
+
+
+def _binary(values: list[bytes | memoryview | None]) -> pa.Array:
+    """Payloads (bytes, views of a staged row group, or None) as one binary array, each copied
+    once. Not ``pa.array``: it keeps every view's buffer alive (pyarrow 26), so a worker would
+    hold each staged row group it ever read."""
+    sizes = np.fromiter((0 if v is None else len(v) for v in values), np.int64, len(values))
+    offsets = np.zeros(len(values) + 1, np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        raise ValueError(f"{offsets[-1]} bytes of payload in one batch; a binary column holds less than 2 GiB")
+    data = np.empty(int(offsets[-1]), np.uint8)
+    for value, start, end in zip(values, offsets[:-1], offsets[1:], strict=True):
+        if value is not None:
+            data[start:end] = np.frombuffer(value, np.uint8)
+    nulls = any(v is None for v in values)
+    valid = pa.array([v is not None for v in values]).buffers()[1] if nulls else None
+    buffers = [valid, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data)]
+    return pa.Array.from_buffers(pa.binary(), len(values), buffers, null_count=sum(v is None for v in values))
 
 
 def _changed(message: str, notes: str | None, reach: S3Options | None = None) -> RuntimeError:
@@ -157,6 +179,32 @@ def assemble_arrow(
     return pa.Table.from_batches([output_batch([row])])
 
 
+class _Payloads:
+    """The payload column of one record batch, handed out as spans of its data buffer (no copy).
+    The batches of one staged row group are slices of one buffer: a span's ends are places in it."""
+
+    def __init__(self, column: pa.BinaryArray):
+        _, offsets, data = column.buffers()
+        self.address = data.address if data is not None else 0
+        self.data = memoryview(data) if data is not None else memoryview(b"")
+        self.ends = np.frombuffer(offsets, dtype=np.int32)[column.offset : column.offset + len(column) + 1].tolist()
+
+    def span(self, i: int) -> tuple[_Payloads, int, int]:
+        """Chunk ``i``'s payload: (this column, where it starts and ends in the data buffer)."""
+        return self, self.ends[i], self.ends[i + 1]
+
+
+def joined(spans: list[tuple[_Payloads, int, int]]) -> memoryview | bytes:
+    """Chunk payloads joined in the order given: a view of the staged row group's own buffer when
+    they lie there one after the other, as a reader stages an in-order waveform; else one copy."""
+    column, start, end = spans[0]
+    for other, begins, ends in spans[1:]:
+        if other.address != column.address or begins != end:
+            return b"".join(c.data[s:e] for c, s, e in spans)
+        end = ends
+    return column.data[start:end]
+
+
 class _FileJoin:
     """The wanted waveforms of one staged file being joined, fed one record batch at a time.
     ``wanted``: id -> ``wp-checksum`` (None: any); chunks of a wanted id under another checksum
@@ -180,14 +228,15 @@ class _FileJoin:
         if self.wanted.keys().isdisjoint(ids):
             return
         cols = {name: batch.column(name).to_pylist() for name in _READ}  # a column at a time: fewer objects
+        payloads = _Payloads(batch.column("payload"))
         for i, wid in enumerate(ids):
             if wid in self.wanted and self.wanted[wid] in (None, cols["checksum"][i]):
                 parts = self._chunks_of(wid, cols, i)
-                parts[cols["seq"][i]] = cols["payload"][i]
+                parts[cols["seq"][i]] = payloads.span(i)
                 if len(parts) == cols["chunk_count"][i]:
                     yield self._joined(wid, cols["offset"][i])
 
-    def _chunks_of(self, wid: str, cols: dict[str, list], i: int) -> dict[int, bytes]:
+    def _chunks_of(self, wid: str, cols: dict[str, list], i: int) -> dict[int, tuple]:
         if wid not in self.open:
             facts = {name: cols[name][i] for name in _FACTS}
             self.open[wid] = {
@@ -200,7 +249,7 @@ class _FileJoin:
 
     def _joined(self, wid: str, last_offset: int) -> dict:
         w = self.open.pop(wid)
-        payload = b"".join(w["parts"][k] for k in sorted(w["parts"]))
+        payload = joined([w["parts"][k] for k in sorted(w["parts"])])
         row = output_row(w["facts"], payload, len(w["parts"]), w["partition"], w["first"], last_offset, self.keep)
         if self.strict and not row["checksum_ok"]:
             expected = w["facts"]["checksum"]
@@ -252,24 +301,22 @@ def assemble_file(
     buffered = 0
     source = path if reach is None else open_input(path, reach)
     staged = pq.ParquetFile(source, pre_buffer=False)  # pre-buffering would read the whole file ahead
-    for batch in _row_group_batches(staged):
+    for index in range(staged.num_row_groups):  # one in memory at a time (``staging_flush_bytes``)
         if join.finished:
             break
-        for row in join.feed(batch):
-            rows.append(row)
-            buffered += 0 if verify_only else row["size_bytes"]
-            if buffered >= batch_bytes:
-                yield output_batch(rows)
-                rows, buffered = [], 0
+        for batch in staged.read_row_group(index).to_batches(max_chunksize=256):
+            if join.finished:
+                break
+            for row in join.feed(batch):
+                rows.append(row)
+                buffered += 0 if verify_only else row["size_bytes"]
+                if buffered >= batch_bytes:
+                    yield output_batch(rows)
+                    rows, buffered = [], 0
+        if rows:  # their payloads are views of this row group: out before the next one is read
+            yield output_batch(rows)
+            rows, buffered = [], 0
     join.check_complete()
-    if rows:
-        yield output_batch(rows)
-
-
-def _row_group_batches(staged: pq.ParquetFile, rows: int = 256) -> Iterator[pa.RecordBatch]:
-    """One row group in memory at a time (the reader wrote them ``staging_flush_bytes`` big)."""
-    for index in range(staged.num_row_groups):
-        yield from staged.read_row_group(index).to_batches(max_chunksize=rows)
 
 
 def assemble_tasks(
