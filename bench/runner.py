@@ -90,7 +90,7 @@ class Measurement:
 
 def run_bench(settings: Settings, options: BenchOptions) -> dict:
     from wavepipe.consumers.kafka_admin import ensure_topic
-    from wavepipe.local.engine import LocalEngine
+    from wavepipe.local.engine_server import LocalEngine
     from wavepipe.local.kafka import LocalKafka
 
     began = time.monotonic()  # "in all": the engine's cold start and warm-up included
@@ -206,8 +206,8 @@ def measure_engine_start(settings: Settings) -> dict | None:
     where the engine is busy with someone's step (it is not stopped under a run)."""
     if settings.spark_engine != "connect" or settings.spark_remote:
         return None
-    from wavepipe.engine import attached
-    from wavepipe.local.engine import LocalEngine
+    from wavepipe.engine_client import attached
+    from wavepipe.local.engine_server import LocalEngine
 
     engine = LocalEngine(settings)
     if engine.pid() is not None:
@@ -363,7 +363,7 @@ def _delete_prefix(prefix: str) -> None:
 
 def _engine_pid(settings: Settings) -> int | None:
     """The pid of the local Spark engine wavepipe's runs attach to (None: none on this machine)."""
-    from wavepipe.local.engine import LocalEngine
+    from wavepipe.local.engine_server import LocalEngine
 
     return LocalEngine(settings).pid() if settings.spark_engine == "connect" and not settings.spark_remote else None
 

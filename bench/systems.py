@@ -169,7 +169,7 @@ def wavepipe_run(
         consume_in_process_max_records=settings.consume_in_process_max_records if small_reads_in_process else 0,
     )
     if s.spark_engine == "connect" and not s.spark_remote:  # the bench home's engine, warm, not one per workdir
-        from wavepipe.local.engine import LocalEngine
+        from wavepipe.local.engine_server import LocalEngine
 
         engine = LocalEngine(settings)
         s = s.replace(spark_remote=engine.ensure_up(), spark_ui=engine.ui_url() or "")
@@ -278,7 +278,7 @@ def _ranges_args(settings: Settings, topic: str, ranges: Ranges, out: Path) -> l
 
 def spark_kafka_source(settings: Settings, topic: str, ranges: Ranges, workdir: Path, parallelism: int) -> Outcome:
     """Spark's own Kafka batch source with a group-by reassembly, through spark-submit."""
-    from wavepipe import spark
+    from wavepipe import spark_launch
     from wavepipe.local.jars import spark_jars
 
     kafka_jars = sorted(resolve_spark_kafka_jars(settings).glob("*.jar"))
@@ -287,7 +287,7 @@ def spark_kafka_source(settings: Settings, topic: str, ranges: Ranges, workdir: 
     workdir.mkdir(parents=True, exist_ok=True)
     out, result_file = workdir / "output", workdir / "result.json"
     began = time.monotonic()
-    spark.submit(
+    spark_launch.submit(
         s,
         HERE / "spark_kafka_app.py",
         *_ranges_args(settings, topic, ranges, out),

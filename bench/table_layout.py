@@ -277,9 +277,9 @@ def _append_batches(spark, path: Path, options: LayoutOptions, batches: int, par
 
 
 def run_layout(settings: Settings, options: LayoutOptions) -> dict:
-    from wavepipe import engine, maintenance
+    from wavepipe import engine_client, maintenance
     from wavepipe.bench.runner import machine_info
-    from wavepipe.local.engine import LocalEngine
+    from wavepipe.local.engine_server import LocalEngine
     from wavepipe.spark_apps.tables import TABLE_KEYS, delta_writer, read_delta
 
     began = time.monotonic()
@@ -296,7 +296,7 @@ def run_layout(settings: Settings, options: LayoutOptions) -> dict:
     log.info("table layout: starting a Spark engine for %s", s.home)
     try:  # started inside: stopped also when a signal comes while it starts
         LocalEngine(s).up()
-        with engine.attached(s) as spark:
+        with engine_client.attached(s) as spark:
             commits = _append_batches(spark, micro, options, options.batches, layout)
             if options.legacy_batches:
                 legacy = s.tables_dir / "legacy_layout"

@@ -260,7 +260,7 @@ def _wavepipe_system(
     ``watcher_load`` measured on its idle topic before them."""
     from wavepipe.consumers.kafka_admin import ensure_topic
     from wavepipe.local import airflow as local
-    from wavepipe.local.engine import LocalEngine
+    from wavepipe.local.engine_server import LocalEngine
     from wavepipe.local.kafka import free_port
     from wavepipe.pipeline import run_once
 
@@ -489,11 +489,11 @@ class _StreamingApp:
         self.thread = threading.Thread(target=self._submit, name="spark-streaming", daemon=True)
 
     def _submit(self) -> None:
-        from wavepipe import spark
+        from wavepipe import spark_launch
 
         f = self.folder
         try:
-            spark.submit(
+            spark_launch.submit(
                 self.settings,
                 HERE / "spark_streaming_app.py",
                 *("--bootstrap", self.settings.bootstrap_servers, "--topic", self.topic, "--out", str(f / "table")),

@@ -140,8 +140,8 @@ def spark_appends(spark, path: Path, scheme: str, start: int, appends: int = SPA
 
 def measure(settings: Settings, size: TxnStateSize) -> dict:
     """Both schemes grown side by side, then appended to through Spark (an engine of its own)."""
-    from wavepipe import engine
-    from wavepipe.local.engine import LocalEngine
+    from wavepipe import engine_client
+    from wavepipe.local.engine_server import LocalEngine
 
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     s = settings.replace(home=settings.home / "bench" / f"txn-state-{stamp}", spark_remote="", spark_engine="connect")
@@ -159,7 +159,7 @@ def measure(settings: Settings, size: TxnStateSize) -> dict:
     log.info("txn state: starting a Spark engine for %s", s.home)
     try:  # started inside: stopped also when a signal comes while it starts
         LocalEngine(s).up()
-        with engine.attached(s) as spark:
+        with engine_client.attached(s) as spark:
             for scheme in SCHEMES:
                 timed = spark_appends(spark, s.tables_dir / scheme, scheme, commits + 1, size.spark_appends)
                 result["schemes"][scheme]["spark_append_s"] = timed

@@ -11,8 +11,9 @@ where it would go, and the lag before and after) and applied only on request. Th
 - **Whole waveforms.** A target inside a waveform moves back to that waveform's first chunk
   (``boundaries.scan_boundaries``), so the next run never sees a waveform without its beginning;
   the output is idempotent, so re-reading a few chunks already written emits nothing twice.
-- **Compare-and-set.** Applying re-reads the committed offsets and refuses if they moved since
-  the plan; the committed offsets carry ``{"rewind": <audit id>}`` as metadata, so
+- **Checked against the plan.** Applying re-reads the committed offsets and refuses if they moved
+  since the plan (a check just before the commit: Kafka has no compare-and-set for offsets); the
+  committed offsets carry ``{"rewind": <audit id>}`` as metadata, so
   ``kafka-consumer-groups --describe`` and the next run's report can tell who put them there.
 - **Audited.** Every applied rewind, and every refused attempt to apply one, is appended as one
   JSON line to ``<home>/audit/rewinds.jsonl`` (who, when, why, from/to per partition).

@@ -33,7 +33,7 @@ from wavepipe.contracts.errors import did_you_mean
 from wavepipe.plugins import dag_docs
 from wavepipe.plugins.assets import topic_asset
 from wavepipe.plugins.hooks import SPARK_CONN_ID, WavepipeHook
-from wavepipe.plugins.maintenance import OptimizeTablesOperator, VacuumTablesOperator
+from wavepipe.plugins.maintenance_operators import OptimizeTablesOperator, VacuumTablesOperator
 from wavepipe.plugins.operators import (
     CommitOperator,
     ConsumeOperator,
@@ -44,7 +44,7 @@ from wavepipe.plugins.operators import (
     ValidateOperator,
     plain_settings,
 )
-from wavepipe.plugins.rewind import RewindOperator
+from wavepipe.plugins.rewind_operator import RewindOperator
 from wavepipe.plugins.schedules import BackfillWindows, window_kind, windows_of
 from wavepipe.plugins.triggers import ClockTrigger, GroupLagTrigger
 

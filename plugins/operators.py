@@ -5,7 +5,7 @@ Retries are safe: the plan step reuses the run's frozen plan, consume overwrites
 staged files, reassemble replaces the run's private candidate tables (nothing published), validate
 publishes only after every run-level expectation holds, appending keys not in the tables yet in
 one Delta commit per table under the group's transaction (a retried publish commits nothing
-twice), and commit is a compare-and-set on the group's offsets.
+twice), and commit checks the group's offsets against the plan just before committing them.
 """
 
 from __future__ import annotations

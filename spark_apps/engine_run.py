@@ -28,9 +28,9 @@ from wavepipe.contracts.plan import RunPlan
 from wavepipe.contracts.report import append_validation_history, describe_safely
 from wavepipe.contracts.runfiles import RunStore, Step
 from wavepipe.contracts.steps import Reassembled, Validated
-from wavepipe.spark import phase
 from wavepipe.spark_apps import publish, reassemble, validate
 from wavepipe.spark_apps.app import load_run, output_lock
+from wavepipe.spark_launch import phase
 
 log = logging.getLogger("wavepipe.engine_run")
 

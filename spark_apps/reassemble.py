@@ -15,7 +15,7 @@ returns the run's accounting; the Spark parts (``assemble``, ``assemble_local``)
   row made from the chunks' metadata alone (the ``manifest``), so no payload is read here. Only
   the other waveforms (out of order, repeated, spread over partitions) are assembled now, by
   Spark, to verify them: their metadata comes back, their payload is not written anywhere;
-* the metadata is worked on once, in this process (``spark_apps/metadata.py``: pyarrow and
+* the metadata is worked on once, in this process (``spark_apps/classify.py``: pyarrow and
   pandas, no Spark job): classification, routes, accounting, quarantine rows, the manifest; the
   run's ids are looked up in the published tables by delta-rs (``tables.id_rows``);
 * nothing is published here: the manifest, quarantine and dead-letter rows go to the run's
@@ -56,7 +56,7 @@ from wavepipe.spark_apps.assembly import (
     assemble_tasks,
     write_parquet,
 )
-from wavepipe.spark_apps.metadata import (
+from wavepipe.spark_apps.classify import (
     CANDIDATE,
     DIGEST,
     LOCAL,
@@ -194,7 +194,7 @@ class _Found:
 def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> tuple[Reassembled, pa.Table | None]:
     """Reassemble run ``plan``'s staged chunks into its candidate tables; return the accounting.
 
-    The chunk metadata is classified in this process (``spark_apps/metadata.py``), the run's ids
+    The chunk metadata is classified in this process (``spark_apps/classify.py``), the run's ids
     looked up in the output and quarantine tables by delta-rs; Spark assembles (to verify them)
     only the waveforms its readers could not verify as they staged them (out of order, spread over
     partitions). Returns the accounting and the manifest it wrote (None: no new waveform), which

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from wavepipe.contracts.steps import ValidationQuarantine
 from wavepipe.expectations import quarantine_reason
-from wavepipe.spark_apps.metadata import QUARANTINED, accounting, quarantine_rows, read_meta
+from wavepipe.spark_apps.classify import QUARANTINED, accounting, quarantine_rows, read_meta
 
 #: What GX lists of each failing row: enough to find the waveform's chunks and its place.
 INDEX_COLUMNS = ("waveform_id", "checksum", "partition", "first_offset")

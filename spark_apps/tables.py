@@ -589,7 +589,7 @@ def _keys_in(path: str, keys: list[str], scope: list[str] | tuple[str, dict]):
         return id_rows(path, scope, keys)
     import pyarrow.compute as pc
 
-    from wavepipe.spark_apps.metadata import inside_window
+    from wavepipe.spark_apps.classify import inside_window
 
     topic, offsets = scope
     if not offsets:

@@ -81,7 +81,7 @@ def kafka(tmp_path_factory):
 @pytest.fixture(scope="session")
 def engine(tmp_path_factory):
     """One warm Spark engine (a Spark Connect server in local mode) per test worker: every test's
-    runs attach to it, as runs attach to a home's engine (``wavepipe.engine``). Its URL carries
+    runs attach to it, as runs attach to a home's engine (``wavepipe.engine_client``). Its URL carries
     the engine's shared session."""
     from tests.helpers import local_engine
 
@@ -102,7 +102,7 @@ def settings(kafka, engine, tmp_path) -> Settings:
 def own_engine(settings):
     """``settings`` with a Spark engine of the test's own (its home's, started on demand by the
     first run, stopped after the test): for tests that kill the engine."""
-    from wavepipe.local.engine import LocalEngine
+    from wavepipe.local.engine_server import LocalEngine
     from wavepipe.local.kafka import free_port
 
     own = settings.replace(spark_remote="", spark_connect_port=free_port())

@@ -21,7 +21,7 @@ from wavepipe import storage
 from wavepipe.contracts.config import Settings, load_settings
 from wavepipe.contracts.protocol import checksum, split_waveform
 from wavepipe.local import airflow as local
-from wavepipe.spark import settings_env
+from wavepipe.spark_launch import settings_env
 
 START = datetime(2026, 11, 2, 8, 30, tzinfo=UTC)
 
@@ -121,7 +121,7 @@ def start_python(settings: Settings, code: str, failpoints: str | None = None, *
     import sys
 
     from wavepipe.contracts.config import PROJECT_ROOT
-    from wavepipe.spark import settings_env
+    from wavepipe.spark_launch import settings_env
 
     env = {**os.environ, **settings_env(settings)}
     env.pop("WAVEPIPE_FAILPOINTS", None)
@@ -304,7 +304,7 @@ def rows_by_id(spark, settings: Settings) -> dict[str, tuple]:
 def local_engine(home: Path, **changes):
     """A warm Spark engine of a test's own (this home's Spark Connect server in local mode, on a
     free port), not started yet; ``changes``: its other settings."""
-    from wavepipe.local.engine import LocalEngine
+    from wavepipe.local.engine_server import LocalEngine
     from wavepipe.local.kafka import free_port
 
     return LocalEngine(

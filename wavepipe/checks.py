@@ -63,7 +63,7 @@ def check_kafka(settings: Settings, timeout_s: float = 10.0) -> Check:
 
 def check_engine(settings: Settings) -> Check:
     """The Spark engine attaches and runs a query: its version and the query's seconds."""
-    from wavepipe.local.engine import LocalEngine
+    from wavepipe.local.engine_server import LocalEngine
 
     if settings.spark_engine == "submit":
         return Check(
@@ -73,7 +73,7 @@ def check_engine(settings: Settings) -> Check:
         return Check("spark", None, "this home's engine is not running; a run starts it (`wavepipe spark up` now)")
 
     def attempt() -> Check:
-        from wavepipe.engine import attached
+        from wavepipe.engine_client import attached
 
         with attached(settings) as spark:
             began = time.monotonic()

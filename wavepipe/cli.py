@@ -42,7 +42,7 @@ def cmd_kafka(args) -> int:
 
 
 def cmd_spark(args) -> int:
-    from wavepipe.local.engine import LocalEngine
+    from wavepipe.local.engine_server import LocalEngine
 
     settings = _settings(args)
     if settings.spark_remote and args.action not in ("status", "serve"):  # serve: the remote server itself

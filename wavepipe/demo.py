@@ -22,7 +22,7 @@ def run_demo(settings: Settings, *, count: int, waveform_bytes: int, dags_test: 
 
         print(f"      {LocalObjectStore.from_settings(settings).up()}", flush=True)
     if settings.spark_engine == "connect" and not settings.spark_remote:
-        from wavepipe.local.engine import LocalEngine
+        from wavepipe.local.engine_server import LocalEngine
 
         print(f"      {LocalEngine(settings).up()}", flush=True)
     ensure_topic(settings)
@@ -86,7 +86,7 @@ def run_demo(settings: Settings, *, count: int, waveform_bytes: int, dags_test: 
 
 
 def _check_output(settings: Settings, sent) -> list[str]:
-    from wavepipe.engine import table_session
+    from wavepipe.engine_client import table_session
     from wavepipe.spark_apps.verify import compare_to_manifest
 
     with table_session(settings) as spark:

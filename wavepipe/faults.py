@@ -7,9 +7,9 @@ these, or several joined by ``+`` (``sleep:3+kill-app``):
 
 * ``kill``: SIGKILL this process (a crash: no ``finally``, no cleanup);
 * ``kill-app``: SIGKILL every process of the Spark app this code runs in: inside an app started
-  by ``wavepipe.spark.submit`` (driver JVM, Python driver, Python workers) or a Python worker of
+  by ``wavepipe.spark_launch.submit`` (driver JVM, Python driver, Python workers) or a Python worker of
   a local Spark engine, that app or engine; in a step attached to this home's local engine
-  (``wavepipe.engine``), the engine (JVM and Python workers), after which the step fails as it
+  (``wavepipe.engine_client``), the engine (JVM and Python workers), after which the step fails as it
   does when its server dies (``InjectedFault``);
 * ``raise``: raise ``InjectedFault`` (a clean failure of the step);
 * ``sleep:<seconds>``: pause, e.g. to restart the broker under a running reader.
@@ -114,8 +114,8 @@ def failpoint(name: str, spec: str | None = None, scope: str = "") -> None:
 
 
 def kill_spark_app() -> None:
-    """SIGKILL every process of the session this Spark app runs in (``wavepipe.spark.submit`` and
-    ``wavepipe.engine`` start spark-submit as a session leader); in a step attached to a local
+    """SIGKILL every process of the session this Spark app runs in (``wavepipe.spark_launch.submit`` and
+    ``wavepipe.engine_client`` start spark-submit as a session leader); in a step attached to a local
     engine, that engine's. Refuse anywhere else (it would be a test runner)."""
     from wavepipe.local import processes
 
@@ -123,7 +123,7 @@ def kill_spark_app() -> None:
     if not processes.alive(sid, "org.apache.spark.deploy.SparkSubmit"):
         if _engine_pid is None:
             raise InjectedFault(
-                "kill-app: this process is not inside an app started by wavepipe.spark.submit "
+                "kill-app: this process is not inside an app started by wavepipe.spark_launch.submit "
                 "and works on no local Spark engine"
             )
         # the engine this step is attached to: JVM and Python workers

@@ -249,12 +249,12 @@ def status(settings: Settings, tables: list[str] | None = None) -> list[TableSta
 def _writing(settings: Settings, what: str) -> Iterator[object]:
     """A Spark session that holds the output tables as their sole writer (as a run's Spark step
     does): waits for a run's step that holds them, interrupts what a dead one left running."""
-    from wavepipe import engine
+    from wavepipe import engine_client
     from wavepipe.spark_apps.app import output_lock
 
     with output_lock(settings, RunStore(settings)):
         log.info("%s: holding the tables in %s", what, settings.tables_dir)
-        with engine.table_session(settings) as spark, engine.sole_writer(spark, settings):
+        with engine_client.table_session(settings) as spark, engine_client.sole_writer(spark, settings):
             yield spark
     time.sleep(LOCK_YIELD_S)
 

@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Unpack
 
-from wavepipe import pages, report_html, spark, storage
+from wavepipe import pages, report_html, spark_launch, storage
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import UsageError
 from wavepipe.contracts.plan import ActiveRunError, RunPlan, RunRequest, as_utc, new_run_id, run_request, safe_run_id
@@ -257,7 +257,7 @@ def reassemble_step(settings: Settings, run_id: str, *, validate: bool = False) 
     began = time.monotonic()
     with store.step_lock(run_id, Step.RUN):
         if settings.spark_engine == "submit":
-            spark.submit(
+            spark_launch.submit(
                 settings,
                 ENGINE_APP,
                 "--run-id",
@@ -296,7 +296,7 @@ def validate_step(settings: Settings, run_id: str) -> Validated | None:
     began = time.monotonic()
     with store.step_lock(run_id, Step.RUN):
         if settings.spark_engine == "submit":
-            spark.submit(
+            spark_launch.submit(
                 settings, ENGINE_APP, "--run-id", run_id, "--step", "validate", staged_bytes=store.staged_bytes(run_id)
             )
         else:
@@ -307,8 +307,8 @@ def validate_step(settings: Settings, run_id: str) -> Validated | None:
 
 def _on_engine(settings: Settings, store: RunStore, plan: RunPlan, step: str, *, validate: bool = False) -> None:
     """Run ``step`` (``reassemble``, then validate too if ``validate``; or ``validate``) in this
-    process, attached to the Spark engine (``wavepipe.engine``), holding the output tables' lock."""
-    from wavepipe import engine
+    process, attached to the Spark engine (``wavepipe.engine_client``), holding the output tables' lock."""
+    from wavepipe import engine_client
     from wavepipe.spark_apps import engine_run
     from wavepipe.spark_apps.app import output_lock
 
@@ -319,11 +319,11 @@ def _on_engine(settings: Settings, store: RunStore, plan: RunPlan, step: str, *,
     with output_lock(settings, store), _jobs_recorded(store, plan.run_id, step, jobs):
         began = time.monotonic()
         with (
-            engine.attached(settings) as session,
-            engine.sole_writer(session, settings),
-            engine.counted_jobs(session, settings, jobs),
-            engine.stage_progress(session) as stages,
-            spark.progress(f"Spark step {step}", staged, detail=stages.summary),
+            engine_client.attached(settings) as session,
+            engine_client.sole_writer(session, settings),
+            engine_client.counted_jobs(session, settings, jobs),
+            engine_client.stage_progress(session) as stages,
+            spark_launch.progress(f"Spark step {step}", staged, detail=stages.summary),
         ):
             attach_s = time.monotonic() - began
             log.info("run %s: attached to the Spark engine in %.2fs", plan.run_id, attach_s)
@@ -335,14 +335,14 @@ def _on_engine(settings: Settings, store: RunStore, plan: RunPlan, step: str, *,
                 else:
                     engine_run.validate_and_publish(session, settings, plan)
             except BaseException as exc:
-                engine.after_failure(session, exc)
+                engine_client.after_failure(session, exc)
                 raise
 
 
 @contextlib.contextmanager
 def _jobs_recorded(store: RunStore, run_id: str, step: str, jobs: dict):
     """After an engine step, successful or not: the Spark jobs it started (``jobs["jobs"]``, as
-    ``engine.counted_jobs`` found them) recorded under the step's name for the run's report."""
+    ``engine_client.counted_jobs`` found them) recorded under the step's name for the run's report."""
     try:
         yield
     finally:
@@ -701,11 +701,11 @@ def _engine_ready(settings: Settings, *, needed: bool):
     if not needed or settings.spark_engine != "connect":
         yield
         return
-    from wavepipe import engine
-    from wavepipe.local.engine import LocalEngine
+    from wavepipe import engine_client
+    from wavepipe.local.engine_server import LocalEngine
 
     if settings.spark_remote:
-        engine.require_reachable(settings)
+        engine_client.require_reachable(settings)
         yield
         return
     errors: list[BaseException] = []

@@ -13,8 +13,8 @@ give the same guarantees by different means:
   absent, renewed by its holder every third of ``lease_s`` with a conditional replace
   (``If-Match`` its ETag), and taken over only when it has expired, or when its holder was a
   process on this host that is gone. A holder that cannot renew (stalled longer than the lease)
-  loses it and says so in its log; the data's own guarantees (the Delta transaction, Kafka's
-  compare-and-set of the offsets) still keep each waveform once.
+  loses it and says so in its log; the data's own guarantees (the Delta transaction, the offsets'
+  check before their commit) still keep each waveform once.
 """
 
 from __future__ import annotations

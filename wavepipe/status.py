@@ -61,7 +61,7 @@ def engine_line(settings: Settings) -> str:
         return f"Spark: a spark-submit app per step, master {settings.spark_master}"
     if settings.spark_remote:
         return f"Spark: the Spark Connect server {redact_url(settings.spark_remote)}"
-    from wavepipe.local.engine import LocalEngine
+    from wavepipe.local.engine_server import LocalEngine
 
     return LocalEngine(settings).status()
 

@@ -16,7 +16,7 @@ from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.contracts.runfiles import RunStore
 from wavepipe.local.airflow import dags_test
-from wavepipe.spark import settings_env
+from wavepipe.spark_launch import settings_env
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import pytest
 from tests.helpers import assert_accounted, output_rows, produce_in_order, run_cli, start_cli, waveform_records
 from wavepipe import pipeline
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
-from wavepipe.local.engine import LocalEngine
+from wavepipe.local.engine_server import LocalEngine
 
 pytestmark = pytest.mark.integration
 
@@ -156,14 +156,14 @@ def test_an_engine_killed_under_a_run_is_said_in_one_line_within_seconds_and_the
 def test_a_steps_progress_lines_say_the_engines_stages(settings, monkeypatch, caplog):
     """Spark Connect's progress handler feeds a step's progress lines: the operation running
     now (stages, tasks, bytes read) and the operations done."""
-    from wavepipe import engine, spark
+    from wavepipe import engine_client, spark_launch
 
-    monkeypatch.setattr(spark, "PROGRESS_EVERY_S", 0.2)
-    caplog.set_level("INFO", logger=spark.log.name)
+    monkeypatch.setattr(spark_launch, "PROGRESS_EVERY_S", 0.2)
+    caplog.set_level("INFO", logger=spark_launch.log.name)
     with (
-        engine.attached(settings) as session,
-        engine.stage_progress(session) as stages,
-        spark.progress("Spark step test", detail=stages.summary),
+        engine_client.attached(settings) as session,
+        engine_client.stage_progress(session) as stages,
+        spark_launch.progress("Spark step test", detail=stages.summary),
     ):
         total = session.range(0, 20_000_000, numPartitions=8).selectExpr("sum(id % 7)").collect()[0][0]
         time.sleep(0.5)  # a tick after the operation

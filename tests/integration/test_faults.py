@@ -29,7 +29,7 @@ from wavepipe.consumers.kafka_admin import admin_client, committed_offsets, ensu
 from wavepipe.consumers.planner import RetentionGapError
 from wavepipe.contracts.config import load_settings
 from wavepipe.contracts.runfiles import RunStore
-from wavepipe.local.engine import LocalEngine
+from wavepipe.local.engine_server import LocalEngine
 from wavepipe.spark_apps.tables import delta_version
 
 pytestmark = pytest.mark.integration

@@ -46,7 +46,7 @@ def apart(lan, tmp_path_factory):
     """The four hosts with their servers running: the environment of a wavepipe process on a
     host (``home`` is each host's own ``/srv/wavepipe``), and the test's own settings."""
     from wavepipe.contracts.config import load_settings
-    from wavepipe.spark import settings_env
+    from wavepipe.spark_launch import settings_env
 
     jars = load_settings().jars_dir
     addresses = {name: lan.add(name) for name in ("store", "kafka", "spark", "worker", "worker2")}

@@ -21,7 +21,7 @@ from wavepipe import storage
 from wavepipe.contracts.config import load_settings
 from wavepipe.local.kafka import free_port
 from wavepipe.local.objectstore import LocalObjectStore
-from wavepipe.spark import settings_env, without_connect_mode
+from wavepipe.spark_launch import settings_env, without_connect_mode
 from wavepipe.storage import S3Options, delta_storage_options, open_store
 
 
@@ -196,7 +196,7 @@ SPARK_WRITER = textwrap.dedent(
     """
     import json, sys
     from wavepipe.contracts.config import load_settings
-    from wavepipe.spark import local_session
+    from wavepipe.spark_launch import local_session
     from wavepipe.storage import for_spark
     uri, count = for_spark(sys.argv[1]), int(sys.argv[2])
     spark = local_session(load_settings(), "object-store-test")
@@ -242,7 +242,7 @@ S3A_RACE = textwrap.dedent(
     """
     import json, sys
     from wavepipe.contracts.config import load_settings
-    from wavepipe.spark import local_session
+    from wavepipe.spark_launch import local_session
     from wavepipe.storage import LOGSTORE_CLASS, for_spark, open_store, s3_options
     settings = load_settings()
     uri, other = sys.argv[1], open_store(sys.argv[1], s3_options(settings))
@@ -494,7 +494,7 @@ def test_the_engine_killed_mid_write_to_the_bucket_leaves_nothing_visible_and_th
     from wavepipe import pipeline
     from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
     from wavepipe.consumers.producer import produce_demo
-    from wavepipe.local.engine import LocalEngine
+    from wavepipe.local.engine_server import LocalEngine
 
     settings = make_settings(
         tmp_path / "home", kafka, s3_engine, **_on_store(options, _prefix("lake"), _prefix("staging"))
@@ -546,7 +546,7 @@ def test_two_runs_of_one_group_on_two_workers_at_once_publish_each_waveform_once
     First each with a home of its own (no shared claim, no shared lock). What keeps it exactly
     once is where the run's commits are: the table's log (the group's transaction: a publish that
     meets the other's commit decides again and writes nothing twice) and Kafka (the offsets'
-    compare-and-set, which takes a group already at the run's own end as done). Each waveform is
+    check before the commit, which takes a group already at the run's own end as done). Each waveform is
     published once and the offsets end at the topic's end; a run that fails says why (both
     reports count the waveforms as new: neither knows of the other).
 
@@ -670,7 +670,7 @@ def test_a_homes_engine_started_before_its_tables_moved_to_the_bucket_is_restart
     from tests.helpers import local_engine, make_settings
     from wavepipe.consumers.kafka_admin import ensure_topic
     from wavepipe.consumers.producer import produce_demo
-    from wavepipe.local.engine import LocalEngine
+    from wavepipe.local.engine_server import LocalEngine
     from wavepipe.pipeline import run_once
 
     before = local_engine(tmp_path / "home")

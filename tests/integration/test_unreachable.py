@@ -17,7 +17,7 @@ import pytest
 from tests.helpers import run_cli, run_cli_json
 from wavepipe.contracts.config import load_settings
 from wavepipe.local.kafka import free_port
-from wavepipe.spark import settings_env
+from wavepipe.spark_launch import settings_env
 
 pytestmark = pytest.mark.integration
 

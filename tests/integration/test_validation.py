@@ -28,8 +28,8 @@ from wavepipe.consumers.producer import produce_demo
 from wavepipe.contracts.report import validation_trend
 from wavepipe.contracts.runfiles import RunStore, Step, html_path, json_path
 from wavepipe.contracts.steps import Reassembled
-from wavepipe.engine import EngineLostError
-from wavepipe.local.engine import LocalEngine
+from wavepipe.engine_client import EngineLostError
+from wavepipe.local.engine_server import LocalEngine
 from wavepipe.offline_docs import remote_urls
 from wavepipe.spark_apps.tables import delta_version
 

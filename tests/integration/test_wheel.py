@@ -29,7 +29,7 @@ from tests.helpers import assert_delta_rs_reads_as_spark, output_rows, progress
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.contracts.config import PROJECT_ROOT, load_settings
-from wavepipe.local.engine import LocalEngine
+from wavepipe.local.engine_server import LocalEngine
 from wavepipe.local.kafka import free_port
 from wavepipe.offline_docs import LOCAL_COPIES
 

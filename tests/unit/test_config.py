@@ -105,7 +105,7 @@ def test_a_typo_in_the_file_suggests_the_setting_and_secrets_are_masked(monkeypa
 
 
 def test_a_small_run_gets_the_short_lived_jvm_options_and_a_large_one_the_defaults(tmp_path):
-    from wavepipe.spark import SMALL_RUN_JAVA_OPTIONS, is_small_run, spark_submit_command
+    from wavepipe.spark_launch import SMALL_RUN_JAVA_OPTIONS, is_small_run, spark_submit_command
 
     s = load_settings(
         home=tmp_path, spark_small_run_bytes=1000, spark_conf={"spark.driver.extraJavaOptions": "-Dmine=1"}

@@ -157,7 +157,7 @@ def test_a_tasks_argument_wins_over_the_runs_param_and_params_arrive_typed():
     """The factories' operators take their arguments from the run's params as Airflow checked them:
     a topic named "123" stays a string (a rendered native template would make it an int)."""
     from wavepipe.plugins.operators import PlanOperator
-    from wavepipe.plugins.rewind import RewindOperator
+    from wavepipe.plugins.rewind_operator import RewindOperator
 
     context = {"params": {"topic": "123", "group": None, "max_records": 7, "skip_lost_offsets": True}}
     plan = PlanOperator(task_id="plan", max_records=5)

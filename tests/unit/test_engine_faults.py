@@ -5,8 +5,8 @@ import logging
 
 import pytest
 
-from wavepipe import engine, spark
-from wavepipe.spark import with_task_retries
+from wavepipe import engine_client, spark_launch
+from wavepipe.spark_launch import with_task_retries
 
 
 @pytest.mark.parametrize(
@@ -41,28 +41,28 @@ class _Unavailable(Exception):
     ],
 )
 def test_an_engine_that_went_away_is_one_line_with_what_to_run_next(exc, died, says):
-    with pytest.raises(RuntimeError), spark.phase("reassemble"), spark.phase("validate"):
+    with pytest.raises(RuntimeError), spark_launch.phase("reassemble"), spark_launch.phase("validate"):
         raise RuntimeError("the step's own failure")
-    reason = engine._lost_reason(exc, died, "sc://127.0.0.1:15002")
+    reason = engine_client._lost_reason(exc, died, "sc://127.0.0.1:15002")
     assert reason.startswith(says), reason
-    message = engine._lost_message(reason, None)
+    message = engine_client._lost_message(reason, None)
     assert "\n" not in message and "`wavepipe run` resumes the run" in message
 
 
 def test_another_failure_is_not_taken_for_a_lost_engine():
-    assert engine._lost_reason(ValueError("a column is missing"), {}, "sc://h:1") is None
+    assert engine_client._lost_reason(ValueError("a column is missing"), {}, "sc://h:1") is None
 
 
 def test_the_progress_line_names_the_part_of_the_step_that_failed(caplog):
     caplog.set_level(logging.INFO, logger="wavepipe.spark")
     with (
         pytest.raises(KeyError),
-        spark.progress("Spark step reassemble"),
-        spark.phase("validate"),
-        spark.phase("publish"),
+        spark_launch.progress("Spark step reassemble"),
+        spark_launch.phase("validate"),
+        spark_launch.phase("publish"),
     ):
         raise KeyError("x")
     assert "Spark step reassemble: failed in publish after" in caplog.text
-    with spark.progress("Spark step reassemble"), spark.phase("validate"):
+    with spark_launch.progress("Spark step reassemble"), spark_launch.phase("validate"):
         pass
     assert "Spark step reassemble: done after" in caplog.text

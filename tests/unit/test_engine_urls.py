@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from wavepipe.contracts.config import SettingsError, load_settings
-from wavepipe.engine import _host_port, remote_url, shared_session_id, with_session_id
+from wavepipe.engine_client import _host_port, remote_url, shared_session_id, with_session_id
 
 
 def test_a_remote_url_gets_the_homes_shared_session_unless_it_names_one(tmp_path):
@@ -93,7 +93,7 @@ def test_a_token_in_the_url_is_masked_wherever_settings_are_shown():
 
 
 def test_a_jobs_kind_is_the_outermost_relation_or_command_of_its_plan():
-    from wavepipe.engine import plan_kind
+    from wavepipe.engine_client import plan_kind
 
     name = 'Spark Connect - session_id: "s"\nplan {\n  root {\n    common {\n      plan_id: 4\n    }\n    aggregate {\n ...'
     assert plan_kind(name) == "aggregate"
@@ -107,7 +107,7 @@ def test_a_jobs_kind_is_the_outermost_relation_or_command_of_its_plan():
 def test_stage_progress_sums_the_running_operations_stages():
     from types import SimpleNamespace
 
-    from wavepipe.engine import StageProgress
+    from wavepipe.engine_client import StageProgress
 
     progress = StageProgress()
     assert progress.summary() is None
@@ -131,7 +131,7 @@ def test_the_job_list_is_asked_again_after_a_quick_failure_never_after_a_timeout
 
     import httpx
 
-    from wavepipe import engine
+    from wavepipe import engine_client
 
     calls = []
 
@@ -141,29 +141,29 @@ def test_the_job_list_is_asked_again_after_a_quick_failure_never_after_a_timeout
             raise ValueError("500 while the UI starts")
         return [{"id": 1}]
 
-    monkeypatch.setattr(engine, "spark_jobs", flaky)
-    monkeypatch.setattr(engine.time, "sleep", lambda s: None)
-    assert engine._listed_jobs("http://ui", "t") == [{"id": 1}] and len(calls) == 2
+    monkeypatch.setattr(engine_client, "spark_jobs", flaky)
+    monkeypatch.setattr(engine_client.time, "sleep", lambda s: None)
+    assert engine_client._listed_jobs("http://ui", "t") == [{"id": 1}] and len(calls) == 2
 
     calls.clear()
     clock = [time.monotonic()]
 
     def slow(ui, tag):  # the request takes the whole timeout
         calls.append(tag)
-        clock[0] += engine.UI_TIMEOUT_S
+        clock[0] += engine_client.UI_TIMEOUT_S
         raise httpx.ReadTimeout("timed out")
 
-    monkeypatch.setattr(engine, "spark_jobs", slow)
-    monkeypatch.setattr(engine.time, "monotonic", lambda: clock[0])
-    assert engine._listed_jobs("http://ui", "t") is None and len(calls) == 1
+    monkeypatch.setattr(engine_client, "spark_jobs", slow)
+    monkeypatch.setattr(engine_client.time, "monotonic", lambda: clock[0])
+    assert engine_client._listed_jobs("http://ui", "t") is None and len(calls) == 1
 
     calls.clear()
     slept = []
-    monkeypatch.setattr(engine.time, "sleep", slept.append)
+    monkeypatch.setattr(engine_client.time, "sleep", slept.append)
 
     def down(ui, tag):  # quick failures each time: asked twice, a second apart, no pause after the last
         calls.append(tag)
         raise httpx.ConnectError("[Errno 111] Connection refused")
 
-    monkeypatch.setattr(engine, "spark_jobs", down)
-    assert engine._listed_jobs("http://ui", "t") is None and len(calls) == 2 and slept == [1]
+    monkeypatch.setattr(engine_client, "spark_jobs", down)
+    assert engine_client._listed_jobs("http://ui", "t") is None and len(calls) == 2 and slept == [1]

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from wavepipe.consumers.kafka_admin import kafka_log_level, with_logger
-from wavepipe.spark import AppOutput
+from wavepipe.spark_launch import AppOutput
 
 DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
 

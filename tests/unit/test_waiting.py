@@ -187,7 +187,7 @@ def test_a_lease_renewer_retries_a_store_that_fails_and_stops_on_anything_else()
 
 
 def test_the_job_list_is_not_asked_again_after_a_bug(monkeypatch):
-    from wavepipe import engine
+    from wavepipe import engine_client
 
     calls = []
 
@@ -195,10 +195,10 @@ def test_the_job_list_is_not_asked_again_after_a_bug(monkeypatch):
         calls.append(tag)
         raise KeyError("jobTags")
 
-    monkeypatch.setattr(engine, "spark_jobs", buggy)
-    monkeypatch.setattr(engine.time, "sleep", lambda s: None)
+    monkeypatch.setattr(engine_client, "spark_jobs", buggy)
+    monkeypatch.setattr(engine_client.time, "sleep", lambda s: None)
     with _Records("wavepipe.engine", "wavepipe.waiting") as logs:
-        assert engine._listed_jobs("http://ui", "t") is None
+        assert engine_client._listed_jobs("http://ui", "t") is None
     assert len(calls) == 1
     (logged,) = logs.errors()
     assert logged.exc_info[0] is KeyError and "the step's Spark jobs from http://ui" in logged.getMessage()

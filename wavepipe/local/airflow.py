@@ -15,7 +15,7 @@ from urllib.parse import quote
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import UsageError
 from wavepipe.local import processes
-from wavepipe.spark import settings_env
+from wavepipe.spark_launch import settings_env
 
 #: The DAG files ``wavepipe airflow up`` serves: the package's ``wavepipe.dags`` (a checkout's dags/,
 #: or the installed wheel's copy of it).

@@ -20,7 +20,7 @@ from wavepipe.contracts.runfiles import read_json_or
 from wavepipe.local import processes
 from wavepipe.local.jars import SetupError, require_tool
 from wavepipe.local.kafka import free_port, port_is_free
-from wavepipe.spark import pyspark_bin
+from wavepipe.spark_launch import pyspark_bin
 
 READY_TIMEOUT_S = 90.0
 HOST = "127.0.0.1"

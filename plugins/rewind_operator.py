@@ -1,6 +1,6 @@
 """The rewind as an Airflow task: plan it (the table goes to the task log), apply it on request.
 
-Thin over ``wavepipe.consumers.rewind``: the same refusals, compare-and-set and audit record as
+Thin over ``wavepipe.consumers.rewind``: the same refusals, check against the plan and audit record as
 ``wavepipe rewind``, with ``who`` taken from the DAG run (the user who triggered it). A refusal
 fails the task at once (``AirflowFailException``: retrying cannot help until someone acts).
 """

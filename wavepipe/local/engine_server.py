@@ -2,7 +2,7 @@
 
 ``LocalEngine`` starts it from the installed pyspark (``spark-submit --class ...SparkConnectServer``),
 bound to loopback, its pid, port and log under ``<home>/spark-connect/``; ``wavepipe spark
-up|down|status|restart`` drive it and a run starts it on demand (``wavepipe.engine``). It is
+up|down|status|restart`` drive it and a run starts it on demand (``wavepipe.engine_client``). It is
 restarted (between steps, when no step uses it) once its processes hold more than
 ``spark_engine_max_rss_mb``.
 """
@@ -29,7 +29,7 @@ from wavepipe.contracts.runfiles import read_json_or, write_json_atomic
 from wavepipe.local import processes
 from wavepipe.local.jars import SetupError, require_tool
 
-log = logging.getLogger("wavepipe.local.engine")
+log = logging.getLogger("wavepipe.local.engine_server")
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 HOST = "127.0.0.1"
@@ -124,7 +124,7 @@ class LocalEngine:
         return f"http://{HOST}:{port}" if port and self.pid() else None
 
     def command(self, port: int, host: str = HOST, ui_port: int | None = None) -> list[str]:
-        from wavepipe.spark import pyspark_bin, spark_conf, with_task_retries
+        from wavepipe.spark_launch import pyspark_bin, spark_conf, with_task_retries
 
         conf = spark_conf(self.settings)
         if ui_port:  # the job list runs report (``engine.spark_jobs``); few jobs kept, so little memory
@@ -226,7 +226,7 @@ class LocalEngine:
         travel with a run's work; Connect mode would turn spark-submit into a client; an engine
         started by an Airflow task is this home's, like one from `wavepipe spark up`, and outlives
         `wavepipe airflow down`)."""
-        from wavepipe.spark import _local_env, without_connect_mode
+        from wavepipe.spark_launch import _local_env, without_connect_mode
 
         env = {
             **without_connect_mode(os.environ),

@@ -1,4 +1,4 @@
-"""A run's chunk metadata, classified in the client (``spark_apps/metadata.py``): no Spark."""
+"""A run's chunk metadata, classified in the client (``spark_apps/classify.py``): no Spark."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import pyarrow as pa
 
 from tests.helpers import chunk_rows, waveform_records
 from wavepipe.consumers.staging import CHUNK_SCHEMA
-from wavepipe.spark_apps import metadata as md
+from wavepipe.spark_apps import classify
 
 
 def _meta(rows) -> pd.DataFrame:
-    return pa.Table.from_pylist(rows, schema=CHUNK_SCHEMA).select(md.META_COLUMNS).to_pandas()
+    return pa.Table.from_pylist(rows, schema=CHUNK_SCHEMA).select(classify.META_COLUMNS).to_pandas()
 
 
 def _by_id(frame: pd.DataFrame, *columns) -> dict:
@@ -35,7 +35,7 @@ def test_classify_names_each_case():
         + chunk_rows(big, first_offset=50, overrides={0: {"total_size": 10**9}, 1: {"total_size": 10**9}})
         + chunk_rows(ragged, first_offset=60, overrides={0: {"total_size": 513}, 1: {"total_size": 513}})
     )
-    got = md.classify(_meta(rows), max_waveform_bytes=10**6)
+    got = classify.classify(_meta(rows), max_waveform_bytes=10**6)
     assert _by_id(got, "status", "reason", "records", "distinct_chunks") == {
         "ok": ("candidate", None, 3, 3),
         "dup": ("candidate", None, 3, 2),
@@ -58,10 +58,10 @@ def test_a_pending_waveform_expires_by_offsets_or_record_time():
     rows = chunk_rows(slow[:2], first_offset=0, timestamp_ms=1_000) + chunk_rows(
         fresh[:1], first_offset=90, timestamp_ms=60_000
     )
-    by_offsets = md.classify(_meta(rows), ends={0: 100}, incomplete_after_offsets=50)
+    by_offsets = classify.classify(_meta(rows), ends={0: 100}, incomplete_after_offsets=50)
     assert _by_id(by_offsets, "status", "expired") == {"slow": ("pending", True), "fresh": ("pending", False)}
     assert "none in the last 99 offsets (null s)" in _by_id(by_offsets, "detail")["slow"][0]
-    by_time = md.classify(_meta(rows), newest_ms={0: 61_000}, incomplete_after_ms=30_000)
+    by_time = classify.classify(_meta(rows), newest_ms={0: 61_000}, incomplete_after_ms=30_000)
     assert _by_id(by_time, "expired") == {"slow": (True,), "fresh": (False,)}
     assert "(60 s)" in _by_id(by_time, "detail")["slow"][0]
 
@@ -83,7 +83,7 @@ def test_classify_in_a_window_sets_aside_waveforms_whose_first_chunk_is_outside(
         + chunk_rows([shuffled[1]], first_offset=15)
         + chunk_rows([shuffled[0]], first_offset=25)
     )
-    got = md.classify(_meta(rows), window={0: (10, 20)}, ends={0: 30}, incomplete_after_offsets=1)
+    got = classify.classify(_meta(rows), window={0: (10, 20)}, ends={0: 30}, incomplete_after_offsets=1)
     assert _by_id(got, "status", "expired") == {
         "inside": ("candidate", False),
         "straddles": ("candidate", False),
@@ -92,7 +92,7 @@ def test_classify_in_a_window_sets_aside_waveforms_whose_first_chunk_is_outside(
         "shuffled": ("other_window", False),
     }
     # without a window the same chunks are an incremental run's: the tail is pending
-    plain = _by_id(md.classify(_meta(rows)), "status")
+    plain = _by_id(classify.classify(_meta(rows)), "status")
     assert plain["tail"] == ("pending",) and plain["late"] == plain["shuffled"] == ("candidate",)
 
 
@@ -117,7 +117,7 @@ def test_route_takes_the_readers_digest_only_when_it_matches_the_chunks():
             "digest": ["c1", "other", "c4", "c5", "c5"],
         }
     )
-    got = _by_id(md.route(candidates, digests), "route", "digest_ok")
+    got = _by_id(classify.route(candidates, digests), "route", "digest_ok")
     assert got == {
         "in-order": ("digest", True),
         "bad-digest": ("digest", False),  # hashed to another checksum: quarantined, not assembled
@@ -125,7 +125,7 @@ def test_route_takes_the_readers_digest_only_when_it_matches_the_chunks():
         "spread": ("shuffle", None),
         "twice": ("local", None),  # two digest rows for one id: not trusted
     }
-    assert _by_id(md.route(candidates, None), "route")["in-order"] == ("local",)
+    assert _by_id(classify.route(candidates, None), "route")["in-order"] == ("local",)
 
 
 def test_final_status_quarantines_once_and_accounts_leftovers_with_their_waveform():
@@ -138,7 +138,7 @@ def test_final_status_quarantines_once_and_accounts_leftovers_with_their_wavefor
             "expired": [False, False, False, True, False, True, False],
         }
     )
-    got = md.final_status(
+    got = classify.final_status(
         classified,
         before={"again", "leftover"},
         after={"again", "leftover", "new"},
@@ -161,14 +161,14 @@ def test_a_reused_id_is_a_conflict_with_both_checksums_and_its_records_are_accou
     other, other_sum = waveform_records("w", 2, seed=2)
     rows = chunk_rows(mine) + chunk_rows(other, first_offset=2)
     meta = _meta(rows)
-    kept, conflicts = md.split_conflicts(meta, pd.DataFrame({"waveform_id": ["w"], "checksum": [mine_sum]}))
+    kept, conflicts = classify.split_conflicts(meta, pd.DataFrame({"waveform_id": ["w"], "checksum": [mine_sum]}))
     assert list(kept["offset"]) == [0, 1] and list(conflicts["offset"]) == [2, 3]
-    placed = md.conflict_status(conflicts)
+    placed = classify.conflict_status(conflicts)
     assert _by_id(placed, "status", "reason", "output_checksum") == {"w": ("quarantined", "id_conflict", mine_sum)}
-    rows = md.quarantine_rows(conflicts, placed, "run-1").to_pylist()
+    rows = classify.quarantine_rows(conflicts, placed, "run-1").to_pylist()
     assert len(rows) == 1 and rows[0]["checksum"] == other_sum and rows[0]["output_checksum"] == mine_sum
     assert (rows[0]["first_offset"], rows[0]["last_offset"], rows[0]["records"]) == (2, 3, 2)
-    counted = md.accounting(conflicts, placed)
+    counted = classify.accounting(conflicts, placed)
     assert counted == [
         {
             "partition": 0,
@@ -180,7 +180,7 @@ def test_a_reused_id_is_a_conflict_with_both_checksums_and_its_records_are_accou
             "min_offset": 2,
         }
     ]
-    assert md.by_waveform(placed) == [
+    assert classify.by_waveform(placed) == [
         {"status": "quarantined", "reason": "id_conflict", "already_written": False, "count": 1}
     ]
 
@@ -193,7 +193,7 @@ def test_a_waveform_whose_chunks_disagree_on_the_checksum_names_both_and_keeps_t
     low, high = "sha256:" + "0" * 64, "sha256:" + "f" * 64
     rows = chunk_rows([*late, *torn], overrides={3: {"checksum": low}, 4: {"checksum": high}})
     rows.reverse()
-    placed = md.classify(_meta(rows))
+    placed = classify.classify(_meta(rows))
     found = _by_id(placed, "status", "reason", "checksum")
     assert found["late"] == ("candidate", None, late_sum)
     assert found["torn"] == ("quarantined", "metadata_mismatch", low)

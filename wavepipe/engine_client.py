@@ -4,7 +4,7 @@ A run's Spark work (reassemble, validate, publish) runs in the run's own process
 Connect client: it attaches in well under a second to a server that is already warm (JVM, Delta,
 Python workers), where a spark-submit app pays 8-16 s of start-up every time.
 
-* Locally, the server is this home's ``wavepipe.local.engine.LocalEngine``, started on demand.
+* Locally, the server is this home's ``wavepipe.local.engine_server.LocalEngine``, started on demand.
 * Elsewhere, ``spark_remote`` (``sc://host:port``, or in Airflow the apache-spark provider's
   ``spark_connect`` Connection) names the cluster's server.
 * ``spark_engine = "submit"`` keeps the old path: one spark-submit app per step.
@@ -42,7 +42,7 @@ import tenacity
 from wavepipe import storage, waiting
 from wavepipe.contracts.config import Settings, redact_url
 from wavepipe.contracts.runfiles import read_json_or, write_json_atomic
-from wavepipe.local.engine import CONNECT_TIMEOUT_S, DEFAULT_PORT, EngineUnavailableError, LocalEngine, accepts
+from wavepipe.local.engine_server import CONNECT_TIMEOUT_S, DEFAULT_PORT, EngineUnavailableError, LocalEngine, accepts
 
 log = logging.getLogger("wavepipe.engine")
 
@@ -269,7 +269,7 @@ def _watched(engine: LocalEngine | None, spark) -> Iterator[dict]:
     """While a step runs on this home's engine: a JVM that exits is noticed within ``WATCH_S``,
     and the session's channel is closed so the step's call fails at once instead of retrying a
     server that is gone. Yields what it saw (``pid``: the JVM that exited)."""
-    from wavepipe.local.engine import SERVER_CLASS
+    from wavepipe.local.engine_server import SERVER_CLASS
     from wavepipe.local.processes import alive
 
     died: dict = {}
@@ -313,7 +313,7 @@ _STOPPED = ("SparkContext was shut down", "SparkContext has been shutdown", "Spa
 
 def _lost_reason(exc: BaseException, died: dict, address: str) -> str | None:
     """How the step's engine went away, in words, or None when ``exc`` is another failure."""
-    from wavepipe.spark import current_phase
+    from wavepipe.spark_launch import current_phase
 
     text = f"{exc!r} {exc}"
     during = f"during Spark step {current_phase() or 'the step'}"
@@ -550,7 +550,7 @@ def table_session(settings: Settings) -> Iterator[object]:
         with attached(settings) as spark:
             yield spark
         return
-    from wavepipe.spark import local_session
+    from wavepipe.spark_launch import local_session
 
     spark = local_session(settings, "wavepipe-read")
     try:
