@@ -192,9 +192,9 @@ def wavepipe_run(
     inner = result.timings if result else {}
     checked = {k: v for k, v in report.get("timings_s", {}).items() if k.startswith("validate_")}
     if "spark_app_s" in inner:
-        # the plot is drawn in a thread beside the suites and publishing: not a stage of its own
+        # the plot and Data Docs are made in threads beside publishing: not stages of their own
         known = sum(inner.get(k, 0.0) for k in ("spark_app_s", "session_start_s", "session_stop_s")) + sum(
-            v for k, v in checked.items() if k != "validate_plot_s"
+            v for k, v in checked.items() if k not in ("validate_plot_s", "validate_data_docs_s")
         )
         on_engine = s.spark_engine == "connect"
         # spark-submit: the rest of the app's wall is the JVM's and Python's start and exit; attached
@@ -219,7 +219,9 @@ def wavepipe_run(
                 stages[label] = inner[key]
         for key, label in (
             ("validate_prepare_s", "validate: checked columns (from the manifest, no payload)"),
-            ("validate_expectations_s", "validate: Great Expectations suites, Data Docs"),
+            ("validate_expectations_s", "validate: Great Expectations suites"),
+            ("validate_data_docs_wait_s", "validate: Data Docs, waiting for them after publishing"),
+            ("validate_data_docs_s", "beside validate: Data Docs (built while publishing writes)"),
             ("validate_plot_start_s", "validate: waveform plot, choosing (and reading any not from the staged chunks)"),
             ("validate_plot_wait_s", "validate: waveform plot, waiting for its drawing after publishing"),
             ("validate_plot_s", "beside validate: waveform plot (drawn while the suites run and publishing writes)"),

@@ -361,7 +361,7 @@ STEPS = {
     "Spark job": "spark_spark_app_s",
     "expectations": "validate_expectations_s",
     "publish": "validate_publish_s",
-    "Data Docs": "validate_data_docs_s",
+    "Data Docs (waiting for them after publishing)": "validate_data_docs_wait_s",
     "commit, report": "commit",
 }
 #: The time from a waveform's ack to the start of the run that published it.

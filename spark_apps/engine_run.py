@@ -2,8 +2,9 @@
 
 Each step is a module of its own (``reassemble``, ``validate``, ``publish``); this one passes
 each step's result to the next in memory and saves each result where an Airflow task boundary
-needs it (the run's ``reassemble`` and ``validate`` steps). What only describes the run (the
-plot, Data Docs, the validation history) comes after the rows are readable and never fails it.
+needs it (the run's ``reassemble`` and ``validate`` steps). What only describes the run never
+fails it: the plot and Data Docs are made in threads beside publishing (neither reads a table),
+the validation history after the rows are readable.
 
 ``main()`` is the same for spark-submit: ``--step reassemble [--validate]`` or ``--step validate``.
 """
@@ -17,6 +18,8 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -33,6 +36,7 @@ from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_launch import phase
 
 log = logging.getLogger("wavepipe.engine_run")
+T = TypeVar("T")
 
 
 def reassemble_and_save(
@@ -72,6 +76,7 @@ def validate_and_publish(
         verdict = validate.validate(settings, store, plan, reassembled, notes, manifest)
     result, timings = verdict.result, verdict.result.timings
     wait_for_plot = plots.start_plot(verdict.to_publish.waveforms, store, plan, settings, notes)
+    wait_for_docs = beside(verdict.describe, f"wavepipe-data-docs-{plan.run_id}")  # they do not read the tables
     try:
         if result.success:
             t = time.monotonic()
@@ -81,19 +86,45 @@ def validate_and_publish(
             result.output_table_version, result.table_versions = done.output_version, done.table_versions
             result.replaced_rows = done.replaced_rows
             timings["publish_s"] = time.monotonic() - t
-    finally:  # what only describes the run comes after its rows are readable
+    finally:  # the description, made beside publishing, is kept with the outcome
         t = time.monotonic()
         result.plot, timings["plot_s"] = wait_for_plot()
         timings["plot_wait_s"] = time.monotonic() - t
         t = time.monotonic()
-        result.data_docs_index = verdict.describe()
-        timings["data_docs_s"] = time.monotonic() - t
+        result.data_docs_index, timings["data_docs_s"] = wait_for_docs()
+        timings["data_docs_wait_s"] = time.monotonic() - t
     result.timings = {k: round(v, 3) for k, v in timings.items()}
     describe_safely(notes, "the validation history", append_validation_history, settings, result)
     result.notes = notes
     store.save_result(plan.run_id, Step.VALIDATE, result)
     validate.log_outcome(plan, result)
     return result
+
+
+def beside(work: Callable[[], T], name: str) -> Callable[[], tuple[T, float]]:
+    """Start ``work`` in a thread named ``name``; returns a function that waits for it and gives
+    its result and how long it took, or raises what it raised (``work`` that only describes the
+    run turns what it expects to fail into notes itself: what is left is a defect to see)."""
+    done: dict = {}
+
+    def run() -> None:
+        began = time.monotonic()
+        try:
+            done["result"] = work()
+        except BaseException as exc:  # handed to the waiting thread, which raises it
+            done["error"] = exc
+        done["s"] = time.monotonic() - began
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+
+    def wait() -> tuple[T, float]:
+        thread.join()
+        if "error" in done:
+            raise done["error"]
+        return done["result"], done["s"]
+
+    return wait
 
 
 def import_in_background() -> None:
