@@ -27,6 +27,8 @@ import time
 import uuid
 from pathlib import Path
 
+import tenacity
+
 from wavepipe import storage
 
 log = logging.getLogger("wavepipe.delta_protocol")
@@ -174,46 +176,62 @@ def _commit_next(log_dir: Path, version: int, actions: list[dict]) -> bool:
 
 def repair_schema(path: Path, *, dry_run: bool = False, attempts: int = 3) -> dict | None:
     """Make the table at ``path`` readable by every Delta reader, in one metadata-only commit;
-    None when it already is. Returns what was (or, ``dry_run``, would be) changed.
+    None when it already is. Returns what was (or, ``dry_run``, would be) changed. Another writer's
+    commit in between makes it read the table again, up to ``attempts`` times.
 
     A table on an object store needs none: only a local table written by wavepipe up to 77ad3ff
     can hold the types this repairs, and object stores came later."""
     if storage.is_remote(str(path)):
         return None
-    for _ in range(attempts):
-        version, meta, protocol = latest_metadata(path)
-        schema = json.loads(meta["schemaString"])
-        problems = type_errors(schema, table_features(protocol))
-        if not problems:
-            return None
-        fixed = fixed_schema(schema)
-        left = type_errors(fixed, table_features(protocol))
-        if left:
-            raise RepairError(
-                f"{path}: types wavepipe did not write and cannot repair: {'; '.join(left)}; "
-                "rewrite the table with the engine that wrote it"
-            )
-        if "inCommitTimestamp" in table_features(protocol):
-            raise RepairError(f"{path}: has in-commit timestamps, which this repair does not write")
-        result = {"version_before": version, "columns": problems, "dry_run": dry_run}
-        if dry_run:
-            return result
-        now = int(time.time() * 1000)
-        info = {
-            "timestamp": now,
-            "operation": "REPAIR SCHEMA",
-            "operationParameters": {"columns": json.dumps(problems)},
-            "readVersion": version,
-            "isBlindAppend": False,
-            "engineInfo": "wavepipe delta_protocol.repair_schema",
-        }
-        repaired = {**meta, "schemaString": json.dumps(fixed, separators=(",", ":"))}
-        if _commit_next(Path(path) / "_delta_log", version + 1, [{"commitInfo": info}, {"metaData": repaired}]):
-            log.info(
-                "repaired %s: %d column type(s) in commit %d (no data file rewritten)", path, len(problems), version + 1
-            )
-            return {**result, "version": version + 1}
-    raise RepairError(f"{path}: other writers kept committing; stop them and repair again")
+
+    def given_up(state: tenacity.RetryCallState) -> None:
+        raise RepairError(f"{path}: other writers kept committing; stop them and repair again")
+
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(attempts),
+        retry=tenacity.retry_if_result(lambda outcome: outcome is _LOST_RACE),
+        retry_error_callback=given_up,
+    )
+    return retrying(_repair_at_latest, path, dry_run)
+
+
+#: What ``_repair_at_latest`` returns when another writer took the version it was to commit.
+_LOST_RACE = object()
+
+
+def _repair_at_latest(path: Path, dry_run: bool) -> dict | object | None:
+    """One ``repair_schema`` attempt on the table's latest version (``_LOST_RACE``: another
+    commit took the next version first)."""
+    version, meta, protocol = latest_metadata(path)
+    schema = json.loads(meta["schemaString"])
+    problems = type_errors(schema, table_features(protocol))
+    if not problems:
+        return None
+    fixed = fixed_schema(schema)
+    left = type_errors(fixed, table_features(protocol))
+    if left:
+        raise RepairError(
+            f"{path}: types wavepipe did not write and cannot repair: {'; '.join(left)}; "
+            "rewrite the table with the engine that wrote it"
+        )
+    if "inCommitTimestamp" in table_features(protocol):
+        raise RepairError(f"{path}: has in-commit timestamps, which this repair does not write")
+    result = {"version_before": version, "columns": problems, "dry_run": dry_run}
+    if dry_run:
+        return result
+    info = {
+        "timestamp": int(time.time() * 1000),
+        "operation": "REPAIR SCHEMA",
+        "operationParameters": {"columns": json.dumps(problems)},
+        "readVersion": version,
+        "isBlindAppend": False,
+        "engineInfo": "wavepipe delta_protocol.repair_schema",
+    }
+    repaired = {**meta, "schemaString": json.dumps(fixed, separators=(",", ":"))}
+    if not _commit_next(Path(path) / "_delta_log", version + 1, [{"commitInfo": info}, {"metaData": repaired}]):
+        return _LOST_RACE
+    log.info("repaired %s: %d column type(s) in commit %d (no data file rewritten)", path, len(problems), version + 1)
+    return {**result, "version": version + 1}
 
 
 #: The tables this process found readable by every Delta reader (or repaired): checked once.

@@ -104,3 +104,26 @@ def test_a_repair_never_overwrites_a_commit_and_refuses_what_it_did_not_write(tm
         repair_schema(other)
     with pytest.raises(RepairError, match="not a Delta table"):
         repair_schema(tmp_path / "nothing")
+
+
+def test_a_repair_that_loses_the_next_version_reads_the_table_again_and_gives_up_after_its_attempts(
+    tmp_path, monkeypatch
+):
+    table = _legacy(tmp_path)
+    commit, tries = delta_protocol._commit_next, []
+
+    def another_writer_first(log_dir, version, actions):
+        tries.append(version)
+        if len(tries) == 1:  # another writer takes the version: the next attempt reads it
+            assert commit(log_dir, version, [{"commitInfo": {"operation": "WRITE", "timestamp": 1}}])
+            return False
+        return commit(log_dir, version, actions)
+
+    monkeypatch.setattr(delta_protocol, "_commit_next", another_writer_first)
+    assert repair_schema(table)["version"] == 3 and tries == [2, 3]
+    assert DeltaTable(str(table)).version() == 3 and DeltaTable(str(table)).to_pyarrow_table().num_rows == 2
+
+    other = _legacy(tmp_path / "busy")
+    monkeypatch.setattr(delta_protocol, "_commit_next", lambda *a: False)
+    with pytest.raises(RepairError, match="other writers kept committing"):
+        repair_schema(other, attempts=2)
