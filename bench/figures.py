@@ -12,8 +12,11 @@ figure must be tagged."""
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from collections.abc import Callable
+from pathlib import Path
 
 NUMBER = r"[+-]?\d[\d,]*(?:\.\d+)?"
 TAGGED = re.compile(rf"(?P<number>{NUMBER}) ?(?P<unit>ms|s|x|%|MB/s|KB)?\**<!-- (?P<stem>[\w-]+): (?P<key>[^>]*?) -->")
@@ -98,3 +101,54 @@ def untagged(text: str, whole: bool = False) -> list[str]:
             if not re.search(r"\bgoals? (?:of |is |at most |within )?$", bare[: m.start()])
         ]
     return out
+
+
+def refreshed(text: str, load: Callable[[str], object]) -> str:
+    """``text`` with each tagged figure outside history spans rewritten to its key's value, at the
+    digits it shows (a figure with no such key is left for ``disagreements`` to name)."""
+    history = [m.span() for m in HISTORY.finditer(text)]
+
+    def value_of(m: re.Match) -> str:
+        if any(start <= m.start() < end for start, end in history):
+            return m[0]
+        shown, unit, key = m["number"].replace(",", ""), m["unit"] or "", m["key"]
+        try:
+            in_seconds = unit == "ms" and key.split()[-1].endswith("_s")
+            value = pick(load(m["stem"]), key) * (1000 if in_seconds else UNIT_SCALE.get(unit, 1))
+        except (KeyError, IndexError, TypeError, ValueError, OSError):
+            return m[0]
+        digits = len(shown.partition(".")[2])
+        number = f"{value:{'+' if shown.startswith('+') else ''}{',' if ',' in m['number'] else ''}.{digits}f}"
+        return m[0].replace(m["number"], number, 1)
+
+    return TAGGED.sub(value_of, text)
+
+
+def pages(root: Path) -> list[Path]:
+    """The pages that quote benchmark figures: the README, docs/ and docs/benchmarks/README.md."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md")), root / "docs" / "benchmarks" / "README.md"]
+
+
+def loader(bench: Path) -> Callable[[str], object]:
+    """``load(stem)`` for ``disagreements`` and ``refreshed``: the results file ``bench/<stem>.json``."""
+    from wavepipe.bench.results import figures
+
+    @functools.cache
+    def load(stem: str):
+        data = json.loads((bench / f"{stem}.json").read_text())
+        return figures(data) if stem == "results" else data
+
+    return load
+
+
+def refresh_pages(root: Path) -> list[Path]:
+    """Rewrite the tagged figures of ``pages(root)`` from ``root/docs/benchmarks``; the pages changed.
+    The words around a figure are the writer's: read the diff."""
+    load, changed = loader(root / "docs" / "benchmarks"), []
+    for page in pages(root):
+        text = page.read_text()
+        new = refreshed(text, load)
+        if new != text:
+            page.write_text(new)
+            changed.append(page)
+    return changed

@@ -404,6 +404,8 @@ def _bench(args) -> int:
     from wavepipe.bench.runner import BenchOptions, run_bench, save
     from wavepipe.bench.systems import SYSTEMS
 
+    if args.refresh_docs:
+        return _bench_refresh_docs()
     settings = _settings(args)
     if args.consume_scaling:
         return _bench_consume_scaling(settings, args)
@@ -453,6 +455,22 @@ def _bench(args) -> int:
             file=sys.stderr,
         )
         return 1
+    return 0
+
+
+def _bench_refresh_docs() -> int:
+    from wavepipe.bench.figures import refresh_pages
+    from wavepipe.contracts.config import source_checkout
+
+    root = source_checkout()
+    if root is None:
+        print(
+            "wavepipe bench --refresh-docs: run it in a source checkout (it rewrites README.md and docs/)",
+            file=sys.stderr,
+        )
+        return 2
+    changed = refresh_pages(root)
+    print("\n".join(f"rewrote the figures of {p.relative_to(root)}" for p in changed) or "every figure agrees already")
     return 0
 
 
@@ -847,6 +865,12 @@ def build_parser() -> argparse.ArgumentParser:
         "and after `wavepipe table optimize`; results in docs/benchmarks/table-layout.*",
     )
     b.add_argument("--seconds", type=int, help="--trickle: how long each system is sent to, per mode (default 180)")
+    b.add_argument(
+        "--refresh-docs",
+        action="store_true",
+        help="run nothing: rewrite the figures README.md and docs/ quote (each tagged with its key) from "
+        "docs/benchmarks/*.json, as the last run left them; read the diff for the words around them",
+    )
     b.set_defaults(func=cmd_bench)
 
     c = sub.add_parser("config", help="print the effective settings")

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.repository  # the repository's own files, not the insta
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "docs" / "benchmarks"
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), BENCH / "README.md"]
+PAGES = figures.pages(ROOT)
 #: At least this many checked figures per page: fewer means the check stopped finding them.
 AT_LEAST = {"README.md": 5, "docs/benchmarks/README.md": 70, "docs/deployment.md": 8, "docs/operations.md": 6}
 
@@ -28,8 +28,7 @@ def _json(stem: str) -> dict:
     return json.loads((BENCH / f"{stem}.json").read_text())
 
 
-def load(stem: str):
-    return results_figures(_json(stem)) if stem == "results" else _json(stem)
+load = figures.loader(BENCH)
 
 
 def _name(page: Path) -> str:
@@ -82,6 +81,19 @@ def test_a_figure_that_differs_from_its_results_is_rejected_either_way():
     assert any("wall_s" in p for p in stale)
     # a key that names nothing
     assert "no such figure" in figures.disagreements("took 1.0 s<!-- results: wavepipe large x9 wall_s -->", load)[0]
+
+
+def test_a_refresh_rewrites_every_tagged_figure_from_new_results_and_leaves_history_alone():
+    text = (ROOT / "README.md").read_text()
+    changed = copy.deepcopy(_json("results"))
+    for m in changed["measurements"]:
+        m["wall_s"] *= 1.37
+    new_load = lambda stem: results_figures(changed) if stem == "results" else _json(stem)  # noqa: E731
+    assert figures.disagreements(text, new_load)
+    history = "<!-- history: at 4b6e325 -->14.9 s<!-- results: wavepipe large x1 wall_s --><!-- /history -->"
+    refreshed = figures.refreshed(text + history, new_load)
+    assert figures.disagreements(refreshed, new_load) == [] and refreshed.endswith(history)
+    assert figures.refreshed(text, load) == text  # the committed pages agree with the committed results
 
 
 def test_an_untagged_figure_is_found_unless_it_is_history_or_a_goal():
