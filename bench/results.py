@@ -220,6 +220,8 @@ def figures(results: dict) -> dict[str, float]:
     (``wavepipe.bench.figures``): ``<system> <workload> x<scale> wall_s|mb_s|of_ceiling``,
     ``... stage <stage>``, ``... wall/wavepipe`` (its wall time over wavepipe's on the same ranges),
     ``... gate/rest`` (the validation gate's stages over the rest of the wall time, as the goal),
+    ``... cpu_s`` (every sampled process's CPU seconds) and ``... cpu/python_consumer`` (over the
+    hand-written consumer's on the same ranges),
     ``<system> <workload> growth <role>`` (peak RSS at the larger scale over 1x, minus 1),
     ``warm median`` (the goal's figure), ``warm run <n>`` and ``scale``."""
     out = {"scale": results["options"]["scale"], "warm median": warm_run_seconds(results)}
@@ -230,9 +232,13 @@ def figures(results: dict) -> dict[str, float]:
         key = f"{m['system']} {m['workload']} x{m['scale']}"
         out |= {f"{key} {field}": m[field] for field in ("wall_s", "mb_s", "of_ceiling")}
         out |= {f"{key} stage {stage}": seconds for stage, seconds in m["stages"].items()}
+        out[f"{key} cpu_s"] = cpu_seconds(m)
         wp = _one(results, system="wavepipe", workload=m["workload"], scale=m["scale"])
         if wp:
             out[f"{key} wall/wavepipe"] = m["wall_s"] / wp["wall_s"]
+        hand = _one(results, system="python_consumer", workload=m["workload"], scale=m["scale"])
+        if hand and cpu_seconds(m) and cpu_seconds(hand):
+            out[f"{key} cpu/python_consumer"] = cpu_seconds(m) / cpu_seconds(hand)
         gate = sum(s for stage, s in m["stages"].items() if stage.startswith("validate: "))
         if gate:
             out[f"{key} gate/rest"] = gate / (m["wall_s"] - gate)
