@@ -329,14 +329,38 @@ def assemble_tasks(
     reach: S3Options | None = None,
     notes: str | None = None,
 ) -> Iterator[pa.RecordBatch]:
-    """``assemble_file`` over tasks: record batches of (``path``, ``ids``: a list of
-    ``{waveform_id, checksum}``), one staged file and the waveforms wanted from it per row."""
+    """``assemble_file`` over tasks: record batches of (``path``, ``wanted``), one staged file and
+    the file of the waveforms wanted from it (``write_wanted``) per row."""
     for batch in batches:
-        for path, ids in zip(batch.column("path").to_pylist(), batch.column("ids").to_pylist(), strict=True):
-            wanted = {w["waveform_id"]: w["checksum"] for w in ids}
+        for path, ids in zip(batch.column("path").to_pylist(), batch.column("wanted").to_pylist(), strict=True):
+            wanted = read_wanted(ids, reach)
             for out in assemble_file(path, wanted, strict, batch_bytes, verify_only=verify, reach=reach, notes=notes):
                 yield out
                 failpoint("assemble.batch", failpoints, scope)
+
+
+#: The waveforms a task assembles from one staged file (``write_wanted``).
+WANTED_SCHEMA = pa.schema([pa.field("waveform_id", pa.string(), False), pa.field("checksum", pa.string(), False)])
+
+
+def write_wanted(ids: pa.Table, uri: str) -> None:
+    """Write ``ids`` (``WANTED_SCHEMA``) at ``uri``, in the run's staging, for the worker that
+    assembles them: a task names its file, so the engine's JVM carries one row per staged file,
+    not one per waveform."""
+    ids = ids.select(WANTED_SCHEMA.names).cast(WANTED_SCHEMA)
+    if is_remote(uri):
+        pq.write_table(
+            ids, for_clients(uri).removeprefix("s3://"), filesystem=arrow_filesystem(configured_options(uri))
+        )
+        return
+    Path(uri).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(ids, uri)
+
+
+def read_wanted(uri: str, reach: S3Options | None = None) -> dict[str, str]:
+    """The waveforms ``write_wanted`` wrote at ``uri``: id -> ``wp-checksum``."""
+    ids = pq.read_table(uri if reach is None else open_input(uri, reach))
+    return dict(zip(ids["waveform_id"].to_pylist(), ids["checksum"].to_pylist(), strict=True))
 
 
 # --- writing the output's Parquet files in the worker ----------------------------------------------

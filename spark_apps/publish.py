@@ -48,6 +48,7 @@ from wavepipe.spark_apps.reassemble import (
     changed_notes_dir,
     chunk_files,
     staged_chunk_files,
+    wanted_lists_dir,
     wanted_waveforms,
     written_by_workers,
 )
@@ -194,7 +195,15 @@ def _assembled(
         files = chunk_files(store, plan)
         parts.append(
             assemble_local(
-                spark, files, staged, batch_bytes, scope=plan.run_id, strict=True, notes=notes, writes=writes
+                spark,
+                files,
+                staged,
+                batch_bytes,
+                wanted_lists_dir(store, plan.run_id),
+                scope=plan.run_id,
+                strict=True,
+                notes=notes,
+                writes=writes,
             )
         )
     if len(shuffled):

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -55,6 +56,7 @@ from wavepipe.spark_apps.assembly import (
     assemble_arrow,
     assemble_tasks,
     write_parquet,
+    write_wanted,
 )
 from wavepipe.spark_apps.classify import (
     CANDIDATE,
@@ -93,6 +95,7 @@ def assemble_local(
     files: dict[int, str],
     rows: pd.DataFrame,
     batch_bytes: int,
+    lists: str,
     scope: str = "",
     strict: bool = False,
     verify_only: bool = False,
@@ -101,15 +104,20 @@ def assemble_local(
 ) -> DataFrame:
     """Whole waveforms for the waveforms ``rows`` names (id, checksum, partition), whose chunks are
     all in one partition's staged file, each file streamed by one task: no shuffle of payloads
-    (the common case with keyed producers). The tasks (a file and its ids each) are made here and
-    handed to Spark as a local relation, which it splits over its cores: no Spark job before the
-    one that assembles. ``batch_bytes``: the setting ``output_batch_bytes``; ``scope``: what the
+    (the common case with keyed producers). The tasks (a staged file and the file of the ids wanted
+    from it, written under folder ``lists``: ``wanted_lists_dir``) are made here and handed to
+    Spark as a local relation, which it splits over its cores: no Spark job before the one that
+    assembles. ``batch_bytes``: the setting ``output_batch_bytes``; ``scope``: what the
     run's failpoints count their hits in (the run id); ``strict``, ``verify_only``, ``notes``: see
     ``assemble_file``. ``writes``: the workers write the waveforms as Parquet files there
     themselves (``assembly.write_parquet``) and the frame holds the files written
     (``WRITTEN``), not the rows."""
-    wanted = rows.groupby("partition")[["waveform_id", "checksum"]]
-    tasks = [(files[p], group.to_dict("records")) for p, group in wanted if p in files]
+    lists = storage.join(lists, uuid.uuid4().hex)  # a retried publish's lists never meet an earlier one's
+    tasks = []
+    for p, group in rows.groupby("partition")[["waveform_id", "checksum"]]:
+        if p in files:
+            write_wanted(pa.Table.from_pandas(group, preserve_index=False), storage.join(lists, f"p{p}.parquet"))
+            tasks.append((files[p], storage.join(lists, f"p{p}.parquet")))
     failpoints = armed()  # the workers (a Spark engine's) do not have this process's environment
     reach = storage.worker_options(next(iter(files.values()), ""))  # an object store's endpoint: no keys
 
@@ -117,7 +125,7 @@ def assemble_local(
         rows = assemble_tasks(batches, failpoints, scope, strict, batch_bytes, verify_only, reach, notes)
         return rows if writes is None else write_parquet(rows, writes)
 
-    local = spark.createDataFrame(tasks, "path string, ids array<struct<waveform_id: string, checksum: string>>")
+    local = spark.createDataFrame(tasks, "path string, wanted string")
     return local.mapInArrow(tasks_of_this_run, OUTPUT_SCHEMA if writes is None else WRITTEN)
 
 
@@ -129,6 +137,11 @@ def written_by_workers(rows: DataFrame, writes: FilesTarget) -> DataFrame:
         return write_parquet(batches, writes)
 
     return rows.mapInArrow(write, WRITTEN)
+
+
+def wanted_lists_dir(store: RunStore, run_id: str) -> str:
+    """Where ``assemble_local`` writes the ids each of its tasks assembles (removed with the staging)."""
+    return storage.join(store.staging_dir(run_id), "wanted")
 
 
 def changed_notes_dir(store: RunStore, run_id: str) -> str:
@@ -377,7 +390,8 @@ def _assembled(spark: SparkSession, settings, store: RunStore, plan: RunPlan, ro
     if len(local):
         files = chunk_files(store, plan)
         batch_bytes = settings.output_batch_bytes
-        parts.append(assemble_local(spark, files, local, batch_bytes, scope=plan.run_id, verify_only=True))
+        lists = wanted_lists_dir(store, plan.run_id)
+        parts.append(assemble_local(spark, files, local, batch_bytes, lists, scope=plan.run_id, verify_only=True))
     shuffled = routed[routed["route"] == SHUFFLE]
     if len(shuffled):
         wanted = wanted_waveforms(spark, shuffled)

@@ -227,3 +227,19 @@ def test_a_waveform_whose_chunks_cross_batches_and_row_groups_is_joined_whole(tm
     assert [r["waveform_id"] for r in out] == [f"w{i}" for i in range(80)]
     for (recs, _), row in zip(records, out, strict=True):
         assert row["payload"] == b"".join(v for _, _, v in recs) and row["checksum_ok"]
+
+
+def test_a_task_names_the_file_of_its_wanted_ids_and_the_worker_reads_them_from_it(tmp_path):
+    """The JVM carries one row per staged file: (its path, the path of its wanted ids)."""
+    from wavepipe.spark_apps.assembly import assemble_tasks, read_wanted, write_wanted
+
+    a, a_sum = waveform_records("a", 3, seed=1)
+    b, _ = waveform_records("b", 2, seed=2)
+    staged = tmp_path / "staged.parquet"
+    pq.write_table(pa.Table.from_pylist(chunk_rows([*a, *b]), schema=CHUNK_SCHEMA), staged)
+    ids = tmp_path / "wanted" / "run" / "p0.parquet"
+    write_wanted(pa.table({"checksum": [a_sum], "waveform_id": ["a"], "partition": [0]}), str(ids))
+    assert read_wanted(str(ids)) == {"a": a_sum}
+    task = pa.RecordBatch.from_pydict({"path": [str(staged)], "wanted": [str(ids)]})
+    out = [r for batch in assemble_tasks(iter([task]), None, "", True, 1 << 20, False) for r in batch.to_pylist()]
+    assert [r["waveform_id"] for r in out] == ["a"] and out[0]["payload"] == b"".join(v for _, _, v in a)
