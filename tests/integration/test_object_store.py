@@ -485,7 +485,8 @@ def test_the_engine_killed_mid_write_to_the_bucket_leaves_nothing_visible_and_th
     kafka, s3_engine, s3_spark, options, tmp_path, monkeypatch
 ):
     """The Spark engine is SIGKILLed while its Python workers write the run's waveforms into the
-    bucket (a worker's failpoint, after its first batch, kills its whole engine): the step fails
+    bucket (a worker's failpoint, after its first batch, kills its whole engine; every worker stops
+    at its first batch, so none can finish and close a file before the kill): the step fails
     in seconds; a file cut short is an unfinished multipart upload, never an object, so nothing of
     the write is in the table's folder, let alone in a version; no offset moves. The retry, on
     another engine (a run's state is in its home and its staging, not in an engine), publishes
@@ -508,7 +509,7 @@ def test_the_engine_killed_mid_write_to_the_bucket_leaves_nothing_visible_and_th
     pipeline.reassemble_step(settings, "cut-engine")
     try:
         LocalEngine(killed).up()  # warm first: the time below is the step's
-        monkeypatch.setenv("WAVEPIPE_FAILPOINTS", "assemble.batch@2=sleep:4+kill-app")
+        monkeypatch.setenv("WAVEPIPE_FAILPOINTS", "assemble.batch@1=sleep:4+kill-app")
         began = time.monotonic()
         with pytest.raises(Exception) as failed:
             pipeline.validate_step(killed, "cut-engine")
