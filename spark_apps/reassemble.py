@@ -116,8 +116,8 @@ def assemble_local(
     tasks = []
     for p, group in rows.groupby("partition")[["waveform_id", "checksum"]]:
         if p in files:
-            write_wanted(pa.Table.from_pandas(group, preserve_index=False), storage.join(lists, f"p{p}.parquet"))
             tasks.append((files[p], storage.join(lists, f"p{p}.parquet")))
+            write_wanted(pa.Table.from_pandas(group, preserve_index=False), tasks[-1][1])
     failpoints = armed()  # the workers (a Spark engine's) do not have this process's environment
     reach = storage.worker_options(next(iter(files.values()), ""))  # an object store's endpoint: no keys
 
