@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from wavepipe import storage
 from wavepipe.contracts.protocol import CHECKSUM_PREFIX, Chunk, output_facts
+from wavepipe.contracts.rows import ROW_FACTS
 from wavepipe.faults import failpoint
 
 CHUNK_SCHEMA = pa.schema(
@@ -38,6 +39,7 @@ CHUNK_SCHEMA = pa.schema(
         ("source", pa.string()),
         ("chunk_len", pa.int32()),
         ("payload", pa.binary()),
+        ("extension", pa.string()),  # protocol.Extension.as_json: null for a 1.0 waveform
     ]
 )
 
@@ -59,27 +61,7 @@ DEAD_LETTER_SCHEMA = pa.schema(
 
 #: A whole waveform the reader hashed while staging its chunks: its output row without the payload
 #: (``protocol.output_facts``) and ``digest``, the sha256 of its chunks joined in sequence order.
-DIGEST_SCHEMA = pa.schema(
-    [
-        ("waveform_id", pa.string()),
-        ("source", pa.string()),
-        ("start_time", pa.timestamp("us", tz="UTC")),
-        ("date", pa.date32()),
-        ("dtype", pa.string()),
-        ("channels", pa.int32()),
-        ("sample_rate", pa.float64()),
-        ("n_samples", pa.int64()),
-        ("duration_s", pa.float64()),
-        ("size_bytes", pa.int64()),
-        ("n_chunks", pa.int32()),
-        ("checksum", pa.string()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("first_offset", pa.int64()),
-        ("last_offset", pa.int64()),
-        ("digest", pa.string()),
-    ]
-)
+DIGEST_SCHEMA = ROW_FACTS.append(pa.field("digest", pa.string()))
 
 
 class InOrderDigests:
@@ -116,6 +98,7 @@ class InOrderDigests:
                     "start_ns": m.start_ns,
                     "checksum": chunk.checksum,
                     "topic": self.topic,
+                    "extension": m.extension,
                 },
                 "count": chunk.count,
                 "next": 0,
@@ -158,6 +141,7 @@ def chunk_row(topic: str, partition: int, offset: int, timestamp_ms: int, chunk:
         "source": m.source,
         "chunk_len": len(chunk.payload),
         "payload": chunk.payload,
+        "extension": m.extension,
     }
 
 

@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.protocol import checksum, output_facts
+from wavepipe.contracts.rows import ROW_FACTS
 from wavepipe.delta_files import NULL_PARTITION
 from wavepipe.faults import failpoint
 from wavepipe.storage import (
@@ -43,32 +44,15 @@ from wavepipe.storage import (
 )
 
 #: The output table's columns (Spark's ``reassemble.OUTPUT_SCHEMA`` is made from these).
+_CUT = ROW_FACTS.get_field_index("checksum") + 1
 ARROW_OUTPUT_SCHEMA = pa.schema(
-    [
-        pa.field("waveform_id", pa.string(), False),
-        pa.field("source", pa.string(), False),
-        pa.field("start_time", pa.timestamp("us", tz="UTC"), False),
-        pa.field("date", pa.date32(), False),
-        pa.field("dtype", pa.string(), False),
-        pa.field("channels", pa.int32(), False),
-        pa.field("sample_rate", pa.float64(), False),
-        pa.field("n_samples", pa.int64(), False),
-        pa.field("duration_s", pa.float64(), False),
-        pa.field("size_bytes", pa.int64(), False),
-        pa.field("n_chunks", pa.int32(), False),
-        pa.field("checksum", pa.string(), False),
-        pa.field("payload", pa.binary(), True),
-        pa.field("topic", pa.string(), False),
-        pa.field("partition", pa.int32(), False),
-        pa.field("first_offset", pa.int64(), False),
-        pa.field("last_offset", pa.int64(), False),
-        pa.field("checksum_ok", pa.bool_(), False),
-    ]
+    [*list(ROW_FACTS)[:_CUT], pa.field("payload", pa.binary(), True), *list(ROW_FACTS)[_CUT:]]
+    + [pa.field("checksum_ok", pa.bool_(), False)]
 )
 #: Marks the error of a staged chunk file whose bytes changed after the reader hashed them.
 STAGED_CHANGED = "wavepipe: staged chunks changed on disk"
 #: The chunk columns every chunk of a waveform repeats (those of its output row).
-_FACTS = ("waveform_id", "source", "dtype", "channels", "sample_rate", "start_ns", "checksum", "topic")
+_FACTS = ("waveform_id", "source", "dtype", "channels", "sample_rate", "start_ns", "checksum", "topic", "extension")
 #: The chunk columns ``assemble_file`` reads.
 _READ = (*_FACTS, "seq", "chunk_count", "offset", "partition")
 _DEFAULT_BATCH_BYTES = Settings.model_fields["output_batch_bytes"].default
@@ -92,6 +76,8 @@ def output_batch(rows: list[dict]) -> pa.RecordBatch:
         values = [r[f.name] for r in rows]
         if pa.types.is_timestamp(f.type):
             arrays.append(pa.array(values, pa.int64()).cast(f.type))
+        elif pa.types.is_list(f.type):
+            arrays.append(pa.array(values, f.type))
         elif pa.types.is_date32(f.type):
             arrays.append(pa.array(values, pa.int32()).cast(f.type))
         elif f.name == "payload":

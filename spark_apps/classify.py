@@ -47,9 +47,10 @@ META_COLUMNS = [
     "start_ns",
     "source",
     "chunk_len",
+    "extension",
 ]
 #: Chunks that must agree for a waveform to be one content.
-_FACTS = ["total_size", "checksum", "dtype", "channels", "sample_rate", "start_ns", "source"]
+_FACTS = ["total_size", "checksum", "dtype", "channels", "sample_rate", "start_ns", "source", "extension"]
 
 #: Routes of a new candidate waveform (``route``): how its bytes are verified and written.
 DIGEST, LOCAL, SHUFFLE = "digest", "local", "shuffle"

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
 
+import pyarrow as pa
 import tenacity
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -379,6 +380,10 @@ def append_new(
 
     def publish() -> None:
         table = storage.delta_table(path) if delta_version(path) is not None else None
+        if table is not None and add_columns(
+            table, df.schema if isinstance(df, WorkerWrites) else arrow_schema(df.schema)
+        ):
+            table = storage.delta_table(path)  # the version with them, which the commit is checked against
         if table is not None and txn is not None and (table.transaction_version(txn.app_id) or 0) >= txn.version:
             if written:
                 log.info(
@@ -414,6 +419,22 @@ def append_new(
         write_and_commit(table)
 
     _committing(str(path))(publish)
+
+
+def add_columns(table, schema) -> bool:
+    """Add to ``table`` (a ``DeltaTable``) the nullable columns of ``schema`` (pyarrow) it lacks,
+    in one metadata-only commit by delta-rs; whether there were any. A table an earlier wavepipe
+    wrote gains the columns a newer one writes (null in its older rows), as Spark's ``mergeSchema``
+    would add them; a required column it lacks is left to ``_check_columns``'s error."""
+    from deltalake import Schema
+
+    have = {f.name for f in table.schema().fields}
+    new = [f for f in schema if f.name not in have and f.nullable]
+    if not new:
+        return False
+    log.info("adding the columns %s to the table %s", ", ".join(f.name for f in new), table.table_uri)
+    table.alter.add_columns(list(Schema.from_arrow(pa.schema(new)).fields))
+    return True
 
 
 def _why_not_commit_again(path: str, files: _Written, keys: list[str], scope, table) -> str | None:

@@ -1,6 +1,6 @@
 """Tables an earlier wavepipe wrote (string columns logged as ``string collate UTF8_BINARY``, the
 waveforms partitioned by source and date) are repaired in place: the next run's publish fixes the
-types in one metadata-only commit, ``wavepipe table repair`` lays the waveforms out by date; rows,
+types in one metadata-only commit and adds the columns it lacks in another, ``wavepipe table repair`` lays the waveforms out by date; rows,
 history and transaction ids are kept, and delta-rs then reads them as Spark does."""
 
 from __future__ import annotations
@@ -19,11 +19,14 @@ from tests.helpers import (
 )
 from wavepipe import pipeline
 from wavepipe.consumers.kafka_admin import ensure_topic
+from wavepipe.contracts.rows import ROW_FACTS
 from wavepipe.delta_protocol import schema_problems
 
 pytestmark = pytest.mark.integration
 
 LEGACY_TXN = "wavepipe-publish-legacy-waveforms-0"
+#: The output's columns a wavepipe before extension 1.1 did not write.
+LATER_COLUMNS = ROW_FACTS.names[ROW_FACTS.get_field_index("end_time") :]
 
 
 def write_legacy_tables(spark, settings, n: int = 12) -> None:
@@ -34,7 +37,8 @@ def write_legacy_tables(spark, settings, n: int = 12) -> None:
 
     from wavepipe.spark_apps.reassemble import OUTPUT_SCHEMA
 
-    schema = T.StructType([*OUTPUT_SCHEMA.fields, T.StructField("run_id", T.StringType(), False)])
+    legacy = [f for f in OUTPUT_SCHEMA.fields if f.name not in LATER_COLUMNS]
+    schema = T.StructType([*legacy, T.StructField("run_id", T.StringType(), False)])
 
     def rows(batches):  # pickled by value: defined here, not in an importable module
         from datetime import UTC, datetime
@@ -43,7 +47,8 @@ def write_legacy_tables(spark, settings, n: int = 12) -> None:
 
         from wavepipe.spark_apps.reassemble import ARROW_OUTPUT_SCHEMA
 
-        arrow = ARROW_OUTPUT_SCHEMA.append(pa.field("run_id", pa.string(), False))
+        legacy = [f for f in ARROW_OUTPUT_SCHEMA if f.name not in LATER_COLUMNS]
+        arrow = pa.schema([*legacy, pa.field("run_id", pa.string(), False)])
         for batch in batches:
             out = []
             for i in batch.column(0).to_pylist():
@@ -90,6 +95,10 @@ def test_tables_of_an_earlier_wavepipe_are_repaired_in_place_and_laid_out_by_dat
     assert assert_delta_rs_reads_as_spark(spark, settings.quarantine_table) == 2
     repair_commit = next(h for h in waveforms.history() if h["operation"] == "REPAIR SCHEMA")
     assert "waveform_id" in repair_commit["operationParameters"]["columns"]
+    # and gains the columns this wavepipe writes: null in the earlier rows, filled in the new one
+    assert set(LATER_COLUMNS) <= set(waveforms.schema().to_arrow().names)
+    later = waveforms.to_pyarrow_table(columns=["waveform_id", "end_time"]).to_pylist()
+    assert [r["waveform_id"] for r in later if r["end_time"] is not None] == ["new-one"]
 
     code, out = run_cli(settings, "table", "repair", "--dry-run")
     assert code == 0 and "waveforms: would lay it out by date (partitioned by source, date)" in out, out
@@ -106,7 +115,7 @@ def test_tables_of_an_earlier_wavepipe_are_repaired_in_place_and_laid_out_by_dat
 
     # the history is kept (the legacy version still reads), and so is the idempotence of a publish:
     # the earlier transaction id is still known, so its append is skipped
-    assert spark.sql(f"DESCRIBE HISTORY delta.`{settings.output_table}`").count() == history_before + 3
+    assert spark.sql(f"DESCRIBE HISTORY delta.`{settings.output_table}`").count() == history_before + 4
     assert spark.read.format("delta").option("versionAsOf", 0).load(str(settings.output_table)).count() == 12
     version = waveforms.version()
     again = spark.read.format("delta").load(str(settings.output_table)).limit(1)

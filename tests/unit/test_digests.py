@@ -43,6 +43,7 @@ def test_interleaved_in_order_waveforms_each_get_the_sha256_of_their_joined_chun
         "start_ns": chunk.meta.start_ns,
         "checksum": a_sum,
         "topic": "t",
+        "extension": None,
     }
     size = sum(len(v) for _, _, v in a)
     assert by_id["a"] == {**output_facts(facts, size, 3, 4, 100, 105), "digest": a_sum}

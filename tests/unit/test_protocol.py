@@ -117,3 +117,101 @@ def test_values_the_staging_columns_cannot_hold_are_malformed(changes):
     with pytest.raises(p.ProtocolError) as err:
         p.parse_chunk(headers, value)
     assert err.value.reason == "malformed_header"
+
+
+SEED = p.Extension(
+    channel_names=("BHZ", "BHN", "BHE"),
+    units=("m/s", "m/s", ""),
+    calibration=(1.5e-9, 2.0, 0.25),
+    baseline=(0.0, 0.0, 12.0),
+    network="IU",
+    station="ANMO",
+    location="00",
+    format="MSEED",
+)
+
+
+def test_extension_headers_travel_with_every_chunk_and_land_in_the_row():
+    samples = np.arange(300, dtype="<i4").reshape(100, 3)
+    records = p.split_waveform(
+        samples, waveform_id="w", sample_rate=20.0, start_time=START, source="IU.ANMO.00.BH?", chunk_size=400,
+        extension=SEED,
+    )  # fmt: skip
+    metas = {p.parse_chunk(headers, value).meta for _, headers, value in records}
+    assert len(records) == 3 and len(metas) == 1
+    meta = metas.pop()
+    assert p.Extension.from_json(meta.extension) == SEED
+    facts = {**vars(meta), "checksum": p.checksum(samples.tobytes()), "topic": "t"}
+    row = p.output_facts(facts, samples.nbytes, 3, 0, 10, 12)
+    assert row["channel_names"] == ["BHZ", "BHN", "BHE"] and row["calibration"] == [1.5e-9, 2.0, 0.25]
+    assert (row["network"], row["station"], row["location"], row["format"]) == ("IU", "ANMO", "00", "MSEED")
+    assert row["end_time"] - row["start_time"] == 5_000_000  # 100 samples at 20 Hz, in microseconds
+
+
+def test_a_waveform_without_extension_headers_is_a_version_1_0_waveform():
+    _, headers, value = p.split_waveform(
+        np.arange(4, dtype="<f4"), waveform_id="w", sample_rate=1.0, start_time=START, source="s", chunk_size=64
+    )[0]
+    assert not any(name in p.EXTENSION_HEADERS for name, _ in headers)
+    meta = p.parse_chunk(headers, value).meta
+    assert meta.extension is None
+    row = p.output_facts({**vars(meta), "checksum": "x", "topic": "t"}, 16, 1, 0, 0, 0)
+    assert row["channel_names"] is None and row["network"] is None
+
+
+def test_extension_as_json_is_canonical():
+    again = p.Extension(**dict(reversed(list(vars(SEED).items()))))
+    assert again.as_json() == SEED.as_json()
+    assert p.Extension().as_json() is None and p.Extension.from_json(None) == p.Extension()
+
+
+@pytest.mark.parametrize(
+    "header,value,says",
+    [
+        ("wp-channel-names", b'["Z", "N"]', "3 items"),
+        ("wp-channel-names", b"Z,N,E", "not a JSON array"),
+        ("wp-channel-names", b'["Z", 1, "E"]', "strings"),
+        ("wp-units", b'["m/s", "m/s", "' + b"x" * 65 + b'"]', "over 64 bytes"),
+        ("wp-calibration", b"[1, NaN, 2]", "finite numbers"),
+        ("wp-calibration", b"[1, true, 2]", "finite numbers"),
+        ("wp-baseline", b'{"a": 1}', "3 items"),
+        ("wp-station", b"\xff\xfe", "not UTF-8"),
+        ("wp-network", b"N" * 65, "over 64 bytes"),
+    ],
+)
+def test_malformed_extension_headers_are_dead_letters_that_say_which(header, value, says):
+    _, headers, chunk = p.split_waveform(
+        np.zeros((4, 3), "<f4"), waveform_id="w", sample_rate=1.0, start_time=START, source="s", chunk_size=64
+    )[0]
+    with pytest.raises(p.ProtocolError) as caught:
+        p.parse_chunk([*headers, (header, value)], chunk)
+    assert caught.value.reason == "malformed_header"
+    assert header in caught.value.detail and says in caught.value.detail
+
+
+def test_split_refuses_an_extension_a_reader_would_dead_letter():
+    with pytest.raises(ValueError, match="wp-channel-names must be a JSON array of 2 items"):
+        p.split_waveform(
+            np.zeros((4, 2), "<i2"), waveform_id="w", sample_rate=1.0, start_time=START, source="s", chunk_size=64,
+            extension=p.Extension(channel_names=("Z",)),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="finite"):
+        p.split_waveform(
+            np.zeros(4, "<i2"), waveform_id="w", sample_rate=1.0, start_time=START, source="s", chunk_size=64,
+            extension=p.Extension(calibration=(float("inf"),)),
+        )  # fmt: skip
+
+
+def test_a_waveform_ending_after_the_year_9999_has_no_end_time():
+    facts = {"waveform_id": "w", "source": "s", "dtype": "<f4", "channels": 1, "sample_rate": 1e-12}
+    row = p.output_facts({**facts, "start_ns": 0, "checksum": "x", "topic": "t", "extension": None}, 400, 1, 0, 0, 0)
+    assert row["end_time"] is None and row["duration_s"] == 1e14
+    row = p.output_facts(
+        {**facts, "sample_rate": 0.5, "start_ns": 10**18, "checksum": "x", "topic": "t", "extension": None},
+        8,
+        1,
+        0,
+        0,
+        0,
+    )
+    assert row["end_time"] == 10**15 + 4_000_000

@@ -4,12 +4,18 @@ A waveform is a C-ordered array of shape (samples, channels) of one numeric dtyp
 split into chunks of at most ``chunk_size`` bytes; each chunk is one Kafka record whose value is
 the chunk's bytes and whose headers describe the chunk and the whole waveform. The record key is
 the waveform id, so all chunks of a waveform share a partition.
+
+Extension 1.1 adds optional headers that describe the recording (``Extension``: channel names,
+units, calibration, the SEED network, station and location, the file format); a reader of 1.0
+ignores them, and a record without them is a 1.0 record.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +36,22 @@ H_CHANNELS = "wp-channels"
 H_RATE = "wp-sample-rate"
 H_START = "wp-start-ns"
 H_SOURCE = "wp-source"
+
+#: Extension 1.1: optional headers, each on every chunk of a waveform or on none (``Extension``).
+H_CHANNEL_NAMES = "wp-channel-names"
+H_UNITS = "wp-units"
+H_CALIBRATION = "wp-calibration"
+H_BASELINE = "wp-baseline"
+H_NETWORK = "wp-network"
+H_STATION = "wp-station"
+H_LOCATION = "wp-location"
+H_FORMAT = "wp-format"
+#: Per channel: a JSON array of ``wp-channels`` items; the others are plain text.
+_LIST_HEADERS = {H_CHANNEL_NAMES: str, H_UNITS: str, H_CALIBRATION: float, H_BASELINE: float}
+_TEXT_HEADERS = (H_NETWORK, H_STATION, H_LOCATION, H_FORMAT)
+EXTENSION_HEADERS = (*_LIST_HEADERS, *_TEXT_HEADERS)
+#: The longest text an extension header's item may be, in UTF-8 bytes.
+MAX_NAME_BYTES = 64
 
 REQUIRED_HEADERS = (
     H_VERSION,
@@ -60,6 +82,62 @@ class ProtocolError(ValueError):
 
 
 @dataclass(frozen=True)
+class Extension:
+    """What a recording's file says about it beyond the samples (extension 1.1; each optional).
+
+    ``channel_names``: one per channel (SEED channel codes such as ``BHZ``, ECG leads, ``left``);
+    ``units``: of the physical values, one per channel (``m/s``, ``mV``; ``""`` unknown);
+    ``calibration`` and ``baseline``: one per channel, physical value = (sample - baseline) *
+    calibration (obspy's ``calib``; WFDB's 1 / ``adc_gain`` and ``baseline``); ``network``,
+    ``station``, ``location``: SEED codes; ``format``: the file format the samples came from
+    (``MSEED``, ``SAC``, ``WAV:PCM_16``, ``WFDB:212``), so a writer can give them back as they were."""
+
+    channel_names: tuple[str, ...] | None = None
+    units: tuple[str, ...] | None = None
+    calibration: tuple[float, ...] | None = None
+    baseline: tuple[float, ...] | None = None
+    network: str | None = None
+    station: str | None = None
+    location: str | None = None
+    format: str | None = None
+
+    def headers(self) -> list[tuple[str, bytes]]:
+        """The extension's headers (only those it has)."""
+        out = []
+        for header, field in _EXTENSION_FIELDS.items():
+            value = getattr(self, field)
+            if value is None:
+                continue
+            text = json.dumps(list(value)) if header in _LIST_HEADERS else value
+            out.append((header, text.encode()))
+        return out
+
+    def as_json(self) -> str | None:
+        """The extension as one canonical JSON text (None: empty): what a chunk's staged row
+        carries, equal for equal extensions."""
+        present = {f: list(v) if isinstance(v, tuple) else v for f, v in vars(self).items() if v is not None}
+        return json.dumps(present, sort_keys=True, separators=(",", ":")) if present else None
+
+    @classmethod
+    def from_json(cls, text: str | None) -> Extension:
+        if not text:
+            return cls()
+        return cls(**{f: tuple(v) if isinstance(v, list) else v for f, v in json.loads(text).items()})
+
+
+_EXTENSION_FIELDS = {
+    H_CHANNEL_NAMES: "channel_names",
+    H_UNITS: "units",
+    H_CALIBRATION: "calibration",
+    H_BASELINE: "baseline",
+    H_NETWORK: "network",
+    H_STATION: "station",
+    H_LOCATION: "location",
+    H_FORMAT: "format",
+}
+
+
+@dataclass(frozen=True)
 class WaveformMeta:
     """What every chunk says about its whole waveform."""
 
@@ -69,6 +147,7 @@ class WaveformMeta:
     sample_rate: float
     start_ns: int  # UTC epoch nanoseconds of the first sample
     source: str
+    extension: str | None = None  # ``Extension.as_json`` of its extension headers (None: a 1.0 waveform)
 
     @property
     def start_time(self) -> datetime:
@@ -96,14 +175,17 @@ def split_waveform(
     *,
     waveform_id: str,
     sample_rate: float,
-    start_time: datetime,
+    start_time: datetime | int,
     source: str,
     chunk_size: int,
+    extension: Extension | None = None,
 ) -> list[tuple[bytes, list[tuple[str, bytes]], bytes]]:
     """Split one waveform into ``(key, headers, value)`` records following protocol v1.
 
     ``samples`` is (samples,) or (samples, channels) of a numeric dtype; the bytes are taken in
     C order with an explicit byte order in the dtype string so any reader can rebuild it.
+    ``start_time``: aware, or UTC epoch nanoseconds; ``extension``: its headers (1.1) are added,
+    checked as a reader checks them.
     """
     array = np.asarray(samples)
     if array.ndim == 1:
@@ -118,11 +200,14 @@ def split_waveform(
         raise ValueError(f"waveform_id must be 1..{MAX_ID_BYTES} bytes")
     if sample_rate <= 0:
         raise ValueError("sample_rate must be positive")
-    if start_time.tzinfo is None:
-        raise ValueError("start_time must be timezone-aware")
+    start_ns = start_time if isinstance(start_time, int) else epoch_ns(start_time)
+    extra = (extension or Extension()).headers()
+    try:
+        parse_extension(tuple(value for _, value in extra), tuple(name for name, _ in extra), array.shape[1])
+    except ProtocolError as exc:
+        raise ValueError(exc.detail) from None
     data = np.ascontiguousarray(array).tobytes()
     count = max(1, -(-len(data) // chunk_size))
-    start_ns = int(start_time.timestamp()) * 1_000_000_000 + start_time.microsecond * 1000
     common = [
         (H_VERSION, str(PROTOCOL_VERSION).encode()),
         (H_ID, waveform_id.encode()),
@@ -134,6 +219,7 @@ def split_waveform(
         (H_RATE, repr(float(sample_rate)).encode()),
         (H_START, str(start_ns).encode()),
         (H_SOURCE, source.encode()),
+        *extra,
     ]
     key = waveform_id.encode()
     view = memoryview(data)
@@ -141,6 +227,13 @@ def split_waveform(
         (key, common + [(H_SEQ, str(seq).encode())], bytes(view[seq * chunk_size : (seq + 1) * chunk_size]))
         for seq in range(count)
     ]
+
+
+def epoch_ns(when: datetime) -> int:
+    """An aware ``datetime`` as UTC epoch nanoseconds (exact to its microsecond)."""
+    if when.tzinfo is None:
+        raise ValueError("start_time must be timezone-aware")
+    return int(when.timestamp()) * 1_000_000_000 + when.microsecond * 1000
 
 
 INT32_MAX = 2**31 - 1
@@ -182,7 +275,10 @@ def parse_chunk(headers: Sequence[tuple[str, bytes | None]] | None, value: bytes
         raise ProtocolError("missing_header", f"missing {', '.join(missing)}")
     if not value:
         raise ProtocolError("empty_value", "record value is empty")
-    meta, count, size, check = _waveform_headers(tuple(h[name] for name in _WAVEFORM_HEADERS))
+    present = tuple(name for name in EXTENSION_HEADERS if name in h)
+    meta, count, size, check = _waveform_headers(
+        tuple(h[name] for name in _WAVEFORM_HEADERS), tuple(h[name] for name in present), present
+    )
     seq = _int_header(h, H_SEQ, 0, INT32_MAX)
     if seq >= count:
         raise ProtocolError("malformed_header", f"{H_SEQ}={seq} is not below {H_COUNT}={count}")
@@ -194,10 +290,13 @@ _WAVEFORM_HEADERS = (H_ID, H_SOURCE, H_DTYPE, H_CHECKSUM, H_COUNT, H_SIZE, H_CHA
 
 
 @functools.lru_cache(maxsize=4096)
-def _waveform_headers(values: tuple[bytes, ...]) -> tuple[WaveformMeta, int, int, str]:
+def _waveform_headers(
+    values: tuple[bytes, ...], extension: tuple[bytes, ...] = (), names: tuple[str, ...] = ()
+) -> tuple[WaveformMeta, int, int, str]:
     """The waveform's facts from the headers all its chunks repeat (``_WAVEFORM_HEADERS``'s
-    values), checked once per waveform, not once per chunk: a reader sees the same values for
-    every chunk of a waveform (a ``ProtocolError`` is not cached: it is raised for each chunk)."""
+    values, then the extension headers ``names`` present and their values), checked once per
+    waveform, not once per chunk: a reader sees the same values for every chunk of a waveform (a
+    ``ProtocolError`` is not cached: it is raised for each chunk)."""
     h = dict(zip(_WAVEFORM_HEADERS, values, strict=True))
     try:
         waveform_id = h[H_ID].decode()
@@ -228,16 +327,55 @@ def _waveform_headers(values: tuple[bytes, ...]) -> tuple[WaveformMeta, int, int
         raise ProtocolError("malformed_header", f"{H_RATE} must be a positive finite number")
     if size % (dtype.itemsize * channels):
         raise ProtocolError("malformed_header", f"{H_SIZE}={size} is not whole samples of {dtype_str} x {channels}")
-    return WaveformMeta(waveform_id, dtype.str, channels, rate, start_ns, source), count, size, check
+    ext = parse_extension(extension, names, channels).as_json()
+    return WaveformMeta(waveform_id, dtype.str, channels, rate, start_ns, source, ext), count, size, check
+
+
+def _text(name: str, raw: bytes | str) -> str:
+    try:
+        text = raw.decode() if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError:
+        raise ProtocolError("malformed_header", f"{name} is not UTF-8") from None
+    if len(text.encode()) > MAX_NAME_BYTES:
+        raise ProtocolError("malformed_header", f"{name}: {text[:20]!r}... is over {MAX_NAME_BYTES} bytes")
+    return text
+
+
+def _list_header(name: str, raw: bytes, channels: int) -> tuple:
+    try:
+        items = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ProtocolError("malformed_header", f"{name} is not a JSON array") from None
+    if not isinstance(items, list) or len(items) != channels:
+        raise ProtocolError("malformed_header", f"{name} must be a JSON array of {channels} items (wp-channels)")
+    if _LIST_HEADERS[name] is str:
+        if not all(isinstance(i, str) for i in items):
+            raise ProtocolError("malformed_header", f"{name} must hold strings")
+        return tuple(_text(name, i) for i in items)
+    if not all(isinstance(i, int | float) and not isinstance(i, bool) and math.isfinite(i) for i in items):
+        raise ProtocolError("malformed_header", f"{name} must hold finite numbers")
+    return tuple(float(i) for i in items)
+
+
+def parse_extension(values: tuple[bytes, ...], names: tuple[str, ...], channels: int) -> Extension:
+    """The extension headers ``names`` (their ``values``) of a waveform of ``channels``
+    channels, checked; a ``ProtocolError`` (``malformed_header``) says which is wrong."""
+    fields = {}
+    for name, raw in zip(names, values, strict=True):
+        parsed = _list_header(name, raw, channels) if name in _LIST_HEADERS else _text(name, raw)
+        fields[_EXTENSION_FIELDS[name]] = parsed
+    return Extension(**fields)
 
 
 def output_facts(facts: dict, size: int, n_chunks: int, partition: int, first_offset: int, last_offset: int) -> dict:
     """What the output table says about a whole waveform of ``size`` bytes, all but its payload.
     ``facts``: the chunks' ``waveform_id``, ``source``, ``dtype``, ``channels``, ``sample_rate``,
-    ``start_ns``, ``checksum`` and ``topic``. One definition for both places that make these rows:
-    the readers (for a waveform they hashed as they staged it) and the Spark assembly."""
+    ``start_ns``, ``checksum``, ``topic`` and ``extension`` (``Extension.as_json``). One definition
+    for both places that make these rows: the readers (for a waveform they hashed as they staged
+    it) and the Spark assembly."""
     n_samples = size // (np.dtype(facts["dtype"]).itemsize * facts["channels"])
     start_us = facts["start_ns"] // 1000
+    ext = Extension.from_json(facts["extension"])
     return {
         "waveform_id": facts["waveform_id"],
         "source": facts["source"],
@@ -248,6 +386,7 @@ def output_facts(facts: dict, size: int, n_chunks: int, partition: int, first_of
         "sample_rate": facts["sample_rate"],
         "n_samples": n_samples,
         "duration_s": n_samples / facts["sample_rate"],
+        "end_time": end_us(facts["start_ns"], n_samples, facts["sample_rate"]),
         "size_bytes": size,
         "n_chunks": n_chunks,
         "checksum": facts["checksum"],
@@ -255,7 +394,23 @@ def output_facts(facts: dict, size: int, n_chunks: int, partition: int, first_of
         "partition": partition,
         "first_offset": first_offset,
         "last_offset": last_offset,
+        **{name: list(value) if isinstance(value, tuple) else value for name, value in vars(ext).items()},
     }
+
+
+#: The latest instant a table's time column holds (9999-12-31T23:59:59.999999Z, Spark's limit), in
+#: microseconds since 1970.
+MAX_TIME_US = 253_402_300_799_999_999
+
+
+def end_us(start_ns: int, n_samples: int, sample_rate: float) -> int | None:
+    """The instant after the last sample, in microseconds; None beyond what a time column holds
+    (a sample rate so low that the waveform would end after the year 9999)."""
+    span_ns = n_samples * 1e9 / sample_rate
+    if not span_ns < MAX_TIME_US * 1000:
+        return None
+    end_us = (start_ns + round(span_ns)) // 1000
+    return end_us if end_us <= MAX_TIME_US else None
 
 
 def rebuild(payload: bytes, dtype: str, channels: int) -> np.ndarray:
