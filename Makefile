@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml requirements.lock
 	rm -f $(VENV)/.installed-*
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c requirements.lock -e ".[test]"
+	$(BIN)/pip install --quiet -c requirements.lock -e ".[test,seismic,audio,ecg,xarray]"
 	$(BIN)/pip check
 	touch $@
 

@@ -9,16 +9,17 @@ if any record failed: nothing is dropped silently.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
+from itertools import groupby
 
 import numpy as np
 from confluent_kafka import KafkaError, Message
 
 from wavepipe.consumers.kafka_admin import new_producer, require_reachable
 from wavepipe.contracts.config import Settings
-from wavepipe.contracts.protocol import checksum, split_waveform
+from wavepipe.contracts.protocol import Extension, checksum, split_waveform
 
 log = logging.getLogger(__name__)
 
@@ -72,11 +73,13 @@ class ChunkProducer:
         *,
         waveform_id: str,
         sample_rate: float,
-        start_time: datetime,
+        start_time: datetime | int,
         source: str,
         chunk_size: int | None = None,
+        extension: Extension | None = None,
     ) -> ProducedWaveform:
-        """Queue one waveform's chunks; call ``flush`` to wait for delivery."""
+        """Queue one waveform's chunks; call ``flush`` to wait for delivery. ``start_time``:
+        aware, or UTC epoch nanoseconds; ``extension``: what the recording's file says of it."""
         records = split_waveform(
             samples,
             waveform_id=waveform_id,
@@ -84,6 +87,7 @@ class ChunkProducer:
             start_time=start_time,
             source=source,
             chunk_size=chunk_size or self.settings.chunk_size,
+            extension=extension,
         )
         for key, headers, value in records:
             while True:
@@ -174,6 +178,70 @@ def produce_demo(
     ]
     producer.flush()
     return sent
+
+
+# --- recordings in files ---------------------------------------------------------------------
+
+
+@dataclass
+class FilesProduced:
+    """What ``produce_files`` did: the waveforms sent, and each file it could not read (path,
+    one-line reason), which it left out and went on."""
+
+    files: int
+    sent: list[ProducedWaveform]
+    failed: list[tuple[str, str]]
+    #: parts of files that are no waveform (a trace without samples, a log channel): path, what
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+
+def produce_files(
+    settings: Settings,
+    paths: list[str],
+    *,
+    group_components: bool = False,
+    start_ns: int | None = None,
+    progress: Callable[[int, int, str, int], None] = lambda done, files, path, waveforms: None,
+) -> FilesProduced:
+    """Produce every recording in ``paths`` (files, folders, globs; ``wavepipe.recordings``:
+    what obspy reads, WAV/FLAC, WFDB records) and wait for delivery. Each waveform's id comes
+    from its identity (source, start, length), so a file sent again is a re-delivery and a
+    changed file a visible id conflict. ``progress(done, files, path, waveforms)`` after each
+    file. A file that cannot be read is listed in ``failed`` and the others are still sent; a
+    part of a file that is no waveform is listed in ``skipped``."""
+    from wavepipe.recordings import Skipped
+    from wavepipe.recordings.files import expand, recordings
+
+    found = expand(paths)
+    producer = ChunkProducer(settings)
+    sent: list[ProducedWaveform] = []
+    failed: list[tuple[str, str]] = []
+    skipped: list[tuple[str, str]] = []
+    for done, (path, items) in enumerate(
+        groupby(recordings(found, group_components=group_components, start_ns=start_ns), key=lambda pair: pair[0]), 1
+    ):
+        count = 0
+        for _, item in items:
+            if isinstance(item, Exception):
+                failed.append((str(path), f"{type(item).__name__}: {str(item).splitlines()[0] if str(item) else ''}"))
+                continue
+            if isinstance(item, Skipped):
+                skipped.append((str(path), item.reason))
+                continue
+            sent.append(
+                producer.send(
+                    item.samples,
+                    waveform_id=item.waveform_id,
+                    sample_rate=item.sample_rate,
+                    start_time=item.start_ns,
+                    source=item.source,
+                    extension=item.extension,
+                )
+            )
+            count += 1
+        progress(done, len(found), str(path), count)
+    producer.flush()
+    return FilesProduced(len(found), sent, failed, skipped)
 
 
 def manifest_lines(sent: list[ProducedWaveform]) -> list[dict]:

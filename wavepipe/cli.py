@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 
 from wavepipe import __version__
 from wavepipe.contracts.config import Settings, load_settings, redact_url
@@ -85,31 +86,66 @@ def cmd_spark_cluster(args) -> int:
 
 def cmd_produce(args) -> int:
     from wavepipe.consumers.kafka_admin import ensure_topic
-    from wavepipe.consumers.producer import manifest_lines, produce_demo
 
     settings = _settings(args)
-    if not args.demo:
-        print(
-            "only --demo is available from the command line; use wavepipe.consumers.producer.ChunkProducer "
-            "in Python to produce your own arrays",
-            file=sys.stderr,
-        )
+    if args.demo == bool(args.files):
+        print("say what to produce: --demo, or --files PATH... (files, folders or globs)", file=sys.stderr)
         return 2
     ensure_topic(settings, args.topic)
     if args.topic:
         settings = settings.replace(topic=args.topic)
+    return _produce_files(settings, args) if args.files else _produce_demo(settings, args)
+
+
+def _produce_demo(settings, args) -> int:
+    from wavepipe.consumers.producer import produce_demo
+
     began = time.monotonic()
     sent = produce_demo(settings, count=args.count, target_bytes=args.waveform_bytes)
-    seconds = time.monotonic() - began
+    _say_produced(settings, sent, sent[0].waveform_id.rsplit("-", 2)[0], time.monotonic() - began)
+    return 0
+
+
+def _produce_files(settings, args) -> int:
+    from wavepipe.consumers.producer import produce_files
+
+    def progress(done: int, files: int, path: str, waveforms: int) -> None:
+        print(f"[{done}/{files}] {path}: {waveforms} waveforms", file=sys.stderr, flush=True)
+
+    began = time.monotonic()
+    try:
+        produced = produce_files(
+            settings, args.files, group_components=args.group_components, start_ns=args.start, progress=progress
+        )
+    except (FileNotFoundError, ImportError) as exc:
+        print(f"wavepipe produce: {exc}", file=sys.stderr)
+        return 2
+    for path, reason in produced.skipped:
+        print(f"skipped (no waveform): {path}: {reason}", file=sys.stderr)
+    for path, reason in produced.failed:
+        print(f"not produced: {path}: {reason}", file=sys.stderr)
+    if produced.sent:
+        _say_produced(settings, produced.sent, f"files-{datetime.now(UTC):%Y%m%dT%H%M%S%f}", time.monotonic() - began)
+    if produced.failed:
+        print(
+            f"{len(produced.failed)} of {produced.files} files could not be read (listed above); the others were sent",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+def _say_produced(settings, sent, name: str, seconds: float) -> None:
+    from wavepipe.consumers.producer import manifest_lines
+
     total = sum(s.size for s in sent)
-    manifest = settings.home / "produced" / f"{sent[0].waveform_id.rsplit('-', 2)[0]}.jsonl"
+    manifest = settings.home / "produced" / f"{name}.jsonl"
     manifest.parent.mkdir(parents=True, exist_ok=True)
     manifest.write_text("".join(json.dumps(line) + "\n" for line in manifest_lines(sent)))
     print(
         f"produced {len(sent)} waveforms ({sum(s.chunks for s in sent)} chunks, {total / 1e6:.1f} MB) "
         f"to {settings.topic} in {seconds:.1f}s; manifest: {manifest}"
     )
-    return 0
 
 
 def _print_report(report: dict) -> None:
@@ -588,6 +624,17 @@ def _positive(text: str) -> int:
     return value
 
 
+def _epoch_ns(text: str) -> int:
+    """An argparse type: an ISO 8601 time (UTC when it names no zone) as UTC epoch nanoseconds."""
+    from wavepipe.contracts.plan import parse_datetime
+    from wavepipe.contracts.protocol import epoch_ns
+
+    try:
+        return epoch_ns(parse_datetime(text))
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 EPILOG = """exit codes: 0 done; 1 the run or operation failed (the message says what to do next; a retry
 is safe); 2 a flag, setting or name is wrong (nothing ran); 3 the output failed validation (nothing
 was published, no offset moved)"""
@@ -666,7 +713,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("produce", help="produce chunked waveforms")
     p.add_argument("--demo", action="store_true", help="synthetic seismic, ECG and audio recordings")
-    _waveform_options(p, "waveforms to produce")
+    p.add_argument(
+        "--files",
+        nargs="+",
+        metavar="PATH",
+        help="recordings in files, folders or globs: what obspy reads (MiniSEED, SAC, GSE2, ...; "
+        "wavepipe[seismic]), WAV/FLAC (wavepipe[audio]), WFDB records' .hea (wavepipe[ecg])",
+    )
+    p.add_argument(
+        "--group-components",
+        action="store_true",
+        help="with --files: a station's aligned components (e.g. BHZ, BHN, BHE) as one 3-channel waveform",
+    )
+    p.add_argument(
+        "--start",
+        type=_epoch_ns,
+        help="with --files: the start time of recordings whose file has none (WAV; WFDB without a base "
+        "time), ISO 8601 UTC (default: the file's modification time)",
+    )
+    _waveform_options(p, "demo waveforms to produce")
     p.add_argument("--topic", help="default: config `topic` (created if missing)")
     p.set_defaults(func=cmd_produce)
 
