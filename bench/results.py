@@ -75,6 +75,9 @@ CPU_GOAL = 1.5
 #: The run with its tables, staging and state on the local object store, over the local run, at
 #: most (issue 48).
 OBJECT_STORE_GOAL = 1.5
+#: wavepipe measuring every waveform's quality over the same run without, at most, with as many
+#: Spark jobs (issue 49).
+QUALITY_GOAL = 1.10
 
 
 def cpu_seconds(m: dict | None) -> float | None:
@@ -126,6 +129,8 @@ def goals(results: dict) -> list[tuple[str, bool | None, str]]:
         out.append(_cpu_goal(results, workload))
         if "wavepipe_s3" in results["options"].get("systems", ()):  # a mode of its own, left out of --quick
             out.append(_object_store_goal(results, workload))
+        if "wavepipe_no_qc" in results["options"].get("systems", ()):
+            out.append(_quality_goal(results, workload))
     if scale > 1:
         for workload, needs in SPEEDUP_GOALS.items():
             need = dict(needs)["python_consumer"]
@@ -205,6 +210,23 @@ def _cpu_goal(results: dict, workload: str) -> tuple[str, bool | None, str]:
     return name, ours <= CPU_GOAL * theirs, f"{ours:.1f} s against {theirs:.1f} s ({ours / theirs:.2f}x)"
 
 
+def _quality_goal(results: dict, workload: str) -> tuple[str, bool | None, str]:
+    measured = _one(results, system="wavepipe", workload=workload, scale=1)
+    bare = _one(results, system="wavepipe_no_qc", workload=workload, scale=1)
+    name = (
+        f"quality metrics add <= {QUALITY_GOAL - 1:.0%} to wavepipe's wall time, with as many Spark jobs ({workload})"
+    )
+    if not measured or not bare:
+        return name, None, "not measured"
+    ratio = measured["wall_s"] / bare["wall_s"]
+    jobs = (measured["info"].get("spark_jobs"), bare["info"].get("spark_jobs"))
+    return (
+        name,
+        ratio <= QUALITY_GOAL and jobs[0] == jobs[1],
+        f"{measured['wall_s']:.1f} s against {bare['wall_s']:.1f} s ({ratio:.2f}x); Spark jobs {jobs[0]} and {jobs[1]}",
+    )
+
+
 def _object_store_goal(results: dict, workload: str) -> tuple[str, bool | None, str]:
     local = _one(results, system="wavepipe", workload=workload, scale=1)
     remote = _one(results, system="wavepipe_s3", workload=workload, scale=1)
@@ -219,6 +241,7 @@ def figures(results: dict) -> dict[str, float]:
     """The figures the docs may quote from a bench run, by the key they name
     (``wavepipe.bench.figures``): ``<system> <workload> x<scale> wall_s|mb_s|of_ceiling``,
     ``... stage <stage>``, ``... wall/wavepipe`` (its wall time over wavepipe's on the same ranges),
+    ``wavepipe ... wall/wavepipe_no_qc`` (over the run without quality metrics), ``... spark_jobs``,
     ``... gate/rest`` (the validation gate's stages over the rest of the wall time, as the goal),
     ``... cpu_s`` (every sampled process's CPU seconds) and ``... cpu/python_consumer`` (over the
     hand-written consumer's on the same ranges),
@@ -236,6 +259,11 @@ def figures(results: dict) -> dict[str, float]:
         wp = _one(results, system="wavepipe", workload=m["workload"], scale=m["scale"])
         if wp:
             out[f"{key} wall/wavepipe"] = m["wall_s"] / wp["wall_s"]
+        bare = _one(results, system="wavepipe_no_qc", workload=m["workload"], scale=m["scale"])
+        if bare and m["system"] == "wavepipe":
+            out[f"{key} wall/wavepipe_no_qc"] = m["wall_s"] / bare["wall_s"]
+        if (m.get("info") or {}).get("spark_jobs") is not None:
+            out[f"{key} spark_jobs"] = m["info"]["spark_jobs"]
         hand = _one(results, system="python_consumer", workload=m["workload"], scale=m["scale"])
         if hand and cpu_seconds(m) and cpu_seconds(hand):
             out[f"{key} cpu/python_consumer"] = cpu_seconds(m) / cpu_seconds(hand)

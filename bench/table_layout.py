@@ -78,9 +78,12 @@ def cases(quick: bool, command: str) -> list[LayoutOptions]:
 
 
 def _rows(options: LayoutOptions, batch: int) -> list[tuple]:
-    """The waveforms of one micro-batch, as output rows: deterministic noise payloads (they do not
-    compress, as real sample noise hardly does), start times in arrival order."""
+    """The waveforms of one micro-batch, as output rows (``OUTPUT_SCHEMA``'s order; the columns
+    not named here null): deterministic noise payloads (they do not compress, as real sample noise
+    hardly does), start times in arrival order."""
     import numpy as np
+
+    from wavepipe.spark_apps.reassemble import OUTPUT_SCHEMA
 
     step = timedelta(hours=options.hours) / (options.batches * options.per_batch)
     rows = []
@@ -89,28 +92,27 @@ def _rows(options: LayoutOptions, batch: int) -> list[tuple]:
         payload = np.random.default_rng(n).bytes(options.waveform_bytes)
         start = T0 + n * step
         samples = options.waveform_bytes // 4
-        rows.append(
-            (
-                f"layout-{n:07d}",
-                f"station-{i % options.sources}",
-                start,
-                start.date(),
-                "float32",
-                1,
-                100.0,
-                samples,
-                samples / 100.0,
-                len(payload),
-                max(1, len(payload) // 65536),
-                hashlib.sha256(payload).hexdigest(),
-                payload,
-                "layout",
-                0,
-                n,
-                n,
-                True,
-            )
-        )
+        row = {
+            "waveform_id": f"layout-{n:07d}",
+            "source": f"station-{i % options.sources}",
+            "start_time": start,
+            "date": start.date(),
+            "dtype": "float32",
+            "channels": 1,
+            "sample_rate": 100.0,
+            "n_samples": samples,
+            "duration_s": samples / 100.0,
+            "size_bytes": len(payload),
+            "n_chunks": max(1, len(payload) // 65536),
+            "checksum": hashlib.sha256(payload).hexdigest(),
+            "payload": payload,
+            "topic": "layout",
+            "partition": 0,
+            "first_offset": n,
+            "last_offset": n,
+            "checksum_ok": True,
+        }
+        rows.append(tuple(row.get(name) for name in OUTPUT_SCHEMA.fieldNames()))
     return rows
 
 

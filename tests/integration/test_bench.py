@@ -20,7 +20,7 @@ def test_quick_bench_runs_every_system_and_checks_every_output(settings, tmp_pat
         large_bytes=4 * 2**20,
         small_bytes=1 * 2**20,
         out_dir=tmp_path / "out",
-        systems=("ceiling_confluent", "wavepipe", "python_consumer", "spark_kafka_source"),
+        systems=("ceiling_confluent", "wavepipe", "wavepipe_no_qc", "python_consumer", "spark_kafka_source"),
     )
     results = run_bench(settings, options)
     assert [m["error"] for m in results["measurements"] if m["error"]] == []
@@ -77,6 +77,10 @@ def test_quick_bench_runs_every_system_and_checks_every_output(settings, tmp_pat
     assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     verdicts = {name: met for name, met, _ in goals(results)}
     assert None not in verdicts.values(), verdicts  # every goal had its numbers
+    assert len([name for name in verdicts if name.startswith("quality metrics add")]) == 2
+    for workload in ("large", "small"):  # measuring quality starts no Spark job of its own
+        with_qc, without = (measured[(s, workload, 1)]["info"]["spark_jobs"] for s in ("wavepipe", "wavepipe_no_qc"))
+        assert with_qc == without and with_qc > 0, (workload, with_qc, without)
 
 
 def test_consume_scaling_reads_the_same_backlog_over_1_2_and_4_partitions(settings, tmp_path):
