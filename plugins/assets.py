@@ -9,7 +9,8 @@ by their location: ``file:///...`` or ``s3://...``). A downstream DAG schedules 
 
 The ingest DAG's commit (``CommitOperator``, ``RunOperator``, ``FollowOperator``) emits an event
 for each table a run put rows in, once its offsets are committed, with ``published_extra`` as the
-event's extra; a run that read nothing, or put nothing in a table, emits none for it.
+event's extra; a run that read nothing, or put nothing in a table, emits none for it. A run whose
+waveforms broke a quality rule also emits one for ``quality_asset``.
 """
 
 from __future__ import annotations
@@ -38,6 +39,35 @@ def table_assets(settings: Settings | Mapping[str, Any] | None = None) -> dict[s
     return {
         name: Asset(uri=location_uri(path), extra={"table": name, "format": "delta"})
         for name, path in table_paths(resolved).items()
+    }
+
+
+def quality_asset(settings: Settings | Mapping[str, Any] | None = None) -> Asset:
+    """The quality breaches of the pipeline's waveforms: an event for each committed run that
+    published waveforms breaking a quality rule (docs/quality.md), so an alert DAG scheduled on it
+    runs only then (its extra: ``quality_extra``)::
+
+        @dag(schedule=[quality_asset(settings={"home": "/data/wavepipe/seismic"})])
+        def page_the_on_call(): ...
+    """
+    waveforms = table_assets(settings)["waveforms"]
+    return Asset(uri=f"{waveforms.uri}?wavepipe=quality", extra={"table": "waveforms", "about": "quality breaches"})
+
+
+def quality_extra(report: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A committed run's quality breaches as its event's extra (None: none): run id, topic,
+    group, the waveforms flagged, per rule, and the most flagged sources (up to 10)."""
+    quality = report.get("quality") or {}
+    if not quality.get("flagged"):
+        return None
+    return {
+        "run_id": report["run_id"],
+        "topic": report.get("topic"),
+        "group": report.get("group"),
+        "flagged": quality["flagged"],
+        "by_rule": quality.get("by_rule", {}),
+        "sources": [s["source"] for s in quality.get("sources", []) if s.get("flagged")][:10],
+        "table_version": (report.get("table_versions") or {}).get("waveforms"),
     }
 
 

@@ -24,6 +24,8 @@ COUNTERS = {
     ),
     "waveforms_quarantined": lambda r: (r.get("outcome") or {}).get("quarantined", 0),
     "records_dead_lettered": lambda r: r["totals"]["dead_letter"],
+    # waveforms published with a quality rule's flag (docs/quality.md)
+    "waveforms_flagged": lambda r: (r.get("quality") or {}).get("flagged", 0),
 }
 
 

@@ -26,7 +26,7 @@ from wavepipe.contracts.plan import ActiveRunError, as_utc, parse_datetime
 from wavepipe.contracts.runfiles import Step
 from wavepipe.contracts.steps import to_record
 from wavepipe.plugins import metrics
-from wavepipe.plugins.assets import published_extra, table_assets
+from wavepipe.plugins.assets import published_extra, quality_asset, quality_extra, table_assets
 from wavepipe.plugins.hooks import SPARK_CONN_ID, WavepipeHook
 from wavepipe.plugins.links import DataDocsLink, RunPageLink
 
@@ -480,6 +480,13 @@ class CommitOperator(WavepipeOperator):
             context["outlet_events"][self.published].add(tables[table], extra=extra)
             self.log.info(
                 "asset event: %s got %d rows (version %s)", tables[table].uri, extra["rows"], extra["table_version"]
+            )
+        breaches = quality_extra(report)
+        if breaches is not None:
+            asset = quality_asset(settings)
+            context["outlet_events"][self.published].add(asset, extra=breaches)
+            self.log.warning(
+                "asset event: %s: %d waveforms flagged %s", asset.uri, breaches["flagged"], breaches["by_rule"]
             )
 
 

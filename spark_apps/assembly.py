@@ -15,6 +15,7 @@ functions run wherever the bytes are, in a Spark engine's Python workers (``mapI
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,9 +29,11 @@ import pyarrow.parquet as pq
 
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.protocol import checksum, output_facts
-from wavepipe.contracts.rows import ROW_FACTS
+from wavepipe.contracts.quality import QualityRule, flags
+from wavepipe.contracts.rows import QUALITY_FIELDS, ROW_FACTS
 from wavepipe.delta_files import NULL_PARTITION
 from wavepipe.faults import failpoint
+from wavepipe.spark_apps.quality import batch_metrics
 from wavepipe.storage import (
     S3Options,
     arrow_filesystem,
@@ -47,8 +50,10 @@ from wavepipe.storage import (
 _CUT = ROW_FACTS.get_field_index("checksum") + 1
 ARROW_OUTPUT_SCHEMA = pa.schema(
     [*list(ROW_FACTS)[:_CUT], pa.field("payload", pa.binary(), True), *list(ROW_FACTS)[_CUT:]]
-    + [pa.field("checksum_ok", pa.bool_(), False)]
+    + [*QUALITY_FIELDS, pa.field("checksum_ok", pa.bool_(), False)]
 )
+#: The quality rules rows are flagged by (``contracts.quality``; empty: measured, not flagged).
+Rules = tuple[QualityRule, ...]
 #: Marks the error of a staged chunk file whose bytes changed after the reader hashed them.
 STAGED_CHANGED = "wavepipe: staged chunks changed on disk"
 #: The chunk columns every chunk of a waveform repeats (those of its output row).
@@ -68,23 +73,54 @@ def output_row(
     return {**row, "payload": payload if ok and keep else None, "checksum_ok": ok}
 
 
-def output_batch(rows: list[dict]) -> pa.RecordBatch:
+def output_batch(rows: list[dict], quality: Rules | None = ()) -> pa.RecordBatch:
     """``output_row``s as one record batch of ARROW_OUTPUT_SCHEMA (times in microseconds, dates
-    in days, as ``output_facts`` gives them)."""
+    in days, as ``output_facts`` gives them), with the quality of each row that carries its
+    payload measured and flagged by the rules ``quality`` (None: not measured; null)."""
+    payload = _binary([r["payload"] for r in rows])
+    measured = _quality(rows, payload, quality) if quality is not None else {}
     arrays = []
     for f in ARROW_OUTPUT_SCHEMA:
-        values = [r[f.name] for r in rows]
-        if pa.types.is_timestamp(f.type):
+        values = measured[f.name] if f.name in measured else [r.get(f.name) for r in rows]
+        if isinstance(values, pa.Array):
+            arrays.append(values)
+        elif pa.types.is_timestamp(f.type):
             arrays.append(pa.array(values, pa.int64()).cast(f.type))
         elif pa.types.is_list(f.type):
             arrays.append(pa.array(values, f.type))
         elif pa.types.is_date32(f.type):
             arrays.append(pa.array(values, pa.int32()).cast(f.type))
         elif f.name == "payload":
-            arrays.append(_binary(values))
+            arrays.append(payload)
         else:
             arrays.append(pa.array(values, f.type))
     return pa.RecordBatch.from_arrays(arrays, schema=ARROW_OUTPUT_SCHEMA)
+
+
+def _quality(rows: list[dict], payload: pa.BinaryArray, rules: Rules) -> dict[str, pa.Array]:
+    """The quality columns (``rows.QUALITY_FIELDS``) of ``rows`` (``payload``: their payload
+    column, ``_binary``'s): the samples' metrics where a row carries its payload, measured where
+    the column holds them; its ``latency_s`` from its end to now; ``gap_s`` as the row has it
+    (the run decided it: ``publish``); ``qc_flags``, the ``rules`` it breaks. Null where there
+    is no payload."""
+    _, offsets, data = payload.buffers()
+    ends = np.frombuffer(offsets, np.int32)
+    data = np.frombuffer(data, np.uint8) if data is not None else np.empty(0, np.uint8)
+    samples = [
+        None if r["payload"] is None else data[ends[i] : ends[i + 1]].view(r["dtype"]).reshape(-1, r["channels"])
+        for i, r in enumerate(rows)
+    ]
+    now_us = time.time_ns() // 1000
+    latency = [None if r["payload"] is None or r["end_time"] is None else (now_us - r["end_time"]) / 1e6 for r in rows]
+    columns = {
+        **batch_metrics(samples),
+        "latency_s": pa.array(latency, pa.float64()),
+        "gap_s": pa.array([r.get("gap_s") for r in rows], pa.float64()),
+    }
+    flagged = flags(rules, [r["source"] for r in rows], columns)
+    measured = pa.array([s is not None for s in samples])
+    columns["qc_flags"] = pc.if_else(measured, flagged, pa.nulls(len(rows), flagged.type))
+    return columns
 
 
 def _binary(values: list[bytes | memoryview | None]) -> pa.Array:
@@ -141,12 +177,14 @@ def assemble_arrow(
     strict: bool = False,
     verify_only: bool = False,
     notes: str | None = None,
+    quality: Rules | None = (),
 ) -> pa.Table:
     """One waveform's chunk rows -> one output row: chunks in sequence order (first copy of each),
     payload joined, checksum verified. Holds one waveform at a time. ``strict``: a waveform
     verified before (by an earlier assembly) that no longer hashes to its checksum raises an error
     marked ``STAGED_CHANGED`` and leaves a note of it in folder ``notes``, as in ``assemble_file``; ``verify_only``: the row comes back
-    without its payload. ``failpoints``, ``scope``: the run's armed failpoints (``wavepipe.faults``)."""
+    without its payload. ``failpoints``, ``scope``: the run's armed failpoints (``wavepipe.faults``).
+    A ``gap_s`` column (the run's, ``publish``) is the row's; ``quality``: its metrics are measured."""
     seqs, partitions, offsets = (table[name].to_pylist() for name in ("seq", "partition", "offset"))
     order = sorted(range(table.num_rows), key=lambda i: (seqs[i], partitions[i], offsets[i]))
     picked, seen = [], set()
@@ -161,8 +199,10 @@ def assemble_arrow(
     row = output_row(facts, payload, len(picked), partitions[first_chunk], first, last, keep=not verify_only)
     if strict and not row["checksum_ok"]:
         raise _changed(f"the chunks of {facts['waveform_id']} no longer hash to {facts['checksum']}", notes)
+    if "gap_s" in table.column_names:
+        row["gap_s"] = table["gap_s"][0].as_py()
     failpoint("assemble.batch", failpoints, scope)
-    return pa.Table.from_batches([output_batch([row])])
+    return pa.Table.from_batches([output_batch([row], quality)])
 
 
 class _Payloads:
@@ -197,10 +237,17 @@ class _FileJoin:
     (another content under a reused id) are not used."""
 
     def __init__(
-        self, path: str, wanted: dict[str, str | None], strict: bool, verify_only: bool, notes=None, reach=None
+        self,
+        path: str,
+        wanted: dict[str, str | None],
+        strict: bool,
+        verify_only: bool,
+        notes=None,
+        reach=None,
+        gaps=None,
     ):
         self.path, self.wanted, self.strict, self.keep = path, wanted, strict, not verify_only
-        self.notes, self.reach = notes, reach
+        self.notes, self.reach, self.gaps = notes, reach, gaps or {}
         self.open: dict[str, dict] = {}  # id -> its facts, where it starts, its chunks so far
         self.done = 0
 
@@ -245,6 +292,7 @@ class _FileJoin:
                 self.reach,
             )
         self.done += 1
+        row["gap_s"] = self.gaps.get(wid)
         return row
 
     def check_complete(self) -> None:
@@ -269,6 +317,8 @@ def assemble_file(
     verify_only: bool = False,
     reach: S3Options | None = None,
     notes: str | None = None,
+    gaps: dict[str, float | None] | None = None,
+    quality: Rules | None = (),
 ) -> Iterator[pa.RecordBatch]:
     """Whole waveforms from one staged file (``path``; on an object store reached with ``reach``), streamed: the ``wanted`` ids (id -> ``wp-checksum``,
     or a set: any checksum) must have every chunk carrying that checksum, once, in this file (one
@@ -280,9 +330,10 @@ def assemble_file(
     to its checksum, or is not in the file, raises an error marked ``STAGED_CHANGED`` (the file
     changed since it was read), and leaves a note of it in folder ``notes`` (``_changed``), instead
     of coming out with ``checksum_ok`` false. ``verify_only``:
-    the rows come back without their payloads (a reassembly verifying them; publish writes them)."""
+    the rows come back without their payloads (a reassembly verifying them; publish writes them).
+    ``gaps``: id -> ``gap_s`` (the run's, ``publish``); ``quality``: the rows' metrics are measured."""
     wanted = wanted if isinstance(wanted, dict) else dict.fromkeys(wanted)
-    join = _FileJoin(path, wanted, strict, verify_only, notes, reach)
+    join = _FileJoin(path, wanted, strict, verify_only, notes, reach, gaps)
     rows: list[dict] = []
     buffered = 0
     source = path if reach is None else open_input(path, reach)
@@ -297,10 +348,10 @@ def assemble_file(
                 rows.append(row)
                 buffered += 0 if verify_only else row["size_bytes"]
                 if buffered >= batch_bytes:
-                    yield output_batch(rows)
+                    yield output_batch(rows, quality)
                     rows, buffered = [], 0
         if rows:  # their payloads are views of this row group: out before the next one is read
-            yield output_batch(rows)
+            yield output_batch(rows, quality)
             rows, buffered = [], 0
     join.check_complete()
 
@@ -314,25 +365,36 @@ def assemble_tasks(
     verify: bool,
     reach: S3Options | None = None,
     notes: str | None = None,
+    quality: Rules | None = (),
 ) -> Iterator[pa.RecordBatch]:
     """``assemble_file`` over tasks: record batches of (``path``, ``wanted``), one staged file and
     the file of the waveforms wanted from it (``write_wanted``) per row."""
     for batch in batches:
         for path, ids in zip(batch.column("path").to_pylist(), batch.column("wanted").to_pylist(), strict=True):
-            wanted = read_wanted(ids, reach)
-            for out in assemble_file(path, wanted, strict, batch_bytes, verify_only=verify, reach=reach, notes=notes):
+            wanted, gaps = read_wanted(ids, reach)
+            for out in assemble_file(
+                path, wanted, strict, batch_bytes, verify, reach, notes, gaps=gaps, quality=quality
+            ):
                 yield out
                 failpoint("assemble.batch", failpoints, scope)
 
 
 #: The waveforms a task assembles from one staged file (``write_wanted``).
-WANTED_SCHEMA = pa.schema([pa.field("waveform_id", pa.string(), False), pa.field("checksum", pa.string(), False)])
+WANTED_SCHEMA = pa.schema(
+    [
+        pa.field("waveform_id", pa.string(), False),
+        pa.field("checksum", pa.string(), False),
+        pa.field("gap_s", pa.float64(), True),  # the run's, for the published row (``publish``)
+    ]
+)
 
 
 def write_wanted(ids: pa.Table, uri: str) -> None:
     """Write ``ids`` (``WANTED_SCHEMA``) at ``uri``, in the run's staging, for the worker that
     assembles them: a task names its file, so the engine's JVM carries one row per staged file,
     not one per waveform."""
+    if "gap_s" not in ids.column_names:
+        ids = ids.append_column("gap_s", pa.nulls(ids.num_rows, pa.float64()))
     ids = ids.select(WANTED_SCHEMA.names).cast(WANTED_SCHEMA)
     if is_remote(uri):
         pq.write_table(
@@ -343,10 +405,13 @@ def write_wanted(ids: pa.Table, uri: str) -> None:
     pq.write_table(ids, uri)
 
 
-def read_wanted(uri: str, reach: S3Options | None = None) -> dict[str, str]:
-    """The waveforms ``write_wanted`` wrote at ``uri``: id -> ``wp-checksum``."""
+def read_wanted(uri: str, reach: S3Options | None = None) -> tuple[dict[str, str], dict[str, float | None]]:
+    """The waveforms ``write_wanted`` wrote at ``uri``: id -> ``wp-checksum``, and id -> ``gap_s``."""
     ids = pq.read_table(uri if reach is None else open_input(uri, reach))
-    return dict(zip(ids["waveform_id"].to_pylist(), ids["checksum"].to_pylist(), strict=True))
+    names = ids["waveform_id"].to_pylist()
+    return dict(zip(names, ids["checksum"].to_pylist(), strict=True)), dict(
+        zip(names, ids["gap_s"].to_pylist(), strict=True)
+    )
 
 
 # --- writing the output's Parquet files in the worker ----------------------------------------------

@@ -86,6 +86,12 @@ def validate_and_publish(
             result.output_table_version, result.table_versions = done.output_version, done.table_versions
             result.replaced_rows = done.replaced_rows
             timings["publish_s"] = time.monotonic() - t
+            if not verdict.to_publish.all_there and len(verdict.to_publish.waveforms):
+                t = time.monotonic()
+                result.quality = describe_safely(
+                    notes, "the quality summary", publish.quality_summary, settings, done.output_version
+                )
+                timings["quality_summary_s"] = time.monotonic() - t
     finally:  # the description, made beside publishing, is kept with the outcome
         t = time.monotonic()
         result.plot, timings["plot_s"] = wait_for_plot()

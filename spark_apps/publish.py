@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -32,6 +33,7 @@ from wavepipe import delta_txn, storage
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import CandidatesMismatchError
 from wavepipe.contracts.plan import RunPlan
+from wavepipe.contracts.protocol import MIN_TIME_US
 from wavepipe.contracts.runfiles import RunStore, Step
 from wavepipe.contracts.steps import Reassembled, WindowRows
 from wavepipe.delta_protocol import repair_once
@@ -39,6 +41,7 @@ from wavepipe.delta_txn import Txn
 from wavepipe.faults import failpoint
 from wavepipe.maintenance import table_paths
 from wavepipe.spark_apps.assembly import PUBLISHED_SCHEMA, FilesTarget, changed_notes
+from wavepipe.spark_apps.quality import GAP_LOOKBACK_S, SUMMARY_COLUMNS, gaps_to_previous, summarize
 from wavepipe.spark_apps.reassemble import (
     SHUFFLED,
     STAGED,
@@ -56,12 +59,14 @@ from wavepipe.spark_apps.rejections import Rejection
 from wavepipe.spark_apps.tables import (
     TABLE_KEYS,
     WorkerWrites,
+    added_files,
     append_new,
     append_rows,
     commit_metric,
     delta_version,
     delta_writer,
     replace_predicate,
+    source_times,
     window_predicate,
     with_txn,
 )
@@ -134,6 +139,8 @@ def publish_run(
     for target in targets.values():
         repair_once(target)
     txn = run_txn(store, plan, reassembled)
+    if settings.quality_metrics and len(what.waveforms):
+        what = dataclasses.replace(what, waveforms=with_gaps(what.waveforms, targets["waveforms"]))
     small = {name: publish_rows(store, plan, name, what.rejection) for name in PUBLISHED[1:]}
     if plan.is_window:
         replaced = _replace_window_run(spark, store, plan, reassembled, what, small, targets, txn)
@@ -150,6 +157,34 @@ def publish_run(
             append_rows(rows, targets[name], TABLE_KEYS[name][0], txn, _run_keys(plan, name, rows))
     failpoint("publish.after_write")
     return delta_version(settings.output_table), None
+
+
+def with_gaps(waveforms: pd.DataFrame, output: str) -> pd.DataFrame:
+    """``waveforms`` (manifest rows) with ``gap_s``, each one's gap to its source's previous
+    waveform (``quality.gaps_to_previous``): among the run's, and the output table's that start up
+    to ``quality.GAP_LOOKBACK_S`` before the run's first of that source (delta-rs; no Spark job)."""
+    run = pa.Table.from_pandas(waveforms[["waveform_id", "source", "start_time", "end_time"]], preserve_index=False)
+    starts = run["start_time"].cast(pa.int64())
+    since = max(pc.min(starts).as_py() - GAP_LOOKBACK_S * 1_000_000, MIN_TIME_US)
+    earlier = source_times(output, sorted(set(run["source"].to_pylist())), since, pc.max(starts).as_py() + 1)
+    mine = set(run["waveform_id"].to_pylist())  # a retried publish's rows already there are the run's own
+    earlier = earlier.filter(pc.invert(pc.is_in(earlier["waveform_id"], value_set=pa.array(sorted(mine)))))
+    gaps = gaps_to_previous(run, earlier)
+    return waveforms.assign(gap_s=[gaps[w] for w in waveforms["waveform_id"]])
+
+
+def quality_summary(settings: Settings, version: int | None) -> dict | None:
+    """``quality.summarize`` of the waveforms the run's commit (version ``version`` of the output
+    table) published, read from the files that commit added: only their quality columns, no Spark
+    job. None: the run measured none (``quality_metrics`` off, or it published no waveform)."""
+    rules = settings.quality()
+    if rules is None or version is None:
+        return None
+    path = settings.output_table
+    parts = [storage.read_parquet(storage.join(path, f), columns=SUMMARY_COLUMNS) for f in added_files(path, version)]
+    if not parts:
+        return None
+    return summarize(pa.concat_tables(parts), rules)
 
 
 def publish_rows(store: RunStore, plan: RunPlan, name: str, rejection: Rejection) -> pa.Table | None:
@@ -204,11 +239,13 @@ def _assembled(
                 strict=True,
                 notes=notes,
                 writes=writes,
+                quality=store.settings.quality(),
             )
         )
     if len(shuffled):
         chunks = spark.read.parquet(*map(storage.for_spark, staged_chunk_files(store, plan)))
-        rows = assemble(chunks, wanted_waveforms(spark, shuffled), scope=plan.run_id, strict=True, notes=notes)
+        wanted, quality = wanted_waveforms(spark, shuffled), store.settings.quality()
+        rows = assemble(chunks, wanted, scope=plan.run_id, strict=True, notes=notes, quality=quality)
         parts.append(rows if writes is None else written_by_workers(rows, writes))
     return parts
 

@@ -45,6 +45,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from wavepipe import storage
 from wavepipe.contracts.plan import RunPlan, utc_now
+from wavepipe.contracts.rows import QUALITY_NAMES
 from wavepipe.contracts.runfiles import RunStore, Step, staged_paths
 from wavepipe.contracts.steps import PartitionAccount, ReadStats, Reassembled, WindowRows
 from wavepipe.delta_protocol import repair_once
@@ -53,6 +54,7 @@ from wavepipe.spark_apps.assembly import (
     ARROW_OUTPUT_SCHEMA,
     WRITTEN_SCHEMA,
     FilesTarget,
+    Rules,
     assemble_arrow,
     assemble_tasks,
     write_parquet,
@@ -101,8 +103,10 @@ def assemble_local(
     verify_only: bool = False,
     notes: str | None = None,
     writes: FilesTarget | None = None,
+    quality: Rules | None = (),
 ) -> DataFrame:
-    """Whole waveforms for the waveforms ``rows`` names (id, checksum, partition), whose chunks are
+    """Whole waveforms for the waveforms ``rows`` names (id, checksum, partition; ``gap_s``, the
+    run's, where it has it), whose chunks are
     all in one partition's staged file, each file streamed by one task: no shuffle of payloads
     (the common case with keyed producers). The tasks (a staged file and the file of the ids wanted
     from it, written under folder ``lists``: ``wanted_lists_dir``) are made here and handed to
@@ -111,10 +115,12 @@ def assemble_local(
     run's failpoints count their hits in (the run id); ``strict``, ``verify_only``, ``notes``: see
     ``assemble_file``. ``writes``: the workers write the waveforms as Parquet files there
     themselves (``assembly.write_parquet``) and the frame holds the files written
-    (``WRITTEN``), not the rows."""
+    (``WRITTEN``), not the rows. ``quality``: the rules the rows' measured quality is
+    flagged by (``Settings.quality``; None: not measured; never when ``verify_only``: no payload)."""
     lists = storage.join(lists, uuid.uuid4().hex)  # a retried publish's lists never meet an earlier one's
     tasks = []
-    for p, group in rows.groupby("partition")[["waveform_id", "checksum"]]:
+    carried = [c for c in ("waveform_id", "checksum", "gap_s") if c in rows.columns]
+    for p, group in rows.groupby("partition")[carried]:
         if p in files:
             tasks.append((files[p], storage.join(lists, f"p{p}.parquet")))
             write_wanted(pa.Table.from_pandas(group, preserve_index=False), tasks[-1][1])
@@ -122,7 +128,7 @@ def assemble_local(
     reach = storage.worker_options(next(iter(files.values()), ""))  # an object store's endpoint: no keys
 
     def tasks_of_this_run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        rows = assemble_tasks(batches, failpoints, scope, strict, batch_bytes, verify_only, reach, notes)
+        rows = assemble_tasks(batches, failpoints, scope, strict, batch_bytes, verify_only, reach, notes, quality)
         return rows if writes is None else write_parquet(rows, writes)
 
     local = spark.createDataFrame(tasks, "path string, wanted string")
@@ -161,7 +167,7 @@ def chunk_files(store: RunStore, plan: RunPlan) -> dict[int, str]:
 #: grouped by a shuffle over the run's staged files). Every row's payload was verified against
 #: its checksum before the row was made (by its reader, or by an assembly that kept no payload).
 STAGED, SHUFFLED = "staged", "shuffled"
-MANIFEST_COLUMNS = [f.name for f in OUTPUT_SCHEMA.fields if f.name not in ("payload", "checksum_ok")]
+MANIFEST_COLUMNS = [f.name for f in OUTPUT_SCHEMA.fields if f.name not in ("payload", "checksum_ok", *QUALITY_NAMES)]
 
 
 def assemble(
@@ -171,17 +177,22 @@ def assemble(
     strict: bool = False,
     verify_only: bool = False,
     notes: str | None = None,
+    quality: Rules | None = (),
 ) -> DataFrame:
     """Whole waveforms for the candidate ids (one row each; payload null where the checksum fails),
     grouped by a shuffle: for waveforms spread over partitions or with duplicate chunks. Where the
-    candidates have a ``checksum``, only chunks carrying it are used (not another content's).
-    ``strict``, ``verify_only``, ``notes``: see ``assemble_arrow``."""
+    candidates have a ``checksum``, only chunks carrying it are used (not another content's); where
+    they have a ``gap_s``, it is the row's. ``strict``, ``verify_only``, ``notes``, ``quality``:
+    see ``assemble_arrow``."""
     keys = ["waveform_id", "checksum"] if "checksum" in candidates.columns else ["waveform_id"]
-    wanted = chunks.join(candidates.select(*keys), keys, "left_semi")
+    if "gap_s" in candidates.columns:
+        wanted = chunks.join(candidates.select(*keys, "gap_s"), keys, "inner")
+    else:
+        wanted = chunks.join(candidates.select(*keys), keys, "left_semi")
     failpoints = armed()
 
     def one_waveform(table: pa.Table) -> pa.Table:
-        return assemble_arrow(table, failpoints, scope, strict, verify_only, notes)
+        return assemble_arrow(table, failpoints, scope, strict, verify_only, notes, quality)
 
     return wanted.groupBy("waveform_id").applyInArrow(one_waveform, OUTPUT_SCHEMA)
 
@@ -404,8 +415,14 @@ def _assembled(spark: SparkSession, settings, store: RunStore, plan: RunPlan, ro
 
 
 def wanted_waveforms(spark: SparkSession, rows: pd.DataFrame) -> DataFrame:
-    """The waveforms ``rows`` names (id, checksum, partition), handed to Spark's assembly as a
-    local relation: no table is read for it."""
+    """The waveforms ``rows`` names (id, checksum, partition; ``gap_s`` where it has it), handed
+    to Spark's assembly as a local relation: no table is read for it."""
+    if "gap_s" in rows.columns:
+        gaps = rows["gap_s"].astype(object).where(rows["gap_s"].notna(), None)  # null, not NaN
+        return spark.createDataFrame(
+            rows[["waveform_id", "checksum", "partition"]].assign(gap_s=gaps),
+            "waveform_id string, checksum string, partition int, gap_s double",
+        )
     return spark.createDataFrame(
         rows[["waveform_id", "checksum", "partition"]], "waveform_id string, checksum string, partition int"
     )

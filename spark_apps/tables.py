@@ -125,6 +125,15 @@ def commit_metric(path: str, version: int, name: str) -> int | None:
     return None
 
 
+def added_files(path: str, version: int) -> list[str]:
+    """The data files table ``path``'s commit ``version`` added (paths relative to the table)."""
+    from urllib.parse import unquote
+
+    text = storage.read_text(storage.join(path, "_delta_log", f"{version:020d}.json"))
+    actions = (json.loads(line) for line in text.splitlines() if line.strip())
+    return [unquote(a["add"]["path"]) for a in actions if "add" in a]
+
+
 @dataclass
 class DeltaLog:
     """A Delta table's latest version as delta-rs reads its log (no Spark).
@@ -678,3 +687,27 @@ def id_rows(path: str, ids: list[str], columns: list[str]):
     there = [c for c in columns if c in dataset.schema.names]  # a table of an earlier wavepipe lacks some
     rows = dataset.to_table(columns=there, filter=pc.field("waveform_id").isin(ids)).to_pandas()
     return rows.reindex(columns=columns)
+
+
+def source_times(path: str, sources: list[str], since_us: int, until_us: int) -> pa.Table:
+    """``waveform_id``, ``source``, ``start_time``, ``end_time`` of the table's rows of
+    ``sources`` that start in ``[since_us, until_us)`` (microseconds), read by delta-rs in this
+    process: only these columns, only of the files whose statistics can hold such rows. Empty
+    when there is no table, or it has no ``end_time`` yet (written before it)."""
+    import pyarrow.compute as pc
+
+    columns = ["waveform_id", "source", "start_time", "end_time"]
+    stamp = pa.timestamp("us", tz="UTC")
+    empty = pa.schema(
+        [("waveform_id", pa.string()), ("source", pa.string()), ("start_time", stamp), ("end_time", stamp)]
+    )
+    if not sources or delta_version(path) is None:
+        return empty.empty_table()
+    table = storage.delta_table(path)
+    if "end_time" not in {f.name for f in table.schema().fields}:
+        return empty.empty_table()
+    since, until = pa.scalar(since_us, stamp), pa.scalar(until_us, stamp)
+    pruning = [("source", "in", sources), ("start_time", ">=", since.as_py()), ("start_time", "<", until.as_py())]
+    dataset = table.to_pyarrow_dataset(file_pruning_predicate=pruning)
+    near = pc.field("source").isin(sources) & (pc.field("start_time") >= since) & (pc.field("start_time") < until)
+    return dataset.to_table(columns=columns, filter=near).cast(empty)

@@ -900,9 +900,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument(
         "--systems",
         help="comma-separated subset of: ceiling_kcat, ceiling_confluent, wavepipe, "
-        "wavepipe_s3, python_consumer, spark_kafka_source",
+        "wavepipe_s3, wavepipe_no_qc, python_consumer, spark_kafka_source",
     )
-    b.add_argument("--scale-systems", help="systems that also run the scaling pass (default: all but wavepipe_s3)")
+    b.add_argument(
+        "--scale-systems", help="systems that also run the scaling pass (default: all but wavepipe_s3, wavepipe_no_qc)"
+    )
     b.add_argument("--out", help="results folder (default docs/benchmarks, or <home>/bench/quick with --quick)")
     b.add_argument("--keep", action="store_true", help="keep the topics and outputs (they are deleted by default)")
     b.add_argument(

@@ -207,7 +207,9 @@ def _staged_rows(picks: list[dict], store: RunStore, plan: RunPlan) -> list[dict
         mine = {r["waveform_id"]: r["checksum"] for r in staged if int(r["partition"]) == partition}
         path = chunk_files(store, plan)[partition]
         reach = storage.configured_options(path)
-        for batch in assemble_file(path, mine, strict=True, batch_bytes=store.settings.output_batch_bytes, reach=reach):
+        for batch in assemble_file(
+            path, mine, strict=True, batch_bytes=store.settings.output_batch_bytes, reach=reach, quality=None
+        ):
             rows += [r for r in batch.to_pylist() if r["checksum_ok"]]
     return rows
 
@@ -223,7 +225,7 @@ def _shuffled_rows(picks: list[dict], store: RunStore, plan: RunPlan) -> list[di
     rows = []
     for wid, checksum in picked.items():
         mine = chunks.filter((pc.field("waveform_id") == wid) & (pc.field("checksum") == checksum))
-        rows += [r for r in assemble_arrow(mine).to_pylist() if r["checksum_ok"]]
+        rows += [r for r in assemble_arrow(mine, quality=None).to_pylist() if r["checksum_ok"]]
     return rows
 
 

@@ -97,7 +97,7 @@ def _s3_conf(settings: Settings) -> dict[str, str]:
 def settings_env(settings: Settings) -> dict[str, str]:
     """The environment that makes a child process load exactly ``settings``."""
     return {
-        f"WAVEPIPE_{name.upper()}": json.dumps(value) if isinstance(value, dict) else str(value)
+        f"WAVEPIPE_{name.upper()}": json.dumps(value) if isinstance(value, dict | list) else str(value)
         for name, value in settings.as_dict().items()
     }
 

@@ -249,3 +249,59 @@ def test_a_file_that_cannot_be_read_is_listed_and_the_others_are_sent(settings, 
     assert "produced 1 waveforms" in out
     code, out = run_cli(settings, "produce", "--files", str(tmp_path / "nothing-*.mseed"))
     assert code == 2 and "nothing-*.mseed" in out, out
+
+
+def _published_rows(settings, columns: list[str]) -> list[dict]:
+    """The output's rows in the order gap_s follows: by source, start and (starting together) id."""
+    table = storage.delta_table(settings.output_table).to_pyarrow_table(columns=["waveform_id", *columns])
+    return sorted(table.to_pylist(), key=lambda r: (r["source"], r["start_time"], r["waveform_id"]))
+
+
+@pytest.mark.parametrize("name,runs", [("gaps.mseed", 2), ("qualityflags.mseed", 1)])
+def test_gaps_and_overlaps_agree_with_obspy_also_across_runs(settings, tmp_path, name, runs):
+    """gap_s of each record against obspy's ``Stream.get_gaps()`` on the same traces; with two
+    runs, the later half is published by the second (its first record's predecessor is in the
+    table). qualityflags.mseed holds one record many times over: one file, one run (the copies
+    are told apart by their place in the file). A gap is what obspy reports; an overlap is one
+    sample longer: gap_s counts every sample both records cover, obspy's overlap leaves one out."""
+    stream = obspy.read(str(Path(obspy.__path__[0]) / "io" / "mseed" / "tests" / "data" / name))
+    stream.sort()
+    cut = len(stream) // runs
+    ensure_topic(settings)
+    for part, traces in (("first", stream[:cut]), ("second", stream[cut:]))[:runs]:
+        obspy.Stream(traces).write(str(tmp_path / f"{part}.mseed"), format="MSEED")
+        produce_files(settings, [str(tmp_path / f"{part}.mseed")])
+        run_once(settings)
+    rows = _published_rows(settings, ["source", "start_time", "gap_s", "latency_s"])
+    assert len(rows) == len(stream) and rows[0]["gap_s"] is None, "the first record has no predecessor"
+    rate = stream[0].stats.sampling_rate
+    theirs = [g[6] if g[6] > 0 else g[6] - 1 / rate for g in stream.get_gaps()]
+    assert len(theirs) == len(stream) - 1
+    assert [r["gap_s"] for r in rows[1:]] == pytest.approx(theirs, abs=1e-6)
+    assert all(r["latency_s"] > 365 * 86400 for r in rows), "recorded in 2008, published now"
+
+
+def test_quality_metrics_of_a_run_match_numpys_on_the_samples_read_back(settings, tmp_path):
+    rng = np.random.default_rng(8)
+    start = obspy.UTCDateTime("2026-04-01T00:00:00Z")
+    live = rng.normal(0, 300, 3000).astype(np.int32)
+    live[[500, 1700]] = 90_000  # two spikes
+    dead = np.full(3000, 4096, np.int32)
+    clipped = (rng.normal(0, 12000, 3000)).astype(np.int16)
+    clipped[100:160] = 32767
+    for code, data in (("HHZ", live), ("HHN", dead)):
+        obspy.Trace(data, header={"network": "XX", "station": "Q", "channel": code, "sampling_rate": 100.0,
+                                  "starttime": start}).write(str(tmp_path / f"{code}.mseed"), format="MSEED")  # fmt: skip
+    soundfile.write(str(tmp_path / "ward-9.wav"), np.column_stack([clipped, clipped // 2]), 500, subtype="PCM_16")
+    ensure_topic(settings)
+    produce_files(settings, [str(tmp_path)], start_ns=start.ns)
+    run_once(settings)
+    rows = {r["source"]: r for r in storage.delta_table(settings.output_table).to_pyarrow_table().to_pylist()}
+    for waveform in read(settings.output_table):
+        row, x = rows[waveform.source], waveform.samples.astype(np.float64)
+        assert row["qc_min"] == x.min(axis=0).tolist() and row["qc_max"] == x.max(axis=0).tolist()
+        assert row["qc_mean"] == pytest.approx(x.mean(axis=0).tolist())
+        assert row["qc_rms"] == pytest.approx(np.sqrt((x**2).mean(axis=0)).tolist())
+    assert rows["XX.Q..HHZ"]["qc_spikes"] == [2] and rows["XX.Q..HHZ"]["qc_dead"] == [False]
+    assert rows["XX.Q..HHN"]["qc_dead"] == [True] and rows["XX.Q..HHN"]["qc_spikes"] == [0]
+    assert rows["ward-9"]["qc_clipped_share"] == [pytest.approx(60 / 3000), 0.0]

@@ -19,14 +19,14 @@ from tests.helpers import (
 )
 from wavepipe import pipeline
 from wavepipe.consumers.kafka_admin import ensure_topic
-from wavepipe.contracts.rows import ROW_FACTS
+from wavepipe.contracts.rows import QUALITY_NAMES, ROW_FACTS
 from wavepipe.delta_protocol import schema_problems
 
 pytestmark = pytest.mark.integration
 
 LEGACY_TXN = "wavepipe-publish-legacy-waveforms-0"
 #: The output's columns a wavepipe before extension 1.1 did not write.
-LATER_COLUMNS = ROW_FACTS.names[ROW_FACTS.get_field_index("end_time") :]
+LATER_COLUMNS = [*ROW_FACTS.names[ROW_FACTS.get_field_index("end_time") :], *QUALITY_NAMES]
 
 
 def write_legacy_tables(spark, settings, n: int = 12) -> None:

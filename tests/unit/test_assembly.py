@@ -15,6 +15,7 @@ import pytest
 from tests.helpers import START, chunk_rows, waveform_records
 from wavepipe.consumers.staging import CHUNK_SCHEMA
 from wavepipe.contracts.protocol import split_waveform
+from wavepipe.contracts.rows import QUALITY_NAMES
 from wavepipe.spark_apps.assembly import ARROW_OUTPUT_SCHEMA, STAGED_CHANGED, assemble_arrow, assemble_file
 
 
@@ -119,7 +120,9 @@ def test_a_verifying_assembly_brings_rows_back_without_payloads_and_publish_refu
     (verified,) = [r for b in assemble_file(str(path), {"a": a_sum}, verify_only=True) for r in b.to_pylist()]
     assert verified["checksum_ok"] and verified["payload"] is None and verified["size_bytes"] > 0
     (written,) = [r for b in assemble_file(str(path), {"a": a_sum}, strict=True) for r in b.to_pylist()]
-    assert written["payload"] is not None and {**written, "payload": None} == verified
+    assert written["payload"] is not None and written["qc_mean"] is not None and verified["qc_mean"] is None
+    measured = ["payload", *QUALITY_NAMES]  # measured from the payload, which a verifying assembly does not keep
+    assert {**written, **dict.fromkeys(measured)} == verified
     table = pa.Table.from_pylist(rows, schema=CHUNK_SCHEMA)
     assert assemble_arrow(table, verify_only=True).to_pylist() == [verified]
     damaged = table.set_column(
@@ -238,8 +241,11 @@ def test_a_task_names_the_file_of_its_wanted_ids_and_the_worker_reads_them_from_
     staged = tmp_path / "staged.parquet"
     pq.write_table(pa.Table.from_pylist(chunk_rows([*a, *b]), schema=CHUNK_SCHEMA), staged)
     ids = tmp_path / "wanted" / "run" / "p0.parquet"
-    write_wanted(pa.table({"checksum": [a_sum], "waveform_id": ["a"], "partition": [0]}), str(ids))
-    assert read_wanted(str(ids)) == {"a": a_sum}
+    write_wanted(pa.table({"checksum": [a_sum], "waveform_id": ["a"], "partition": [0], "gap_s": [-1.5]}), str(ids))
+    assert read_wanted(str(ids)) == ({"a": a_sum}, {"a": -1.5})
     task = pa.RecordBatch.from_pydict({"path": [str(staged)], "wanted": [str(ids)]})
     out = [r for batch in assemble_tasks(iter([task]), None, "", True, 1 << 20, False) for r in batch.to_pylist()]
     assert [r["waveform_id"] for r in out] == ["a"] and out[0]["payload"] == b"".join(v for _, _, v in a)
+    assert out[0]["gap_s"] == -1.5, "the run's gap of the waveform is its row's"
+    write_wanted(pa.table({"checksum": [a_sum], "waveform_id": ["a"]}), str(ids))  # none decided: null
+    assert read_wanted(str(ids)) == ({"a": a_sum}, {"a": None})

@@ -69,3 +69,18 @@ def test_a_downstream_run_finds_the_publishing_runs_among_its_events():
     runs = published_runs(events)
     assert [(r["table_version"], r["rows"], r["uri"]) for r in runs] == [(7, 4, asset.uri), (9, 2, asset.uri)]
     assert published_runs(None) == []
+
+
+def test_quality_breaches_are_an_event_of_their_own_only_when_a_rule_was_broken(tmp_path):
+    from wavepipe.plugins.assets import quality_asset, quality_extra
+
+    assert quality_asset({"home": str(tmp_path)}).uri == f"file://{tmp_path}/tables/waveforms?wavepipe=quality"
+    assert quality_extra(_report(new=4)) is None, "not measured"
+    calm = _report(new=4) | {"quality": {"flagged": 0, "measured": 4, "by_rule": {}, "sources": []}}
+    assert quality_extra(calm) is None, "measured, nothing broken: no event, so an alert DAG does not run"
+    sources = [{"source": "ward-1", "flagged": 2}, {"source": "ward-2", "flagged": 0}]
+    breached = _report(new=4) | {"quality": {"flagged": 2, "by_rule": {"dead_channel": 2}, "sources": sources}}
+    assert quality_extra(breached) == {
+        "run_id": "r1", "topic": "seismic", "group": "g", "flagged": 2, "by_rule": {"dead_channel": 2},
+        "sources": ["ward-1"], "table_version": 7,
+    }  # fmt: skip

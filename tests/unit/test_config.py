@@ -54,6 +54,7 @@ def test_unknown_setting_and_bad_values_are_clear_errors(monkeypatch):
         ("validate_max_quarantined_share", "1.5", "fraction"),
         ("max_waveform_bytes", str(2**31), "1 to 1073741824"),
         ("output_batch_bytes", "0", "at least 1 byte"),
+        ("quality_metrics", "maybe", "true or false"),
         ("topic", "wave forms", "Kafka topic name"),
         ("new_group_start", "yesterday", "earliest, latest, an ISO-8601 instant"),
         ("spark_driver_memory", "2 gb", "JVM size"),
@@ -246,3 +247,17 @@ def test_an_instant_written_as_a_toml_date_time_is_read_as_one(monkeypatch, tmp_
     settings = load_settings()
     assert settings.new_group_start == "2026-01-01T00:00:00+00:00"
     assert settings.validate_start_time_min == "1990-01-01"
+
+
+def test_a_child_process_loads_the_same_settings_from_their_environment(monkeypatch, tmp_path):
+    """``settings_env`` carries every setting, tables and lists of tables included, as a child
+    (a spark-submit app, an Airflow task) reads them back."""
+    from wavepipe.spark_launch import settings_env
+
+    rules = [{"name": "late", "metric": "latency_s", "above": 60.0, "sources": "IU.*"}]
+    settings = load_settings(home=str(tmp_path), quality_rules=rules, quality_metrics=False, spark_conf={"a.b": "1"})
+    for var in [v for v in os.environ if v.startswith("WAVEPIPE_")]:
+        monkeypatch.delenv(var)
+    for name, value in settings_env(settings).items():
+        monkeypatch.setenv(name, value)
+    assert load_settings() == settings

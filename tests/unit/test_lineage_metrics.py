@@ -55,7 +55,8 @@ def test_lineage_names_the_topic_with_its_ranges_and_the_three_tables_with_rows_
 
 
 def test_a_runs_metrics_and_their_names():
-    metrics = run_metrics(_report("r1", 10, 20, new=3, lag_after=7))
+    report = _report("r1", 10, 20, new=3, lag_after=7) | {"quality": {"flagged": 2, "measured": 3}}
+    metrics = run_metrics(report)
     assert metrics == {
         "runs": ("count", 1),
         "records_read": ("count", 10.0),
@@ -63,6 +64,7 @@ def test_a_runs_metrics_and_their_names():
         "waveforms_published": ("count", 3.0),
         "waveforms_quarantined": ("count", 0.0),
         "records_dead_lettered": ("count", 1.0),
+        "waveforms_flagged": ("count", 2.0),
         "lag_before": ("gauge", 10.0),
         "lag_after": ("gauge", 7.0),
         "validation_passed": ("count", 1),

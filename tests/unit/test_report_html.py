@@ -300,3 +300,31 @@ def test_the_cli_summary_says_what_the_page_leads_with(capsys):
     _print_report(report)
     out = capsys.readouterr().out
     assert "20 waveforms written into the window" in out and "window [a, b): 7 earlier rows of it were replaced" in out
+
+
+def test_the_quality_section_names_each_flagged_source_worst_first_with_its_numbers():
+    import pyarrow as pa
+
+    from wavepipe.contracts.quality import DEFAULT_RULES, parse_rules
+    from wavepipe.spark_apps.quality import summarize
+
+    rows = pa.table(
+        {
+            "source": ["ward-0", "mic-1", "station-01"],
+            "qc_flags": [["dead_channel"], ["clipped"], []],
+            "gap_s": [None, 0.0, 40.0],
+            "latency_s": [60.0, 61.5, 62.0],
+            "qc_dead": [[False, True], [False, False], [False]],
+            "qc_spikes": [[1, 0], [0, 0], [3]],
+            "qc_clipped_share": [[0.0, 0.0], [0.27, 0.0], [0.0]],
+        }
+    )
+    report = _with(_report(), quality=summarize(rows, parse_rules(DEFAULT_RULES)))
+    page = report_html.render(report, trend=[])
+    values, _ = parse_numbers(page)
+    assert (values["quality.flagged"], values["quality.measured"]) == ("2", "3")
+    assert values["quality.by_rule.dead_channel"] == "1" and values["quality.sources.0.dead_channels"] == "1"
+    section = page[page.index("<h2>Quality</h2>") : page.index("<h2>Partitions</h2>")]
+    assert section.index("ward-0") < section.index("station-01") and "dead_channel: 1" in section
+    assert "<b>late</b> when latency_s above 3600" in section
+    assert "Not measured" in report_html.render(_with(_report(), quality=None), trend=[])

@@ -35,6 +35,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from wavepipe.contracts.errors import UsageError, did_you_mean
+from wavepipe.contracts.quality import DEFAULT_RULES, QualityRule, parse_rules
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -185,6 +186,23 @@ def _table(value: Any) -> Any:
     return value
 
 
+def _rules(value: Any) -> Any:
+    """The quality rules (``contracts.quality``) given as JSON text (an environment variable)
+    read as a list; each entry checked, a wrong one refused with what is wrong with it."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else []
+        except json.JSONDecodeError:
+            raise PydanticCustomError("json_invalid", "not JSON") from None
+    if not isinstance(value, list):
+        raise PydanticCustomError("quality_rules", "must be a list of rules (TOML: [[quality_rules]] tables)")
+    try:
+        parse_rules(value)
+    except ValueError as exc:
+        raise PydanticCustomError("quality_rules", str(exc)) from None
+    return [dict(entry) for entry in value]
+
+
 def _location(text: str) -> bool:
     """An empty text, an absolute local path, or ``s3://bucket[/prefix]`` (a valid bucket name)."""
     if text.startswith(("s3://", "s3a://")):
@@ -205,11 +223,13 @@ Table = Annotated[dict[str, Any], BeforeValidator(_table)]
 HomePath = Annotated[Path, AfterValidator(lambda p: p.expanduser().resolve())]
 #: What a value of the wrong type is told it must be, by the setting's type.
 _KIND = {
+    bool: "true or false",
     int: "an integer",
     float: "a number",
     str: "a string",
     Path: "a string",
     dict[str, Any]: "a JSON object or TOML table",
+    list[dict[str, Any]]: "a list of tables (JSON or TOML)",
 }
 #: pydantic errors for a value of the right type that breaks the setting's rule.
 _RULE_ERRORS = {
@@ -325,6 +345,17 @@ class Settings(BaseModel):
     #: Payload bytes of assembled waveforms a Spark Python worker hands to the output's writer at
     #: once (one Arrow batch; at least one waveform): bounds a worker's memory while it assembles.
     output_batch_bytes: Annotated[Count, Field(ge=1), Rule("must be at least 1 byte")] = 32 * 1024 * 1024
+    #: Measure each waveform's quality (per channel statistics, dead channel, clipping, spikes;
+    #: its gap to its source's previous waveform and its latency) as its row is written, into the
+    #: row's ``qc_*``, ``gap_s`` and ``latency_s`` columns. Off: they are null (payloads that are
+    #: not samples; the benchmark's comparison).
+    quality_metrics: bool = True
+    #: What flags a measured waveform (its row's ``qc_flags``): tables of ``name``, ``metric`` (a
+    #: quality column), ``above`` and/or ``below`` (a true/false metric takes neither) and
+    #: ``sources`` (a pattern, default all); docs/quality.md. A flag never fails a run.
+    quality_rules: Annotated[list[dict[str, Any]], BeforeValidator(_rules)] = Field(
+        default_factory=lambda: [dict(rule) for rule in DEFAULT_RULES]
+    )
     #: Seconds a reader may see no progress before it gives up with an error.
     reader_stall_timeout_s: Annotated[Number, Field(gt=0), Rule("must be a positive number of seconds")] = 60.0
     #: Partitions read at once (one process each) by ``wavepipe run``, and by one consume task of
@@ -549,6 +580,10 @@ class Settings(BaseModel):
         """Servers built from source with Go (the local object store): beside the jars."""
         return self.jars_dir.parent / "go"
 
+    def quality(self) -> tuple[QualityRule, ...] | None:
+        """The rules measured waveforms are flagged by; None: quality is not measured at all."""
+        return parse_rules(self.quality_rules) if self.quality_metrics else None
+
     def kafka_config(self, **extra: Any) -> dict[str, Any]:
         """librdkafka properties shared by every client, plus ``extra``."""
         conf: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
@@ -617,6 +652,8 @@ def _refusal(error: Mapping[str, Any], sources: Mapping[str, str]) -> str:
         return f"{where}{error['msg']}"
     spec = Settings.model_fields[name]
     rule = next((m for m in spec.metadata if isinstance(m, Rule)), None)
+    if error["type"] == "quality_rules":
+        return f"{where}{name}: {error['msg']}"
     words = rule.words if rule and error["type"] in _RULE_ERRORS else f"must be {_KIND[spec.annotation]}"
     return f"{where}{name} {words}, got {_shown(name, error['input'])}"
 

@@ -401,6 +401,8 @@ def output_facts(facts: dict, size: int, n_chunks: int, partition: int, first_of
 #: The latest instant a table's time column holds (9999-12-31T23:59:59.999999Z, Spark's limit), in
 #: microseconds since 1970.
 MAX_TIME_US = 253_402_300_799_999_999
+#: The earliest (0001-01-01T00:00:00Z).
+MIN_TIME_US = -62_135_596_800_000_000
 
 
 def end_us(start_ns: int, n_samples: int, sample_rate: float) -> int | None:

@@ -262,6 +262,8 @@ def build_report(
         "validation": None
         if validation is None
         else {k: v for k, v in to_record(validation).items() if k in VALIDATION_IN_REPORT},
+        # what the published waveforms' measured quality says (docs/quality.md); None: not measured
+        "quality": validation.quality if validation else None,
         # what could not be described (a plot, Data Docs, the page, the trend): never a failure
         "notes": list(validation.notes) if validation else [],
         "timings_s": _timings(timings, partitions, reassembled, validation),

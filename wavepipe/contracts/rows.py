@@ -37,3 +37,29 @@ ROW_FACTS = pa.schema(
         pa.field("format", pa.string(), True),
     ]
 )
+
+#: A waveform's quality measured from its samples as its row is written (``spark_apps.quality``;
+#: docs/quality.md), per channel lists.
+QC_FIELDS = [
+    pa.field("qc_min", pa.list_(pa.float64()), True),
+    pa.field("qc_max", pa.list_(pa.float64()), True),
+    pa.field("qc_mean", pa.list_(pa.float64()), True),
+    pa.field("qc_median", pa.list_(pa.float64()), True),
+    pa.field("qc_rms", pa.list_(pa.float64()), True),
+    pa.field("qc_std", pa.list_(pa.float64()), True),
+    pa.field("qc_nan_share", pa.list_(pa.float64()), True),
+    pa.field("qc_clipped_share", pa.list_(pa.float64()), True),
+    pa.field("qc_dead", pa.list_(pa.bool_()), True),
+    pa.field("qc_spikes", pa.list_(pa.int64()), True),
+]
+QC_NAMES = [f.name for f in QC_FIELDS]
+#: A waveform's place among its source's: ``gap_s``, its start minus the end (``end_time``) of
+#: the waveform of its source that starts last before it (negative: an overlap; null: none known),
+#: in this run or an earlier one; ``latency_s``, from its end to when its row was written (a few
+#: seconds before the run's commit publishes it).
+TIMING_FIELDS = [pa.field("gap_s", pa.float64(), True), pa.field("latency_s", pa.float64(), True)]
+#: The names of the quality rules (``contracts.quality.QualityRule``) the row breaks.
+FLAGS_FIELD = pa.field("qc_flags", pa.list_(pa.string()), True)
+#: Every quality column of a published row.
+QUALITY_FIELDS = [*QC_FIELDS, *TIMING_FIELDS, FLAGS_FIELD]
+QUALITY_NAMES = [f.name for f in QUALITY_FIELDS]

@@ -143,6 +143,9 @@ class Validated:
     notes: list[str] = field(default_factory=list)
     #: the new waveforms a per-waveform expectation quarantined instead of publishing
     quarantined: ValidationQuarantine = field(default_factory=ValidationQuarantine)
+    #: what the published waveforms' measured quality says (``spark_apps.quality.summarize``);
+    #: None: not measured
+    quality: dict[str, Any] | None = None
 
 
 def settled(reassembled: Reassembled | None, moved: ValidationQuarantine | None) -> Reassembled | None:

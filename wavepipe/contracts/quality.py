@@ -1,0 +1,146 @@
+"""Quality rules: which measured waveforms to flag, by source pattern (the setting ``quality_rules``).
+
+A rule names a quality column of the row (``rows.QUALITY_NAMES``: a per channel ``qc_*`` list,
+``gap_s`` or ``latency_s``) and a threshold: the row breaks it when any channel's value is
+``above`` it or ``below`` it (a true/false column, ``qc_dead``: when any channel is true). A row
+that breaks a rule carries the rule's name in its ``qc_flags``; it is published all the same: a
+flag never fails a run, nor holds back its commit.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from wavepipe.contracts.rows import QUALITY_FIELDS
+
+#: The columns a rule may judge, and whether they are true/false.
+_JUDGED = {f.name: f.type.value_type if hasattr(f.type, "value_type") else f.type for f in QUALITY_FIELDS}
+_JUDGED.pop("qc_flags")
+_NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
+
+
+@dataclass(frozen=True)
+class QualityRule:
+    """Flag a row of a source matching ``sources`` (``fnmatch``) whose ``metric`` is ``above`` or
+    ``below`` a threshold on any channel (or true, for a true/false metric), with ``name``."""
+
+    name: str
+    metric: str
+    above: float | None = None
+    below: float | None = None
+    sources: str = "*"
+
+    @property
+    def boolean(self) -> bool:
+        return str(_JUDGED[self.metric]) == "bool"
+
+    def describe(self) -> str:
+        if self.boolean:
+            return f"{self.metric} on any channel"
+        parts = [
+            f"above {self.above:g}" if self.above is not None else "",
+            f"below {self.below:g}" if self.below is not None else "",
+        ]
+        return f"{self.metric} {' or '.join(p for p in parts if p)}"
+
+
+#: What wavepipe flags unless ``quality_rules`` says otherwise (docs/quality.md).
+DEFAULT_RULES: list[dict[str, Any]] = [
+    {"name": "dead_channel", "metric": "qc_dead"},
+    {"name": "clipped", "metric": "qc_clipped_share", "above": 0.01},
+    {"name": "mostly_nan", "metric": "qc_nan_share", "above": 0.5},
+    {"name": "gap", "metric": "gap_s", "above": 10.0},
+    {"name": "overlap", "metric": "gap_s", "below": -1.0},
+    {"name": "late", "metric": "latency_s", "above": 3600.0},
+]
+
+
+def parse_rules(entries: Sequence[Mapping[str, Any]]) -> tuple[QualityRule, ...]:
+    """``entries`` (the setting's tables) as rules; a ``ValueError`` says which entry is wrong and why."""
+    rules, names = [], set()
+    for i, entry in enumerate(entries, 1):
+        try:
+            rule = _rule(entry)
+        except ValueError as exc:
+            raise ValueError(f"rule {i} ({dict(entry)!r}): {exc}") from None
+        if rule.name in names:
+            raise ValueError(f"rule {i}: the name {rule.name!r} is used twice")
+        names.add(rule.name)
+        rules.append(rule)
+    return tuple(rules)
+
+
+def _rule(entry: Mapping[str, Any]) -> QualityRule:
+    if not isinstance(entry, Mapping):
+        raise ValueError("must be a table with name, metric and above or below")
+    unknown = set(entry) - {"name", "metric", "above", "below", "sources"}
+    if unknown:
+        raise ValueError(f"unknown keys {sorted(unknown)}: a rule has name, metric, above, below and sources")
+    name, metric = entry.get("name"), entry.get("metric")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError("name must be 1 to 40 of a-z, 0-9 and _, starting with a letter")
+    if metric not in _JUDGED:
+        raise ValueError(f"metric must be one of {', '.join(sorted(_JUDGED))}")
+    bounds = {k: entry.get(k) for k in ("above", "below")}
+    for key, value in bounds.items():
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+        ):
+            raise ValueError(f"{key} must be a finite number")
+    sources = entry.get("sources", "*")
+    if not isinstance(sources, str) or not sources:
+        raise ValueError("sources must be a pattern such as 'IU.*' or 'ward-?'")
+    rule = QualityRule(name, metric, bounds["above"], bounds["below"], sources)
+    if rule.boolean and any(v is not None for v in bounds.values()):
+        raise ValueError(f"{metric} is true or false: it takes no above or below")
+    if not rule.boolean and all(v is None for v in bounds.values()):
+        raise ValueError(f"{metric} needs a threshold: above, below or both")
+    return rule
+
+
+def flags(rules: Sequence[QualityRule], sources: Sequence[str], columns: Mapping[str, pa.Array]) -> pa.ListArray:
+    """Per row (of ``sources`` and the quality ``columns``: name -> its Arrow column), the names of
+    the ``rules`` it breaks, in the rules' order (a row not measured: an empty list)."""
+    hits = [_matching(rule.sources, sources) & _breaks(rule, columns[rule.metric]) for rule in rules]
+    names = [
+        [rule.name for rule, hit in zip(rules, row_hits, strict=True) if hit] for row_hits in zip(*hits, strict=True)
+    ]
+    return pa.array(names or [[]] * len(sources), pa.list_(pa.string()))
+
+
+def _matching(pattern: str, sources: Sequence[str]) -> np.ndarray:
+    if pattern == "*":
+        return np.ones(len(sources), bool)
+    matches = {s: fnmatch.fnmatchcase(s, pattern) for s in set(sources)}
+    return np.array([matches[s] for s in sources], bool)
+
+
+def _breaks(rule: QualityRule, column: pa.Array) -> np.ndarray:
+    """Per row of ``column`` (a per channel list, or one value a row), whether any value breaks
+    ``rule``; a null breaks nothing."""
+    rows = np.zeros(len(column), bool)
+    if pa.types.is_list(column.type):
+        parents = pc.list_parent_indices(column).to_numpy()
+        values = pc.list_flatten(column)
+    else:
+        parents, values = np.arange(len(column)), column
+    if rule.boolean:
+        hit = values.fill_null(False).to_numpy(zero_copy_only=False)
+    else:
+        v = values.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+        hit = np.zeros(len(v), bool)
+        if rule.above is not None:
+            hit |= v > rule.above
+        if rule.below is not None:
+            hit |= v < rule.below
+    rows[parents[hit]] = True
+    return rows
