@@ -121,41 +121,96 @@ class DemoWaveform:
     sample_rate: float
     start_time: datetime
     source: str
+    extension: Extension | None = None
 
 
-def demo_waveforms(count: int, *, seed: int, batch: str, target_bytes: int = 512 * 1024) -> Iterator[DemoWaveform]:
-    """Realistic synthetic recordings: 3-component seismograms (float32, 100 Hz) with a P and an S
-    arrival, 12-lead ECGs (int16, 500 Hz), and stereo audio (int16, 16 kHz) with a chirp.
-    ``target_bytes`` sets the approximate size of each; ``batch`` makes the ids unique."""
+DEMO_KINDS = ("seismic", "ecg", "audio")
+ECG_LEADS = ("I", "II", "III", "aVR", "aVL", "aVF", "V1", "V2", "V3", "V4", "V5", "V6")
+#: The faults the demo puts in its recordings, each one a quality rule's (docs/quality.md): by
+#: kind and the recording's number among its kind's.
+DEMO_FAULTS = {
+    ("ecg", 0): "dead_channel",  # lead V1 flat
+    ("audio", 1): "clipped",  # the left channel saturated
+    ("seismic", 5): "gap",  # station-01's second record starts 40 s after its first ends
+    ("seismic", 3): "late",  # station-03 sent its records hours after they ended
+    ("seismic", 7): "late",
+}
+
+
+def demo_faults(count: int) -> set[str]:
+    """The quality rules the first ``count`` demo recordings break (``DEMO_FAULTS``)."""
+    return {rule for (kind, k), rule in DEMO_FAULTS.items() if 3 * k + DEMO_KINDS.index(kind) < count}
+
+
+def demo_waveforms(
+    count: int, *, seed: int, batch: str, target_bytes: int = 512 * 1024, faults: bool = True
+) -> Iterator[DemoWaveform]:
+    """Realistic synthetic recordings: 3-component seismograms (float32, 100 Hz; ``station-NN``)
+    with a P and an S arrival, 12-lead ECGs (int16, 500 Hz; ``ward-N``), and stereo audio (int16,
+    16 kHz; ``mic-N``) with a chirp, with their channel names and units. Each source's records
+    follow one another without a gap, the last ending a minute ago. ``faults``: some carry the
+    faults of ``DEMO_FAULTS``. ``target_bytes`` sets the approximate size of each; ``batch``
+    makes the ids unique."""
     rng = np.random.default_rng(seed)
-    t0 = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(minutes=int(rng.integers(0, 60 * 24 * 14)))
-    kinds = ("seismic", "ecg", "audio")
-    for i in range(count):
-        kind = kinds[i % len(kinds)]
-        start = t0 + timedelta(seconds=37 * i)
-        if kind == "seismic":
-            n = max(64, target_bytes // (4 * 3))
-            t = np.arange(n) / 100.0
-            x = rng.normal(0, 0.05, size=(n, 3)).astype(np.float32)
-            p_at, s_at = rng.uniform(0.1, 0.4) * t[-1], rng.uniform(0.5, 0.8) * t[-1]
-            for at, amp, freq in ((p_at, 1.0, 6.0), (s_at, 2.5, 2.0)):
-                env = np.where(t >= at, np.exp(-(t - at) / 3.0), 0.0)
-                x += (amp * env * np.sin(2 * np.pi * freq * (t - at)))[:, None].astype(np.float32) * rng.uniform(
-                    0.5, 1.0, 3
-                ).astype(np.float32)
-            yield DemoWaveform(x, f"{batch}-seismic-{i:05d}", 100.0, start, f"station-{i % 4:02d}")
-        elif kind == "ecg":
-            n = max(64, target_bytes // (2 * 12))
-            t = np.arange(n) / 500.0
-            beat = np.exp(-(((t % 0.8) - 0.2) ** 2) / 0.0005) * 1200 - np.exp(-(((t % 0.8) - 0.5) ** 2) / 0.004) * 150
-            leads = beat[:, None] * rng.uniform(0.3, 1.0, 12) + rng.normal(0, 15, size=(n, 12))
-            yield DemoWaveform(leads.astype(np.int16), f"{batch}-ecg-{i:05d}", 500.0, start, f"ward-{i % 3}")
-        else:
-            n = max(64, target_bytes // (2 * 2))
-            t = np.arange(n) / 16000.0
-            chirp = np.sin(2 * np.pi * (200 + 400 * t / max(t[-1], 1e-9)) * t)
-            stereo = np.stack([chirp, np.roll(chirp, 40)], axis=1) * 12000 + rng.normal(0, 300, (n, 2))
-            yield DemoWaveform(stereo.astype(np.int16), f"{batch}-audio-{i:05d}", 16000.0, start, f"mic-{i % 2}")
+    made = [_demo_recording(i, rng, batch, target_bytes, faults) for i in range(count)]
+    end = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1)
+    span: dict[str, float] = {}  # seconds of each source's records (and its gaps) before ``end``
+    for w, (_, _, gap_before, _) in made:
+        span[w.source] = span.get(w.source, 0.0) + gap_before + len(w.samples) / w.sample_rate
+    at = {source: end - timedelta(seconds=seconds) for source, seconds in span.items()}
+    for w, (_, _, gap_before, late) in made:
+        start = at[w.source] + timedelta(seconds=gap_before)
+        at[w.source] = start + timedelta(seconds=len(w.samples) / w.sample_rate)
+        yield DemoWaveform(w.samples, w.waveform_id, w.sample_rate, start - late, w.source, w.extension)
+
+
+def _demo_recording(i: int, rng, batch: str, target_bytes: int, faults: bool) -> tuple[DemoWaveform, tuple]:
+    """Recording ``i`` of the demo (no start yet) and (kind, number, seconds of gap before it,
+    how much earlier its source recorded it)."""
+    kind = DEMO_KINDS[i % 3]
+    k = i // 3
+    fault = DEMO_FAULTS.get((kind, k)) if faults else None
+    maker = {"seismic": _demo_seismic, "ecg": _demo_ecg, "audio": _demo_audio}[kind]
+    samples, rate, source, extension = maker(k, rng, target_bytes, fault)
+    gap = 40.0 if fault == "gap" else 0.0
+    late = timedelta(hours=3) if source == "station-03" and faults else timedelta(0)
+    return DemoWaveform(samples, f"{batch}-{kind}-{i:05d}", rate, None, source, extension), (kind, k, gap, late)
+
+
+def _demo_seismic(k: int, rng, target_bytes: int, fault: str | None):
+    n = max(64, target_bytes // (4 * 3))
+    t = np.arange(n) / 100.0
+    x = rng.normal(0, 0.05, size=(n, 3)).astype(np.float32)
+    p_at, s_at = rng.uniform(0.1, 0.4) * t[-1], rng.uniform(0.5, 0.8) * t[-1]
+    for at, amp, freq in ((p_at, 1.0, 6.0), (s_at, 2.5, 2.0)):
+        env = np.where(t >= at, np.exp(-(t - at) / 3.0), 0.0)
+        x += (amp * env * np.sin(2 * np.pi * freq * (t - at)))[:, None].astype(np.float32) * rng.uniform(
+            0.5, 1.0, 3
+        ).astype(np.float32)
+    ext = Extension(channel_names=("HHZ", "HHN", "HHE"), units=("um/s",) * 3, network="XX", station=f"S{k % 4:02d}")
+    return x, 100.0, f"station-{k % 4:02d}", ext
+
+
+def _demo_ecg(k: int, rng, target_bytes: int, fault: str | None):
+    n = max(64, target_bytes // (2 * 12))
+    t = np.arange(n) / 500.0
+    beat = np.exp(-(((t % 0.8) - 0.2) ** 2) / 0.0005) * 1200 - np.exp(-(((t % 0.8) - 0.5) ** 2) / 0.004) * 150
+    leads = (beat[:, None] * rng.uniform(0.3, 1.0, 12) + rng.normal(0, 15, size=(n, 12))).astype(np.int16)
+    if fault == "dead_channel":
+        leads[:, ECG_LEADS.index("V1")] = 212  # the lead's electrode came off: a flat line at its offset
+    ext = Extension(channel_names=ECG_LEADS, units=("mV",) * 12, calibration=(0.001,) * 12)
+    return leads, 500.0, f"ward-{k % 3}", ext
+
+
+def _demo_audio(k: int, rng, target_bytes: int, fault: str | None):
+    n = max(64, target_bytes // (2 * 2))
+    t = np.arange(n) / 16000.0
+    chirp = np.sin(2 * np.pi * (200 + 400 * t / max(t[-1], 1e-9)) * t)
+    stereo = np.stack([chirp, np.roll(chirp, 40)], axis=1) * 12000 + rng.normal(0, 300, (n, 2))
+    if fault == "clipped":  # the left input overdriven: its peaks flat at the converter's range
+        stereo[:, 0] *= 3.0
+    stereo = np.clip(stereo, -32768, 32767).astype(np.int16)
+    return stereo, 16000.0, f"mic-{k % 2}", Extension(channel_names=("left", "right"))
 
 
 def produce_demo(
@@ -172,7 +227,12 @@ def produce_demo(
     producer = ChunkProducer(settings)
     sent = [
         producer.send(
-            w.samples, waveform_id=w.waveform_id, sample_rate=w.sample_rate, start_time=w.start_time, source=w.source
+            w.samples,
+            waveform_id=w.waveform_id,
+            sample_rate=w.sample_rate,
+            start_time=w.start_time,
+            source=w.source,
+            extension=w.extension,
         )
         for w in demo_waveforms(count, seed=seed, batch=batch, target_bytes=target_bytes)
     ]

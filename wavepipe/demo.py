@@ -73,6 +73,7 @@ def run_demo(settings: Settings, *, count: int, waveform_bytes: int, dags_test: 
             f"{sum(s['evaluated'] for s in validation['suites'])} expectations; "
             f"Great Expectations Data Docs: {validation['data_docs_index']}"
         )
+    problems += _say_quality(report.get("quality"), count)
     print(f"output table (Delta Lake): {settings.output_table}")
     print(f"run report: file://{new_reports[-1].with_suffix('.html')} (JSON: {new_reports[-1]})")
     if problems:
@@ -83,6 +84,21 @@ def run_demo(settings: Settings, *, count: int, waveform_bytes: int, dags_test: 
         f"offsets committed at the planned ends, counts add up ({time.monotonic() - began:.0f}s in all)"
     )
     return 0
+
+
+def _say_quality(quality: dict | None, count: int) -> list[str]:
+    """Print what the run's quality summary flagged, each rule with its sources; the faults of
+    the ``count`` demo recordings (``demo_faults``) that it did not flag, as problems."""
+    from wavepipe.consumers.producer import demo_faults
+
+    if not quality:
+        return ["the run measured no quality (quality_metrics off?): the demo's faults went unseen"]
+    print(f"quality: {quality['flagged']} of {quality['measured']} waveforms flagged (published all the same)")
+    for rule, n in quality["by_rule"].items():
+        where = sorted(s["source"] for s in quality["sources"] if rule in s["flags"])
+        print(f"  {rule}: {n} waveforms ({', '.join(where)})")
+    missed = sorted(demo_faults(count) - set(quality["by_rule"]))
+    return [f"the demo's {rule} fault was not flagged" for rule in missed]
 
 
 def _check_output(settings: Settings, sent) -> list[str]:
