@@ -191,7 +191,8 @@ def _dead(series: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Constant, or two adjacent values only (one step of the type: 1 for integers, one float
     spacing)."""
     if series.dtype.kind in "iu":
-        near = hi.astype(np.int64) - lo.astype(np.int64) <= 1
+        # modulo 2**64 the difference is exact for every integer type (int64's extremes overflow int64)
+        near = hi.astype(np.uint64) - lo.astype(np.uint64) <= 1
     else:
         near = (hi - lo) <= np.spacing(np.maximum(np.abs(lo), np.abs(hi)))
     dead = lo == hi

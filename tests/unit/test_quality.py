@@ -67,6 +67,10 @@ def test_a_dead_channel_is_constant_or_toggles_one_step():
     live = RNG.normal(size=2000).astype(np.int32)
     m = channel_metrics(np.column_stack([constant, toggling, two_apart, live]))
     assert m["qc_dead"] == [True, True, False, False]
+    extremes = np.iinfo(np.int64)
+    swinging = np.where(np.arange(2000) % 2, extremes.max, extremes.min).astype(np.int64)  # full scale, not dead
+    stuck = np.where(np.arange(2000) % 2, extremes.max, extremes.max - 1).astype(np.int64)
+    assert channel_metrics(np.column_stack([swinging, stuck]))["qc_dead"] == [False, True]
     flat_float = np.full((500, 1), 1.25e-3)
     flat_float[::7] = np.nextafter(1.25e-3, 1)
     assert channel_metrics(flat_float)["qc_dead"] == [True]
