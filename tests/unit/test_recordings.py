@@ -237,6 +237,15 @@ def test_sound_starts_at_its_modification_time_without_a_start(tmp_path):
     assert rec.waveform_id == waveform_id_for("mono", START_NS, 10)
 
 
+def test_a_sound_file_without_frames_is_reported_as_skipped(tmp_path):
+    sf = pytest.importorskip("soundfile")
+    from wavepipe.recordings import Skipped
+    from wavepipe.recordings.files import recordings
+
+    sf.write(tmp_path / "empty.wav", np.zeros((0, 2), dtype=np.int16), 8000, subtype="PCM_16")
+    assert list(recordings([tmp_path])) == [(tmp_path / "empty.wav", Skipped("empty.wav: no frames"))]
+
+
 # -- ECG (WFDB) -------------------------------------------------------------------------------
 
 

@@ -13,7 +13,6 @@ An audio file has no start time: ``start_ns`` when given, else the file's modifi
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,13 +20,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from wavepipe.contracts.protocol import Extension
-from wavepipe.recordings import Recording, require, short_text, with_ids
+from wavepipe.recordings import Recording, Skipped, require, short_text, with_ids
 
 if TYPE_CHECKING:
     from wavepipe.recordings.read import Waveform
 
 sf = require("soundfile")
-log = logging.getLogger(__name__)
 
 #: soundfile's subtype -> the dtype that keeps its samples exactly. Not listed: lossy codecs
 #: (``LOSSY_SUBTYPES``) as float32, every other (ADPCM, G.72x, GSM, u-law, A-law: 16-bit PCM
@@ -58,15 +56,15 @@ def dtype_for(subtype: str) -> str:
     return "float32" if subtype in LOSSY_SUBTYPES else "int16"
 
 
-def recordings_from_sound(path: str | Path, *, start_ns: int | None = None) -> Iterator[Recording]:
-    """The audio file at ``path`` as one recording (none for a file without frames): samples
+def recordings_from_sound(path: str | Path, *, start_ns: int | None = None) -> Iterator[Recording | Skipped]:
+    """The audio file at ``path`` as one recording (a ``Skipped`` for a file without frames): samples
     (frames, channels) in ``dtype_for`` its subtype, source = the file's stem, format
     ``"<format>:<subtype>"`` (``WAV:PCM_16``), channels ``left``/``right`` when there are two,
     start = ``start_ns`` or the file's modification time."""
     path = Path(path)
     info = sf.info(str(path))
     if info.frames == 0:
-        log.warning("%s: no frames", path)
+        yield Skipped(f"{path.name}: no frames")
         return
     samples, rate = sf.read(str(path), dtype=dtype_for(info.subtype), always_2d=True)
     extension = Extension(
