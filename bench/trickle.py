@@ -179,16 +179,7 @@ def _produce(settings: Settings, topic: str, schedule: list[float], options: Tri
         batch = [i]
         while i + len(batch) < len(schedule) and schedule[i + len(batch)] == schedule[i]:
             batch.append(i + len(batch))
-        produced = [
-            producer.send(
-                w.samples,
-                waveform_id=w.waveform_id,
-                sample_rate=w.sample_rate,
-                start_time=w.start_time,
-                source=w.source,
-            )
-            for w in (waveforms[j] for j in batch)
-        ]
+        produced = [producer.send_waveform(waveforms[j]) for j in batch]
         producer.flush()
         acked = time.time()
         sent += [Sent(p.waveform_id, p.checksum, acked) for p in produced]

@@ -13,13 +13,17 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import groupby
+from typing import TYPE_CHECKING
 
 import numpy as np
 from confluent_kafka import KafkaError, Message
 
 from wavepipe.consumers.kafka_admin import new_producer, require_reachable
 from wavepipe.contracts.config import Settings
-from wavepipe.contracts.protocol import Extension, checksum, split_waveform
+from wavepipe.contracts.protocol import Extension, checksum, epoch_ns, split_waveform
+
+if TYPE_CHECKING:
+    from wavepipe.recordings import Recording
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +106,18 @@ class ChunkProducer:
         data = np.ascontiguousarray(np.asarray(samples)).tobytes()
         return ProducedWaveform(waveform_id, source, checksum(data), len(data), len(records))
 
+    def send_waveform(self, waveform: DemoWaveform | Recording) -> ProducedWaveform:
+        """``send`` of a waveform that carries its facts: a ``DemoWaveform`` or a recording read
+        from a file (samples, id, rate, ``start_ns``, source and extension)."""
+        return self.send(
+            waveform.samples,
+            waveform_id=waveform.waveform_id,
+            sample_rate=waveform.sample_rate,
+            start_time=waveform.start_ns,
+            source=waveform.source,
+            extension=waveform.extension,
+        )
+
     def flush(self, timeout: float = 120.0) -> None:
         remaining = self._producer.flush(timeout)
         if remaining:
@@ -119,7 +135,7 @@ class DemoWaveform:
     samples: np.ndarray
     waveform_id: str
     sample_rate: float
-    start_time: datetime
+    start_ns: int  # UTC epoch nanoseconds of the first sample
     source: str
     extension: Extension | None = None
 
@@ -161,7 +177,7 @@ def demo_waveforms(
     for w, (_, _, gap_before, late) in made:
         start = at[w.source] + timedelta(seconds=gap_before)
         at[w.source] = start + timedelta(seconds=len(w.samples) / w.sample_rate)
-        yield DemoWaveform(w.samples, w.waveform_id, w.sample_rate, start - late, w.source, w.extension)
+        yield DemoWaveform(w.samples, w.waveform_id, w.sample_rate, epoch_ns(start - late), w.source, w.extension)
 
 
 def _demo_recording(i: int, rng, batch: str, target_bytes: int, faults: bool) -> tuple[DemoWaveform, tuple]:
@@ -174,7 +190,7 @@ def _demo_recording(i: int, rng, batch: str, target_bytes: int, faults: bool) ->
     samples, rate, source, extension = maker(k, rng, target_bytes, fault)
     gap = 40.0 if fault == "gap" else 0.0
     late = timedelta(hours=3) if source == "station-03" and faults else timedelta(0)
-    return DemoWaveform(samples, f"{batch}-{kind}-{i:05d}", rate, None, source, extension), (kind, k, gap, late)
+    return DemoWaveform(samples, f"{batch}-{kind}-{i:05d}", rate, 0, source, extension), (kind, k, gap, late)
 
 
 def _demo_seismic(k: int, rng, target_bytes: int, fault: str | None):
@@ -225,17 +241,7 @@ def produce_demo(
     batch = batch or "demo-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S%f")
     seed = seed if seed is not None else abs(hash(batch)) % (2**32)
     producer = ChunkProducer(settings)
-    sent = [
-        producer.send(
-            w.samples,
-            waveform_id=w.waveform_id,
-            sample_rate=w.sample_rate,
-            start_time=w.start_time,
-            source=w.source,
-            extension=w.extension,
-        )
-        for w in demo_waveforms(count, seed=seed, batch=batch, target_bytes=target_bytes)
-    ]
+    sent = [producer.send_waveform(w) for w in demo_waveforms(count, seed=seed, batch=batch, target_bytes=target_bytes)]
     producer.flush()
     return sent
 
@@ -288,16 +294,7 @@ def produce_files(
             if isinstance(item, Skipped):
                 skipped.append((str(path), item.reason))
                 continue
-            sent.append(
-                producer.send(
-                    item.samples,
-                    waveform_id=item.waveform_id,
-                    sample_rate=item.sample_rate,
-                    start_time=item.start_ns,
-                    source=item.source,
-                    extension=item.extension,
-                )
-            )
+            sent.append(producer.send_waveform(item))
             count += 1
         progress(done, len(found), str(path), count)
     producer.flush()
