@@ -82,12 +82,14 @@ def topic_asset(servers: str, topic: str, group: str | None = None) -> Asset:
 
 def table_rows(report: Mapping[str, Any]) -> dict[str, int]:
     """The rows a run put in each table (from its report's outcome): the waveforms it wrote (new,
-    or rewritten into its window), the waveforms it quarantined, the dead-letter records."""
+    or rewritten into its window), the waveforms it quarantined, the dead-letter records, the
+    `qc` table's hours it recomputed."""
     outcome = report.get("outcome") or {}
     return {
         "waveforms": int(outcome.get("new") or 0) + int(outcome.get("rewritten") or 0),
         "quarantine": int(outcome.get("quarantined") or 0),
         "dead_letter": int(outcome.get("dead_letter_records") or 0),
+        "qc": int((report.get("quality") or {}).get("qc_hours") or 0),
     }
 
 

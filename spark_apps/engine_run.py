@@ -92,6 +92,8 @@ def validate_and_publish(
                     notes, "the quality summary", publish.quality_summary, settings, done.output_version
                 )
                 timings["quality_summary_s"] = time.monotonic() - t
+                if result.quality is not None:
+                    result.quality["qc_hours"] = done.qc_hours
     finally:  # the description, made beside publishing, is kept with the outcome
         t = time.monotonic()
         result.plot, timings["plot_s"] = wait_for_plot()

@@ -42,6 +42,15 @@ from wavepipe.faults import failpoint
 from wavepipe.maintenance import table_paths
 from wavepipe.spark_apps.assembly import PUBLISHED_SCHEMA, FilesTarget, changed_notes
 from wavepipe.spark_apps.quality import GAP_LOOKBACK_S, SUMMARY_COLUMNS, gaps_to_previous, summarize
+from wavepipe.spark_apps.quality_hours import (
+    HOUR_US,
+    QC_KEYS,
+    READ_COLUMNS,
+    as_rows,
+    epoch_times,
+    hourly,
+    touched_hours,
+)
 from wavepipe.spark_apps.reassemble import (
     SHUFFLED,
     STAGED,
@@ -65,14 +74,20 @@ from wavepipe.spark_apps.tables import (
     commit_metric,
     delta_version,
     delta_writer,
+    removed_files,
     replace_predicate,
+    source_rows,
     source_times,
+    upsert_rows,
     window_predicate,
     with_txn,
 )
 from wavepipe.spark_apps.validate import ToPublish
 
 log = logging.getLogger("wavepipe.publish")
+_STAMP = pa.timestamp("us", tz="UTC")
+#: Where a waveform lies in time: what the ``qc`` table's hours are found from.
+TIMES = pa.schema([("source", pa.string()), ("start_time", _STAMP), ("end_time", _STAMP)])
 
 #: The published tables, in the order a run publishes them: its waveforms first, so a run whose
 #: waveforms cannot be written (``StagedChunksChangedError``) has published nothing.
@@ -93,6 +108,8 @@ class Published:
     output_version: int | None
     table_versions: dict[str, int | None]
     replaced_rows: int | None = None
+    #: the ``qc`` table's rows the run wrote (None: an earlier attempt of the run wrote them)
+    qc_hours: int | None = 0
 
 
 def publish(
@@ -109,7 +126,7 @@ def publish(
     run (the plot) reads its staged files."""
     store = RunStore(settings)
     try:
-        version, replaced = publish_run(spark, settings, plan, reassembled, what)
+        version, replaced, hours = publish_run(spark, settings, plan, reassembled, what)
     except Exception:
         notes = changed_notes(changed_notes_dir(store, plan.run_id))
         if not notes:
@@ -125,15 +142,16 @@ def publish(
     versions = {
         name: version if name == "waveforms" else delta_version(path) for name, path in table_paths(settings).items()
     }
-    return Published(version, versions, replaced)
+    return Published(version, versions, replaced, hours)
 
 
 def publish_run(
     spark: SparkSession, settings: Settings, plan: RunPlan, reassembled: Reassembled, what: ToPublish
-) -> tuple[int | None, int | None]:
+) -> tuple[int | None, int | None, int | None]:
     """Append the run's rows to the published tables (keys not there yet only), or for a window
-    run replace the window's rows. Returns the output table's version after, and for a window
-    run the rows of it that the window's commit replaced (None: Delta did not say)."""
+    run replace the window's rows; then the ``qc`` table's hours they touched (``update_qc``).
+    Returns the output table's version after, for a window run the rows of it that the window's
+    commit replaced (None: Delta did not say), and the ``qc`` rows written."""
     store = RunStore(settings)
     targets = table_paths(settings)
     for target in targets.values():
@@ -145,7 +163,9 @@ def publish_run(
     if plan.is_window:
         replaced = _replace_window_run(spark, store, plan, reassembled, what, small, targets, txn)
         failpoint("publish.after_write")
-        return delta_version(settings.output_table), replaced
+        version = delta_version(settings.output_table)
+        touched = pa.concat_tables([run_times(what.waveforms), removed_times(targets["waveforms"], version)])
+        return version, replaced, update_qc(settings, plan, touched, txn) if settings.quality_metrics else 0
     source = None if what.all_there or not len(what.waveforms) else _waveform_files(spark, store, plan, what.waveforms)
     if source is not None:
         keys, partition_by = TABLE_KEYS["waveforms"]
@@ -156,7 +176,46 @@ def publish_run(
         if rows is not None:
             append_rows(rows, targets[name], TABLE_KEYS[name][0], txn, _run_keys(plan, name, rows))
     failpoint("publish.after_write")
-    return delta_version(settings.output_table), None
+    hours = update_qc(settings, plan, run_times(what.waveforms), txn) if settings.quality_metrics else 0
+    return delta_version(settings.output_table), None, hours
+
+
+def run_times(waveforms: pd.DataFrame) -> pa.Table:
+    """``source``, ``start_time``, ``end_time`` of ``waveforms`` (manifest rows)."""
+    return pa.Table.from_pandas(waveforms[list(TIMES.names)], preserve_index=False).cast(TIMES)
+
+
+def removed_times(path: str, version: int | None) -> pa.Table:
+    """``source``, ``start_time``, ``end_time`` of the rows table ``path``'s commit ``version``
+    removed (their files are there until a VACUUM); a row without ``end_time`` (written before
+    it) ends at its start."""
+    parts = []
+    for f in [] if version is None else removed_files(path, version):
+        rows = storage.read_parquet(storage.join(path, f))
+        end = rows["end_time"] if "end_time" in rows.column_names else rows["start_time"]
+        parts.append(
+            pa.table({"source": rows["source"], "start_time": rows["start_time"], "end_time": end}).cast(TIMES)
+        )
+    return pa.concat_tables(parts) if parts else TIMES.empty_table()
+
+
+def update_qc(settings: Settings, plan: RunPlan, touched: pa.Table, txn: Txn) -> int | None:
+    """Recompute the ``qc`` table's row of each source and hour ``touched`` covers (the run's
+    waveforms, and for a window run the rows its commit replaced) from the waveforms table as it
+    is now (``quality_hours.hourly``), in one commit that carries ``txn``: a retried publish
+    commits it once. Returns the hours written (None: an earlier attempt wrote them). delta-rs in
+    this process: no Spark job."""
+    hours = touched_hours(epoch_times(touched))
+    if hours.empty:
+        return 0
+    first, until = int(hours["hour"].min()), int(hours["hour"].max()) + HOUR_US
+    since = max(first - GAP_LOOKBACK_S * 1_000_000, MIN_TIME_US)
+    sources = sorted(set(hours["source"]))
+    read = source_rows(settings.output_table, sources, since, until, READ_COLUMNS, ends_after_us=first)
+    if read is None:  # no waveform measured there
+        return 0
+    rows = hourly(as_rows(read), hours, plan.run_id)
+    return rows.num_rows if upsert_rows(rows, settings.qc_table, QC_KEYS, txn) else None
 
 
 def with_gaps(waveforms: pd.DataFrame, output: str) -> pd.DataFrame:

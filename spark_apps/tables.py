@@ -127,11 +127,21 @@ def commit_metric(path: str, version: int, name: str) -> int | None:
 
 def added_files(path: str, version: int) -> list[str]:
     """The data files table ``path``'s commit ``version`` added (paths relative to the table)."""
+    return _logged_files(path, version, "add")
+
+
+def removed_files(path: str, version: int) -> list[str]:
+    """The data files table ``path``'s commit ``version`` removed (paths relative to the table;
+    still there until a VACUUM)."""
+    return _logged_files(path, version, "remove")
+
+
+def _logged_files(path: str, version: int, action: str) -> list[str]:
     from urllib.parse import unquote
 
     text = storage.read_text(storage.join(path, "_delta_log", f"{version:020d}.json"))
     actions = (json.loads(line) for line in text.splitlines() if line.strip())
-    return [unquote(a["add"]["path"]) for a in actions if "add" in a]
+    return [unquote(a[action]["path"]) for a in actions if action in a]
 
 
 @dataclass
@@ -300,8 +310,8 @@ def decided_again_on_conflict(publish):
     again instead."""
 
     @functools.wraps(publish)
-    def publishing(data, path: str, *args, **kwargs) -> None:
-        _committing(str(path))(publish, data, path, *args, **kwargs)
+    def publishing(data, path: str, *args, **kwargs):
+        return _committing(str(path))(publish, data, path, *args, **kwargs)
 
     return publishing
 
@@ -691,23 +701,63 @@ def id_rows(path: str, ids: list[str], columns: list[str]):
 
 def source_times(path: str, sources: list[str], since_us: int, until_us: int) -> pa.Table:
     """``waveform_id``, ``source``, ``start_time``, ``end_time`` of the table's rows of
-    ``sources`` that start in ``[since_us, until_us)`` (microseconds), read by delta-rs in this
-    process: only these columns, only of the files whose statistics can hold such rows. Empty
-    when there is no table, or it has no ``end_time`` yet (written before it)."""
-    import pyarrow.compute as pc
-
-    columns = ["waveform_id", "source", "start_time", "end_time"]
+    ``sources`` that start in ``[since_us, until_us)`` (``source_rows``). Empty when there is no
+    table, or it has no ``end_time`` yet (written before it)."""
     stamp = pa.timestamp("us", tz="UTC")
     empty = pa.schema(
         [("waveform_id", pa.string()), ("source", pa.string()), ("start_time", stamp), ("end_time", stamp)]
     )
+    rows = source_rows(path, sources, since_us, until_us, empty.names)
+    return empty.empty_table() if rows is None else rows.cast(empty)
+
+
+def source_rows(
+    path: str, sources: list[str], since_us: int, until_us: int, columns: list[str], ends_after_us: int | None = None
+) -> pa.Table | None:
+    """``columns`` of the table's rows of ``sources`` that start in ``[since_us, until_us)``
+    (microseconds), and end at or after ``ends_after_us`` if given, read by delta-rs in this process:
+    only these columns, only of the files whose statistics can hold such rows. None when there is
+    no table or it lacks one of ``columns``."""
+    import pyarrow.compute as pc
+
     if not sources or delta_version(path) is None:
-        return empty.empty_table()
+        return None
     table = storage.delta_table(path)
-    if "end_time" not in {f.name for f in table.schema().fields}:
-        return empty.empty_table()
+    if not set(columns) <= {f.name for f in table.schema().fields}:
+        return None
+    stamp = pa.timestamp("us", tz="UTC")
     since, until = pa.scalar(since_us, stamp), pa.scalar(until_us, stamp)
     pruning = [("source", "in", sources), ("start_time", ">=", since.as_py()), ("start_time", "<", until.as_py())]
-    dataset = table.to_pyarrow_dataset(file_pruning_predicate=pruning)
     near = pc.field("source").isin(sources) & (pc.field("start_time") >= since) & (pc.field("start_time") < until)
-    return dataset.to_table(columns=columns, filter=near).cast(empty)
+    if ends_after_us is not None:
+        after = pa.scalar(ends_after_us, stamp)
+        pruning.append(("end_time", ">=", after.as_py()))
+        near &= pc.field("end_time") >= after
+    dataset = table.to_pyarrow_dataset(file_pruning_predicate=pruning)
+    return dataset.to_table(columns=columns, filter=near)
+
+
+@decided_again_on_conflict
+def upsert_rows(rows: pa.Table, path: str, keys: list[str], txn: Txn) -> bool:
+    """Put ``rows`` in the table at ``path`` (made with their schema if there is none), each
+    replacing the row with its ``keys`` if there is one, in one commit by delta-rs (no Spark job)
+    that carries ``txn``. A table that already holds ``txn``'s version for its id is left as it is
+    (an earlier attempt committed it): returns False then, True when committed."""
+    from deltalake import write_deltalake
+
+    if delta_version(path) is None:
+        write_deltalake(
+            storage.for_clients(path),
+            rows,
+            mode="append",
+            commit_properties=commit_properties(txn),
+            storage_options=storage.delta_write_options(path),
+        )
+        return True
+    table = storage.delta_table(path)
+    if (table.transaction_version(txn.app_id) or 0) >= txn.version:
+        return False
+    on = " AND ".join(f"t.{k} = s.{k}" for k in keys)
+    merge = table.merge(rows, on, source_alias="s", target_alias="t", commit_properties=commit_properties(txn))
+    merge.when_matched_update_all().when_not_matched_insert_all().execute()
+    return True

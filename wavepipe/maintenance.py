@@ -35,7 +35,7 @@ from wavepipe.contracts.runfiles import RunStore
 log = logging.getLogger("wavepipe.maintenance")
 
 #: The output tables, as ``wavepipe table ... --table`` names them.
-TABLES = ("waveforms", "quarantine", "dead_letter")
+TABLES = ("waveforms", "quarantine", "dead_letter", "qc")
 #: ``optimize --zorder``: the waveforms table's rows are clustered by these within each ``date``
 #: partition (Z-order: files then cover few sources and a short time each).
 CLUSTER_BY = ("source", "start_time")
@@ -51,6 +51,7 @@ def table_paths(settings: Settings) -> dict[str, str]:
         "waveforms": settings.output_table,
         "quarantine": settings.quarantine_table,
         "dead_letter": settings.dead_letter_table,
+        "qc": settings.qc_table,
     }
 
 

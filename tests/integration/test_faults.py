@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 
+import deltalake
 import pytest
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import OffsetSpec
@@ -29,6 +30,7 @@ from wavepipe.consumers.kafka_admin import admin_client, committed_offsets, ensu
 from wavepipe.consumers.planner import RetentionGapError
 from wavepipe.contracts.config import load_settings
 from wavepipe.contracts.runfiles import RunStore
+from wavepipe.delta_txn import app_id
 from wavepipe.local.engine_server import LocalEngine
 from wavepipe.spark_apps.tables import delta_version
 
@@ -161,6 +163,10 @@ def test_crash_after_the_output_is_durable_then_a_rerun_adds_nothing_twice(reque
     assert_accounted(spark, settings, report)
     _assert_output(spark, settings, expected)
     assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: 12, 1: 12}
+    qc = deltalake.DeltaTable(str(settings.qc_table))  # its hours, by the crashed attempt or the rerun: once
+    assert qc.version() == 0 and qc.transaction_version(app_id(settings.group, settings.topic)) == 1
+    hours = qc.to_pyarrow_table().to_pylist()
+    assert sum(h["waveforms"] for h in hours) >= 6 and {h["run_id"] for h in hours} == {"crash"}
 
 
 def test_killed_between_the_engines_write_and_the_clients_commit_nothing_shows_and_the_retry_publishes_once(

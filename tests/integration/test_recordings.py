@@ -279,6 +279,30 @@ def test_gaps_and_overlaps_agree_with_obspy_also_across_runs(settings, tmp_path,
     assert len(theirs) == len(stream) - 1
     assert [r["gap_s"] for r in rows[1:]] == pytest.approx(theirs, abs=1e-6)
     assert all(r["latency_s"] > 365 * 86400 for r in rows), "recorded in 2008, published now"
+    _assert_qc_hours_agree_with_obspy(settings, stream, runs)
+
+
+def _assert_qc_hours_agree_with_obspy(settings, stream, commits: int) -> None:
+    """The qc table's hours against obspy's view of the same traces: its gaps and overlaps
+    (``get_gaps``) by the hour the trace after them starts in, and the samples of the traces
+    merged (``merge(method=1)``, a gap masked) in each hour; one commit per run."""
+    import deltalake
+
+    qc = deltalake.DeltaTable(str(settings.qc_table))
+    assert qc.version() == commits - 1
+    rows = {r["hour"].timestamp(): r for r in qc.to_pyarrow_table().to_pylist()}
+    merged = stream.copy().merge(method=1)
+    delta = stream[0].stats.delta
+    for hour, row in rows.items():
+        gaps = [g for g in stream.get_gaps() if hour <= g[5].timestamp < hour + 3600]
+        theirs_gaps = [g[6] for g in gaps if g[6] > delta / 2]
+        theirs_overlaps = [g[6] for g in gaps if g[6] < 0]
+        assert (row["gaps"], row["overlaps"]) == (len(theirs_gaps), len(theirs_overlaps)), row
+        assert row["max_gap_s"] == (pytest.approx(max(theirs_gaps), abs=1e-6) if theirs_gaps else None)
+        part = merged.slice(obspy.UTCDateTime(hour), obspy.UTCDateTime(hour + 3600) - delta / 2)
+        covered = sum(np.ma.count(t.data) for t in part) * delta
+        assert row["availability_pct"] == pytest.approx(covered / 36, abs=len(gaps) * delta / 36 + 1e-9)
+    assert sum(r["waveforms"] for r in rows.values()) >= len(stream)
 
 
 def test_quality_metrics_of_a_run_match_numpys_on_the_samples_read_back(settings, tmp_path):

@@ -34,7 +34,15 @@ def test_a_run_announces_only_the_tables_it_put_rows_in():
     }
     assert events["dead_letter"]["rows"] == 2 and events["dead_letter"]["table_version"] is None
     # a window run rewrites its window's waveforms: those are its rows
-    assert table_rows(_report(rewritten=3, quarantined=1)) == {"waveforms": 3, "quarantine": 1, "dead_letter": 0}
+    assert table_rows(_report(rewritten=3, quarantined=1)) == {
+        "waveforms": 3,
+        "quarantine": 1,
+        "dead_letter": 0,
+        "qc": 0,
+    }
+    # the qc table's rows: the hours its quality summary says it recomputed
+    measured = {**_report(new=4), "quality": {"measured": 4, "qc_hours": 2}}
+    assert published_extra(measured)["qc"]["rows"] == 2
 
 
 def test_assets_are_named_by_location_and_the_topic_as_the_kafka_provider_names_it(tmp_path):
@@ -42,7 +50,7 @@ def test_assets_are_named_by_location_and_the_topic_as_the_kafka_provider_names_
     assert location_uri(str(tmp_path / "t")) == f"file://{tmp_path}/t"
     tables = table_assets({"home": str(tmp_path)})
     assert {n: a.uri for n, a in tables.items()} == {
-        n: f"file://{tmp_path}/tables/{n}" for n in ("waveforms", "quarantine", "dead_letter")
+        n: f"file://{tmp_path}/tables/{n}" for n in ("waveforms", "quarantine", "dead_letter", "qc")
     }
     assert (
         table_assets({"tables_uri": "s3://lake/t", "home": str(tmp_path)})["waveforms"].uri == "s3://lake/t/waveforms"

@@ -29,7 +29,7 @@ def _report(run_id: str, start: int, end: int, *, new: int, lag_after: int = 0, 
     }
 
 
-def test_lineage_names_the_topic_with_its_ranges_and_the_three_tables_with_rows_and_assertions(tmp_path):
+def test_lineage_names_the_topic_with_its_ranges_and_the_tables_with_rows_and_assertions(tmp_path):
     settings = load_settings(home=tmp_path, bootstrap_servers="b1:9092,b2:9092")
     lineage = run_lineage(settings, [_report("r1", 10, 20, new=3), _report("r2", 20, 26, new=2, success=False)])
     (topic,) = [Serde.to_dict(d) for d in lineage.inputs]
@@ -37,7 +37,7 @@ def test_lineage_names_the_topic_with_its_ranges_and_the_three_tables_with_rows_
     ranges = topic["inputFacets"]["wavepipe_offsetRanges"]
     assert ranges["group"] == "g" and ranges["partitions"] == {"0": {"start": 10, "end": 26, "records": 16}}
     outputs = {d["name"].rsplit("/", 1)[1]: d for d in (Serde.to_dict(o) for o in lineage.outputs)}
-    assert set(outputs) == {"waveforms", "quarantine", "dead_letter"}
+    assert set(outputs) == {"waveforms", "quarantine", "dead_letter", "qc"}
     assert outputs["waveforms"]["namespace"] == "file" and outputs["waveforms"]["name"] == settings.output_table
     assert outputs["waveforms"]["outputFacets"]["outputStatistics"]["rowCount"] == 5
     assert outputs["dead_letter"]["outputFacets"]["outputStatistics"]["rowCount"] == 2

@@ -15,7 +15,7 @@ from wavepipe.contracts.errors import EXIT_USAGE, UsageError
 
 
 def test_tables_days_and_retention_are_checked():
-    assert maintenance.pick_tables(None) == ["waveforms", "quarantine", "dead_letter"]
+    assert maintenance.pick_tables(None) == ["waveforms", "quarantine", "dead_letter", "qc"]
     assert maintenance.pick_tables(["dead_letter", "waveforms"]) == ["waveforms", "dead_letter"]
     with pytest.raises(UsageError, match="no table 'waveform'; did you mean 'waveforms'"):
         maintenance.pick_tables(["waveform"])

@@ -553,6 +553,11 @@ class Settings(BaseModel):
         return f"{self.tables_location}/dead_letter"
 
     @property
+    def qc_table(self) -> str:
+        """Quality per source and hour (docs/quality.md), kept while ``quality_metrics`` is on."""
+        return f"{self.tables_location}/qc"
+
+    @property
     def reports_dir(self) -> Path:
         return self.home / "reports"
 
