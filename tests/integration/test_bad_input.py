@@ -152,7 +152,7 @@ def test_broken_waveforms_are_quarantined_and_junk_is_dead_lettered_with_reasons
     # an independent reader (delta-rs, which Polars and most Python tools use) reads all three
     # tables row for row as Spark does: payloads, quarantine details and dead letters' raw bytes
     counts = {name: assert_delta_rs_reads_as_spark(spark, path) for name, path in published_tables(settings).items()}
-    assert counts == {"waveforms": 1, "quarantine": 4, "dead_letter": 6}
+    assert counts == {"waveforms": 1, "quarantine": 4, "dead_letter": 6, "qc": 1}
 
 
 def test_a_waveform_that_never_completes_is_pending_then_quarantined_as_incomplete(settings, spark):
