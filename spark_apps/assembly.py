@@ -154,14 +154,48 @@ def _changed(message: str, notes: str | None, reach: S3Options | None = None) ->
 
 def leave_note(folder: str, text: str, reach: S3Options | None = None) -> None:
     """``text`` as a new file in ``folder`` (local, or on an object store reached with ``reach``)."""
-    name = f"{uuid.uuid4().hex}.txt"
+    _put(folder, f"{uuid.uuid4().hex}.txt", text.encode(), reach)
+
+
+def _put(folder: str, name: str, data: bytes, reach: S3Options | None) -> None:
+    """``data`` as file ``name`` in ``folder`` (local, or on an object store reached with ``reach``)."""
     if not is_remote(folder):
         Path(folder).mkdir(parents=True, exist_ok=True)
-        (Path(folder) / name).write_text(text)
+        (Path(folder) / name).write_bytes(data)
         return
     filesystem = arrow_filesystem(reach or configured_options(folder))
     with filesystem.open_output_stream(join(for_clients(folder), name).removeprefix("s3://")) as out:
-        out.write(text.encode())
+        out.write(data)
+
+
+@dataclass(frozen=True)
+class Holding:
+    """Rows a quarantining quality rule holds back from the output (``hold_apart``): the names of
+    those rules, and the run's folder the rows go to instead (``publish.held_rejection`` puts
+    them in the quarantine table), reached with ``reach``."""
+
+    rules: frozenset[str]
+    folder: str
+    reach: S3Options | None = None
+
+
+def hold_apart(batch: pa.RecordBatch, holding: Holding | None) -> pa.RecordBatch:
+    """``batch`` (output rows, ``output_batch``'s) without the rows whose ``qc_flags`` name one
+    of ``holding``'s rules: those are written, without their payload, as a Parquet file of their
+    own in ``holding.folder``. None: every row kept."""
+    if holding is None or not batch.num_rows:
+        return batch
+    flagged = batch.column(batch.schema.get_field_index("qc_flags"))
+    hit = pc.is_in(pc.list_flatten(flagged), value_set=pa.array(sorted(holding.rules), pa.string()))
+    held = np.zeros(batch.num_rows, bool)
+    held[pc.list_parent_indices(flagged).to_numpy()[hit.to_numpy(zero_copy_only=False)]] = True
+    if not held.any():
+        return batch
+    rows = pa.Table.from_batches([batch.filter(pa.array(held))]).drop_columns(["payload"])
+    sink = pa.BufferOutputStream()
+    pq.write_table(rows, sink)
+    _put(holding.folder, f"held-{uuid.uuid4().hex}.parquet", sink.getvalue().to_pybytes(), holding.reach)
+    return batch.filter(pa.array(~held))
 
 
 def changed_notes(folder: str) -> list[str]:

@@ -85,6 +85,7 @@ def validate_and_publish(
             result.published = True
             result.output_table_version, result.table_versions = done.output_version, done.table_versions
             result.replaced_rows = done.replaced_rows
+            result.quarantined = result.quarantined.plus(done.held)
             timings["publish_s"] = time.monotonic() - t
             if not verdict.to_publish.all_there and len(verdict.to_publish.waveforms):
                 t = time.monotonic()

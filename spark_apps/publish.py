@@ -35,12 +35,12 @@ from wavepipe.contracts.errors import CandidatesMismatchError
 from wavepipe.contracts.plan import RunPlan
 from wavepipe.contracts.protocol import MIN_TIME_US
 from wavepipe.contracts.runfiles import RunStore, Step
-from wavepipe.contracts.steps import Reassembled, WindowRows
+from wavepipe.contracts.steps import Reassembled, ValidationQuarantine, WindowRows
 from wavepipe.delta_protocol import repair_once
 from wavepipe.delta_txn import Txn
 from wavepipe.faults import failpoint
 from wavepipe.maintenance import table_paths
-from wavepipe.spark_apps.assembly import PUBLISHED_SCHEMA, FilesTarget, changed_notes
+from wavepipe.spark_apps.assembly import PUBLISHED_SCHEMA, FilesTarget, Holding, changed_notes
 from wavepipe.spark_apps.quality import GAP_LOOKBACK_S, SUMMARY_COLUMNS, gaps_to_previous, summarize
 from wavepipe.spark_apps.quality_hours import (
     HOUR_US,
@@ -59,12 +59,13 @@ from wavepipe.spark_apps.reassemble import (
     assemble_local,
     changed_notes_dir,
     chunk_files,
+    held_dir,
     staged_chunk_files,
     wanted_lists_dir,
     wanted_waveforms,
     written_by_workers,
 )
-from wavepipe.spark_apps.rejections import Rejection
+from wavepipe.spark_apps.rejections import Rejection, rejection
 from wavepipe.spark_apps.tables import (
     TABLE_KEYS,
     WorkerWrites,
@@ -110,6 +111,8 @@ class Published:
     replaced_rows: int | None = None
     #: the ``qc`` table's rows the run wrote (None: an earlier attempt of the run wrote them)
     qc_hours: int | None = 0
+    #: the waveforms a quarantining quality rule held back, and where their records went
+    held: ValidationQuarantine = dataclasses.field(default_factory=ValidationQuarantine)
 
 
 def publish(
@@ -126,7 +129,7 @@ def publish(
     run (the plot) reads its staged files."""
     store = RunStore(settings)
     try:
-        version, replaced, hours = publish_run(spark, settings, plan, reassembled, what)
+        done = publish_run(spark, settings, plan, reassembled, what)
     except Exception:
         notes = changed_notes(changed_notes_dir(store, plan.run_id))
         if not notes:
@@ -140,18 +143,20 @@ def publish(
         ) from None
     # under the output lock: a table's version now is the run's own commit where it put rows
     versions = {
-        name: version if name == "waveforms" else delta_version(path) for name, path in table_paths(settings).items()
+        name: done.output_version if name == "waveforms" else delta_version(path)
+        for name, path in table_paths(settings).items()
     }
-    return Published(version, versions, replaced, hours)
+    return dataclasses.replace(done, table_versions=versions)
 
 
 def publish_run(
     spark: SparkSession, settings: Settings, plan: RunPlan, reassembled: Reassembled, what: ToPublish
-) -> tuple[int | None, int | None, int | None]:
+) -> Published:
     """Append the run's rows to the published tables (keys not there yet only), or for a window
-    run replace the window's rows; then the ``qc`` table's hours they touched (``update_qc``).
+    run replace the window's rows; the rows a quarantining quality rule held back go to the
+    quarantine table with the others; then the ``qc`` table's hours they touched (``update_qc``).
     Returns the output table's version after, for a window run the rows of it that the window's
-    commit replaced (None: Delta did not say), and the ``qc`` rows written."""
+    commit replaced (None: Delta did not say), the ``qc`` rows written and the rows held back."""
     store = RunStore(settings)
     targets = table_paths(settings)
     for target in targets.values():
@@ -159,25 +164,71 @@ def publish_run(
     txn = run_txn(store, plan, reassembled)
     if settings.quality_metrics and len(what.waveforms):
         what = dataclasses.replace(what, waveforms=with_gaps(what.waveforms, targets["waveforms"]))
+    if plan.is_window or delta_txn.txn_version(targets["waveforms"], txn.app_id) < txn.version:
+        storage.delete_tree(held_dir(store, plan.run_id))  # the write to come holds its own
     small = {name: publish_rows(store, plan, name, what.rejection) for name in PUBLISHED[1:]}
     if plan.is_window:
-        replaced = _replace_window_run(spark, store, plan, reassembled, what, small, targets, txn)
+        replaced, held = _replace_window_run(spark, store, plan, reassembled, what, small, targets, txn)
         failpoint("publish.after_write")
         version = delta_version(settings.output_table)
         touched = pa.concat_tables([run_times(what.waveforms), removed_times(targets["waveforms"], version)])
-        return version, replaced, update_qc(settings, plan, touched, txn) if settings.quality_metrics else 0
+        hours = update_qc(settings, plan, touched, txn) if settings.quality_metrics else 0
+        return Published(version, {}, replaced, hours, held.moved)
     source = None if what.all_there or not len(what.waveforms) else _waveform_files(spark, store, plan, what.waveforms)
     if source is not None:
         keys, partition_by = TABLE_KEYS["waveforms"]
         checked = what.checked_version if what.in_table == 0 else None
         scope = sorted(what.waveforms["waveform_id"])
         append_new(source, targets["waveforms"], keys, partition_by, checked_version=checked, txn=txn, scope=scope)
+    held = held_rejection(store, plan)
+    small["quarantine"] = _with_rows(small["quarantine"], held.rows)
     for name, rows in small.items():
         if rows is not None:
             append_rows(rows, targets[name], TABLE_KEYS[name][0], txn, _run_keys(plan, name, rows))
     failpoint("publish.after_write")
     hours = update_qc(settings, plan, run_times(what.waveforms), txn) if settings.quality_metrics else 0
-    return delta_version(settings.output_table), None, hours
+    return Published(delta_version(settings.output_table), {}, None, hours, held.moved)
+
+
+def _with_rows(rows: pa.Table | None, more: pa.Table | None) -> pa.Table | None:
+    parts = [t for t in (rows, more) if t is not None]
+    return pa.concat_tables(parts, promote_options="default") if parts else None
+
+
+def held_rejection(store: RunStore, plan: RunPlan) -> Rejection:
+    """The rows a quarantining quality rule held back from run ``plan``'s output
+    (``assembly.hold_apart``) as quarantine rows: the reason, the first quarantining rule a row
+    breaks (``QualityRule.reason``), the detail, how (``QualityRule.explain``); and where their
+    records go in the run's accounting (``rejections.rejection``). A row held twice (a retried
+    Spark task) counts once."""
+    rules = [r for r in store.settings.quality() or () if r.quarantine]
+    folder = held_dir(store, plan.run_id)
+    names = storage.files(folder, ".parquet") if rules else []
+    if not names:
+        return Rejection()
+    held = pa.concat_tables([storage.read_parquet(n) for n in names], promote_options="default")
+    rejected: dict[str, dict] = {}
+    for row in held.to_pylist():
+        flagged = row["qc_flags"] or []
+        rule = next((r for r in rules if r.name in flagged), None)
+        rejected.setdefault(
+            row["waveform_id"],
+            {
+                "reason": rule.reason if rule else f"qc_{flagged[0]}",
+                "detail": rule.explain(row) if rule else f"breaks quality rule {flagged[0]}",
+                **{k: row[k] for k in ("checksum", "partition", "first_offset")},
+            },
+        )
+    return rejection(list(chunk_files(store, plan).values()), rejected, plan.run_id)
+
+
+def _holding(store: RunStore, plan: RunPlan) -> Holding | None:
+    """What the run's quarantining quality rules hold back, and where (None: no such rule)."""
+    names = frozenset(r.name for r in store.settings.quality() or () if r.quarantine)
+    if not names:
+        return None
+    folder = held_dir(store, plan.run_id)
+    return Holding(names, folder, storage.worker_options(folder))
 
 
 def run_times(waveforms: pd.DataFrame) -> pa.Table:
@@ -299,12 +350,14 @@ def _assembled(
                 notes=notes,
                 writes=writes,
                 quality=store.settings.quality(),
+                holding=_holding(store, plan),
             )
         )
     if len(shuffled):
         chunks = spark.read.parquet(*map(storage.for_spark, staged_chunk_files(store, plan)))
         wanted, quality = wanted_waveforms(spark, shuffled), store.settings.quality()
-        rows = assemble(chunks, wanted, scope=plan.run_id, strict=True, notes=notes, quality=quality)
+        holding = _holding(store, plan)
+        rows = assemble(chunks, wanted, scope=plan.run_id, strict=True, notes=notes, quality=quality, holding=holding)
         parts.append(rows if writes is None else written_by_workers(rows, writes))
     return parts
 
@@ -322,20 +375,25 @@ def _replace_window_run(
     small: dict[str, pa.Table | None],
     targets: dict,
     txn: Txn,
-) -> int | None:
-    """Window run ``plan``'s publish: each table's rows of the window replaced (``replace_window``).
-    Returns the output table's rows the commit replaced."""
+) -> tuple[int | None, Rejection]:
+    """Window run ``plan``'s publish: each table's rows of the window replaced (``replace_window``),
+    the waveforms' first (the rows a quarantining quality rule holds back join the quarantine's).
+    Returns the output table's rows the commit replaced, and the rows held back."""
     rows = reassembled.window_rows
     if rows is None:
         raise CandidatesMismatchError(
             f"run {plan.run_id}: its reassembly recorded no window rows; run the reassemble step again"
         )
-    outside = what.rejection.outside(plan.window_offsets())
+    waveforms = _staged_waveforms(spark, store, plan, what.waveforms)
+    replaced = replace_window(spark, waveforms, targets["waveforms"], "waveforms", plan, rows, txn)
+    held = held_rejection(store, plan)
+    small = {**small, "quarantine": _with_rows(small["quarantine"], held.rows)}
+    outside = [*what.rejection.outside(plan.window_offsets()), *held.outside(plan.window_offsets())]
     rows = WindowRows(keep=rows.keep, extra={**rows.extra, "quarantine": [*rows.extra.get("quarantine", []), *outside]})
-    sources = {"waveforms": _staged_waveforms(spark, store, plan, what.waveforms)}
-    sources |= {name: None if r is None else spark.createDataFrame(r) for name, r in small.items()}
-    replaced = {name: replace_window(spark, sources[name], targets[name], name, plan, rows, txn) for name in PUBLISHED}
-    return replaced["waveforms"]
+    for name in PUBLISHED[1:]:
+        source = None if small[name] is None else spark.createDataFrame(small[name])
+        replace_window(spark, source, targets[name], name, plan, rows, txn)
+    return replaced, held
 
 
 def _run_keys(plan: RunPlan, name: str, rows: pa.Table) -> list[str] | tuple[str, dict]:

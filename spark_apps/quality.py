@@ -298,7 +298,9 @@ def summarize(rows: pa.Table, rules: tuple = ()) -> dict:
         "measured": n,
         "flagged": int(per_row["flagged"].sum()),
         "by_rule": {name: int((names == name).sum()) for name in sorted(rule_names, key=lambda m: -(names == m).sum())},
-        "rules": [{"name": r.name, "when": r.describe(), "sources": r.sources} for r in rules],
+        "rules": [
+            {"name": r.name, "when": r.describe(), "sources": r.sources, "quarantine": r.quarantine} for r in rules
+        ],
         "sources": worst[:SUMMARY_SOURCES],
         "sources_total": len(sources),
     }

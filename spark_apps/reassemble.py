@@ -54,9 +54,11 @@ from wavepipe.spark_apps.assembly import (
     ARROW_OUTPUT_SCHEMA,
     WRITTEN_SCHEMA,
     FilesTarget,
+    Holding,
     Rules,
     assemble_arrow,
     assemble_tasks,
+    hold_apart,
     write_parquet,
     write_wanted,
 )
@@ -104,6 +106,7 @@ def assemble_local(
     notes: str | None = None,
     writes: FilesTarget | None = None,
     quality: Rules | None = (),
+    holding: Holding | None = None,
 ) -> DataFrame:
     """Whole waveforms for the waveforms ``rows`` names (id, checksum, partition; ``gap_s``, the
     run's, where it has it), whose chunks are
@@ -116,7 +119,8 @@ def assemble_local(
     ``assemble_file``. ``writes``: the workers write the waveforms as Parquet files there
     themselves (``assembly.write_parquet``) and the frame holds the files written
     (``WRITTEN``), not the rows. ``quality``: the rules the rows' measured quality is
-    flagged by (``Settings.quality``; None: not measured; never when ``verify_only``: no payload)."""
+    flagged by (``Settings.quality``; None: not measured; never when ``verify_only``: no payload);
+    ``holding``: the rows a quarantining rule holds back (``assembly.hold_apart``)."""
     lists = storage.join(lists, uuid.uuid4().hex)  # a retried publish's lists never meet an earlier one's
     tasks = []
     carried = [c for c in ("waveform_id", "checksum", "gap_s") if c in rows.columns]
@@ -129,6 +133,7 @@ def assemble_local(
 
     def tasks_of_this_run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         rows = assemble_tasks(batches, failpoints, scope, strict, batch_bytes, verify_only, reach, notes, quality)
+        rows = (hold_apart(batch, holding) for batch in rows)
         return rows if writes is None else write_parquet(rows, writes)
 
     local = spark.createDataFrame(tasks, "path string, wanted string")
@@ -148,6 +153,12 @@ def written_by_workers(rows: DataFrame, writes: FilesTarget) -> DataFrame:
 def wanted_lists_dir(store: RunStore, run_id: str) -> str:
     """Where ``assemble_local`` writes the ids each of its tasks assembles (removed with the staging)."""
     return storage.join(store.staging_dir(run_id), "wanted")
+
+
+def held_dir(store: RunStore, run_id: str) -> str:
+    """Where the workers write the rows a quarantining quality rule holds back from the output
+    (``assembly.hold_apart``): in the run's staging, until its publish quarantines them."""
+    return storage.join(store.staging_dir(run_id), "held")
 
 
 def changed_notes_dir(store: RunStore, run_id: str) -> str:
@@ -178,12 +189,13 @@ def assemble(
     verify_only: bool = False,
     notes: str | None = None,
     quality: Rules | None = (),
+    holding: Holding | None = None,
 ) -> DataFrame:
     """Whole waveforms for the candidate ids (one row each; payload null where the checksum fails),
     grouped by a shuffle: for waveforms spread over partitions or with duplicate chunks. Where the
     candidates have a ``checksum``, only chunks carrying it are used (not another content's); where
     they have a ``gap_s``, it is the row's. ``strict``, ``verify_only``, ``notes``, ``quality``:
-    see ``assemble_arrow``."""
+    see ``assemble_arrow``; ``holding``: see ``assemble_local``."""
     keys = ["waveform_id", "checksum"] if "checksum" in candidates.columns else ["waveform_id"]
     if "gap_s" in candidates.columns:
         wanted = chunks.join(candidates.select(*keys, "gap_s"), keys, "inner")
@@ -192,7 +204,8 @@ def assemble(
     failpoints = armed()
 
     def one_waveform(table: pa.Table) -> pa.Table:
-        return assemble_arrow(table, failpoints, scope, strict, verify_only, notes, quality)
+        row = assemble_arrow(table, failpoints, scope, strict, verify_only, notes, quality)
+        return pa.Table.from_batches([hold_apart(b, holding) for b in row.to_batches()], row.schema)
 
     return wanted.groupBy("waveform_id").applyInArrow(one_waveform, OUTPUT_SCHEMA)
 

@@ -463,5 +463,5 @@ def log_outcome(plan: RunPlan, result: Validated) -> None:
         plan.run_id,
         "passed; published" if result.success else "FAILED: ",
         "; ".join(failed),
-        f"; quarantined by expectation: {moved}" if moved else "",
+        f"; quarantined by expectation or quality rule: {moved}" if moved else "",
     )

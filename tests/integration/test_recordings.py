@@ -329,3 +329,51 @@ def test_quality_metrics_of_a_run_match_numpys_on_the_samples_read_back(settings
     assert rows["XX.Q..HHZ"]["qc_spikes"] == [2] and rows["XX.Q..HHZ"]["qc_dead"] == [False]
     assert rows["XX.Q..HHN"]["qc_dead"] == [True] and rows["XX.Q..HHN"]["qc_spikes"] == [0]
     assert rows["ward-9"]["qc_clipped_share"] == [pytest.approx(60 / 3000), 0.0]
+
+
+def test_a_quarantining_rule_holds_a_dead_channel_back_in_a_run_and_its_window_run(settings, spark, tmp_path):
+    """A rule with ``action = "quarantine"``: the waveform breaking it goes to the quarantine table
+    with the rule as its reason and the channel in its detail, not to the waveforms; the records
+    add up; a window run over the same records does the same, and changes nothing; with the rule
+    made to flag only, a window run publishes the waveform."""
+    from datetime import UTC, datetime, timedelta
+
+    rules = [
+        {"name": "dead_channel", "metric": "qc_dead", "action": "quarantine"},
+        {"name": "clipped", "metric": "qc_clipped_share", "above": 0.01},
+    ]
+    settings = settings.replace(quality_rules=rules)
+    rng = np.random.default_rng(3)
+    start = obspy.UTCDateTime("2026-04-01T00:00:00Z")
+    for code, data in (("HHZ", rng.normal(0, 300, 3000).astype(np.int32)), ("HHN", np.full(3000, 7, np.int32))):
+        obspy.Trace(data, header={"network": "XX", "station": "Q", "channel": code, "sampling_rate": 100.0,
+                                  "starttime": start}).write(str(tmp_path / f"{code}.mseed"), format="MSEED")  # fmt: skip
+    clipped = rng.normal(0, 12000, 3000).astype(np.int16)
+    clipped[:90] = 32767
+    soundfile.write(str(tmp_path / "ward-9.wav"), clipped, 500, subtype="PCM_16")
+    began = datetime.now(UTC) - timedelta(seconds=5)
+    ensure_topic(settings)
+    produce_files(settings, [str(tmp_path)], start_ns=start.ns)
+
+    def assert_published(report: dict) -> None:
+        assert_accounted(spark, settings, report)
+        assert report["waveforms"] == {"output_new": 2, "quarantined:qc_dead_channel": 1}, report["waveforms"]
+        rows = storage.delta_table(settings.output_table).to_pyarrow_table(columns=["source", "qc_flags"]).to_pylist()
+        assert sorted((r["source"], r["qc_flags"]) for r in rows) == [("XX.Q..HHZ", []), ("ward-9", ["clipped"])]
+        (held,) = storage.delta_table(settings.quarantine_table).to_pyarrow_table().to_pylist()
+        assert (held["source"], held["reason"]) == ("XX.Q..HHN", "qc_dead_channel")
+        assert held["detail"] == "breaks quality rule dead_channel (qc_dead on any channel): HHN", held["detail"]
+
+    assert_published(run_once(settings))
+    window = run_once(settings, window=(began, datetime.now(UTC)))
+    assert window["status"] == "window_replaced"
+    assert_published(window)
+
+    # the rule made to flag only, a window run over the same records publishes the dead channel
+    settings = settings.replace(quality_rules=[{**rules[0], "action": "flag"}, rules[1]])
+    again = run_once(settings, window=(began, datetime.now(UTC)))
+    assert_accounted(spark, settings, again)
+    assert again["waveforms"] == {"output_new": 3}, again["waveforms"]
+    rows = storage.delta_table(settings.output_table).to_pyarrow_table(columns=["source", "qc_flags"]).to_pylist()
+    assert ("XX.Q..HHN", ["dead_channel"]) in [(r["source"], r["qc_flags"]) for r in rows]
+    assert storage.delta_table(settings.quarantine_table).to_pyarrow_table().num_rows == 0

@@ -152,7 +152,7 @@ def test_rules_flag_rows_by_source_and_threshold():
         ({"name": "x", "metric": "qc_mean"}, "needs a threshold"),
         ({"name": "x", "metric": "qc_dead", "above": 1}, "takes no above or below"),
         ({"name": "x", "metric": "gap_s", "above": "10"}, "above must be a finite number"),
-        ({"name": "x", "metric": "gap_s", "above": 10, "action": "page"}, "unknown keys ['action']"),
+        ({"name": "x", "metric": "gap_s", "above": 10, "severity": "page"}, "unknown keys ['severity']"),
     ],
 )
 def test_a_wrong_rule_is_refused_saying_what_is_wrong(entry, says):

@@ -352,7 +352,8 @@ class Settings(BaseModel):
     quality_metrics: bool = True
     #: What flags a measured waveform (its row's ``qc_flags``): tables of ``name``, ``metric`` (a
     #: quality column), ``above`` and/or ``below`` (a true/false metric takes neither) and
-    #: ``sources`` (a pattern, default all); docs/quality.md. A flag never fails a run.
+    #: ``sources`` (a pattern, default all), ``action`` (``flag``, or ``quarantine``: the row goes
+    #: to the quarantine table instead); docs/quality.md. Neither ever fails a run.
     quality_rules: Annotated[list[dict[str, Any]], BeforeValidator(_rules)] = Field(
         default_factory=lambda: [dict(rule) for rule in DEFAULT_RULES]
     )

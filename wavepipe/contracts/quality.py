@@ -3,8 +3,9 @@
 A rule names a quality column of the row (``rows.QUALITY_NAMES``: a per channel ``qc_*`` list,
 ``gap_s`` or ``latency_s``) and a threshold: the row breaks it when any channel's value is
 ``above`` it or ``below`` it (a true/false column, ``qc_dead``: when any channel is true). A row
-that breaks a rule carries the rule's name in its ``qc_flags``; it is published all the same: a
-flag never fails a run, nor holds back its commit.
+that breaks a rule carries the rule's name in its ``qc_flags``; it is published all the same, or,
+for a rule whose ``action`` is ``quarantine``, put in the quarantine table instead. Neither ever
+fails a run, nor holds back its commit.
 """
 
 from __future__ import annotations
@@ -31,13 +32,15 @@ _NAME = re.compile(r"[a-z][a-z0-9_]{0,39}")
 @dataclass(frozen=True)
 class QualityRule:
     """Flag a row of a source matching ``sources`` (``fnmatch``) whose ``metric`` is ``above`` or
-    ``below`` a threshold on any channel (or true, for a true/false metric), with ``name``."""
+    ``below`` a threshold on any channel (or true, for a true/false metric), with ``name``;
+    ``quarantine``: and quarantine it instead of publishing it."""
 
     name: str
     metric: str
     above: float | None = None
     below: float | None = None
     sources: str = "*"
+    quarantine: bool = False
 
     @property
     def boolean(self) -> bool:
@@ -52,7 +55,35 @@ class QualityRule:
         ]
         return f"{self.metric} {' or '.join(p for p in parts if p)}"
 
+    def breaking(self, values: Sequence[Any]) -> list[int]:
+        """The channels (their places) whose value in ``values`` (a row's per channel list of
+        ``metric``) breaks the rule."""
+        return [i for i, v in enumerate(values) if v is not None and bool(_breaks(self, pa.array([v]))[0])]
 
+    def explain(self, row: Mapping[str, Any]) -> str:
+        """How ``row`` (a published row's columns: ``metric``, ``channel_names``) breaks the rule,
+        naming its channels and values: a quarantine's detail."""
+        value = row.get(self.metric)
+        said = f"breaks quality rule {self.name} ({self.describe()})"
+        if not isinstance(value, list):
+            return f"{said}: {self.metric} {value:g}" if isinstance(value, int | float) else said
+        names = row.get("channel_names") or []
+        shown = [
+            (names[i] if i < len(names) and names[i] else f"ch {i + 1}")
+            + ("" if self.boolean else f" {float(value[i]):g}")
+            for i in self.breaking(value)
+        ]
+        return f"{said}: {', '.join(shown[:12])}{' ...' if len(shown) > 12 else ''}"
+
+    @property
+    def reason(self) -> str:
+        """The quarantine reason of a row this rule quarantines."""
+        return f"qc_{self.name}"
+
+
+#: What a rule does with a row that breaks it: flag it (published, the rule named in its
+#: ``qc_flags``), or quarantine it (flagged, and in the quarantine table instead).
+ACTIONS = ("flag", "quarantine")
 #: What wavepipe flags unless ``quality_rules`` says otherwise (docs/quality.md).
 DEFAULT_RULES: list[dict[str, Any]] = [
     {"name": "dead_channel", "metric": "qc_dead"},
@@ -82,9 +113,9 @@ def parse_rules(entries: Sequence[Mapping[str, Any]]) -> tuple[QualityRule, ...]
 def _rule(entry: Mapping[str, Any]) -> QualityRule:
     if not isinstance(entry, Mapping):
         raise ValueError("must be a table with name, metric and above or below")
-    unknown = set(entry) - {"name", "metric", "above", "below", "sources"}
+    unknown = set(entry) - {"name", "metric", "above", "below", "sources", "action"}
     if unknown:
-        raise ValueError(f"unknown keys {sorted(unknown)}: a rule has name, metric, above, below and sources")
+        raise ValueError(f"unknown keys {sorted(unknown)}: a rule has name, metric, above, below, sources and action")
     name, metric = entry.get("name"), entry.get("metric")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError("name must be 1 to 40 of a-z, 0-9 and _, starting with a letter")
@@ -99,7 +130,10 @@ def _rule(entry: Mapping[str, Any]) -> QualityRule:
     sources = entry.get("sources", "*")
     if not isinstance(sources, str) or not sources:
         raise ValueError("sources must be a pattern such as 'IU.*' or 'ward-?'")
-    rule = QualityRule(name, metric, bounds["above"], bounds["below"], sources)
+    action = entry.get("action", "flag")
+    if action not in ACTIONS:
+        raise ValueError(f"action must be {' or '.join(ACTIONS)}, not {action!r}")
+    rule = QualityRule(name, metric, bounds["above"], bounds["below"], sources, action == "quarantine")
     if rule.boolean and any(v is not None for v in bounds.values()):
         raise ValueError(f"{metric} is true or false: it takes no above or below")
     if not rule.boolean and all(v is None for v in bounds.values()):

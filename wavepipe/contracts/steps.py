@@ -101,12 +101,25 @@ class Reassembled:
 
 @dataclass(kw_only=True)
 class ValidationQuarantine:
-    """Waveforms the validate step quarantined because they failed a per-waveform expectation:
-    per reason (the expectation's name), and their records per partition and reason as
+    """Waveforms the validate step quarantined because they failed a per-waveform expectation, or
+    the publish step because they broke a quarantining quality rule: per reason (the
+    expectation's or the rule's), and their records per partition and reason as
     ``[records, payload bytes]``. The reassembly had counted them as output (``settled``)."""
 
     waveforms: dict[str, int] = field(default_factory=dict)
     records: dict[int, dict[str, list[int]]] = field(default_factory=dict)
+
+    def plus(self, other: ValidationQuarantine) -> ValidationQuarantine:
+        """Both quarantines' waveforms and records, added up."""
+        out = copy.deepcopy(self)
+        for reason, n in other.waveforms.items():
+            out.waveforms[reason] = out.waveforms.get(reason, 0) + n
+        for partition, reasons in other.records.items():
+            mine = out.records.setdefault(partition, {})
+            for reason, (records, nbytes) in reasons.items():
+                was = mine.get(reason, [0, 0])
+                mine[reason] = [was[0] + records, was[1] + nbytes]
+        return out
 
 
 @dataclass(kw_only=True)
@@ -141,7 +154,7 @@ class Validated:
     timings: dict[str, float] = field(default_factory=dict)
     #: what could not be described (the plot, Data Docs, the trend): never a failure
     notes: list[str] = field(default_factory=list)
-    #: the new waveforms a per-waveform expectation quarantined instead of publishing
+    #: the new waveforms a per-waveform expectation or a quality rule quarantined instead of publishing
     quarantined: ValidationQuarantine = field(default_factory=ValidationQuarantine)
     #: what the published waveforms' measured quality says (``spark_apps.quality.summarize``);
     #: None: not measured
