@@ -95,6 +95,18 @@ def validate_and_publish(
                 timings["quality_summary_s"] = time.monotonic() - t
                 if result.quality is not None:
                     result.quality["qc_hours"] = done.qc_hours
+                if result.quality and result.quality["flagged"]:
+                    t = time.monotonic()
+                    result.quality["plot"] = describe_safely(
+                        notes,
+                        "the plot of the flagged waveforms",
+                        plots.plot_flagged,
+                        settings,
+                        plan.run_id,
+                        done.output_version,
+                        result.quality,
+                    )
+                    timings["flagged_plot_s"] = time.monotonic() - t
     finally:  # the description, made beside publishing, is kept with the outcome
         t = time.monotonic()
         result.plot, timings["plot_s"] = wait_for_plot()

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from wavepipe import storage
@@ -89,9 +90,9 @@ def stacked(values: np.ndarray) -> tuple[np.ndarray, float]:
     return values - means - np.arange(values.shape[1]) * spacing, spacing
 
 
-def _draw(ax, t: np.ndarray, values: np.ndarray) -> str | None:
+def _draw(ax, t: np.ndarray, values: np.ndarray, labels: list[str]) -> str | None:
     """One waveform's channels on ``ax``, each in a colour of its own; several channels as lanes
-    labelled ch 1, ch 2, ... on the y axis. Returns what the title must add (the lane spacing)."""
+    labelled ``labels`` on the y axis. Returns what the title must add (the lane spacing)."""
     from matplotlib import colormaps
 
     n = values.shape[1]
@@ -101,51 +102,80 @@ def _draw(ax, t: np.ndarray, values: np.ndarray) -> str | None:
     for c in range(n):
         ax.plot(t, lanes[:, c], linewidth=0.6, color=palette(c), marker="." if len(t) < 50 else None, markersize=3)
     if n == 1:
+        ax.set_ylabel(labels[0], fontsize=7)
         return None
-    ax.set_yticks([-c * spacing for c in range(n)], [f"ch {c + 1}" for c in range(n)])
+    ax.set_yticks([-c * spacing for c in range(n)], labels)
     for label, c in zip(ax.get_yticklabels(), range(n), strict=True):
         label.set_color(palette(c))
     return f"channels stacked {spacing:.3g} apart"
 
 
+def channel_labels(row: dict, shown: list[int]) -> list[str]:
+    """The names of a row's ``shown`` channels (``channel_names``, else ch 1, ch 2, ...), with
+    their units where the row has them."""
+    names, units = row.get("channel_names") or [], row.get("units") or []
+    labels = []
+    for c in shown:
+        name = names[c] if c < len(names) and names[c] else f"ch {c + 1}"
+        unit = units[c] if c < len(units) and units[c] else ""
+        labels.append(_short(f"{name} ({unit})" if unit else name, 24))
+    return labels
+
+
 def plot_waveforms(rows: list, path: Path) -> Path:
     """A small PNG of a few reassembled waveforms (decimated to about 2000 points each, up to
-    ``PLOT_CHANNELS`` channels). Any waveform the protocol allows can be drawn: non-finite samples
-    are left out, extreme magnitudes and times are drawn in powers of ten, long ids are cut."""
+    ``PLOT_CHANNELS`` channels; a row's ``shown``: those channels only, its ``why``: said first in
+    its title). Any waveform the protocol allows can be drawn: non-finite samples are left out,
+    extreme magnitudes and times are drawn in powers of ten, long ids are cut."""
     from matplotlib.figure import Figure
 
     from wavepipe.contracts.protocol import rebuild
 
-    heights = [
-        1.9 if min(r["channels"], PLOT_CHANNELS) <= 2 else 1.1 + 0.3 * min(r["channels"], PLOT_CHANNELS) for r in rows
-    ]
+    shown = [(r.get("shown") or list(range(r["channels"])))[:PLOT_CHANNELS] for r in rows]
+    heights = [1.9 if len(s) <= 2 else 1.1 + 0.3 * len(s) for s in shown]
     fig = Figure(figsize=(8, sum(heights)))
     axes = fig.subplots(len(rows), 1, squeeze=False, height_ratios=heights)
     with np.errstate(all="ignore"):
-        for ax, row in zip(axes[:, 0], rows, strict=True):
+        for ax, row, channels in zip(axes[:, 0], rows, shown, strict=True):
             raw = rebuild(bytes(row["payload"]), row["dtype"], row["channels"])
             step = max(1, len(raw) // 2000)
-            values, y_exp, bad = plottable(raw[::step, :PLOT_CHANNELS])
+            values, y_exp, bad = plottable(raw[::step][:, channels])
             t, t_exp = time_axis(len(raw), step, row["sample_rate"])
-            lanes = _draw(ax, t, values)
+            lanes = _draw(ax, t, values, channel_labels(row, channels))
             facts = [f"{row['dtype']} x {row['channels']}", f"{row['sample_rate']:g} Hz"]
             if raw.dtype.kind == "c":
                 facts.append("real part")
-            if row["channels"] > PLOT_CHANNELS:
-                facts.append(f"first {PLOT_CHANNELS} channels")
+            if len(channels) < row["channels"]:
+                facts.append(f"{len(channels)} of {row['channels']} channels")
             if y_exp:
                 facts.append(f"values x 1e{y_exp}")
             if bad:
                 facts.append(f"{bad} non-finite samples not drawn")
             if lanes:
                 facts.append(lanes)
-            ax.set_title(f"{_short(row['waveform_id'])}  ({_short(row['source'], 30)}, {', '.join(facts)})", fontsize=8)
-            ax.set_xlabel("seconds" if not t_exp else f"seconds x 1e{t_exp}", fontsize=7)
+            said = f"{row['why']}: " if row.get("why") else ""
+            ax.set_title(
+                f"{said}{_short(row['source'], 30)}  ({_short(row['waveform_id'])}, {', '.join(facts)})", fontsize=8
+            )
+            since = _start_text(row.get("start_time"))
+            unit = "seconds" if not t_exp else f"seconds x 1e{t_exp}"
+            ax.set_xlabel(f"{unit} after {since}" if since else unit, fontsize=7)
             ax.tick_params(labelsize=7)
         fig.tight_layout()
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=80)
     return path
+
+
+def _start_text(start) -> str | None:
+    """A row's ``start_time`` (a datetime, or epoch microseconds) as UTC ISO text; None: none."""
+    from datetime import UTC, datetime
+
+    if start is None:
+        return None
+    if not isinstance(start, datetime):
+        start = datetime.fromtimestamp(start / 1e6, UTC)
+    return start.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def start_plot(
@@ -227,6 +257,95 @@ def _shuffled_rows(picks: list[dict], store: RunStore, plan: RunPlan) -> list[di
         mine = chunks.filter((pc.field("waveform_id") == wid) & (pc.field("checksum") == checksum))
         rows += [r for r in assemble_arrow(mine, quality=None).to_pylist() if r["checksum_ok"]]
     return rows
+
+
+#: The columns the flagged plot reads of the published rows (their payload only for those drawn).
+_FLAGGED_COLUMNS = [
+    "waveform_id",
+    "source",
+    "start_time",
+    "dtype",
+    "channels",
+    "sample_rate",
+    "channel_names",
+    "units",
+    "qc_flags",
+    "qc_dead",
+    "qc_clipped_share",
+    "qc_nan_share",
+    "qc_spikes",
+    "gap_s",
+    "latency_s",
+]
+
+
+def flagged_picks(rows: pa.Table, by_rule: list[str], limit: int = 3) -> list[str]:
+    """Up to ``limit`` of ``rows`` (``waveform_id``, ``source``, ``start_time``, ``qc_flags``,
+    ``size_bytes``) to draw: for each rule of ``by_rule`` in turn (the most broken first), the
+    first row by source and start that breaks it and is not picked yet, small enough to draw."""
+    listed = sorted(
+        (r for r in rows.to_pylist() if r["qc_flags"] and r["size_bytes"] <= _PLOT_MAX_BYTES),
+        key=lambda r: (r["source"], r["start_time"], r["waveform_id"]),
+    )
+    picks: list[str] = []
+    for rule in by_rule:
+        pick = next((r["waveform_id"] for r in listed if rule in r["qc_flags"] and r["waveform_id"] not in picks), None)
+        if pick is not None and len(picks) < limit:
+            picks.append(pick)
+    return picks
+
+
+def flagged_channels(row: dict, rules) -> list[int]:
+    """The channels of a flagged ``row`` that break one of its rules (``rules``: the run's, by
+    name): those that a per channel rule names; every channel when it breaks only rules of the
+    whole waveform (a gap, latency)."""
+    broken = [rules[name] for name in row["qc_flags"] if name in rules]
+    shown = sorted(
+        {c for rule in broken if isinstance(row.get(rule.metric), list) for c in rule.breaking(row[rule.metric])}
+    )
+    return shown or list(range(row["channels"]))
+
+
+def plot_flagged(settings: Settings, run_id: str, version: int, quality: dict) -> str | None:
+    """A PNG of up to three waveforms run ``run_id``'s commit (version ``version`` of the output
+    table) published flagged, one per rule broken most (``flagged_picks``), each drawn with the
+    channels that break it (``flagged_channels``) and the rules in its title; read from the files
+    that commit added (only the row groups that hold them: no Spark job). Returns its path (None:
+    none to draw)."""
+    from wavepipe.spark_apps.tables import added_files
+
+    table = settings.output_table
+    index = []
+    for f in added_files(table, version):
+        uri = storage.join(table, f)
+        part = storage.read_parquet(uri, ["waveform_id", "source", "start_time", "qc_flags", "size_bytes"])
+        index.append(part.append_column("file", pa.array([uri] * part.num_rows, pa.string())))
+    picks = flagged_picks(pa.concat_tables(index), list(quality.get("by_rule", {}))) if index else []
+    if not picks:
+        return None
+    files = {r["waveform_id"]: r["file"] for r in pa.concat_tables(index).to_pylist() if r["waveform_id"] in picks}
+    rules = {r.name: r for r in settings.quality() or ()}
+    rows = [row for row in (_published_row(files[wid], wid) for wid in picks) if row is not None]
+    rows = [{**row, "shown": flagged_channels(row, rules), "why": ", ".join(row["qc_flags"])} for row in rows]
+    return str(plot_waveforms(rows, flagged_plot_path(settings, run_id))) if rows else None
+
+
+def _published_row(uri: str, waveform_id: str) -> dict | None:
+    """The row of ``waveform_id`` in the published file ``uri``, its payload too: only the row
+    group that holds it is read (None: not there)."""
+    import pyarrow.parquet as pq
+
+    with pq.ParquetFile(storage.open_input(uri)) as parquet:
+        for group in range(parquet.num_row_groups):
+            at = pc.index(parquet.read_row_group(group, columns=["waveform_id"])["waveform_id"], waveform_id).as_py()
+            if at >= 0:
+                there = [c for c in [*_FLAGGED_COLUMNS, "payload"] if c in parquet.schema_arrow.names]
+                return parquet.read_row_group(group, columns=there).slice(at, 1).to_pylist()[0]
+    return None
+
+
+def flagged_plot_path(settings: Settings, run_id: str) -> Path:
+    return settings.reports_dir / run_id / "flagged.png"
 
 
 def plot_rows(rows: list, path: Path, notes: list[str]) -> str | None:

@@ -185,10 +185,16 @@ def render(report: dict, *, trend: list[dict], plot_png: Path | None = None, jso
         timings_top=max((g["seconds"] or 0 for g in groups), default=0) or 1,
         trend=trend,
         json_name=json_name,
-        plot_png=base64.b64encode(plot_png.read_bytes()).decode()
-        if plot_png is not None and plot_png.exists()
-        else None,
+        plot_png=_png(plot_png),
+        flagged_png=_png((report.get("quality") or {}).get("plot")),
     )
+
+
+def _png(path: str | Path | None) -> str | None:
+    """The PNG at ``path`` as base64 text for an ``img`` (None: no path, or no file there)."""
+    if path is None or not Path(path).exists():
+        return None
+    return base64.b64encode(Path(path).read_bytes()).decode()
 
 
 def write(report: dict, path: Path, *, trend: list[dict], plot_png: Path | None = None) -> Path:

@@ -16,6 +16,7 @@ from tests.helpers import assert_accounted, make_settings, quarantine_reasons, r
 from wavepipe import storage
 from wavepipe.consumers.kafka_admin import ensure_topic
 from wavepipe.consumers.producer import produce_files
+from wavepipe.contracts.runfiles import html_path
 from wavepipe.pipeline import run_once
 
 obspy = pytest.importorskip("obspy")
@@ -319,7 +320,7 @@ def test_quality_metrics_of_a_run_match_numpys_on_the_samples_read_back(settings
     soundfile.write(str(tmp_path / "ward-9.wav"), np.column_stack([clipped, clipped // 2]), 500, subtype="PCM_16")
     ensure_topic(settings)
     produce_files(settings, [str(tmp_path)], start_ns=start.ns)
-    run_once(settings)
+    report = run_once(settings)
     rows = {r["source"]: r for r in storage.delta_table(settings.output_table).to_pyarrow_table().to_pylist()}
     for waveform in read(settings.output_table):
         row, x = rows[waveform.source], waveform.samples.astype(np.float64)
@@ -329,6 +330,11 @@ def test_quality_metrics_of_a_run_match_numpys_on_the_samples_read_back(settings
     assert rows["XX.Q..HHZ"]["qc_spikes"] == [2] and rows["XX.Q..HHZ"]["qc_dead"] == [False]
     assert rows["XX.Q..HHN"]["qc_dead"] == [True] and rows["XX.Q..HHN"]["qc_spikes"] == [0]
     assert rows["ward-9"]["qc_clipped_share"] == [pytest.approx(60 / 3000), 0.0]
+    # the run's page draws the flagged ones, each with the channels that break its rule
+    assert report["quality"]["by_rule"] == {"late": 3, "clipped": 1, "dead_channel": 1}, report["quality"]
+    assert Path(report["quality"]["plot"]).read_bytes()[:4] == b"\x89PNG"
+    page = html_path(settings, report["run_id"]).read_text()
+    assert "Flagged waveforms" in page and not report["notes"], report["notes"]
 
 
 def test_a_quarantining_rule_holds_a_dead_channel_back_in_a_run_and_its_window_run(settings, spark, tmp_path):

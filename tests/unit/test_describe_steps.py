@@ -95,13 +95,47 @@ def test_each_channel_has_a_colour_and_a_label_of_its_own():
     from matplotlib.figure import Figure
 
     ax = Figure().subplots()
-    note = plots._draw(ax, np.arange(100.0), np.random.default_rng(3).normal(size=(100, 12)))
+    labels = plots.channel_labels({"channels": 12}, list(range(12)))
+    note = plots._draw(ax, np.arange(100.0), np.random.default_rng(3).normal(size=(100, 12)), labels)
     colours = {line.get_color() for line in ax.get_lines()}
     assert len(ax.get_lines()) == 12 and len(colours) == 12
     assert [t.get_text() for t in ax.get_yticklabels()] == [f"ch {c}" for c in range(1, 13)]
     assert note.startswith("channels stacked")
     ax = Figure().subplots()
-    assert plots._draw(ax, np.arange(5.0), np.arange(5.0)[:, None]) is None  # one channel: its values
+    assert plots._draw(ax, np.arange(5.0), np.arange(5.0)[:, None], ["ch 1"]) is None  # one channel: its values
+
+
+def test_channels_are_labelled_with_their_names_and_units_where_the_row_has_them():
+    row = {"channels": 3, "channel_names": ["I", None, "V1"], "units": ["mV", "mV", None]}
+    assert plots.channel_labels(row, [0, 1, 2]) == ["I (mV)", "ch 2 (mV)", "V1"]
+    assert plots.channel_labels(row, [2]) == ["V1"]
+
+
+def test_the_flagged_plot_picks_one_waveform_per_rule_and_the_channels_that_break_it():
+    import pyarrow as pa
+
+    from wavepipe.contracts.quality import parse_rules
+
+    rows = pa.table(
+        {
+            "waveform_id": ["a", "b", "c", "d", "e"],
+            "source": ["s2", "s1", "s1", "s3", "s4"],
+            "start_time": [1, 2, 1, 1, 1],
+            "qc_flags": [["dead"], ["dead", "gap"], ["gap"], [], ["late"]],
+            "size_bytes": [10, 10, 10, 10, 64 * 1024 * 1024],
+        }
+    )
+    # the most broken rule first: its first waveform by source; then one not picked yet per rule;
+    # one too large to draw is left out
+    assert plots.flagged_picks(rows, ["dead", "gap", "late"]) == ["b", "c"]
+    assert plots.flagged_picks(rows, ["gap", "dead"], limit=1) == ["c"]
+    rules = {
+        r.name: r
+        for r in parse_rules([{"name": "dead", "metric": "qc_dead"}, {"name": "gap", "metric": "gap_s", "above": 10}])
+    }
+    row = {"channels": 3, "qc_flags": ["dead", "gap"], "qc_dead": [False, True, True], "gap_s": 40.0}
+    assert plots.flagged_channels(row, rules) == [1, 2]
+    assert plots.flagged_channels({**row, "qc_flags": ["gap"]}, rules) == [0, 1, 2], "a gap: the whole waveform"
 
 
 def test_a_failing_plot_becomes_a_note_and_the_run_goes_on(tmp_path, monkeypatch):
