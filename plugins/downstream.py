@@ -1,15 +1,19 @@
 """What a DAG scheduled on a wavepipe table gets from the events that started it: the runs that
 published (each event's extra, ``wavepipe.plugins.assets.published_extra``) and the rows each one
 put in the table, read with delta-rs at the version its event names (the rows stay the run's
-even after later runs or a compaction: ``run_id`` is a column)."""
+even after later runs or a compaction: ``run_id`` is a column); for a DAG scheduled on the quality
+asset, the runs whose waveforms broke quality rules (``quality_breaches``, ``alert``)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from wavepipe import storage
 from wavepipe.contracts.config import Settings
+
+log = logging.getLogger("wavepipe.downstream")
 
 #: The waveforms' columns a summary reads (never ``payload``: the samples stay where they are).
 SUMMARY_COLUMNS = ["waveform_id", "source", "sample_rate", "duration_s", "run_id"]
@@ -61,3 +65,30 @@ def summarize(settings: Settings, events) -> list[dict[str, Any]]:
             }
         )
     return summaries
+
+
+def quality_breaches(events: Mapping[Any, Iterable[Any]] | None) -> list[dict[str, Any]]:
+    """The runs among a DAG run's triggering asset events that published waveforms breaking a
+    quality rule (each event's extra, ``wavepipe.plugins.assets.quality_extra``), each once,
+    oldest waveforms table version first."""
+    found: dict[str, dict[str, Any]] = {}
+    for asset_events in (events or {}).values():
+        for event in asset_events:
+            extra = dict(getattr(event, "extra", None) or {})
+            if extra.get("run_id") and "by_rule" in extra:
+                found.setdefault(extra["run_id"], extra)
+    return sorted(found.values(), key=lambda e: (e.get("table_version") is None, e.get("table_version") or 0))
+
+
+def alert(events: Mapping[Any, Iterable[Any]] | None, say=log.warning) -> list[str]:
+    """One line per run that broke quality rules (``quality_breaches``), said with ``say`` (a
+    warning in the task's log; a pager's client in a team's own copy). Returns the lines."""
+    lines = [
+        f"run {b['run_id']} ({b.get('topic')}, group {b.get('group')}): {b['flagged']} waveforms flagged "
+        + ", ".join(f"{rule} {n}" for rule, n in b["by_rule"].items())
+        + (f"; most flagged: {', '.join(b['sources'])}" if b.get("sources") else "")
+        for b in quality_breaches(events)
+    ]
+    for line in lines:
+        say("%s", line)
+    return lines

@@ -30,7 +30,13 @@ import pytest
 from tests.image.boxes import Box, build_local, ok, say, why_not
 
 #: the DAG files the Dockerfile copies into the Airflow services' DAG folder, by their DAG ids
-DAG_IDS = {"wavepipe_ingest", "wavepipe_maintenance", "wavepipe_rewind", "wavepipe_waveforms_summary"}
+DAG_IDS = {
+    "wavepipe_ingest",
+    "wavepipe_maintenance",
+    "wavepipe_quality_alert",
+    "wavepipe_rewind",
+    "wavepipe_waveforms_summary",
+}
 #: what `wavepipe setup` resolves: one folder per pom (with its .complete marker) and the LogStore
 JAR_FOLDERS = ("kafka-pom-", "spark-pom-", "s3-pom-", "spark-kafka-pom-", "logstore-")
 

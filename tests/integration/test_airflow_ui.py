@@ -46,6 +46,7 @@ from wavepipe.local import processes
 from wavepipe.local.kafka import free_port
 from wavepipe.pipeline import run_once
 from wavepipe.plugins.airflow_dags import SINGLE_RUNS_ONLY
+from wavepipe.plugins.assets import quality_asset
 
 pytestmark = pytest.mark.integration
 
@@ -351,9 +352,11 @@ def _assert_lineage(path, settings, run_id: str, report: dict) -> None:
         p: [part["start"], part["end"]] for p, part in report["partitions"].items()
     }
     outputs = {o["name"]: o for o in done[0]["outputs"]}
-    assert set(outputs) == {settings.output_table, settings.quarantine_table, settings.dead_letter_table}
+    tables = (settings.output_table, settings.quarantine_table, settings.dead_letter_table, settings.qc_table)
+    assert set(outputs) == set(tables)
     waveforms = outputs[settings.output_table]
     assert waveforms["outputFacets"]["outputStatistics"]["rowCount"] == 6
+    assert outputs[settings.qc_table]["outputFacets"]["outputStatistics"]["rowCount"] == report["quality"]["qc_hours"]
     checks = waveforms["facets"]["dataQualityAssertions"]["assertions"]
     assert len(checks) == sum(s["evaluated"] for s in report["validation"]["suites"]) and all(
         c["success"] for c in checks
@@ -383,8 +386,10 @@ def _assert_metrics(received: list[str], settings, report: dict) -> None:
 
 
 def _assert_published_events(api, settings, run_id: str, report: dict) -> None:
-    """The commit task emitted one event, for the waveforms table (the only one with rows), with
-    the run's id, rows and the table's version in its extra."""
+    """The commit task emitted an event for the waveforms table, with the run's id, rows and the
+    table's version in its extra; and one for the quality asset, as the demo's dead lead and
+    clipped microphone broke quality rules (the served ``wavepipe_quality_alert`` depends on it).
+    The qc table's event is dropped by Airflow: no DAG depends on that asset."""
     assets = api.get("/api/v2/assets", params={"uri_pattern": "/tables/", "limit": 100}).json()["assets"]
     events = [
         e
@@ -392,10 +397,16 @@ def _assert_published_events(api, settings, run_id: str, report: dict) -> None:
         for e in api.get("/api/v2/assets/events", params={"asset_id": a["id"], "limit": 100}).json()["asset_events"]
         if e["source_run_id"] == run_id
     ]
-    assert [(e["uri"], e["source_task_id"]) for e in events] == [(f"file://{settings.output_table}", "commit")], events
-    extra = events[0]["extra"]
+    by_uri = {e["uri"]: e for e in events}
+    quality = quality_asset(settings).uri
+    assert sorted(by_uri) == sorted([f"file://{settings.output_table}", quality]), events
+    assert {e["source_task_id"] for e in events} == {"commit"}
+    extra = by_uri[f"file://{settings.output_table}"]["extra"]
     assert (extra["run_id"], extra["rows"], extra["group"]) == (safe_run_id(run_id), 6, settings.group), extra
     assert extra["table_version"] == report["output_table_version"] is not None
+    breaches = by_uri[quality]["extra"]
+    assert breaches["by_rule"] == report["quality"]["by_rule"] and breaches["flagged"] == report["quality"]["flagged"]
+    assert {"dead_channel", "clipped"} <= set(breaches["by_rule"]), breaches
 
 
 def test_a_backfill_of_two_windows_reprocesses_them_into_identical_output(airflow, api, spark):

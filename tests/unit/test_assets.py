@@ -92,3 +92,23 @@ def test_quality_breaches_are_an_event_of_their_own_only_when_a_rule_was_broken(
         "run_id": "r1", "topic": "seismic", "group": "g", "flagged": 2, "by_rule": {"dead_channel": 2},
         "sources": ["ward-1"], "table_version": 7,
     }  # fmt: skip
+
+
+def test_the_alert_dag_says_each_run_that_broke_quality_rules_once():
+    from wavepipe.plugins import downstream
+
+    breach = {"run_id": "r1", "topic": "t", "group": "g", "flagged": 2, "by_rule": {"dead_channel": 1, "clipped": 1},
+              "sources": ["ecg-1", "mic-1"], "table_version": 3}  # fmt: skip
+    # an event through the alias is listed under the alias and the asset: one line for it
+    events = {
+        "quality": [SimpleNamespace(extra=breach)],
+        "alias": [SimpleNamespace(extra=breach), SimpleNamespace(extra={"run_id": "r0", "rows": 4})],
+    }
+    said = []
+    lines = downstream.alert(events, say=lambda fmt, line: said.append(line))
+    assert (
+        lines
+        == said
+        == ["run r1 (t, group g): 2 waveforms flagged dead_channel 1, clipped 1; most flagged: ecg-1, mic-1"]
+    )
+    assert downstream.alert(None) == []

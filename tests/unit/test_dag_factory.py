@@ -21,6 +21,7 @@ def test_the_dag_folder_imports_with_its_wiring():
     assert sorted(bag.dags) == [
         "wavepipe_ingest",
         "wavepipe_maintenance",
+        "wavepipe_quality_alert",
         "wavepipe_rewind",
         "wavepipe_waveforms_summary",
     ]
@@ -38,6 +39,8 @@ def test_the_dag_folder_imports_with_its_wiring():
     downstream = bag.dags["wavepipe_waveforms_summary"]
     (asset,) = downstream.timetable.asset_condition.objects
     assert asset.uri == Path(settings.output_table).resolve().as_uri()
+    (breaches,) = bag.dags["wavepipe_quality_alert"].timetable.asset_condition.objects
+    assert breaches.uri == f"{asset.uri}?wavepipe=quality"
     assert dag.max_active_runs == 1 and not dag.catchup
     assert set(dag.params) == {
         "topic",
