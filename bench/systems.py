@@ -226,6 +226,9 @@ def wavepipe_run(
             ("validate_plot_wait_s", "validate: waveform plot, waiting for its drawing after publishing"),
             ("validate_plot_s", "beside validate: waveform plot (drawn while the suites run and publishing writes)"),
             ("validate_publish_s", PUBLISH_STAGE),
+            ("validate_qc_table_s", "quality: the qc table's hours (read back, merged; within publishing)"),
+            ("validate_quality_summary_s", "quality: summary of the published rows (read back from the run's files)"),
+            ("validate_flagged_plot_s", "quality: plot of the flagged waveforms"),
         ):
             if key in checked:
                 stages[label] = checked[key]

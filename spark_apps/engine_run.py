@@ -87,6 +87,7 @@ def validate_and_publish(
             result.replaced_rows = done.replaced_rows
             result.quarantined = result.quarantined.plus(done.held)
             timings["publish_s"] = time.monotonic() - t
+            timings["qc_table_s"] = done.qc_s
             if not verdict.to_publish.all_there and len(verdict.to_publish.waveforms):
                 t = time.monotonic()
                 result.quality = describe_safely(

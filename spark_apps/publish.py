@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -113,6 +114,8 @@ class Published:
     qc_hours: int | None = 0
     #: the waveforms a quarantining quality rule held back, and where their records went
     held: ValidationQuarantine = dataclasses.field(default_factory=ValidationQuarantine)
+    #: seconds the ``qc`` table's update took (within the publish)
+    qc_s: float = 0.0
 
 
 def publish(
@@ -172,8 +175,9 @@ def publish_run(
         failpoint("publish.after_write")
         version = delta_version(settings.output_table)
         touched = pa.concat_tables([run_times(what.waveforms), removed_times(targets["waveforms"], version)])
+        began = time.monotonic()
         hours = update_qc(settings, plan, touched, txn) if settings.quality_metrics else 0
-        return Published(version, {}, replaced, hours, held.moved)
+        return Published(version, {}, replaced, hours, held.moved, time.monotonic() - began)
     source = None if what.all_there or not len(what.waveforms) else _waveform_files(spark, store, plan, what.waveforms)
     if source is not None:
         keys, partition_by = TABLE_KEYS["waveforms"]
@@ -186,8 +190,9 @@ def publish_run(
         if rows is not None:
             append_rows(rows, targets[name], TABLE_KEYS[name][0], txn, _run_keys(plan, name, rows))
     failpoint("publish.after_write")
+    began = time.monotonic()
     hours = update_qc(settings, plan, run_times(what.waveforms), txn) if settings.quality_metrics else 0
-    return Published(delta_version(settings.output_table), {}, None, hours, held.moved)
+    return Published(delta_version(settings.output_table), {}, None, hours, held.moved, time.monotonic() - began)
 
 
 def _with_rows(rows: pa.Table | None, more: pa.Table | None) -> pa.Table | None:

@@ -279,19 +279,24 @@ _FLAGGED_COLUMNS = [
 ]
 
 
-def flagged_picks(rows: pa.Table, by_rule: list[str], limit: int = 3) -> list[str]:
+def flagged_picks(rows: pa.Table, by_rule: list[str], limit: int = 3) -> list[int]:
     """Up to ``limit`` of ``rows`` (``waveform_id``, ``source``, ``start_time``, ``qc_flags``,
-    ``size_bytes``) to draw: for each rule of ``by_rule`` in turn (the most broken first), the
-    first row by source and start that breaks it and is not picked yet, small enough to draw."""
-    listed = sorted(
-        (r for r in rows.to_pylist() if r["qc_flags"] and r["size_bytes"] <= _PLOT_MAX_BYTES),
-        key=lambda r: (r["source"], r["start_time"], r["waveform_id"]),
-    )
-    picks: list[str] = []
+    ``size_bytes``) to draw, as their places: for each rule of ``by_rule`` in turn (the most broken
+    first), the first row by source and start that breaks it and is not picked yet, small enough to
+    draw. Arrow and NumPy: a run that flagged every one of 65,536 waveforms costs milliseconds."""
+    keys = [("source", "ascending"), ("start_time", "ascending"), ("waveform_id", "ascending")]
+    rank = np.empty(rows.num_rows, np.int64)
+    rank[pc.sort_indices(rows, keys).to_numpy()] = np.arange(rows.num_rows)
+    small = pc.less_equal(rows["size_bytes"], _PLOT_MAX_BYTES).to_numpy(zero_copy_only=False)
+    flags = rows["qc_flags"].combine_chunks()
+    names = pc.list_flatten(flags).to_numpy(zero_copy_only=False)
+    parents = pc.list_parent_indices(flags).to_numpy()
+    picks: list[int] = []
     for rule in by_rule:
-        pick = next((r["waveform_id"] for r in listed if rule in r["qc_flags"] and r["waveform_id"] not in picks), None)
-        if pick is not None and len(picks) < limit:
-            picks.append(pick)
+        breaking = np.unique(parents[names == rule])
+        breaking = breaking[small[breaking] & ~np.isin(breaking, picks)]
+        if len(breaking) and len(picks) < limit:
+            picks.append(int(breaking[np.argmin(rank[breaking])]))
     return picks
 
 
@@ -320,12 +325,13 @@ def plot_flagged(settings: Settings, run_id: str, version: int, quality: dict) -
         uri = storage.join(table, f)
         part = storage.read_parquet(uri, ["waveform_id", "source", "start_time", "qc_flags", "size_bytes"])
         index.append(part.append_column("file", pa.array([uri] * part.num_rows, pa.string())))
-    picks = flagged_picks(pa.concat_tables(index), list(quality.get("by_rule", {}))) if index else []
+    index = pa.concat_tables(index) if index else None
+    picks = flagged_picks(index, list(quality.get("by_rule", {}))) if index else []
     if not picks:
         return None
-    files = {r["waveform_id"]: r["file"] for r in pa.concat_tables(index).to_pylist() if r["waveform_id"] in picks}
+    files = {index["waveform_id"][i].as_py(): index["file"][i].as_py() for i in picks}
     rules = {r.name: r for r in settings.quality() or ()}
-    rows = [row for row in (_published_row(files[wid], wid) for wid in picks) if row is not None]
+    rows = [row for row in (_published_row(uri, wid) for wid, uri in files.items()) if row is not None]
     rows = [{**row, "shown": flagged_channels(row, rules), "why": ", ".join(row["qc_flags"])} for row in rows]
     return str(plot_waveforms(rows, flagged_plot_path(settings, run_id))) if rows else None
 

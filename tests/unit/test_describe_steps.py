@@ -127,8 +127,9 @@ def test_the_flagged_plot_picks_one_waveform_per_rule_and_the_channels_that_brea
     )
     # the most broken rule first: its first waveform by source; then one not picked yet per rule;
     # one too large to draw is left out
-    assert plots.flagged_picks(rows, ["dead", "gap", "late"]) == ["b", "c"]
-    assert plots.flagged_picks(rows, ["gap", "dead"], limit=1) == ["c"]
+    ids = rows["waveform_id"].to_pylist()
+    assert [ids[i] for i in plots.flagged_picks(rows, ["dead", "gap", "late"])] == ["b", "c"]
+    assert [ids[i] for i in plots.flagged_picks(rows, ["gap", "dead"], limit=1)] == ["c"]
     rules = {
         r.name: r
         for r in parse_rules([{"name": "dead", "metric": "qc_dead"}, {"name": "gap", "metric": "gap_s", "above": 10}])

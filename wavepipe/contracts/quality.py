@@ -144,11 +144,13 @@ def _rule(entry: Mapping[str, Any]) -> QualityRule:
 def flags(rules: Sequence[QualityRule], sources: Sequence[str], columns: Mapping[str, pa.Array]) -> pa.ListArray:
     """Per row (of ``sources`` and the quality ``columns``: name -> its Arrow column), the names of
     the ``rules`` it breaks, in the rules' order (a row not measured: an empty list)."""
-    hits = [_matching(rule.sources, sources) & _breaks(rule, columns[rule.metric]) for rule in rules]
-    names = [
-        [rule.name for rule, hit in zip(rules, row_hits, strict=True) if hit] for row_hits in zip(*hits, strict=True)
-    ]
-    return pa.array(names or [[]] * len(sources), pa.list_(pa.string()))
+    hits = np.zeros((len(sources), len(rules)), bool)  # a row per row, a column per rule
+    for i, rule in enumerate(rules):
+        hits[:, i] = _matching(rule.sources, sources) & _breaks(rule, columns[rule.metric])
+    offsets = np.zeros(len(sources) + 1, np.int32)
+    np.cumsum(hits.sum(axis=1), out=offsets[1:])
+    names = np.array([rule.name for rule in rules] or [""], object)[np.nonzero(hits)[1]]  # row by row, in rule order
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(names, pa.string()))
 
 
 def _matching(pattern: str, sources: Sequence[str]) -> np.ndarray:
