@@ -228,7 +228,11 @@ def wavepipe_run(
             ("validate_publish_s", PUBLISH_STAGE),
             ("validate_qc_table_s", "quality: the qc table's hours (read back, merged; within publishing)"),
             ("validate_quality_summary_s", "quality: summary of the published rows (read back from the run's files)"),
-            ("validate_flagged_plot_s", "quality: plot of the flagged waveforms"),
+            ("validate_flagged_plot_wait_s", "quality: plot of the flagged waveforms, waiting for its drawing"),
+            (
+                "validate_flagged_plot_s",
+                "beside quality: plot of the flagged waveforms (drawn while the tables commit)",
+            ),
         ):
             if key in checked:
                 stages[label] = checked[key]

@@ -77,11 +77,14 @@ def validate_and_publish(
     result, timings = verdict.result, verdict.result.timings
     wait_for_plot = plots.start_plot(verdict.to_publish.waveforms, store, plan, settings, notes)
     wait_for_docs = beside(verdict.describe, f"wavepipe-data-docs-{plan.run_id}")  # they do not read the tables
+    flagged = Flagged(settings, plan.run_id, notes)
     try:
         if result.success:
             t = time.monotonic()
             with phase("publish"):
-                done = publish.publish(spark, settings, plan, reassembled, verdict.to_publish, wait_for_plot)
+                done = publish.publish(
+                    spark, settings, plan, reassembled, verdict.to_publish, wait_for_plot, flagged.start
+                )
             result.published = True
             result.output_table_version, result.table_versions = done.output_version, done.table_versions
             result.replaced_rows = done.replaced_rows
@@ -96,19 +99,12 @@ def validate_and_publish(
                 timings["quality_summary_s"] = time.monotonic() - t
                 if result.quality is not None:
                     result.quality["qc_hours"] = done.qc_hours
-                if result.quality and result.quality["flagged"]:
-                    t = time.monotonic()
-                    result.quality["plot"] = describe_safely(
-                        notes,
-                        "the plot of the flagged waveforms",
-                        plots.plot_flagged,
-                        settings,
-                        plan.run_id,
-                        done.output_version,
-                        result.quality,
-                    )
-                    timings["flagged_plot_s"] = time.monotonic() - t
     finally:  # the description, made beside publishing, is kept with the outcome
+        t = time.monotonic()
+        flagged_plot, timings["flagged_plot_s"] = flagged.wait()
+        timings["flagged_plot_wait_s"] = time.monotonic() - t
+        if result.quality and result.quality["flagged"]:
+            result.quality["plot"] = flagged_plot
         t = time.monotonic()
         result.plot, timings["plot_s"] = wait_for_plot()
         timings["plot_wait_s"] = time.monotonic() - t
@@ -121,6 +117,31 @@ def validate_and_publish(
     store.save_result(plan.run_id, Step.VALIDATE, result)
     validate.log_outcome(plan, result)
     return result
+
+
+class Flagged:
+    """The plot of run ``run_id``'s flagged waveforms (``plots.plot_flagged``), drawn in a thread
+    from the moment the output holds them (``start``, publish's ``written``) while the other
+    tables are committed; ``wait`` gives its path (None: none, or a note says why) and seconds."""
+
+    def __init__(self, settings: Settings, run_id: str, notes: list[str]):
+        self.settings, self.run_id, self.notes = settings, run_id, notes
+        self._wait: Callable[[], tuple[str | None, float]] | None = None
+
+    def start(self, version: int | None) -> None:
+        if self.settings.quality_metrics and version is not None:
+            draw = (
+                self.notes,
+                "the plot of the flagged waveforms",
+                plots.plot_flagged,
+                self.settings,
+                self.run_id,
+                version,
+            )
+            self._wait = beside(lambda: describe_safely(*draw), f"wavepipe-flagged-{self.run_id}")
+
+    def wait(self) -> tuple[str | None, float]:
+        return self._wait() if self._wait is not None else (None, 0.0)
 
 
 def beside(work: Callable[[], T], name: str) -> Callable[[], tuple[T, float]]:

@@ -97,6 +97,9 @@ def _say_quality(quality: dict | None, count: int) -> list[str]:
     for rule, n in quality["by_rule"].items():
         where = sorted(s["source"] for s in quality["sources"] if rule in s["flags"])
         print(f"  {rule}: {n} waveforms ({', '.join(where)})")
+    if quality.get("plot"):
+        print(f"  the flagged waveforms drawn: file://{quality['plot']}")
+    print(f"  the qc table's hours (per source and hour) this run recomputed: {quality.get('qc_hours')}")
     missed = sorted(demo_faults(count) - set(quality["by_rule"]))
     return [f"the demo's {rule} fault was not flagged" for rule in missed]
 

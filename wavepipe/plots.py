@@ -279,20 +279,21 @@ _FLAGGED_COLUMNS = [
 ]
 
 
-def flagged_picks(rows: pa.Table, by_rule: list[str], limit: int = 3) -> list[int]:
+def flagged_picks(rows: pa.Table, limit: int = 3) -> list[int]:
     """Up to ``limit`` of ``rows`` (``waveform_id``, ``source``, ``start_time``, ``qc_flags``,
-    ``size_bytes``) to draw, as their places: for each rule of ``by_rule`` in turn (the most broken
-    first), the first row by source and start that breaks it and is not picked yet, small enough to
-    draw. Arrow and NumPy: a run that flagged every one of 65,536 waveforms costs milliseconds."""
+    ``size_bytes``) to draw, as their places: for each rule the rows break, the most broken first,
+    the first row by source and start that breaks it and is not picked yet, small enough to draw.
+    Arrow and NumPy: a run that flagged every one of 65,536 waveforms costs milliseconds."""
     keys = [("source", "ascending"), ("start_time", "ascending"), ("waveform_id", "ascending")]
     rank = np.empty(rows.num_rows, np.int64)
     rank[pc.sort_indices(rows, keys).to_numpy()] = np.arange(rows.num_rows)
     small = pc.less_equal(rows["size_bytes"], _PLOT_MAX_BYTES).to_numpy(zero_copy_only=False)
     flags = rows["qc_flags"].combine_chunks()
-    names = pc.list_flatten(flags).to_numpy(zero_copy_only=False)
+    names = pc.list_flatten(flags).to_numpy(zero_copy_only=False).astype(str)
     parents = pc.list_parent_indices(flags).to_numpy()
+    rules, counts = np.unique(names, return_counts=True)
     picks: list[int] = []
-    for rule in by_rule:
+    for rule in rules[np.lexsort((rules, -counts))]:
         breaking = np.unique(parents[names == rule])
         breaking = breaking[small[breaking] & ~np.isin(breaking, picks)]
         if len(breaking) and len(picks) < limit:
@@ -311,7 +312,7 @@ def flagged_channels(row: dict, rules) -> list[int]:
     return shown or list(range(row["channels"]))
 
 
-def plot_flagged(settings: Settings, run_id: str, version: int, quality: dict) -> str | None:
+def plot_flagged(settings: Settings, run_id: str, version: int) -> str | None:
     """A PNG of up to three waveforms run ``run_id``'s commit (version ``version`` of the output
     table) published flagged, one per rule broken most (``flagged_picks``), each drawn with the
     channels that break it (``flagged_channels``) and the rules in its title; read from the files
@@ -326,7 +327,7 @@ def plot_flagged(settings: Settings, run_id: str, version: int, quality: dict) -
         part = storage.read_parquet(uri, ["waveform_id", "source", "start_time", "qc_flags", "size_bytes"])
         index.append(part.append_column("file", pa.array([uri] * part.num_rows, pa.string())))
     index = pa.concat_tables(index) if index else None
-    picks = flagged_picks(index, list(quality.get("by_rule", {}))) if index else []
+    picks = flagged_picks(index) if index else []
     if not picks:
         return None
     files = {index["waveform_id"][i].as_py(): index["file"][i].as_py() for i in picks}

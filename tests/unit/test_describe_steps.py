@@ -125,11 +125,11 @@ def test_the_flagged_plot_picks_one_waveform_per_rule_and_the_channels_that_brea
             "size_bytes": [10, 10, 10, 10, 64 * 1024 * 1024],
         }
     )
-    # the most broken rule first: its first waveform by source; then one not picked yet per rule;
-    # one too large to draw is left out
+    # the most broken rule first (dead and gap twice each: by name), its first waveform by source;
+    # then one not picked yet per rule; one too large to draw is left out
     ids = rows["waveform_id"].to_pylist()
-    assert [ids[i] for i in plots.flagged_picks(rows, ["dead", "gap", "late"])] == ["b", "c"]
-    assert [ids[i] for i in plots.flagged_picks(rows, ["gap", "dead"], limit=1)] == ["c"]
+    assert [ids[i] for i in plots.flagged_picks(rows)] == ["b", "c"]
+    assert [ids[i] for i in plots.flagged_picks(rows, limit=1)] == ["b"]
     rules = {
         r.name: r
         for r in parse_rules([{"name": "dead", "metric": "qc_dead"}, {"name": "gap", "metric": "gap_s", "above": 10}])
