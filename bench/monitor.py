@@ -82,6 +82,15 @@ class Monitor:
         self._broker = psutil.Process(self.broker_pid) if self.broker_pid else None
         self._broker_cpu0 = _cpu(self._broker) if self._broker else 0.0
         self._engine = None
+        # processes already running (an engine a run started, its Python workers): only the CPU
+        # they spend from now on is this measurement's
+        for proc in self._me.children(recursive=True):
+            try:
+                role = role_of(proc.cmdline())
+                if role is not None:
+                    self._procs[proc.pid] = _Proc(role, earlier=True, cpu0=_cpu(proc))
+            except psutil.Error:
+                continue
         if self.engine_pid:
             try:
                 self._engine = psutil.Process(self.engine_pid)

@@ -186,6 +186,27 @@ def test_a_server_beside_the_measured_system_is_not_counted_as_its_memory():
     assert jvms[0] - jvms[1] == 1, jvms
 
 
+def test_a_process_running_before_a_measurement_counts_only_the_cpu_it_spends_during_it():
+    """An engine's Python workers outlive a run: the CPU they spent for earlier runs is not the
+    next one's (it was: the workers' CPU grew from one measurement to the next)."""
+    import subprocess
+    import sys
+    import time
+
+    from wavepipe.bench.monitor import Monitor
+
+    burn = "import time; t = time.process_time()\nwhile time.process_time() - t < 0.6: pass\ntime.sleep(30)"
+    worker = subprocess.Popen([sys.executable, "-c", burn, "pyspark.daemon"])
+    try:
+        time.sleep(1.0)  # it has burnt its 0.6 s of CPU, and sleeps
+        with Monitor(interval=0.05) as idle:
+            time.sleep(0.3)
+    finally:
+        worker.kill()
+        worker.wait()
+    assert idle.stats().get("spark_python_workers", {}).get("cpu_s", 0.0) < 0.3, idle.stats()
+
+
 def test_the_txn_state_goals_hold_only_when_the_stable_ids_state_stays_flat():
     from wavepipe.bench import txn_state
 
