@@ -2,7 +2,8 @@
 
 A figure taken from a results file (``docs/benchmarks/<stem>.json``) is followed by a comment
 naming it: ``14.9 s<!-- results: wavepipe large x1 wall_s -->``. For ``results`` the key is one
-of :func:`wavepipe.bench.results.figures`; for the other files it is a path of dict keys (or a
+of :func:`wavepipe.bench.results.figures` (for another bench run's file, such as ``quality-cost``,
+one of those or a path); for the other files it is a path of dict keys (or a
 key's unique beginning) and list items (an index, or ``field=value,...`` picking the one item
 that matches); ``A / B`` is the ratio of two keys. ``%`` quotes a share (x100), ``KB`` a value
 in bytes, ``ms`` one in seconds if its key ends in ``_s``. Figures from other runs or commits
@@ -136,7 +137,9 @@ def loader(bench: Path) -> Callable[[str], object]:
     @functools.cache
     def load(stem: str):
         data = json.loads((bench / f"{stem}.json").read_text())
-        return figures(data) if stem == "results" else data
+        if stem == "results":
+            return figures(data)
+        return {**data, **figures(data)} if "wavepipe_bench" in data else data  # a bench run: both ways
 
     return load
 

@@ -263,6 +263,7 @@ def figures(results: dict) -> dict[str, float]:
     (``wavepipe.bench.figures``): ``<system> <workload> x<scale> wall_s|mb_s|of_ceiling``,
     ``... stage <stage>``, ``... wall/wavepipe`` (its wall time over wavepipe's on the same ranges),
     ``wavepipe ... x1 wall/wavepipe_no_qc`` (the median over the run without quality metrics'),
+    ``wavepipe[_no_qc] ... x1 median wall_s`` (the median of the quality pair's runs),
     ``... spark_jobs``,
     ``... gate/rest`` (the validation gate's stages over the rest of the wall time, as the goal),
     ``... cpu_s`` (every sampled process's CPU seconds) and ``... cpu/python_consumer`` (over the
@@ -281,8 +282,10 @@ def figures(results: dict) -> dict[str, float]:
         wp = _one(results, system="wavepipe", workload=m["workload"], scale=m["scale"])
         if wp:
             out[f"{key} wall/wavepipe"] = m["wall_s"] / wp["wall_s"]
-        medians = quality_medians(results, m["workload"]) if m["system"] == "wavepipe" and m["scale"] == 1 else None
-        if medians:
+        medians = quality_medians(results, m["workload"]) if m["scale"] == 1 else None
+        if medians and m["system"] in ("wavepipe", "wavepipe_no_qc"):
+            out[f"{key} median wall_s"] = medians[m["system"] == "wavepipe_no_qc"]
+        if medians and m["system"] == "wavepipe":
             out[f"{key} wall/wavepipe_no_qc"] = medians[0] / medians[1]
         if (m.get("info") or {}).get("spark_jobs") is not None:
             out[f"{key} spark_jobs"] = m["info"]["spark_jobs"]
