@@ -23,6 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 
 import pandas as pd
 import pyarrow as pa
@@ -37,6 +38,7 @@ from wavepipe.contracts.plan import RunPlan
 from wavepipe.contracts.protocol import MIN_TIME_US
 from wavepipe.contracts.runfiles import RunStore, Step
 from wavepipe.contracts.steps import Reassembled, ValidationQuarantine, WindowRows
+from wavepipe.delta_files import partition_values
 from wavepipe.delta_protocol import repair_once
 from wavepipe.delta_txn import Txn
 from wavepipe.faults import failpoint
@@ -174,7 +176,9 @@ def publish_run(
     txn = run_txn(store, plan, reassembled)
     if settings.quality_metrics and len(what.waveforms):
         what = dataclasses.replace(what, waveforms=with_gaps(what.waveforms, targets["waveforms"]))
-    if plan.is_window or delta_txn.txn_version(targets["waveforms"], txn.app_id) < txn.version:
+    if _holding(store, plan) and (
+        plan.is_window or delta_txn.txn_version(targets["waveforms"], txn.app_id) < txn.version
+    ):
         storage.delete_tree(held_dir(store, plan.run_id))  # the write to come holds its own
     small = {name: publish_rows(store, plan, name, what.rejection) for name in PUBLISHED[1:]}
     if plan.is_window:
@@ -251,16 +255,22 @@ def run_times(waveforms: pd.DataFrame) -> pa.Table:
 
 def removed_times(path: str, version: int | None) -> pa.Table:
     """``source``, ``start_time``, ``end_time`` of the rows table ``path``'s commit ``version``
-    removed (their files are there until a VACUUM); a row without ``end_time`` (written before
-    it) ends at its start."""
-    parts = []
-    for f in [] if version is None else removed_files(path, version):
-        rows = storage.read_parquet(storage.join(path, f))
-        end = rows["end_time"] if "end_time" in rows.column_names else rows["start_time"]
-        parts.append(
-            pa.table({"source": rows["source"], "start_time": rows["start_time"], "end_time": end}).cast(TIMES)
-        )
+    removed (``_file_times``; their files are there until a VACUUM)."""
+    parts = [_file_times(path, f) for f in ([] if version is None else removed_files(path, version))]
     return pa.concat_tables(parts) if parts else TIMES.empty_table()
+
+
+def _file_times(path: str, relative: str) -> pa.Table:
+    """``TIMES`` of the rows of the table's data file ``relative``, only these columns read: a row
+    without ``end_time`` (written before it) ends at its start; a table an earlier wavepipe
+    partitioned by source names it in the file's folders."""
+    uri = storage.join(path, relative)
+    there = storage.parquet_dataset([uri]).schema.names
+    rows = storage.read_parquet(uri, columns=[c for c in TIMES.names if c in there])
+    folders = partition_values(PurePosixPath(relative))
+    source = rows["source"] if "source" in there else pa.repeat(folders.get("source"), rows.num_rows)
+    end = rows["end_time"] if "end_time" in there else rows["start_time"]
+    return pa.table({"source": source, "start_time": rows["start_time"], "end_time": end}).cast(TIMES)
 
 
 def update_qc(settings: Settings, plan: RunPlan, touched: pa.Table, txn: Txn) -> int | None:

@@ -369,6 +369,8 @@ def test_a_quarantining_rule_holds_a_dead_channel_back_in_a_run_and_its_window_r
         (held,) = storage.delta_table(settings.quarantine_table).to_pyarrow_table().to_pylist()
         assert (held["source"], held["reason"]) == ("XX.Q..HHN", "qc_dead_channel")
         assert held["detail"] == "breaks quality rule dead_channel (qc_dead on any channel): HHN", held["detail"]
+        hours = {r["source"]: r for r in storage.delta_table(settings.qc_table).to_pyarrow_table().to_pylist()}
+        assert hours["XX.Q..HHN"]["waveforms"] == 0 and hours["XX.Q..HHZ"]["waveforms"] == 1, hours
 
     assert_published(run_once(settings))
     window = run_once(settings, window=(began, datetime.now(UTC)))
@@ -383,3 +385,5 @@ def test_a_quarantining_rule_holds_a_dead_channel_back_in_a_run_and_its_window_r
     rows = storage.delta_table(settings.output_table).to_pyarrow_table(columns=["source", "qc_flags"]).to_pylist()
     assert ("XX.Q..HHN", ["dead_channel"]) in [(r["source"], r["qc_flags"]) for r in rows]
     assert storage.delta_table(settings.quarantine_table).to_pyarrow_table().num_rows == 0
+    hours = {r["source"]: r for r in storage.delta_table(settings.qc_table).to_pyarrow_table().to_pylist()}
+    assert hours["XX.Q..HHN"]["waveforms"] == 1 and hours["XX.Q..HHN"]["dead_minutes"] == pytest.approx(0.5)

@@ -95,3 +95,20 @@ def test_rows_read_from_a_table_count_spikes_of_every_channel_and_end_after_thei
     assert rows["end_time"].tolist() == [H0 + MIN, H0 + MIN + 30_000_000]
     assert rows["spikes"].tolist() == [3, 0] and rows["dead"].tolist() == [True, False]
     assert rows["flagged"].tolist() == [True, False]
+
+
+def test_the_times_of_a_replaced_file_are_read_without_its_payload_also_from_an_earlier_layout(tmp_path):
+    """A window run's replaced rows touch the qc table's hours too: their times come from the
+    files its commit removed; a file of a table partitioned by source names it in its folder, a
+    file written before ``end_time`` existed ends its rows at their start."""
+    import pyarrow.parquet as pq
+
+    from wavepipe.spark_apps.publish import _file_times
+
+    stamp = pa.timestamp("us", tz="UTC")
+    (tmp_path / "source=a%2Fb").mkdir()
+    old = pa.table({"start_time": pa.array([H0, H0 + MIN], stamp), "payload": [b"x", b"y"]})
+    pq.write_table(old, tmp_path / "source=a%2Fb" / "f.parquet")
+    times = _file_times(str(tmp_path), "source=a%2Fb/f.parquet")
+    assert times.column_names == ["source", "start_time", "end_time"]
+    assert times["source"].to_pylist() == ["a/b", "a/b"] and times["end_time"] == times["start_time"]
