@@ -163,7 +163,6 @@ def run_bench(settings: Settings, options: BenchOptions) -> dict:
                         options,
                     )
                     measurements.append(m)
-                _ratios([m for m in measurements if m.workload == workload.name and m.scale == scale])
                 if scale == 1 and {"wavepipe", "wavepipe_no_qc"} <= set(systems):
                     for repeat, system in _quality_pairs(options.quality_repeats):
                         where = work / f"{workload.name}-x1" / f"{system}-repeat-{repeat}"
@@ -171,6 +170,7 @@ def run_bench(settings: Settings, options: BenchOptions) -> dict:
                             settings, system, workload, target, 1, topic, ranges, manifest, where, broker.pid(), options
                         )
                         measurements.append(replace(m, repeat=repeat))
+                _ratios([m for m in measurements if m.workload == workload.name and m.scale == scale])
         finally:
             if not options.keep:
                 _delete_topic(settings, topic)

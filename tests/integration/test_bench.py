@@ -35,11 +35,17 @@ def test_quick_bench_runs_every_system_and_checks_every_output(settings, tmp_pat
     # the engine's warm-up ran before anything was measured, in its own topic and group, checked like the rest
     [warmup] = results["engine_warmup"]
     assert warmup["error"] is None and warmup["check"].startswith("10 waveforms once each"), warmup
-    measured = {(m["system"], m["workload"], m["scale"]): m for m in results["measurements"] if m not in warm}
+    firsts = [m for m in results["measurements"] if m not in warm and not m["repeat"]]
+    measured = {(m["system"], m["workload"], m["scale"]): m for m in firsts}
     expected = {(s, w, 1) for s in options.systems for w in ("large", "small")}
     expected |= {(s, w, 2) for s in options.scale_systems for w in ("large", "small")}
-    assert set(measured) == expected
-    for key, m in measured.items():
+    assert set(measured) == expected and len(firsts) == len(expected)
+    # the quality pair once more (quick: one repeat), the other one first, checked like the rest
+    repeats = [m for m in results["measurements"] if m["repeat"]]
+    assert [(m["system"], m["workload"], m["repeat"]) for m in repeats] == [
+        (s, w, 1) for w in ("large", "small") for s in ("wavepipe_no_qc", "wavepipe")
+    ]
+    for key, m in [*measured.items(), *(((m["system"], m["workload"], "repeat"), m) for m in repeats)]:
         assert m["wall_s"] > 0 and m["mb_s"] > 0, key
         if key[0] == "ceiling_confluent":
             assert m["check"] == f"{m['payload_bytes']} bytes written"
