@@ -322,20 +322,6 @@ def cmd_table(args) -> int:
 
     settings = _settings(args)
     tables = maintenance.pick_tables(args.table)
-    wrong = [
-        flag
-        for flag, value, actions in (
-            ("--zorder", args.zorder, ("optimize",)),
-            ("--since", args.since, ("optimize",)),
-            ("--days", args.days, ("optimize",)),
-            ("--retention-hours", args.retention_hours, ("vacuum",)),
-            ("--dry-run", args.dry_run, ("vacuum", "repair")),
-            ("--json", args.json, ("status",)),
-        )
-        if value not in (None, False) and args.action not in actions
-    ]
-    if wrong:
-        raise UsageError(f"{', '.join(wrong)}: not an option of `table {args.action}`")
     if args.action == "status" and args.json:
         print(_as_json([dataclasses.asdict(t) for t in maintenance.status(settings, tables)]))
         return 0
@@ -663,6 +649,13 @@ def _waveform_options(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
+def _actions(parser: argparse.ArgumentParser, actions: dict[str, str]) -> dict[str, argparse.ArgumentParser]:
+    """One sub-command per action of ``parser`` (in ``args.action``): each one's ``--help`` lists its
+    own options, and an option of another action is refused before anything runs."""
+    sub = parser.add_subparsers(dest="action", required=True, metavar="{" + ",".join(actions) + "}")
+    return {name: sub.add_parser(name, help=text, description=text) for name, text in actions.items()}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wavepipe", description=__doc__, epilog=EPILOG)
     parser.add_argument("--home", help="state folder (default: WAVEPIPE_HOME or <project>/.wavepipe)")
@@ -672,14 +665,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     k = sub.add_parser("kafka", help="the local Apache Kafka broker (KRaft, one node)")
-    k.add_argument("action", choices=["up", "down", "status"])
+    _actions(k, {"up": "start it (idempotent)", "down": "stop it", "status": "is it running, where"})
     k.set_defaults(func=cmd_kafka)
 
     o = sub.add_parser(
         "objectstore",
         help="this home's local S3 object store (SeaweedFS on loopback, built with Go the first time)",
     )
-    o.add_argument("action", choices=["up", "down", "status"])
+    _actions(o, {"up": "start it (idempotent)", "down": "stop it", "status": "is it running, where"})
     o.set_defaults(func=cmd_objectstore)
 
     sp = sub.add_parser(
@@ -687,18 +680,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="this home's Spark engine: a Spark Connect server on loopback that runs "
         "attach to (runs start it on demand); status shows its memory",
     )
-    sp.add_argument(
-        "action",
-        choices=["up", "down", "status", "restart", "serve"],
-        help="serve: run a Spark Connect server in the foreground, bound to --host (a container's command)",
+    spark = _actions(
+        sp,
+        {
+            "up": "start it on loopback and wait until it answers (idempotent)",
+            "down": "stop it",
+            "status": "its pid, address, memory and log",
+            "restart": "stop it and start it again (e.g. after changing spark_conf)",
+            "serve": "run a Spark Connect server in the foreground, bound to --host (a container's command)",
+        },
     )
-    sp.add_argument("--host", default="0.0.0.0", help="serve: the address to bind (default 0.0.0.0)")
-    sp.add_argument("--port", type=_positive, default=15002, help="serve: the port (default 15002)")
-    sp.add_argument(
-        "--force",
-        action="store_true",
-        help="down, restart: at once, failing the steps attached to it (default: wait until they end)",
-    )
+    spark["serve"].add_argument("--host", default="0.0.0.0", help="the address to bind (default 0.0.0.0)")
+    spark["serve"].add_argument("--port", type=_positive, default=15002, help="the port (default 15002)")
+    for name in ("down", "restart"):
+        spark[name].add_argument(
+            "--force", action="store_true", help="at once, failing the steps attached to it (default: wait until they end)"
+        )
     sp.set_defaults(func=cmd_spark)
 
     sc = sub.add_parser(
@@ -706,10 +703,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="a local Spark standalone cluster (master and workers on loopback) "
         "to try the cluster path; the engine uses it with WAVEPIPE_SPARK_MASTER",
     )
-    sc.add_argument("action", choices=["up", "down", "status"])
-    sc.add_argument("--port", type=_positive, default=7077, help="the master's port (default 7077)")
-    sc.add_argument("--workers", type=_positive, default=1, help="workers to start (default 1)")
-    sc.set_defaults(func=cmd_spark_cluster)
+    cluster = _actions(sc, {"up": "start the master and its workers", "down": "stop them", "status": "are they running"})
+    for action in cluster.values():
+        action.add_argument("--port", type=_positive, default=7077, help="the master's port (default 7077)")
+    cluster["up"].add_argument("--workers", type=_positive, default=1, help="workers to start (default 1)")
+    sc.set_defaults(func=cmd_spark_cluster, workers=1)
 
     p = sub.add_parser("produce", help="produce chunked waveforms")
     p.add_argument("--demo", action="store_true", help="synthetic seismic, ECG and audio recordings")
@@ -814,25 +812,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="the output tables: status (files, size, what VACUUM frees), optimize (compact, --zorder), vacuum, "
         "repair (make them readable by every Delta reader, lay the waveforms out by date)",
     )
-    tb.add_argument("action", choices=["status", "optimize", "vacuum", "repair"])
-    tb.add_argument("--table", action="append", help="only this table (waveforms, quarantine, dead_letter; repeatable)")
-    tb.add_argument(
+    table = _actions(
+        tb,
+        {
+            "status": "per table: version, rows, files, size, partitions, what VACUUM frees",
+            "optimize": "compact the partitions that hold more than one file",
+            "vacuum": "delete the files no version within the retention uses",
+            "repair": "make tables an earlier wavepipe wrote readable by every Delta reader",
+        },
+    )
+    for action in table.values():
+        action.add_argument(
+            "--table", action="append", help="only this table (waveforms, quarantine, dead_letter, qc; repeatable)"
+        )
+    table["optimize"].add_argument(
         "--zorder",
         action="store_true",
-        help="optimize: also cluster the waveforms by source and start_time within each date partition (rewrites "
+        help="also cluster the waveforms by source and start_time within each date partition (rewrites "
         "every file of the partitions it touches: limit it with --since or --days)",
     )
-    tb.add_argument("--since", help="optimize: only the waveforms' date partitions from this day on (YYYY-MM-DD)")
-    tb.add_argument("--days", type=int, help="optimize: only the date partitions of the last N days (0: today)")
-    tb.add_argument(
+    table["optimize"].add_argument("--since", help="only the waveforms' date partitions from this day on (YYYY-MM-DD)")
+    table["optimize"].add_argument("--days", type=int, help="only the date partitions of the last N days (0: today)")
+    table["vacuum"].add_argument(
         "--retention-hours",
         type=float,
-        help="vacuum: keep unused files this many hours (default: setting table_retention_hours, 168)",
+        help="keep unused files this many hours (default: setting table_retention_hours, 168)",
     )
-    tb.add_argument(
-        "--dry-run", action="store_true", help="vacuum, repair: say what it would delete or change, change nothing"
-    )
-    _json_flag(tb, "status: the tables' state")
+    for name in ("vacuum", "repair"):
+        table[name].add_argument("--dry-run", action="store_true", help="say what it would delete or change, change nothing")
+    _json_flag(table["status"], "the tables' state")
     tb.set_defaults(func=cmd_table)
 
     rw = sub.add_parser("rewind", help="move a group's committed offsets (dry run unless --execute)")
@@ -857,19 +865,28 @@ def build_parser() -> argparse.ArgumentParser:
     rw.set_defaults(func=cmd_rewind)
 
     af = sub.add_parser("airflow", help="Airflow on this machine (api-server, scheduler, dag-processor, triggerer)")
-    af.add_argument("action", choices=["up", "down", "status", "backfill"])
-    af.add_argument("--from-date", help="backfill: first logical date (ISO-8601, inclusive)")
-    af.add_argument("--to-date", help="backfill: last logical date (ISO-8601, inclusive)")
-    af.add_argument("--dag-id", default="wavepipe_ingest", help="backfill: the DAG (default wavepipe_ingest)")
-    af.add_argument("--conf", help='backfill: params as JSON, e.g. \'{"topic": "waveforms"}\'')
-    af.add_argument(
-        "--max-active-runs", type=_positive, help="backfill: runs at once (window runs of a group still take turns)"
+    airflow = _actions(
+        af,
+        {
+            "up": "start the services (idempotent) and print the UI's address and login",
+            "down": "stop every service",
+            "status": "which services run, where",
+            "backfill": "create a backfill of a DAG through Airflow's REST API: one run per window",
+        },
     )
-    af.add_argument(
+    backfill = airflow["backfill"]
+    backfill.add_argument("--from-date", required=True, help="first logical date (ISO-8601, inclusive)")
+    backfill.add_argument("--to-date", required=True, help="last logical date (ISO-8601, inclusive)")
+    backfill.add_argument("--dag-id", default="wavepipe_ingest", help="the DAG (default wavepipe_ingest)")
+    backfill.add_argument("--conf", help='params as JSON, e.g. \'{"topic": "waveforms"}\'')
+    backfill.add_argument(
+        "--max-active-runs", type=_positive, help="runs at once (window runs of a group still take turns)"
+    )
+    backfill.add_argument(
         "--reprocess",
         choices=["all", "failed", "missing"],
         default="all",
-        help="backfill: windows that already had a window run are reprocessed again: all (default), only those "
+        help="windows that already had a window run are reprocessed again: all (default), only those "
         "whose run failed, or none (missing: the windows never reprocessed); incremental runs never count",
     )
     af.set_defaults(func=cmd_airflow)
@@ -947,7 +964,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: see ``wavepipe.contracts.errors`` (0 done, 1 failed, 2 usage or configuration, 3 validation)."""
-    args = build_parser().parse_args(argv)
+    args, extra = build_parser().parse_known_args(argv)
+    if extra:  # argparse would print the top-level usage: name the command and action instead
+        where = " ".join(filter(None, [args.command, getattr(args, "action", None)]))
+        print(f"wavepipe {where}: {' '.join(extra)}: not an option of `{where}` (see `wavepipe {where} --help`)", file=sys.stderr)
+        return EXIT_USAGE
     args.argv = list(sys.argv[1:] if argv is None else argv)  # as typed, for a benchmark's page
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -32,14 +32,35 @@ def test_skipped_windows_name_their_run_and_why():
         (["--from-date", "yesterday", "--to-date", W1], "datetime 'yesterday' is not ISO-8601"),
         (["--from-date", W1, "--to-date", W2, "--conf", "[1]"], "--conf must be a JSON object"),
         (["--from-date", W1, "--to-date", W2, "--conf", "{topic"], "--conf must be a JSON object"),
-        (["--from-date", W1], "needs --from-date and --to-date"),
+        (["--from-date", W1], "the following arguments are required: --to-date"),
+        (["--from-date", W1, "--to-date", W2, "--force"], "--force: not an option of `airflow backfill`"),
     ],
 )
 def test_a_typo_is_refused_before_airflow_is_asked(tmp_path, capsys, args, message):
-    code = main(["--home", str(tmp_path), "airflow", "backfill", *args])
+    code = _main(["--home", str(tmp_path), "airflow", "backfill", *args])
     out = capsys.readouterr()
     assert code == EXIT_USAGE and message in out.out + out.err, out
     assert not (tmp_path / "airflow").exists()  # no service was started or asked
+
+
+def _main(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as exc:  # argparse's own refusals
+        return exc.code
+
+
+def test_a_flag_of_another_action_is_refused_naming_the_action(tmp_path, capsys):
+    code = _main(["--home", str(tmp_path), "airflow", "status", "--from-date", W1])
+    assert code == EXIT_USAGE
+    assert "--from-date 2026-11-25T10:00:00+00:00: not an option of `airflow status`" in capsys.readouterr().err
+
+
+def test_backfill_help_lists_the_options_of_a_backfill_only(capsys):
+    assert _main(["airflow", "backfill", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "--reprocess" in text and "--max-active-runs" in text
+    assert "{up,down,status,backfill}" not in text and "usage: wavepipe airflow backfill" in text
 
 
 def _scripted_api(monkeypatch, answers: list[tuple[str, int, dict]]) -> list[tuple[str, str]]:

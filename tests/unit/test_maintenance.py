@@ -52,7 +52,7 @@ def test_a_setting_out_of_range_is_refused():
     ("args", "message"),
     [
         (["table", "vacuum", "--zorder"], "--zorder: not an option of `table vacuum`"),
-        (["table", "optimize", "--dry-run", "--retention-hours", "2"], "--retention-hours, --dry-run: not an option"),
+        (["table", "optimize", "--dry-run", "--retention-hours", "2"], "--dry-run --retention-hours 2: not an option"),
         (["table", "optimize", "--table", "waveform"], "did you mean 'waveforms'"),
         (["table", "optimize", "--since", "2026-02-30"], "must be a date"),
         (["table", "optimize", "--since", "2026-02-01", "--days", "1"], "not both"),

@@ -808,9 +808,6 @@ def _instant(when: str):
 def run_cli(settings: Settings, args) -> int:
     """``wavepipe airflow up|down|status|backfill``."""
     if args.action == "backfill":
-        if not (args.from_date and args.to_date):
-            _say("wavepipe airflow backfill needs --from-date and --to-date (ISO-8601)")
-            return 2
         try:
             conf = json.loads(args.conf) if args.conf else None
         except ValueError as exc:
