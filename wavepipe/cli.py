@@ -245,7 +245,11 @@ def cmd_follow(args) -> int:
 
     settings = _settings(args).replace(topic=args.topic, group=args.group)
     options = FollowOptions(
-        poll_s=args.poll, max_batches=args.max_batches, max_seconds=args.max_seconds, max_failures=args.max_failures
+        poll_s=args.poll,
+        max_batches=args.max_batches,
+        max_seconds=args.max_seconds,
+        max_failures=args.max_failures,
+        max_idle_s=args.max_idle,
     )
     stop = threading.Event()
 
@@ -783,6 +787,12 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--max-batches", type=_count, default=0, help="end after this many micro-batches (default 0: none)")
     f.add_argument(
         "--max-seconds", type=float, default=0.0, help="start no micro-batch after this many seconds (default 0: none)"
+    )
+    f.add_argument(
+        "--max-idle",
+        type=float,
+        default=0.0,
+        help="end after this many seconds with no micro-batch due, e.g. once the backlog is read (default 0: never)",
     )
     f.add_argument(
         "--max-failures", type=int, default=3, help="failed micro-batches in a row before the loop gives up (default 3)"

@@ -56,19 +56,23 @@ class GroupBusyError(RuntimeError):
 @dataclass(frozen=True)
 class FollowOptions:
     """``poll_s``: seconds between lag polls while idle; ``max_batches`` / ``max_seconds``: end
-    after that many micro-batches / start none after that long (0: no limit); ``max_failures``:
-    failed micro-batches in a row before the loop gives up."""
+    after that many micro-batches / start none after that long; ``max_idle_s``: end after this
+    long with no micro-batch due (0: no limit, each); ``max_failures``: failed micro-batches in a
+    row before the loop gives up."""
 
     poll_s: float = 1.0
     max_batches: int = 0
     max_seconds: float = 0.0
     max_failures: int = 3
+    max_idle_s: float = 0.0
 
     def __post_init__(self):
         if not self.poll_s > 0:
             raise UsageError(f"follow: the lag poll interval must be above 0 s, not {self.poll_s}")
-        if self.max_batches < 0 or self.max_seconds < 0 or self.max_failures < 1:
-            raise UsageError("follow: max batches and seconds must be 0 (no limit) or more, max failures 1 or more")
+        if self.max_batches < 0 or not self.max_seconds >= 0 or not self.max_idle_s >= 0 or self.max_failures < 1:
+            raise UsageError(
+                "follow: max batches, seconds and idle seconds must be 0 (no limit) or more, max failures 1 or more"
+            )
 
 
 @dataclass
@@ -77,6 +81,8 @@ class Followed:
 
     batches: list[dict] = field(default_factory=list)
     ended: str = ""
+    #: ``time.monotonic()`` when the loop began or its last micro-batch ended
+    busy_until: float = field(default_factory=time.monotonic)
 
 
 def batch_summary(report: dict, seconds: float) -> dict:
@@ -172,7 +178,8 @@ def follow(
                 done.ended = batch
                 return done
             end, report, t = batch
-            backlog.ran(end, time.monotonic(), left_by_cap(report))
+            done.busy_until = time.monotonic()
+            backlog.ran(end, done.busy_until, left_by_cap(report))
             done.batches.append(batch_summary(report, time.monotonic() - t))
             log.info("%s", batch_line(len(done.batches), done.batches[-1]))
             if on_batch is not None:
@@ -224,6 +231,8 @@ def _limit_reached(options: FollowOptions, done: Followed, began: float, stop: t
         return f"{options.max_batches} micro-batches run"
     if options.max_seconds and time.monotonic() - began >= options.max_seconds:
         return f"{options.max_seconds:g} s elapsed"
+    if options.max_idle_s and time.monotonic() - done.busy_until >= options.max_idle_s:
+        return f"idle for {options.max_idle_s:g} s"
     return ""
 
 

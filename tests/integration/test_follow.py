@@ -95,8 +95,10 @@ def test_a_lag_held_back_by_a_waveform_still_missing_chunks_starts_no_run_after_
     ensure_topic(settings)
     records, checksum = waveform_records("late", 4, seed=21)
     produce_in_order(settings, records[:2], partition=0)
-    code, out = run_cli(settings, "follow", "--poll", "0.2", "--max-seconds", "8", timeout=120)
+    # --max-batches 3 is never reached: with nothing new to read, --max-idle ends the loop
+    code, out = run_cli(settings, "follow", "--poll", "0.2", "--max-batches", "3", "--max-idle", "3", timeout=120)
     assert code == 0 and out.count("micro-batch ") == 1 and "micro-batch 1: run " in out, out
+    assert "ended: idle for 3 s" in out, out
     (pending,) = [r for r in _reports(settings) if not r.get("skipped")]
     assert pending["outcome"]["new"] == 0 and pending["outcome"]["pending"] == 1, pending["outcome"]
     produce_in_order(settings, records[2:], partition=0)

@@ -22,7 +22,16 @@ from wavepipe.follow import (
 
 
 @pytest.mark.parametrize(
-    "bad", [{"poll_s": 0}, {"poll_s": -1}, {"max_batches": -1}, {"max_seconds": -5}, {"max_failures": 0}]
+    "bad",
+    [
+        {"poll_s": 0},
+        {"poll_s": -1},
+        {"max_batches": -1},
+        {"max_seconds": -5},
+        {"max_failures": 0},
+        {"max_idle_s": -1},
+        {"max_idle_s": float("nan")},
+    ],
 )
 def test_options_a_loop_could_not_honour_are_refused(bad):
     with pytest.raises(UsageError, match="follow"):
@@ -111,3 +120,15 @@ def test_the_same_backlog_waits_for_new_records_unless_a_cap_left_some_or_it_wai
     assert backlog.due({0: 10}, now=SAME_BACKLOG_S), "long enough (incomplete_after_s may end it)"
     backlog.ran({0: 10}, now=6.0, left_by_cap=40)
     assert backlog.due({0: 10}, now=6.5), "a cap left records the run saw: the next one at once"
+
+
+def test_the_loop_ends_once_idle_for_max_idle_since_its_start_or_its_last_micro_batch():
+    import time
+
+    from wavepipe.follow import Followed, _limit_reached
+
+    options, stop = FollowOptions(max_idle_s=5), threading.Event()
+    now = time.monotonic()
+    assert _limit_reached(options, Followed(busy_until=now - 1), now - 60, stop) == ""
+    assert _limit_reached(options, Followed(busy_until=now - 6), now - 60, stop) == "idle for 5 s"
+    assert _limit_reached(FollowOptions(), Followed(busy_until=now - 600), now - 600, stop) == ""
