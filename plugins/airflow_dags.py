@@ -362,20 +362,27 @@ def wavepipe_ingest_dag(
             **common,
         ).expand(partitions=plan.output)
         # an event-driven run validates and publishes in its reassembly's Spark session (fresher)
+        # after the plan and its reads (none: a plan with nothing to read maps no consume task);
+        # skipped with the plan when the run was refused
         reassemble = ReassembleOperator(
             task_id="reassemble",
-            trigger_rule=TriggerRule.NONE_FAILED,
+            trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
             validate=bool(lag_asset),
             doc_md=docs["reassemble"],
             **common,
         )
         validate = ValidateOperator(
-            task_id="validate", trigger_rule=TriggerRule.NONE_FAILED, doc_md=docs["validate"], **common
+            task_id="validate", trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS, doc_md=docs["validate"], **common
         )
         commit = CommitOperator(
-            task_id="commit", trigger_rule=TriggerRule.NONE_FAILED, doc_md=docs["commit"], **commits, **common
+            task_id="commit",
+            trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS,
+            doc_md=docs["commit"],
+            **commits,
+            **common,
         )
         plan >> consume >> reassemble >> validate >> commit
+        plan >> reassemble
     return dag
 
 

@@ -11,13 +11,14 @@ twice), and commit checks the group's offsets against the plan just before commi
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from airflow.sdk import Asset, AssetAlias, BaseOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException
+from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
 from wavepipe import pipeline
 from wavepipe.contracts.config import SettingsError, check_settings
@@ -51,7 +52,7 @@ def check_conf(conf: dict | None, known) -> None:
     run on the defaults), naming them and the closest params."""
     unknown = sorted(set(conf or {}) - set(known))
     if unknown:
-        raise AirflowFailException(
+        raise UsageError(
             "unknown keys in the run's conf: "
             + ", ".join(f"{k!r}{did_you_mean(k, known)}" for k in unknown)
             + f". The params of this DAG are: {', '.join(sorted(known))}. Nothing was read; trigger it again "
@@ -72,13 +73,13 @@ def run_window(context, start: Any = None, end: Any = None) -> tuple[datetime, d
             try:
                 parsed[name] = as_utc(value) if isinstance(value, datetime) else parse_datetime(str(value))
             except ValueError as exc:
-                raise AirflowFailException(f"param {name}: {exc}") from None
+                raise UsageError(f"param {name}: {exc}") from None
     if (start is None) != (end is None):
-        raise AirflowFailException("give both window_start and window_end, or neither")
+        raise UsageError("give both window_start and window_end, or neither")
     run_type = getattr(context["dag_run"], "run_type", None)
     backfill = getattr(run_type, "value", run_type) == "backfill"
     if start is not None and backfill:
-        raise AirflowFailException(
+        raise UsageError(
             "a backfill run takes its window from its dates: leave window_start and window_end empty (to "
             "reprocess another window, backfill its dates, or trigger a single run with these params)"
         )
@@ -87,7 +88,7 @@ def run_window(context, start: Any = None, end: Any = None) -> tuple[datetime, d
     if backfill:
         start, end = context.get("data_interval_start"), context.get("data_interval_end")
         if start is None or end is None or start >= end:
-            raise AirflowFailException(
+            raise UsageError(
                 f"this backfill run has no data interval ({start} to {end}), so it names no window: give the "
                 "DAG a timetable with data intervals (e.g. DeltaDataIntervalTimetable), or trigger it with "
                 "window_start/window_end"
@@ -272,15 +273,15 @@ class PlanOperator(WavepipeOperator):
 
     def request(self, context) -> dict[str, Any]:
         """What the run is asked to read (``RunRequest``), from the arguments and the run's params,
-        checked: a conf key that is no param, a bad window or number fails the task at once."""
+        checked: a conf key that is no param, a bad window or number refuses the run at once."""
         dag_run = context.get("dag_run")
-        if self.has_dag():
-            check_conf(getattr(dag_run, "conf", None), self.dag.params.keys())
         new_group_start = self.arg(context, "new_group_start")
+        asked = {"topic": self.arg(context, "topic"), "group": self.arg(context, "group")}
         try:
+            if self.has_dag():
+                check_conf(getattr(dag_run, "conf", None), self.dag.params.keys())
             return {
-                "topic": self.arg(context, "topic"),
-                "group": self.arg(context, "group"),
+                **asked,
                 "max_records": int_or_none(self.arg(context, "max_records"), "max_records"),
                 "max_bytes": int_or_none(self.arg(context, "max_bytes"), "max_bytes"),
                 "skip_lost_offsets": flag(self.arg(context, "skip_lost_offsets")),
@@ -288,17 +289,32 @@ class PlanOperator(WavepipeOperator):
                 "new_group_start": None if new_group_start in (None, "None") else str(new_group_start),
             }
         except UsageError as exc:
-            raise AirflowFailException(str(exc)) from None
+            try:
+                pipeline.note_refusal(self.settings(), context["run_id"], asked, exc)
+            except Exception as noted:  # e.g. the Connection is broken too: the refusal still stands
+                self.log.warning("the refusal could not be noted for `wavepipe status`: %s", noted)
+            self.refuse(exc)
+
+    def refuse(self, exc: Exception) -> NoReturn:
+        """End the task as skipped with the reason, in lines short enough for the log panel: a
+        refusal is not a failure (nothing was read, nothing a retry could change), so the DAG run
+        is not counted as failed; its downstream tasks are skipped and ``wavepipe status`` lists
+        it (``pipeline.note_refusal``)."""
+        lines = textwrap.wrap(str(exc), 100) or [type(exc).__name__]
+        self.log.warning("refused, nothing was read or committed:")
+        for line in lines:
+            self.log.warning("  %s", line)
+        raise AirflowSkipException(f"refused: {' '.join(lines)}") from None
 
     def plan(self, context):
         """(settings, the run's frozen plan), planned now or reused; what a user typed is refused at
-        once, without retries (a retry would fail the same way); a window run waits for its lane."""
+        once (``refuse``: a retry would be refused the same way); a window run waits for its lane."""
         request = self.request(context)
         try:
             settings = self.settings()
             plan = pipeline.plan_step(settings, context["run_id"], **request)
-        except UsageError as exc:
-            raise AirflowFailException(str(exc)) from None
+        except UsageError as exc:  # noted as a refusal by plan_step
+            self.refuse(exc)
         except ActiveRunError as exc:
             if not request["window"]:
                 raise
@@ -537,7 +553,9 @@ class FollowOperator(RunOperator):
             done = follow(
                 settings, options, self._stop, request, on_batch=lambda rep: self.committed(context, rep, settings)
             )
-        except (UsageError, pipeline.ValidationFailedError) as exc:
+        except UsageError as exc:
+            self.refuse(exc)
+        except pipeline.ValidationFailedError as exc:
             raise AirflowFailException(str(exc)) from exc
         self.log.info("%d micro-batch(es); ended: %s", len(done.batches), done.ended)
         return {"micro_batches": done.batches, "ended": done.ended}

@@ -698,7 +698,9 @@ def build_parser() -> argparse.ArgumentParser:
     spark["serve"].add_argument("--port", type=_positive, default=15002, help="the port (default 15002)")
     for name in ("down", "restart"):
         spark[name].add_argument(
-            "--force", action="store_true", help="at once, failing the steps attached to it (default: wait until they end)"
+            "--force",
+            action="store_true",
+            help="at once, failing the steps attached to it (default: wait until they end)",
         )
     sp.set_defaults(func=cmd_spark)
 
@@ -707,7 +709,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a local Spark standalone cluster (master and workers on loopback) "
         "to try the cluster path; the engine uses it with WAVEPIPE_SPARK_MASTER",
     )
-    cluster = _actions(sc, {"up": "start the master and its workers", "down": "stop them", "status": "are they running"})
+    cluster = _actions(
+        sc, {"up": "start the master and its workers", "down": "stop them", "status": "are they running"}
+    )
     for action in cluster.values():
         action.add_argument("--port", type=_positive, default=7077, help="the master's port (default 7077)")
     cluster["up"].add_argument("--workers", type=_positive, default=1, help="workers to start (default 1)")
@@ -849,7 +853,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep unused files this many hours (default: setting table_retention_hours, 168)",
     )
     for name in ("vacuum", "repair"):
-        table[name].add_argument("--dry-run", action="store_true", help="say what it would delete or change, change nothing")
+        table[name].add_argument(
+            "--dry-run", action="store_true", help="say what it would delete or change, change nothing"
+        )
     _json_flag(table["status"], "the tables' state")
     tb.set_defaults(func=cmd_table)
 
@@ -977,7 +983,10 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = build_parser().parse_known_args(argv)
     if extra:  # argparse would print the top-level usage: name the command and action instead
         where = " ".join(filter(None, [args.command, getattr(args, "action", None)]))
-        print(f"wavepipe {where}: {' '.join(extra)}: not an option of `{where}` (see `wavepipe {where} --help`)", file=sys.stderr)
+        print(
+            f"wavepipe {where}: {' '.join(extra)}: not an option of `{where}` (see `wavepipe {where} --help`)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     args.argv = list(sys.argv[1:] if argv is None else argv)  # as typed, for a benchmark's page
     logging.basicConfig(

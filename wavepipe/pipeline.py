@@ -51,7 +51,8 @@ class ValidationFailedError(RuntimeError):
 def _noted_on_failure(step: str):
     """A failure of the decorated step (``fn(settings, run_id, ...)``) is noted in its group's
     history with its reason in a line (``wavepipe status`` lists it), then raised as it was. A
-    window run waiting for its lane is not a failure."""
+    window run waiting for its lane is not a failure, and a refusal (``UsageError``: what was
+    asked can never work) is noted as one."""
 
     def wrap(fn):
         @functools.wraps(fn)
@@ -64,6 +65,9 @@ def _noted_on_failure(step: str):
                 raise
             except TypeError:  # a caller's mistake (an unknown option), not a run's failure
                 raise
+            except UsageError as exc:
+                note_refusal(settings, run_id, kwargs, exc)
+                raise
             except Exception:
                 _note_failure(settings, run_id, step, kwargs)
                 raise
@@ -73,11 +77,30 @@ def _noted_on_failure(step: str):
     return wrap
 
 
+def first_line(reason: BaseException | str) -> str:
+    """A reason in one line of at most 300 characters, as the group's history keeps it."""
+    text = str(reason).strip()
+    return (text.splitlines() or [type(reason).__name__])[0][:300]
+
+
+def note_refusal(settings: Settings, run_id: str, request: dict, reason: BaseException | str) -> None:
+    """Note a refused run (``RunStore.record_refusal``) with the topic and group it asked for;
+    noting it never hides the refusal itself."""
+    try:
+        RunStore(settings).record_refusal(
+            safe_run_id(run_id),
+            request.get("topic") or settings.topic,
+            request.get("group") or settings.group,
+            first_line(reason),
+        )
+    except Exception as noted:
+        log.warning("run %s: could not note its refusal (%s): %s", run_id, first_line(reason), noted)
+
+
 def _note_failure(settings: Settings, run_id: str, step: str, request: dict) -> None:
     from wavepipe.consumers.planner import backfill_lane
 
-    exc = sys.exc_info()[1]
-    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    reason = first_line(sys.exc_info()[1])
     try:
         store = RunStore(settings)
         window = request.get("window")  # a plan that failed: under the id it was to be planned as

@@ -11,6 +11,8 @@ from wavepipe.contracts.errors import UsageError
 
 #: The document's version: a key is only ever added; a removed or renamed one bumps it.
 STATUS_VERSION = 1
+#: The home's last refused runs the status shows.
+REFUSALS_SHOWN = 8
 
 
 def group_status(settings: Settings, topic: str, group: str) -> dict[str, Any]:
@@ -48,6 +50,8 @@ def group_status(settings: Settings, topic: str, group: str) -> dict[str, Any]:
         "active_runs": {lane: store.active_run(lane) for lane in lanes},
         "runs": last_runs(settings, reports, [f for lane in lanes for f in store.failures(lane)]),
         "idle_runs": store.idle_runs(group),
+        # every group's and topic's: a refused run may name a group or topic that does not exist
+        "refused_runs": store.refusals()[-REFUSALS_SHOWN:],
         "validation_trend": validation_trend(settings, groups=lanes),
         "spark": engine_line(settings),
     }
@@ -161,7 +165,15 @@ def status_lines(doc: dict[str, Any]) -> list[str]:
             f"idle runs (nothing new to read) since the last run that read something: {idle['count']}, "
             f"from {idle['first_at']} to {idle['last_at']} (last: {idle['last_run_id']})"
         )
-    return out + _trend_lines(doc["validation_trend"])
+    return out + _refusal_lines(doc.get("refused_runs") or []) + _trend_lines(doc["validation_trend"])
+
+
+def _refusal_lines(refused: list[dict]) -> list[str]:
+    if not refused:
+        return []
+    return ["refused runs in this home (nothing read or committed; any topic or group):"] + [
+        f"  {r['at']} {r['run_id']}: topic {r['topic']!r}, group {r['group']!r}: {r['reason']}" for r in refused
+    ]
 
 
 def _trend_lines(trend: list[dict]) -> list[str]:

@@ -283,6 +283,49 @@ def test_a_run_triggered_through_the_rest_api_ingests_and_commits(airflow, api, 
     _assert_metrics(observers[2], settings, report)
 
 
+def test_refusals_are_skipped_runs_with_their_reason_not_failed_ones(airflow, api):
+    """What a user typed wrong through the trigger form (a typo'd conf key, a garbage window, a
+    typo'd topic) ends the run with its plan task skipped and the reason in short log lines, no
+    traceback; no run is failed, and `wavepipe status` lists each refusal. A value of the wrong
+    type is refused by Airflow when the run is created, naming the param."""
+    defaults, *_ = airflow
+    settings = defaults.replace(topic=f"{defaults.topic}-refused", group=f"{defaults.group}-refused")
+    ensure_topic(settings, partitions=1)
+    produce_demo(settings, count=1, target_bytes=4096)
+    run_once(settings, new_group_start="earliest")  # a group with progress, for its status
+    wrong_type = api.post(f"/api/v2/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": {"max_records": "abc"}})
+    assert wrong_type.status_code == 400 and "max_records" in wrong_type.text, wrong_type.text
+    asked = {"topik": settings.topic}, {"window_start": "garbage", "window_end": "2026-11-20T00:15:00Z"}
+    asked += ({"topic": f"{settings.topic}-typo", "group": settings.group},)
+    runs = [trigger_run(api, DAG_ID, {"topic": settings.topic, "group": settings.group} | conf) for conf in asked]
+    assert set(wait_for_runs(api, DAG_ID, runs).values()) == {"success"}
+    says_of = ("'topik'; did you mean 'topic'?", "'garbage' is not ISO-8601", "does not exist")
+    for run_id, says in zip(runs, says_of, strict=True):
+        tasks = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
+        assert {t["task_id"]: t["state"] for t in tasks if t["task_id"] != "consume"} == dict.fromkeys(
+            ("plan", "reassemble", "validate", "commit"), "skipped"
+        ), tasks
+        assert next(t for t in tasks if t["task_id"] == "plan")["try_number"] == 1  # not retried
+        entries = api.get(
+            f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/plan/logs/1",
+            params={"full_content": True},
+            headers={"Accept": "application/json"},
+        ).json()["content"]
+        events = [str(e.get("event", "")) for e in entries]
+        text = "\n".join(events)
+        assert "refused, nothing was read or committed:" in text and "Traceback" not in text, text[-2000:]
+        reason = [e for e in events if e.startswith("  ")]
+        assert reason and all(len(line) <= 110 for line in reason), reason
+        assert says in " ".join(line.strip() for line in reason), reason
+        assert not [e for e in entries if str(e.get("level", "")).lower() in ("error", "critical")], entries[-5:]
+    failed = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns", params={"state": "failed", "limit": 100}).json()
+    assert not [r for r in failed["dag_runs"] if r["dag_run_id"] in runs], failed
+    code, out = run_cli(settings, "status")
+    assert code == 0 and "refused runs in this home" in out, out
+    for run_id in runs:
+        assert f"{safe_run_id(run_id)}: topic " in out, out
+
+
 def _assert_the_test_buttons_check_what_a_run_checks(api, conn: dict, settings) -> None:
     """The Connection form's Test button, through the REST API, for wavepipe's two types: green
     for what a run accepts, red (with the reason) for what it refuses or cannot reach."""
@@ -555,19 +598,24 @@ def _reprocessed_again(settings, api, spark, t0, runs, by_start, group_offsets) 
     assert {after[w][2] for w in ("wf-A", "wf-B", "wf-C")} == {f"{r}.reprocess-1" for r in first_reports}
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == group_offsets
 
-    # a window refused at its plan (a typo'd topic): failed at once, not retried; then "Missing and
-    # Errored Runs" with the right params runs the same DAG run again, and it succeeds
+    # a window refused at its plan (a typo'd topic): skipped at once, not retried, not failed; then
+    # "All Runs" with the right params runs the same DAG run again, and it reprocesses the window
     third = t0 + 2 * quarter
     _backfill(settings, api, third, third, "none", {**conf, "topic": f"{settings.topic}-typo"})
-    (failed,) = _wait_for_new_runs(api, set(runs), "failed")
-    tries = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{failed}/taskInstances/plan").json()["try_number"]
-    assert tries == 1, f"a refusal no retry can change was tried {tries} times"
+    (failed,) = _wait_for_new_runs(api, set(runs), "success")
+    plan = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{failed}/taskInstances/plan").json()
+    assert (plan["state"], plan["try_number"]) == ("skipped", 1), f"a refusal no retry can change: {plan}"
     log = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{failed}/taskInstances/plan/logs/1").text
-    assert f"topic '{settings.topic}-typo' does not exist" in log and "replaces that window's output" not in log
-    code, out = run_cli(settings, "status")  # the failed run with its reason; window runs in the trend
-    assert code == 0 and f"{safe_run_id(failed)}: FAILED at plan: topic '{settings.topic}-typo' does not exist" in out
+    assert f"topic '{settings.topic}-typo' does" in log and "replaces that window's output" not in log
+    code, out = run_cli(settings, "status")  # the refused run with its reason; window runs in the trend
+    assert code == 0 and f"{safe_run_id(failed)}: topic '{settings.topic}-typo', group" in out, out
+    assert f"topic '{settings.topic}-typo' does not exist" in out, out
     assert all(f"{r}.reprocess-1: passed" in out for r in first_reports), out
-    _backfill(settings, api, third, third, "failed", conf)
+    _backfill(settings, api, third, third, "completed", conf)
+    began = time.monotonic()
+    while not (settings.reports_dir / f"{safe_run_id(failed)}.json").exists():
+        assert time.monotonic() - began < RUN_TIMEOUT_S, f"the refused window {failed} was not run again"
+        time.sleep(2)
     assert wait_for_runs(api, DAG_ID, [failed]) == {failed: "success"}
     report = json.loads((settings.reports_dir / f"{safe_run_id(failed)}.json").read_text())
     assert report["status"] == "window_replaced" and report["waveforms"] == {"output_new": 1}  # D

@@ -188,8 +188,7 @@ def test_which_window_a_run_reprocesses(run_type, window, expected):
     from datetime import UTC, datetime
     from types import SimpleNamespace
 
-    from airflow.sdk.exceptions import AirflowFailException
-
+    from wavepipe.contracts.errors import UsageError
     from wavepipe.plugins.operators import run_window
 
     interval = (datetime(2026, 11, 21, tzinfo=UTC), datetime(2026, 11, 21, 0, 15, tzinfo=UTC))
@@ -208,7 +207,7 @@ def test_which_window_a_run_reprocesses(run_type, window, expected):
             datetime(2026, 11, 20, 0, 15, tzinfo=UTC),
         )
     else:
-        with pytest.raises(AirflowFailException, match=expected):
+        with pytest.raises(UsageError, match=expected):
             run_window(context, *window)
 
 

@@ -215,3 +215,32 @@ def test_the_spark_jobs_summary_counts_what_the_engine_listed_and_says_when_it_c
     unknown = spark_jobs_summary({"reassemble": jobs, "validate": None})  # a remote engine's step
     assert unknown["count"] is None and unknown["by_step"]["validate"] is None
     assert spark_jobs_summary({})["count"] == 0, "a run that read nothing started no job"
+
+
+def test_a_refused_run_is_noted_for_the_home_not_as_a_failure_and_status_lists_it(tmp_path):
+    """A request that can never work (here caps on a window run) is refused before anything is
+    read: noted once among the home's refusals, with the topic and group it asked for (which may
+    not exist), and not among its group's failed runs."""
+    from datetime import UTC, datetime
+
+    import pytest
+
+    from wavepipe.contracts.errors import UsageError
+    from wavepipe.contracts.runfiles import RunStore
+    from wavepipe.pipeline import plan_step
+    from wavepipe.status import status_lines
+
+    settings = load_settings(home=tmp_path, topic="t", group="g")
+    window = (datetime(2026, 11, 25, 10, tzinfo=UTC), datetime(2026, 11, 25, 10, 15, tzinfo=UTC))
+    with pytest.raises(UsageError, match="a window run reads its whole window"):
+        plan_step(settings, "manual__1", window=window, group="gorup", max_records=5)
+    store = RunStore(settings)
+    (refused,) = store.refusals()
+    assert (refused["run_id"], refused["topic"], refused["group"]) == ("manual__1", "t", "gorup")
+    assert refused["reason"].startswith("a window run reads its whole window")
+    assert store.failures("g") == [] and store.failures("gorup") == []
+    doc = {"group": "g", "topic": "t", "bootstrap_servers": "b", "partitions": {}, "pending_waveforms": 0}
+    doc |= {"active_runs": {}, "runs": [], "spark": "Spark", "idle_runs": None, "validation_trend": []}
+    lines = status_lines({**doc, "refused_runs": store.refusals()})
+    assert lines[-1].endswith("manual__1: topic 't', group 'gorup': " + refused["reason"])
+    assert "refused runs in this home" in lines[-2]

@@ -121,7 +121,7 @@ def history_path(settings: Settings) -> Path:
     return settings.reports_dir / "validation_history.jsonl"
 
 
-#: Failed steps a group's history keeps (``RunStore.record_failure``).
+#: Failed steps a group's history keeps (``RunStore.record_failure``), and refused runs the home's.
 FAILURES_KEPT = 50
 
 
@@ -283,8 +283,22 @@ class RunStore:
 
     def failures(self, group: str) -> list[dict[str, Any]]:
         """The group's last ``FAILURES_KEPT`` failed steps, oldest first."""
+        return self._lines(self._group_key(group, "failed-runs.jsonl"))
+
+    def record_refusal(self, run_id: str, topic: str | None, group: str | None, reason: str) -> None:
+        """Note that ``run_id`` was refused before it read anything (what its user typed can
+        never work: a retry would be refused the same way), with the topic and group it asked
+        for, which may not exist: kept for the whole home, as a typo names no real group."""
+        line = {"run_id": run_id, "topic": topic, "group": group, "reason": reason, "at": utc_now()}
+        self.state.append("refused-runs.jsonl", json.dumps(line), FAILURES_KEPT)
+
+    def refusals(self) -> list[dict[str, Any]]:
+        """The home's last ``FAILURES_KEPT`` refused runs, oldest first."""
+        return self._lines("refused-runs.jsonl")
+
+    def _lines(self, key: str) -> list[dict[str, Any]]:
         found = []
-        for line in (self.state.read(self._group_key(group, "failed-runs.jsonl")) or b"").decode().splitlines():
+        for line in (self.state.read(key) or b"").decode().splitlines():
             try:
                 found.append(json.loads(line))
             except ValueError:  # a line cut short by a crash
