@@ -50,12 +50,13 @@ class DeadLetterPublishError(RuntimeError):
 
 
 def commit_metadata(
-    plan: RunPlan, partition: int, published: Intervals | None = None, dead_letter_topic: str = ""
+    plan: RunPlan, partition: int, tables: str, published: Intervals | None = None, dead_letter_topic: str = ""
 ) -> str:
-    """The committed offset's metadata: the run id and planned end; with a dead-letter topic, also
-    that topic and the origin offsets whose dead letters are on it (``dlq``, the newest intervals
-    that fit in ``METADATA_MAX_CHARS``)."""
-    data: dict = {"run_id": plan.run_id, "planned_end": plan.range_for(partition).end}
+    """The committed offset's metadata: the run id, planned end and where the run published
+    (``tables``: the group's progress is tied to them, ``tables_committed_to``); with a
+    dead-letter topic, also that topic and the origin offsets whose dead letters are on it
+    (``dlq``, the newest intervals that fit in ``METADATA_MAX_CHARS``)."""
+    data: dict = {"run_id": plan.run_id, "planned_end": plan.range_for(partition).end, "tables": tables}
     if dead_letter_topic:
         kept = list(published or [])
         data.update(dlq_topic=dead_letter_topic, dlq=kept)
@@ -123,12 +124,23 @@ def record_published(settings: Settings, topic: str, published: dict[int, Interv
     store.save_ledger(topic, data)
 
 
+def tables_committed_to(metadata: str | None) -> str | None:
+    """Where the run that committed this offset published (None: another tool or a rewind
+    committed it, or a wavepipe before the tie)."""
+    return _metadata_text(metadata, "tables")
+
+
 def committed_run_id(metadata: str | None) -> str | None:
     """The run id in a committed offset's metadata (None if another tool committed it)."""
+    return _metadata_text(metadata, "run_id")
+
+
+def _metadata_text(metadata: str | None, key: str) -> str | None:
     try:
-        return json.loads(metadata).get("run_id") if metadata else None
+        found = json.loads(metadata).get(key) if metadata else None
     except (ValueError, AttributeError):
         return None
+    return found if isinstance(found, str) else None
 
 
 def commit_safe_offsets(
@@ -178,7 +190,10 @@ def _commit_offsets(
         _commit_plain(
             settings,
             plan,
-            [TopicPartition(plan.topic, p, safe[p], metadata=commit_metadata(plan, p)) for p in partitions],
+            [
+                TopicPartition(plan.topic, p, safe[p], metadata=commit_metadata(plan, p, settings.tables_location))
+                for p in partitions
+            ],
         )
     after = {p: offset for p, (offset, _) in committed_positions(settings, plan.group, plan.topic, partitions).items()}
     for p in partitions:
@@ -232,7 +247,9 @@ def _commit_with_dead_letters(
         for r in plan.ranges
     }
     to_commit = [
-        TopicPartition(plan.topic, p, safe[p], metadata=commit_metadata(plan, p, after_commit[p], dlq))
+        TopicPartition(
+            plan.topic, p, safe[p], metadata=commit_metadata(plan, p, settings.tables_location, after_commit[p], dlq)
+        )
         for p in partitions
     ]
     rows = (

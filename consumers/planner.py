@@ -8,7 +8,7 @@ from typing import Unpack
 
 from confluent_kafka.admin import OffsetSpec
 
-from wavepipe.consumers.committer import committed_run_id
+from wavepipe.consumers.committer import committed_run_id, tables_committed_to
 from wavepipe.consumers.kafka_admin import admin_client, committed_positions, list_offsets, partitions_of
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import UsageError, closest
@@ -206,6 +206,24 @@ def plan_run(settings: Settings, run_id: str, **request: Unpack[RunRequest]) -> 
     return plan
 
 
+class TablesMovedError(UsageError):
+    """The group last committed with other tables: a run here would split its output."""
+
+
+def _refuse_other_tables(settings: Settings, group: str, topic: str, positions: dict) -> None:
+    """Refuse a run whose tables are not those the group last committed with: its offsets say
+    what those tables hold, so a run here would skip it (one group, two stores, split)."""
+    others = sorted({tables_committed_to(meta) for _, meta in positions.values()} - {None, settings.tables_location})
+    if others:
+        raise TablesMovedError(
+            f"group {group!r} last committed {topic} with its tables at {', '.join(others)}, and this run's "
+            f"tables are at {settings.tables_location}: its offsets say what those tables hold, so a run here "
+            "would skip it. Run with the tables it used (tables_uri), or use a new group for these tables; "
+            f"to move the group on purpose, `wavepipe rewind --group {group} --topic {topic} --shift-by 0 "
+            '--execute` commits its offsets untied (docs/operations.md, "One group, one set of tables")'
+        )
+
+
 def _plan_incremental(
     settings: Settings,
     store: RunStore,
@@ -222,6 +240,7 @@ def _plan_incremental(
     partitions = partitions_of(settings, topic)
     positions = committed_positions(settings, group, topic, partitions)
     committed = {p: offset for p, (offset, _) in positions.items()}
+    _refuse_other_tables(settings, group, topic, positions)
     committed_by = {p: committed_run_id(meta) for p, (_, meta) in positions.items()}
     earliest = list_offsets(settings, topic, partitions, OffsetSpec.earliest())
     stable = list_offsets(settings, topic, partitions, OffsetSpec.latest())

@@ -212,3 +212,30 @@ def test_a_trigger_with_unknown_or_malformed_conf_is_refused_at_its_plan_task_at
     assert len(reasons) == 2 and reasons[0].startswith("unknown keys in the run's conf: 'topik'"), reasons
     assert reasons[1].startswith("param window_start: datetime 'garbage' is not ISO-8601"), reasons
     assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: None, 1: None}
+
+
+def test_a_group_is_tied_to_the_tables_it_committed_with(settings, tmp_path):
+    """The README's S3 variant after the local demo, in one home: a run of the same group on other
+    tables would skip what the first tables hold. It is refused in one line naming both places
+    and the way on; after a rewind that unties the group on purpose, it runs there."""
+    ensure_topic(settings, partitions=1)
+    first, _ = waveform_records("first", 2, seed=1)
+    produce_in_order(settings, first, partition=0)
+    code, out, err = cli(settings, "run", "--new-group-start", "earliest")
+    assert code == 0, (out, err)
+    other = settings.replace(tables_uri=str(tmp_path / "other-tables"))
+    second, _ = waveform_records("second", 2, seed=2)
+    produce_in_order(settings, second, partition=0)
+    err = refused(cli(other, "run"), "last committed", settings.tables_location, other.tables_location, "rewind")
+    assert len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "other-tables").exists()  # nothing was written there
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: len(first)}
+    (noted,) = RunStore(settings).refusals()  # `wavepipe status` lists it
+    assert noted["reason"].startswith(f"group {settings.group!r} last committed"), noted
+    code, out, err = cli(other, "rewind", "--shift-by", "0", "--execute", "--reason", "tables moved")
+    assert code == 0, (out, err)
+    code, out, err = cli(other, "run")
+    assert code == 0, (out, err)
+    assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: len(first) + len(second)}
+    code, out, err = cli(settings, "run")  # and now the first tables are the other ones
+    assert code == 2 and other.tables_location in err, (out, err)

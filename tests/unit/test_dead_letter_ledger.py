@@ -11,6 +11,7 @@ from wavepipe.consumers.committer import (
     merge_intervals,
     published_in_metadata,
     record_published,
+    tables_committed_to,
 )
 from wavepipe.contracts.config import load_settings
 from wavepipe.contracts.plan import OffsetRange, RunPlan
@@ -29,18 +30,30 @@ def test_intervals_merge_when_they_overlap_or_touch_and_empty_ones_vanish():
 
 
 def test_metadata_carries_the_published_offsets_of_its_dead_letter_topic_only():
-    metadata = commit_metadata(_plan(), 0, [[0, 10]], "dlq")
-    assert json.loads(metadata) == {"run_id": "r1", "planned_end": 10, "dlq_topic": "dlq", "dlq": [[0, 10]]}
+    metadata = commit_metadata(_plan(), 0, "/t", [[0, 10]], "dlq")
+    assert json.loads(metadata) == {
+        "run_id": "r1",
+        "planned_end": 10,
+        "tables": "/t",
+        "dlq_topic": "dlq",
+        "dlq": [[0, 10]],
+    }
     assert published_in_metadata(metadata, "dlq") == [[0, 10]]
     assert published_in_metadata(metadata, "other-dlq") == []  # another topic has none of them
-    assert json.loads(commit_metadata(_plan(), 0)) == {"run_id": "r1", "planned_end": 10}
+    assert json.loads(commit_metadata(_plan(), 0, "s3://lake/t")) == {
+        "run_id": "r1",
+        "planned_end": 10,
+        "tables": "s3://lake/t",
+    }
+    assert tables_committed_to(commit_metadata(_plan(), 0, "s3://lake/t")) == "s3://lake/t"
+    assert tables_committed_to('{"rewind": "x"}') is None and tables_committed_to("not json") is None
     for foreign in (None, "", "not json", '{"rewind": "x"}', "[1, 2]", '{"dlq_topic": "dlq", "dlq": [["a"]]}'):
         assert published_in_metadata(foreign, "dlq") == []
 
 
 def test_metadata_stays_within_kafkas_limit_keeping_the_newest_intervals():
     many = [[i * 10, i * 10 + 5] for i in range(1000)]
-    metadata = commit_metadata(_plan(), 0, many, "dlq")
+    metadata = commit_metadata(_plan(), 0, "/t", many, "dlq")
     assert len(metadata) <= METADATA_MAX_CHARS < 4096
     kept = published_in_metadata(metadata, "dlq")
     assert kept and kept[-1] == many[-1] and kept == many[-len(kept) :]
