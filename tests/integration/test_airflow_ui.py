@@ -432,7 +432,8 @@ def _assert_published_events(api, settings, run_id: str, report: dict) -> None:
     """The commit task emitted an event for the waveforms table, with the run's id, rows and the
     table's version in its extra; and one for the quality asset, as the demo's dead lead and
     clipped microphone broke quality rules (the served ``wavepipe_quality_alert`` depends on it).
-    The qc table's event is dropped by Airflow: no DAG depends on that asset."""
+    The qc table's event may be there or not: no DAG depends on that asset, and Airflow sometimes
+    drops an event of such an asset, sometimes makes its asset on the fly."""
     assets = api.get("/api/v2/assets", params={"uri_pattern": "/tables/", "limit": 100}).json()["assets"]
     events = [
         e
@@ -442,7 +443,8 @@ def _assert_published_events(api, settings, run_id: str, report: dict) -> None:
     ]
     by_uri = {e["uri"]: e for e in events}
     quality = quality_asset(settings).uri
-    assert sorted(by_uri) == sorted([f"file://{settings.output_table}", quality]), events
+    wanted = {f"file://{settings.output_table}", quality}
+    assert wanted <= set(by_uri) <= wanted | {f"file://{settings.qc_table}"}, events
     assert {e["source_task_id"] for e in events} == {"commit"}
     extra = by_uri[f"file://{settings.output_table}"]["extra"]
     assert (extra["run_id"], extra["rows"], extra["group"]) == (safe_run_id(run_id), 6, settings.group), extra
