@@ -130,9 +130,14 @@ class BackfillWindows(Timetable):
             return None
         if restriction.earliest is not None:
             restriction = restriction._replace(earliest=on_grid(self.windows, restriction.earliest))
-        return self.windows.next_dagrun_info(
+        info = self.windows.next_dagrun_info(
             last_automated_data_interval=last_automated_data_interval, restriction=restriction
         )
+        if info is None or info.data_interval is None:
+            return info
+        # a backfill names its run by ``run_after``: the window's start, as its logical date, so
+        # backfill__10:45 reprocesses [10:45, 11:00) (a past window may run at once either way)
+        return info._replace(run_after=info.data_interval.start)
 
     def generate_run_id(self, **kwargs: Any) -> str:
         return self.windows.generate_run_id(**kwargs)

@@ -30,6 +30,8 @@ def test_the_scheduler_makes_no_run_and_a_backfill_gets_every_window_on_the_grid
         ("2026-11-25T11:00:00+00:00", W),
         ("2026-11-25T11:15:00+00:00", W),
     ]
+    # a backfill's run id names its window's start (Airflow names it by run_after)
+    assert all(i.run_after == i.data_interval.start for i in infos)
 
 
 def test_the_clock_ticks_on_the_schedule_and_never_twice_on_one_tick():
