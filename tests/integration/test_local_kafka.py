@@ -29,6 +29,26 @@ def test_up_is_idempotent_and_down_stops(tmp_path):
     assert "not running" in broker.down()
 
 
+def test_two_starts_at_once_start_one_broker_and_both_succeed(tmp_path):
+    """Two `wavepipe kafka up` (two `make demo`) of one home at the same moment: the second waits
+    for the first's start (a lock on the broker's folder) and finds it running; nothing is
+    formatted twice."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    port = free_port()
+    brokers = [LocalKafka(tmp_path / "k", "127.0.0.1", port, load_settings().jars_dir) for _ in range(2)]
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            said = list(pool.map(lambda broker: broker.up(), brokers))
+        assert sorted("already running" in line for line in said) == [False, True], said
+        assert any(
+            line.endswith(f"started (pid {brokers[0].pid()}, data in {brokers[0].data_dir})") for line in said
+        ), said
+        assert brokers[0].pid() == brokers[1].pid() is not None
+    finally:
+        brokers[0].down()
+
+
 def test_port_taken_by_something_else_is_a_clear_error(tmp_path):
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))

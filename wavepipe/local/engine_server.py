@@ -325,26 +325,9 @@ class LocalEngine:
         )
 
     # --- sharing it between runs ---------------------------------------------------------------
-    @contextlib.contextmanager
-    def _flock(self, name: str, mode: int, waiting: str | None = None, wait: bool = True) -> Iterator[bool]:
-        """Hold ``<folder>/<name>`` locked in ``mode`` (``fcntl.LOCK_SH`` or ``LOCK_EX``) for the
-        block; yields whether it is held. Taken at once if free, else: with ``wait``, waited for
-        (logging ``waiting`` first, if given); without, not taken (yields False)."""
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with (self.folder / name).open("a") as fh:
-            try:
-                fcntl.flock(fh, mode | fcntl.LOCK_NB)
-            except BlockingIOError:
-                if not wait:
-                    yield False
-                    return
-                if waiting:
-                    log.warning("%s", waiting)
-                fcntl.flock(fh, mode)
-            try:
-                yield True
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+    def _flock(self, name: str, mode: int, waiting: str | None = None, wait: bool = True):
+        """``<folder>/<name>`` locked (``processes.file_lock``)."""
+        return processes.file_lock(self.folder / name, mode, waiting, wait)
 
     def _lifecycle_lock(self):
         """One process at a time starts, stops or restarts the server."""

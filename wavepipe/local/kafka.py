@@ -238,7 +238,14 @@ class LocalKafka:
         ]
 
     def up(self) -> str:
-        """Start the node (formatting its storage the first time) and wait until it is ready."""
+        """Start the node (formatting its storage the first time) and wait until it is ready. One
+        process at a time starts it: a second ``up`` waits for the first (saying so), then finds
+        it running."""
+        waiting = f"another process is starting the Kafka broker of {self.folder}: waiting for it"
+        with processes.file_lock(self.folder / "lifecycle.lock", waiting=waiting):
+            return self._up()
+
+    def _up(self) -> str:
         if self.pid() is not None:
             self.wait_ready()
             return f"Kafka already running at {self.bootstrap} (pid {self.pid()})"
@@ -288,7 +295,14 @@ class LocalKafka:
                 check=False,
             )
             if result.returncode != 0:
-                raise SetupError(f"formatting Kafka storage failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
+                self.log_file.parent.mkdir(parents=True, exist_ok=True)
+                with self.log_file.open("a") as log:
+                    log.write(result.stdout + result.stderr)
+                said = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+                raise SetupError(
+                    f"formatting the Kafka storage in {self.data_dir} failed: {said[-1] if said else 'no output'} "
+                    f"(its whole output is at the end of {self.log_file})"
+                )
         with self.log_file.open("ab") as log:
             self._proc = subprocess.Popen(
                 self._java("kafka.Kafka", str(self.config_file)),

@@ -8,13 +8,42 @@ command line names what it should be.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import logging
 import os
 import signal
+from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 
+log = logging.getLogger(__name__)
+
 #: States of a process that has exited but is not reaped yet: it holds no resource and does no work.
 _GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, mode: int = fcntl.LOCK_EX, waiting: str | None = None, wait: bool = True) -> Iterator[bool]:
+    """Hold ``path`` locked in ``mode`` (``fcntl.LOCK_SH`` or ``LOCK_EX``) for the block; yields
+    whether it is held. Taken at once if free, else: with ``wait``, waited for (logging
+    ``waiting`` first, if given); without, not taken (yields False). The lock goes with the
+    process: one killed while holding it holds nothing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        try:
+            fcntl.flock(fh, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not wait:
+                yield False
+                return
+            if waiting:
+                log.warning("%s", waiting)
+            fcntl.flock(fh, mode)
+        try:
+            yield True
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def alive(pid: int | None, marker: str | None = None, *, allow_blank: bool = False) -> bool:
