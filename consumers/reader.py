@@ -16,7 +16,6 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from wavepipe.consumers.kafka_admin import group_consumer
 from wavepipe.consumers.staging import (
     CHUNK_SCHEMA,
-    DEAD_LETTER_SCHEMA,
     DIGEST_SCHEMA,
     InOrderDigests,
     StagedFile,
@@ -26,6 +25,7 @@ from wavepipe.consumers.staging import (
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.plan import OffsetRange
 from wavepipe.contracts.protocol import ProtocolError, parse_chunk
+from wavepipe.contracts.rows import DEAD_LETTER_SCHEMA
 from wavepipe.contracts.runfiles import RunStore, Step, digest_path, staged_paths
 from wavepipe.contracts.steps import ReadStats
 from wavepipe.faults import armed, failpoint

@@ -43,22 +43,6 @@ CHUNK_SCHEMA = pa.schema(
     ]
 )
 
-DEAD_LETTER_SCHEMA = pa.schema(
-    [
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("timestamp_ms", pa.int64()),
-        ("key", pa.binary()),
-        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
-        ("headers_json", pa.string()),
-        ("value", pa.binary()),
-        ("reason", pa.string()),
-        ("detail", pa.string()),
-    ]
-)
-
-
 #: A whole waveform the reader hashed while staging its chunks: its output row without the payload
 #: (``protocol.output_facts``) and ``digest``, the sha256 of its chunks joined in sequence order.
 DIGEST_SCHEMA = ROW_FACTS.append(pa.field("digest", pa.string()))

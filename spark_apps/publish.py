@@ -44,10 +44,12 @@ from wavepipe.delta_txn import Txn
 from wavepipe.faults import failpoint
 from wavepipe.maintenance import table_paths
 from wavepipe.spark_apps.assembly import PUBLISHED_SCHEMA, FilesTarget, Holding, changed_notes
+from wavepipe.spark_apps.classify import QUARANTINE_SCHEMA
 from wavepipe.spark_apps.quality import GAP_LOOKBACK_S, SUMMARY_COLUMNS, gaps_to_previous, summarize
 from wavepipe.spark_apps.quality_hours import (
     HOUR_US,
     QC_KEYS,
+    QC_TABLE_SCHEMA,
     READ_COLUMNS,
     as_rows,
     epoch_times,
@@ -55,6 +57,7 @@ from wavepipe.spark_apps.quality_hours import (
     touched_hours,
 )
 from wavepipe.spark_apps.reassemble import (
+    DEAD_LETTER_ROWS,
     SHUFFLED,
     STAGED,
     WRITTEN,
@@ -78,6 +81,7 @@ from wavepipe.spark_apps.tables import (
     commit_metric,
     delta_version,
     delta_writer,
+    ensure_table,
     removed_files,
     replace_predicate,
     source_rows,
@@ -87,6 +91,14 @@ from wavepipe.spark_apps.tables import (
     with_txn,
 )
 from wavepipe.spark_apps.validate import ToPublish
+
+#: Each published table's columns as its first rows make it (``ensure_tables``).
+EMPTY_TABLES = {
+    "waveforms": PUBLISHED_SCHEMA,
+    "quarantine": QUARANTINE_SCHEMA,
+    "dead_letter": DEAD_LETTER_ROWS,
+    "qc": QC_TABLE_SCHEMA,
+}
 
 log = logging.getLogger("wavepipe.publish")
 _STAMP = pa.timestamp("us", tz="UTC")
@@ -173,6 +185,7 @@ def publish_run(
     targets = table_paths(settings)
     for target in targets.values():
         repair_once(target)
+    ensure_tables(settings, targets)
     txn = run_txn(store, plan, reassembled)
     if settings.quality_metrics and len(what.waveforms):
         what = dataclasses.replace(what, waveforms=with_gaps(what.waveforms, targets["waveforms"]))
@@ -205,6 +218,17 @@ def publish_run(
     began = time.monotonic()
     hours = update_qc(settings, plan, run_times(what.waveforms), txn) if settings.quality_metrics else 0
     return Published(delta_version(settings.output_table), {}, None, hours, held.moved, time.monotonic() - began)
+
+
+def ensure_tables(settings: Settings, targets: dict[str, str]) -> None:
+    """Make each published table that is not there yet, empty with its schema: from a group's
+    first publish on, every reader finds all of them (the ``qc`` table while quality is measured),
+    not only the ones a row has reached."""
+    for name, schema in EMPTY_TABLES.items():
+        if name != "qc" or settings.quality_metrics:
+            partition_by = TABLE_KEYS[name][1] if name in TABLE_KEYS else None
+            if ensure_table(targets[name], schema, partition_by):
+                log.info("%s: made empty, with its schema (the first rows come later)", targets[name])
 
 
 def _with_rows(rows: pa.Table | None, more: pa.Table | None) -> pa.Table | None:

@@ -45,7 +45,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from wavepipe import storage
 from wavepipe.contracts.plan import RunPlan, utc_now
-from wavepipe.contracts.rows import QUALITY_NAMES
+from wavepipe.contracts.rows import DEAD_LETTER_SCHEMA, QUALITY_NAMES
 from wavepipe.contracts.runfiles import RunStore, Step, staged_paths
 from wavepipe.contracts.steps import PartitionAccount, ReadStats, Reassembled, WindowRows
 from wavepipe.delta_protocol import repair_once
@@ -470,6 +470,10 @@ def _manifest_rows(rows: pa.Table, run_id: str, written_from: str) -> pa.Table:
     return rows.cast(MANIFEST_SCHEMA)
 
 
+#: The dead-letter table's columns: the staged dead letters and the run that published them.
+DEAD_LETTER_ROWS = DEAD_LETTER_SCHEMA.append(pa.field("run_id", pa.string()))
+
+
 def _stage_dead_letters(store: RunStore, plan: RunPlan, path: str) -> tuple[dict, dict]:
     """The run's dead letters into its candidate table ``path``; per partition (rows, value
     bytes) of them, and of those a window run leaves to the next window (past its end)."""
@@ -478,7 +482,7 @@ def _stage_dead_letters(store: RunStore, plan: RunPlan, path: str) -> tuple[dict
     if not tables:
         return {}, {}
     dead = pa.concat_tables(tables)
-    dead = dead.append_column("run_id", pa.array([plan.run_id] * dead.num_rows, pa.string()))
+    dead = dead.append_column(DEAD_LETTER_ROWS.field("run_id"), pa.array([plan.run_id] * dead.num_rows, pa.string()))
     other: dict[int, tuple[int, int]] = {}
     if plan.is_window:
         frame = dead.select(["topic", "partition", "offset"]).to_pandas()

@@ -579,6 +579,30 @@ def commit_files(path: str, folder: str, partition_by: list[str], txn: Txn | Non
     )
 
 
+def ensure_table(path: str, schema, partition_by: list[str] | None) -> bool:
+    """Make the table at ``path`` empty, with ``schema`` (pyarrow) laid out by ``partition_by``,
+    if there is none, as its first rows would have made it (delta-rs, no Spark job); whether it
+    did. A table another writer made first is left as it is."""
+    from deltalake import DeltaTable
+
+    if delta_version(path) is not None:
+        return False
+    try:
+        DeltaTable.create(
+            storage.for_clients(path),
+            schema,
+            mode="ignore",
+            partition_by=partition_by or None,
+            storage_options=storage.delta_write_options(path),
+        )
+    except Exception as exc:
+        if delta_version(path) is None:  # not a race with another writer's creation: a real failure
+            raise
+        log.info("%s: made by another writer meanwhile (%s)", path, exc)
+        return False
+    return True
+
+
 @decided_again_on_conflict
 def append_rows(rows, path: str, keys: list[str], txn: Txn, scope: list[str] | tuple[str, dict]) -> None:
     """Append ``rows`` (pyarrow; small: quarantine or dead-letter rows) whose ``keys`` are not in

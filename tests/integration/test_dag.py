@@ -133,3 +133,11 @@ def test_a_failed_validation_fails_the_validate_task_and_commits_nothing(setting
     code, tables, err = run_cli_json(relaxed, "table", "status")
     assert code == 0, err[-3000:]
     assert {t["table"]: t["rows"] for t in tables}["waveforms"] == 3
+    # every published table is there from the group's first publish, empty until a row reaches it
+    import deltalake
+
+    assert {t["table"] for t in tables if t["version"] is not None} == {"waveforms", "quarantine", "dead_letter", "qc"}
+    dead = deltalake.DeltaTable(relaxed.dead_letter_table)
+    assert dead.to_pyarrow_table().num_rows == 0 and {"offset", "reason", "detail", "run_id"} <= set(
+        dead.schema().to_arrow().names
+    )

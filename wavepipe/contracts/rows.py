@@ -63,3 +63,19 @@ FLAGS_FIELD = pa.field("qc_flags", pa.list_(pa.string()), True)
 #: Every quality column of a published row.
 QUALITY_FIELDS = [*QC_FIELDS, *TIMING_FIELDS, FLAGS_FIELD]
 QUALITY_NAMES = [f.name for f in QUALITY_FIELDS]
+
+#: A staged dead letter: the record as it came, where from, and why it is not a chunk.
+DEAD_LETTER_SCHEMA = pa.schema(
+    [
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("timestamp_ms", pa.int64()),
+        ("key", pa.binary()),
+        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+        ("headers_json", pa.string()),
+        ("value", pa.binary()),
+        ("reason", pa.string()),
+        ("detail", pa.string()),
+    ]
+)
