@@ -210,6 +210,17 @@ class WavepipeOperator(BaseOperator):
             self.log.warning("no OpenLineage facets for this task: %s", exc)
             return OperatorLineage()
 
+    def refuse(self, exc: Exception) -> NoReturn:
+        """End the task as skipped with the reason, in lines short enough for the log panel: a
+        refusal is not a failure (nothing was read or moved, nothing a retry could change), so the
+        DAG run is not counted as failed; its downstream tasks are skipped, and a refused ingest run
+        is listed by ``wavepipe status`` (``pipeline.note_refusal``)."""
+        lines = textwrap.wrap(str(exc), 100) or [type(exc).__name__]
+        self.log.warning("refused, nothing was read or committed:")
+        for line in lines:
+            self.log.warning("  %s", line)
+        raise AirflowSkipException(f"refused: {' '.join(lines)}") from None
+
     @staticmethod
     def run_id(settings, context) -> str:
         """The wavepipe run this DAG run's steps work on (the plan step chose it:
@@ -294,17 +305,6 @@ class PlanOperator(WavepipeOperator):
             except Exception as noted:  # e.g. the Connection is broken too: the refusal still stands
                 self.log.warning("the refusal could not be noted for `wavepipe status`: %s", noted)
             self.refuse(exc)
-
-    def refuse(self, exc: Exception) -> NoReturn:
-        """End the task as skipped with the reason, in lines short enough for the log panel: a
-        refusal is not a failure (nothing was read, nothing a retry could change), so the DAG run
-        is not counted as failed; its downstream tasks are skipped and ``wavepipe status`` lists
-        it (``pipeline.note_refusal``)."""
-        lines = textwrap.wrap(str(exc), 100) or [type(exc).__name__]
-        self.log.warning("refused, nothing was read or committed:")
-        for line in lines:
-            self.log.warning("  %s", line)
-        raise AirflowSkipException(f"refused: {' '.join(lines)}") from None
 
     def plan(self, context):
         """(settings, the run's frozen plan), planned now or reused; what a user typed is refused at

@@ -2,14 +2,13 @@
 
 Thin over ``wavepipe.consumers.rewind``: the same refusals, check against the plan and audit record as
 ``wavepipe rewind``, with ``who`` taken from the DAG run (the user who triggered it). A refusal
-fails the task at once (``AirflowFailException``: retrying cannot help until someone acts).
+ends the task at once, skipped with the reason (``WavepipeOperator.refuse``: retrying cannot help
+until someone acts), and a refused ``execute`` is audited.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from airflow.sdk.exceptions import AirflowFailException
 
 from wavepipe.consumers import rewind
 from wavepipe.plugins.operators import WavepipeOperator
@@ -60,15 +59,17 @@ class RewindOperator(WavepipeOperator):
             self.arg(context, "partitions"),
         )
         if apply and not reason:
-            raise AirflowFailException(
-                "execute is on but reason is empty: say why the group is rewound "
-                "(it is kept in the audit record), then trigger again"
+            self.refuse(
+                ValueError(
+                    "execute is on but reason is empty: say why the group is rewound "
+                    "(it is kept in the audit record), then trigger again"
+                )
             )
         try:
             target = rewind.RewindTarget.parse(mode, value)
             partitions = rewind.parse_partitions(partitions if partitions not in (None, "None") else None)
         except ValueError as exc:
-            raise AirflowFailException(f"bad rewind parameters: {exc}") from exc
+            self.refuse(ValueError(f"bad rewind parameters: {exc}"))
         who = self.who(context)
         origin = f"airflow:{context['dag'].dag_id}/{context['run_id']}"
         try:
@@ -85,9 +86,9 @@ class RewindOperator(WavepipeOperator):
                 self.log.info("rewind plan:\n%s", rewind.format_plan(exc.plan))
             if apply:
                 rewind.audit_refused(settings, exc, who=who, reason=reason, origin=origin)
-            raise AirflowFailException(f"{'refused' if apply else 'dry run would be refused'}: {exc}") from exc
+            self.refuse(ValueError(f"{'refused' if apply else 'dry run would be refused'}: {exc}"))
         except ValueError as exc:
-            raise AirflowFailException(str(exc)) from exc
+            self.refuse(exc)
         self.log.info("rewind plan:\n%s", rewind.format_plan(plan))
         result = {"plan": rewind.plan_as_dict(plan)}
         if not apply:
@@ -96,6 +97,6 @@ class RewindOperator(WavepipeOperator):
         try:
             done = rewind.execute_rewind(settings, plan, who=who, reason=reason, origin=origin)
         except rewind.RewindRefused as exc:
-            raise AirflowFailException(f"refused: {exc}") from exc
+            self.refuse(exc)
         self.log.info("applied rewind %s by %s; audit record in %s", done["id"], who, done["audit_path"])
         return {**result, "audit": done}
