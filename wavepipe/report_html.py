@@ -141,7 +141,7 @@ def _template() -> jinja2.Template:
 
 def _chunk_label(key: str, label: str, window: bool) -> str:
     if window and key == "output_already_written":
-        return "of them in rows outside the window, kept"
+        return "of them kept as written (rows outside the window)"
     return label
 
 
