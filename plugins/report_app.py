@@ -16,6 +16,15 @@ from pathlib import Path
 
 #: Where the app is mounted under the API server's base URL.
 PREFIX = "/wavepipe"
+#: A run page shows what producers sent (waveform ids, sources, details: escaped as it is made,
+#: ``wavepipe.report_html``); served, it may run no script and load nothing but its own inline
+#: styles and images, so a producer's text that escaped the escaping still could not act.
+RUN_PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+}
 
 
 def inside(root: Path, relative: str) -> Path:
@@ -75,7 +84,7 @@ def build_app():
         found = kept(pages.report_key, name)
         if name.endswith(".json"):
             return Response(found, media_type="application/json")
-        return HTMLResponse(pages.served_page(found.decode(), _base() + PREFIX))
+        return HTMLResponse(pages.served_page(found.decode(), _base() + PREFIX), headers=RUN_PAGE_HEADERS)
 
     @app.get("/data-docs/{relative:path}")
     def data_docs(relative: str):

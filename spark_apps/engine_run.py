@@ -89,6 +89,7 @@ def validate_and_publish(
             result.output_table_version, result.table_versions = done.output_version, done.table_versions
             result.replaced_rows = done.replaced_rows
             result.quarantined = result.quarantined.plus(done.held)
+            result.named = done.named
             timings["publish_s"] = time.monotonic() - t
             timings["qc_table_s"] = done.qc_s
             if not verdict.to_publish.all_there and len(verdict.to_publish.waveforms):
@@ -99,6 +100,15 @@ def validate_and_publish(
                 timings["quality_summary_s"] = time.monotonic() - t
                 if result.quality is not None:
                     result.quality["qc_hours"] = done.qc_hours
+        else:  # nothing published: the page still names what the run would have set aside
+            result.named = describe_safely(
+                notes,
+                "naming the quarantined waveforms",
+                publish.named_in_run,
+                store,
+                plan,
+                verdict.to_publish.rejection,
+            )
     finally:  # the description, made beside publishing, is kept with the outcome
         t = time.monotonic()
         flagged_plot, timings["flagged_plot_s"] = flagged.wait()

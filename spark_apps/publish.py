@@ -37,7 +37,7 @@ from wavepipe.contracts.errors import CandidatesMismatchError
 from wavepipe.contracts.plan import RunPlan
 from wavepipe.contracts.protocol import MIN_TIME_US
 from wavepipe.contracts.runfiles import RunStore, Step
-from wavepipe.contracts.steps import Reassembled, ValidationQuarantine, WindowRows
+from wavepipe.contracts.steps import Named, Reassembled, ValidationQuarantine, WindowRows
 from wavepipe.delta_files import partition_values
 from wavepipe.delta_protocol import repair_once
 from wavepipe.delta_txn import Txn
@@ -71,7 +71,7 @@ from wavepipe.spark_apps.reassemble import (
     wanted_waveforms,
     written_by_workers,
 )
-from wavepipe.spark_apps.rejections import Rejection, rejection
+from wavepipe.spark_apps.rejections import Rejection, named, rejection
 from wavepipe.spark_apps.tables import (
     TABLE_KEYS,
     WorkerWrites,
@@ -130,6 +130,8 @@ class Published:
     held: ValidationQuarantine = dataclasses.field(default_factory=ValidationQuarantine)
     #: seconds the ``qc`` table's update took (within the publish)
     qc_s: float = 0.0
+    #: the quarantined waveforms and dead letters the run published, by name (None: not known)
+    named: Named | None = None
 
 
 def publish(
@@ -201,7 +203,8 @@ def publish_run(
         touched = pa.concat_tables([run_times(what.waveforms), removed_times(targets["waveforms"], version)])
         began = time.monotonic()
         hours = update_qc(settings, plan, touched, txn) if settings.quality_metrics else 0
-        return Published(version, {}, replaced, hours, held.moved, time.monotonic() - began)
+        names = named_safely(_with_rows(small["quarantine"], held.rows), small["dead_letter"])
+        return Published(version, {}, replaced, hours, held.moved, time.monotonic() - began, names)
     source = None if what.all_there or not len(what.waveforms) else _waveform_files(spark, store, plan, what.waveforms)
     if source is not None:
         keys, partition_by = TABLE_KEYS["waveforms"]
@@ -217,7 +220,25 @@ def publish_run(
     failpoint("publish.after_write")
     began = time.monotonic()
     hours = update_qc(settings, plan, run_times(what.waveforms), txn) if settings.quality_metrics else 0
-    return Published(delta_version(settings.output_table), {}, None, hours, held.moved, time.monotonic() - began)
+    names = named_safely(small["quarantine"], small["dead_letter"])
+    return Published(delta_version(settings.output_table), {}, None, hours, held.moved, time.monotonic() - began, names)
+
+
+def named_safely(quarantine: pa.Table | None, dead_letter: pa.Table | None) -> Named | None:
+    """``rejections.named`` of the rows a run publishes; None (and a warning) if that fails: the
+    names only describe the run, the tables hold the rows."""
+    try:
+        return named(quarantine, dead_letter)
+    except Exception:  # only describes the run
+        log.warning("the quarantined waveforms and dead letters could not be named", exc_info=True)
+        return None
+
+
+def named_in_run(store: RunStore, plan: RunPlan, rejection: Rejection) -> Named:
+    """The quarantined waveforms and dead letters run ``plan`` would publish (``publish_rows``:
+    its candidate tables, read by delta-rs, and the waveforms validation rejected), by name: for
+    a run that failed validation and publishes nothing."""
+    return named(*(publish_rows(store, plan, name, rejection) for name in PUBLISHED[1:]))
 
 
 def ensure_tables(settings: Settings, targets: dict[str, str]) -> None:

@@ -5,6 +5,9 @@ waveform that fails one is taken out of what the run publishes and written to th
 table instead, with the first expectation it failed (in the suite's order) as its reason and
 every failure in its detail. Its records are accounted as quarantined (``steps.settled``). It
 never fails the run: one producer's bad waveforms cannot stall a group.
+
+``named`` names, for the run's report and page, what the run sets aside for any reason: the first
+few of its quarantine rows (every reason, not only the expectations') and of its dead letters.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from dataclasses import dataclass, field
 import pandas as pd
 import pyarrow as pa
 
-from wavepipe.contracts.steps import ValidationQuarantine
+from wavepipe.contracts.protocol import H_ID, H_SOURCE
+from wavepipe.contracts.steps import NAMED_CAP, Named, NamedReject, ValidationQuarantine
 from wavepipe.expectations import quarantine_reason
 from wavepipe.spark_apps.classify import QUARANTINED, accounting, quarantine_rows, read_meta
 
@@ -93,3 +97,97 @@ def rejection(chunk_files: list[str], rejected: dict[str, dict], run_id: str) ->
     for row in accounting(meta, status):
         moved.records.setdefault(int(row["partition"]), {})[row["reason"]] = [row["records"], row["bytes"] or 0]
     return Rejection(rejected, quarantine_rows(meta, status, run_id), moved)
+
+
+#: Characters of a named reject's text (id, source, detail) kept in the report: a producer's
+#: header can be long, the table holds it whole.
+NAMED_CHARS = 300
+
+
+def _short(value) -> str | None:
+    if value is None:
+        return None
+    text = value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else str(value)
+    return text if len(text) <= NAMED_CHARS else text[: NAMED_CHARS - 1] + "\u2026"
+
+
+def _header(headers, name: str) -> str | None:
+    """The (first) header ``name`` of a dead letter's headers (``[{key, value}]``), as text."""
+    for h in headers or ():
+        if h.get("key") == name:
+            return _short(h.get("value"))
+    return None
+
+
+def named(quarantine: pa.Table | None, dead_letter: pa.Table | None, cap: int = NAMED_CAP) -> Named:
+    """The run's quarantined waveforms and dead letters by name (``steps.Named``), from its rows
+    of the quarantine and dead-letter tables (``classify.QUARANTINE_SCHEMA``, the readers'
+    ``DEAD_LETTER_SCHEMA``; None: none), as they are published: no Spark job, nothing read."""
+    out = Named()
+    if quarantine is not None and quarantine.num_rows:
+        q = quarantine.select([c for c in QUARANTINE_NAMED if c in quarantine.column_names]).to_pandas()
+        q = q.sort_values(["partition", "first_offset", "waveform_id", "reason"], na_position="last", kind="stable")
+        first = q.drop_duplicates("waveform_id")  # one row per waveform and reason: count a waveform once
+        out.quarantined_total = len(first)
+        for p, n in first.groupby("partition", sort=True).size().items():
+            out.quarantined_waveforms[int(p)] = int(n)
+        for (p, reason), n in q.groupby(["partition", "reason"], sort=True).size().items():
+            out.quarantined_reasons.setdefault(int(p), {})[str(reason)] = int(n)
+        out.quarantined = [
+            NamedReject(
+                reason=str(r["reason"]),
+                detail=_short(r.get("detail")),
+                waveform_id=_short(r.get("waveform_id")),
+                source=_short(r.get("source")),
+                topic=_short(r.get("topic")),
+                partition=_int(r.get("partition")),
+                first_offset=_int(r.get("first_offset")),
+                last_offset=_int(r.get("last_offset")),
+                chunks=_int(r.get("records")),
+                total_size=_int(r.get("total_size")),
+            )
+            for r in q.head(cap).to_dict("records")
+        ]
+    if dead_letter is not None and dead_letter.num_rows:
+        columns = [
+            c for c in ("topic", "partition", "offset", "reason", "detail", "headers") if c in dead_letter.column_names
+        ]
+        rows = sorted(
+            dead_letter.select(columns).to_pylist(), key=lambda r: (r.get("partition") or 0, r.get("offset") or 0)
+        )
+        out.dead_letter_total = len(rows)
+        out.dead_letter = [
+            NamedReject(
+                reason=str(r.get("reason")),
+                detail=_short(r.get("detail")),
+                waveform_id=_header(r.get("headers"), H_ID),
+                source=_header(r.get("headers"), H_SOURCE),
+                topic=_short(r.get("topic")),
+                partition=_int(r.get("partition")),
+                first_offset=_int(r.get("offset")),
+                last_offset=_int(r.get("offset")),
+            )
+            for r in rows[:cap]
+        ]
+    return out
+
+
+#: The quarantine table's columns a named waveform is made of.
+QUARANTINE_NAMED = (
+    "waveform_id",
+    "reason",
+    "detail",
+    "source",
+    "topic",
+    "partition",
+    "first_offset",
+    "last_offset",
+    "records",
+    "total_size",
+)
+
+
+def _int(value) -> int | None:
+    if value is None or (isinstance(value, float) and value != value):
+        return None
+    return int(value)

@@ -26,7 +26,7 @@ h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bo
 .card{border:1px solid #dde;border-radius:8px;padding:8px 14px;min-width:110px}
 .card .v{font-size:20px;font-weight:600} .card .l{font-size:12px;color:#667}
 table{border-collapse:collapse;font-size:13px;margin-top:8px} th,td{border:1px solid #dde;padding:4px 8px;text-align:right}
-th{background:#f6f8fa} td.t,th.t{text-align:left} tr.fail td{background:#fff0f0} tr.pass td{background:#f0fff4} tr.warn td{background:#fff8e6}
+th{background:#f6f8fa} td.t,th.t{text-align:left} th.g{text-align:center} h3{font-size:15px;margin:14px 0 4px} tr.fail td{background:#fff0f0} tr.pass td{background:#f0fff4} tr.warn td{background:#fff8e6}
 .bar{background:#4c8bf5;height:10px;display:inline-block;vertical-align:middle}
 code{background:#f6f8fa;padding:1px 4px;border-radius:4px}
 tr.inner td{color:#556;font-size:12px} #waveforms .card{border-color:#4c8bf5} #bounds{margin-top:8px}
@@ -98,22 +98,33 @@ CARDS = [
 #: The run's steps in order, and the prefix of each one's inner timers in ``timings_s``.
 STEPS = [("plan", None), ("consume", None), ("reassemble", "spark_"), ("validate", "validate_"), ("commit", None)]
 
-PARTITION_COLUMNS = [
-    ("start", "start"),
-    ("end", "end"),
-    ("offsets", "offsets"),
-    ("lag_before", "lag before"),
-    ("safe_offset", "safe offset"),
-    ("lag_after", "lag after"),
-    ("output", "output"),
-    ("output_already_written", "written before"),
-    ("pending", "pending"),
-    ("quarantined", "quarantined"),
-    ("dead_letter", "dead letter"),
-    ("gap", "gap"),
-    ("payload_bytes_read", "bytes read"),
-    ("output_bytes", "output bytes"),
-    ("read_seconds", "read s"),
+#: The partition table's columns (key in the partition's entry, heading), under the heading of
+#: what they count: offsets, chunks (records), bytes and seconds. The quarantined waveforms (by
+#: the partition of their first chunk) and the reasons follow the chunks (``render``).
+PARTITION_GROUPS = [
+    (
+        "offsets",
+        [
+            ("start", "start"),
+            ("end", "end"),
+            ("offsets", "offsets"),
+            ("lag_before", "lag before"),
+            ("safe_offset", "safe offset"),
+            ("lag_after", "lag after"),
+        ],
+    ),
+    (
+        "chunks (records)",
+        [
+            ("output", "output"),
+            ("output_already_written", "written before"),
+            ("pending", "pending"),
+            ("quarantined", "quarantined"),
+            ("dead_letter", "dead-lettered"),
+            ("gap", "gap (no record)"),
+        ],
+    ),
+    ("read", [("payload_bytes_read", "bytes read"), ("output_bytes", "output bytes"), ("read_seconds", "seconds")]),
 ]
 
 
@@ -126,6 +137,31 @@ def _template() -> jinja2.Template:
     )
     env.filters.update(fmt=_fmt, mb=_mb, raw=_raw)
     return env.get_template("report.html.j2")
+
+
+def _chunk_label(key: str, label: str, window: bool) -> str:
+    if window and key == "output_already_written":
+        return "of them kept as written (rows outside the window)"
+    return label
+
+
+def _partition_groups(report: dict) -> list[tuple[str, list[tuple[str, str]]]]:
+    """``PARTITION_GROUPS`` for ``report``: a window run rewrites what its window held, so its
+    "written before" column is shown only where a waveform kept its row outside the window."""
+    if not report.get("window"):
+        return PARTITION_GROUPS
+    kept = any(p.get("output_already_written") for p in report["partitions"].values())
+    return [
+        (
+            group,
+            [
+                (k, "kept outside the window") if k == "output_already_written" else (k, h)
+                for k, h in columns
+                if kept or k != "output_already_written"
+            ],
+        )
+        for group, columns in PARTITION_GROUPS
+    ]
 
 
 def _by_partition(items: dict) -> list:
@@ -170,15 +206,93 @@ def _timer(key: str, prefix: str | None, seconds: float) -> tuple[str, str, floa
     return key, "all readers, added up" if key == "consume_sum" else name, seconds
 
 
+def outcome_label(key: str, window: bool) -> str:
+    """What a key of the report's ``waveforms`` counts, in the words of the page's cards."""
+    if key == "output_new":
+        return "waveforms written into the window" if window else "new waveforms"
+    if key == "output_already_written":
+        return "in the table outside the window, kept as written" if window else "already in the table (re-delivered)"
+    if key.startswith("quarantined:"):
+        return f"quarantined: {key.partition(':')[2]}"
+    return dict(WAVEFORM_CARDS).get(key, key.replace("_", " "))
+
+
+def _waveform_rows(report: dict) -> list[tuple[str, str, str, Any]]:
+    """The waveforms table: (data key, label, the report's key, count): the report's ``waveforms``,
+    and for a window run its replaced rows, in the words of the cards above it."""
+    window = bool(report.get("window"))
+    rows = [
+        (f"waveforms.{k}", outcome_label(k, window), k, n) for k, n in sorted((report.get("waveforms") or {}).items())
+    ]
+    if window and rows:
+        replaced = (report.get("outcome") or {}).get("replaced")
+        rows.append(("outcome.replaced", dict(WAVEFORM_CARDS)["replaced"], "replaced", replaced))
+    return rows
+
+
+def _percent(share: float) -> str:
+    return f"{share * 100:.3g}%"
+
+
+def quarantine_share(report: dict) -> str | None:
+    """The run's quarantined share in words, and how the run-level limit judged it (None: none
+    quarantined). Judged are the waveforms the run completed: written or quarantined (pending
+    and re-delivered ones are not); the limit (``validate_max_quarantined_share``) applies from
+    ``validate_quarantine_judged_from`` of them on."""
+    waveforms = report.get("waveforms") or {}
+    quarantined = sum(n for k, n in waveforms.items() if k.startswith("quarantined") and isinstance(n, int))
+    if not quarantined:
+        return None
+    judged = quarantined + (waveforms.get("output_new") or 0)
+    said = f"{quarantined:,} of {judged:,} waveforms quarantined ({_percent(quarantined / judged)})"
+    validation = report.get("validation") or {}
+    thresholds = validation.get("thresholds") or {}
+    limit, judged_from = (
+        thresholds.get("validate_max_quarantined_share"),
+        thresholds.get("validate_quarantine_judged_from"),
+    )
+    if limit is None or judged_from is None:
+        return said + "."
+    rule = f"the limit of {_percent(limit)} applies from {judged_from:,} waveforms on"
+    if judged < judged_from:
+        return f"{said}; {rule}, so this run's share was not judged."
+    if quarantined / judged > limit:
+        above = f"{said}: above the limit of {_percent(limit)} ({rule})"
+        if validation.get("success") is False:
+            return f"{above}, which failed the run."
+        return f"{above}; the run was judged before quality rules quarantined some as it published them."
+    return f"{said}: within the limit of {_percent(limit)} ({rule})."
+
+
+def _named(report: dict) -> dict | None:
+    """What the page names of the run's quarantined waveforms and dead letters, and how many it
+    leaves to the tables (None: the report names none, an earlier wavepipe's)."""
+    named = report.get("named")
+    if not isinstance(named, dict):
+        return None
+    out = {}
+    for kind in ("quarantined", "dead_letter"):
+        entries = [e for e in named.get(kind) or [] if isinstance(e, dict)]
+        total = named.get(f"{kind}_total") or 0
+        out[kind] = {"entries": entries, "total": total, "more": max(0, total - len(entries))}
+    out["waveforms"] = named.get("quarantined_waveforms") or {}
+    out["reasons"] = named.get("quarantined_reasons") or {}
+    return out
+
+
 def render(report: dict, *, trend: list[dict], plot_png: Path | None = None, json_name: str | None = None) -> str:
     groups = timing_groups(report.get("timings_s", {}))
+    window = bool(report.get("window"))
     return _template().render(
         report=report,
         style=STYLE,
         status=_status(report),
-        cards=CARDS,
+        cards=[(k, _chunk_label(k, label, window)) for k, label in CARDS],
         waveform_cards=_waveform_cards(report),
-        partition_columns=PARTITION_COLUMNS,
+        partition_groups=_partition_groups(report),
+        waveform_rows=_waveform_rows(report),
+        share=quarantine_share(report),
+        named=_named(report),
         partitions=_by_partition(report["partitions"]),
         commits=_by_partition(report.get("commit") or {}),
         timings=groups,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka import Producer, TopicPartition
+from markupsafe import escape
 
 from tests.helpers import (
     START,
@@ -19,11 +20,47 @@ from tests.helpers import (
     waveform_records,
     with_headers,
 )
-from wavepipe import pipeline
+from wavepipe import pipeline, storage
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, group_consumer
+from wavepipe.contracts.runfiles import html_path
 from wavepipe.faults import InjectedFault
 
 pytestmark = pytest.mark.integration
+
+
+def assert_the_page_names_what_was_set_aside(settings, run_id: str) -> str:
+    """Run ``run_id``'s page names each waveform the run put in the quarantine table (id, source,
+    reason, detail, first offset) and each record it put in the dead-letter table (offset,
+    reason, detail, and the id and source its headers carry), as the tables hold them (read by
+    delta-rs). Returns the page's section that names them."""
+    page = html_path(settings, run_id).read_text()
+    section = page[page.index('id="set-aside"') : page.index("<h2>Offsets and chunks</h2>")]
+    rows = {
+        name: [r for r in storage.delta_table(path).to_pyarrow_table().to_pylist() if r["run_id"] == run_id]
+        if storage.has_table(path)
+        else []
+        for name, path in (("quarantine", settings.quarantine_table), ("dead_letter", settings.dead_letter_table))
+    }
+    for r in rows["quarantine"]:
+        row = section[section.index(f"<code>{_escaped(r['waveform_id'])}</code>") :].split("</tr>", 1)[0]
+        for text in (r["source"], r["reason"], r["detail"]):
+            assert f">{_escaped(text or '') or '–'}<" in row, (text, row)
+        assert f'data-value="{r["first_offset"]}"' in row, row
+    for r in rows["dead_letter"]:
+        row = section[section.index(f'data-value="{r["offset"]}"') :].split("</tr>", 1)[0]
+        for text in (r["reason"], r["detail"]):
+            assert f">{_escaped(text or '') or '–'}<" in row, (text, row)
+        sent = {h["key"]: h["value"].decode() for h in r["headers"] or []}
+        if "wp-id" in sent:
+            assert f"<code>{_escaped(sent['wp-id'])}</code>" in row, row
+    assert f"Quarantined waveforms ({len(rows['quarantine'])})" in section or not rows["quarantine"]
+    assert f"Dead-lettered records ({len(rows['dead_letter'])})" in section or not rows["dead_letter"]
+    return section
+
+
+def _escaped(text: str) -> str:
+    """``text`` as the page's template writes it (Jinja's escaping)."""
+    return str(escape(text))
 
 
 def test_reordered_duplicated_interleaved_and_spread_chunks_each_land_once(settings, spark):
@@ -154,6 +191,11 @@ def test_broken_waveforms_are_quarantined_and_junk_is_dead_lettered_with_reasons
     counts = {name: assert_delta_rs_reads_as_spark(spark, path) for name, path in published_tables(settings).items()}
     assert counts == {"waveforms": 1, "quarantine": 4, "dead_letter": 6, "qc": 1}
 
+    # the run's page names each of them as the tables hold them, and the share they make
+    section = assert_the_page_names_what_was_set_aside(settings, "bad")
+    assert "<code>corrupt</code>" in section and "test-src" in section and "<code>good</code>" in section
+    assert "4 of 5 waveforms quarantined (80%); the limit of" in section
+
 
 def test_a_waveform_that_never_completes_is_pending_then_quarantined_as_incomplete(settings, spark):
     settings = settings.replace(incomplete_after_offsets=5, incomplete_after_s=0)
@@ -227,6 +269,8 @@ def test_a_waveform_over_the_maximum_is_quarantined_before_it_is_whole(settings,
     assert report["partitions"]["0"]["safe_offset"] == 5
     assert quarantine_reasons(spark, settings) == {"big": "too_large"}
     assert [(r[0], r[1]) for r in output_rows(spark, settings)] == [("small", small_sum)]
+    section = assert_the_page_names_what_was_set_aside(settings, report["run_id"])
+    assert "<code>big</code>" in section and "1024 bytes by header, 512 in chunks; the maximum is 1000" in section
     produce_in_order(settings, big[2:])
     rest = pipeline.run_once(settings)
     assert_accounted(spark, settings, rest)

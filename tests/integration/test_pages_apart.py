@@ -17,7 +17,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import airflow_api, airflow_cli, make_settings, progress, trigger_run, wait_for_runs
+from tests.helpers import (
+    airflow_api,
+    airflow_cli,
+    make_settings,
+    produce_in_order,
+    progress,
+    trigger_run,
+    wait_for_runs,
+    waveform_records,
+    with_headers,
+)
 from wavepipe import pages
 from wavepipe.consumers.kafka_admin import ensure_topic
 from wavepipe.consumers.producer import produce_demo
@@ -120,6 +130,12 @@ def test_an_api_server_with_an_empty_home_serves_the_run_pages_from_the_bucket(a
     settings = airflow.replace(topic=f"{airflow.topic}-pages", group=f"{airflow.group}-pages")
     ensure_topic(settings)
     produce_demo(settings, count=4, target_bytes=32 * 1024)
+    # and a producer's waveform over the size limit, its id and source written to attack a page
+    hostile_id, hostile_source = '<img src=x onerror="alert(1)">', "ward-1</td><script>alert(2)</script>"
+    over = 80 * 1024 * 1024  # by its header; the limit is 64 MiB
+    records, _ = waveform_records("over", 2, seed=5)
+    changed = {"wp-id": hostile_id.encode(), "wp-source": hostile_source.encode(), "wp-size": str(over).encode()}
+    produce_in_order(settings, [with_headers(records, i, **changed) for i in range(2)])
     apart, apart_home = api_apart
     with airflow_api(apart) as api:
         run_id = _run_to_success(api, settings)
@@ -142,6 +158,14 @@ def test_an_api_server_with_an_empty_home_serves_the_run_pages_from_the_bucket(a
         page = api.get(httpx.URL(page_url).path)
         assert page.status_code == 200 and name in page.text, page.text[:500]
         assert "file://" not in page.text and 'href="/wavepipe/data-docs/' in page.text
+        # it names the quarantined waveform, escaped, and may run no script whatever got through
+        assert "<script>" not in page.text and "<img src=x" not in page.text
+        named = page.text[page.text.index('id="quarantined"') :].split("</tr>", 2)[1]
+        assert "<code>&lt;img src=x onerror=&#34;alert(1)&#34;&gt;</code>" in named, named
+        assert "ward-1&lt;/td&gt;&lt;script&gt;alert(2)&lt;/script&gt;" in named and ">too_large<" in named, named
+        assert f"{over} bytes by header, 512 in chunks; the maximum is {64 * 1024 * 1024}" in named, named
+        assert "1 of 5 waveforms quarantined (20%)" in page.text
+        assert page.headers["content-security-policy"].startswith("default-src 'none';"), page.headers
         docs = api.get(httpx.URL(docs_url).raw_path.decode())
         assert docs.status_code == 200 and "wavepipe_waveforms" in docs.text, (docs_url, docs.text[:300])
         assert api.get(f"/wavepipe/data-docs/{SITE_FOLDER}/bootstrap.min.css").status_code == 200  # the package's

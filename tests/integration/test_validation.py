@@ -21,6 +21,7 @@ from tests.helpers import (
     read_topic,
     waveform_records,
 )
+from tests.integration.test_bad_input import assert_the_page_names_what_was_set_aside
 from tests.unit.test_report_html import parse_numbers
 from wavepipe import pipeline
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
@@ -129,6 +130,14 @@ def test_a_window_run_quarantines_a_failing_waveform_whose_row_lies_outside_the_
         rows = spark.read.format("delta").load(str(settings.quarantine_table)).where("waveform_id = 'slow'").collect()
         assert [(r["waveform_id"], r["partition"], r["first_offset"]) for r in rows] == [("slow", 0, 1)], rows
         assert [r[0] for r in output_rows(spark, settings)] == ["good"]
+        # its page names the quarantined waveform, and says one thing about what the window holds
+        section = assert_the_page_names_what_was_set_aside(settings, report["run_id"])
+        assert "<code>slow</code>" in section and rate in section
+        page = html_path(settings, report["run_id"]).read_text()
+        values, _ = parse_numbers(page)
+        assert values["outcome.rewritten"] == values["waveforms.output_new"] == "1"
+        assert values["outcome.replaced"] == str(report["outcome"]["replaced"]) == str(attempt), report["outcome"]
+        assert "of them written before" not in page and "earlier rows of the window replaced" in page
     assert assert_delta_rs_reads_as_spark(spark, settings.quarantine_table) == 2
 
 
@@ -181,6 +190,13 @@ def test_a_run_that_quarantines_too_large_a_share_commits_nothing_until_the_limi
     assert report["status"] == "validation_failed" and report["validation"]["success"] is False
     assert report["outcome"]["quarantined"] == audio, "the page says what the run would have quarantined"
     assert "validation failed" in html_path(settings, "gate").read_text()
+    # ... and names them, and the record it would have dead-lettered, though it published nothing
+    failed_page = html_path(settings, "gate").read_text()
+    audio_ids = sorted(s.waveform_id for s in sent if "audio" in s.waveform_id)
+    assert sorted(e["waveform_id"] for e in report["named"]["quarantined"]) == audio_ids
+    assert all(f"<code>{wid}</code>" in failed_page for wid in audio_ids)
+    assert [(e["first_offset"], e["reason"]) for e in report["named"]["dead_letter"]] == [(6, "missing_header")]
+    assert f"{audio} of 6 waveforms quarantined" in failed_page and "which failed the run" in failed_page
     with pytest.raises(RuntimeError, match="not validated"):
         pipeline.commit_step(settings, "gate")  # the commit refuses on its own, too
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: None}
@@ -197,6 +213,8 @@ def test_a_run_that_quarantines_too_large_a_share_commits_nothing_until_the_limi
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: end}
     assert len(read_topic(settings, settings.dead_letter_topic)) == 1
     assert [(e["run_id"], e["success"]) for e in validation_trend(settings)] == [("gate", False), ("gate", True)]
+    section = assert_the_page_names_what_was_set_aside(relaxed, "gate")
+    assert f"{audio} of 6 waveforms quarantined" in section and "within the limit of 50%" in section
 
     # the page shows the JSON twin's numbers, and links the Data Docs that GX built
     values, _ = parse_numbers(html_path(settings, "gate").read_text())

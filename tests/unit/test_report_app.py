@@ -51,6 +51,10 @@ def test_pages_are_served_from_the_run_state(client):
     page = client.get("/reports/run_1.html")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert page.text == f'<a href="/wavepipe/data-docs/{RESULT}">results</a>'
+    # a run page shows what producers sent: served, it can run no script and load nothing
+    assert "script-src" not in page.headers["content-security-policy"]
+    assert page.headers["content-security-policy"].startswith("default-src 'none';")
+    assert page.headers["x-content-type-options"] == "nosniff"
     report = client.get("/reports/run_1.json")
     assert report.json() == {"run_id": "run_1"} and report.headers["content-type"] == "application/json"
     docs = client.get(f"/data-docs/{RESULT}")

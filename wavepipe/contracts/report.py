@@ -17,7 +17,15 @@ from typing import Any, TypeVar
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.plan import OffsetRange, RunPlan, utc_now
 from wavepipe.contracts.runfiles import history_path
-from wavepipe.contracts.steps import PartitionAccount, ReadStats, Reassembled, Validated, settled, to_record
+from wavepipe.contracts.steps import (
+    Named,
+    PartitionAccount,
+    ReadStats,
+    Reassembled,
+    Validated,
+    settled,
+    to_record,
+)
 
 REPORT_VERSION = 1
 #: What the report keeps of the run's validation record.
@@ -264,6 +272,9 @@ def build_report(
         else {k: v for k, v in to_record(validation).items() if k in VALIDATION_IN_REPORT},
         # what the published waveforms' measured quality says (docs/quality.md); None: not measured
         "quality": validation.quality if validation else None,
+        # the quarantined waveforms and dead letters by name, the first few (``steps.Named``);
+        # None: not known (not validated yet, or an earlier wavepipe's record)
+        "named": named_record(validation.named) if validation and validation.named else None,
         # what could not be described (a plot, Data Docs, the page, the trend): never a failure
         "notes": list(validation.notes) if validation else [],
         "timings_s": _timings(timings, partitions, reassembled, validation),
@@ -272,6 +283,17 @@ def build_report(
     report["throughput_mb_s"] = round(totals["payload_bytes_read"] / 1e6 / wall, 2) if wall > 0 else None
     report["balance_errors"] = check_balance(report)
     return report
+
+
+def named_record(named: Named) -> dict[str, Any]:
+    """``named`` as the report holds it: JSON's partition keys (text), and no empty field of a
+    name (a dead letter has no chunk count)."""
+    record = to_record(named)
+    for key in ("quarantined", "dead_letter"):
+        record[key] = [{k: v for k, v in entry.items() if v is not None} for entry in record[key]]
+    for key in ("quarantined_waveforms", "quarantined_reasons"):
+        record[key] = {str(p): v for p, v in sorted(record[key].items())}
+    return record
 
 
 def spark_jobs_summary(by_step: dict[str, list[dict] | None]) -> dict[str, Any]:

@@ -122,6 +122,43 @@ class ValidationQuarantine:
         return out
 
 
+#: How many quarantined waveforms and dead letters a run names (``Named``); the rest are counted.
+NAMED_CAP = 20
+
+
+@dataclass(kw_only=True)
+class NamedReject:
+    """One quarantined waveform (a quarantine table row) or dead-lettered record (a dead-letter
+    table row) as the run's page names it: what the producer sent (id, source; a dead letter's
+    from its headers, None where it sent none) and why it was set aside. ``first_offset`` and
+    ``last_offset`` are the same record's for a dead letter; ``chunks``: a waveform's records."""
+
+    reason: str
+    detail: str | None = None
+    waveform_id: str | None = None
+    source: str | None = None
+    topic: str | None = None
+    partition: int | None = None
+    first_offset: int | None = None
+    last_offset: int | None = None
+    chunks: int | None = None
+    total_size: int | None = None
+
+
+@dataclass(kw_only=True)
+class Named:
+    """The waveforms a run quarantined and the records it dead-lettered, by name: the first
+    ``NAMED_CAP`` of each in offset order (the tables hold them all), how many there are, and
+    per partition (of a waveform's first chunk) the quarantined waveforms, in all and by reason."""
+
+    quarantined: list[NamedReject] = field(default_factory=list)
+    quarantined_total: int = 0
+    quarantined_waveforms: dict[int, int] = field(default_factory=dict)
+    quarantined_reasons: dict[int, dict[str, int]] = field(default_factory=dict)
+    dead_letter: list[NamedReject] = field(default_factory=list)
+    dead_letter_total: int = 0
+
+
 @dataclass(kw_only=True)
 class ValidatedRows:
     waveforms: int
@@ -159,6 +196,9 @@ class Validated:
     #: what the published waveforms' measured quality says (``spark_apps.quality.summarize``);
     #: None: not measured
     quality: dict[str, Any] | None = None
+    #: the quarantined waveforms and dead letters by name, as the run published them (or, a
+    #: run that failed validation, would have); None: not known (an earlier wavepipe's record)
+    named: Named | None = None
 
 
 def settled(reassembled: Reassembled | None, moved: ValidationQuarantine | None) -> Reassembled | None:
