@@ -13,8 +13,9 @@ import pyarrow as pa
 from tests.unit.test_report import CONSUMED, PLAN, _reassembled, validated
 from tests.unit.test_report_html import _lookup, parse_numbers
 from wavepipe import report_html
-from wavepipe.consumers.staging import DEAD_LETTER_SCHEMA, dead_letter_row
+from wavepipe.consumers.staging import dead_letter_row
 from wavepipe.contracts.report import build_report, named_record
+from wavepipe.contracts.rows import DEAD_LETTER_SCHEMA
 from wavepipe.spark_apps.classify import QUARANTINE_SCHEMA
 from wavepipe.spark_apps.rejections import named
 
