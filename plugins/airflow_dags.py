@@ -471,7 +471,7 @@ def wavepipe_maintenance_dag(
     days: int | None = None,
     kafka_conn_id: str = WavepipeHook.default_conn_name,
     spark_conn_id: str = SPARK_CONN_ID,
-    start_date: datetime = START_DATE,
+    start_date: datetime | None = None,
     tags: list[str] | None = None,
     default_args: Mapping[str, Any] | None = None,
     **dag_kwargs: Any,
@@ -481,7 +481,8 @@ def wavepipe_maintenance_dag(
     partitions of the last N days, None: every one) -> vacuum (delete files unused for the setting ``table_retention_hours``). Each task waits
     for a run's Spark step that holds the tables, and runs hold back meanwhile
     (docs/operations.md, "Table maintenance"). Give it the same ``settings`` (``home``) as the
-    ingest DAG whose tables it keeps."""
+    ingest DAG whose tables it keeps. With no ``start_date``, unpausing it starts no run at once:
+    the first is at the schedule's next time (with one, Airflow runs its latest past time at once)."""
     if days is not None and (isinstance(days, bool) or not isinstance(days, int) or days < 0):
         raise ValueError(f"{dag_id}: days must be None (every partition) or 0 or more, got {days!r}")
     common = _pipeline({}, settings, kafka_conn_id=kafka_conn_id, spark_conn_id=spark_conn_id)

@@ -92,6 +92,20 @@ def test_the_maintenance_dag_keeps_a_pipelines_tables_and_refuses_bad_arguments(
         wavepipe_maintenance_dag(dag_id="m", settings={"table_retention_hours": -2})
 
 
+def test_unpausing_the_maintenance_dag_starts_no_past_run():
+    """Its first run is the schedule's next time, not today's 03:30 already gone (which Airflow
+    starts at once on unpause when the DAG has a start date)."""
+    from datetime import UTC, datetime
+
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    from wavepipe.plugins.airflow_dags import wavepipe_maintenance_dag
+
+    dag = DagSerialization.from_dict(DagSerialization.to_dict(wavepipe_maintenance_dag()))
+    first = dag.next_dagrun_info(last_automated_run_info=None)
+    assert first is not None and first.run_after > datetime.now(UTC), first
+
+
 def test_two_pipelines_side_by_side_each_with_its_own_settings_and_connections():
     from wavepipe.plugins.airflow_dags import wavepipe_ingest_dag, wavepipe_rewind_dag
 
