@@ -86,8 +86,9 @@ def new_group_message(settings: Settings, group: str, topic: str) -> str:
     hint = f" Did you mean {' or '.join(repr(g) for g in near)}?" if near else ""
     return (
         f"group {group!r} has no committed offsets on {topic}, so it would read the topic from a place "
-        f"nobody chose.{hint} {listed}. To start this group, choose where: --new-group-start "
-        "earliest|latest|<ISO time> (DAG param new_group_start, setting new_group_start)."
+        f"nobody chose.{hint} {listed}. To start this group, say where: earliest, latest or an ISO "
+        "time, as the param new_group_start (the trigger form), --new-group-start (the CLI) or the "
+        "setting new_group_start."
     )
 
 
