@@ -192,6 +192,8 @@ def _print_report(report: dict) -> None:
             f"  {part['topic']}[{p}] [{part['start']}, {part['end']}) committed "
             f"{commit.get('before')} -> {commit.get('after')}"
         )
+    for line in _set_aside_lines(report):
+        print(line)
     if report.get("validation"):
         v = report["validation"]
         print(
@@ -205,6 +207,27 @@ def _print_report(report: dict) -> None:
         print(f"page:   file://{report.get('report_html')}")
     else:
         print("no report for an idle run (`wavepipe status` counts them)")
+
+
+#: Quarantined waveforms and dead letters a run's summary names (its page names more).
+NAMED_IN_SUMMARY = 5
+
+
+def _set_aside_lines(report: dict) -> list[str]:
+    """The quarantined share in words and the first quarantined waveforms and dead letters by
+    name, as the run's page gives them (the page and the tables have the rest)."""
+    from wavepipe.report_html import named_entries, quarantine_share
+
+    share = quarantine_share(report)
+    lines = [f"  {share}"] if share else []
+    for kind, entries, more in named_entries(report, NAMED_IN_SUMMARY):
+        for e in entries:
+            who = e.get("waveform_id") or f"{e.get('topic')}[{e.get('partition')}]@{e.get('first_offset')}"
+            source = f" (source {e['source']})" if e.get("source") else ""
+            lines.append(f"  {kind}: {who}{source}: {e.get('reason')}: {e.get('detail') or ''}".rstrip(": "))
+        if more:
+            lines.append(f"  {kind}: and {more} more (the run's page, the {kind.replace(' ', '_')} table)")
+    return lines
 
 
 def cmd_run(args) -> int:

@@ -280,6 +280,17 @@ def _named(report: dict) -> dict | None:
     return out
 
 
+def named_entries(report: dict, cap: int) -> list[tuple[str, list[dict], int]]:
+    """(kind in words, its first ``cap`` named entries, how many more) of the run's quarantined
+    waveforms and dead letters, for a summary in text."""
+    named = _named(report) or {}
+    return [
+        (words, named[kind]["entries"][:cap], named[kind]["total"] - len(named[kind]["entries"][:cap]))
+        for kind, words in (("quarantined", "quarantine"), ("dead_letter", "dead letter"))
+        if kind in named and named[kind]["total"]
+    ]
+
+
 def render(report: dict, *, trend: list[dict], plot_png: Path | None = None, json_name: str | None = None) -> str:
     groups = timing_groups(report.get("timings_s", {}))
     window = bool(report.get("window"))

@@ -205,3 +205,19 @@ def test_a_share_above_the_limit_in_a_run_that_passed_says_when_it_was_judged():
     """quarantining quality rules hold waveforms back as the run publishes, after the run-level judgement"""
     page = report_html.render(_report(waveforms={"output_new": 150, "quarantined:qc_dead_channel": 50}), trend=[])
     assert "above the limit of 10%" in page and "judged before quality rules quarantined some" in page
+
+
+def test_the_runs_summary_in_the_terminal_names_the_first_ones_and_says_how_the_share_was_judged():
+    from wavepipe.cli import NAMED_IN_SUMMARY, _set_aside_lines
+
+    quarantine = _quarantine(*(_ward(i) for i in range(NAMED_IN_SUMMARY + 2)))
+    dead = _dead((19, [("wp-id", b"ecg-9"), ("wp-source", b"ward-3")], "unknown_version", "wp-version 9 is not known"))
+    lines = _set_aside_lines(_report(quarantine, dead))
+    assert lines[0].startswith("  3 of 6 waveforms quarantined (50%); the limit of 10% applies from 100"), lines
+    assert lines[1] == "  quarantine: ecg-0 (source ward-1): too_large: 1500000 bytes by header; the maximum is 1000000"
+    assert "  quarantine: and 2 more (the run's page, the quarantine table)" in lines
+    assert lines[-1] == "  dead letter: ecg-9 (source ward-3): unknown_version: wp-version 9 is not known"
+    assert _set_aside_lines(_report()) == [
+        "  3 of 6 waveforms quarantined (50%); the limit of 10% applies from 100 "
+        "waveforms on, so this run's share was not judged."
+    ]
