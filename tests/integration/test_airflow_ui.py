@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from datetime import datetime, timedelta
+from urllib.parse import quote
 
 import httpx
 import psutil
@@ -320,6 +321,16 @@ def test_refusals_are_skipped_runs_with_their_reason_not_failed_ones(airflow, ap
         assert not [e for e in entries if str(e.get("level", "")).lower() in ("error", "critical")], entries[-5:]
     failed = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns", params={"state": "failed", "limit": 100}).json()
     assert not [r for r in failed["dag_runs"] if r["dag_run_id"] in runs], failed
+    # in the UI: the plan task's log says it in lines that fit the page
+    with headless_chromium() as browser:
+        page = _log_in(browser, defaults)
+        page.goto(f"{local.airflow_url(defaults)}/dags/{DAG_ID}/runs/{quote(runs[0], safe='')}/tasks/plan")
+        said = page.get_by_text("refused, nothing was read or committed:").first
+        said.wait_for()
+        reason = page.get_by_text("did you mean 'topic'?").first
+        reason.wait_for()
+        box, width = reason.bounding_box(), page.viewport_size["width"]
+        assert box and box["x"] + box["width"] <= width, f"the reason runs past the page's edge: {box}"
     code, out = run_cli(settings, "status")
     assert code == 0 and "refused runs in this home" in out, out
     for run_id in runs:
