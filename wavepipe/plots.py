@@ -104,11 +104,11 @@ def envelope(samples: np.ndarray, columns: int = PLOT_COLUMNS) -> tuple[np.ndarr
     """The lowest and highest sample of each run of ``k`` consecutive samples of ``samples``
     (samples x channels, any real dtype, NaN ignored), with ``k`` chosen so at most ``columns``
     runs cover them: every peak and trough stays visible, unlike every k-th sample. Returns
-    (lows, highs, k); fewer than two samples per column: the samples themselves, k = 1."""
+    (lows, highs, k); at most two samples per column: the samples themselves, k = 1."""
     n = len(samples)
-    k = max(1, math.ceil(n / columns))
-    if k == 1:
+    if n <= 2 * columns:
         return samples, samples, 1
+    k = math.ceil(n / columns)
     starts = np.arange(0, n, k)
     return np.fmin.reduceat(samples, starts, axis=0), np.fmax.reduceat(samples, starts, axis=0), k
 
@@ -244,12 +244,26 @@ def _title(row: dict, n: int, shown: list[int], facts: list[str]) -> str:
 
 
 def plot_waveforms(rows: list, path: Path, rule: str | None = None) -> Path:
-    """``waveforms_figure`` of ``rows`` as a small PNG at ``path``."""
+    """``waveforms_figure`` of ``rows`` as a small PNG at ``path``, its words also in the PNG's
+    text (``Title``: the rule; ``Description``: ``figure_words``), for a reader that cannot see it
+    and for a test."""
     fig = waveforms_figure(rows, rule)
     path.parent.mkdir(parents=True, exist_ok=True)
     with np.errstate(all="ignore"):
-        fig.savefig(path, dpi=80)
+        fig.savefig(path, dpi=80, metadata={"Title": rule or "", "Description": figure_words(fig)})
     return path
+
+
+def figure_words(fig) -> str:
+    """What a figure says in words, one line each: each panel's title, its channels' labels and
+    its x axis."""
+    lines = []
+    for ax in fig.axes:
+        lines.append(ax.get_title(loc="left"))
+        labels = [ax.get_ylabel()] if ax.get_ylabel() else [t.get_text() for t in ax.get_yticklabels()]
+        lines.append("channels: " + ", ".join(labels))
+        lines.append(f"x axis: {ax.get_xlabel()}")
+    return "\n".join(lines)
 
 
 def waveforms_figure(rows: list, rule: str | None = None):

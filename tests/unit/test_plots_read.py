@@ -100,3 +100,25 @@ def test_a_waveform_of_no_known_start_is_drawn_against_seconds():
     assert ax.get_xlabel() == "seconds"
     assert [t.get_text() for t in ax.get_yticklabels()][:2] == ["ch 1", "ch 2"]
     assert "lanes" in ax.get_title(loc="left") and " mV " not in ax.get_title(loc="left")
+
+
+def test_the_png_carries_its_rule_and_words_for_a_reader_that_cannot_see_it(tmp_path):
+    from PIL import Image
+
+    rule = plots.pick_rule(1, 1)
+    path = plots.plot_waveforms([_ecg(seconds=10.0)], tmp_path / "p.png", rule)
+    text = Image.open(path).text
+    assert text["Title"] == rule
+    assert text["Description"].split("\n") == [
+        "ward-1, from 2026-11-27 10:00:00.000 UTC, 10.0 s, 12 channels at 500 Hz",
+        "id ecg-ward-1-0001; 16-bit integers; calibrated; each column: lowest to highest of 7 samples; "
+        + text["Description"].split("samples; ")[1].split("\n")[0],
+        "channels: " + ", ".join(f"{lead} (mV)" for lead in LEADS),
+        "x axis: time (UTC)",
+    ]
+
+
+def test_a_waveform_of_up_to_two_samples_per_column_is_drawn_sample_by_sample():
+    samples = np.arange(2 * plots.PLOT_COLUMNS, dtype="<f4")[:, None]
+    assert plots.envelope(samples)[2] == 1
+    assert plots.envelope(np.vstack([samples, samples[:1]]))[2] == 3
