@@ -397,7 +397,7 @@ _PLOT_PICK_COLUMNS = [
 #: Waveforms the run's plot draws, and the waveforms of each partition (its earliest by offset)
 #: it picks them from: reading them stops that far into the partition's staged file.
 PLOT_PICKS = 3
-PLOT_CANDIDATES = 64
+PLOT_CANDIDATES = 16
 
 
 def plot_picks(checked: pd.DataFrame, limit: int = PLOT_PICKS) -> list[dict]:
