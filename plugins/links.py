@@ -31,14 +31,26 @@ class RunPageLink(BaseOperatorLink):
         return app_url(f"reports/{Path(page).name}") if page else ""
 
 
+def results_page(report: dict | None) -> str | None:
+    """The Data Docs page of a run ``report``'s own validation results: its first failed suite's,
+    else its first suite's (the per-waveform results, which link the run-level ones and the
+    index); None when the report links none."""
+    suites = [s for s in ((report or {}).get("validation") or {}).get("suites") or () if s.get("data_docs")]
+    failed = [s for s in suites if not s.get("success")]
+    return (failed or suites)[0]["data_docs"] if suites else None
+
+
 class DataDocsLink(BaseOperatorLink):
-    """The Data Docs of the task's validation (passed or failed), else their index."""
+    """The Data Docs results of the run the task committed (the last, for a follow task), else
+    those its validation recorded (failed: its failed suite's; passed: their index)."""
 
     name = "Great Expectations Data Docs"
 
     def get_link(self, operator, *, ti_key) -> str:
-        docs = getattr(operator, "_data_docs", None)
         from wavepipe.pages import site_path
 
-        path = site_path(docs[1] or "") if docs else None
+        committed = getattr(operator, "_committed", None)
+        docs = getattr(operator, "_data_docs", None)
+        page = (results_page(committed[1][-1]) if committed else None) or (docs[1] if docs else None)
+        path = site_path(page or "")
         return app_url(f"data-docs/{path}") if path else ""

@@ -7,6 +7,11 @@ index empty. wavepipe ships those files (``resources/data_docs``, fetched from t
 site's ``static/wavepipe/`` folder. The dark-mode stylesheet (bootstrap-prefers-dark, 0.9 MB)
 is left out: its link is removed and pages stay light. A site the API server serves from the run
 state (``wavepipe.pages``) gets these files, and GX's images, from the installed packages (``asset``).
+
+The pages also lose what GX adds for its own sake (``tidy``): the newsletter footer fixed over the
+bottom of every page, the index's "check out one of these tutorials" banner and the results
+pages' walkthrough script; and a results page built without a data asset name says what its suite
+ran on instead of "Data asset: None".
 """
 
 from __future__ import annotations
@@ -59,6 +64,17 @@ GX_IMAGES = "https://great-expectations-web-assets.s3.us-east-2.amazonaws.com/"
 _REMOTE_TAG = re.compile(r"<(?:script|link|img)\b[^>]*?\b(?:src|href)=\"(https?://[^\"]+)\"[^>]*>", re.IGNORECASE)
 _CORS = re.compile(r"\s+(?:integrity|crossorigin)=\"[^\"]*\"", re.IGNORECASE)
 
+#: A <footer> or an inline <script>, whole.
+_FOOTER = re.compile(r"<footer\b[^>]*>.*?</footer>\s*", re.IGNORECASE | re.DOTALL)
+_INLINE_SCRIPT = re.compile(r"<script>(?:(?!</script>).)*</script>\s*", re.IGNORECASE | re.DOTALL)
+#: What marks GX's own additions: the newsletter footer, the tutorials banner (``ge-cta-footer``)
+#: and its script, the walkthrough modal's script.
+_GX_OWN = ("greatexpectations.io/newsletter", "ge-cta-footer", "ge-walkthrough-modal")
+#: A results page's data asset when GX knew none.
+_NO_ASSET = re.compile(r"Data asset: None(<br>)?")
+#: A results page's file name: ``<data source>-<suite>.html``.
+_RESULTS_PAGE = re.compile(r"[^-/]+-(?P<suite>[^/]+)\.html")
+
 
 def _local_copy(url: str) -> tuple[bool, str | None]:
     """(known, the copy's path under ``SITE_FOLDER`` or None to drop the tag) for a remote URL."""
@@ -84,6 +100,23 @@ def localize(html: str, prefix: str) -> str:
             out.append(_CORS.sub("", tag))
     out.append(html[last:])
     return "".join(out)
+
+
+def tidy(html: str, page: str = "") -> str:
+    """``html`` without GX's newsletter footer, its tutorials banner (and the script that shows
+    it) and its walkthrough script; "Data asset: None" in a results page (file name ``page``:
+    ``<data source>-<suite>.html``) says what the suite ran on (``expectations.ASSETS``), or goes."""
+    from wavepipe.expectations import ASSETS, suite_base
+
+    def own(match: re.Match) -> str:
+        return "" if any(mark in match.group(0) for mark in _GX_OWN) else match.group(0)
+
+    html = _INLINE_SCRIPT.sub(own, _FOOTER.sub(own, html))
+    if _NO_ASSET.search(html):
+        named = _RESULTS_PAGE.fullmatch(page.rpartition("/")[2])
+        asset = ASSETS.get(suite_base(named["suite"])) if named else None
+        html = _NO_ASSET.sub(lambda m: f"Data asset: {asset}{m.group(1) or ''}" if asset else "", html)
+    return html
 
 
 def remote_urls(html: str) -> list[str]:
@@ -128,16 +161,16 @@ def install_assets(site: Path) -> Path:
 
 
 def localize_site(site: Path, pages: list[Path]) -> int:
-    """Install the shipped files into the Data Docs ``site`` and localize ``pages`` (the pages one
-    build wrote: its results, the index) and the suites' pages; returns how many changed. Only
-    these are read: a site keeps every result page ever built."""
+    """Install the shipped files into the Data Docs ``site``, localize and ``tidy`` ``pages`` (the
+    pages one build wrote: its results, the index) and the suites' pages; returns how many
+    changed. Only these are read: a site keeps every result page ever built."""
     target = install_assets(site)
     changed = 0
     for page in {*pages, *(site / "expectations").rglob("*.html")}:
         if not page.is_file():
             continue
         html = page.read_text(encoding="utf-8")
-        new = localize(html, Path(os.path.relpath(target, page.parent)).as_posix())
+        new = tidy(localize(html, Path(os.path.relpath(target, page.parent)).as_posix()), page.name)
         if new != html:
             page.write_text(new, encoding="utf-8")
             changed += 1

@@ -374,8 +374,13 @@ def _assert_the_task_links_open_the_run_page_and_data_docs(api, run_id: str, rep
     page = api.get(page_url)
     assert page.status_code == 200 and report["run_id"] in page.text, page.text[:500]
     assert "file://" not in page.text and 'href="/wavepipe/data-docs/' in page.text  # its Data Docs links served too
+    # this run's own validation results (its per-waveform suite's, which passed), not the index of every run
+    own = f"/wavepipe/data-docs/validations/wavepipe_waveforms/v3/{report['run_id']}/"
+    assert own in docs_url and docs_url.endswith(".html"), (docs_url, own)
     docs = api.get(docs_url)
     assert docs.status_code == 200 and "wavepipe_waveforms" in docs.text, (docs_url, docs.text[:300])
+    assert "Expectation Validation Result" in docs.text and report["run_id"] in docs.text
+    assert "greatexpectations.io/newsletter" not in docs.text and 'id="ge-cta-footer"' not in docs.text
     assert httpx.get(page_url).status_code == 401, "the pages are for logged-in users"
     # a path out of the Data Docs folder (dots encoded, as a client that does not normalize sends them)
     assert api.get("/wavepipe/data-docs/%2e%2e/%2e%2e/%2e%2e/airflow/airflow.db").status_code == 404

@@ -41,9 +41,9 @@ def test_waveforms_hostile_to_plots_and_pages_are_ingested_and_the_run_commits(s
         validate_start_time_min="1677-09-21T00:00:00Z",
         validate_start_time_max_ahead_s=1e10,
     )
-    ensure_topic(settings, partitions=1)  # one staged file, one candidate file: the plot takes the first three
+    ensure_topic(settings, partitions=1)  # one staged file, one candidate file
     rng = np.random.default_rng(15)
-    waveforms = {  # id -> (records, checksum); the first three produced are the ones plotted
+    waveforms = {  # id -> (records, checksum); the plot takes the three longest (plots.plot_picks)
         "huge-range": _records("huge-range", np.array([1.7e308, -1.7e308, 0, 1], "<f8")),
         "nan-and-inf": _records("nan-and-inf", np.array([np.nan, np.inf, -np.inf, 1.0, 2.0], "<f8")),
         "complex128": _records("complex128", np.array([1 + 2j, np.inf + 0j, 1.7e308 - 1.7e308j, np.nan], "<c16")),
@@ -74,6 +74,11 @@ def test_waveforms_hostile_to_plots_and_pages_are_ingested_and_the_run_commits(s
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: len(records)}
     assert report["notes"] == [] and report["validation"]["success"]
     assert Path(report["validation"]["plot"]).stat().st_size > 0
+    from PIL import Image
+
+    said = Image.open(report["validation"]["plot"]).text
+    assert said["Title"].startswith(f"3 of {len(waveforms)} waveforms published: the longest of each source"), said
+    assert said["Description"].count("x axis: ") == 3, said["Description"]
     assert Path(report["report_path"]).exists() and Path(report["report_html"]).exists()
 
 

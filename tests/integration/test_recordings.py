@@ -333,6 +333,7 @@ def test_quality_metrics_of_a_run_match_numpys_on_the_samples_read_back(settings
     # the run's page draws the flagged ones, each with the channels that break its rule
     assert report["quality"]["by_rule"] == {"late": 3, "clipped": 1, "dead_channel": 1}, report["quality"]
     assert Path(report["quality"]["plot"]).read_bytes()[:4] == b"\x89PNG"
+    _assert_the_flagged_plot_reads_in_words(Path(report["quality"]["plot"]))
     page = html_path(settings, report["run_id"]).read_text()
     assert "Flagged waveforms" in page and not report["notes"], report["notes"]
 
@@ -387,3 +388,21 @@ def test_a_quarantining_rule_holds_a_dead_channel_back_in_a_run_and_its_window_r
     assert storage.delta_table(settings.quarantine_table).to_pyarrow_table().num_rows == 0
     hours = {r["source"]: r for r in storage.delta_table(settings.qc_table).to_pyarrow_table().to_pylist()}
     assert hours["XX.Q..HHN"]["waveforms"] == 1 and hours["XX.Q..HHN"]["dead_minutes"] == pytest.approx(0.5)
+
+
+def _assert_the_flagged_plot_reads_in_words(path: Path) -> None:
+    """The flagged plot of the recordings says its rule and, for each waveform, its source, UTC
+    start, duration, channels and rate in words, the channels that break its rule by name, and
+    UTC time on its x axis (the PNG's text carries the figure's words)."""
+    from PIL import Image
+
+    from wavepipe import plots
+
+    text = Image.open(path).text
+    assert text["Title"] == plots.FLAGGED_RULE
+    words = text["Description"]
+    assert "XX.Q..HHN, from 2026-04-01 00:00:00.000 UTC, 30.0 s, 1 channel at 100 Hz" in words, words
+    assert "ward-9, from 2026-04-01 00:00:00.000 UTC, 6.0 s, 2 channels at 500 Hz" in words, words
+    assert "channels: left\n" in words, "the clipped channel, by its name"
+    assert words.count("x axis: time (UTC)") == words.count("channels: "), words
+    assert "<i" not in words and "channels stacked" not in words

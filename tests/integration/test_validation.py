@@ -79,7 +79,8 @@ def test_a_waveform_failing_an_expectation_is_quarantined_by_name_and_the_run_co
 
     rows = deltalake.DeltaTable(str(settings.quarantine_table)).to_pyarrow_table().to_pylist()
     details = {r["waveform_id"]: r["detail"] for r in rows}
-    assert "sample_rate=16000" in details[audio[0]] and "sample rate within" in details[audio[0]]
+    assert "sample_rate=16000" in details[audio[0]], details[audio[0]]
+    assert "sample rate between 0.001 Hz and 1,000 Hz" in details[audio[0]], "the detail says the bounds used"
     assert "finite" in details["rate-5e-324"] and "sample_rate=4.94066e-324" in details["rate-5e-324"]
     end = report["partitions"]["0"]["end"]
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: end}, "the group went on"
@@ -237,7 +238,36 @@ def test_a_run_that_quarantines_too_large_a_share_commits_nothing_until_the_limi
     docs = report["validation"]["data_docs_index"]
     assert docs.startswith("file://") and (settings.gx_dir / "uncommitted" / "data_docs").is_dir()
     _assert_docs_render_offline(docs, [s["data_docs"] for s in report["validation"]["suites"]], run_id="gate")
+    _assert_docs_say_what_was_checked(docs, {s["suite"]: s["data_docs"] for s in report["validation"]["suites"]})
     assert report["validation"]["plot"] and (settings.reports_dir / "gate" / "waveforms.png").stat().st_size > 1000
+
+
+def _page_text(url: str) -> str:
+    """A Data Docs page's visible words (scripts and styles left out), spaces collapsed."""
+    import html
+    import re
+
+    page = Path(unquote(urlparse(url).path)).read_text()
+    page = re.sub(r"<(script|style)\b.*?</\1>", " ", page, flags=re.S | re.I)
+    return re.sub(r"\s+", " ", html.unescape(re.sub(r"<[^>]+>", " ", page)))
+
+
+def _assert_docs_say_what_was_checked(index: str, pages: dict[str, str]) -> None:
+    """The gate's Data Docs (``validate_sample_rate_max`` 1000, the share relaxed to 0.5) state the
+    thresholds used and what each suite ran on, and no page of the site carries GX's newsletter
+    footer, tutorials banner or walkthrough script."""
+    waveforms, run = _page_text(pages["wavepipe_waveforms.v3"]), _page_text(pages["wavepipe_run.v3"])
+    assert "sample rate between 0.001 Hz and 1,000 Hz" in waveforms, waveforms
+    assert "validate_sample_rate_min..max" not in waveforms
+    assert "Data asset: the run's new waveforms (one row each)" in waveforms
+    assert "at most 50% (validate_max_quarantined_share), judged once the run has 2 waveforms" in run, run
+    assert "Data asset: the run as a whole (one row)" in run
+    site = Path(unquote(urlparse(index).path)).parent
+    for page in site.rglob("*.html"):
+        text = page.read_text()
+        for gx_own in ("greatexpectations.io/newsletter", 'id="ge-cta-footer"', "ge-walkthrough-modal"):
+            assert gx_own not in text, (gx_own, page)
+        assert "Data asset: None" not in text, page
 
 
 def _assert_docs_render_offline(index: str, pages: list[str], run_id: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+from datetime import UTC, datetime
 
 import numpy as np
 import pytest
@@ -42,10 +43,22 @@ HOSTILE = {
     ),
     "channels_3_flat": (np.zeros((50, 3)), 100.0),
     "channels_2_no_samples": (np.zeros((0, 2), "<f4"), 100.0),
+    # long ones, drawn as lowest and highest per column: gaps, infinities and extremes inside runs
+    "long_nan_inf": (
+        np.where(np.arange(20_000) % 7 == 0, np.nan, np.where(np.arange(20_000) % 11 == 0, np.inf, 1.0)),
+        50.0,
+    ),
+    "long_all_nan": (np.full((5000, 2), np.nan, "<f4"), 100.0),
+    "long_int64_extremes": (np.tile(np.array([I64.min, I64.max], "<i8"), 3000), 1.0),
+    "long_complex": (np.exp(1j * np.linspace(0, 100, 10_000)).astype("<c8"), 1e6),
 }
 
 
-def _row(name: str, samples: np.ndarray, rate: float, waveform_id: str | None = None) -> dict:
+#: Starts a plot may meet: none, epoch microseconds, a datetime, one before 1900, one no clock has.
+STARTS = [None, 1_795_800_000_000_000, datetime(2026, 11, 27, 10, tzinfo=UTC), datetime(1677, 9, 22, tzinfo=UTC), 2**62]
+
+
+def _row(name: str, samples: np.ndarray, rate: float, waveform_id: str | None = None, **more) -> dict:
     samples = samples if samples.ndim == 2 else samples[:, None]
     return {
         "waveform_id": waveform_id or name,
@@ -54,6 +67,7 @@ def _row(name: str, samples: np.ndarray, rate: float, waveform_id: str | None = 
         "channels": samples.shape[1],
         "sample_rate": rate,
         "payload": samples.tobytes(),
+        **more,
     }
 
 
@@ -61,7 +75,9 @@ def _row(name: str, samples: np.ndarray, rate: float, waveform_id: str | None = 
 def test_the_plot_draws_every_waveform_the_protocol_allows(name, tmp_path):
     samples, rate = HOSTILE[name]
     notes: list[str] = []
-    path = plots.plot_rows([_row(name, samples, rate, waveform_id="x" * 1000)], tmp_path / "p.png", notes)
+    start = STARTS[sorted(HOSTILE).index(name) % len(STARTS)]
+    row = _row(name, samples, rate, waveform_id="x" * 1000, start_time=start, calibration=[-1e300, 0.0])
+    path = plots.plot_rows([row], tmp_path / "p.png", notes, rule="r" * 500)
     assert notes == []
     assert path == str(tmp_path / "p.png") and (tmp_path / "p.png").stat().st_size > 0
 
@@ -96,13 +112,15 @@ def test_each_channel_has_a_colour_and_a_label_of_its_own():
 
     ax = Figure().subplots()
     labels = plots.channel_labels({"channels": 12}, list(range(12)))
-    note = plots._draw(ax, np.arange(100.0), np.random.default_rng(3).normal(size=(100, 12)), labels)
+    values = np.random.default_rng(3).normal(size=(100, 12))
+    spacing = plots._draw(ax, np.arange(100.0), values, values, labels)
     colours = {line.get_color() for line in ax.get_lines()}
     assert len(ax.get_lines()) == 12 and len(colours) == 12
     assert [t.get_text() for t in ax.get_yticklabels()] == [f"ch {c}" for c in range(1, 13)]
-    assert note.startswith("channels stacked")
+    assert spacing == pytest.approx(np.ptp(values, axis=0).max())
     ax = Figure().subplots()
-    assert plots._draw(ax, np.arange(5.0), np.arange(5.0)[:, None], ["ch 1"]) is None  # one channel: its values
+    one = np.arange(5.0)[:, None]
+    assert plots._draw(ax, np.arange(5.0), one, one, ["ch 1"]) is None  # one channel: its values
 
 
 def test_channels_are_labelled_with_their_names_and_units_where_the_row_has_them():
@@ -140,7 +158,7 @@ def test_the_flagged_plot_picks_one_waveform_per_rule_and_the_channels_that_brea
 
 
 def test_a_failing_plot_becomes_a_note_and_the_run_goes_on(tmp_path, monkeypatch):
-    def broken(rows, path):
+    def broken(rows, path, rule=None):
         raise ValueError("arange: cannot compute length")
 
     monkeypatch.setattr(plots, "plot_waveforms", broken)
@@ -203,23 +221,34 @@ def test_a_failing_page_or_trend_becomes_a_note_with_a_plain_page(tmp_path, monk
     assert "Error" not in " ".join(notes)
 
 
-def test_the_plot_picks_the_earliest_small_waveforms_of_a_frame_collected_in_the_client():
+def test_the_plot_picks_the_longest_of_each_source_among_each_partitions_first_waveforms(monkeypatch):
     import pandas as pd
 
     checked = pd.DataFrame(
         {
-            "waveform_id": ["late", "big", "first", "second", "other-partition"],
-            "source": "s",
+            "waveform_id": ["late", "big", "first", "second", "other-partition", "far"],
+            "source": ["a", "a", "a", "b", "c", "c"],
             "dtype": "<f4",
             "channels": 1,
             "sample_rate": 1.0,
             "checksum": "sha256:x",
             "written_from": "staged",
-            "partition": [0, 0, 0, 0, 1],
-            "first_offset": [90, 1, 5, 7, 0],
-            "size_bytes": [10, plots._PLOT_MAX_BYTES + 1, 10, 10, 10],
-            "in_table": [False, True, False, False, False],
-        }
+            "partition": [0, 0, 0, 0, 1, 1],
+            "first_offset": [90, 1, 5, 7, 0, 10_000],
+            "duration_s": [30.0, 99.0, 30.0, 10.0, 20.0, 500.0],
+            "size_bytes": [10, plots._PLOT_MAX_BYTES + 1, 10, 10, 10, 10],
+            "in_table": [False, True, False, False, False, False],
+        },
+        index=[7, 3, 9, 1, 4, 2],
     )
-    assert [p["waveform_id"] for p in plots._plot_picks(checked)] == ["first", "second", "late"]
-    assert validate._output_counts(checked) == {"rows": 5, "in_table": 1, "bytes": plots._PLOT_MAX_BYTES + 41}
+    picks = [p["waveform_id"] for p in plots.plot_picks(checked)]
+    # c's longest (500 s), a's longest that can be drawn (30 s: the earliest of two), b's only one
+    assert picks == ["far", "first", "second"]
+    picks = [p["waveform_id"] for p in plots.plot_picks(checked, limit=5)]
+    assert picks == ["far", "first", "second", "late", "other-partition"]  # then the next longest of any source
+    assert plots.plot_picks(checked.iloc[:0]) == []
+    monkeypatch.setattr(plots, "PLOT_CANDIDATES", 1)  # each partition's first only: its staged file read no further
+    assert [p["waveform_id"] for p in plots.plot_picks(checked)] == ["first", "other-partition"]
+    rule = plots.pick_rule(3, 1200)
+    assert "3 of 1,200 waveforms" in rule and "longest of each source" in rule and "flagged" in rule
+    assert validate._output_counts(checked) == {"rows": 6, "in_table": 1, "bytes": plots._PLOT_MAX_BYTES + 51}
