@@ -190,12 +190,13 @@ class WavepipeOperator(BaseOperator):
         self._shows_validation(settings, to_record(validated) if validated else None)
 
     def _shows_validation(self, settings, validation: dict | None) -> None:
-        """The Data Docs link of ``validation`` (a ``Validated`` record): its first failed
-        suite's results, else the index."""
+        """The Data Docs link of ``validation`` (a ``Validated`` record): the run's own results
+        (``links.results_page``: its first failed suite's, else its first suite's), else the index."""
+        from wavepipe.plugins.links import results_page
+
         if not validation:
             return
-        failed = [s.get("data_docs") for s in validation.get("suites") or () if not s.get("success")]
-        page = next((p for p in failed if p), None) or validation.get("data_docs_index")
+        page = results_page({"validation": validation}) or validation.get("data_docs_index")
         if page:
             self._data_docs = (settings, page)
 

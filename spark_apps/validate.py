@@ -71,17 +71,9 @@ def output_checks(manifest: pd.DataFrame, published: pd.DataFrame, run_id: str) 
 
 
 def run_frame(waveforms: dict[str, int], judged_from: int) -> pd.DataFrame:
-    """The run-level suite's one row, from the run's waveform counts once validation quarantined
-    what failed a per-waveform expectation (``steps.settled``): the waveforms judged (new and
-    quarantined; re-deliveries and pending ones are not judged), the quarantined ones, and their
-    share, None (not judged) below ``judged_from`` waveforms."""
-    quarantined = sum(n for k, n in waveforms.items() if k.startswith("quarantined"))
-    judged = waveforms.get("output_new", 0) + quarantined
-    share = quarantined / judged if judged and judged >= judged_from else None
-    return pd.DataFrame(
-        {"waveforms_judged": [judged], "quarantined": [quarantined], "quarantined_share": [share]},
-        columns=list(expectations.RUN_COLUMNS),
-    ).astype({"quarantined_share": "float64"})
+    """The run-level suite's one row (``expectations.run_frame``: the waveforms judged, the
+    quarantined ones, their share, and every quarantine reason with its count)."""
+    return expectations.run_frame(waveforms, judged_from)
 
 
 # --- Great Expectations ----------------------------------------------------------------------------
@@ -224,7 +216,7 @@ def _check(context, name: str, expectation_list: list, frame, run_id: str, on_fa
     """Suite ``name`` on ``frame`` (pandas): pass/fail first; only if one fails, again with
     ``on_failure``'s result format (counts, examples, failing rows). Returns (the last result,
     its identifier, every stored result's identifier): each pass is stored and gets its Data
-    Docs page."""
+    Docs page, with what each expectation observed in ``frame`` (``expectations.show_observed``)."""
     import great_expectations as gx
     from great_expectations.core.run_identifier import RunIdentifier
 
@@ -253,6 +245,9 @@ def _check(context, name: str, expectation_list: list, frame, run_id: str, on_fa
         outcome = checkpoint.run(
             batch_parameters={"dataframe": frame}, run_id=RunIdentifier(run_name=run_id, run_time=datetime.now(UTC))
         )
+        for identifier, result in outcome.run_results.items():  # shown with what it observed
+            expectations.show_observed(result, frame)
+            context.validation_results_store.set(identifier, result)
         stored.update(outcome.run_results)
         if outcome.success:
             break

@@ -239,6 +239,7 @@ def test_a_run_that_quarantines_too_large_a_share_commits_nothing_until_the_limi
     assert docs.startswith("file://") and (settings.gx_dir / "uncommitted" / "data_docs").is_dir()
     _assert_docs_render_offline(docs, [s["data_docs"] for s in report["validation"]["suites"]], run_id="gate")
     _assert_docs_say_what_was_checked(docs, {s["suite"]: s["data_docs"] for s in report["validation"]["suites"]})
+    _assert_docs_show_what_was_observed({s["suite"]: s["data_docs"] for s in report["validation"]["suites"]}, audio)
     assert report["validation"]["plot"] and (settings.reports_dir / "gate" / "waveforms.png").stat().st_size > 1000
 
 
@@ -268,6 +269,33 @@ def _assert_docs_say_what_was_checked(index: str, pages: dict[str, str]) -> None
         for gx_own in ("greatexpectations.io/newsletter", 'id="ge-cta-footer"', "ge-walkthrough-modal"):
             assert gx_own not in text, (gx_own, page)
         assert "Data asset: None" not in text, page
+
+
+def _assert_docs_show_what_was_observed(pages: dict[str, str], audio: int) -> None:
+    """Every expectation of the gate's Data Docs shows what it observed (no "--"): the sample rates
+    seen (the demo's 100 Hz seismic to 16 kHz audio) with how many lie outside the bounds, and the
+    run's quarantined share with every reason behind it."""
+    waveforms, run = _page_text(pages["wavepipe_waveforms.v3"]), _page_text(pages["wavepipe_run.v3"])
+    observed = [cell.split(" Observed Value ")[-1] for cell in waveforms.split(" Status Expectation")[1:]]
+    assert observed and not any(" -- " in f" {cell} " for cell in observed), observed
+    assert f"Hz to 16,000 Hz in 6 waveforms; {audio} outside" in waveforms, waveforms
+    rate = "expect_column_values_to_be_between(sample_rate)"
+    assert f"{audio} of 6 waveforms quarantined ({rate} {audio})" in run, run
+
+
+def test_the_data_docs_list_a_quarantine_by_size_beside_the_expectations(settings, spark):
+    settings = settings.replace(max_waveform_bytes=1000, validate_quarantine_judged_from=2)
+    ensure_topic(settings, partitions=1)
+    big, _ = waveform_records("big", 4, seed=1)  # 1024 bytes by its header
+    small, _ = waveform_records("small", 3, seed=2)
+    produce_in_order(settings, [*big, *small])
+
+    report = pipeline.run_once(settings)
+    assert report["waveforms"] == {"output_new": 1, "quarantined:too_large": 1}
+    pages = {s["suite"]: s["data_docs"] for s in report["validation"]["suites"]}
+    run = _page_text(pages["wavepipe_run.v3"])
+    assert "50%: 1 of 2 waveforms quarantined (too_large 1)" in run, run
+    assert " -- " not in _page_text(pages["wavepipe_waveforms.v3"]).split("Observed Value", 1)[1]
 
 
 def _assert_docs_render_offline(index: str, pages: list[str], run_id: str) -> None:
