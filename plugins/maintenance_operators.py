@@ -1,12 +1,10 @@
 """Table maintenance as Airflow tasks: compaction (OPTIMIZE, optionally clustered by source and start time), then
 VACUUM. Thin over ``wavepipe.maintenance``: the same lock, retention rule and results as
-``wavepipe table optimize|vacuum``. A wrong param fails the task at once (a retry cannot help)."""
+``wavepipe table optimize|vacuum``. A wrong param refuses the task at once (skipped with the reason: a retry cannot help)."""
 
 from __future__ import annotations
 
 from typing import Any
-
-from airflow.sdk.exceptions import AirflowFailException
 
 from wavepipe import maintenance
 from wavepipe.contracts.errors import UsageError
@@ -36,13 +34,13 @@ class OptimizeTablesOperator(_TablesOperator):
         self.zorder, self.days = zorder, days
 
     def execute(self, context) -> list[dict]:
-        if self.has_dag():
-            check_conf(getattr(context.get("dag_run"), "conf", None), self.dag.params.keys())
         try:
+            if self.has_dag():
+                check_conf(getattr(context.get("dag_run"), "conf", None), self.dag.params.keys())
             settings, tables = self.settings(), self.picked(context)
             since = maintenance.since_date(days=int_or_none(self.arg(context, "days"), "days"))
         except UsageError as exc:
-            raise AirflowFailException(str(exc)) from None
+            self.refuse(exc)
         return maintenance.optimize(settings, tables=tables, zorder=flag(self.arg(context, "zorder")), since=since)
 
 
@@ -62,7 +60,7 @@ class VacuumTablesOperator(_TablesOperator):
             settings, tables = self.settings(), self.picked(context)
             hours = None if hours in (None, "None") else maintenance.check_retention(_number(hours))
         except UsageError as exc:
-            raise AirflowFailException(str(exc)) from None
+            self.refuse(exc)
         return maintenance.vacuum(
             settings, tables=tables, retention_hours=hours, dry_run=flag(self.arg(context, "dry_run"))
         )
