@@ -79,6 +79,7 @@ from wavepipe.spark_apps.tables import (
     append_new,
     append_rows,
     commit_metric,
+    delta_row_count,
     delta_version,
     delta_writer,
     ensure_table,
@@ -162,6 +163,7 @@ def publish(
             "moved. Its staged copies were removed: retry the run (`wavepipe run` resumes it) and it reads "
             "its planned ranges again from Kafka; in Airflow, clear the run's tasks from consume on."
         ) from None
+    ensure_tables(settings, table_paths(settings))  # those no row has reached yet
     # under the output lock: a table's version now is the run's own commit where it put rows
     versions = {
         name: done.output_version if name == "waveforms" else delta_version(path)
@@ -187,7 +189,6 @@ def publish_run(
     targets = table_paths(settings)
     for target in targets.values():
         repair_once(target)
-    ensure_tables(settings, targets)
     txn = run_txn(store, plan, reassembled)
     if settings.quality_metrics and len(what.waveforms):
         what = dataclasses.replace(what, waveforms=with_gaps(what.waveforms, targets["waveforms"]))
@@ -244,7 +245,9 @@ def named_in_run(store: RunStore, plan: RunPlan, rejection: Rejection) -> Named:
 def ensure_tables(settings: Settings, targets: dict[str, str]) -> None:
     """Make each published table that is not there yet, empty with its schema: from a group's
     first publish on, every reader finds all of them (the ``qc`` table while quality is measured),
-    not only the ones a row has reached."""
+    not only the ones a row has reached. Called once a publish committed its rows: a table they
+    reached was made by them (its first version holds them), and a publish that failed leaves
+    nothing new behind."""
     for name, schema in EMPTY_TABLES.items():
         if name != "qc" or settings.quality_metrics:
             partition_by = TABLE_KEYS[name][1] if name in TABLE_KEYS else None
@@ -516,8 +519,10 @@ def replace_window(
         if source is not None:
             append_new(source, target, keys, partition_by, txn=txn)
         return 0
+    if source is None and delta_row_count(target) == 0:  # nothing there to delete: no Spark job
+        return 0
     if source is None:  # SQL: Delta's Python API needs a plugin over Spark Connect
-        spark.sql(f"DELETE FROM delta.`{target}` WHERE {where}")
+        spark.sql(f"DELETE FROM delta.`{storage.for_spark(target)}` WHERE {where}")
     else:
         with_txn(delta_writer(source), txn).mode("overwrite").option("replaceWhere", where).option(
             "mergeSchema", "true"

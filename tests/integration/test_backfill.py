@@ -55,6 +55,7 @@ def test_an_unfinished_incremental_run_run_again_for_a_window_is_abandoned_and_k
 
     with pytest.raises(UsageError, match="topic 'no-such-topic' does not exist"):
         plan_step(settings, "manual__y", window=window, topic="no-such-topic")
-    (failure,) = store.failures(backfill_lane(settings.group))
-    assert (failure["run_id"], failure["step"]) == ("manual__y", "plan")
-    assert failure["reason"].startswith("topic 'no-such-topic' does not exist")
+    assert store.failures(backfill_lane(settings.group)) == []  # a refusal, not a failure:
+    (refused,) = store.refusals()  # listed by `wavepipe status` whatever group it named
+    assert (refused["run_id"], refused["topic"]) == ("manual__y", "no-such-topic")
+    assert refused["reason"].startswith("topic 'no-such-topic' does not exist")
