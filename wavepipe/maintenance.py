@@ -383,7 +383,9 @@ def vacuum(
     """Delete each table's files that no version within ``retention_hours`` (default: the setting
     ``table_retention_hours``) uses (Delta ``VACUUM``); ``dry_run``: only count them. A retention
     under 168 hours is allowed (and logged): a reader outside wavepipe still reading a version
-    older than that may then fail; wavepipe's runs never do (they wait for the lock)."""
+    older than that may then fail; wavepipe's runs never do (they wait for the lock). A table
+    whose folder holds no file outside its current version is skipped, without a Spark job (an
+    empty one, or one vacuumed since its last change)."""
     hours = check_retention(settings.table_retention_hours if retention_hours is None else retention_hours)
     names = pick_tables(tables)
     if hours < DELTA_SAFE_RETENTION_H:
@@ -395,6 +397,11 @@ def vacuum(
         )
     done = []
     for name, path in _existing(settings, names, done):
+        if not table_status(name, path).unreferenced_files:  # read from its log and folder: no Spark job
+            done.append(
+                {"table": name, "skipped": "every file in its folder is in its current version: nothing to delete"}
+            )
+            continue
         sql = f"VACUUM {_sql_path(path)} RETAIN {hours:g} HOURS" + (" DRY RUN" if dry_run else "")
         with _writing(settings, f"vacuum {name}") as spark, _retention_check_off(spark, hours):
             before = _data_files(path)  # under the lock: no run adds files meanwhile

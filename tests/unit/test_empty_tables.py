@@ -43,3 +43,15 @@ def test_rows_reach_a_table_made_empty_as_they_reach_one_they_make(tmp_path):
     )
     table = deltalake.DeltaTable(targets["dead_letter"])
     assert table.version() == 1 and table.to_pyarrow_table().column("offset").to_pylist() == [7]
+
+
+def test_a_vacuum_of_tables_with_nothing_outside_their_version_starts_no_spark_job(tmp_path):
+    """The empty tables a first publish makes cost maintenance nothing: no Spark session is
+    asked for (none runs here), each is skipped with the reason."""
+    from wavepipe import maintenance
+
+    settings = load_settings(home=tmp_path)
+    ensure_tables(settings, table_paths(settings))
+    done = maintenance.vacuum(settings, retention_hours=0)
+    assert [d["table"] for d in done] == list(maintenance.TABLES)
+    assert all("nothing to delete" in d["skipped"] for d in done), done
