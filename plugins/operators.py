@@ -31,6 +31,9 @@ from wavepipe.plugins.assets import published_extra, quality_asset, quality_extr
 from wavepipe.plugins.hooks import SPARK_CONN_ID, WavepipeHook
 from wavepipe.plugins.links import DataDocsLink, RunPageLink
 
+#: A refusal's reason is logged in lines of at most this many characters: the UI's log panel
+#: (the right half of a 1280-pixel window, beside the grid) shows about 85 without cutting them.
+REFUSAL_LINE_CHARS = 72
 #: Seconds between a waiting window run's attempts to take its group's backfill lane.
 WINDOW_LANE_RETRY_S = 30
 
@@ -216,7 +219,7 @@ class WavepipeOperator(BaseOperator):
         refusal is not a failure (nothing was read or moved, nothing a retry could change), so the
         DAG run is not counted as failed; its downstream tasks are skipped, and a refused ingest run
         is listed by ``wavepipe status`` (``pipeline.note_refusal``)."""
-        lines = textwrap.wrap(str(exc), 100) or [type(exc).__name__]
+        lines = textwrap.wrap(str(exc), REFUSAL_LINE_CHARS) or [type(exc).__name__]
         self.log.warning("refused, nothing was read or committed:")
         for line in lines:
             self.log.warning("  %s", line)

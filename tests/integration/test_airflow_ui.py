@@ -48,6 +48,7 @@ from wavepipe.local.kafka import free_port
 from wavepipe.pipeline import run_once
 from wavepipe.plugins.airflow_dags import SINGLE_RUNS_ONLY
 from wavepipe.plugins.assets import quality_asset
+from wavepipe.plugins.operators import REFUSAL_LINE_CHARS
 
 pytestmark = pytest.mark.integration
 
@@ -316,7 +317,7 @@ def test_refusals_are_skipped_runs_with_their_reason_not_failed_ones(airflow, ap
         text = "\n".join(events)
         assert "refused, nothing was read or committed:" in text and "Traceback" not in text, text[-2000:]
         reason = [e for e in events if e.startswith("  ")]
-        assert reason and all(len(line) <= 110 for line in reason), reason
+        assert reason and all(len(line) <= REFUSAL_LINE_CHARS + 2 for line in reason), reason
         assert says in " ".join(line.strip() for line in reason), reason
         assert not [e for e in entries if str(e.get("level", "")).lower() in ("error", "critical")], entries[-5:]
     failed = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns", params={"state": "failed", "limit": 100}).json()

@@ -118,7 +118,8 @@ def test_waveform_split_across_run_end_is_emitted_once_in_the_next_run(settings,
     assert {r[0]: r[1] for r in rows} == {"split-w": w_sum, "whole-x": x_sum}
     assert all(r[1] == r[2] for r in rows), "payloads must be bit-exact"
     assert committed_offsets(settings, settings.group, settings.topic, [0]) == {0: 7}
-    assert committed_metadata(settings) == {"run_id": "second", "planned_end": 7}
+    # the run, where it planned to end, and the tables the group is tied to
+    assert committed_metadata(settings) == {"run_id": "second", "planned_end": 7, "tables": settings.tables_location}
     # and Kafka's own tool sees the same progress
     from wavepipe.local.kafka import CONSUMER_GROUPS_TOOL
 

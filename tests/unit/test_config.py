@@ -268,16 +268,25 @@ def test_every_variable_wavepipe_sets_itself_is_known_so_no_log_warns_about_it()
     """wavepipe's own variables (set for the processes it starts, such as the supervised Airflow
     services) are never reported as unknown settings: every ``"WAVEPIPE_..."`` literal in the
     code is a setting or one of the documented other variables."""
+    import importlib
     from pathlib import Path
 
     from wavepipe.contracts.config import OTHER_VARIABLES, Settings
 
-    root = Path(__file__).resolve().parents[2]
     known = {f"WAVEPIPE_{name.upper()}" for name in Settings.model_fields} | OTHER_VARIABLES
+    packages = (
+        "wavepipe",
+        "wavepipe.plugins",
+        "wavepipe.consumers",
+        "wavepipe.spark_apps",
+        "wavepipe.dags",
+        "wavepipe.bench",
+    )
+    folders = {Path(p) for name in packages for p in importlib.import_module(name).__path__}  # a checkout or a wheel
     used = {
         name
-        for folder in ("wavepipe", "plugins", "consumers", "spark_apps", "dags", "bench")
-        for path in (root / folder).rglob("*.py")
+        for folder in folders
+        for path in folder.rglob("*.py")
         for name in re.findall(r"[\"'](WAVEPIPE_[A-Z_]+)[\"']", path.read_text())
     }
     assert used, "no WAVEPIPE_ variable found: the scan looks in the wrong place"

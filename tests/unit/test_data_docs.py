@@ -219,3 +219,21 @@ def test_the_task_link_opens_the_runs_own_results_not_the_index():
     assert results_page(passed) == f"{site}/validations/r.html"
     assert results_page({"validation": {"suites": [{"success": True, "data_docs": None}]}}) is None
     assert results_page(None) is None and results_page({}) is None
+
+
+def test_times_pandas_cannot_hold_are_counted_outside_never_raised():
+    """A hostile start time (year 1, year 9999) is outside any bound a run can have; describing
+    it must not fail the validation it describes."""
+    from datetime import UTC, datetime
+
+    import pandas as pd
+
+    from wavepipe.expectations import observed_value
+
+    times = [datetime(2026, 1, 1, tzinfo=UTC), datetime(9999, 12, 31, tzinfo=UTC), datetime(1, 1, 1, tzinfo=UTC)]
+    frame = pd.DataFrame({"start_time": pd.Series(times, dtype=object)})
+    bounds = {"column": "start_time", "min_value": "2000-01-01T00:00:00Z", "max_value": "2100-01-01T00:00:00Z"}
+    said = observed_value("expect_column_values_to_be_between", bounds, frame)
+    assert said.endswith("in 3 waveforms; 2 outside"), said
+    only = pd.DataFrame({"start_time": pd.Series(times[1:], dtype=object)})
+    assert observed_value("expect_column_values_to_be_between", bounds, only).endswith("; 2 outside")
