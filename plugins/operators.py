@@ -219,7 +219,9 @@ class WavepipeOperator(BaseOperator):
         refusal is not a failure (nothing was read or moved, nothing a retry could change), so the
         DAG run is not counted as failed; its downstream tasks are skipped, and a refused ingest run
         is listed by ``wavepipe status`` (``pipeline.note_refusal``)."""
-        lines = textwrap.wrap(str(exc), REFUSAL_LINE_CHARS) or [type(exc).__name__]
+        # at spaces only: a run id, topic or group (``run-in-flight``) stays whole, to be searched for
+        lines = textwrap.wrap(str(exc), REFUSAL_LINE_CHARS, break_on_hyphens=False, break_long_words=False)
+        lines = lines or [type(exc).__name__]
         self.log.warning("refused, nothing was read or committed:")
         for line in lines:
             self.log.warning("  %s", line)

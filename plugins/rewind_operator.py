@@ -86,7 +86,7 @@ class RewindOperator(WavepipeOperator):
                 self.log.info("rewind plan:\n%s", rewind.format_plan(exc.plan))
             if apply:
                 rewind.audit_refused(settings, exc, who=who, reason=reason, origin=origin)
-            self.refuse(ValueError(f"{'refused' if apply else 'dry run would be refused'}: {exc}"))
+            self.refuse(exc if apply else ValueError(f"the dry run would be refused: {exc}"))
         except ValueError as exc:
             self.refuse(exc)
         self.log.info("rewind plan:\n%s", rewind.format_plan(plan))

@@ -130,6 +130,20 @@ def test_a_locked_try_that_made_the_backfill_is_taken_as_made_not_made_twice(mon
     assert [c[0] for c in calls].count("POST") == 2  # never a third: no second backfill
 
 
+def test_a_database_error_is_the_lock_too_and_is_tried_again(monkeypatch):
+    """The API server answers SQLite's lock with 500 "Database error" when it surfaces in another
+    statement of the request (seen creating a backfill beside a busy scheduler): tried again."""
+    from wavepipe.local.airflow import create_backfill
+
+    database_error = {"detail": {"reason": "Database error", "statement": "hidden", "orig_error": "hidden"}}
+    calls = _scripted_api(monkeypatch, [("/backfills", 500, database_error), ("/backfills", 200, _backfill(None))])
+    assert create_backfill(None, "token", BODY) == (200, _backfill(None))
+    assert [c[0] for c in calls].count("POST") == 2
+    other = {"detail": "a bug"}  # any other 500 is an answer, not tried again
+    calls = _scripted_api(monkeypatch, [("/backfills", 500, other)])
+    assert create_backfill(None, "token", BODY) == (500, other) and len(calls) == 1
+
+
 def test_an_empty_backfill_our_locked_try_left_is_waited_for_then_the_backfill_is_made(monkeypatch):
     from wavepipe.local.airflow import create_backfill
 

@@ -626,13 +626,20 @@ def _api_tried(settings: Settings, token: str, path: str, body: dict | None = No
     something behind)."""
     url, method = f"{airflow_url(settings)}/api/v2{path}", "POST" if body else "GET"
     status, answer = _http_json(url, method=method, body=body, token=token)
-    locked = status == 503
+    locked = _locked(status, answer)
     for _ in range(LOCKED_TRIES):
-        if status != 503:
+        if not _locked(status, answer):
             break
         time.sleep(1)
         status, answer = _http_json(url, method=method, body=body, token=token)
     return status, answer, locked
+
+
+def _locked(status: int, answer) -> bool:
+    """Whether an answer is SQLite's lock met by a write: 503, or a 500 "Database error" (the API
+    server's answer when the lock surfaces in another statement of the same request)."""
+    detail = answer.get("detail") if isinstance(answer, dict) else None
+    return status == 503 or (status == 500 and isinstance(detail, dict) and detail.get("reason") == "Database error")
 
 
 #: How long a backfill left open by our own refused try is waited for (the scheduler closes one
