@@ -2,7 +2,8 @@
 
 Also the one place Kafka clients are made (``new_producer``, ``new_consumer``, ``new_admin``):
 librdkafka's own log lines go to Python logging (logger ``wavepipe.kafka.client``) at a level
-that says how much they matter, never straight to the terminal; and a cluster that has not
+that says how much they matter, never straight to the terminal; callbacks named by dotted path
+are imported by the process making the client; and a cluster that has not
 answered this process yet gets ``FIRST_CONTACT_TIMEOUT_S`` to do so (``require_reachable``).
 """
 
@@ -21,6 +22,7 @@ from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import UsageError
+from wavepipe.contracts.kafka_callbacks import resolved
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 30.0
@@ -62,24 +64,27 @@ class _LibrdkafkaLog:
 _LIBRDKAFKA_LOG = _LibrdkafkaLog()
 
 
-def with_logger(config: Mapping[str, Any]) -> dict[str, Any]:
-    """``config`` with librdkafka's logs routed to Python logging (an explicit ``logger`` stays)."""
-    return {"logger": _LIBRDKAFKA_LOG, **config}
+def client_config(config: Mapping[str, Any], **own: Callable[..., Any]) -> dict[str, Any]:
+    """``config`` as a client of this process takes it: librdkafka's logs routed to Python
+    logging (an explicit ``logger`` stays), callbacks named by dotted path imported, and
+    wavepipe's ``own`` callbacks added, called after a user's of the same key
+    (``contracts.kafka_callbacks.resolved``)."""
+    return {"logger": _LIBRDKAFKA_LOG, **resolved(config, own)}
 
 
-def new_producer(config: Mapping[str, Any]) -> Producer:
-    """A ``Producer`` of ``config`` whose log lines go through Python logging."""
-    return Producer(with_logger(config))
+def new_producer(config: Mapping[str, Any], **own: Callable[..., Any]) -> Producer:
+    """A ``Producer`` of ``config`` (``client_config``)."""
+    return Producer(client_config(config, **own))
 
 
-def new_consumer(config: Mapping[str, Any]) -> Consumer:
-    """A ``Consumer`` of ``config`` whose log lines go through Python logging."""
-    return Consumer(with_logger(config))
+def new_consumer(config: Mapping[str, Any], **own: Callable[..., Any]) -> Consumer:
+    """A ``Consumer`` of ``config`` (``client_config``)."""
+    return Consumer(client_config(config, **own))
 
 
-def new_admin(config: Mapping[str, Any]) -> AdminClient:
-    """An ``AdminClient`` of ``config`` whose log lines go through Python logging."""
-    return AdminClient(with_logger(config))
+def new_admin(config: Mapping[str, Any], **own: Callable[..., Any]) -> AdminClient:
+    """An ``AdminClient`` of ``config`` (``client_config``)."""
+    return AdminClient(client_config(config, **own))
 
 
 def retrying(call: Callable[[], T], what: str, attempts: int = 20, pause_s: float = 0.5) -> T:
@@ -104,6 +109,11 @@ def retrying(call: Callable[[], T], what: str, attempts: int = 20, pause_s: floa
 
 class KafkaAuthenticationError(ConnectionError):
     """The cluster refused the client's credentials (``kafka_client_config``)."""
+
+
+class KafkaTlsError(ConnectionError):
+    """The TLS handshake with the cluster failed (a CA that did not sign the brokers'
+    certificates, a client certificate the brokers refuse)."""
 
 
 class KafkaUnreachableError(ConnectionError):
@@ -142,11 +152,12 @@ def admin_client(settings: Settings) -> AdminClient:
 def cluster_metadata(settings: Settings, topic: str | None = None, timeout: float = TIMEOUT_S):
     """The cluster's metadata (of ``topic`` only, if given). A cluster that rejects the client's
     credentials raises ``KafkaAuthenticationError`` at once, naming it (librdkafka reports that
-    only to an error callback, and the request itself would wait out ``timeout``); one that does
+    only to an error callback, and the request itself would wait out ``timeout``), a failed TLS
+    handshake ``KafkaTlsError`` at once, naming the listener and the certificates; one that does
     not answer raises ``KafkaUnreachableError`` after ``timeout``, or after
     ``FIRST_CONTACT_TIMEOUT_S`` if it never answered this process."""
     errors: list[KafkaError] = []
-    admin = new_admin(settings.kafka_config(error_cb=errors.append))
+    admin = new_admin(settings.kafka_config(), error_cb=errors.append)
     if settings.bootstrap_servers not in _answered:
         timeout = min(timeout, FIRST_CONTACT_TIMEOUT_S)
     began = time.monotonic()
@@ -165,12 +176,43 @@ def cluster_metadata(settings: Settings, topic: str | None = None, timeout: floa
                     "Check kafka_client_config (security.protocol, sasl.mechanism, sasl.username, sasl.password), "
                     "or in Airflow the extra of the connection wavepipe_kafka."
                 ) from exc
+            tls = [e for e in errors if _is_tls_failure(e)]
+            if tls:
+                raise KafkaTlsError(tls_message(settings.kafka_config(), tls[-1].str())) from None
             if time.monotonic() >= deadline:
                 raise KafkaUnreachableError(
                     unreachable_message(
                         settings.bootstrap_servers, _why_unreachable(errors, exc), time.monotonic() - began
                     )
                 ) from None
+
+
+#: What librdkafka says of a failed TLS handshake: the brokers' certificate did not verify, or
+#: the brokers refused the client's (a TLS alert).
+_TLS_FAILURES = ("SSL handshake failed", "certificate verify failed", "alert bad certificate", "SSL alert number")
+
+
+def _is_tls_failure(err: KafkaError) -> bool:
+    return err.code() == KafkaError._SSL or any(text in err.str() for text in _TLS_FAILURES)
+
+
+def tls_message(config: Mapping[str, Any], said: str) -> str:
+    """One line for a failed TLS handshake: the listener (servers, security protocol), the
+    certificate the client checked or presented, what librdkafka said and what to do."""
+    said = said.split(" (after ", 1)[0].split(": broker certificate could not be verified", 1)[0]
+    where = f"Kafka at {config.get('bootstrap.servers')} ({config.get('security.protocol', 'PLAINTEXT')})"
+    fix = "(kafka_client_config, or in Airflow the extra of the connection wavepipe_kafka)"
+    if "certificate verify failed" in said:
+        ca = config.get("ssl.ca.location") or "unset: the system's CAs"
+        return (
+            f"{where}: the brokers' certificate does not verify against ssl.ca.location ({ca}): {said}. "
+            f"Give the CA that signed the brokers' certificates as ssl.ca.location {fix}."
+        )
+    cert = config.get("ssl.certificate.location") or "unset"
+    return (
+        f"{where}: the brokers refused the TLS handshake, ssl.certificate.location is {cert}: {said}. For mutual "
+        f"TLS give ssl.certificate.location and ssl.key.location of a certificate the brokers' CA signed {fix}."
+    )
 
 
 def unreachable_message(servers: str, why: str, seconds: float) -> str:

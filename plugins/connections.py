@@ -2,28 +2,33 @@
 
 * ``wavepipe_kafka`` ("Kafka (wavepipe)"): the apache-kafka provider's ``kafka`` type, as that
   provider defines it (extra = the librdkafka configuration), tested the way a run uses it: the
-  configuration is refused where a run would refuse it (a callback: wavepipe hands the
-  configuration to its reader processes as JSON), then the cluster is asked for its metadata and
-  the topic, with a timeout, by a client that is gone afterwards.
+  configuration is refused where a run would refuse it (a callback that is not the dotted path of
+  a function importable here and listed in ``[apache_kafka] callback_allowlist``, as the provider
+  requires; wavepipe hands the configuration to its reader processes as data, and each imports
+  the callbacks itself), then the cluster is asked for its metadata and the topic, with a
+  timeout, by a client that is gone afterwards.
 * ``wavepipe_spark_connect`` ("Spark Connect (wavepipe)"): the apache-spark provider's
   ``spark_connect`` type (host, port, user id, token, SSL), tested by attaching, running a query
   and reporting the server's Spark version.
 
 wavepipe also reads the providers' own ``kafka`` and ``spark_connect`` types; only their Test
-buttons are the providers' (the Kafka one accepts callbacks that a run refuses).
+buttons are the providers'.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from airflow.providers.apache.kafka.hooks.base import CALLBACK_CONFIG_KEYS
 from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
-from airflow.sdk import BaseHook
+from airflow.sdk import BaseHook, conf
+
+from wavepipe.contracts.kafka_callbacks import CALLBACK_KEYS, refused_callbacks
 
 #: The Kafka Connection types wavepipe reads, and the Spark Connect ones.
 KAFKA_TYPES = ("kafka", "wavepipe_kafka")
 SPARK_CONNECT_TYPES = ("spark_connect", "wavepipe_spark_connect")
+#: Where the apache-kafka provider (2.x) lists the callback paths a Connection may name.
+KAFKA_SECTION, ALLOWLIST_OPTION = "apache_kafka", "callback_allowlist"
 
 
 def refused_kafka_config(config: dict[str, Any]) -> str | None:
@@ -33,20 +38,32 @@ def refused_kafka_config(config: dict[str, Any]) -> str | None:
             'it has no bootstrap.servers in its extra: give the brokers there, e.g. {"bootstrap.servers": '
             '"b1:9092,b2:9092"}, beside any other librdkafka property'
         )
-    callbacks = sorted(key for key, value in config.items() if key in CALLBACK_CONFIG_KEYS or callable(value))
-    if callbacks:
-        return (
-            f"it gives Kafka callbacks {callbacks}: wavepipe hands the Kafka configuration to its reader "
-            "processes as JSON, so it takes plain librdkafka properties only (e.g. SASL/SCRAM or mutual TLS "
-            "instead of an OAuth callback)"
-        )
+    why = refused_callbacks(config) or _not_allowed(config)
+    if why:
+        return why
     mechanisms = str(config.get("sasl.mechanism") or config.get("sasl.mechanisms") or "").upper()
-    if mechanisms == "OAUTHBEARER" and str(config.get("sasl.oauthbearer.method", "")).lower() != "oidc":
+    oidc = str(config.get("sasl.oauthbearer.method", "")).lower() == "oidc"
+    if mechanisms == "OAUTHBEARER" and not oidc and not config.get("oauth_cb"):
         return (
-            "it asks for SASL OAUTHBEARER without sasl.oauthbearer.method=oidc: its tokens would come from a "
-            "callback, which wavepipe cannot hand to its reader processes; give librdkafka's own OIDC "
-            "properties (sasl.oauthbearer.method=oidc, sasl.oauthbearer.client.id, ...), or SCRAM or mutual TLS"
+            "it asks for SASL OAUTHBEARER with neither sasl.oauthbearer.method=oidc nor an oauth_cb: give "
+            "librdkafka's OIDC properties (sasl.oauthbearer.method=oidc, ...) or a token callback by dotted path, "
+            'e.g. "oauth_cb": "mypkg.kafka_auth.token"'
         )
+    return None
+
+
+def _not_allowed(config: dict[str, Any]) -> str | None:
+    """A callback path missing from ``[apache_kafka] callback_allowlist``: the apache-kafka
+    provider resolves a Connection's callbacks only from that list (who edits Connections must
+    not choose the code workers run), and so does wavepipe."""
+    allowed = {path.strip() for path in conf.get(KAFKA_SECTION, ALLOWLIST_OPTION, fallback="").split(",")}
+    for key in CALLBACK_KEYS:
+        path = config.get(key)
+        if isinstance(path, str) and path not in allowed:
+            return (
+                f"{key}={path!r} is not in [{KAFKA_SECTION}] {ALLOWLIST_OPTION}: add its path there (Airflow "
+                f"config, or AIRFLOW__{KAFKA_SECTION.upper()}__{ALLOWLIST_OPTION.upper()}) if you trust it"
+            )
     return None
 
 

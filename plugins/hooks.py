@@ -57,9 +57,10 @@ class WavepipeHook(BaseHook):
 
     Kafka, Connection ``conn_id`` (default ``wavepipe_kafka``) of wavepipe's type
     ``wavepipe_kafka`` or the apache-kafka provider's ``kafka`` (``connections``): its extra is the
-    librdkafka configuration (``bootstrap.servers`` and TLS, SASL, ... properties; plain
-    properties only, no callbacks), given to every Kafka client, with wavepipe's own keys per
-    client (group, isolation, transactions) on top.
+    librdkafka configuration (``bootstrap.servers`` and TLS, SASL, ... properties; callbacks by
+    dotted path, listed in ``[apache_kafka] callback_allowlist`` as the provider requires), given
+    to every Kafka client, with wavepipe's own keys per client (group, isolation, transactions)
+    on top.
 
     Spark, Connection ``wavepipe_spark``, of one of these types:
 

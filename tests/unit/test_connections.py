@@ -62,20 +62,27 @@ def test_a_kafka_connection_the_provider_would_not_read_is_refused_with_what_to_
         kafka_client_config(conn_id)
 
 
-def test_what_a_run_cannot_hand_its_readers_is_refused_by_both_types(monkeypatch):
-    """the provider turns callbacks (and its MSK IAM and Google OAuth sign-in) into callables;
-    wavepipe's readers get the configuration as JSON, so those are refused, not lost, whichever
-    of the two Kafka types the Connection is"""
+def test_callbacks_by_dotted_path_are_taken_as_the_provider_takes_them(monkeypatch):
+    """a Connection may name callbacks by dotted path, listed in [apache_kafka] callback_allowlist
+    as the apache-kafka provider requires; a path that does not import, a Python object, or
+    OAUTHBEARER with neither OIDC nor an oauth_cb is refused, by both Kafka types"""
     from wavepipe.plugins.connections import refused_kafka_config
     from wavepipe.plugins.hooks import kafka_client_config
 
-    for conn_type in ("kafka", "wavepipe_kafka"):
-        conn_id = _kafka_connection(
-            monkeypatch, conn_type=conn_type, extra={"bootstrap.servers": "b1:9092", "oauth_cb": "team.auth.token"}
-        )
-        with pytest.raises(ValueError, match=r"callbacks \['oauth_cb'\]"):
-            kafka_client_config(conn_id)
     oauth = {"bootstrap.servers": "b1:9092", "security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER"}
-    assert "sasl.oauthbearer.method=oidc" in refused_kafka_config(oauth)
+    minted = {**oauth, "oauth_cb": "tests.kafka_tokens.mint"}
+    monkeypatch.delenv("AIRFLOW__APACHE_KAFKA__CALLBACK_ALLOWLIST", raising=False)
+    assert "oauth_cb='tests.kafka_tokens.mint' is not in [apache_kafka] callback_allowlist" in refused_kafka_config(
+        minted
+    )
+    monkeypatch.setenv("AIRFLOW__APACHE_KAFKA__CALLBACK_ALLOWLIST", "tests.kafka_tokens.mint, tests.kafka_tokenz.mint")
+    for conn_type in ("kafka", "wavepipe_kafka"):
+        conn_id = _kafka_connection(monkeypatch, conn_type=conn_type, extra=minted)
+        assert kafka_client_config(conn_id) == minted
+        typo = {**oauth, "oauth_cb": "tests.kafka_tokenz.mint"}
+        conn_id = _kafka_connection(monkeypatch, conn_type=conn_type, extra=typo)
+        with pytest.raises(ValueError, match=r"oauth_cb='tests.kafka_tokenz.mint': module 'tests.kafka_tokenz'"):
+            kafka_client_config(conn_id)
+    assert "neither sasl.oauthbearer.method=oidc nor an oauth_cb" in refused_kafka_config(oauth)
     assert refused_kafka_config({**oauth, "sasl.oauthbearer.method": "oidc"}) is None  # librdkafka's own
-    assert refused_kafka_config({"bootstrap.servers": "b1:9092", "error_cb": print}) is not None
+    assert "Python object" in refused_kafka_config({"bootstrap.servers": "b1:9092", "error_cb": print})

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from wavepipe.consumers.kafka_admin import kafka_log_level, with_logger
+from wavepipe.consumers.kafka_admin import client_config, kafka_log_level
 from wavepipe.spark_launch import AppOutput
 
 DEBUG, INFO, WARNING, ERROR = logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR
@@ -111,7 +111,7 @@ def test_librdkafka_levels(level, facility, expected):
 
 
 def test_librdkafka_lines_go_to_python_logging(caplog):
-    logger = with_logger({"bootstrap.servers": "127.0.0.1:1"})["logger"]
+    logger = client_config({"bootstrap.servers": "127.0.0.1:1"})["logger"]
     with caplog.at_level(DEBUG, logger="wavepipe.kafka.client"):
         logger.log(
             ERROR, "%s [%s] %s", "FAIL", "rdkafka#producer-1", "Connect to ipv4#127.0.0.1:1 failed: Connection refused"
@@ -132,4 +132,4 @@ def test_librdkafka_lines_go_to_python_logging(caplog):
         == "FAIL [rdkafka#producer-1] Connect to ipv4#127.0.0.1:1 failed: Connection refused"
     )
     mine = object()
-    assert with_logger({"logger": mine})["logger"] is mine  # an explicit logger stays
+    assert client_config({"logger": mine})["logger"] is mine  # an explicit logger stays

@@ -186,6 +186,16 @@ def _table(value: Any) -> Any:
     return value
 
 
+def _callbacks_import(value: dict[str, Any]) -> dict[str, Any]:
+    """Kafka callbacks given by dotted path import to callables here (else refused, naming them)."""
+    from wavepipe.contracts.kafka_callbacks import refused_callbacks
+
+    why = refused_callbacks(value)
+    if why:
+        raise PydanticCustomError("kafka_callback", why)
+    return value
+
+
 def _rules(value: Any) -> Any:
     """The quality rules (``contracts.quality``) given as JSON text (an environment variable)
     read as a list; each entry checked, a wrong one refused with what is wrong with it."""
@@ -258,7 +268,9 @@ class Settings(BaseModel):
     #: Kafka bootstrap servers. The local broker started by ``wavepipe kafka up`` listens here.
     bootstrap_servers: Annotated[str, _check(_servers), Rule("must be host:port[,host:port...]")] = "127.0.0.1:9092"
     #: Extra librdkafka properties for every client (TLS, SASL, ...), as a JSON object or table.
-    kafka_client_config: Table = {}
+    #: A callback (``oauth_cb``, ``error_cb``, ...) is named by dotted path, imported by each
+    #: process that makes a client (``contracts.kafka_callbacks``).
+    kafka_client_config: Annotated[dict[str, Any], BeforeValidator(_table), AfterValidator(_callbacks_import)] = {}
     #: Topic holding the chunked waveforms, and how many partitions it is created with.
     topic: Annotated[str, _check(_topic_name), Rule("must be a Kafka topic name: 1-249 of A-Z a-z 0-9 . _ -")] = (
         "waveforms"
@@ -658,7 +670,7 @@ def _refusal(error: Mapping[str, Any], sources: Mapping[str, str]) -> str:
         return f"{where}{error['msg']}"
     spec = Settings.model_fields[name]
     rule = next((m for m in spec.metadata if isinstance(m, Rule)), None)
-    if error["type"] == "quality_rules":
+    if error["type"] in ("quality_rules", "kafka_callback"):
         return f"{where}{name}: {error['msg']}"
     words = rule.words if rule and error["type"] in _RULE_ERRORS else f"must be {_KIND[spec.annotation]}"
     return f"{where}{name} {words}, got {_shown(name, error['input'])}"
