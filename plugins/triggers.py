@@ -34,8 +34,9 @@ STATUS_EVERY_S = 600.0
 #: Longest pause between attempts while the broker does not answer.
 MAX_BACKOFF_S = 60.0
 #: What a measurement raises while the broker is down, restarting or refusing the client
-#: (``KafkaUnreachableError`` and ``KafkaAuthenticationError`` are ``ConnectionError``s; the
-#: Connection is read again each time), or while the topic does not exist yet: tried again.
+#: (``KafkaUnreachableError``, ``KafkaAuthenticationError`` and ``KafkaTlsError`` are
+#: ``ConnectionError``s; the Connection is read again each time), or while the topic does not
+#: exist yet: tried again.
 MEASURE_ERRORS = (KafkaException, OSError, UnknownTopicError)
 STOPPED_HINT = "the watcher measures no more: fix the cause, then restart Airflow's triggerer, which starts it again"
 

@@ -4,6 +4,8 @@
 ``LocalKafkaCluster`` runs several of them as one cluster on loopback (the same cluster id, every
 node a voter of the controller quorum, internal topics replicated), optionally with SASL/PLAIN
 on the client listener, to exercise replication, leader failover and client security for real.
+A node may also have more client listeners (``Listener``: TLS, mutual TLS, SASL_SSL with SCRAM or
+OAUTHBEARER; certificates from ``wavepipe.local.tls``), as managed clusters offer them.
 
 The jars come from Maven Central (resources/kafka-pom.xml); data, config, logs and the pid file
 of a node live under one folder. ``up`` returns only once the node answers metadata requests.
@@ -73,6 +75,41 @@ def sasl_client_config(username: str, password: str) -> dict[str, str]:
     }
 
 
+#: The broker's login module of each SASL mechanism (users of PLAIN are in its JAAS line; SCRAM
+#: users are stored in the cluster's metadata, ``LocalKafka.scram_users``; OAUTHBEARER with these
+#: defaults validates unsecured JWS tokens: Kafka's OAuthBearerUnsecuredValidatorCallbackHandler).
+SASL_LOGIN_MODULES = {
+    "PLAIN": "org.apache.kafka.common.security.plain.PlainLoginModule",
+    "SCRAM-SHA-256": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "SCRAM-SHA-512": "org.apache.kafka.common.security.scram.ScramLoginModule",
+    "OAUTHBEARER": "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule",
+}
+
+
+@dataclass(frozen=True)
+class Listener:
+    """A client listener of a node beside its main one: its name, port, security protocol
+    (``SSL``, ``SASL_SSL``, ``SASL_PLAINTEXT``, ``PLAINTEXT``) and its own properties, written
+    as ``listener.name.<name>.<property>`` (SASL mechanisms, ``ssl.client.auth``, ...)."""
+
+    name: str
+    port: int
+    protocol: str
+    properties: Mapping[str, str] = field(default_factory=dict)
+
+
+def sasl_listener(name: str, port: int, mechanism: str, protocol: str = "SASL_SSL") -> Listener:
+    """A listener taking one SASL mechanism (its users: ``scram_users`` for SCRAM; any unsecured
+    token for OAUTHBEARER). Its TLS, if any, uses the node's ``ssl.*`` properties."""
+    module = SASL_LOGIN_MODULES[mechanism]
+    return Listener(
+        name,
+        port,
+        protocol,
+        {"sasl.enabled.mechanisms": mechanism, f"{mechanism.lower()}.sasl.jaas.config": f"{module} required;"},
+    )
+
+
 def _jaas_quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -107,6 +144,12 @@ class LocalKafka:
     #: Non-empty: the client listener is SASL_PLAINTEXT with mechanism PLAIN and these users
     #: (name -> password); the controller and inter-broker listeners stay PLAINTEXT.
     sasl_users: Mapping[str, str] = field(default_factory=dict)
+    #: More client listeners (TLS, other SASL mechanisms) beside the main one, which stays the one
+    #: ``client_config`` and the readiness check use. TLS listeners need the node's ``ssl.*``
+    #: properties in ``server_config`` (``wavepipe.local.tls.broker_ssl_properties``).
+    listeners: tuple[Listener, ...] = ()
+    #: SCRAM-SHA-512 users (name -> password) stored when the storage is formatted.
+    scram_users: Mapping[str, str] = field(default_factory=dict)
     #: Extra server.properties, applied last.
     server_config: Mapping[str, Any] = field(default_factory=dict)
     #: Extra JVM options of the node (e.g. ``-XX:TieredStopAtLevel=1``: less CPU, lower peak speed;
@@ -168,7 +211,8 @@ class LocalKafka:
         return next((line.split("=", 1)[1].strip() for line in lines if line.startswith("cluster.id=")), None)
 
     def _ports(self) -> list[int]:
-        return [p for p in (self.port, self.controller_port, self.internal_port) if p is not None]
+        ports = (self.port, self.controller_port, self.internal_port, *(lst.port for lst in self.listeners))
+        return [p for p in ports if p is not None]
 
     def _server_properties(self, controller_port: int, internal_port: int | None) -> dict[str, str]:
         client = "CLIENT" if internal_port else "PLAINTEXT"
@@ -177,7 +221,9 @@ class LocalKafka:
         advertised = [f"{client}://{self.host}:{self.port}"]
         if internal_port:
             advertised.append(f"INTERNAL://{self.host}:{internal_port}")
+        advertised += [f"{lst.name}://{self.host}:{lst.port}" for lst in self.listeners]
         protocols = {"CONTROLLER": "PLAINTEXT", client: client_protocol, inter: "PLAINTEXT"}
+        protocols |= {lst.name: lst.protocol for lst in self.listeners}
         rf, min_isr = self.replication, min(2, self.replication)
         props = {
             "process.roles": "broker,controller",
@@ -216,6 +262,8 @@ class LocalKafka:
                 f"{prefix}.sasl.enabled.mechanisms": "PLAIN",
                 f"{prefix}.plain.sasl.jaas.config": f"org.apache.kafka.common.security.plain.PlainLoginModule required {users};",
             }
+        for lst in self.listeners:
+            props |= {f"listener.name.{lst.name.lower()}.{k}": str(v) for k, v in lst.properties.items()}
         props |= {k: str(v) for k, v in self.server_config.items()}
         return props
 
@@ -289,6 +337,11 @@ class LocalKafka:
                     self.cluster_id or new_cluster_id(),
                     "-c",
                     str(self.config_file),
+                    *(
+                        arg
+                        for name, pw in self.scram_users.items()
+                        for arg in ("--add-scram", f"SCRAM-SHA-512=[name={name},password={pw}]")
+                    ),
                 ),
                 capture_output=True,
                 text=True,
