@@ -83,3 +83,17 @@ def test_a_failed_tls_handshake_is_one_line_naming_the_listener_the_certificate_
     assert "install ca-certificates" not in line and "\n" not in line, line
     refused = tls_message({**config, "security.protocol": "SSL"}, "Receive failed: ssl/tls alert bad certificate")
     assert "(SSL): the brokers refused the TLS handshake, ssl.certificate.location is unset" in refused, refused
+
+
+def test_local_airflow_allows_the_callbacks_its_settings_name(monkeypatch, tmp_path):
+    """`wavepipe airflow up` writes the Connection from the settings: their callback paths join
+    the provider's allowlist, or the Connection it wrote would be refused"""
+    from wavepipe.local.airflow import airflow_env
+
+    monkeypatch.setenv("AIRFLOW__APACHE_KAFKA__CALLBACK_ALLOWLIST", "team.auth.token")
+    settings = load_settings(home=tmp_path, kafka_client_config={"oauth_cb": "tests.kafka_tokens.mint"})
+    assert (
+        airflow_env(settings)["AIRFLOW__APACHE_KAFKA__CALLBACK_ALLOWLIST"] == "team.auth.token,tests.kafka_tokens.mint"
+    )
+    monkeypatch.delenv("AIRFLOW__APACHE_KAFKA__CALLBACK_ALLOWLIST")
+    assert "AIRFLOW__APACHE_KAFKA__CALLBACK_ALLOWLIST" not in airflow_env(settings.replace(kafka_client_config={}))

@@ -44,7 +44,22 @@ def airflow_env(settings: Settings) -> dict[str, str]:
         # is locked" while the scheduler wrote); Airflow itself turns on WAL.
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}?timeout=60",
         "PYSPARK_PYTHON": sys.executable,
+        **callbacks_allowed(settings),
     }
+
+
+def callbacks_allowed(settings: Settings) -> dict[str, str]:
+    """The Kafka callbacks the settings name (dotted paths, the operator's own config), added to
+    the apache-kafka provider's ``[apache_kafka] callback_allowlist``: the Connection
+    ``sync_kafka_connection`` writes from these settings is then accepted."""
+    from wavepipe.contracts.kafka_callbacks import CALLBACK_KEYS
+
+    paths = [settings.kafka_client_config[k] for k in CALLBACK_KEYS if settings.kafka_client_config.get(k)]
+    if not paths:
+        return {}
+    variable = "AIRFLOW__APACHE_KAFKA__CALLBACK_ALLOWLIST"
+    listed = [p for p in os.environ.get(variable, "").split(",") if p.strip()]
+    return {variable: ",".join(dict.fromkeys([*listed, *paths]))}
 
 
 def _airflow(
