@@ -208,10 +208,16 @@ def tls_message(config: Mapping[str, Any], said: str) -> str:
             f"{where}: the brokers' certificate does not verify against ssl.ca.location ({ca}): {said}. "
             f"Give the CA that signed the brokers' certificates as ssl.ca.location {fix}."
         )
-    cert = config.get("ssl.certificate.location") or "unset"
+    if "alert" in said:  # the brokers ended the handshake: mutual TLS, and no certificate they trust
+        cert = config.get("ssl.certificate.location") or "unset"
+        return (
+            f"{where}: the brokers refused the client's certificate (ssl.certificate.location: {cert}): {said}. "
+            "Give ssl.certificate.location and ssl.key.location of a certificate signed by a CA the brokers "
+            f"trust {fix}."
+        )
     return (
-        f"{where}: the brokers refused the TLS handshake, ssl.certificate.location is {cert}: {said}. For mutual "
-        f"TLS give ssl.certificate.location and ssl.key.location of a certificate the brokers' CA signed {fix}."
+        f"{where}: the TLS handshake failed: {said}. Check that this listener speaks "
+        f"{config.get('security.protocol', 'PLAINTEXT')}, and ssl.ca.location {fix}."
     )
 
 

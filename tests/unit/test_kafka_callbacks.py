@@ -82,7 +82,9 @@ def test_a_failed_tls_handshake_is_one_line_naming_the_listener_the_certificate_
     assert "ssl.ca.location (/etc/ca.pem)" in line and "Give the CA that signed" in line, line
     assert "install ca-certificates" not in line and "\n" not in line, line
     refused = tls_message({**config, "security.protocol": "SSL"}, "Receive failed: ssl/tls alert bad certificate")
-    assert "(SSL): the brokers refused the TLS handshake, ssl.certificate.location is unset" in refused, refused
+    assert "(SSL): the brokers refused the client's certificate (ssl.certificate.location: unset)" in refused
+    other = tls_message(config, "SSL handshake failed: error:0A00010B:SSL routines::wrong version number")
+    assert "the TLS handshake failed: SSL handshake failed" in other and "speaks SASL_SSL" in other, other
 
 
 def test_local_airflow_allows_the_callbacks_its_settings_name(monkeypatch, tmp_path):
