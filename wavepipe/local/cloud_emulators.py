@@ -56,6 +56,15 @@ FAKE_GCS_EDITS = (
     ),
 )
 AZURITE_VERSION = "3.35.0"
+#: wavepipe's edit of Azurite: its flat listing honours ``startFrom`` (names after it only), which
+#: object_store sends for a listing from an offset (delta-rs lists a table's log so) and Azure
+#: serves; 3.35.0 ignores it, and delta-rs then reads old log entries as new ones.
+AZURITE_EDIT = (
+    "dist/src/blob/handlers/ContainerHandler.js",
+    "                blobItems: blobs.map(item => {",
+    '                blobItems: blobs.filter(item => !request.getQuery("startFrom") || '
+    'item.name > request.getQuery("startFrom")).map(item => {',
+)
 READY_TIMEOUT_S = 60.0
 #: The bucket (GCS) or container (Azure) ``up`` makes sure of.
 BUCKET = "wavepipe"
@@ -100,17 +109,24 @@ def _add_xml_writes(tree: Path) -> None:
         folder.chmod(0o755)
     for added in FAKE_GCS_ADDITIONS.glob("*.go"):
         shutil.copyfile(added, tree / "fakestorage" / added.name)
-    for name, text, replacement in FAKE_GCS_EDITS:
-        found = (tree / name).read_text()
-        if found.count(text) != 1:
-            raise SetupError(f"{FAKE_GCS_MODULE}@{FAKE_GCS_VERSION}'s {name} is not the one wavepipe's edit fits")
-        (tree / name).write_text(found.replace(text, replacement))
+    for edit in FAKE_GCS_EDITS:
+        _edit(tree, *edit, f"{FAKE_GCS_MODULE}@{FAKE_GCS_VERSION}")
+
+
+def _edit(tree: Path, name: str, text: str, replacement: str, what: str) -> None:
+    """Replace ``text`` in file ``name`` of ``tree`` (``what``'s source) by ``replacement``; a
+    file without exactly one ``text`` is a ``SetupError`` (a release that changed there)."""
+    found = (tree / name).read_text()
+    if found.count(text) != 1:
+        raise SetupError(f"{what}'s {name} is not the one wavepipe's edit fits; reinstall {what}")
+    (tree / name).write_text(found.replace(text, replacement))
 
 
 def azurite_install(npm_dir: Path, *, say=_say) -> Path:
     """Azurite's blob server ``AZURITE_VERSION``, installed once from the npm registry under
     ``npm_dir``; returns its launcher."""
-    folder = npm_dir / f"azurite-{AZURITE_VERSION}"
+    digest = hashlib.sha256(repr(AZURITE_EDIT).encode()).hexdigest()[:8]
+    folder = npm_dir / f"azurite-{AZURITE_VERSION}-{digest}"
     launcher = folder / "node_modules" / ".bin" / "azurite-blob"
     if launcher.exists():
         return launcher
@@ -126,6 +142,7 @@ def azurite_install(npm_dir: Path, *, say=_say) -> Path:
             f"`npm install azurite@{AZURITE_VERSION}` failed:\n{result.stderr[-3000:]}\n"
             "Check that the npm registry is reachable (npm config get registry) and node is 20 or newer, then retry."
         )
+    _edit(partial / "node_modules" / "azurite", *AZURITE_EDIT, AZURITE_VERSION)
     shutil.rmtree(folder, ignore_errors=True)
     partial.replace(folder)
     say(f"installed Azurite in {time.monotonic() - began:.0f}s: {launcher}")
