@@ -725,7 +725,8 @@ def _cloud_config(options: GCSOptions | AzureOptions) -> tuple[dict[str, str], d
     share), and its HTTP client's options."""
     if isinstance(options, GCSOptions):
         if options.endpoint:  # an emulator: its API, without OAuth
-            return {"service_account_key": cloud_access.emulator_service_account(options.endpoint)}, {}
+            key = {"service_account_key": cloud_access.emulator_service_account(options.endpoint)}
+            return key, ({"allow_http": "true"} if options.endpoint.startswith("http://") else {})
         return ({"service_account": options.service_account} if options.service_account else {}), {}
     found = {"account_name": options.account, "account_key": options.key, "endpoint": options.endpoint}
     return {k: v for k, v in found.items() if v}, ({"allow_http": "true"} if options.plain_http else {})

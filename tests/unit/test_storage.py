@@ -78,7 +78,7 @@ def test_gcs_and_azure_options_feed_obstore_delta_rs_and_pyarrow(tmp_path):
         load_settings(home=tmp_path, azure_endpoint="local", azure_emulator_port=11000), "azure"
     )
     assert azurite.account == "devstoreaccount1" and azurite.endpoint == "http://127.0.0.1:11000/devstoreaccount1"
-    assert delta_storage_options(azurite)["allow_http"] == "true"
+    assert delta_storage_options(azurite)["allow_http"] == delta_storage_options(gcs)["allow_http"] == "true"
     azure = load_settings(home=tmp_path, tables_uri="az://box/t", azure_account="acct", azure_key="k")
     options = delta_storage_options(storage.options_for(azure, "azure"))
     assert options == {"account_name": "acct", "account_key": "k", **DELTA_RS_PATIENCE}, "no endpoint: Azure's own"
