@@ -183,12 +183,18 @@ def unreachable(settings) -> str | None:
         kind = store_kind(where)
         first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         return (
-            f"the object store of {where} did not answer ({first}). Nothing the step wrote was committed, and "
-            f"the run's plan and staged chunks are kept: check the store{own_store(settings, kind)} and the "
-            f"{KIND_SETTINGS[kind]} settings, then run it again (`wavepipe run` resumes the run; in Airflow, "
-            "clear the failed task)"
+            f"the object store at {_endpoint_name(settings, kind)} did not answer ({first}). Nothing the step wrote "
+            "was committed, and the run's plan and staged chunks are kept: check the store"
+            f"{own_store(settings, kind)} and the {KIND_SETTINGS[kind]} settings, then run it again (`wavepipe "
+            "run` resumes the run; in Airflow, clear the failed task)"
         )
     return None
+
+
+def _endpoint_name(settings, kind: str) -> str:
+    """Where the settings' store of ``kind`` is, for a message: its endpoint, or the cloud's name."""
+    endpoint = {"s3": settings.s3_endpoint, "gcs": settings.gcs_endpoint, "azure": settings.azure_endpoint}[kind]
+    return endpoint or {"s3": "AWS S3", "gcs": "Google Cloud Storage", "azure": "Azure Blob Storage"}[kind]
 
 
 def own_store(settings, kind: str) -> str:

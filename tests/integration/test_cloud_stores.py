@@ -221,6 +221,17 @@ def test_wavepipe_check_proves_the_stores_conditional_writes_in_one_line(kind, o
     assert storage.open_store(state).list_keys() == [], "the probe is deleted"
     missing = check_location(settings, "state", state.replace(f"://{BUCKET}/", "://no-such-bucket-here/"))
     assert missing.ok is False and f"{kind}_* settings" in missing.line and "\n" not in missing.line, missing
+    dead = {key: value.replace(f":{_port(value)}", f":{free_port()}") for key, value in on_store.items()}
+    said = storage.unreachable(load_settings(home=tmp_path, state_uri=state, **dead))
+    assert said.startswith(f"the object store at {dead[f'{kind}_endpoint']} did not answer"), said
+    assert f"and the {kind}_* settings, then run it again" in said, said
+
+
+def _port(value: str) -> str:
+    """The port of an endpoint URL (other settings: none)."""
+    from urllib.parse import urlparse
+
+    return str(urlparse(value).port) if value.startswith("http") else "no port"
 
 
 def test_bounded_runs_of_two_workers_keep_their_state_on_the_store_and_publish_each_waveform_once(
