@@ -431,10 +431,10 @@ def cmd_demo(args) -> int:
 
 
 def cmd_setup(args) -> int:
-    """Resolve everything that is not a Python package: the Kafka, Delta Lake, S3 and benchmark
-    jars, wavepipe's LogStore, with ``--object-store`` the local object store's server, and with
+    """Resolve everything that is not a Python package: the Kafka, Delta Lake, S3, GCS and
+    benchmark jars, wavepipe's LogStore, with ``--object-store`` the local object store's server, and with
     ``--emulators`` the GCS and Azure emulators."""
-    from wavepipe.local.jars import kafka_jars, logstore_jar, s3_jars, spark_jars
+    from wavepipe.local.jars import gcs_jars, kafka_jars, logstore_jar, s3_jars, spark_jars
 
     settings = _settings(args)
     print(f"Kafka jars: {kafka_jars(settings.jars_dir)}")
@@ -442,6 +442,7 @@ def cmd_setup(args) -> int:
     print(
         f"S3 jars (Hadoop's S3A, the AWS SDK): {len(s3_jars(settings.jars_dir))}; LogStore: {logstore_jar(settings.jars_dir)}"
     )
+    print(f"GCS jar (Google's Hadoop connector, shaded): {', '.join(p.name for p in gcs_jars(settings.jars_dir))}")
     if args.object_store:
         from wavepipe.local.objectstore import weed_binary
 

@@ -11,7 +11,8 @@ it its own way, from one set of options per store (``S3Options``, ``GCSOptions``
 - delta-rs (the publish's commit, every read of a table): ``delta_storage_options``;
 - pyarrow (a Spark worker's reads of staged files): ``arrow_filesystem``;
 - Spark (the engine's reads and writes of tables): ``s3a://`` through Hadoop's S3A connector,
-  configured by ``spark_confs`` (S3 only: GCS and Azure need their connectors on the cluster).
+  configured by ``spark_confs``; ``gs://`` through Google's connector, by ``gcs_spark_confs``
+  (Azure's ABFS is not put on the engine: a cluster brings its own).
 
 An object store has no rename and no lock; what needs one is a conditional write instead.
 """
@@ -137,6 +138,17 @@ def s3_reach(settings) -> str:
     import hashlib
 
     return hashlib.sha256(repr(s3_options(settings)).encode()).hexdigest()[:16]
+
+
+def engine_reach(settings) -> str:
+    """Which object stores the Spark engine of ``settings`` reaches, and how, as a fingerprint
+    ("": none): S3's (``s3_reach``), and GCS's when the tables or staging are there."""
+    import hashlib
+
+    gcs = repr(gcs_options(settings)) if reaches_gcs(settings) else ""
+    if not gcs:
+        return s3_reach(settings)
+    return hashlib.sha256(f"{s3_reach(settings)}|{gcs}".encode()).hexdigest()[:16]
 
 
 class StorageUnavailableError(RuntimeError):
@@ -304,6 +316,28 @@ def spark_confs(options: S3Options) -> dict[str, str]:
     if options.access_key:  # the keys travel in the environment (credentials_env), not on a command line
         confs[f"{prefix}aws.credentials.provider"] = ENV_CREDENTIALS
     return confs
+
+
+def reaches_gcs(settings) -> bool:
+    """Whether the Spark engine of ``settings`` must reach GCS: the tables or the staging are there."""
+    return "gcs" in (store_kind(settings.tables_uri), store_kind(settings.staging_uri))
+
+
+def gcs_spark_confs(options: GCSOptions) -> dict[str, str]:
+    """The Spark engine's settings of Google's Hadoop connector (``gcs_jars``). An emulator's API is
+    reached unauthenticated; Delta commits through its own ``GCSLogStore`` (a create-if-absent)."""
+    prefix = "spark.hadoop.fs.gs."
+    confs = {
+        f"{prefix}impl": "com.google.cloud.hadoop.fs.gcs.GoogleHadoopFileSystem",
+        "spark.hadoop.fs.AbstractFileSystem.gs.impl": "com.google.cloud.hadoop.fs.gcs.GoogleHadoopFS",
+        f"{prefix}block.size": str(64 * 1024 * 1024),  # Hadoop 3.5's "64m" is not a number to the connector
+    }
+    if options.endpoint:
+        return confs | {f"{prefix}storage.root.url": options.endpoint, f"{prefix}auth.type": "UNAUTHENTICATED"}
+    if options.service_account:
+        keyfile = {f"{prefix}auth.service.account.json.keyfile": options.service_account}
+        return confs | {f"{prefix}auth.type": "SERVICE_ACCOUNT_JSON_KEYFILE", **keyfile}
+    return confs  # the connector's default: Application Default Credentials
 
 
 #: The AWS SDK's provider that reads ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY``.

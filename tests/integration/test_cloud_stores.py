@@ -2,10 +2,8 @@
 loopback (fake-gcs-server built with Go, with wavepipe's XML-API writes; Azurite from npm), each
 store's own conditional writes (GCS: ``ifGenerationMatch``; Azure: ``If-None-Match``/``If-Match``)
 under the run state's claims, leases and appends, delta-rs tables and their commit race, obstore's
-multipart uploads, ``wavepipe check``, and a bounded run with its state there.
-
-Spark does not reach these stores here (GCS and Azure need their Hadoop connectors on the
-engine); the bounded run keeps its tables and staging local and only its state on the store."""
+multipart uploads, ``wavepipe check``, bounded runs with their state there, and (GCS only: Azure's
+ABFS cannot reach Azurite) a bounded run with the tables and staging on the store through Spark."""
 
 from __future__ import annotations
 
@@ -262,3 +260,44 @@ def test_bounded_runs_of_two_workers_keep_their_state_on_the_store_and_publish_e
     assert code == 0, out[-3000:]
     reports = RunStore(settings).reports()
     assert [r["waveforms"] for r in reports] == [{"output_new": len(sent)}, {"output_new": len(more)}], reports
+
+
+@pytest.fixture(scope="module")
+def gcs_engine(emulator, tmp_path_factory):
+    """A warm Spark engine of this module's own with Google's connector pointed at the GCS
+    emulator (its jar and settings come with the tables on ``gs://``); None for Azure."""
+    from tests.helpers import local_engine
+
+    kind, server = emulator
+    if kind != "gcs":
+        yield None
+        return
+    lake = f"gs://{BUCKET}/engine-{time.time_ns()}"
+    engine = local_engine(tmp_path_factory.mktemp("gcs-engine"), tables_uri=lake, gcs_endpoint=server.endpoint)
+    engine.up()
+    yield engine
+    engine.down(force=True)
+
+
+def test_a_bounded_run_stages_and_publishes_on_gcs_through_spark_and_delta_rs_reads_it(
+    kind, kafka, gcs_engine, on_store, prefix, tmp_path
+):
+    """Tables and staging on ``gs://``: the readers stage there, the engine (Google's connector)
+    reads the chunks and writes the run's files into the table, the run's process commits them
+    with delta-rs (``ifGenerationMatch=0``), and delta-rs reads each waveform back bit-exact."""
+    if gcs_engine is None:
+        pytest.skip("Spark's Azure connector (ABFS) cannot reach Azurite: it serves no dfs endpoint")
+    from tests.helpers import make_settings, run_cli
+    from wavepipe.consumers.kafka_admin import ensure_topic
+    from wavepipe.consumers.producer import produce_demo
+
+    lake, staging = prefix("lake"), prefix("staging")
+    settings = make_settings(tmp_path / "home", kafka, gcs_engine, tables_uri=lake, staging_uri=staging, **on_store)
+    ensure_topic(settings)
+    sent = produce_demo(settings, count=6, target_bytes=16 * 1024)
+    code, out = run_cli(settings, "run")
+    assert code == 0, out[-3000:]
+    table = storage.delta_table(settings.output_table).to_pyarrow_table(columns=["waveform_id", "checksum"])
+    assert dict(zip(*table.to_pydict().values(), strict=True)) == {w.waveform_id: w.checksum for w in sent}
+    assert storage.open_store(staging).list_keys() == [], "a committed run's staging is removed"
+    assert not list((tmp_path / "home").rglob("*.parquet")), "nothing staged or published on local disk"

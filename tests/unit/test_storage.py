@@ -223,3 +223,19 @@ def test_local_files_are_listed_sized_and_removed_by_location(tmp_path):
     assert total_bytes(found) == 8 and exists(found[0]) and not exists(str(tmp_path / "d" / "z.parquet"))
     delete_tree(str(tmp_path / "d"))
     assert not (tmp_path / "d").exists() and files(str(tmp_path / "d")) == []
+
+
+def test_spark_reaches_gcs_through_googles_connector_authenticated_as_the_settings_say(tmp_path):
+    from wavepipe.storage import engine_reach, gcs_spark_confs, reaches_gcs, s3_reach
+
+    emulator = gcs_spark_confs(GCSOptions("http://127.0.0.1:4443"))
+    assert emulator["spark.hadoop.fs.gs.storage.root.url"] == "http://127.0.0.1:4443"
+    assert emulator["spark.hadoop.fs.gs.auth.type"] == "UNAUTHENTICATED"
+    assert emulator["spark.hadoop.fs.gs.block.size"].isdigit(), "the connector reads it as a number"
+    keyed = gcs_spark_confs(GCSOptions(service_account="/etc/wavepipe/sa.json"))
+    assert keyed["spark.hadoop.fs.gs.auth.service.account.json.keyfile"] == "/etc/wavepipe/sa.json"
+    assert "spark.hadoop.fs.gs.auth.type" not in gcs_spark_confs(GCSOptions()), "the connector's default credentials"
+    state_only = load_settings(home=tmp_path, state_uri="gs://lake/state", gcs_endpoint="local")
+    assert not reaches_gcs(state_only) and engine_reach(state_only) == s3_reach(state_only) == ""
+    tables = state_only.replace(tables_uri="gs://lake/tables")
+    assert reaches_gcs(tables) and engine_reach(tables) not in ("", engine_reach(tables.replace(gcs_emulator_port=1)))
