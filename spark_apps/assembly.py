@@ -35,11 +35,11 @@ from wavepipe.delta_files import NULL_PARTITION
 from wavepipe.faults import failpoint
 from wavepipe.spark_apps.quality import batch_metrics
 from wavepipe.storage import (
-    S3Options,
+    StoreOptions,
     arrow_filesystem,
+    arrow_path,
     configured_options,
     files,
-    for_clients,
     is_remote,
     join,
     open_input,
@@ -142,7 +142,7 @@ def _binary(values: list[bytes | memoryview | None]) -> pa.Array:
     return pa.Array.from_buffers(pa.binary(), len(values), buffers, null_count=sum(v is None for v in values))
 
 
-def _changed(message: str, notes: str | None, reach: S3Options | None = None) -> RuntimeError:
+def _changed(message: str, notes: str | None, reach: StoreOptions | None = None) -> RuntimeError:
     """The error of a staged file that changed since its reader hashed it; first a note of it in
     folder ``notes`` (the run's ``changed`` folder), which the publishing process reads: the error
     itself reaches it only as the text of a Spark failure."""
@@ -152,19 +152,19 @@ def _changed(message: str, notes: str | None, reach: S3Options | None = None) ->
     return RuntimeError(text)
 
 
-def leave_note(folder: str, text: str, reach: S3Options | None = None) -> None:
+def leave_note(folder: str, text: str, reach: StoreOptions | None = None) -> None:
     """``text`` as a new file in ``folder`` (local, or on an object store reached with ``reach``)."""
     _put(folder, f"{uuid.uuid4().hex}.txt", text.encode(), reach)
 
 
-def _put(folder: str, name: str, data: bytes, reach: S3Options | None) -> None:
+def _put(folder: str, name: str, data: bytes, reach: StoreOptions | None) -> None:
     """``data`` as file ``name`` in ``folder`` (local, or on an object store reached with ``reach``)."""
     if not is_remote(folder):
         Path(folder).mkdir(parents=True, exist_ok=True)
         (Path(folder) / name).write_bytes(data)
         return
     filesystem = arrow_filesystem(reach or configured_options(folder))
-    with filesystem.open_output_stream(join(for_clients(folder), name).removeprefix("s3://")) as out:
+    with filesystem.open_output_stream(arrow_path(join(folder, name))) as out:
         out.write(data)
 
 
@@ -176,7 +176,7 @@ class Holding:
 
     rules: frozenset[str]
     folder: str
-    reach: S3Options | None = None
+    reach: StoreOptions | None = None
 
 
 def hold_apart(batch: pa.RecordBatch, holding: Holding | None) -> pa.RecordBatch:
@@ -349,7 +349,7 @@ def assemble_file(
     strict: bool = False,
     batch_bytes: int = _DEFAULT_BATCH_BYTES,
     verify_only: bool = False,
-    reach: S3Options | None = None,
+    reach: StoreOptions | None = None,
     notes: str | None = None,
     gaps: dict[str, float | None] | None = None,
     quality: Rules | None = (),
@@ -397,7 +397,7 @@ def assemble_tasks(
     strict: bool,
     batch_bytes: int,
     verify: bool,
-    reach: S3Options | None = None,
+    reach: StoreOptions | None = None,
     notes: str | None = None,
     quality: Rules | None = (),
 ) -> Iterator[pa.RecordBatch]:
@@ -431,15 +431,13 @@ def write_wanted(ids: pa.Table, uri: str) -> None:
         ids = ids.append_column("gap_s", pa.nulls(ids.num_rows, pa.float64()))
     ids = ids.select(WANTED_SCHEMA.names).cast(WANTED_SCHEMA)
     if is_remote(uri):
-        pq.write_table(
-            ids, for_clients(uri).removeprefix("s3://"), filesystem=arrow_filesystem(configured_options(uri))
-        )
+        pq.write_table(ids, arrow_path(uri), filesystem=arrow_filesystem(configured_options(uri)))
         return
     Path(uri).parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(ids, uri)
 
 
-def read_wanted(uri: str, reach: S3Options | None = None) -> tuple[dict[str, str], dict[str, float | None]]:
+def read_wanted(uri: str, reach: StoreOptions | None = None) -> tuple[dict[str, str], dict[str, float | None]]:
     """The waveforms ``write_wanted`` wrote at ``uri``: id -> ``wp-checksum``, and id -> ``gap_s``."""
     ids = pq.read_table(uri if reach is None else open_input(uri, reach))
     names = ids["waveform_id"].to_pylist()
@@ -472,7 +470,7 @@ class FilesTarget:
     folder: str
     partition_by: tuple[str, ...]
     run_id: str
-    reach: S3Options | None = None
+    reach: StoreOptions | None = None
 
 
 def write_parquet(batches: Iterator[pa.RecordBatch], target: FilesTarget) -> Iterator[pa.RecordBatch]:
@@ -549,4 +547,4 @@ def _where(target: FilesTarget, relative: str) -> str:
         path = Path(target.table) / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         return str(path)
-    return join(for_clients(target.table), relative).removeprefix("s3://")
+    return arrow_path(join(target.table, relative))

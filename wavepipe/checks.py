@@ -89,27 +89,51 @@ def check_engine(settings: Settings) -> Check:
 
 
 def check_location(settings: Settings, name: str, uri: str) -> Check:
-    """A location a run writes: an object written, read back and deleted."""
+    """A location a run writes: an object written, read back and deleted; on an object store
+    also its conditional writes, as the run state uses them (a second create and a replace of a
+    stale version refused, a replace of the current one made)."""
     from wavepipe import storage
 
+    kind = storage.store_kind(uri)
+
     def attempt() -> Check:
-        store = storage.open_store(uri, storage.s3_options(settings) if storage.is_remote(uri) else None)
+        store = storage.open_store(uri, storage.options_for(settings, kind) if kind else None)
         key = f".wavepipe-check/{uuid.uuid4().hex}"
         body = b"wavepipe check"
         began = time.monotonic()
-        store.put_bytes(key, body)
         try:
+            refused = _conditional_writes(store, key, body) if kind else store.put_bytes(key, body)
+            if refused:
+                return Check(name, False, f"{uri}: {refused}; its run state would not be safe there")
             if store.get_bytes(key) != body:
                 return Check(name, False, f"{uri}: an object read back differs from what was written")
         finally:
-            store.delete(key)
-            if not storage.is_remote(uri):  # a folder's store leaves the probe's folder
+            if store.head(key) is not None:
+                store.delete(key)
+            if not kind:  # a folder's store leaves the probe's folder
                 with contextlib.suppress(OSError):
                     (Path(uri) / ".wavepipe-check").rmdir()
-        return Check(name, True, f"{uri}: written, read back and deleted in {time.monotonic() - began:.2f}s")
+        made = "conditional writes proved, " if kind else ""
+        return Check(name, True, f"{uri}: written, {made}read back and deleted in {time.monotonic() - began:.2f}s")
 
-    own = " (`wavepipe objectstore status` for this home's own)" if settings.s3_endpoint == "local" else ""
-    return _tried(name, attempt, f"check the store{own}, that the bucket exists, and the s3_* settings")
+    settings_hint = storage.KIND_SETTINGS.get(kind or "s3")
+    own = storage.own_store(settings, kind or "s3")
+    return _tried(name, attempt, f"check the store{own}, that the bucket exists, and the {settings_hint} settings")
+
+
+def _conditional_writes(store, key: str, body: bytes) -> str | None:
+    """Create ``key`` (last with ``body``) the way the run state does; what the store got wrong, or None."""
+    first = store.put_if(key, b"first")
+    if first is None:
+        return "a create of a new object was refused"
+    if store.put_if(key, b"again") is not None:
+        return "a second create of one object was allowed (no If-None-Match / ifGenerationMatch=0)"
+    current = store.put_if(key, body, first)
+    if current is None:
+        return "a replace of the current version was refused"
+    if store.put_if(key, b"stale", first) is not None:
+        return "a replace of a stale version was allowed (no If-Match / ifGenerationMatch)"
+    return None
 
 
 def check_airflow(settings: Settings) -> Check:

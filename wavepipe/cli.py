@@ -34,6 +34,17 @@ def cmd_objectstore(args) -> int:
     return 0 if args.action != "status" or store.pid() else 1
 
 
+def cmd_emulator(args) -> int:
+    from wavepipe.local.cloud_emulators import emulators
+
+    chosen = emulators(_settings(args))
+    kinds = [args.store] if args.store != "all" else list(chosen)
+    for kind in kinds:
+        emulator = chosen[kind]
+        print({"up": emulator.up, "down": emulator.down, "status": emulator.status}[args.action]())
+    return 0 if args.action != "status" or all(chosen[k].pid() for k in kinds) else 1
+
+
 def cmd_kafka(args) -> int:
     from wavepipe.local.kafka import LocalKafka
 
@@ -420,9 +431,10 @@ def cmd_demo(args) -> int:
 
 
 def cmd_setup(args) -> int:
-    """Resolve everything that is not a Python package: the Kafka, Delta Lake, S3 and benchmark
-    jars, wavepipe's LogStore, and with ``--object-store`` the local object store's server."""
-    from wavepipe.local.jars import kafka_jars, logstore_jar, s3_jars, spark_jars
+    """Resolve everything that is not a Python package: the Kafka, Delta Lake, S3, GCS and
+    benchmark jars, wavepipe's LogStore, with ``--object-store`` the local object store's server, and with
+    ``--emulators`` the GCS and Azure emulators."""
+    from wavepipe.local.jars import gcs_jars, kafka_jars, logstore_jar, s3_jars, spark_jars
 
     settings = _settings(args)
     print(f"Kafka jars: {kafka_jars(settings.jars_dir)}")
@@ -430,10 +442,16 @@ def cmd_setup(args) -> int:
     print(
         f"S3 jars (Hadoop's S3A, the AWS SDK): {len(s3_jars(settings.jars_dir))}; LogStore: {logstore_jar(settings.jars_dir)}"
     )
+    print(f"GCS jar (Google's Hadoop connector, shaded): {', '.join(p.name for p in gcs_jars(settings.jars_dir))}")
     if args.object_store:
         from wavepipe.local.objectstore import weed_binary
 
         print(f"object store (SeaweedFS): {weed_binary(settings.tools_dir)}")
+    if args.emulators:
+        from wavepipe.local.cloud_emulators import prepare
+
+        made = prepare(settings)
+        print(f"GCS emulator (fake-gcs-server): {made['gcs']}; Azure emulator (Azurite): {made['azure']}")
     from wavepipe.bench.systems import resolve_spark_kafka_jars
 
     print(f"Benchmark jars (Spark's Kafka source): {resolve_spark_kafka_jars(settings)}")
@@ -702,6 +720,17 @@ def build_parser() -> argparse.ArgumentParser:
     _actions(o, {"up": "start it (idempotent)", "down": "stop it", "status": "is it running, where"})
     o.set_defaults(func=cmd_objectstore)
 
+    em = sub.add_parser(
+        "emulator",
+        help="this home's GCS and Azure emulators (fake-gcs-server built with Go, Azurite from npm, the first "
+        "time), on loopback, for gcs_endpoint / azure_endpoint = local",
+    )
+    for action in _actions(
+        em, {"up": "start it (idempotent)", "down": "stop it", "status": "is it running, where"}
+    ).values():
+        action.add_argument("store", choices=("gcs", "azure", "all"), help="which emulator")
+    em.set_defaults(func=cmd_emulator)
+
     sp = sub.add_parser(
         "spark",
         help="this home's Spark engine: a Spark Connect server on loopback that runs "
@@ -941,6 +970,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--object-store",
         action="store_true",
         help="also build the local object store (SeaweedFS, with Go; once, a few minutes): `make test` does",
+    )
+    st.add_argument(
+        "--emulators",
+        action="store_true",
+        help="also build the GCS emulator (fake-gcs-server, with Go) and install the Azure one (Azurite, with npm); "
+        "once, about a minute: `make test` does",
     )
     st.set_defaults(func=cmd_setup)
 

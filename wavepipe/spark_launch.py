@@ -75,6 +75,7 @@ def spark_conf(settings: Settings, *, small_run: bool = False) -> dict[str, str]
         "spark.executor.extraJavaOptions": f"-Dlog4j2.configurationFile={RESOURCES / 'spark-log4j2.properties'}",
     }
     conf |= _s3_conf(settings)
+    conf |= _gcs_conf(settings, conf)
     conf.update(settings.spark_conf)
     if small_run:
         java = str(conf.get("spark.driver.extraJavaOptions", ""))
@@ -92,6 +93,19 @@ def _s3_conf(settings: Settings) -> dict[str, str]:
         return {}
     jars = [*spark_jars(settings.jars_dir), *s3_jars(settings.jars_dir), logstore_jar(settings.jars_dir)]
     return {"spark.jars": ",".join(str(j) for j in jars), **storage.spark_confs(storage.s3_options(settings))}
+
+
+def _gcs_conf(settings: Settings, conf: dict) -> dict[str, str]:
+    """With the tables or staging on GCS (``storage.reaches_gcs``): Google's connector, added to
+    the jars ``conf`` has, and its settings."""
+    from wavepipe import storage
+    from wavepipe.local.jars import gcs_jars
+
+    if not storage.reaches_gcs(settings):
+        return {}
+    jars = [*str(conf.get("spark.jars", "")).split(","), *(str(j) for j in gcs_jars(settings.jars_dir))]
+    confs = storage.gcs_spark_confs(storage.gcs_options(settings))
+    return {"spark.jars": ",".join(j for j in jars if j), **confs}
 
 
 def settings_env(settings: Settings) -> dict[str, str]:

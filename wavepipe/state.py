@@ -6,12 +6,14 @@ give the same guarantees by different means:
 
 * a write is whole: the local folder writes a temporary file and renames it; an object store's PUT
   is atomic by itself;
-* a create is refused when the key exists: ``link(2)`` of a written file, or S3's conditional PUT
-  (``If-None-Match: *``), which exactly one of several racing writers wins;
+* a create is refused when the key exists: ``link(2)`` of a written file, or the store's
+  conditional PUT (S3, Azure: ``If-None-Match: *``; GCS: ``ifGenerationMatch=0``), which exactly
+  one of several racing writers wins;
 * a lock keeps two processes out of one step: an OS file lock (``flock``, dropped by the kernel
   when its holder dies) or a *lease*: an object naming its holder and its expiry, created if
-  absent, renewed by its holder every third of ``lease_s`` with a conditional replace
-  (``If-Match`` its ETag), and taken over only when it has expired, or when its holder was a
+  absent, renewed by its holder every third of ``lease_s`` with a conditional replace of the
+  version it wrote (``If-Match`` its ETag; GCS: ``ifGenerationMatch`` its generation; the
+  version's tag, ``storage.version_tag``), and taken over only when it has expired, or when its holder was a
   process on this host that is gone. A holder that cannot renew (stalled longer than the lease)
   loses it and says so in its log; the data's own guarantees (the Delta transaction, the offsets'
   check before their commit) still keep each waveform once.
@@ -322,8 +324,8 @@ class _Answering:
                 first = str(exc).splitlines()[0][:300]
                 raise storage.StorageUnavailableError(
                     f"the run state's object store ({self._uri}) failed: {first}. Check that the store answers and "
-                    "the bucket exists, and the s3_* settings, then run again: the run resumes from its plan and "
-                    "staged files"
+                    f"the bucket exists, and the {storage.KIND_SETTINGS[storage.store_kind(self._uri)]} settings, then "
+                    "run again: the run resumes from its plan and staged files"
                 ) from None
 
         return answered

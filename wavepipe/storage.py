@@ -1,12 +1,18 @@
 """Where wavepipe keeps things, named by a URI: a local folder or an object store's bucket.
 
-A location is a local path or ``s3://bucket/prefix`` (S3 and S3-compatible stores). Each client
-reaches it its own way, from one set of options (``S3Options``):
+A location is a local path, ``s3://bucket/prefix`` (S3 and S3-compatible stores),
+``gs://bucket/prefix`` (Google Cloud Storage) or ``az://container/prefix`` (Azure Blob Storage;
+``abfss://container@account.dfs.core.windows.net/prefix`` is the same place). Each client reaches
+it its own way, from one set of options per store (``S3Options``, ``GCSOptions``, ``AzureOptions``):
 - Python (run state, staged chunks): ``open_store``, Rust's object_store through obstore, with
-  S3's conditional writes: ``put_if`` (``If-None-Match: *``, or ``If-Match`` a version's ETag);
+  each store's own conditional writes: ``put_if`` creates only what is absent, or replaces only
+  the version a ``get_tagged`` read (S3 and Azure: ``If-Match`` its ETag; GCS:
+  ``ifGenerationMatch`` its generation);
 - delta-rs (the publish's commit, every read of a table): ``delta_storage_options``;
+- pyarrow (a Spark worker's reads of staged files): ``arrow_filesystem``;
 - Spark (the engine's reads and writes of tables): ``s3a://`` through Hadoop's S3A connector,
-  configured by ``spark_confs``.
+  configured by ``spark_confs``; ``gs://`` through Google's connector, by ``gcs_spark_confs``
+  (Azure's ABFS is not put on the engine: a cluster brings its own).
 
 An object store has no rename and no lock; what needs one is a conditional write instead.
 """
@@ -16,10 +22,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from wavepipe.local import objectstore_access
+from wavepipe.local import cloud_access, objectstore_access
 
-#: URI schemes of object stores (Spark names S3 ``s3a``; every other client ``s3``).
-REMOTE_SCHEMES = ("s3", "s3a")
+#: URI schemes of object stores, and which store each names (Spark names S3 ``s3a``, every other
+#: client ``s3``; Azure's Data Lake URIs ``abfs``/``abfss``, obstore's and delta-rs's ``az``).
+STORE_KINDS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure"}
+REMOTE_SCHEMES = tuple(STORE_KINDS)
+#: The settings each store is configured by (for messages).
+KIND_SETTINGS = {"s3": "s3_*", "gcs": "gcs_*", "azure": "azure_*"}
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,67 @@ class S3Options:
         return self.endpoint.startswith("http://")
 
 
+@dataclass(frozen=True)
+class GCSOptions:
+    """How to reach Google Cloud Storage. ``endpoint``: an emulator's API (unauthenticated);
+    empty: Google's. ``service_account``: a key file's path; empty: the environment's credentials
+    (``GOOGLE_APPLICATION_CREDENTIALS``, a workload identity, the metadata server)."""
+
+    endpoint: str = ""
+    service_account: str = ""
+
+
+@dataclass(frozen=True)
+class AzureOptions:
+    """How to reach Azure Blob Storage: the storage ``account`` and its ``key`` (empty: the
+    environment's credentials, ``AZURE_*`` variables or a managed identity); ``endpoint`` empty:
+    ``https://<account>.blob.core.windows.net``, else a blob endpoint such as an emulator's."""
+
+    account: str = ""
+    key: str = ""
+    endpoint: str = ""
+
+    @property
+    def plain_http(self) -> bool:
+        return self.endpoint.startswith("http://")
+
+
+#: The options of one store.
+StoreOptions = S3Options | GCSOptions | AzureOptions
+
+
+def store_kind(uri: str) -> str | None:
+    """Which store ``uri`` names (``s3``, ``gcs``, ``azure``); None: a local path."""
+    return STORE_KINDS.get(urlparse(str(uri)).scheme)
+
+
+def gcs_options(settings) -> GCSOptions:
+    """The GCS options ``settings`` give: this home's emulator's (``gcs_endpoint = "local"``), or
+    the settings' own."""
+    if settings.gcs_endpoint == "local":
+        return GCSOptions(cloud_access.gcs_endpoint(settings.gcs_emulator_port))
+    return GCSOptions(settings.gcs_endpoint.rstrip("/"), settings.gcs_service_account)
+
+
+def azure_options(settings) -> AzureOptions:
+    """The Azure options ``settings`` give: this home's emulator's (``azure_endpoint = "local"``:
+    its account and well-known key), or the settings' own."""
+    if settings.azure_endpoint == "local":
+        endpoint = cloud_access.azure_endpoint(settings.azure_emulator_port)
+        return AzureOptions(cloud_access.AZURITE_ACCOUNT, cloud_access.AZURITE_KEY, endpoint)
+    return AzureOptions(settings.azure_account, settings.azure_key, settings.azure_endpoint.rstrip("/"))
+
+
+def options_for(settings, kind: str) -> StoreOptions:
+    """The options ``settings`` give for store ``kind`` (``store_kind``)."""
+    return {"s3": s3_options, "gcs": gcs_options, "azure": azure_options}[kind](settings)
+
+
+def locations(settings) -> tuple[str, str, str]:
+    """The locations of ``settings`` a run writes: tables, staging, run state."""
+    return (settings.tables_uri, settings.staging_uri, settings.state_uri)
+
+
 def s3_options(settings) -> S3Options:
     """The S3 options ``settings`` give: this home's object store's (``s3_endpoint = "local"``:
     its endpoint and credentials), or the settings' own."""
@@ -48,14 +119,15 @@ def s3_options(settings) -> S3Options:
 
 def uses_s3(settings) -> bool:
     """Whether any location of ``settings`` is on an object store."""
-    return any(is_remote(uri) for uri in (settings.tables_uri, settings.staging_uri, settings.state_uri))
+    return any(is_remote(uri) for uri in locations(settings))
 
 
 def reaches_s3(settings) -> bool:
-    """Whether the Spark engine of ``settings`` must reach an object store: the tables or the
-    staging are on one (the run state is never the engine's), or an S3 endpoint is set (an engine
-    shared by runs with local and S3 locations)."""
-    return is_remote(settings.tables_uri) or is_remote(settings.staging_uri) or bool(settings.s3_endpoint)
+    """Whether the Spark engine of ``settings`` must reach S3: the tables or the staging are
+    there (the run state is never the engine's), or an S3 endpoint is set (an engine shared by
+    runs with local and S3 locations)."""
+    engine_kinds = (store_kind(settings.tables_uri), store_kind(settings.staging_uri))
+    return "s3" in engine_kinds or bool(settings.s3_endpoint)
 
 
 def s3_reach(settings) -> str:
@@ -66,6 +138,17 @@ def s3_reach(settings) -> str:
     import hashlib
 
     return hashlib.sha256(repr(s3_options(settings)).encode()).hexdigest()[:16]
+
+
+def engine_reach(settings) -> str:
+    """Which object stores the Spark engine of ``settings`` reaches, and how, as a fingerprint
+    ("": none): S3's (``s3_reach``), and GCS's when the tables or staging are there."""
+    import hashlib
+
+    gcs = repr(gcs_options(settings)) if reaches_gcs(settings) else ""
+    if not gcs:
+        return s3_reach(settings)
+    return hashlib.sha256(f"{s3_reach(settings)}|{gcs}".encode()).hexdigest()[:16]
 
 
 class StorageUnavailableError(RuntimeError):
@@ -80,6 +163,8 @@ STORAGE_ERRORS: tuple[type[Exception], ...] = (StorageUnavailableError, OSError)
 #: What a failure from an object store says (delta-rs and obstore, S3A and the AWS SDK).
 _STORAGE_MARKERS = (
     "Generic S3 error",
+    "Generic GCS error",
+    "Generic MicrosoftAzure error",
     "s3a://",
     "S3AFileSystem",
     "software.amazon.awssdk",
@@ -104,18 +189,33 @@ def unreachable(settings) -> str | None:
     if not uses_s3(settings):
         return None
     try:
-        where = next(uri for uri in (settings.tables_uri, settings.staging_uri, settings.state_uri) if is_remote(uri))
-        open_store(where, s3_options(settings)).list_keys(".wavepipe-probe")
+        where = next(uri for uri in locations(settings) if is_remote(uri))
+        open_store(where, options_for(settings, store_kind(where))).list_keys(".wavepipe-probe")
     except Exception as exc:  # any failure to answer: said below, with its first line
-        endpoint = settings.s3_endpoint or "AWS S3"
-        own = " (`wavepipe objectstore status` for this home's own)" if settings.s3_endpoint == "local" else ""
+        kind = store_kind(where)
         first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         return (
-            f"the object store at {endpoint} did not answer ({first}). Nothing the step wrote was committed, and "
-            f"the run's plan and staged chunks are kept: check the store{own} and the s3_* settings, then run it "
-            "again (`wavepipe run` resumes the run; in Airflow, clear the failed task)"
+            f"the object store at {_endpoint_name(settings, kind)} did not answer ({first}). Nothing the step wrote "
+            "was committed, and the run's plan and staged chunks are kept: check the store"
+            f"{own_store(settings, kind)} and the {KIND_SETTINGS[kind]} settings, then run it again (`wavepipe "
+            "run` resumes the run; in Airflow, clear the failed task)"
         )
     return None
+
+
+def _endpoint_name(settings, kind: str) -> str:
+    """Where the settings' store of ``kind`` is, for a message: its endpoint, or the cloud's name."""
+    endpoint = {"s3": settings.s3_endpoint, "gcs": settings.gcs_endpoint, "azure": settings.azure_endpoint}[kind]
+    return endpoint or {"s3": "AWS S3", "gcs": "Google Cloud Storage", "azure": "Azure Blob Storage"}[kind]
+
+
+def own_store(settings, kind: str) -> str:
+    """How to look at this home's own server of store ``kind``, when the settings use it ("": they don't)."""
+    if kind == "s3" and settings.s3_endpoint == "local":
+        return " (`wavepipe objectstore status` for this home's own)"
+    if {"gcs": settings.gcs_endpoint, "azure": settings.azure_endpoint}.get(kind) == "local":
+        return f" (`wavepipe emulator status {kind}` for this home's own)"
+    return ""
 
 
 def is_remote(uri: str) -> bool:
@@ -130,9 +230,30 @@ def for_spark(uri: str) -> str:
 
 
 def for_clients(uri: str) -> str:
-    """``uri`` as delta-rs and obstore open it (``s3://``)."""
+    """``uri`` as delta-rs and obstore open it: ``s3://``, ``gs://``, ``az://container/path``
+    (an ``abfs[s]://container@account.../path``'s account is the settings' ``azure_account``)."""
     text = str(uri)
-    return "s3://" + text.removeprefix("s3a://") if text.startswith("s3a://") else text
+    if text.startswith("s3a://"):
+        return "s3://" + text.removeprefix("s3a://")
+    parsed = urlparse(text)
+    if parsed.scheme in ("abfs", "abfss"):
+        return f"az://{parsed.netloc.partition('@')[0]}{parsed.path}"
+    return text
+
+
+def abfss_account(uri: str) -> str | None:
+    """The storage account an ``abfs[s]://container@account.dfs.core.windows.net`` URI names
+    (None: another URI, or none named)."""
+    parsed = urlparse(str(uri))
+    if parsed.scheme not in ("abfs", "abfss") or "@" not in parsed.netloc:
+        return None
+    return parsed.netloc.partition("@")[2].split(".", 1)[0] or None
+
+
+def arrow_path(uri: str) -> str:
+    """``uri`` as pyarrow's filesystems name it: ``bucket/path`` (a local path as it is)."""
+    text = for_clients(uri)
+    return text.split("://", 1)[1] if is_remote(text) else text
 
 
 #: How long a client waits for an object store that does not answer: a few tries over about 20 s,
@@ -146,9 +267,13 @@ DELTA_RS_PATIENCE = {
 }
 
 
-def delta_storage_options(options: S3Options) -> dict[str, str]:
-    """delta-rs's storage options. Commits are conditional puts of the next log entry
-    (``If-None-Match``), so concurrent writers need no lock table."""
+def delta_storage_options(options: StoreOptions) -> dict[str, str]:
+    """delta-rs's storage options. Commits are conditional puts of the next log entry (S3,
+    Azure: ``If-None-Match``; GCS: ``ifGenerationMatch=0``), so concurrent writers need no lock
+    table."""
+    if not isinstance(options, S3Options):
+        config, client = _cloud_config(options)
+        return {**config, **client, **DELTA_RS_PATIENCE}
     found = {
         "AWS_ENDPOINT_URL": options.endpoint,
         "AWS_REGION": options.region,
@@ -193,6 +318,28 @@ def spark_confs(options: S3Options) -> dict[str, str]:
     return confs
 
 
+def reaches_gcs(settings) -> bool:
+    """Whether the Spark engine of ``settings`` must reach GCS: the tables or the staging are there."""
+    return "gcs" in (store_kind(settings.tables_uri), store_kind(settings.staging_uri))
+
+
+def gcs_spark_confs(options: GCSOptions) -> dict[str, str]:
+    """The Spark engine's settings of Google's Hadoop connector (``gcs_jars``). An emulator's API is
+    reached unauthenticated; Delta commits through its own ``GCSLogStore`` (a create-if-absent)."""
+    prefix = "spark.hadoop.fs.gs."
+    confs = {
+        f"{prefix}impl": "com.google.cloud.hadoop.fs.gcs.GoogleHadoopFileSystem",
+        "spark.hadoop.fs.AbstractFileSystem.gs.impl": "com.google.cloud.hadoop.fs.gcs.GoogleHadoopFS",
+        f"{prefix}block.size": str(64 * 1024 * 1024),  # Hadoop 3.5's "64m" is not a number to the connector
+    }
+    if options.endpoint:
+        return confs | {f"{prefix}storage.root.url": options.endpoint, f"{prefix}auth.type": "UNAUTHENTICATED"}
+    if options.service_account:
+        keyfile = {f"{prefix}auth.service.account.json.keyfile": options.service_account}
+        return confs | {f"{prefix}auth.type": "SERVICE_ACCOUNT_JSON_KEYFILE", **keyfile}
+    return confs  # the connector's default: Application Default Credentials
+
+
 #: The AWS SDK's provider that reads ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY``.
 ENV_CREDENTIALS = "software.amazon.awssdk.auth.credentials.EnvironmentVariableCredentialsProvider"
 
@@ -204,28 +351,30 @@ def credentials_env(options: S3Options) -> dict[str, str]:
     return {"AWS_ACCESS_KEY_ID": options.access_key, "AWS_SECRET_ACCESS_KEY": options.secret_key}
 
 
-#: The S3 options this process reaches ``s3://`` locations with (``configure``); None: not set.
-_configured: S3Options | None = None
+#: The options this process reaches each store with (``configure``), by ``store_kind``.
+_configured: dict[str, StoreOptions] = {}
 
 
 def configure(settings) -> None:
     """Let this process reach the locations of ``settings``: every later ``delta_table``,
-    ``has_table`` and ``open_store`` of an ``s3://`` location uses their S3 options. A run's
-    entry points call it (the CLI, the operators, a Spark app's main) before any table is read."""
-    global _configured
-    _configured = s3_options(settings) if uses_s3(settings) else _configured
+    ``has_table`` and ``open_store`` of a location on an object store uses the options of its
+    store. A run's entry points call it (the CLI, the operators, a Spark app's main) before any
+    table is read. A store no location of ``settings`` is on keeps the options it had."""
+    kinds = {store_kind(uri) for uri in locations(settings)} - {None}
+    _configured.update({kind: options_for(settings, kind) for kind in kinds})
 
 
-def configured_options(uri: str) -> S3Options | None:
+def configured_options(uri: str) -> StoreOptions | None:
     """The options ``uri`` is reached with: None for a local path; for an object store the
     configured ones, or an error that says what is missing."""
-    if not is_remote(uri):
+    kind = store_kind(uri)
+    if kind is None:
         return None
-    if _configured is None:
+    if kind not in _configured:
         raise RuntimeError(
             f"{uri} is on an object store, but this process was not given its settings (storage.configure)"
         )
-    return _configured
+    return _configured[kind]
 
 
 def join(uri: str, *parts: str) -> str:
@@ -313,10 +462,22 @@ def upload(parts, uri: str) -> None:
     open_store(parent).put_parts(name, parts)
 
 
-def arrow_filesystem(options: S3Options):
-    """pyarrow's S3 filesystem for ``options``; empty keys: the environment's (an engine's Python
+def arrow_filesystem(options: StoreOptions):
+    """pyarrow's filesystem for ``options``; empty keys: the environment's (an engine's Python
     workers get them so, never in a task)."""
     from pyarrow import fs
+
+    if isinstance(options, GCSOptions):
+        if not options.endpoint:  # the environment's credentials (GOOGLE_APPLICATION_CREDENTIALS)
+            return fs.GcsFileSystem(retry_time_limit=RETRY_TIMEOUT_S)
+        endpoint = urlparse(options.endpoint)
+        return fs.GcsFileSystem(anonymous=True, scheme=endpoint.scheme, endpoint_override=endpoint.netloc)
+    if isinstance(options, AzureOptions):
+        kwargs: dict = {"account_name": options.account, "account_key": options.key or None}
+        if options.endpoint:
+            endpoint = urlparse(options.endpoint)
+            kwargs |= {"blob_storage_authority": endpoint.netloc, "blob_storage_scheme": endpoint.scheme}
+        return fs.AzureFileSystem(**kwargs)
 
     kwargs: dict = {
         "region": options.region or None,
@@ -332,13 +493,13 @@ def arrow_filesystem(options: S3Options):
     return fs.S3FileSystem(**kwargs)
 
 
-def open_input(uri: str, options: S3Options | None = None):
+def open_input(uri: str, options: StoreOptions | None = None):
     """What pyarrow reads file ``uri`` from: a local path as it is, an object as a random-access
     file of ranged reads (``options``: how to reach it, default the configured ones)."""
     if not is_remote(uri):
         return uri
     filesystem = arrow_filesystem(options or configured_options(uri))
-    return filesystem.open_input_file(for_clients(uri).removeprefix("s3://"))
+    return filesystem.open_input_file(arrow_path(uri))
 
 
 def read_parquet(uri: str, columns: list[str] | None = None):
@@ -364,15 +525,19 @@ def parquet_dataset(source: str | list[str]):
     if not is_remote(first):
         return pads.dataset(source, format="parquet")
     filesystem = arrow_filesystem(configured_options(first))
-    paths = [for_clients(u).removeprefix("s3://") for u in ([source] if isinstance(source, str) else source)]
+    paths = [arrow_path(u) for u in ([source] if isinstance(source, str) else source)]
     return pads.dataset(paths[0] if isinstance(source, str) else paths, format="parquet", filesystem=filesystem)
 
 
-def worker_options(uri: str) -> S3Options | None:
-    """How an engine's Python worker reaches ``uri``: the configured endpoint and region, no keys
-    (the worker reads them from its environment). None: a local path."""
+def worker_options(uri: str) -> StoreOptions | None:
+    """How an engine's Python worker reaches ``uri``: the configured endpoint (and S3's region,
+    Azure's account), no keys (the worker reads them from its environment). None: a local path."""
     options = configured_options(uri)
-    return None if options is None else S3Options(options.endpoint, options.region)
+    if isinstance(options, S3Options):
+        return S3Options(options.endpoint, options.region)
+    if isinstance(options, AzureOptions):
+        return AzureOptions(options.account, "", options.endpoint)
+    return options  # GCS: an endpoint and a key file's path, no secret
 
 
 def write_delta(uri: str, data, mode: str = "overwrite") -> None:
@@ -458,17 +623,16 @@ PART_BYTES, PART_CONCURRENCY = 16 * 1024 * 1024, 4
 class Store:
     """The objects under one location, with the writes an object store can make atomically."""
 
-    def __init__(self, uri: str, options: S3Options | None = None):
-        from obstore.store import LocalStore, S3Store
+    def __init__(self, uri: str, options: StoreOptions | None = None):
+        from obstore.store import LocalStore
 
         self.uri = for_clients(uri)
-        if is_remote(self.uri):
-            parsed = urlparse(self.uri)
-            prefix = parsed.path.strip("/") or None
-            config = _obstore_config(options or S3Options())
-            self._store = S3Store(parsed.netloc, prefix=prefix, **config, **_obstore_patience())
-        else:
+        kind = store_kind(self.uri)
+        if kind is None:
             self._store = LocalStore(self.uri, mkdir=True)
+            return
+        parsed = urlparse(self.uri)
+        self._store = _obstore_store(kind, parsed.netloc, parsed.path.strip("/") or None, options)
 
     def put_bytes(self, key: str, data: bytes) -> None:
         """Write ``key`` whole (a reader sees the old object or the new one, never a part)."""
@@ -476,24 +640,25 @@ class Store:
 
         obstore.put(self._store, key, data)
 
-    def put_if(self, key: str, data: bytes, etag: str | None = None) -> str | None:
-        """Write ``key`` if it does not exist (``etag`` None) or is still the version ``etag``
-        names; the new version's ETag, or None when another writer was first (S3 only for
-        ``etag``: a local folder has no conditional replace)."""
+    def put_if(self, key: str, data: bytes, tag: str | None = None) -> str | None:
+        """Write ``key`` if it does not exist (``tag`` None) or is still the version ``tag`` (from
+        ``get_tagged`` or an earlier ``put_if``) names; the new version's tag, or None when another
+        writer was first (an object store only for ``tag``: a local folder has no conditional
+        replace)."""
         import obstore
         from obstore.exceptions import AlreadyExistsError, NotFoundError, PreconditionError
 
         try:
-            return obstore.put(self._store, key, data, mode="create" if etag is None else {"e_tag": etag})["e_tag"]
+            return version_tag(obstore.put(self._store, key, data, mode="create" if tag is None else put_mode(tag)))
         except (AlreadyExistsError, PreconditionError):
             return None
         except (NotFoundError, FileNotFoundError):  # replaced: the version was removed since; created: no bucket
-            if etag is None:
+            if tag is None:
                 raise
             return None
 
     def get_tagged(self, key: str) -> tuple[bytes, str] | None:
-        """``key``'s bytes and their version's ETag; None if there is no such object."""
+        """``key``'s bytes and their version's tag (``version_tag``); None if there is no such object."""
         import obstore
         from obstore.exceptions import NotFoundError
 
@@ -501,7 +666,7 @@ class Store:
             found = obstore.get(self._store, key)
         except (NotFoundError, FileNotFoundError):
             return None
-        return bytes(found.bytes()), found.meta["e_tag"]
+        return bytes(found.bytes()), version_tag(found.meta)
 
     def put_parts(self, key: str, parts) -> None:
         """Write ``key`` from ``parts`` (bytes, in order) in one multipart upload: whole or not at all."""
@@ -545,7 +710,24 @@ class Store:
         obstore.delete(self._store, key)
 
 
-def open_store(uri: str, options: S3Options | None = None) -> Store:
+def version_tag(meta) -> str:
+    """The tag of one version of an object, from what a put returned or a read's metadata: its
+    ETag (S3, Azure: what ``If-Match`` compares), and where the store gives one its version
+    (GCS: the generation ``ifGenerationMatch`` compares), as ``["<etag>", "<version>"]``."""
+    import json
+
+    return json.dumps([meta["e_tag"], meta["version"]]) if meta.get("version") else meta["e_tag"]
+
+
+def put_mode(tag: str) -> dict[str, str]:
+    """obstore's put mode that replaces only the version ``tag`` (``version_tag``) names."""
+    import json
+
+    e_tag, version = json.loads(tag) if tag.startswith("[") else (tag, None)
+    return {"e_tag": e_tag, **({"version": version} if version else {})}
+
+
+def open_store(uri: str, options: StoreOptions | None = None) -> Store:
     """The objects under ``uri``, reached with ``options`` (default: the configured ones)."""
     return Store(uri, options or configured_options(str(uri)))
 
@@ -558,6 +740,36 @@ def _obstore_patience() -> dict:
         "client_options": {"connect_timeout": f"{CONNECT_TIMEOUT_S}s", "timeout": f"{REQUEST_TIMEOUT_S}s"},
         "retry_config": {"max_retries": MAX_RETRIES, "retry_timeout": timedelta(seconds=RETRY_TIMEOUT_S)},
     }
+
+
+#: Each store's options when none are given: the environment's credentials.
+_DEFAULT_OPTIONS = {"s3": S3Options, "gcs": GCSOptions, "azure": AzureOptions}
+
+
+def _obstore_store(kind: str, bucket: str, prefix: str | None, options: StoreOptions | None):
+    """obstore's store of ``bucket`` (an S3 or GCS bucket, an Azure container) under ``prefix``."""
+    from obstore.store import AzureStore, GCSStore, S3Store
+
+    options = options or _DEFAULT_OPTIONS[kind]()
+    patience = _obstore_patience()
+    if kind == "s3":
+        return S3Store(bucket, prefix=prefix, **_obstore_config(options), **patience)
+    config, client = _cloud_config(options)
+    patience["client_options"] |= client
+    made = GCSStore if kind == "gcs" else AzureStore
+    return made(bucket, prefix=prefix, config=config, **patience)
+
+
+def _cloud_config(options: GCSOptions | AzureOptions) -> tuple[dict[str, str], dict[str, str]]:
+    """The object_store configuration of a GCS or Azure store (the keys obstore and delta-rs
+    share), and its HTTP client's options."""
+    if isinstance(options, GCSOptions):
+        if options.endpoint:  # an emulator: its API, without OAuth
+            key = {"service_account_key": cloud_access.emulator_service_account(options.endpoint)}
+            return key, ({"allow_http": "true"} if options.endpoint.startswith("http://") else {})
+        return ({"service_account": options.service_account} if options.service_account else {}), {}
+    found = {"account_name": options.account, "account_key": options.key, "endpoint": options.endpoint}
+    return {k: v for k, v in found.items() if v}, ({"allow_http": "true"} if options.plain_http else {})
 
 
 def _obstore_config(options: S3Options) -> dict:

@@ -213,12 +213,31 @@ def _rules(value: Any) -> Any:
     return [dict(entry) for entry in value]
 
 
+#: The bucket (container) names of each object store's URI schemes: S3's, GCS's (also ``_``),
+#: Azure's (letters, digits, single hyphens), and ``abfs[s]``'s ``container@account.dfs.core.windows.net``.
+_BUCKETS = {
+    ("s3", "s3a"): r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]",
+    ("gs",): r"[a-z0-9][a-z0-9._\-]{1,61}[a-z0-9]",
+    ("az",): r"[a-z0-9](?!.*--)[a-z0-9\-]{1,61}[a-z0-9]",
+    ("abfs", "abfss"): r"[a-z0-9](?!.*--)[a-z0-9\-]{1,61}[a-z0-9]@[a-z0-9]{3,24}\.dfs\.core\.windows\.net",
+}
+#: What a location may be (the rule's words).
+LOCATION_RULE = "must be empty, an absolute path, s3://bucket[/prefix], gs://bucket[/prefix] or az://container[/prefix]"
+
+
 def _location(text: str) -> bool:
-    """An empty text, an absolute local path, or ``s3://bucket[/prefix]`` (a valid bucket name)."""
-    if text.startswith(("s3://", "s3a://")):
-        bucket = text.split("://", 1)[1].split("/", 1)[0]
-        return re.fullmatch(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]", bucket) is not None
-    return text == "" or (Path(text).is_absolute() and "://" not in text)
+    """An empty text, an absolute local path, or an object store's ``scheme://bucket[/prefix]``
+    (a valid bucket or container name for that store)."""
+    scheme, sep, rest = text.partition("://")
+    if sep:
+        pattern = next((p for schemes, p in _BUCKETS.items() if scheme in schemes), None)
+        return pattern is not None and re.fullmatch(pattern, rest.split("/", 1)[0]) is not None
+    return text == "" or Path(text).is_absolute()
+
+
+def _endpoint(text: str) -> bool:
+    """An object store's API: empty (the cloud's own), ``local`` (this home's server) or http(s)://host[:port]."""
+    return text in ("", "local") or re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", text) is not None
 
 
 def _instant_text(value: Any) -> Any:
@@ -449,19 +468,17 @@ class Settings(BaseModel):
     table_retention_hours: Annotated[Number, Field(ge=0, le=87_600), Rule("must be 0 to 87600 hours")] = 168.0
     #: Where the output tables live: empty for ``<home>/tables``, or ``s3://bucket/prefix`` (an object
     #: store, reached as ``s3_endpoint`` says). Readers (Spark, delta-rs, Trino) open the tables there.
-    tables_uri: Annotated[str, _check(_location), Rule("must be empty, an absolute path, or s3://bucket[/prefix]")] = ""
+    tables_uri: Annotated[str, _check(_location), Rule(LOCATION_RULE)] = ""
     #: Where readers stage a run's chunks and its candidate tables are kept until it commits: empty
     #: for ``<home>/staging``, or ``s3://bucket/prefix``, so that an engine (and a worker) on other
     #: hosts read them there. Staged files are written locally first and put whole under names a
     #: retry reproduces.
-    staging_uri: Annotated[str, _check(_location), Rule("must be empty, an absolute path, or s3://bucket[/prefix]")] = (
-        ""
-    )
+    staging_uri: Annotated[str, _check(_location), Rule(LOCATION_RULE)] = ""
     #: Where the run state is kept (plans, group claims, step records and locks, the dead-letter
     #: ledger, report records): empty for ``<home>``, a folder every worker mounts, or
     #: ``s3://bucket/prefix``, so that Airflow workers that share no disk resume each other's runs.
     #: On an object store a claim is a conditional create and a step lock a lease (``state_lease_s``).
-    state_uri: Annotated[str, _check(_location), Rule("must be empty, an absolute path, or s3://bucket[/prefix]")] = ""
+    state_uri: Annotated[str, _check(_location), Rule(LOCATION_RULE)] = ""
     #: How long a step lock on an object store (``state_uri``) outlives a holder that stops renewing
     #: it (killed, or cut off): a retry on another host waits this long; on the holder's own host, a
     #: retry takes over the lock of a process that is gone at once.
@@ -470,7 +487,7 @@ class Settings(BaseModel):
     #: home's object store (``wavepipe objectstore up``, its own credentials), or http(s)://host:port.
     s3_endpoint: Annotated[
         str,
-        _check(lambda v: v in ("", "local") or re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", v) is not None),
+        _check(_endpoint),
         Rule("must be empty (AWS), local (this home's object store) or http(s)://host:port"),
     ] = ""
     #: The S3 region (AWS: where the bucket is; other stores take any name).
@@ -478,6 +495,35 @@ class Settings(BaseModel):
     #: S3 credentials; both empty: the environment's (an instance or pod role, AWS_* variables).
     s3_access_key: str = ""
     s3_secret_key: str = ""
+    #: The GCS API of ``gs://`` locations: empty for Google's, ``local`` for this home's emulator
+    #: (``wavepipe emulator up gcs``), or an emulator's http(s)://host:port (unauthenticated).
+    gcs_endpoint: Annotated[
+        str, _check(_endpoint), Rule("must be empty (Google), local (this home's emulator) or http(s)://host:port")
+    ] = ""
+    #: A GCS service account's key file; empty: the environment's credentials
+    #: (``GOOGLE_APPLICATION_CREDENTIALS``, a workload identity, the metadata server).
+    gcs_service_account: Annotated[
+        str, _check(lambda v: v == "" or Path(v).is_absolute()), Rule("must be empty or a key file's absolute path")
+    ] = ""
+    #: The port of this home's GCS emulator (fake-gcs-server on loopback), for ``gcs_endpoint = "local"``.
+    gcs_emulator_port: Annotated[Count, Field(ge=1, le=65535), Rule("must be a TCP port")] = 4443
+    #: The Azure storage account of ``az://`` locations (an ``abfss://`` location names the same one).
+    azure_account: Annotated[
+        str,
+        _check(lambda v: re.fullmatch(r"([a-z0-9]{3,24})?", v) is not None),
+        Rule("must be 3-24 lowercase letters or digits"),
+    ] = ""
+    #: The account's key; empty: the environment's credentials (``AZURE_*`` variables, a managed identity).
+    azure_key: str = ""
+    #: The blob endpoint: empty for ``https://<azure_account>.blob.core.windows.net``, ``local`` for
+    #: this home's emulator (``wavepipe emulator up azure``, its account and well-known key), or a URL.
+    azure_endpoint: Annotated[
+        str,
+        _check(lambda v: v in ("", "local") or re.fullmatch(r"https?://[^\s/]+(:\d+)?(/[^\s/]+)?/?", v) is not None),
+        Rule("must be empty (Azure), local (this home's emulator) or http(s)://host:port[/account]"),
+    ] = ""
+    #: The blob port of this home's Azure emulator (Azurite on loopback), for ``azure_endpoint = "local"``.
+    azure_emulator_port: Annotated[Count, Field(ge=1, le=65535), Rule("must be a TCP port")] = 10000
     #: ``wavepipe airflow up``: the Airflow API server (UI and REST API) listens on 127.0.0.1 here.
     airflow_port: Annotated[Count, Field(ge=1, le=65535), Rule("must be a TCP port, 1-65535")] = 8080
 
@@ -508,6 +554,7 @@ class Settings(BaseModel):
                 "s3_access_key and s3_secret_key go together: set both, or neither (the environment's)",
                 {"setting": "s3_access_key"},
             )
+        self._cloud_rules(applies)
         if applies("dead_letter_topic", "topic") and self.dead_letter_topic and self.dead_letter_topic == self.topic:
             raise PydanticCustomError(
                 "rule_between_settings",
@@ -515,6 +562,34 @@ class Settings(BaseModel):
                 {"setting": "dead_letter_topic"},
             )
         return self
+
+    def _cloud_rules(self, applies: Callable[..., bool]) -> None:
+        """The GCS and Azure settings agree with each other and with the locations."""
+        if applies("gcs_endpoint", "gcs_service_account") and self.gcs_endpoint and self.gcs_service_account:
+            raise PydanticCustomError(
+                "rule_between_settings",
+                "gcs_service_account is for Google's own API: an emulator at gcs_endpoint takes no credentials; "
+                "set one of them",
+                {"setting": "gcs_service_account"},
+            )
+        names = ("tables_uri", "staging_uri", "state_uri", "azure_account", "azure_endpoint")
+        if not applies(*names):
+            return
+        on_azure = [u for u in (self.tables_uri, self.staging_uri, self.state_uri) if u.startswith(("az:", "abfs"))]
+        if on_azure and not self.azure_account and self.azure_endpoint != "local":
+            raise PydanticCustomError(
+                "rule_between_settings",
+                "a location on Azure ({uri}) needs azure_account (or azure_endpoint = local, this home's emulator)",
+                {"setting": "azure_account", "uri": on_azure[0]},
+            )
+        for uri in on_azure:
+            named = uri.partition("@")[2].split(".", 1)[0]
+            if named and self.azure_endpoint != "local" and named != self.azure_account:
+                raise PydanticCustomError(
+                    "rule_between_settings",
+                    "{uri} names the storage account {named}, but azure_account is {account}: make them the same",
+                    {"setting": "azure_account", "uri": uri, "named": named, "account": repr(self.azure_account)},
+                )
 
     # --- derived locations -------------------------------------------------------------------
     @property

@@ -392,7 +392,7 @@ class LocalEngine:
     def _s3_reach(self) -> str:
         from wavepipe import storage
 
-        return storage.s3_reach(self.settings)
+        return storage.engine_reach(self.settings)
 
     def _restart_for_s3(self, pid: int) -> None:
         """The run's tables or staging are in an object store, and the engine was started

@@ -55,19 +55,19 @@ def weed_binary(tools_dir: Path, *, say=None) -> Path:
     )
     say(f"building SeaweedFS {WEED_VERSION} (the local S3 object store) with Go into {target} (once; about 5 minutes)")
     began = time.monotonic()
-    fetched = _go(go, "mod", "download", "-json", f"{WEED_MODULE}@{WEED_VERSION}")
+    fetched = run_go(go, "mod", "download", "-json", f"{WEED_MODULE}@{WEED_VERSION}")
     source = json.loads(fetched).get("Dir")
     if not source:
         raise SetupError(f"the Go module proxy did not serve {WEED_MODULE}@{WEED_VERSION}: {fetched[-500:]}")
     tools_dir.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".part")
-    _go(go, "-C", source, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(partial), "./weed", readonly=True)
+    run_go(go, "-C", source, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(partial), "./weed", readonly=True)
     partial.replace(target)
     say(f"built SeaweedFS in {time.monotonic() - began:.0f}s: {target}")
     return target
 
 
-def _go(go: str, *args: str, readonly: bool = False) -> str:
+def run_go(go: str, *args: str, readonly: bool = False) -> str:
     """One ``go`` command's output; a failure says what to check."""
     env = {**os.environ, **({"GOFLAGS": "-mod=readonly"} if readonly else {})}
     result = subprocess.run([go, *args], capture_output=True, text=True, check=False, env=env)
