@@ -48,9 +48,10 @@ format: $(STAMP)
 test-unit: lint
 	$(BIN)/python -m pytest -q tests/unit
 
-# Then the integration tier (after building the local object store its S3 tests start: SeaweedFS,
-# with Go, once; and the GCS and Azure emulators: fake-gcs-server with Go, Azurite with npm, once), two test files at a time (pytest-xdist; a file's tests stay on one
-# worker, each worker has its own broker and Spark engine); TEST_WORKERS=1 runs them one by one.
+# Then the integration tier (after building the local object store its S3 tests start, SeaweedFS
+# with Go, and the GCS and Azure emulators, fake-gcs-server with Go and Azurite with npm, each
+# once), two test files at a time (pytest-xdist; a file's tests stay on one worker, each worker
+# has its own broker and Spark engine); TEST_WORKERS=1 runs them one by one.
 TEST_WORKERS ?= 2
 test: test-unit setup chromium
 	$(BIN)/wavepipe setup --object-store --emulators
