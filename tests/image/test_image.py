@@ -38,7 +38,7 @@ DAG_IDS = {
     "wavepipe_waveforms_summary",
 }
 #: what `wavepipe setup` resolves: one folder per pom (with its .complete marker) and the LogStore
-JAR_FOLDERS = ("kafka-pom-", "spark-pom-", "s3-pom-", "spark-kafka-pom-", "logstore-")
+JAR_FOLDERS = ("kafka-pom-", "spark-pom-", "s3-pom-", "gcs-pom-", "spark-kafka-pom-", "logstore-")
 
 REASON = why_not()
 pytestmark = [pytest.mark.image, pytest.mark.skipif(REASON is not None, reason=REASON or "")]

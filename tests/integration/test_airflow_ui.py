@@ -109,7 +109,11 @@ def observers(tmp_path_factory):
 def airflow(kafka, engine, tmp_path_factory, observers):
     """``wavepipe airflow up`` on a free port, its lineage and metrics going to ``observers``;
     ``down`` afterwards, whatever happened."""
-    settings = make_settings(tmp_path_factory.mktemp("airflow-ui") / "home", kafka, engine, airflow_port=free_port())
+    # a Kafka callback named by dotted path, as a team's token or error callback would be: `up` lists
+    # it in the provider's callback allowlist, the Connection carries it, every task imports it
+    callback = {"error_cb": "logging.debug"}
+    home = tmp_path_factory.mktemp("airflow-ui") / "home"
+    settings = make_settings(home, kafka, engine, airflow_port=free_port(), kafka_client_config=callback)
     sessions: set[int] = set()
     try:
         code, out, seconds = airflow_cli(settings, "up", env=observers[0])
@@ -348,8 +352,12 @@ def _assert_the_test_buttons_check_what_a_run_checks(api, conn: dict, settings) 
         assert answer.status_code == 200, answer.text
         return answer.json()["status"], answer.json()["message"], time.monotonic() - began
 
+    assert json.loads(conn["extra"])["error_cb"] == "logging.debug", conn  # by dotted path, allowlisted by `up`
     ok, message, _ = tested(conn_type="wavepipe_kafka", extra=conn["extra"])
     assert ok and f"topic {settings.topic!r} has" in message, message
+    unlisted = json.dumps({"bootstrap.servers": settings.bootstrap_servers, "error_cb": "logging.info"})
+    ok, message, _ = tested(conn_type="wavepipe_kafka", extra=unlisted)
+    assert not ok and "'logging.info' is not in [apache_kafka] callback_allowlist" in message, message
     callback = json.dumps({"bootstrap.servers": settings.bootstrap_servers, "oauth_cb": "team.auth.token"})
     ok, message, _ = tested(conn_type="wavepipe_kafka", extra=callback)
     assert not ok and "oauth_cb='team.auth.token': module 'team.auth' cannot be imported" in message, message
