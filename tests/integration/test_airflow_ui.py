@@ -113,7 +113,7 @@ def airflow(kafka, engine, tmp_path_factory, observers):
     # it in the provider's callback allowlist, the Connection carries it, every task imports it
     callback = {"error_cb": "logging.debug"}
     home = tmp_path_factory.mktemp("airflow-ui") / "home"
-    settings = make_settings(home, kafka, engine, airflow_port=free_port(), kafka_client_config=callback)
+    settings = make_settings(home, kafka, engine, airflow_port=free_port()).replace(kafka_client_config=callback)
     sessions: set[int] = set()
     try:
         code, out, seconds = airflow_cli(settings, "up", env=observers[0])
