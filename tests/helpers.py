@@ -18,6 +18,7 @@ import numpy as np
 from confluent_kafka import Producer
 
 from wavepipe import storage
+from wavepipe.consumers.kafka_admin import new_consumer, new_producer
 from wavepipe.contracts.config import Settings, load_settings
 from wavepipe.contracts.protocol import checksum, split_waveform
 from wavepipe.local import airflow as local
@@ -68,7 +69,7 @@ def produce_in_order(
     """Produce ``records`` to one partition in exactly this order (idempotent, acks=all), stamped
     ``when`` (CreateTime) if given. A producer passed in is flushed by the caller."""
     own = producer is None
-    producer = producer or Producer(settings.kafka_config(**{"enable.idempotence": True, "acks": "all"}))
+    producer = producer or new_producer(settings.kafka_config(**{"enable.idempotence": True, "acks": "all"}))
     errors = []
     for key, headers, value in records:
         producer.produce(
@@ -243,9 +244,9 @@ def quarantine_reasons(spark, settings: Settings) -> dict[str, str]:
 
 def read_topic(settings: Settings, topic: str, partition: int = 0) -> list[tuple[bytes, dict[str, bytes]]]:
     """Every committed record of one partition, as (value, headers), read until it goes quiet."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import TopicPartition
 
-    consumer = Consumer(
+    consumer = new_consumer(
         settings.kafka_config(
             **{"group.id": "test-reader", "isolation.level": "read_committed", "enable.auto.commit": False}
         )
@@ -282,7 +283,7 @@ def produce_two_windows(settings: Settings, t0: datetime) -> dict[str, int]:
     from datetime import timedelta
 
     minute = timedelta(minutes=1)
-    producer = Producer(settings.kafka_config(**{"enable.idempotence": True, "acks": "all"}))
+    producer = new_producer(settings.kafka_config(**{"enable.idempotence": True, "acks": "all"}))
     a, _ = waveform_records("wf-A", 3, seed=1)
     b, _ = waveform_records("wf-B", 4, seed=2)
     c, _ = waveform_records("wf-C", 2, seed=3)
