@@ -238,13 +238,7 @@ class Emulator:
 
     def down(self, timeout: float = 30.0) -> str:
         """Stop the server (SIGTERM; SIGKILL after ``timeout``)."""
-        pid = self.pid()
-        if pid is None:
-            self.pid_file.unlink(missing_ok=True)
-            return f"{self.name} is not running"
-        processes.stop_group(pid, lambda: self.pid() is not None, timeout)
-        self.pid_file.unlink(missing_ok=True)
-        return f"{self.name} (pid {pid}) stopped"
+        return processes.stop_server(self.name, self.pid(), self.pid_file, lambda: self.pid() is not None, timeout)
 
     def status(self) -> str:
         pid = self.pid()

@@ -250,13 +250,7 @@ class LocalObjectStore:
 
     def down(self, timeout: float = 30.0) -> str:
         """Stop the store (SIGTERM; SIGKILL after ``timeout``)."""
-        pid = self.pid()
-        if pid is None:
-            self.pid_file.unlink(missing_ok=True)
-            return "object store is not running"
-        processes.stop_group(pid, lambda: self.pid() is not None, timeout)
-        self.pid_file.unlink(missing_ok=True)
-        return f"object store (pid {pid}) stopped"
+        return processes.stop_server("object store", self.pid(), self.pid_file, lambda: self.pid() is not None, timeout)
 
     def kill(self, timeout: float = 30.0) -> int | None:
         """SIGKILL the store (a crash); returns the pid it had, once its port is free again."""

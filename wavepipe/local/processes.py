@@ -100,6 +100,15 @@ def send(pids: list[int], sig: int = signal.SIGKILL) -> None:
             os.kill(pid, sig)
 
 
+def stop_server(name: str, pid: int | None, pid_file, still_running, timeout: float) -> str:
+    """Stop the server ``name`` whose process group is ``pid`` (``stop_group``; None: it is not
+    running) and remove its ``pid_file``; what was done, in one line."""
+    if pid is not None:
+        stop_group(pid, still_running, timeout)
+    pid_file.unlink(missing_ok=True)
+    return f"{name} (pid {pid}) stopped" if pid is not None else f"{name} is not running"
+
+
 def stop_group(pid: int, still_running, timeout: float) -> None:
     """Stop the process group of ``pid``: SIGTERM (a clean shutdown), then SIGKILL if
     ``still_running()`` still says so after ``timeout`` seconds."""
