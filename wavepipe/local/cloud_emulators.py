@@ -35,7 +35,7 @@ from pathlib import Path
 from wavepipe.local import cloud_access, processes
 from wavepipe.local.jars import SetupError, require_tool
 from wavepipe.local.kafka import port_is_free
-from wavepipe.local.objectstore import run_go
+from wavepipe.local.objectstore import go_module_source, run_go
 
 FAKE_GCS_MODULE = "github.com/fsouza/fake-gcs-server"
 FAKE_GCS_VERSION = "v1.56.1"
@@ -87,10 +87,7 @@ def fake_gcs_binary(tools_dir: Path, *, say=_say) -> Path:
     go = require_tool("go", "Install Go 1.21 or newer (see the README); it builds fake-gcs-server, the GCS emulator.")
     say(f"building fake-gcs-server {FAKE_GCS_VERSION} (the local GCS emulator) with Go into {target} (once)")
     began = time.monotonic()
-    fetched = run_go(go, "mod", "download", "-json", f"{FAKE_GCS_MODULE}@{FAKE_GCS_VERSION}")
-    source = json.loads(fetched).get("Dir")
-    if not source:
-        raise SetupError(f"the Go module proxy did not serve {FAKE_GCS_MODULE}@{FAKE_GCS_VERSION}: {fetched[-500:]}")
+    source = go_module_source(go, FAKE_GCS_MODULE, FAKE_GCS_VERSION)
     tools_dir.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".part")
     with tempfile.TemporaryDirectory(prefix="fake-gcs-server-") as scratch:  # the module cache stays read-only

@@ -55,16 +55,23 @@ def weed_binary(tools_dir: Path, *, say=None) -> Path:
     )
     say(f"building SeaweedFS {WEED_VERSION} (the local S3 object store) with Go into {target} (once; about 5 minutes)")
     began = time.monotonic()
-    fetched = run_go(go, "mod", "download", "-json", f"{WEED_MODULE}@{WEED_VERSION}")
-    source = json.loads(fetched).get("Dir")
-    if not source:
-        raise SetupError(f"the Go module proxy did not serve {WEED_MODULE}@{WEED_VERSION}: {fetched[-500:]}")
+    source = go_module_source(go, WEED_MODULE, WEED_VERSION)
     tools_dir.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(".part")
     run_go(go, "-C", source, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(partial), "./weed", readonly=True)
     partial.replace(target)
     say(f"built SeaweedFS in {time.monotonic() - began:.0f}s: {target}")
     return target
+
+
+def go_module_source(go: str, module: str, version: str) -> str:
+    """The folder of ``module@version``'s source in Go's module cache (read-only), downloaded
+    from the Go module proxy the first time."""
+    fetched = run_go(go, "mod", "download", "-json", f"{module}@{version}")
+    source = json.loads(fetched).get("Dir")
+    if not source:
+        raise SetupError(f"the Go module proxy did not serve {module}@{version}: {fetched[-500:]}")
+    return source
 
 
 def run_go(go: str, *args: str, readonly: bool = False) -> str:
