@@ -117,7 +117,7 @@ def s3_options(settings) -> S3Options:
     return S3Options(settings.s3_endpoint, settings.s3_region, settings.s3_access_key, settings.s3_secret_key)
 
 
-def uses_s3(settings) -> bool:
+def uses_object_store(settings) -> bool:
     """Whether any location of ``settings`` is on an object store."""
     return any(is_remote(uri) for uri in locations(settings))
 
@@ -186,7 +186,7 @@ def is_storage_error(exc: BaseException) -> bool:
 def unreachable(settings) -> str | None:
     """Why the tables' object store cannot be used now, in one line with what to do; None when
     it answers (or the tables are local)."""
-    if not uses_s3(settings):
+    if not uses_object_store(settings):
         return None
     try:
         where = next(uri for uri in locations(settings) if is_remote(uri))

@@ -23,7 +23,7 @@ from wavepipe.storage import (
     put_mode,
     spark_confs,
     store_kind,
-    uses_s3,
+    uses_object_store,
     version_tag,
 )
 
@@ -93,7 +93,7 @@ def test_the_cloud_stores_secrets_are_redacted_and_spark_reaches_only_s3(tmp_pat
     assert is_secret("azure_key") and is_secret("s3_secret_key")
     assert not is_secret("gcs_service_account") and not is_secret("azure_account")
     on_gcs = load_settings(home=tmp_path, tables_uri="gs://lake/t", staging_uri="az://box/s", azure_endpoint="local")
-    assert uses_s3(on_gcs) and not reaches_s3(on_gcs), "S3A's jars and confs only for S3"
+    assert uses_object_store(on_gcs) and not reaches_s3(on_gcs), "S3A's jars and confs only for S3"
 
 
 def test_delta_rs_commits_with_conditional_puts_and_reaches_a_plain_http_store():
@@ -152,17 +152,17 @@ def test_a_typo_in_a_storage_setting_is_refused_with_what_it_must_be(tmp_path, v
 
 
 def test_tables_or_staging_on_s3_make_the_settings_use_s3(tmp_path):
-    assert not uses_s3(load_settings(home=tmp_path))
-    assert uses_s3(load_settings(home=tmp_path, tables_uri="s3://lake/wavepipe", s3_endpoint="local"))
+    assert not uses_object_store(load_settings(home=tmp_path))
+    assert uses_object_store(load_settings(home=tmp_path, tables_uri="s3://lake/wavepipe", s3_endpoint="local"))
     on_s3 = load_settings(home=tmp_path, staging_uri="s3://lake/staging/", s3_endpoint="local")
-    assert uses_s3(on_s3) and on_s3.staging_location == "s3://lake/staging"
+    assert uses_object_store(on_s3) and on_s3.staging_location == "s3://lake/staging"
 
 
 def test_the_engine_reaches_the_store_of_the_tables_and_staging_and_knows_which(tmp_path):
     from wavepipe.storage import reaches_s3, s3_reach
 
     state_only = load_settings(home=tmp_path, state_uri="s3://lake/state", s3_region="eu-west-1")
-    assert uses_s3(state_only) and not reaches_s3(state_only), "the run state is never the engine's"
+    assert uses_object_store(state_only) and not reaches_s3(state_only), "the run state is never the engine's"
     assert s3_reach(state_only) == ""
     tables = state_only.replace(tables_uri="s3://lake/tables")
     reach = s3_reach(tables)

@@ -235,9 +235,11 @@ def _location(text: str) -> bool:
     return text == "" or Path(text).is_absolute()
 
 
-def _endpoint(text: str) -> bool:
-    """An object store's API: empty (the cloud's own), ``local`` (this home's server) or http(s)://host[:port]."""
-    return text in ("", "local") or re.fullmatch(r"https?://[^\s/]+(:\d+)?/?", text) is not None
+def _endpoint(text: str, *, path: bool = False) -> bool:
+    """An object store's API: empty (the cloud's own), ``local`` (this home's server) or
+    http(s)://host[:port] (``path``: and one path segment, an emulator's account)."""
+    segment = r"(/[^\s/]+)?" if path else ""
+    return text in ("", "local") or re.fullmatch(rf"https?://[^\s/]+(:\d+)?{segment}/?", text) is not None
 
 
 def _instant_text(value: Any) -> Any:
@@ -519,7 +521,7 @@ class Settings(BaseModel):
     #: this home's emulator (``wavepipe emulator up azure``, its account and well-known key), or a URL.
     azure_endpoint: Annotated[
         str,
-        _check(lambda v: v in ("", "local") or re.fullmatch(r"https?://[^\s/]+(:\d+)?(/[^\s/]+)?/?", v) is not None),
+        _check(lambda v: _endpoint(v, path=True)),
         Rule("must be empty (Azure), local (this home's emulator) or http(s)://host:port[/account]"),
     ] = ""
     #: The blob port of this home's Azure emulator (Azurite on loopback), for ``azure_endpoint = "local"``.
