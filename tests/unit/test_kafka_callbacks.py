@@ -55,6 +55,17 @@ def test_a_users_error_cb_and_wavepipes_are_both_called():
     assert resolved({"error_cb": "tests.kafka_tokens.note_error"})["error_cb"] is kafka_tokens.note_error
 
 
+def test_a_users_error_cb_that_raises_does_not_keep_wavepipes_from_hearing():
+    own: list = []
+
+    def broken(err):
+        raise RuntimeError(f"the team's callback failed on {err}")
+
+    with pytest.raises(RuntimeError, match="the team's callback failed"):
+        resolved({"error_cb": broken}, {"error_cb": own.append})["error_cb"]("auth failed")
+    assert own == ["auth failed"]
+
+
 def test_settings_refuse_a_callback_that_does_not_import_naming_where_it_was_read(monkeypatch, tmp_path):
     monkeypatch.setenv("WAVEPIPE_HOME", str(tmp_path))
     monkeypatch.setenv("WAVEPIPE_KAFKA_CLIENT_CONFIG", json.dumps({"oauth_cb": "tests.kafka_tokenz.mint"}))

@@ -83,11 +83,12 @@ def both(first: Callable[..., Any], second: Callable[..., Any]) -> Callable[...,
 
 def resolved(config: Mapping[str, Any], own: Mapping[str, Callable[..., Any]] | None = None) -> dict[str, Any]:
     """``config`` with its dotted-path callbacks imported (``import_callback``) and wavepipe's
-    ``own`` callbacks added; where ``config`` names the same key, both are called (its own first)."""
+    ``own`` callbacks added; where ``config`` names the same key, both are called, wavepipe's
+    first (a user's callback that raises cannot keep wavepipe from hearing an error)."""
     out = dict(config)
     for key in CALLBACK_KEYS:
         if out.get(key) is not None:
             out[key] = import_callback(key, out[key])
     for key, callback in (own or {}).items():
-        out[key] = both(out[key], callback) if out.get(key) is not None else callback
+        out[key] = both(callback, out[key]) if out.get(key) is not None else callback
     return out
