@@ -3,7 +3,9 @@
 The reader assigns the partition (no group membership, no rebalances), seeks to ``start``,
 reads with ``read_committed`` and stops once its position reaches ``end``, also when the last
 offsets before ``end`` are transaction markers or aborted records that Kafka never delivers.
-Records that break the chunk protocol are staged as dead letters with their reason.
+Records that break the chunk protocol are staged as dead letters with their reason; an error of
+wavepipe's own code while parsing one (anything but a ``ProtocolError``) fails the read, so a bug is
+never committed past as if the record were bad.
 """
 
 from __future__ import annotations
@@ -203,10 +205,11 @@ def _stage(
     stats.last_offset = offset
     try:
         chunk = parse_chunk(headers, value)
-    except Exception as exc:
-        reason, detail = (exc.reason, exc.detail) if isinstance(exc, ProtocolError) else ("unparseable", repr(exc))
+    except ProtocolError as exc:  # a malformed record; any other error is a defect of wavepipe and stops the read
         dead.add(
-            dead_letter_row(rng.topic, rng.partition, offset, timestamp_ms, msg.key(), headers, value, reason, detail),
+            dead_letter_row(
+                rng.topic, rng.partition, offset, timestamp_ms, msg.key(), headers, value, exc.reason, exc.detail
+            ),
             len(value or b""),
         )
         stats.dead_letters += 1

@@ -30,7 +30,7 @@ import tenacity
 
 from wavepipe import waiting
 from wavepipe.contracts.config import Settings
-from wavepipe.contracts.errors import UsageError
+from wavepipe.contracts.errors import BUGS, UsageError
 from wavepipe.contracts.plan import ActiveRunError
 from wavepipe.contracts.runfiles import RunStore, StepBusyError
 
@@ -43,9 +43,6 @@ MAX_BACKOFF_S = 60.0
 SAME_BACKLOG_S = 60.0
 
 
-#: Errors of wavepipe's own code, not of a service or the data: a micro-batch that fails with one
-#: is not tried again.
-BUGS = (TypeError, AttributeError, NameError, ImportError, AssertionError)
 BUG_HINT = "trying again fails the same way; the run resumes from where it stopped once the cause is fixed"
 
 

@@ -27,7 +27,7 @@ from typing import Unpack
 
 from wavepipe import pages, report_html, spark_launch, storage
 from wavepipe.contracts.config import Settings
-from wavepipe.contracts.errors import UsageError
+from wavepipe.contracts.errors import BUGS, UsageError
 from wavepipe.contracts.plan import ActiveRunError, RunPlan, RunRequest, as_utc, new_run_id, run_request, safe_run_id
 from wavepipe.contracts.report import build_report, failed_expectations, spark_jobs_summary, validation_trend
 from wavepipe.contracts.runfiles import RunStore, Step, html_path, json_path, staged_paths
@@ -253,6 +253,8 @@ def consume_all(settings: Settings, run_id: str, partitions: list[int]) -> list[
         for partition, future in zip(partitions, futures, strict=True):
             try:
                 results.append(future.result())
+            except BUGS:  # a defect of wavepipe's reader: raised with its traceback, not a partition's line
+                raise
             except Exception as exc:
                 errors.append(f"partition {partition}: {exc}")
     if errors:

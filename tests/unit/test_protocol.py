@@ -215,3 +215,32 @@ def test_a_waveform_ending_after_the_year_9999_has_no_end_time():
         0,
     )
     assert row["end_time"] == 10**15 + 4_000_000
+
+
+def test_hostile_headers_raise_only_protocol_errors():
+    """Whatever headers a producer sends, parsing either gives a chunk or a ``ProtocolError`` (a
+    dead letter with its reason): the reader treats any other error as wavepipe's own defect and
+    stops, so none may come from a record's content (numpy parses some dtype strings as Python,
+    json recurses on nested arrays)."""
+    import random
+
+    headers, value = _headers()
+    base = dict(headers)
+    names = [*base, *p.EXTENSION_HEADERS]
+    hostile = [b"", b"\xff\xfe", b"-1", b"1e400", b"nan", b"[" * 100_000, b"[1e999]", b"9" * 5000, b"(1e400,)f4",
+               b"i4, i4", b",", b"O", b"V8", b"M8[ns]", b"[('a','<f4')]", b"[null]", b"{}", b"(2,3)f4"]  # fmt: skip
+    rng = random.Random(1)
+    for _ in range(3000):
+        h = dict(base)
+        for _ in range(rng.randint(1, 3)):
+            name, r = rng.choice(names), rng.random()
+            if r < 0.1:
+                h.pop(name, None)
+            elif r < 0.6:
+                h[name] = rng.choice(hostile)
+            else:
+                h[name] = rng.randbytes(rng.randint(0, 12))
+        try:
+            p.parse_chunk(list(h.items()), rng.choice([value, b"", None]))
+        except p.ProtocolError as exc:
+            assert exc.reason in {"missing_header", "unknown_version", "malformed_header", "empty_value"}

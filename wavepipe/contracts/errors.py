@@ -18,6 +18,11 @@ EXIT_USAGE = 2
 EXIT_VALIDATION = 3
 
 
+#: Errors of wavepipe's own code, not of a service, a setting or the data: never turned into a
+#: record's verdict or a line of a partition's failure, never tried again as if the world changed.
+BUGS = (TypeError, AttributeError, NameError, ImportError, AssertionError)
+
+
 class UsageError(ValueError):
     """Input from a user (flag, setting, DAG param, trigger conf) that is refused before anything
     runs; the message names where the value came from and the rule it breaks."""

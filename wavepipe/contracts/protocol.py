@@ -309,7 +309,7 @@ def _waveform_headers(
         raise ProtocolError("malformed_header", f"{H_ID} must be 1..{MAX_ID_BYTES} bytes")
     try:
         dtype = np.dtype(dtype_str)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, SyntaxError, OverflowError):  # numpy parses some strings as Python code
         raise ProtocolError("malformed_header", f"{H_DTYPE}={dtype_str!r} is not a dtype") from None
     if dtype.kind not in NUMERIC_KINDS or dtype.shape or dtype.names:
         raise ProtocolError("malformed_header", f"{H_DTYPE}={dtype_str!r} is not a numeric scalar type")
@@ -344,7 +344,7 @@ def _text(name: str, raw: bytes | str) -> str:
 def _list_header(name: str, raw: bytes, channels: int) -> tuple:
     try:
         items = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: arrays nested too deep
         raise ProtocolError("malformed_header", f"{name} is not a JSON array") from None
     if not isinstance(items, list) or len(items) != channels:
         raise ProtocolError("malformed_header", f"{name} must be a JSON array of {channels} items (wp-channels)")
