@@ -22,6 +22,7 @@ from airflow.sdk import (
     AssetAlias,
     AssetOrTimeSchedule,
     AssetWatcher,
+    CronTriggerTimetable,
     DeltaDataIntervalTimetable,
     Param,
     TriggerRule,
@@ -52,7 +53,11 @@ from wavepipe.plugins.triggers import ClockTrigger, GroupLagTrigger
 #: :45 UTC), and 15-minute windows for backfills (``schedules``).
 EVERY_15_MINUTES = DeltaDataIntervalTimetable(timedelta(minutes=15))
 #: The maintenance DAG's default schedule: once a day, at 03:30 UTC.
-DAILY_AT_0330 = "30 3 * * *"
+#: The maintenance DAG's schedule: 03:30 UTC. Unpaused within 10% of a day after an 03:30, a DAG
+#: without a start date runs that past 03:30 at once with a plain cron string, and also with
+#: ``run_immediately=False`` (Airflow 3.2 tests only ``is True`` and treats False as its default);
+#: a zero window never does.
+DAILY_AT_0330 = CronTriggerTimetable("30 3 * * *", timezone="UTC", run_immediately=timedelta(0))
 START_DATE = datetime(2026, 1, 1)
 
 
