@@ -39,7 +39,6 @@ from wavepipe.contracts.protocol import MIN_TIME_US
 from wavepipe.contracts.runfiles import RunStore, Step
 from wavepipe.contracts.steps import Named, Reassembled, ValidationQuarantine, WindowRows
 from wavepipe.delta_files import partition_values
-from wavepipe.delta_protocol import repair_once
 from wavepipe.delta_txn import Txn
 from wavepipe.faults import failpoint
 from wavepipe.maintenance import table_paths
@@ -187,8 +186,6 @@ def publish_run(
     commit replaced (None: Delta did not say), the ``qc`` rows written and the rows held back."""
     store = RunStore(settings)
     targets = table_paths(settings)
-    for target in targets.values():
-        repair_once(target)
     txn = run_txn(store, plan, reassembled)
     if settings.quality_metrics and len(what.waveforms):
         what = dataclasses.replace(what, waveforms=with_gaps(what.waveforms, targets["waveforms"]))

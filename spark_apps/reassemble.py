@@ -48,7 +48,6 @@ from wavepipe.contracts.plan import RunPlan, utc_now
 from wavepipe.contracts.rows import DEAD_LETTER_SCHEMA, QUALITY_NAMES
 from wavepipe.contracts.runfiles import RunStore, Step, staged_paths
 from wavepipe.contracts.steps import PartitionAccount, ReadStats, Reassembled, WindowRows
-from wavepipe.delta_protocol import repair_once
 from wavepipe.faults import armed, failpoint
 from wavepipe.spark_apps.assembly import (
     ARROW_OUTPUT_SCHEMA,
@@ -358,7 +357,6 @@ def earlier_rows(table: str, plan: RunPlan, ids: list[str], columns: list[str]) 
     """The rows of published ``table`` with the run's ``ids`` (``waveform_id`` and ``columns``),
     and ``counted``: the row stays beside the run's output. A window run replaces the rows inside
     its window, so only those outside it count; an incremental run counts every row."""
-    repair_once(table)  # written by an earlier wavepipe: made readable by every reader first
     rows = id_rows(table, ids, ["waveform_id", *columns, "topic", "partition", "first_offset"])
     if not plan.is_window:
         return rows.assign(counted=True)

@@ -399,10 +399,8 @@ def append_new(
 
     def publish() -> None:
         table = storage.delta_table(path) if delta_version(path) is not None else None
-        if table is not None and add_columns(
-            table, df.schema if isinstance(df, WorkerWrites) else arrow_schema(df.schema)
-        ):
-            table = storage.delta_table(path)  # the version with them, which the commit is checked against
+        if table is not None:
+            _require_columns(table, df.schema if isinstance(df, WorkerWrites) else arrow_schema(df.schema), path)
         if table is not None and txn is not None and (table.transaction_version(txn.app_id) or 0) >= txn.version:
             if written:
                 log.info(
@@ -440,20 +438,36 @@ def append_new(
     _committing(str(path))(publish)
 
 
-def add_columns(table, schema) -> bool:
-    """Add to ``table`` (a ``DeltaTable``) the nullable columns of ``schema`` (pyarrow) it lacks,
-    in one metadata-only commit by delta-rs; whether there were any. A table an earlier wavepipe
-    wrote gains the columns a newer one writes (null in its older rows), as Spark's ``mergeSchema``
-    would add them; a required column it lacks is left to ``_check_columns``'s error."""
+def missing_columns(table, schema: pa.Schema) -> list[pa.Field]:
+    """The nullable columns of ``schema`` (pyarrow) that ``table`` (a ``DeltaTable``) lacks: those
+    a newer wavepipe writes into a table an earlier one made."""
+    have = {f.name for f in table.schema().fields}
+    return [f for f in schema if f.name not in have and f.nullable]
+
+
+def add_columns(table, schema: pa.Schema) -> list[str]:
+    """Add ``missing_columns`` to ``table`` in one metadata-only commit by delta-rs (null in its
+    older rows, as Spark's ``mergeSchema`` would add them); their names. ``wavepipe table repair``
+    does this, never a run."""
     from deltalake import Schema
 
-    have = {f.name for f in table.schema().fields}
-    new = [f for f in schema if f.name not in have and f.nullable]
-    if not new:
-        return False
-    log.info("adding the columns %s to the table %s", ", ".join(f.name for f in new), table.table_uri)
-    table.alter.add_columns(list(Schema.from_arrow(pa.schema(new)).fields))
-    return True
+    new = missing_columns(table, schema)
+    if new:
+        log.info("adding the columns %s to the table %s", ", ".join(f.name for f in new), table.table_uri)
+        table.alter.add_columns(list(Schema.from_arrow(pa.schema(new)).fields))
+    return [f.name for f in new]
+
+
+def _require_columns(table, schema: pa.Schema, path: str) -> None:
+    """Refuse, before anything is written, rows with columns the table lacks (an earlier wavepipe
+    made it: ``wavepipe table repair`` adds them); a required column the rows lack is left to
+    ``_check_columns``'s error."""
+    new = missing_columns(table, schema)
+    if new:
+        raise storage.TableNeedsRepairError(
+            f"{path}: lacks the columns {', '.join(f.name for f in new)} that this wavepipe writes (an earlier "
+            "wavepipe made it); nothing was written. Run `wavepipe table repair`, then retry"
+        )
 
 
 def _why_not_commit_again(path: str, files: _Written, keys: list[str], scope, table) -> str | None:

@@ -232,21 +232,3 @@ def _repair_at_latest(path: Path, dry_run: bool) -> dict | object | None:
         return _LOST_RACE
     log.info("repaired %s: %d column type(s) in commit %d (no data file rewritten)", path, len(problems), version + 1)
     return {**result, "version": version + 1}
-
-
-#: The tables this process found readable by every Delta reader (or repaired): checked once.
-_CHECKED: set[str] = set()
-
-
-def repair_once(path: str) -> None:
-    """``repair_schema`` of the table at ``path`` the first time this process meets it (no table
-    there yet: nothing to check). Only tables written by wavepipe up to 77ad3ff need it, so a
-    long-lived process (the follow task) reads a table's schema for it once, not at every run;
-    ``wavepipe table repair`` does the same on demand."""
-    if path in _CHECKED:
-        return
-    if not storage.is_remote(str(path)) and storage.has_table(str(path)):
-        repair_schema(path)
-        _CHECKED.add(path)
-    elif storage.is_remote(str(path)):
-        _CHECKED.add(path)

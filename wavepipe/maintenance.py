@@ -18,6 +18,7 @@ outside wavepipe that still read an older version.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import time
@@ -486,16 +487,19 @@ def _relayout(spark, path: str) -> dict:
 
 def repair(settings: Settings, *, tables: list[str] | None = None, dry_run: bool = False) -> list[dict]:
     """Make each table readable by every Delta reader (``delta_protocol.repair_schema``: one
-    metadata-only commit) and lay the waveforms table out by day (``_relayout``: its rows rewritten
-    once, in one commit) if an earlier wavepipe partitioned it by source and day. Holds the tables'
-    lock as optimize does: safe beside runs. ``dry_run``: only say what it would do."""
+    metadata-only commit), add the columns this wavepipe writes that it lacks (``_add_columns``:
+    another), and lay the waveforms table out by day (``_relayout``: its rows rewritten once, in
+    one commit) if an earlier wavepipe partitioned it by source and day. What an earlier wavepipe
+    left is mended here, never by a run (a run meeting it is refused, naming this command).
+    Holds the tables' lock as optimize does: safe beside runs. ``dry_run``: only say what it would do."""
     from wavepipe import delta_protocol
     from wavepipe.spark_apps.app import output_lock
 
     done = []
     for name, path in _existing(settings, tables, done):
         with output_lock(settings, RunStore(settings)):
-            result = {"table": name, "schema": delta_protocol.repair_schema(path, dry_run=dry_run)}
+            result = {"table": name, "dry_run": dry_run, "schema": delta_protocol.repair_schema(path, dry_run=dry_run)}
+            result["columns"] = _add_columns(name, path, dry_run)
             was = _partition_columns(path)
             if name == "waveforms" and was != layout():
                 result["layout"] = {"relaid_from": was, "dry_run": True}
@@ -505,6 +509,22 @@ def repair(settings: Settings, *, tables: list[str] | None = None, dry_run: bool
         log.info("repair %s: %s", name, repair_line(result))
         done.append(result)
     return done
+
+
+def _add_columns(name: str, path: str, dry_run: bool) -> list[str]:
+    """The columns table ``name`` at ``path`` lacks of those this wavepipe writes into it, added
+    (unless ``dry_run``) in one metadata-only commit."""
+    from wavepipe import delta_protocol
+    from wavepipe.spark_apps.publish import EMPTY_TABLES
+    from wavepipe.spark_apps.tables import add_columns
+
+    if not dry_run:  # its types are the protocol's by now: delta-rs opens it
+        return add_columns(storage.delta_table(path), EMPTY_TABLES[name])
+    if storage.is_remote(path):
+        have = set(storage.delta_table(path).schema().to_arrow().names)
+    else:  # read from the log: a table still to be repaired does not open in delta-rs
+        have = {f["name"] for f in json.loads(delta_protocol.latest_metadata(path)[1]["schemaString"])["fields"]}
+    return [f.name for f in EMPTY_TABLES[name] if f.nullable and f.name not in have]
 
 
 def _partition_columns(path: str) -> list[str]:
@@ -521,6 +541,9 @@ def repair_line(result: dict) -> str:
         fixed = result["schema"]
         verb = "would repair" if fixed["dry_run"] else f"repaired in commit {fixed['version']}"
         parts.append(f"{verb} {len(fixed['columns'])} column type(s) ({', '.join(fixed['columns'])})")
+    if result.get("columns"):
+        verb = "would add" if result.get("dry_run") else "added"
+        parts.append(f"{verb} {len(result['columns'])} column(s) ({', '.join(result['columns'])})")
     if result.get("layout"):
         lay = result["layout"]
         if lay.get("dry_run"):
@@ -530,4 +553,4 @@ def repair_line(result: dict) -> str:
                 f"laid out by {', '.join(layout())} (was {', '.join(lay['relaid_from'])}): {lay['files_before']} files -> "
                 f"{lay['files_after']}, {lay['rows']} rows, in {lay['relayout_s']}s (commit {lay['version']})"
             )
-    return "; ".join(parts) or "nothing to do (readable by every Delta reader, laid out by date)"
+    return "; ".join(parts) or "nothing to do (readable by every Delta reader, every column, laid out by date)"

@@ -155,6 +155,11 @@ class StorageUnavailableError(RuntimeError):
     """The object store a step reads or writes did not answer; the message says what to check."""
 
 
+class TableNeedsRepairError(RuntimeError):
+    """A table an earlier wavepipe wrote, in a form this one does not read or write (types the
+    Delta protocol does not define, columns it lacks): ``wavepipe table repair`` mends it."""
+
+
 #: What reading or writing a location is expected to raise when the storage fails: the run
 #: state's object store not answering (``wavepipe.state``, in one line) or a local disk's error.
 STORAGE_ERRORS: tuple[type[Exception], ...] = (StorageUnavailableError, OSError)
@@ -562,11 +567,20 @@ def log_versions(uri: str) -> list[int]:
 def delta_table(uri: str, **kwargs):
     """delta-rs's ``DeltaTable`` at ``uri``, reached with the configured options."""
     from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError
 
     options = configured_options(str(uri))
-    return DeltaTable(
-        for_clients(str(uri)), storage_options=delta_storage_options(options) if options else None, **kwargs
-    )
+    try:
+        return DeltaTable(
+            for_clients(str(uri)), storage_options=delta_storage_options(options) if options else None, **kwargs
+        )
+    except DeltaError as exc:  # the one place delta-rs's refusal of a legacy schema is told apart
+        if "Unsupported Delta table type" not in str(exc):
+            raise
+        raise TableNeedsRepairError(
+            f"{uri}: an earlier wavepipe wrote types the Delta protocol does not define "
+            f"({str(exc).splitlines()[0]}); run `wavepipe table repair`, then retry"
+        ) from None
 
 
 def delta_write_options(uri: str) -> dict[str, str] | None:

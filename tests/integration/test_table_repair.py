@@ -1,7 +1,9 @@
 """Tables an earlier wavepipe wrote (string columns logged as ``string collate UTF8_BINARY``, the
-waveforms partitioned by source and date) are repaired in place: the next run's publish fixes the
-types in one metadata-only commit and adds the columns it lacks in another, ``wavepipe table repair`` lays the waveforms out by date; rows,
-history and transaction ids are kept, and delta-rs then reads them as Spark does."""
+waveforms partitioned by source and date, columns missing) are mended by ``wavepipe table repair``
+(what ``wavepipe setup`` runs on an upgrade), never by a run: a run that meets them is refused,
+naming the command, and commits nothing. The repair fixes the types in one metadata-only commit,
+adds the columns in another and lays the waveforms out by date; rows, history and transaction ids
+are kept, and delta-rs then reads them as Spark does."""
 
 from __future__ import annotations
 
@@ -18,9 +20,10 @@ from tests.helpers import (
     waveform_records,
 )
 from wavepipe import pipeline
-from wavepipe.consumers.kafka_admin import ensure_topic
+from wavepipe.consumers.kafka_admin import committed_positions, ensure_topic
 from wavepipe.contracts.rows import QUALITY_NAMES, ROW_FACTS
 from wavepipe.delta_protocol import schema_problems
+from wavepipe.storage import TableNeedsRepairError
 
 pytestmark = pytest.mark.integration
 
@@ -82,35 +85,40 @@ def test_tables_of_an_earlier_wavepipe_are_repaired_in_place_and_laid_out_by_dat
     assert code == 0 and "run `wavepipe table repair`" in out, out
     history_before = spark.sql(f"DESCRIBE HISTORY delta.`{settings.output_table}`").count()
 
-    # a run publishing into them repairs the types first (no data file rewritten), keeps the layout
+    # a run meeting them is refused before it publishes, naming the command; nothing is committed
     ensure_topic(settings)
     records, _ = waveform_records("new-one", 3, seed=3)
     produce_in_order(settings, records)
+    with pytest.raises(TableNeedsRepairError, match="run `wavepipe table repair`"):
+        pipeline.run_once(settings)
+    assert schema_problems(settings.output_table), "a run mended a table"
+    committed = committed_positions(settings, settings.group, settings.topic, [0])
+    assert committed == {0: (None, None)}, committed
+
+    code, out = run_cli(settings, "table", "repair", "--dry-run")
+    assert code == 0, out
+    assert "waveforms: would repair" in out and "would add" in out and "would lay it out by date" in out, out
+    assert schema_problems(settings.output_table)
+    code, out = run_cli(settings, "setup")  # an upgrade's setup repairs them
+    assert code == 0, out
+    assert "waveforms: repaired in commit" in out and "added" in out and "laid out by date (was source, date)" in out
+    waveforms = DeltaTable(str(settings.output_table))
+    repair_commit = next(h for h in waveforms.history() if h["operation"] == "REPAIR SCHEMA")
+    assert "waveform_id" in repair_commit["operationParameters"]["columns"]
+    assert set(LATER_COLUMNS) <= set(waveforms.schema().to_arrow().names)
+    assert waveforms.metadata().partition_columns == ["date"]
+
+    # the refused run resumes and publishes into them: the new columns null in the earlier rows
     report = pipeline.run_once(settings)
     assert report["waveforms"] == {"output_new": 1}
     assert_accounted(spark, settings, report)  # its own check of the logs' types among them
     waveforms = DeltaTable(str(settings.output_table))
-    assert waveforms.metadata().partition_columns == ["source", "date"]
-    assert assert_delta_rs_reads_as_spark(spark, settings.output_table) == 13
-    assert assert_delta_rs_reads_as_spark(spark, settings.quarantine_table) == 2
-    repair_commit = next(h for h in waveforms.history() if h["operation"] == "REPAIR SCHEMA")
-    assert "waveform_id" in repair_commit["operationParameters"]["columns"]
-    # and gains the columns this wavepipe writes: null in the earlier rows, filled in the new one
-    assert set(LATER_COLUMNS) <= set(waveforms.schema().to_arrow().names)
     later = waveforms.to_pyarrow_table(columns=["waveform_id", "end_time"]).to_pylist()
     assert [r["waveform_id"] for r in later if r["end_time"] is not None] == ["new-one"]
-
-    code, out = run_cli(settings, "table", "repair", "--dry-run")
-    assert code == 0 and "waveforms: would lay it out by date (partitioned by source, date)" in out, out
-    assert DeltaTable(str(settings.output_table)).metadata().partition_columns == ["source", "date"]
-    code, out = run_cli(settings, "table", "repair")
-    assert code == 0 and "waveforms: laid out by date (was source, date)" in out, out
-    assert "quarantine: nothing to do" in out, out
-    waveforms = DeltaTable(str(settings.output_table))
-    assert waveforms.metadata().partition_columns == ["date"]
     folders = {uri.rsplit("/", 2)[1] for uri in waveforms.file_uris()}
     assert folders == {"date=2026-11-19", "date=2026-11-20", f"date={START.date()}"}
     assert assert_delta_rs_reads_as_spark(spark, settings.output_table) == 13
+    assert assert_delta_rs_reads_as_spark(spark, settings.quarantine_table) == 2
     assert_protocol_types(settings)
 
     # the history is kept (the legacy version still reads), and so is the idempotence of a publish:
