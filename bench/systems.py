@@ -151,12 +151,19 @@ def wavepipe_run(
     small_reads_in_process: bool = False,
 ) -> Outcome:
     """wavepipe end to end, the steps ``wavepipe run`` takes: plan, consume, reassemble with validation and
-    publishing in the same Spark app, commit. ``group``: continue that group (default: a new group per
+    publishing in the same Spark app, commit, then what describes the run (plots, Data Docs). ``group``: continue that group (default: a new group per
     call, reading the ranges from the start). Readers are processes (the monitor's ``consumer`` role),
     also for the quick bench's small backlogs; ``small_reads_in_process``: as ``wavepipe run`` reads
     a small plan by default, in threads of its own process (``consume_in_process_max_records``)."""
     from wavepipe.contracts.plan import new_run_id
-    from wavepipe.pipeline import commit_step, consume_all, partitions_to_read, plan_step, reassemble_step
+    from wavepipe.pipeline import (
+        commit_step,
+        consume_all,
+        describe_step,
+        partitions_to_read,
+        plan_step,
+        reassemble_step,
+    )
 
     group = group or f"bench-{uuid.uuid4().hex[:10]}"
     s = settings.replace(
@@ -184,17 +191,19 @@ def wavepipe_run(
     stages["plan"], t = time.monotonic() - t, time.monotonic()
     consume_all(s, plan.run_id, partitions_to_read(plan))
     stages["consume"], t = time.monotonic() - t, time.monotonic()
-    result = reassemble_step(s, plan.run_id, validate=True)
+    result = reassemble_step(s, plan.run_id, validate=True, defer_description=True)
     stages["reassemble + validate"], t = time.monotonic() - t, time.monotonic()
     report = commit_step(s, plan.run_id)
-    stages["commit"] = time.monotonic() - t
+    stages["commit"], t = time.monotonic() - t, time.monotonic()
+    (report,) = describe_step(s, [report])
+    stages["describe: plots and Data Docs, after the commit"] = time.monotonic() - t
     wall = time.monotonic() - began
     inner = result.timings if result else {}
     checked = {k: v for k, v in report.get("timings_s", {}).items() if k.startswith("validate_")}
     if "spark_app_s" in inner:
-        # the plot and Data Docs are made in threads beside publishing: not stages of their own
+        # the plots and Data Docs are made after the commit: in the describe stage, not this one
         known = sum(inner.get(k, 0.0) for k in ("spark_app_s", "session_start_s", "session_stop_s")) + sum(
-            v for k, v in checked.items() if k not in ("validate_plot_s", "validate_data_docs_s")
+            v for k, v in checked.items() if k not in DESCRIBED
         )
         on_engine = s.spark_engine == "connect"
         # spark-submit: the rest of the app's wall is the JVM's and Python's start and exit; attached
@@ -220,19 +229,12 @@ def wavepipe_run(
         for key, label in (
             ("validate_prepare_s", "validate: checked columns (from the manifest, no payload)"),
             ("validate_expectations_s", "validate: Great Expectations suites"),
-            ("validate_data_docs_wait_s", "validate: Data Docs, waiting for them after publishing"),
-            ("validate_data_docs_s", "beside validate: Data Docs (built while publishing writes)"),
-            ("validate_plot_start_s", "validate: waveform plot, choosing (and reading any not from the staged chunks)"),
-            ("validate_plot_wait_s", "validate: waveform plot, waiting for its drawing after publishing"),
-            ("validate_plot_s", "beside validate: waveform plot (drawn while the suites run and publishing writes)"),
+            ("validate_data_docs_s", "describe: Data Docs"),
+            ("validate_plot_s", "describe: waveform plot (its waveforms read beside publishing)"),
             ("validate_publish_s", PUBLISH_STAGE),
             ("validate_qc_table_s", "quality: the qc table's hours (read back, merged; within publishing)"),
             ("validate_quality_summary_s", "quality: summary of the published rows (read back from the run's files)"),
-            ("validate_flagged_plot_wait_s", "quality: plot of the flagged waveforms, waiting for its drawing"),
-            (
-                "validate_flagged_plot_s",
-                "beside quality: plot of the flagged waveforms (drawn while the tables commit)",
-            ),
+            ("validate_flagged_plot_s", "describe: plot of the flagged waveforms"),
         ):
             if key in checked:
                 stages[label] = checked[key]
@@ -269,6 +271,8 @@ def wavepipe_no_qc(settings: Settings, topic: str, ranges: Ranges, workdir: Path
 
 #: The run's one write of its waveforms' bytes (not part of the validation gate's cost).
 PUBLISH_STAGE = "publish: assemble from the staged chunks, write the output once"
+#: The report's timings of what describes a run, made after its commit (its describe stage).
+DESCRIBED = ("validate_plot_s", "validate_data_docs_s", "validate_flagged_plot_s")
 
 
 def python_consumer(settings: Settings, topic: str, ranges: Ranges, workdir: Path, parallelism: int) -> Outcome:

@@ -352,8 +352,8 @@ STEPS = {
     "Spark job": "spark_spark_app_s",
     "expectations": "validate_expectations_s",
     "publish": "validate_publish_s",
-    "Data Docs (waiting for them after publishing)": "validate_data_docs_wait_s",
     "commit, report": "commit",
+    "describe (plots, Data Docs; after the commit)": "describe",
 }
 #: The time from a waveform's ack to the start of the run that published it.
 WAITED = "waiting for a run"
@@ -691,7 +691,9 @@ def _stages_table(results: list[dict]) -> list[str]:
         "",
         "Medians, from the runs' own reports: how long a waveform waited from its ack for the run that "
         "published it to be planned, then each step of a run. A row is readable once *publish* is done; "
-        "*Data Docs* and *commit, report* come after, before the next run can start.",
+        "*commit, report* comes after, before the next run can start; *describe* after that: in the event-driven "
+        "DAG's task before it ends, in the follow task in a thread of its own, for the micro-batches of the last "
+        "few seconds at once (each of them shows the time of that whole making).",
         "",
         "| system | mode | " + " | ".join(f"{label} s" for label in labels) + " |",
         "|---|---|" + "---:|" * len(labels),

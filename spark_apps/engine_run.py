@@ -1,10 +1,10 @@
 """A run's steps on the Spark engine, in their order: reassemble -> validate -> publish.
 
-Each step is a module of its own (``reassemble``, ``validate``, ``publish``); this one passes
-each step's result to the next in memory and saves each result where an Airflow task boundary
-needs it (the run's ``reassemble`` and ``validate`` steps). What only describes the run never
-fails it: the plot and Data Docs are made in threads beside publishing (neither reads a table),
-the validation history after the rows are readable.
+Each step is a module of its own (``reassemble``, ``validate``, ``publish``, ``describe``); this
+one passes each step's result to the next in memory and saves each result where an Airflow task
+boundary needs it (the run's ``reassemble`` and ``validate`` steps). What only describes the run
+never fails it and never delays it: the plot, the flagged plot and Data Docs are made after the
+publish, or after the commit when the run's steps share a process (``describe``).
 
 ``main()`` is the same for spark-submit: ``--step reassemble [--validate]`` or ``--step validate``.
 """
@@ -31,7 +31,7 @@ from wavepipe.contracts.plan import RunPlan
 from wavepipe.contracts.report import append_validation_history, describe_safely
 from wavepipe.contracts.runfiles import RunStore, Step
 from wavepipe.contracts.steps import Reassembled, Validated
-from wavepipe.spark_apps import publish, reassemble, validate
+from wavepipe.spark_apps import describe, publish, reassemble, validate
 from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_launch import phase
 
@@ -40,10 +40,18 @@ T = TypeVar("T")
 
 
 def reassemble_and_save(
-    spark: SparkSession, settings: Settings, store: RunStore, plan: RunPlan, *, validate: bool, session_s: float
+    spark: SparkSession,
+    settings: Settings,
+    store: RunStore,
+    plan: RunPlan,
+    *,
+    validate: bool,
+    session_s: float,
+    defer: bool = False,
 ) -> Reassembled:
     """Reassemble run ``plan`` and save the result as its ``reassemble`` step; ``validate``: then
-    validate and publish in the same session. ``session_s``: what getting the session took."""
+    validate and publish in the same session (``defer``: its description left for the commit).
+    ``session_s``: what getting the session took."""
     began = time.monotonic()
     with phase("reassemble"):
         result, manifest = reassemble.reassemble_run(spark, settings, plan)
@@ -52,7 +60,7 @@ def reassemble_and_save(
     store.save_result(plan.run_id, Step.REASSEMBLE, result)
     log.info("run %s reassembled: %s", plan.run_id, result.waveforms)
     if validate:
-        validate_and_publish(spark, settings, plan, result, manifest)
+        validate_and_publish(spark, settings, plan, result, manifest, defer=defer)
     return result
 
 
@@ -62,96 +70,66 @@ def validate_and_publish(
     plan: RunPlan,
     reassembled: Reassembled | None = None,
     manifest: pa.Table | None = None,
+    *,
+    defer: bool = False,
 ) -> Validated:
     """Validate run ``plan``'s candidates and publish them if every run-level expectation holds
     (the waveforms a per-waveform expectation rejects are quarantined instead). ``reassembled``,
     ``manifest``: the reassembly's result and manifest when it ran in this process (else read).
     The outcome is saved as the run's ``validate`` step, and a line of the validation history,
-    either way."""
+    either way. What only describes the run (``describe``) is made after the publish, or with
+    ``defer`` left for this process's commit to make after it (``describe.defer``)."""
     store = RunStore(settings)
     store.clear_step(plan.run_id, Step.VALIDATE)
     notes: list[str] = []  # what could not be described; never a reason to fail the run
     with phase("validate"):
         reassembled = validate.check_candidates(spark, store, plan.run_id, reassembled)
         verdict = validate.validate(settings, store, plan, reassembled, notes, manifest)
-    result, timings = verdict.result, verdict.result.timings
-    wait_for_plot = plots.start_plot(verdict.to_publish.waveforms, store, plan, settings, notes)
-    wait_for_docs = beside(verdict.describe, f"wavepipe-data-docs-{plan.run_id}")  # they do not read the tables
-    flagged = Flagged(settings, plan.run_id, notes)
-    try:
-        if result.success:
-            t = time.monotonic()
-            with phase("publish"):
-                done = publish.publish(
-                    spark, settings, plan, reassembled, verdict.to_publish, wait_for_plot, flagged.start
-                )
-            result.published = True
-            result.output_table_version, result.table_versions = done.output_version, done.table_versions
-            result.replaced_rows = done.replaced_rows
-            result.quarantined = result.quarantined.plus(done.held)
-            result.named = done.named
-            timings["publish_s"] = time.monotonic() - t
-            timings["qc_table_s"] = done.qc_s
-            if not verdict.to_publish.all_there and len(verdict.to_publish.waveforms):
-                t = time.monotonic()
-                result.quality = describe_safely(
-                    notes, "the quality summary", publish.quality_summary, settings, done.output_version
-                )
-                timings["quality_summary_s"] = time.monotonic() - t
-                if result.quality is not None:
-                    result.quality["qc_hours"] = done.qc_hours
-        else:  # nothing published: the page still names what the run would have set aside
-            result.named = describe_safely(
-                notes,
-                "naming the quarantined waveforms",
-                publish.named_in_run,
-                store,
-                plan,
-                verdict.to_publish.rejection,
-            )
-    finally:  # the description, made beside publishing, is kept with the outcome
-        t = time.monotonic()
-        flagged_plot, timings["flagged_plot_s"] = flagged.wait()
-        timings["flagged_plot_wait_s"] = time.monotonic() - t
-        if result.quality and result.quality["flagged"]:
-            result.quality["plot"] = flagged_plot
-        t = time.monotonic()
-        result.plot, timings["plot_s"] = wait_for_plot()
-        timings["plot_wait_s"] = time.monotonic() - t
-        t = time.monotonic()
-        result.data_docs_index, timings["data_docs_s"] = wait_for_docs()
-        timings["data_docs_wait_s"] = time.monotonic() - t
-    result.timings = {k: round(v, 3) for k, v in timings.items()}
+    result = verdict.result
+    # the plot's waveforms, read from the staged files beside the publish (drawn later)
+    fetching = beside(lambda: plots.read_picks(verdict.to_publish.waveforms, store, plan, notes), "wavepipe-plot")
+    if result.success:
+        _publish(spark, settings, plan, reassembled, verdict, fetching, notes)
+    else:  # nothing published: the page still names what the run would have set aside
+        result.named = describe_safely(
+            notes, "naming the quarantined waveforms", publish.named_in_run, store, plan, verdict.to_publish.rejection
+        )
+    result.timings, result.notes = {k: round(v, 3) for k, v in result.timings.items()}, notes
     describe_safely(notes, "the validation history", append_validation_history, settings, result)
-    result.notes = notes
+    description = describe.Description(settings, result, fetching()[0], verdict.docs, notes)
+    if defer and result.published:
+        describe.defer(description)
+    else:
+        describe.make([description])
     store.save_result(plan.run_id, Step.VALIDATE, result)
     validate.log_outcome(plan, result)
     return result
 
 
-class Flagged:
-    """The plot of run ``run_id``'s flagged waveforms (``plots.plot_flagged``), drawn in a thread
-    from the moment the output holds them (``start``, publish's ``written``) while the other
-    tables are committed; ``wait`` gives its path (None: none, or a note says why) and seconds."""
-
-    def __init__(self, settings: Settings, run_id: str, notes: list[str]):
-        self.settings, self.run_id, self.notes = settings, run_id, notes
-        self._wait: Callable[[], tuple[str | None, float]] | None = None
-
-    def start(self, version: int | None) -> None:
-        if self.settings.quality_metrics and version is not None:
-            draw = (
-                self.notes,
-                "the plot of the flagged waveforms",
-                plots.plot_flagged,
-                self.settings,
-                self.run_id,
-                version,
-            )
-            self._wait = beside(lambda: describe_safely(*draw), f"wavepipe-flagged-{self.run_id}")
-
-    def wait(self) -> tuple[str | None, float]:
-        return self._wait() if self._wait is not None else (None, 0.0)
+def _publish(spark, settings: Settings, plan: RunPlan, reassembled: Reassembled, verdict, fetching, notes) -> None:
+    """Publish ``verdict``'s waveforms and record it in its result: the tables' versions, what a
+    quality rule held back, the published waveforms' quality summary (the commit's asset event
+    carries it). ``fetching``: the plot's read of the staged files, waited for before a changed
+    staged file makes the publish remove them."""
+    result, timings = verdict.result, verdict.result.timings
+    t = time.monotonic()
+    with phase("publish"):
+        done = publish.publish(spark, settings, plan, reassembled, verdict.to_publish, fetching)
+    result.published = True
+    result.output_table_version, result.table_versions = done.output_version, done.table_versions
+    result.replaced_rows = done.replaced_rows
+    result.quarantined = result.quarantined.plus(done.held)
+    result.named = done.named
+    timings["publish_s"] = time.monotonic() - t
+    timings["qc_table_s"] = done.qc_s
+    if not verdict.to_publish.all_there and len(verdict.to_publish.waveforms):
+        t = time.monotonic()
+        result.quality = describe_safely(
+            notes, "the quality summary", publish.quality_summary, settings, done.output_version
+        )
+        timings["quality_summary_s"] = time.monotonic() - t
+        if result.quality is not None:
+            result.quality["qc_hours"] = done.qc_hours
 
 
 def beside(work: Callable[[], T], name: str) -> Callable[[], tuple[T, float]]:

@@ -141,16 +141,13 @@ def publish(
     reassembled: Reassembled,
     what: ToPublish,
     readers_done: Callable[[], object] = lambda: None,
-    written: Callable[[int | None], object] = lambda version: None,
 ) -> Published:
-    """Publish run ``plan`` (``publish_run``; ``written(version)`` is called once the output
-    table holds the run's waveforms, at that version, before the other tables' commits). A
-    staged chunk file changed since its reader hashed it (the assembly left a note saying so)
+    """Publish run ``plan`` (``publish_run``). A staged chunk file changed since its reader hashed it (the assembly left a note saying so)
     publishes nothing and sends the run back to read Kafka again (``StagedChunksChangedError``),
     once ``readers_done()`` says nothing else of the run (the plot) reads its staged files."""
     store = RunStore(settings)
     try:
-        done = publish_run(spark, settings, plan, reassembled, what, written)
+        done = publish_run(spark, settings, plan, reassembled, what)
     except Exception:
         notes = changed_notes(changed_notes_dir(store, plan.run_id))
         if not notes:
@@ -177,7 +174,6 @@ def publish_run(
     plan: RunPlan,
     reassembled: Reassembled,
     what: ToPublish,
-    written: Callable[[int | None], object] = lambda version: None,
 ) -> Published:
     """Append the run's rows to the published tables (keys not there yet only), or for a window
     run replace the window's rows; the rows a quarantining quality rule held back go to the
@@ -195,7 +191,7 @@ def publish_run(
         storage.delete_tree(held_dir(store, plan.run_id))  # the write to come holds its own
     small = {name: publish_rows(store, plan, name, what.rejection) for name in PUBLISHED[1:]}
     if plan.is_window:
-        replaced, held = _replace_window_run(spark, store, plan, reassembled, what, small, targets, txn, written)
+        replaced, held = _replace_window_run(spark, store, plan, reassembled, what, small, targets, txn)
         failpoint("publish.after_write")
         version = delta_version(settings.output_table)
         touched = pa.concat_tables([run_times(what.waveforms), removed_times(targets["waveforms"], version)])
@@ -209,7 +205,6 @@ def publish_run(
         checked = what.checked_version if what.in_table == 0 else None
         scope = sorted(what.waveforms["waveform_id"])
         append_new(source, targets["waveforms"], keys, partition_by, checked_version=checked, txn=txn, scope=scope)
-        written(delta_version(targets["waveforms"]))
     held = held_rejection(store, plan)
     small["quarantine"] = _with_rows(small["quarantine"], held.rows)
     for name, rows in small.items():
@@ -443,11 +438,9 @@ def _replace_window_run(
     small: dict[str, pa.Table | None],
     targets: dict,
     txn: Txn,
-    written: Callable[[int | None], object],
 ) -> tuple[int | None, Rejection]:
     """Window run ``plan``'s publish: each table's rows of the window replaced (``replace_window``),
-    the waveforms' first (then ``written(version)``; the rows a quarantining quality rule holds
-    back join the quarantine's).
+    the waveforms' first (the rows a quarantining quality rule holds back join the quarantine's).
     Returns the output table's rows the commit replaced, and the rows held back."""
     rows = reassembled.window_rows
     if rows is None:
@@ -456,7 +449,6 @@ def _replace_window_run(
         )
     waveforms = _staged_waveforms(spark, store, plan, what.waveforms)
     replaced = replace_window(spark, waveforms, targets["waveforms"], "waveforms", plan, rows, txn)
-    written(delta_version(targets["waveforms"]))
     held = held_rejection(store, plan)
     small = {**small, "quarantine": _with_rows(small["quarantine"], held.rows)}
     outside = [*what.rejection.outside(plan.window_offsets()), *held.outside(plan.window_offsets())]

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import numpy as np
@@ -149,14 +149,13 @@ def run_suites(
     judge_run,
     now: datetime,
     notes: list[str] | None = None,
-) -> tuple[list[dict], dict[str, dict], Callable[[], str]]:
+) -> tuple[list[dict], dict[str, dict], DataDocs]:
     """The per-waveform suite on ``checked`` (the run's new waveforms), then the run-level suite
     on the one-row frame ``judge_run(rejected)`` makes, each through a GX checkpoint (results
     stored), in this process.
     Returns the per-suite summaries, the rejected waveforms (``rejections.rejected_waveforms``)
-    and ``describe``: it builds the results' Data Docs (they only describe the run, so a caller
-    publishes first), puts each page's link in its summary and returns the index URL. When
-    building them fails, ``notes`` gets a line and the links are left out."""
+    and the results' ``DataDocs``, to build once the run no longer waits for them
+    (``build_data_docs``)."""
     import great_expectations as gx
 
     from wavepipe.spark_apps.rejections import INDEX_COLUMNS, rejected_waveforms
@@ -182,31 +181,9 @@ def run_suites(
         for name, result, *_ in checks
     ]
 
-    def describe() -> str:
-        docs = describe_safely(
-            notes,
-            "Great Expectations Data Docs",
-            _build_docs,
-            context,
-            [shown for *_, shown, _ in checks],
-            [i for *_, stored in checks for i in stored],
-        ) or ([], "", [])
-        if docs[2]:
-            describe_safely(
-                notes,
-                "keeping the Data Docs in the run state",
-                run_pages.keep_data_docs,
-                RunStore(settings),
-                run_id,
-                docs[2][0].parent,
-                docs[2],
-                catching=storage.STORAGE_ERRORS,
-            )
-        for summary, page in zip(out, docs[0] or [None] * len(out), strict=True):
-            summary["data_docs"] = page
-        return docs[1]
-
-    return out, rejected, describe
+    docs = DataDocs(settings, run_id, context, [shown for *_, shown, _ in checks],
+                    [i for *_, stored in checks for i in stored], out, notes)  # fmt: skip
+    return out, rejected, docs
 
 
 _SUMMARY = {"result_format": "SUMMARY", "partial_unexpected_count": 5}
@@ -282,21 +259,74 @@ def _bound_docs_index(context) -> None:
         context.variables.save()
 
 
-def _build_docs(context, shown: list, identifiers: list) -> tuple[list[str | None], str, list[Path]]:
-    """Build this run's Data Docs pages (and the index once); the page of each ``shown`` result,
-    the index URL and, in a local site, the files built (the index first)."""
+@dataclass
+class DataDocs:
+    """A run's Data Docs, to build when nothing waits for them (they only describe the run): the
+    GX context its suites ran in, the result shown for each suite, every stored result, the suite
+    summaries that get each page's link, and the run's ``notes`` for what could not be built."""
+
+    settings: Settings
+    run_id: str
+    context: Any
+    shown: list
+    stored: list
+    summaries: list[dict]
+    notes: list[str]
+
+
+def build_data_docs(runs: list[DataDocs]) -> list[str]:
+    """Build the Data Docs of ``runs`` at once (the site's index once: they share the home's GX
+    project), put each page's link in its run's summaries and keep each run's pages in the run
+    state; each run's index URL ("" where building failed: its notes say why)."""
+    if not runs:
+        return []
+    built = describe_safely(
+        runs[-1].notes,
+        "Great Expectations Data Docs",
+        _build_docs,
+        runs[-1].context,
+        [i for r in runs for i in r.stored],
+    )
+    if built is None:
+        for run in runs[:-1]:
+            run.notes.append(runs[-1].notes[-1])
+        return [""] * len(runs)
+    pages, index = built
+    for run in runs:
+        for summary, shown in zip(run.summaries, run.shown, strict=True):
+            summary["data_docs"] = pages.get(shown)
+        if index.startswith("file://"):
+            files = [_local(index), *(_local(pages[i]) for i in run.stored if pages.get(i))]
+            describe_safely(
+                run.notes,
+                "keeping the Data Docs in the run state",
+                run_pages.keep_data_docs,
+                RunStore(run.settings),
+                run.run_id,
+                files[0].parent,
+                files,
+                catching=storage.STORAGE_ERRORS,
+            )
+    return [index] * len(runs)
+
+
+def _local(url: str) -> Path:
+    return Path(unquote(urlparse(url).path))
+
+
+def _build_docs(context, identifiers: list) -> tuple[dict, str]:
+    """Build the pages of the stored results ``identifiers`` and the index once: each one's page
+    URL (None: not built) and the index URL; a local site's pages load their scripts from it."""
     context.build_data_docs(resource_identifiers=identifiers)
-    built = {}
+    pages = {}
     for identifier in identifiers:
         urls = context.get_docs_sites_urls(resource_identifier=identifier)
-        built[identifier] = urls[0]["site_url"] if urls else None
+        pages[identifier] = urls[0]["site_url"] if urls else None
     index_url = context.get_docs_sites_urls()
     index = index_url[0]["site_url"] if index_url else ""
-    files = []
     if index.startswith("file://"):  # GX's pages load their styles and scripts from CDNs
-        files = [Path(unquote(urlparse(url).path)) for url in [index, *built.values()] if url]
-        localize_site(files[0].parent, files)
-    return [built.get(identifier) for identifier in shown], index, files
+        localize_site(_local(index).parent, [_local(u) for u in [index, *pages.values()] if u])
+    return pages, index
 
 
 # --- I/O -------------------------------------------------------------------------------------------
@@ -342,11 +372,11 @@ class ToPublish:
 @dataclass
 class Verdict:
     """Validation's outcome (``result``, not published yet), what to publish if it passed, and
-    ``describe``: it builds the results' Data Docs (after the publish: they only describe it)."""
+    the results' ``DataDocs`` (built after the publish: they only describe it)."""
 
     result: Validated
     to_publish: ToPublish
-    describe: Callable[[], str]
+    docs: DataDocs
 
 
 def check_candidates(
@@ -425,7 +455,7 @@ def validate(
         waveforms = settled(reassembled, found["rejection"].moved).waveforms
         return run_frame(waveforms, settings.validate_quarantine_judged_from)
 
-    suites, _, describe = run_suites(settings, plan.run_id, checked, judge_run, now, notes)
+    suites, _, docs = run_suites(settings, plan.run_id, checked, judge_run, now, notes)
     rejected = found["rejection"]
     timings["expectations_s"] = time.monotonic() - t
     kept = _kept(checked, rejected.ids)
@@ -447,7 +477,7 @@ def validate(
         quarantined=rejected.moved,
         timings=timings,
     )
-    return Verdict(result, ToPublish(kept, rejected, counts["in_table"], version), describe)
+    return Verdict(result, ToPublish(kept, rejected, counts["in_table"], version), docs)
 
 
 def log_outcome(plan: RunPlan, result: Validated) -> None:

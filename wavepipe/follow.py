@@ -16,6 +16,10 @@ fails (the engine died, a run-level expectation failed) is retried after a pause
 to ``MAX_BACKOFF_S``; after ``max_failures`` failures in a row the loop ends with the last error.
 One that fails on an error of the code itself (``BUGS``: a ``TypeError``, ...) ends it at once,
 its traceback logged.
+
+What only describes a micro-batch (its plots, its Data Docs) is made after its commit by a thread
+of the loop's own (``Describer``), for all the micro-batches of the last few seconds at once: the
+next micro-batch does not wait for it.
 """
 
 from __future__ import annotations
@@ -55,17 +59,22 @@ class FollowOptions:
     """``poll_s``: seconds between lag polls while idle; ``max_batches`` / ``max_seconds``: end
     after that many micro-batches / start none after that long; ``max_idle_s``: end after this
     long with no micro-batch due (0: no limit, each); ``max_failures``: failed micro-batches in a
-    row before the loop gives up."""
+    row before the loop gives up; ``describe_every_s``: the least time between two makings of the
+    micro-batches' descriptions (``Describer``)."""
 
     poll_s: float = 1.0
     max_batches: int = 0
     max_seconds: float = 0.0
     max_failures: int = 3
     max_idle_s: float = 0.0
+    describe_every_s: float = 5.0
 
     def __post_init__(self):
-        if not self.poll_s > 0:
-            raise UsageError(f"follow: the lag poll interval must be above 0 s, not {self.poll_s}")
+        if not self.poll_s > 0 or not self.describe_every_s > 0:
+            raise UsageError(
+                f"follow: the lag poll interval and the description interval must be above 0 s, not {self.poll_s} "
+                f"and {self.describe_every_s}"
+            )
         if self.max_batches < 0 or not self.max_seconds >= 0 or not self.max_idle_s >= 0 or self.max_failures < 1:
             raise UsageError(
                 "follow: max batches, seconds and idle seconds must be 0 (no limit) or more, max failures 1 or more"
@@ -168,6 +177,7 @@ def follow(
 
     done, began, backlog = Followed(), time.monotonic(), Backlog()
     probe = LagProbe(settings, settings.topic, settings.group)
+    describer = Describer(settings, options.describe_every_s)
     try:
         while True:
             batch = _next_batch(settings, options, stop, request or {}, probe, backlog, done, began)
@@ -179,10 +189,68 @@ def follow(
             backlog.ran(end, done.busy_until, left_by_cap(report))
             done.batches.append(batch_summary(report, time.monotonic() - t))
             log.info("%s", batch_line(len(done.batches), done.batches[-1]))
+            describer.add(report)
             if on_batch is not None:
                 on_batch(report)
     finally:
         probe.close()
+        describer.close()
+
+
+class Describer:
+    """Makes the descriptions of the micro-batches a loop committed (``pipeline.describe_step``:
+    their plots and Data Docs) in a thread of its own, all those committed since the last time at
+    once, at most once every ``every_s``: the next micro-batch never waits for them. ``close``
+    makes what still waits; an error of wavepipe's own code there is raised by it, any other is a
+    warning (a description never fails a run)."""
+
+    def __init__(self, settings: Settings, every_s: float):
+        self.settings, self.every_s = settings, every_s
+        self._waiting: list[dict] = []
+        self._lock = threading.Lock()
+        self._due, self._closing = threading.Event(), threading.Event()
+        self._bug: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="wavepipe-describe", daemon=True)
+        self._thread.start()
+
+    def add(self, report: dict) -> None:
+        """Describe the committed run of ``report`` (a run that read nothing has nothing to describe);
+        raises the defect an earlier description met, which ends the loop."""
+        if self._bug is not None:
+            raise self._bug
+        if report.get("report_html"):
+            with self._lock:
+                self._waiting.append(report)
+            self._due.set()
+
+    def close(self) -> None:
+        self._closing.set()
+        self._due.set()
+        self._thread.join()
+        if self._bug is not None:
+            raise self._bug
+
+    def _run(self) -> None:
+        while True:
+            self._due.wait()
+            self._closing.wait(self.every_s)  # the micro-batches of the next few seconds join these
+            with self._lock:
+                waiting, self._waiting = self._waiting, []
+                self._due.clear()
+            self._describe(waiting)
+            if self._closing.is_set() and not self._waiting:
+                return
+
+    def _describe(self, reports: list[dict]) -> None:
+        from wavepipe.pipeline import describe_step
+
+        try:
+            describe_step(self.settings, reports)
+        except BUGS as exc:
+            self._bug = exc
+            self._closing.set()
+        except Exception as exc:  # the runs are committed; only their pages lack what failed here
+            log.warning("the descriptions of runs %s were not made: %s", ", ".join(r["run_id"] for r in reports), exc)
 
 
 def _next_batch(
@@ -256,7 +324,7 @@ def _one_batch(settings: Settings, request: dict) -> dict:
     from wavepipe.pipeline import run_once
 
     try:
-        return run_once(settings, **request)
+        return run_once(settings, describe=False, **request)
     except (ActiveRunError, StepBusyError) as exc:
         raise GroupBusyError(
             f"group {settings.group!r} is being run by another process ({exc}); one loop per group: "

@@ -29,7 +29,13 @@ from wavepipe import pages, report_html, spark_launch, storage
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import BUGS, UsageError
 from wavepipe.contracts.plan import ActiveRunError, RunPlan, RunRequest, as_utc, new_run_id, run_request, safe_run_id
-from wavepipe.contracts.report import build_report, failed_expectations, spark_jobs_summary, validation_trend
+from wavepipe.contracts.report import (
+    build_report,
+    failed_expectations,
+    spark_jobs_summary,
+    validation_trend,
+    with_description,
+)
 from wavepipe.contracts.runfiles import RunStore, Step, html_path, json_path, staged_paths
 from wavepipe.contracts.steps import ReadStats, Reassembled, Validated
 
@@ -271,10 +277,12 @@ def _worker_logging(level: int) -> None:
 
 
 @_noted_on_failure("reassemble")
-def reassemble_step(settings: Settings, run_id: str, *, validate: bool = False) -> Reassembled | None:
+def reassemble_step(
+    settings: Settings, run_id: str, *, validate: bool = False, defer_description: bool = False
+) -> Reassembled | None:
     """Run the Spark app on the run's staged chunks (nothing when the run read nothing); it writes
     the run's candidate tables. ``validate``: then validate and publish in the same Spark session
-    (as ``validate_step`` would, without starting a second one)."""
+    (as ``validate_step`` would, without starting a second one; ``defer_description``: as it)."""
     store, plan = _spark_step(settings, run_id)
     if plan is None:
         return None
@@ -293,7 +301,7 @@ def reassemble_step(settings: Settings, run_id: str, *, validate: bool = False) 
                 staged_bytes=store.staged_bytes(run_id),
             )
         else:
-            _on_engine(settings, store, plan, "reassemble", validate=validate)
+            _on_engine(settings, store, plan, "reassemble", validate=validate, defer=defer_description)
     _timed(store, run_id, "reassemble", began)
     result = store.load_result(run_id, Step.REASSEMBLE, Reassembled)
     if result is None:
@@ -304,10 +312,12 @@ def reassemble_step(settings: Settings, run_id: str, *, validate: bool = False) 
 
 
 @_noted_on_failure("validate")
-def validate_step(settings: Settings, run_id: str) -> Validated | None:
+def validate_step(settings: Settings, run_id: str, *, defer_description: bool = False) -> Validated | None:
     """Run the expectation suites on the run's manifest and staged chunks; publish the
     output if all hold, else raise ``ValidationFailedError`` naming the failed expectations (the
-    run stays unpublished and uncommitted; retry this step after fixing the data or the config)."""
+    run stays unpublished and uncommitted; retry this step after fixing the data or the config).
+    What only describes a published run is made after its publish, or with ``defer_description``
+    left in this process for ``describe_step`` after its commit (the engine attached here only)."""
     store, plan = _spark_step(settings, run_id)
     if plan is None:
         return None
@@ -325,14 +335,17 @@ def validate_step(settings: Settings, run_id: str) -> Validated | None:
                 settings, ENGINE_APP, "--run-id", run_id, "--step", "validate", staged_bytes=store.staged_bytes(run_id)
             )
         else:
-            _on_engine(settings, store, plan, "validate")
+            _on_engine(settings, store, plan, "validate", defer=defer_description)
     _timed(store, run_id, "validate", began)
     return _check_validation(settings, store, plan)
 
 
-def _on_engine(settings: Settings, store: RunStore, plan: RunPlan, step: str, *, validate: bool = False) -> None:
+def _on_engine(
+    settings: Settings, store: RunStore, plan: RunPlan, step: str, *, validate: bool = False, defer: bool = False
+) -> None:
     """Run ``step`` (``reassemble``, then validate too if ``validate``; or ``validate``) in this
-    process, attached to the Spark engine (``wavepipe.engine_client``), holding the output tables' lock."""
+    process, attached to the Spark engine (``wavepipe.engine_client``), holding the output tables'
+    lock; ``defer``: the published run's description waits for its commit (``describe_step``)."""
     from wavepipe import engine_client
     from wavepipe.spark_apps import engine_run
     from wavepipe.spark_apps.app import output_lock
@@ -355,10 +368,10 @@ def _on_engine(settings: Settings, store: RunStore, plan: RunPlan, step: str, *,
             try:
                 if step == "reassemble":
                     engine_run.reassemble_and_save(
-                        session, settings, store, plan, validate=validate, session_s=attach_s
+                        session, settings, store, plan, validate=validate, session_s=attach_s, defer=defer
                     )
                 else:
-                    engine_run.validate_and_publish(session, settings, plan)
+                    engine_run.validate_and_publish(session, settings, plan, defer=defer)
             except BaseException as exc:
                 engine_client.after_failure(session, exc)
                 raise
@@ -672,10 +685,12 @@ def left_by_cap(report: dict) -> int:
     return sum(part.get("left_by_cap") or 0 for part in report.get("partitions", {}).values())
 
 
-def run_once(settings: Settings, *, run_id: str | None = None, **request: Unpack[RunRequest]) -> dict:
+def run_once(
+    settings: Settings, *, run_id: str | None = None, describe: bool = True, **request: Unpack[RunRequest]
+) -> dict:
     """All steps in this process; resumes the group's active run if one was left unfinished.
     ``window=(start, end)``: a backfill of that time window instead (it replaces the window's
-    output and commits no offsets).
+    output and commits no offsets). ``describe``: as ``run_steps``.
 
     Holds the run's lock throughout, so a second process resuming the same run at the same time
     fails at once (``StepBusyError``) instead of running it twice."""
@@ -695,15 +710,17 @@ def run_once(settings: Settings, *, run_id: str | None = None, **request: Unpack
             run_id = new_run_id()
     run_id = safe_run_id(run_id)
     with store.step_lock(run_id, Step.RUN):
-        return run_steps(settings, plan_step(settings, run_id, **request))
+        return run_steps(settings, plan_step(settings, run_id, **request), describe=describe)
 
 
-def run_steps(settings: Settings, plan: RunPlan) -> dict:
+def run_steps(settings: Settings, plan: RunPlan, *, describe: bool = True) -> dict:
     """The steps of planned run ``plan`` after its plan, in this process (``run_once``; an Airflow
     run in one task), resumed at the first one without a result: partitions an earlier attempt
     staged are not read again, a run whose validation failed is validated again (after a
-    threshold was relaxed) without reassembling, a published one only commits. Returns the
-    commit's report."""
+    threshold was relaxed) without reassembling, a published one only commits. What only
+    describes the run is made after its commit (``describe_step``), or, without ``describe``, left
+    waiting in this process for the caller's ``describe_step`` (``follow`` makes several at once).
+    Returns the commit's report."""
     store = RunStore(settings)
     with store.step_lock(plan.run_id, Step.RUN):
         staged = [p for p in partitions_to_read(plan) if _is_staged(store, plan, p)]
@@ -712,11 +729,50 @@ def run_steps(settings: Settings, plan: RunPlan) -> dict:
         with _engine_ready(settings, needed=bool(partitions_to_read(plan))):
             consume_all(settings, plan.run_id, [p for p in partitions_to_read(plan) if p not in staged])
         validated = store.load_result(plan.run_id, Step.VALIDATE, Validated)
-        if store.load_result(plan.run_id, Step.REASSEMBLE, Reassembled) is None:
-            reassemble_step(settings, plan.run_id, validate=True)
-        elif not (validated and validated.success and validated.published):
-            validate_step(settings, plan.run_id)
-        return commit_step(settings, plan.run_id)
+        try:
+            if store.load_result(plan.run_id, Step.REASSEMBLE, Reassembled) is None:
+                reassemble_step(settings, plan.run_id, validate=True, defer_description=True)
+            elif not (validated and validated.success and validated.published):
+                validate_step(settings, plan.run_id, defer_description=True)
+            report = commit_step(settings, plan.run_id)
+        except BaseException:
+            _forget_description(plan.run_id)  # the run did not commit: its retry describes its own publish
+            raise
+    return describe_step(settings, [report])[0] if describe else report
+
+
+def describe_step(settings: Settings, reports: list[dict]) -> list[dict]:
+    """What only describes each committed run of ``reports`` (its plot, flagged plot and Data
+    Docs: ``spark_apps.describe``), made at once for the runs whose description waits in this
+    process, saved with its validation record and on its report and page; the reports as they
+    are now. It never fails a run: each failure is a note on its page."""
+    from wavepipe.spark_apps import describe
+
+    waiting = [d for d in (describe.take(r["run_id"]) for r in reports) if d is not None]
+    began = time.monotonic()
+    described = {v.run_id: v for v in describe.make(waiting)}
+    seconds = round(time.monotonic() - began, 3)
+    store = RunStore(settings)
+    out = []
+    for report in reports:
+        validated = described.get(report["run_id"])
+        if validated is not None:
+            store.save_result(validated.run_id, Step.VALIDATE, validated)
+            pages = {k: report.get(k) for k in ("report_path", "report_html")}  # where it is, not what it says
+            record = {k: v for k, v in with_description(report, validated).items() if k not in pages}
+            record["timings_s"]["describe"] = seconds
+            store.save_step(validated.run_id, Step.REPORT, record)
+            if pages["report_html"]:
+                _write_report(settings, record)
+            report = {**record, **pages}
+        out.append(report)
+    return out
+
+
+def _forget_description(run_id: str) -> None:
+    from wavepipe.spark_apps import describe
+
+    describe.take(run_id)
 
 
 @contextlib.contextmanager

@@ -1,14 +1,14 @@
-"""The plot in a run's report: a few of the waveforms a run publishes, drawn from their staged
-chunks in a thread beside the expectations and the publish (no Spark job). It only describes the
+"""The plots in a run's report: a few of the waveforms a run publishes, read from their staged
+chunks beside the publish and drawn once nothing waits for them (``spark_apps.describe``), and
+the waveforms it published flagged, read from the table (no Spark job). They only describe the
 run: whatever fails here becomes a line in the validation's ``notes``, never an error."""
 
 from __future__ import annotations
 
 import math
 import textwrap
-import threading
-import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -346,41 +346,32 @@ def _start_text(start) -> str | None:
     return None if start is None else start.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
-def start_plot(
-    checked: pd.DataFrame,
-    store: RunStore,
-    plan: RunPlan,
-    settings: Settings,
-    notes: list[str],
-):
-    """Begin the plot of a few waveforms the run publishes, picked by ``plot_picks``' rule (the
-    longest of each source among each partition's first ``PLOT_CANDIDATES``, so their bytes are
-    near the start of its staged file), the rule said in the figure; returns a function that
-    waits for it and gives the plot's path. Reading the staged chunks and drawing go on in a
-    thread, beside the expectations and publishing. The plot only describes the run: whatever
-    fails here becomes a line in ``notes`` (then the path is None), never an error."""
+@dataclass
+class Picked:
+    """The waveforms the run's plot draws, assembled from its staged chunks, and the rule that
+    picked them (``pick_rule``): read while the staged files are there, drawn later."""
+
+    rows: list[dict] = field(default_factory=list)
+    rule: str = ""
+
+
+def read_picks(checked: pd.DataFrame, store: RunStore, plan: RunPlan, notes: list[str]) -> Picked:
+    """The waveforms the run's plot draws, picked by ``plot_picks``' rule (the longest of each
+    source among each partition's first ``PLOT_CANDIDATES``, so their bytes are near the start of
+    its staged file), read from the staged chunks. The plot only describes the run: whatever fails
+    here becomes a line in ``notes`` (then nothing is drawn), never an error."""
     picks = describe_safely(notes, "choosing waveforms to plot", plot_picks, checked) or []
-    drawn: dict = {}
+    rows = []
+    for read in (_staged_rows, _shuffled_rows):
+        rows += describe_safely(notes, "fetching waveforms to plot", read, picks, store, plan) or []
+    order = {p["waveform_id"]: i for i, p in enumerate(picks)}
+    rows.sort(key=lambda r: order.get(r["waveform_id"], len(order)))
+    return Picked(rows, pick_rule(len(rows), len(checked)))
 
-    def draw() -> None:
-        began = time.monotonic()
-        rows = []
-        for fetch in (_staged_rows, _shuffled_rows):
-            rows += describe_safely(notes, "fetching waveforms to plot", fetch, picks, store, plan) or []
-        order = {p["waveform_id"]: i for i, p in enumerate(picks)}
-        rows.sort(key=lambda r: order.get(r["waveform_id"], len(order)))
-        rule = pick_rule(len(rows), len(checked))
-        drawn["path"] = plot_rows(rows, plot_path(settings, plan.run_id), notes, rule)
-        drawn["s"] = time.monotonic() - began
 
-    thread = threading.Thread(target=draw, name=f"wavepipe-plot-{plan.run_id}", daemon=True)
-    thread.start()
-
-    def wait() -> tuple[str | None, float]:
-        thread.join()
-        return drawn.get("path"), drawn.get("s", 0.0)
-
-    return wait
+def plot_picked(picked: Picked, settings: Settings, run_id: str, notes: list[str]) -> str | None:
+    """The run's plot of ``picked`` (``plot_rows``): its path, or None (``notes`` says why)."""
+    return plot_rows(picked.rows, plot_path(settings, run_id), notes, picked.rule)
 
 
 _PLOT_PICK_COLUMNS = [

@@ -61,7 +61,8 @@ def test_quick_bench_runs_every_system_and_checks_every_output(settings, tmp_pat
         "reassemble + validate",
         "commit",
         "validate: Great Expectations suites",
-        "validate: Data Docs, waiting for them after publishing",
+        "describe: plots and Data Docs, after the commit",
+        "describe: Data Docs",
         PUBLISH_STAGE,
     } <= set(wavepipe["stages"])
     assert wavepipe["memory"]["consumer"]["processes"] >= 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import OffsetSpec
@@ -55,6 +56,12 @@ def test_follow_publishes_each_burst_as_its_own_micro_batch_and_stops_on_sigterm
     assert len({r["run_id"] for r in published}) >= 2, "each burst is a run of its own"
     for report in published:
         assert_accounted(spark, settings, report)
+        # described after its commit by the loop's own thread, before SIGTERM ended the loop
+        validation = report["validation"]
+        assert validation["data_docs_index"].startswith("file://") and "describe" in report["timings_s"], report
+        assert all(s.get("data_docs") for s in validation["suites"]), validation["suites"]
+        assert validation["plot"] or any("described with run" in n for n in report["notes"]), report
+        assert report["run_id"] in Path(report["report_html"]).read_text()
 
 
 def test_a_loop_killed_between_the_table_and_the_kafka_commit_resumes_and_a_second_loop_refuses(settings, spark):

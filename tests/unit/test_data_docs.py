@@ -172,8 +172,8 @@ def built(tmp_path, monkeypatch):
         home=str(tmp_path / "home"), validate_sample_rate_min=1, validate_max_quarantined_share=0.9
     )
     notes: list[str] = []
-    summaries, rejected, describe = validate.run_suites(settings, "r1", checked, judge_run, NOW, notes)
-    index = describe()
+    summaries, rejected, docs = validate.run_suites(settings, "r1", checked, judge_run, NOW, notes)
+    (index,) = validate.build_data_docs([docs])
     assert notes == [] and index.startswith("file://")
     pages = {s["suite"]: Path(unquote(urlparse(s["data_docs"]).path)).read_text() for s in summaries}
     return pages, Path(unquote(urlparse(index).path)).read_text(), rejected
@@ -237,3 +237,41 @@ def test_times_pandas_cannot_hold_are_counted_outside_never_raised():
     assert said.endswith("in 3 waveforms; 2 outside"), said
     only = pd.DataFrame({"start_time": pd.Series(times[1:], dtype=object)})
     assert observed_value("expect_column_values_to_be_between", bounds, only).endswith("; 2 outside")
+
+
+def test_the_data_docs_of_several_runs_are_built_at_once_each_run_keeping_its_own_pages(tmp_path):
+    """A follow loop's micro-batches since the last description: one build (the index once), and
+    each run's summaries link its own pages, which the run state keeps for it."""
+    from wavepipe import pages as run_pages
+    from wavepipe.contracts.runfiles import RunStore
+    from wavepipe.spark_apps import validate
+
+    checked = pd.DataFrame(
+        {
+            "waveform_id": ["w"],
+            "checksum": ["sha256:a"],
+            "partition": [0],
+            "first_offset": [0],
+            "sample_rate": [100.0],
+            "start_time": pd.to_datetime(["2026-11-01T00:00:00Z"]),
+            "numbers_finite": [True],
+            "published_by_other_run": [False],
+        }
+    )
+    settings = load_settings(home=str(tmp_path / "home"))
+    runs = {}
+    for run_id in ("r1", "r2"):
+        notes: list[str] = []
+        judge = lambda rejected: expectations.run_frame({"output_new": 1}, judged_from=1)  # noqa: E731
+        runs[run_id] = validate.run_suites(settings, run_id, checked, judge, NOW, notes)[2]
+    indexes = validate.build_data_docs(list(runs.values()))
+    assert len(set(indexes)) == 1 and indexes[0].startswith("file://")
+    store = RunStore(settings)
+    for run_id, docs in runs.items():
+        assert docs.notes == []
+        links = [Path(unquote(urlparse(s["data_docs"]).path)) for s in docs.summaries]
+        assert len(links) == 2 and all(link.is_file() for link in links), links
+        assert run_id in links[0].as_posix()
+        kept = run_pages._own_pages(store, run_id)
+        assert kept and all(run_id in k for k in kept), kept
+    assert validate.build_data_docs([]) == []

@@ -1,4 +1,4 @@
-"""What a run's engine steps start beside publishing: ``engine_run.beside``."""
+"""What a run's engine steps do beside publishing (read the plot's waveforms): ``engine_run.beside``."""
 
 from __future__ import annotations
 

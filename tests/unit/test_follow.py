@@ -1,8 +1,10 @@
-"""The follow loop's pure parts: its options, the tries after failures, a micro-batch's line."""
+"""The follow loop's pure parts: its options, the tries after failures, a micro-batch's line, the
+thread that describes its micro-batches."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import tenacity
@@ -12,6 +14,7 @@ from wavepipe.follow import (
     MAX_BACKOFF_S,
     SAME_BACKLOG_S,
     Backlog,
+    Describer,
     FollowOptions,
     GroupBusyError,
     batch_line,
@@ -31,6 +34,8 @@ from wavepipe.follow import (
         {"max_failures": 0},
         {"max_idle_s": -1},
         {"max_idle_s": float("nan")},
+        {"describe_every_s": 0},
+        {"describe_every_s": float("nan")},
     ],
 )
 def test_options_a_loop_could_not_honour_are_refused(bad):
@@ -132,3 +137,56 @@ def test_the_loop_ends_once_idle_for_max_idle_since_its_start_or_its_last_micro_
     assert _limit_reached(options, Followed(busy_until=now - 1), now - 60, stop) == ""
     assert _limit_reached(options, Followed(busy_until=now - 6), now - 60, stop) == "idle for 5 s"
     assert _limit_reached(FollowOptions(), Followed(busy_until=now - 600), now - 600, stop) == ""
+
+
+def _describer(monkeypatch, every_s: float, fail: BaseException | None = None) -> tuple[Describer, list]:
+    """A ``Describer`` whose ``pipeline.describe_step`` records the batches it is given."""
+    from wavepipe import pipeline
+
+    batches: list[list[str]] = []
+
+    def describe_step(settings, reports):
+        batches.append([r["run_id"] for r in reports])
+        if fail is not None:
+            raise fail
+        return reports
+
+    monkeypatch.setattr(pipeline, "describe_step", describe_step)
+    return Describer(None, every_s), batches
+
+
+def _report(run_id: str, page: str | None = "page.html") -> dict:
+    return {"run_id": run_id, "report_html": page}
+
+
+def test_the_micro_batches_of_a_few_seconds_are_described_at_once_off_the_loop(monkeypatch):
+    describer, batches = _describer(monkeypatch, every_s=0.3)
+    for run_id in ("r1", "r2", "r3"):
+        describer.add(_report(run_id))  # returns at once: the loop goes on to its next micro-batch
+    describer.add(_report("idle", page=None))  # a run that read nothing: nothing to describe
+    assert batches == []
+    deadline = time.monotonic() + 5
+    while not batches and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert batches == [["r1", "r2", "r3"]]
+    describer.add(_report("r4"))
+    describer.close()  # what still waits is made before the loop ends, without waiting out every_s
+    assert batches == [["r1", "r2", "r3"], ["r4"]]
+
+
+def test_a_defect_while_describing_ends_the_loop_and_other_failures_are_warnings(monkeypatch, caplog):
+    describer, batches = _describer(monkeypatch, every_s=0.01, fail=OSError("disk full"))
+    describer.add(_report("r1"))
+    describer.close()
+    assert batches == [["r1"]] and "were not made: disk full" in caplog.text
+
+    describer, batches = _describer(monkeypatch, every_s=0.01, fail=TypeError("a defect"))
+    describer.add(_report("r1"))
+    deadline = time.monotonic() + 5
+    while not batches and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.1)
+    with pytest.raises(TypeError, match="a defect"):
+        describer.add(_report("r2"))
+    with pytest.raises(TypeError, match="a defect"):
+        describer.close()

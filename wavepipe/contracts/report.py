@@ -285,6 +285,19 @@ def build_report(
     return report
 
 
+def with_description(report: dict[str, Any], validation: Validated) -> dict[str, Any]:
+    """``report`` with its run's validation as described after the commit (``spark_apps.describe``:
+    the plot, the Data Docs' links, the flagged plot in the quality, their notes and timings)."""
+    timings = {f"validate_{k}": v for k, v in validation.timings.items()}
+    return {
+        **report,
+        "validation": {k: v for k, v in to_record(validation).items() if k in VALIDATION_IN_REPORT},
+        "quality": validation.quality,
+        "notes": list(dict.fromkeys([*report.get("notes", []), *validation.notes])),
+        "timings_s": {**report.get("timings_s", {}), **timings},
+    }
+
+
 def named_record(named: Named) -> dict[str, Any]:
     """``named`` as the report holds it: JSON's partition keys (text), and no empty field of a
     name (a dead letter has no chunk count)."""
