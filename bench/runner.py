@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 
 from wavepipe.bench import lifecycle
+from wavepipe.bench.measured_at import checkout_commit
 from wavepipe.bench.monitor import Monitor
 from wavepipe.bench.results import default_results_dir
 from wavepipe.bench.systems import LABELS, ON_ENGINE, SYSTEMS, Ranges, resolve_spark_kafka_jars
@@ -472,14 +473,8 @@ def machine_info() -> dict:
     if kafka_pom.exists():
         found = re.search(r"<kafka.version>([^<]+)<", kafka_pom.read_text())
         kafka_version = found.group(1) if found else ""
-    root = source_checkout()  # an installed wavepipe names its version instead
-    commit = (
-        subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-        if root and shutil.which("git")
-        else ""
-    ) or f"wavepipe {version('wavepipe')}"
+    # the commit measured (marked when the data path had uncommitted changes); an installed wavepipe names its version
+    commit = checkout_commit(source_checkout()) or f"wavepipe {version('wavepipe')}"
     return {
         "wavepipe_commit": commit,
         "cpu": cpu,
