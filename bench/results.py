@@ -6,7 +6,7 @@ import statistics
 from pathlib import Path
 
 from wavepipe.bench.monitor import ROLES
-from wavepipe.bench.systems import LABELS, ON_ENGINE
+from wavepipe.bench.systems import DESCRIBE_STAGE, LABELS, ON_ENGINE
 
 
 def default_results_dir() -> Path:
@@ -100,11 +100,17 @@ def warm_runs(results: dict) -> list[dict]:
     )
 
 
+def to_commit_s(m: dict) -> float:
+    """A wavepipe run's seconds from its plan to its commit: its wall time but what describes it
+    after the commit (``DESCRIBE_STAGE``)."""
+    return m["wall_s"] - m["stages"].get(DESCRIBE_STAGE, 0.0)
+
+
 def warm_run_seconds(results: dict) -> float | None:
-    """The steady state of a small run with the engine warm: the median wall time of the runs
-    after the first (the first alone if there is one)."""
+    """The steady state of a small run with the engine warm: the median time from plan to commit
+    of the runs after the first (the first alone if there is one)."""
     runs = warm_runs(results)
-    walls = sorted(m["wall_s"] for m in (runs[1:] or runs))
+    walls = sorted(to_commit_s(m) for m in (runs[1:] or runs))
     if not walls:
         return None
     mid = len(walls) // 2
@@ -169,7 +175,8 @@ def goals(results: dict) -> list[tuple[str, bool | None, str]]:
             else f"{warm:.1f} s, one run, the first in its home"
             if len(runs) == 1
             else f"{warm:.1f} s, the median of {len(runs) - 1} run(s) after the first; the first took "
-            f"{runs[0]['wall_s']:.1f} s",
+            f"{to_commit_s(runs[0]):.1f} s; with their description after the commit, "
+            f"{statistics.median(m['wall_s'] for m in runs[1:]):.1f} s",
         )
     )
     for workload in ("large", "small"):
@@ -269,9 +276,12 @@ def figures(results: dict) -> dict[str, float]:
     ``... cpu_s`` (every sampled process's CPU seconds) and ``... cpu/python_consumer`` (over the
     hand-written consumer's on the same ranges),
     ``<system> <workload> growth <role>`` (peak RSS at the larger scale over 1x, minus 1),
-    ``warm median`` (the goal's figure), ``warm run <n>`` and ``scale``."""
+    ``warm median`` (the goal's figure: plan to commit), ``warm median with description`` (and what
+    describes the run after its commit), ``warm run <n>`` and ``scale``."""
     out = {"scale": results["options"]["scale"], "warm median": warm_run_seconds(results)}
-    out |= {f"warm run {i}": m["wall_s"] for i, m in enumerate(warm_runs(results), 1)}
+    out |= {f"warm run {i}": to_commit_s(m) for i, m in enumerate(warm_runs(results), 1)}
+    runs = warm_runs(results)
+    out["warm median with description"] = statistics.median(m["wall_s"] for m in runs[1:] or runs) if runs else None
     for m in results["measurements"]:
         if m["error"] or m["workload"] == "warm_small" or m.get("repeat"):
             continue
@@ -483,16 +493,20 @@ def _warm_section(results: dict) -> list[str]:
     if runs:
         stages = [k for k in runs[0]["stages"] if ":" not in k]
         lines += [
-            "Ten 1 MiB waveforms (64 KiB chunks) produced, then one run timed from plan to commit, "
-            "repeated in one home and group (the first run creates the tables):",
+            "Ten 1 MiB waveforms (64 KiB chunks) produced, then one run timed from plan to commit, and with "
+            "what describes it after the commit (its plots and Data Docs), repeated in one home and group (the "
+            "first run creates the tables):",
             "",
-            "| run | wall s | Spark jobs | " + " | ".join(f"{k} s" for k in stages) + " |",
-            "|---:|---:|---:|" + "---:|" * len(stages),
+            "| run | plan to commit s | with its description s | Spark jobs | "
+            + " | ".join(f"{k} s" for k in stages)
+            + " |",
+            "|---:|---:|---:|---:|" + "---:|" * len(stages),
         ]
         for m in runs:
             jobs = m["info"].get("spark_jobs")
             lines.append(
-                f"| {m['info'].get('repeat', '?')} | {m['wall_s']:.1f} | {'-' if jobs is None else jobs} | "
+                f"| {m['info'].get('repeat', '?')} | {to_commit_s(m):.1f} | {m['wall_s']:.1f} | "
+                f"{'-' if jobs is None else jobs} | "
                 + " | ".join(f"{m['stages'].get(k, 0):.1f}" for k in stages)
                 + " |"
             )

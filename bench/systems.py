@@ -196,7 +196,7 @@ def wavepipe_run(
     report = commit_step(s, plan.run_id)
     stages["commit"], t = time.monotonic() - t, time.monotonic()
     (report,) = describe_step(s, [report])
-    stages["describe: plots and Data Docs, after the commit"] = time.monotonic() - t
+    stages[DESCRIBE_STAGE] = time.monotonic() - t
     wall = time.monotonic() - began
     inner = result.timings if result else {}
     checked = {k: v for k, v in report.get("timings_s", {}).items() if k.startswith("validate_")}
@@ -271,6 +271,8 @@ def wavepipe_no_qc(settings: Settings, topic: str, ranges: Ranges, workdir: Path
 
 #: The run's one write of its waveforms' bytes (not part of the validation gate's cost).
 PUBLISH_STAGE = "publish: assemble from the staged chunks, write the output once"
+#: The stage of what describes a run (its plots, its Data Docs), made after its commit.
+DESCRIBE_STAGE = "describe: plots and Data Docs, after the commit"
 #: The report's timings of what describes a run, made after its commit (its describe stage).
 DESCRIBED = ("validate_plot_s", "validate_data_docs_s", "validate_flagged_plot_s")
 
