@@ -314,6 +314,8 @@ def _wavepipe_mode(
         wait_until(lambda: api.settled(), 300, "this mode's runs to finish")
     runs = [r for r in api.runs() if r["dag_run_id"] not in runs_before]
     result = _latencies(sent, watcher)
+    # a follow task describes its micro-batches after their commits, every few seconds: wait for that
+    wait_until(lambda: _described(_run_reports(s, began, ended)), 60, "this mode's runs to be described")
     reports = _run_reports(s, began, ended)
     minutes = max(1e-9, (ended - began) / 60)
     result.update(
@@ -332,16 +334,22 @@ def _wavepipe_mode(
 
 
 def _run_reports(settings: Settings, began: float, ended: float) -> list[dict]:
-    """The reports of the wavepipe runs (a DAG run's, or a follow task's micro-batches) that
-    read records between ``began`` and ``ended`` (wall-clock seconds; a run reports after its
-    commit)."""
+    """The reports of the wavepipe runs (a DAG run's, or a follow task's micro-batches) planned
+    between ``began`` and ``ended`` (wall-clock seconds), whenever their reports were written
+    (a description after the commit writes one again)."""
     reports = []
     for path in sorted(settings.reports_dir.glob("*.json")):
-        if began <= path.stat().st_mtime <= ended + 1.0:
+        if path.stat().st_mtime >= began:
             report = json.loads(path.read_text())
-            if not report.get("skipped"):
+            planned = datetime.fromisoformat(report["planned_at"]).timestamp() if report.get("planned_at") else None
+            if not report.get("skipped") and planned is not None and began <= planned <= ended:
                 reports.append(report)
     return reports
+
+
+def _described(reports: list[dict]) -> bool:
+    """Whether every published run of ``reports`` was described (its ``describe`` timing)."""
+    return all("describe" in r["timings_s"] for r in reports if (r.get("validation") or {}).get("published"))
 
 
 #: Where a run's time goes, in the order it goes there: a label and the key of the run's report

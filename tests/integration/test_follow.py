@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import OffsetSpec
@@ -14,6 +13,7 @@ from confluent_kafka.admin import OffsetSpec
 from tests.helpers import assert_accounted, output_rows, produce_in_order, run_cli, start_cli, waveform_records
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets
 from wavepipe.consumers.producer import produce_demo
+from wavepipe.contracts.runfiles import html_path
 from wavepipe.spark_apps.tables import delta_row_count
 
 pytestmark = pytest.mark.integration
@@ -61,7 +61,7 @@ def test_follow_publishes_each_burst_as_its_own_micro_batch_and_stops_on_sigterm
         assert validation["data_docs_index"].startswith("file://") and "describe" in report["timings_s"], report
         assert all(s.get("data_docs") for s in validation["suites"]), validation["suites"]
         assert validation["plot"] or any("described with run" in n for n in report["notes"]), report
-        assert report["run_id"] in Path(report["report_html"]).read_text()
+        assert report["run_id"] in html_path(settings, report["run_id"]).read_text()
 
 
 def test_a_loop_killed_between_the_table_and_the_kafka_commit_resumes_and_a_second_loop_refuses(settings, spark):
