@@ -22,6 +22,7 @@ from pathlib import Path
 
 from wavepipe.bench.workloads import KiB, MiB, SignalPool, Workload, produce_backlog
 from wavepipe.contracts.config import Settings
+from wavepipe.contracts.plan import new_run_id
 
 log = logging.getLogger("wavepipe.bench")
 
@@ -102,7 +103,6 @@ def _measure_topic(
 
 def _consume_once(settings: Settings, workdir: Path, topic: str, readers: int, expected_bytes: int) -> dict:
     """One consume step over the whole topic, as a new group's first run."""
-    from wavepipe.contracts.plan import new_run_id
     from wavepipe.pipeline import consume_all, partitions_to_read, plan_step
 
     home = workdir / f"{topic}-{readers}r"

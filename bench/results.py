@@ -7,13 +7,12 @@ from pathlib import Path
 
 from wavepipe.bench.monitor import ROLES
 from wavepipe.bench.systems import DESCRIBE_STAGE, LABELS, ON_ENGINE
+from wavepipe.contracts.config import source_checkout
 
 
 def default_results_dir() -> Path:
     """Where a full bench saves its results: a checkout's docs/benchmarks (they are committed),
     else ``wavepipe-bench`` in the working folder (an installed wavepipe has no docs/)."""
-    from wavepipe.contracts.config import source_checkout
-
     root = source_checkout()
     return root / "docs" / "benchmarks" if root else Path.cwd() / "wavepipe-bench"
 
@@ -143,6 +142,7 @@ def goals(results: dict) -> list[tuple[str, bool | None, str]]:
             out.append(_object_store_goal(results, workload))
         if "wavepipe_no_qc" in results["options"].get("systems", ()):
             out.append(_quality_goal(results, workload))
+    out.append(_plan_reads_goal(results))
     if scale > 1:
         for workload, needs in SPEEDUP_GOALS.items():
             need = dict(needs)["python_consumer"]
@@ -255,6 +255,15 @@ def _quality_goal(results: dict, workload: str) -> tuple[str, bool | None, str]:
     )
 
 
+def _plan_reads_goal(results: dict) -> tuple[str, bool | None, str]:
+    """Each wavepipe run's process read its plan at most once (its report's ``state_io``)."""
+    name = "a wavepipe run reads its plan at most once in its process"
+    reads = [m["info"]["plan_reads"] for m in _by(results, True) if (m.get("info") or {}).get("plan_reads") is not None]
+    if not reads:
+        return name, None, "not measured"
+    return name, max(reads) <= 1, f"at most {max(reads)} read(s) in each of {len(reads)} runs"
+
+
 def _object_store_goal(results: dict, workload: str) -> tuple[str, bool | None, str]:
     local = _one(results, system="wavepipe", workload=workload, scale=1)
     remote = _one(results, system="wavepipe_s3", workload=workload, scale=1)
@@ -271,7 +280,7 @@ def figures(results: dict) -> dict[str, float]:
     ``... stage <stage>``, ``... wall/wavepipe`` (its wall time over wavepipe's on the same ranges),
     ``wavepipe ... x1 wall/wavepipe_no_qc`` (the median over the run without quality metrics'),
     ``wavepipe[_no_qc] ... x1 median wall_s`` (the median of the quality pair's runs),
-    ``... spark_jobs``,
+    ``... spark_jobs``, ``... plan_reads`` (the run's reads of its plan in its process),
     ``... gate/rest`` (the validation gate's stages over the rest of the wall time, as the goal),
     ``... cpu_s`` (every sampled process's CPU seconds) and ``... cpu/python_consumer`` (over the
     hand-written consumer's on the same ranges),
@@ -299,6 +308,8 @@ def figures(results: dict) -> dict[str, float]:
             out[f"{key} wall/wavepipe_no_qc"] = medians[0] / medians[1]
         if (m.get("info") or {}).get("spark_jobs") is not None:
             out[f"{key} spark_jobs"] = m["info"]["spark_jobs"]
+        if (m.get("info") or {}).get("plan_reads") is not None:
+            out[f"{key} plan_reads"] = m["info"]["plan_reads"]
         hand = _one(results, system="python_consumer", workload=m["workload"], scale=m["scale"])
         if hand and cpu_seconds(m) and cpu_seconds(hand):
             out[f"{key} cpu/python_consumer"] = cpu_seconds(m) / cpu_seconds(hand)

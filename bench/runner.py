@@ -20,14 +20,16 @@ from pathlib import Path
 
 import psutil
 
+from wavepipe import storage
 from wavepipe.bench import lifecycle
 from wavepipe.bench.measured_at import checkout_commit
 from wavepipe.bench.monitor import Monitor
-from wavepipe.bench.results import default_results_dir
-from wavepipe.bench.systems import LABELS, ON_ENGINE, SYSTEMS, Ranges, resolve_spark_kafka_jars
+from wavepipe.bench.results import chart, default_results_dir, markdown
+from wavepipe.bench.systems import LABELS, ON_ENGINE, SYSTEMS, Ranges, resolve_spark_kafka_jars, wavepipe_run
 from wavepipe.bench.workloads import KiB, MiB, SignalPool, Workload, default_workloads, produce_backlog
 from wavepipe.contracts.config import Settings, source_checkout
-from wavepipe.local.jars import RESOURCES, delta_build, installed_pyspark
+from wavepipe.jars import RESOURCES, delta_build, installed_pyspark
+from wavepipe.local.kafka import LocalKafka
 
 log = logging.getLogger("wavepipe.bench")
 CEILINGS = ("ceiling_kcat", "ceiling_confluent")
@@ -100,7 +102,6 @@ class Measurement:
 def run_bench(settings: Settings, options: BenchOptions) -> dict:
     from wavepipe.consumers.kafka_admin import ensure_topic
     from wavepipe.local.engine_server import LocalEngine
-    from wavepipe.local.kafka import LocalKafka
 
     began = time.monotonic()  # "in all": the engine's cold start and warm-up included
     # in SYSTEMS' order whatever the order asked: the ceilings first, then wavepipe and the run
@@ -275,7 +276,6 @@ def warm_small_runs(
     in one home and group (the first run creates the tables and the
     Great Expectations project; the later ones are the steady state). ``name`` keeps the topic and
     group of the engine's warm-up apart from the measured runs'."""
-    from wavepipe.bench.systems import wavepipe_run
     from wavepipe.consumers.kafka_admin import ensure_topic
 
     topic = f"bench-{WARM_SMALL.name}-{name}-{stamp}"
@@ -377,7 +377,6 @@ def _measure(
 
 
 def _delete_prefix(prefix: str) -> None:
-    from wavepipe import storage
 
     try:
         storage.delete_tree(prefix)
@@ -400,8 +399,6 @@ def _check(system: str, outcome, target: Workload, manifest: dict[str, str]) -> 
             raise AssertionError(f"read {got} bytes, the ranges hold {target.payload_bytes}")
         return f"{got} bytes written"
     import pyarrow.dataset as ds
-
-    from wavepipe import storage
 
     # The Parquet files alone (no partition columns from folder names; only id, checksum and a few
     # payloads are read). For wavepipe's Delta table that is its content: a fresh table, appends only.
@@ -497,7 +494,6 @@ def machine_info() -> dict:
 
 
 def save(results: dict, out_dir: Path) -> list[Path]:
-    from wavepipe.bench.results import chart, markdown
 
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / "results.json", out_dir / "results.md", out_dir / "throughput.png"]

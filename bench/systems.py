@@ -15,7 +15,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from wavepipe import spark_launch
 from wavepipe.contracts.config import Settings
+from wavepipe.contracts.plan import new_run_id
+from wavepipe.jars import installed_pyspark, resolve_jars, spark_jars
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
@@ -155,7 +158,6 @@ def wavepipe_run(
     call, reading the ranges from the start). Readers are processes (the monitor's ``consumer`` role),
     also for the quick bench's small backlogs; ``small_reads_in_process``: as ``wavepipe run`` reads
     a small plan by default, in threads of its own process (``consume_in_process_max_records``)."""
-    from wavepipe.contracts.plan import new_run_id
     from wavepipe.pipeline import (
         commit_step,
         consume_all,
@@ -246,6 +248,8 @@ def wavepipe_run(
             "waveforms": report["waveforms"],
             "balance_errors": report["balance_errors"],
             "spark_jobs": (report.get("spark_jobs") or {}).get("count"),
+            # reads of the run's plan by the process that ran it (its report's ``state_io``)
+            "plan_reads": (report.get("state_io") or {}).get("plan_reads"),
         },
     )
 
@@ -299,9 +303,6 @@ def _ranges_args(settings: Settings, topic: str, ranges: Ranges, out: Path) -> l
 
 def spark_kafka_source(settings: Settings, topic: str, ranges: Ranges, workdir: Path, parallelism: int) -> Outcome:
     """Spark's own Kafka batch source with a group-by reassembly, through spark-submit."""
-    from wavepipe import spark_launch
-    from wavepipe.local.jars import spark_jars
-
     kafka_jars = sorted(resolve_spark_kafka_jars(settings).glob("*.jar"))
     jars = ",".join(str(j) for j in [*spark_jars(settings.jars_dir), *kafka_jars])
     s = settings.replace(spark_conf={**settings.spark_conf, "spark.jars": jars})
@@ -322,7 +323,6 @@ def spark_kafka_source(settings: Settings, topic: str, ranges: Ranges, workdir: 
 
 
 def resolve_spark_kafka_jars(settings: Settings) -> Path:
-    from wavepipe.local.jars import installed_pyspark, resolve_jars
 
     spark = {"spark.version": installed_pyspark()}
     pom = HERE / "spark-kafka-pom.xml"

@@ -32,8 +32,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from wavepipe import spark_launch, storage
 from wavepipe.bench import lifecycle
+from wavepipe.bench.systems import resolve_spark_kafka_jars
 from wavepipe.contracts.config import Settings
+from wavepipe.jars import spark_jars
 from wavepipe.waiting import wait_until
 
 log = logging.getLogger("wavepipe.bench.trickle")
@@ -114,7 +117,6 @@ class DeltaWatcher:
             self._stop.wait(self.poll_s)
 
     def scan(self) -> None:
-        from wavepipe import storage
 
         logdir = storage.join(self.table, "_delta_log")
         for name in storage.list_names(logdir):
@@ -129,8 +131,6 @@ class DeltaWatcher:
 
     def _read(self, paths: list[str], when: float) -> None:
         import hashlib
-
-        from wavepipe import storage
 
         for path in paths:
             uri = storage.join(self.table, urllib.parse.unquote(path))
@@ -457,9 +457,7 @@ def _load(used: dict[str, float], options: TrickleOptions) -> dict:
 def _spark_streaming(settings: Settings, options: TrickleOptions, work: Path, stamp: str) -> dict:
     """One streaming query (``spark_streaming_app.py``, spark-submit) on a topic of its own, the
     modes sent one after the other (a warm-up first); stopped with its stop file however it ends."""
-    from wavepipe.bench.systems import resolve_spark_kafka_jars
     from wavepipe.consumers.kafka_admin import ensure_topic
-    from wavepipe.local.jars import spark_jars
 
     kafka_jars = sorted(resolve_spark_kafka_jars(settings).glob("*.jar"))
     jars = ",".join(str(j) for j in [*spark_jars(settings.jars_dir), *kafka_jars])
@@ -488,7 +486,6 @@ class _StreamingApp:
         self.thread = threading.Thread(target=self._submit, name="spark-streaming", daemon=True)
 
     def _submit(self) -> None:
-        from wavepipe import spark_launch
 
         f = self.folder
         try:

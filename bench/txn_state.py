@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from wavepipe.contracts.config import Settings
+from wavepipe.delta_txn import Txn
 
 log = logging.getLogger("wavepipe.bench")
 
@@ -125,7 +126,6 @@ def grow(path: Path, scheme: str, commits: int, sample_every: int = SAMPLE_EVERY
 
 def spark_appends(spark, path: Path, scheme: str, start: int, appends: int = SPARK_APPENDS) -> list[float]:
     """Seconds of ``appends`` appends through wavepipe's publish writer to the grown table."""
-    from wavepipe.delta_txn import Txn
     from wavepipe.spark_apps.tables import append_new
 
     seconds = []

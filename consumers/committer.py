@@ -30,7 +30,7 @@ from confluent_kafka import TopicPartition
 from wavepipe.consumers.kafka_admin import committed_positions, group_consumer, new_producer, offsets_client
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.plan import RunPlan
-from wavepipe.contracts.runfiles import RunStore
+from wavepipe.run_store import RunStore
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 60.0

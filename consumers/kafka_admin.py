@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from wavepipe.contracts.config import Settings
-from wavepipe.contracts.errors import UsageError
+from wavepipe.contracts.errors import UsageError, did_you_mean
 from wavepipe.contracts.kafka_callbacks import resolved
 
 log = logging.getLogger(__name__)
@@ -305,8 +305,6 @@ def partitions_of(settings: Settings, topic: str) -> list[int]:
     naming the closest topics."""
     info = cluster_metadata(settings, topic).topics.get(topic)
     if info is None or info.error is not None or not info.partitions:
-        from wavepipe.contracts.errors import did_you_mean
-
         existing = [t for t in cluster_metadata(settings).topics if not t.startswith("__")]
         raise UnknownTopicError(
             f"topic {topic!r} does not exist on {settings.bootstrap_servers}{did_you_mean(topic, existing)}"

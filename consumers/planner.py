@@ -8,13 +8,16 @@ from typing import Unpack
 
 from confluent_kafka.admin import OffsetSpec
 
+from wavepipe import delta_txn
+from wavepipe.consumers.boundaries import scan_boundaries
 from wavepipe.consumers.committer import committed_run_id, tables_committed_to
 from wavepipe.consumers.kafka_admin import admin_client, committed_positions, list_offsets, partitions_of
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import UsageError, closest
 from wavepipe.contracts.plan import OffsetRange, RunPlan, RunRequest, as_utc, parse_datetime, run_request
-from wavepipe.contracts.runfiles import RunStore
 from wavepipe.faults import failpoint
+from wavepipe.maintenance import table_paths
+from wavepipe.run_store import RunStore
 
 log = logging.getLogger(__name__)
 #: A claim without a stored plan is taken over only after this long (its planner may be mid-way).
@@ -349,8 +352,6 @@ def _lost_commit(
 ) -> dict | None:
     """The group's newest publish in the output table if its Kafka commit never happened
     (``delta_txn.lost_commit``), said in the log; None otherwise, or when the table cannot say."""
-    from wavepipe import delta_txn
-
     positions = {p: (committed[p], committed_by[p]) for p in committed}
     try:
         newest = delta_txn.published_runs(settings.output_table, delta_txn.app_id(group, topic), commits=50)
@@ -373,9 +374,6 @@ def _lost_commit(
 def _next_txn(settings: Settings, group: str, topic: str) -> int | None:
     """The ``txnVersion`` the run of ``group`` on ``topic`` planned now commits with; None when a
     table cannot be read yet (one an earlier wavepipe wrote: the publish repairs it, then asks)."""
-    from wavepipe import delta_txn
-    from wavepipe.maintenance import table_paths
-
     try:
         return delta_txn.next_version(table_paths(settings).values(), delta_txn.app_id(group, topic))
     except RuntimeError as exc:
@@ -524,8 +522,6 @@ def _plan_window(settings: Settings, run_id: str, topic: str, lane: str, start: 
 def _window_read_end(settings: Settings, topic: str, p: int, a: int, b: int, low: int, high: int) -> int:
     """Where a window run reads partition ``p``'s window ``[a, b)`` to: past ``b`` while waveforms
     begun in the window go on after it (at most ``incomplete_after_offsets`` further)."""
-    from wavepipe.consumers.boundaries import scan_boundaries
-
     if not a < b < high:
         return b
     found = scan_boundaries(settings, topic, p, b, low=low, high=high, max_scan=settings.incomplete_after_offsets)

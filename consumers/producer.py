@@ -21,6 +21,8 @@ from confluent_kafka import KafkaError, Message
 from wavepipe.consumers.kafka_admin import new_producer, require_reachable
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.protocol import Extension, checksum, epoch_ns, split_waveform
+from wavepipe.recordings import Skipped
+from wavepipe.recordings.files import expand, recordings
 
 if TYPE_CHECKING:
     from wavepipe.recordings import Recording
@@ -275,9 +277,6 @@ def produce_files(
     changed file a visible id conflict. ``progress(done, files, path, waveforms)`` after each
     file. A file that cannot be read is listed in ``failed`` and the others are still sent; a
     part of a file that is no waveform is listed in ``skipped``."""
-    from wavepipe.recordings import Skipped
-    from wavepipe.recordings.files import expand, recordings
-
     found = expand(paths)
     producer = ChunkProducer(settings)
     sent: list[ProducedWaveform] = []

@@ -25,12 +25,13 @@ from wavepipe.consumers.staging import (
     dead_letter_row,
 )
 from wavepipe.contracts.config import Settings
-from wavepipe.contracts.plan import OffsetRange
+from wavepipe.contracts.plan import OffsetRange, RunPlan
 from wavepipe.contracts.protocol import ProtocolError, parse_chunk
 from wavepipe.contracts.rows import DEAD_LETTER_SCHEMA
-from wavepipe.contracts.runfiles import RunStore, Step, digest_path, staged_paths
+from wavepipe.contracts.runfiles import Step
 from wavepipe.contracts.steps import ReadStats
 from wavepipe.faults import armed, failpoint
+from wavepipe.run_store import RunStore, digest_path, staged_paths
 
 log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 5.0
@@ -40,10 +41,11 @@ class ReaderError(RuntimeError):
     pass
 
 
-def read_range(settings: Settings, run_id: str, partition: int) -> ReadStats:
-    """Read and stage the planned range of ``partition`` for run ``run_id``; return its counts."""
+def read_range(settings: Settings, run_id: str, partition: int, plan: RunPlan | None = None) -> ReadStats:
+    """Read and stage the planned range of ``partition`` for run ``run_id`` (``plan``: its plan,
+    when the caller has it; else it is read); return its counts."""
     store = RunStore(settings)
-    plan = store.load_plan(run_id)
+    plan = plan or store.load_plan(run_id)
     if plan is None:
         raise ReaderError(f"run {run_id} has no plan; plan it first")
     rng = plan.range_for(partition)

@@ -48,7 +48,7 @@ from wavepipe.consumers.kafka_admin import (
 )
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.plan import ActiveRunError, parse_datetime
-from wavepipe.contracts.runfiles import RunStore
+from wavepipe.run_store import RunStore
 
 log = logging.getLogger(__name__)
 

@@ -8,6 +8,7 @@ Paused until you unpause it.
 
 from airflow.sdk import dag, task
 
+from wavepipe.plugins import downstream
 from wavepipe.plugins.airflow_dags import START_DATE
 from wavepipe.plugins.assets import quality_asset
 
@@ -23,8 +24,6 @@ def wavepipe_quality_alert():
     @task
     def alert(triggering_asset_events=None) -> list[str]:
         """One line per run whose waveforms broke quality rules: the rules, the counts, the sources."""
-        from wavepipe.plugins import downstream
-
         return downstream.alert(triggering_asset_events)
 
     alert()

@@ -8,6 +8,7 @@ a template for features, QC plots or a model fed by new waveforms. Paused until 
 from airflow.sdk import dag, task
 
 from wavepipe.contracts.config import load_settings
+from wavepipe.plugins import downstream
 from wavepipe.plugins.airflow_dags import START_DATE
 from wavepipe.plugins.assets import table_assets
 
@@ -24,8 +25,6 @@ def wavepipe_waveforms_summary():
     def summarize(triggering_asset_events=None) -> list[dict]:
         """Per publishing run that started this one: its rows (announced and read back), sources
         and seconds of signal."""
-        from wavepipe.plugins import downstream
-
         return downstream.summarize(load_settings(), triggering_asset_events)
 
     summarize()

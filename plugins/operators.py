@@ -20,22 +20,27 @@ from typing import Any, NoReturn
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
-from wavepipe import pipeline
+from wavepipe import engine_client, pipeline
 from wavepipe.contracts.config import SettingsError, check_settings
 from wavepipe.contracts.errors import UsageError, did_you_mean
 from wavepipe.contracts.plan import ActiveRunError, as_utc, parse_datetime
 from wavepipe.contracts.runfiles import Step
-from wavepipe.contracts.steps import to_record
-from wavepipe.plugins import metrics
+from wavepipe.contracts.steps import Validated, to_record
+from wavepipe.follow import FollowOptions, follow
+from wavepipe.local.engine_server import LocalEngine
+from wavepipe.plugins import lineage, metrics
 from wavepipe.plugins.assets import published_extra, quality_asset, quality_extra, table_assets
 from wavepipe.plugins.hooks import SPARK_CONN_ID, WavepipeHook
-from wavepipe.plugins.links import DataDocsLink, RunPageLink
+from wavepipe.plugins.links import DataDocsLink, RunPageLink, results_page
+from wavepipe.run_store import RunStore
 
 #: A refusal's reason is logged in lines of at most this many characters: the UI's log panel
 #: (the right half of a 1280-pixel window, beside the grid) shows about 85 without cutting them.
 REFUSAL_LINE_CHARS = 72
 #: Seconds between a waiting window run's attempts to take its group's backfill lane.
 WINDOW_LANE_RETRY_S = 30
+
+engine_client.serve_locally(LocalEngine)  # a task's run without spark_remote starts this home's engine
 
 
 def int_or_none(value: Any, name: str) -> int | None:
@@ -149,16 +154,12 @@ class WavepipeOperator(BaseOperator):
     _data_docs: tuple | None = None  # (settings, the Data Docs page of its validation)
 
     def get_openlineage_facets_on_complete(self, task_instance):
-        from wavepipe.plugins import lineage
 
         return self._lineage(lineage.run_lineage, self._committed)
 
     def get_openlineage_facets_on_failure(self, task_instance):
-        from wavepipe.plugins import lineage
 
         def failed(settings, run_id):
-            from wavepipe.contracts.runfiles import RunStore, Step
-            from wavepipe.contracts.steps import Validated
 
             store = RunStore(settings)
             validated = store.load_result(run_id, Step.VALIDATE, Validated)
@@ -169,8 +170,6 @@ class WavepipeOperator(BaseOperator):
     def _validation_failed(self, settings, run_id: str) -> None:
         """A failed validation: the lineage's assertions to send, the ``validation_failed`` count,
         the link to its Data Docs."""
-        from wavepipe.contracts.runfiles import RunStore
-
         self._failed_validation = (settings, run_id)
         self._validation_seen(settings, run_id)
         try:
@@ -182,9 +181,6 @@ class WavepipeOperator(BaseOperator):
 
     def _validation_seen(self, settings, run_id: str) -> None:
         """The Data Docs link of the run's recorded validation (never fails the task)."""
-        from wavepipe.contracts.runfiles import RunStore
-        from wavepipe.contracts.steps import Validated
-
         try:
             validated = RunStore(settings).load_result(run_id, Step.VALIDATE, Validated)
         except Exception as exc:
@@ -195,8 +191,6 @@ class WavepipeOperator(BaseOperator):
     def _shows_validation(self, settings, validation: dict | None) -> None:
         """The Data Docs link of ``validation`` (a ``Validated`` record): the run's own results
         (``links.results_page``: its first failed suite's, else its first suite's), else the index."""
-        from wavepipe.plugins.links import results_page
-
         if not validation:
             return
         page = results_page({"validation": validation}) or validation.get("data_docs_index")
@@ -546,8 +540,6 @@ class FollowOperator(RunOperator):
 
     def execute(self, context) -> Any:
         import threading
-
-        from wavepipe.follow import FollowOptions, follow
 
         request = self.request(context)
         if request["window"]:

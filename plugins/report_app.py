@@ -14,6 +14,9 @@ made of names it checked.
 from collections.abc import Callable
 from pathlib import Path
 
+from wavepipe.offline_docs import asset
+from wavepipe.storage import StorageUnavailableError
+
 #: Where the app is mounted under the API server's base URL.
 PREFIX = "/wavepipe"
 #: A run page shows what producers sent (waveform ids, sources, details: escaped as it is made,
@@ -43,8 +46,7 @@ def kept(key_of: Callable[[str], str], name: str) -> bytes:
     from fastapi import HTTPException
 
     from wavepipe.contracts.config import load_settings
-    from wavepipe.contracts.runfiles import RunStore
-    from wavepipe.storage import StorageUnavailableError
+    from wavepipe.run_store import RunStore
 
     try:
         key = key_of(name)
@@ -68,7 +70,6 @@ def build_app():
     from fastapi.responses import FileResponse, HTMLResponse, Response
 
     from wavepipe import pages
-    from wavepipe.offline_docs import asset
 
     async def logged_in(request: Request) -> None:
         """The login the API server's own routes ask for (its JWT, as a bearer token or the UI's

@@ -24,6 +24,7 @@ from wavepipe import waiting
 from wavepipe.consumers.kafka_admin import UnknownTopicError
 from wavepipe.consumers.lag import LagProbe, Thresholds, Watch
 from wavepipe.plugins.hooks import WavepipeHook
+from wavepipe.plugins.schedules import WINDOW_KINDS, next_tick
 
 log = logging.getLogger(__name__)
 #: The same backlog fires again after this long (the run it started failed, or a waveform still
@@ -191,7 +192,6 @@ class ClockTrigger(BaseEventTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from wavepipe.plugins.schedules import WINDOW_KINDS, next_tick
 
         windows = WINDOW_KINDS[self.kind].deserialize(self.spec)
         log.info("%s: the clock of the incremental runs: %s", self.dag_id, windows.description or windows.summary)

@@ -5,22 +5,20 @@ from __future__ import annotations
 import logging
 
 from wavepipe.contracts.config import Settings, load_settings
-from wavepipe.contracts.plan import RunPlan
-from wavepipe.contracts.runfiles import RunStore
+from wavepipe.run_store import Run, RunStore
 
 
-def load_run(run_id: str, log: logging.Logger) -> tuple[Settings, RunStore, RunPlan | None]:
-    """Log as the CLI does; the settings (from the environment spark-submit passed on), the run
-    store and the run's plan (None, logged as an error, when the run has none)."""
+def load_run(run_id: str, log: logging.Logger) -> Run | None:
+    """Log as the CLI does; the run, with the settings spark-submit passed on in the environment
+    (None, logged as an error, when the run has no plan)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in ("py4j", "great_expectations"):
         logging.getLogger(name).setLevel(logging.WARNING)
     settings = load_settings()
-    store = RunStore(settings)
-    plan = store.load_plan(run_id)
-    if plan is None:
-        log.error("run %s has no plan under %s", run_id, store.runs_location)
-    return settings, store, plan
+    run = Run.load(settings, run_id)
+    if run is None:
+        log.error("run %s has no plan under %s", run_id, RunStore(settings).runs_location)
+    return run
 
 
 #: How long a Spark app waits for another one writing the same tables before it gives up.

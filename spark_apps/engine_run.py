@@ -25,12 +25,11 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from wavepipe import plots
-from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import CandidatesMismatchError
-from wavepipe.contracts.plan import RunPlan
 from wavepipe.contracts.report import append_validation_history, describe_safely
-from wavepipe.contracts.runfiles import RunStore, Step
+from wavepipe.contracts.runfiles import Step
 from wavepipe.contracts.steps import Reassembled, Validated
+from wavepipe.run_store import Run
 from wavepipe.spark_apps import describe, publish, reassemble, validate
 from wavepipe.spark_apps.app import load_run, output_lock
 from wavepipe.spark_launch import phase
@@ -40,56 +39,48 @@ T = TypeVar("T")
 
 
 def reassemble_and_save(
-    spark: SparkSession,
-    settings: Settings,
-    store: RunStore,
-    plan: RunPlan,
-    *,
-    validate: bool,
-    session_s: float,
-    defer: bool = False,
+    spark: SparkSession, run: Run, *, validate: bool, session_s: float, defer: bool = False
 ) -> Reassembled:
-    """Reassemble run ``plan`` and save the result as its ``reassemble`` step; ``validate``: then
+    """Reassemble ``run`` and record the result as its ``reassemble`` step; ``validate``: then
     validate and publish in the same session (``defer``: its description left for the commit).
     ``session_s``: what getting the session took."""
     began = time.monotonic()
     with phase("reassemble"):
-        result, manifest = reassemble.reassemble_run(spark, settings, plan)
+        result, manifest = reassemble.reassemble_run(spark, run)
     result.timings["spark_app_s"] = round(time.monotonic() - began, 3)
     result.timings["session_start_s"] = round(session_s, 3)
-    store.save_result(plan.run_id, Step.REASSEMBLE, result)
-    log.info("run %s reassembled: %s", plan.run_id, result.waveforms)
+    run.record(Step.REASSEMBLE, result)
+    log.info("run %s reassembled: %s", run.run_id, result.waveforms)
     if validate:
-        validate_and_publish(spark, settings, plan, result, manifest, defer=defer)
+        validate_and_publish(spark, run, result, manifest, defer=defer)
     return result
 
 
 def validate_and_publish(
     spark: SparkSession,
-    settings: Settings,
-    plan: RunPlan,
+    run: Run,
     reassembled: Reassembled | None = None,
     manifest: pa.Table | None = None,
     *,
     defer: bool = False,
 ) -> Validated:
-    """Validate run ``plan``'s candidates and publish them if every run-level expectation holds
+    """Validate ``run``'s candidates and publish them if every run-level expectation holds
     (the waveforms a per-waveform expectation rejects are quarantined instead). ``reassembled``,
     ``manifest``: the reassembly's result and manifest when it ran in this process (else read).
     The outcome is saved as the run's ``validate`` step, and a line of the validation history,
     either way. What only describes the run (``describe``) is made after the publish, or with
     ``defer`` left for this process's commit to make after it (``describe.defer``)."""
-    store = RunStore(settings)
-    store.clear_step(plan.run_id, Step.VALIDATE)
+    settings, store, plan = run.settings, run.store, run.plan
+    run.clear(Step.VALIDATE)
     notes: list[str] = []  # what could not be described; never a reason to fail the run
     with phase("validate"):
-        reassembled = validate.check_candidates(spark, store, plan.run_id, reassembled)
+        reassembled = validate.check_candidates(spark, run, reassembled)
         verdict = validate.validate(settings, store, plan, reassembled, notes, manifest)
     result = verdict.result
     # the plot's waveforms, read from the staged files beside the publish (drawn later)
     fetching = beside(lambda: plots.read_picks(verdict.to_publish.waveforms, store, plan, notes), "wavepipe-plot")
     if result.success:
-        _publish(spark, settings, plan, reassembled, verdict, fetching, notes)
+        _publish(spark, run, reassembled, verdict, fetching, notes)
     else:  # nothing published: the page still names what the run would have set aside
         result.named = describe_safely(
             notes, "naming the quarantined waveforms", publish.named_in_run, store, plan, verdict.to_publish.rejection
@@ -101,12 +92,12 @@ def validate_and_publish(
         describe.defer(description)
     else:
         describe.make([description])
-    store.save_result(plan.run_id, Step.VALIDATE, result)
-    validate.log_outcome(plan, result)
+    run.record(Step.VALIDATE, result)
+    validate.log_outcome(run.plan, result)
     return result
 
 
-def _publish(spark, settings: Settings, plan: RunPlan, reassembled: Reassembled, verdict, fetching, notes) -> None:
+def _publish(spark, run: Run, reassembled: Reassembled, verdict, fetching, notes) -> None:
     """Publish ``verdict``'s waveforms and record it in its result: the tables' versions, what a
     quality rule held back, the published waveforms' quality summary (the commit's asset event
     carries it). ``fetching``: the plot's read of the staged files, waited for before a changed
@@ -114,7 +105,7 @@ def _publish(spark, settings: Settings, plan: RunPlan, reassembled: Reassembled,
     result, timings = verdict.result, verdict.result.timings
     t = time.monotonic()
     with phase("publish"):
-        done = publish.publish(spark, settings, plan, reassembled, verdict.to_publish, fetching)
+        done = publish.publish(spark, run, reassembled, verdict.to_publish, fetching)
     result.published = True
     result.output_table_version, result.table_versions = done.output_version, done.table_versions
     result.replaced_rows = done.replaced_rows
@@ -125,7 +116,7 @@ def _publish(spark, settings: Settings, plan: RunPlan, reassembled: Reassembled,
     if not verdict.to_publish.all_there and len(verdict.to_publish.waveforms):
         t = time.monotonic()
         result.quality = describe_safely(
-            notes, "the quality summary", publish.quality_summary, settings, done.output_version
+            notes, "the quality summary", publish.quality_summary, run.settings, done.output_version
         )
         timings["quality_summary_s"] = time.monotonic() - t
         if result.quality is not None:
@@ -173,9 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         help="reassemble, then validate and publish in the same Spark session (what `wavepipe run` does)",
     )
     args = parser.parse_args(argv)
-    settings, store, plan = load_run(args.run_id, log)
-    if plan is None:
+    run = load_run(args.run_id, log)
+    if run is None:
         return 2
+    settings, store, plan = run.settings, run.store, run.plan
     with output_lock(settings, store):
         began = time.monotonic()
         if args.validate or args.step == "validate":
@@ -184,9 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             if args.step == "reassemble":
                 session_s = time.monotonic() - began
-                result = reassemble_and_save(spark, settings, store, plan, validate=args.validate, session_s=session_s)
+                result = reassemble_and_save(spark, run, validate=args.validate, session_s=session_s)
             else:
-                validated = validate_and_publish(spark, settings, plan)
+                validated = validate_and_publish(spark, run)
         except CandidatesMismatchError as exc:
             log.error("%s", exc)
             return 4
@@ -195,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             spark.stop()
         if args.step == "reassemble":
             result.timings["session_stop_s"] = round(time.monotonic() - began, 3)
-            store.save_result(plan.run_id, Step.REASSEMBLE, result)
+            run.record(Step.REASSEMBLE, result)
         else:
             print(json.dumps({"success": validated.success, "published": validated.published}))
     return 0

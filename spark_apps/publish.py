@@ -36,12 +36,13 @@ from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import CandidatesMismatchError
 from wavepipe.contracts.plan import RunPlan
 from wavepipe.contracts.protocol import MIN_TIME_US
-from wavepipe.contracts.runfiles import RunStore, Step
+from wavepipe.contracts.runfiles import Step
 from wavepipe.contracts.steps import Named, Reassembled, ValidationQuarantine, WindowRows
 from wavepipe.delta_files import partition_values
 from wavepipe.delta_txn import Txn
 from wavepipe.faults import failpoint
 from wavepipe.maintenance import table_paths
+from wavepipe.run_store import Run, RunStore
 from wavepipe.spark_apps.assembly import PUBLISHED_SCHEMA, FilesTarget, Holding, changed_notes
 from wavepipe.spark_apps.classify import QUARANTINE_SCHEMA
 from wavepipe.spark_apps.quality import GAP_LOOKBACK_S, SUMMARY_COLUMNS, gaps_to_previous, summarize
@@ -136,26 +137,25 @@ class Published:
 
 def publish(
     spark: SparkSession,
-    settings: Settings,
-    plan: RunPlan,
+    run: Run,
     reassembled: Reassembled,
     what: ToPublish,
     readers_done: Callable[[], object] = lambda: None,
 ) -> Published:
-    """Publish run ``plan`` (``publish_run``). A staged chunk file changed since its reader hashed it (the assembly left a note saying so)
+    """Publish ``run`` (``publish_run``). A staged chunk file changed since its reader hashed it (the assembly left a note saying so)
     publishes nothing and sends the run back to read Kafka again (``StagedChunksChangedError``),
     once ``readers_done()`` says nothing else of the run (the plot) reads its staged files."""
-    store = RunStore(settings)
+    settings, store = run.settings, run.store
     try:
-        done = publish_run(spark, settings, plan, reassembled, what)
+        done = publish_run(spark, run, reassembled, what)
     except Exception:
-        notes = changed_notes(changed_notes_dir(store, plan.run_id))
+        notes = changed_notes(changed_notes_dir(store, run.run_id))
         if not notes:
             raise
         readers_done()
-        read_again(store, plan)
+        read_again(run)
         raise StagedChunksChangedError(
-            f"run {plan.run_id}: {notes[0]}. None of the run's waveforms was published and no offset "
+            f"run {run.run_id}: {notes[0]}. None of the run's waveforms was published and no offset "
             "moved. Its staged copies were removed: retry the run (`wavepipe run` resumes it) and it reads "
             "its planned ranges again from Kafka; in Airflow, clear the run's tasks from consume on."
         ) from None
@@ -168,21 +168,15 @@ def publish(
     return dataclasses.replace(done, table_versions=versions)
 
 
-def publish_run(
-    spark: SparkSession,
-    settings: Settings,
-    plan: RunPlan,
-    reassembled: Reassembled,
-    what: ToPublish,
-) -> Published:
+def publish_run(spark: SparkSession, run: Run, reassembled: Reassembled, what: ToPublish) -> Published:
     """Append the run's rows to the published tables (keys not there yet only), or for a window
     run replace the window's rows; the rows a quarantining quality rule held back go to the
     quarantine table with the others; then the ``qc`` table's hours they touched (``update_qc``).
     Returns the output table's version after, for a window run the rows of it that the window's
     commit replaced (None: Delta did not say), the ``qc`` rows written and the rows held back."""
-    store = RunStore(settings)
-    targets = table_paths(settings)
-    txn = run_txn(store, plan, reassembled)
+    targets = table_paths(run.settings)
+    txn = run_txn(run, reassembled)
+    settings, store, plan = run.settings, run.store, run.plan
     if settings.quality_metrics and len(what.waveforms):
         what = dataclasses.replace(what, waveforms=with_gaps(what.waveforms, targets["waveforms"]))
     if _holding(store, plan) and (
@@ -469,14 +463,15 @@ def _run_keys(plan: RunPlan, name: str, rows: pa.Table) -> list[str] | tuple[str
     return sorted({wid for wid in rows.column("waveform_id").to_pylist() if wid is not None})
 
 
-def run_txn(store: RunStore, plan: RunPlan, reassembled: Reassembled) -> Txn:
+def run_txn(run: Run, reassembled: Reassembled) -> Txn:
     """The transaction every commit of run ``plan`` to a published table carries: its group's
     stable id, the version frozen in its plan (a plan made while a table could not be read gets
     one now, and keeps it), and its ranges and safe offsets as the commit's metadata."""
+    plan = run.plan
     app = delta_txn.app_id(plan.group, plan.topic)
     if plan.txn_version is None:
-        plan = dataclasses.replace(plan, txn_version=delta_txn.next_version(table_paths(store.settings).values(), app))
-        store.save_plan(plan)
+        plan = dataclasses.replace(plan, txn_version=delta_txn.next_version(table_paths(run.settings).values(), app))
+        run.replan(plan)
     safe = {p: acc.safe_offset for p, acc in reassembled.partitions.items()}
     return Txn(app, plan.txn_version, delta_txn.commit_metadata(plan, safe))
 
@@ -526,11 +521,8 @@ def replace_window(
         return None
 
 
-def read_again(store: RunStore, plan: RunPlan) -> None:
+def read_again(run: Run) -> None:
     """Forget the run's staged copies and every result made from them: its next attempt reads its
     planned ranges again (Kafka holds the records; the plan is kept)."""
-    store.discard_staging(plan.run_id)
-    for r in plan.ranges:
-        store.clear_step(plan.run_id, Step.consume(r))
-    for step in (Step.REASSEMBLE, Step.VALIDATE):
-        store.clear_step(plan.run_id, step)
+    run.store.discard_staging(run.run_id)
+    run.clear(*(Step.consume(r) for r in run.plan.ranges), Step.REASSEMBLE, Step.VALIDATE)

@@ -46,9 +46,10 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from wavepipe import storage
 from wavepipe.contracts.plan import RunPlan, utc_now
 from wavepipe.contracts.rows import DEAD_LETTER_SCHEMA, QUALITY_NAMES
-from wavepipe.contracts.runfiles import RunStore, Step, staged_paths
+from wavepipe.contracts.runfiles import Step
 from wavepipe.contracts.steps import PartitionAccount, ReadStats, Reassembled, WindowRows
 from wavepipe.faults import armed, failpoint
+from wavepipe.run_store import Run, RunStore, staged_paths
 from wavepipe.spark_apps.assembly import (
     ARROW_OUTPUT_SCHEMA,
     WRITTEN_SCHEMA,
@@ -227,25 +228,24 @@ class _Found:
     output_version: int | None
 
 
-def reassemble_run(spark: SparkSession, settings, plan: RunPlan) -> tuple[Reassembled, pa.Table | None]:
-    """Reassemble run ``plan``'s staged chunks into its candidate tables; return the accounting.
+def reassemble_run(spark: SparkSession, run: Run) -> tuple[Reassembled, pa.Table | None]:
+    """Reassemble ``run``'s staged chunks into its candidate tables; return the accounting.
 
     The chunk metadata is classified in this process (``spark_apps/classify.py``), the run's ids
     looked up in the output and quarantine tables by delta-rs; Spark assembles (to verify them)
     only the waveforms its readers could not verify as they staged them (out of order, spread over
     partitions). Returns the accounting and the manifest it wrote (None: no new waveform), which
     validation takes in memory when it runs in this process."""
-    store = RunStore(settings)
+    settings, store, plan = run.settings, run.store, run.plan
     chunk_paths = staged_chunk_files(store, plan)
     # the candidates are made again from the staged chunks: an earlier result, and any validation
     # of it, is void until this one is saved (after every candidate table is written)
-    store.clear_step(plan.run_id, Step.REASSEMBLE)
-    store.clear_step(plan.run_id, Step.VALIDATE)
+    run.clear(Step.REASSEMBLE, Step.VALIDATE)
     candidates = store.candidate_dir(plan.run_id)
     storage.delete_tree(candidates)
     timings: dict[str, float] = {}
     t = time.monotonic()
-    found = _classified(spark, settings, store, plan, chunk_paths)
+    found = _classified(spark, run, chunk_paths)
     fresh = found.classified[
         (found.classified["status"] == CANDIDATE)
         & ~found.classified["waveform_id"].isin(found.quarantined)  # quarantined once, quarantined for good
@@ -316,11 +316,12 @@ def staged_chunk_files(store: RunStore, plan: RunPlan) -> list[str]:
     return chunk_paths
 
 
-def _classified(spark: SparkSession, settings, store: RunStore, plan: RunPlan, chunk_paths: list[str]) -> _Found:
+def _classified(spark: SparkSession, run: Run, chunk_paths: list[str]) -> _Found:
     """The run's chunk metadata (read here: no payload, no Spark job), its ids looked up in the
     output and quarantine tables (by delta-rs, skipping files that cannot hold them), and each
     waveform classified (``metadata.classify``). A window run recomputes the window's rows: the
     tables' other rows are what was there before."""
+    settings, plan = run.settings, run.plan
     if not 0 < settings.max_waveform_bytes <= MAX_WAVEFORM_BYTES_LIMIT:
         raise ValueError(f"max_waveform_bytes must be in 1..{MAX_WAVEFORM_BYTES_LIMIT} (a waveform is one Spark row)")
     meta = read_meta(chunk_paths)
@@ -332,7 +333,7 @@ def _classified(spark: SparkSession, settings, store: RunStore, plan: RunPlan, c
     meta, conflicts = split_conflicts(meta, known)
     newest = {}
     for r in plan.ranges:
-        read = store.load_result(plan.run_id, Step.consume(r), ReadStats)
+        read = run.result(Step.consume(r), ReadStats)
         if read is not None and read.max_timestamp_ms is not None:
             newest[r.partition] = read.max_timestamp_ms
     classified = classify(

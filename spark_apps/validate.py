@@ -32,11 +32,12 @@ from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import CandidatesMismatchError
 from wavepipe.contracts.plan import RunPlan, utc_now
 from wavepipe.contracts.report import describe_safely, failed_expectations
-from wavepipe.contracts.runfiles import RunStore, Step
+from wavepipe.contracts.runfiles import Step
 from wavepipe.contracts.steps import Reassembled, Validated, ValidatedRows, settled
 from wavepipe.offline_docs import localize_site
+from wavepipe.run_store import Run, RunStore
 from wavepipe.spark_apps.reassemble import MANIFEST_COLUMNS, chunk_files, earlier_rows, manifest_frame, read_manifest
-from wavepipe.spark_apps.rejections import Rejection, rejection
+from wavepipe.spark_apps.rejections import INDEX_COLUMNS, Rejection, rejected_waveforms, rejection
 from wavepipe.spark_apps.tables import delta_row_count, delta_version, read_delta
 
 log = logging.getLogger("wavepipe.validate")
@@ -157,8 +158,6 @@ def run_suites(
     and the results' ``DataDocs``, to build once the run no longer waits for them
     (``build_data_docs``)."""
     import great_expectations as gx
-
-    from wavepipe.spark_apps.rejections import INDEX_COLUMNS, rejected_waveforms
 
     context = gx.get_context(mode="file", project_root_dir=str(settings.gx_dir.parent))  # GX adds "gx/"
     _without_config_variables(context)
@@ -379,14 +378,13 @@ class Verdict:
     docs: DataDocs
 
 
-def check_candidates(
-    spark: SparkSession, store: RunStore, run_id: str, reassembled: Reassembled | None = None
-) -> Reassembled:
+def check_candidates(spark: SparkSession, run: Run, reassembled: Reassembled | None = None) -> Reassembled:
     """Refuse to validate candidates that are not the reassembly's: none (a reassembly died
     before saving its result), or tables whose row counts differ from it (counted from each
     table's Delta log where it can say, else by Spark). ``reassembled``: the reassembly's result
     when it ran in this process (else the recorded one is read). Returns it."""
-    reassembled = reassembled or store.load_result(run_id, Step.REASSEMBLE, Reassembled)
+    store, run_id = run.store, run.run_id
+    reassembled = reassembled or run.result(Step.REASSEMBLE, Reassembled)
     if reassembled is None:
         raise CandidatesMismatchError(f"run {run_id} has no reassembly result; run its reassemble step first")
     if "manifest" not in reassembled.candidates or "waveforms" in reassembled.candidates:

@@ -30,7 +30,13 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 import pytest
 
 from tests.helpers import make_settings
+from wavepipe import engine_client
 from wavepipe.contracts.config import Settings, load_settings
+from wavepipe.local.engine_server import LocalEngine
+
+# the tests drive a run's steps as the CLI and the operators do: without spark_remote, a run starts
+# its home's own engine
+engine_client.serve_locally(LocalEngine)
 
 #: Test files that take longest (real Airflow, many Spark runs), started first so that the two
 #: workers of ``make test`` (pytest-xdist, one file per worker at a time) finish close together.
@@ -102,7 +108,6 @@ def settings(kafka, engine, tmp_path) -> Settings:
 def own_engine(settings):
     """``settings`` with a Spark engine of the test's own (its home's, started on demand by the
     first run, stopped after the test): for tests that kill the engine."""
-    from wavepipe.local.engine_server import LocalEngine
     from wavepipe.local.kafka import free_port
 
     own = settings.replace(spark_remote="", spark_connect_port=free_port())

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from wavepipe import storage
 from wavepipe.contracts.config import Settings, redact_url
 
 
@@ -92,8 +93,6 @@ def check_location(settings: Settings, name: str, uri: str) -> Check:
     """A location a run writes: an object written, read back and deleted; on an object store
     also its conditional writes, as the run state uses them (a second create and a replace of a
     stale version refused, a replace of the current one made)."""
-    from wavepipe import storage
-
     kind = storage.store_kind(uri)
 
     def attempt() -> Check:

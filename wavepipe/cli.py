@@ -12,14 +12,31 @@ import threading
 import time
 from datetime import UTC, datetime
 
-from wavepipe import __version__
-from wavepipe.contracts.config import Settings, load_settings, redact_url
+from wavepipe import __version__, engine_client, maintenance, storage
+from wavepipe.bench import consume_scaling, table_layout, trickle, txn_state
+from wavepipe.bench.figures import refresh_pages
+from wavepipe.bench.lifecycle import stopping_what_it_starts
+from wavepipe.bench.results import default_results_dir, goals
+from wavepipe.bench.runner import BenchOptions, run_bench, save
+from wavepipe.bench.systems import SYSTEMS, resolve_spark_kafka_jars
+from wavepipe.checks import check_all
+from wavepipe.contracts.config import Settings, load_settings, redact_url, source_checkout
 from wavepipe.contracts.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, EXIT_VALIDATION, UsageError
-from wavepipe.local.jars import SetupError
+from wavepipe.contracts.plan import RunRequest, parse_datetime
+from wavepipe.contracts.protocol import epoch_ns
+from wavepipe.demo import run_demo
+from wavepipe.follow import FollowOptions, GroupBusyError, follow
+from wavepipe.jars import SetupError, gcs_jars, kafka_jars, logstore_jar, s3_jars, spark_jars
+from wavepipe.local.airflow import dags_test, run_cli
+from wavepipe.local.cloud_emulators import emulators, prepare
+from wavepipe.local.engine_server import LocalEngine
+from wavepipe.local.kafka import LocalKafka
+from wavepipe.local.objectstore import LocalObjectStore, weed_binary
+from wavepipe.local.spark_cluster import LocalSparkCluster
+from wavepipe.status import describe_move, group_status, status_lines
 
 
 def _settings(args) -> Settings:
-    from wavepipe import storage
 
     settings = load_settings(home=args.home, bootstrap_servers=args.bootstrap_servers)
     storage.configure(settings)
@@ -27,7 +44,6 @@ def _settings(args) -> Settings:
 
 
 def cmd_objectstore(args) -> int:
-    from wavepipe.local.objectstore import LocalObjectStore
 
     store = LocalObjectStore.from_settings(_settings(args))
     print({"up": store.up, "down": store.down, "status": store.status}[args.action]())
@@ -35,7 +51,6 @@ def cmd_objectstore(args) -> int:
 
 
 def cmd_emulator(args) -> int:
-    from wavepipe.local.cloud_emulators import emulators
 
     chosen = emulators(_settings(args))
     kinds = [args.store] if args.store != "all" else list(chosen)
@@ -46,7 +61,6 @@ def cmd_emulator(args) -> int:
 
 
 def cmd_kafka(args) -> int:
-    from wavepipe.local.kafka import LocalKafka
 
     kafka = LocalKafka.from_settings(_settings(args))
     print({"up": kafka.up, "down": kafka.down, "status": kafka.status}[args.action]())
@@ -54,8 +68,6 @@ def cmd_kafka(args) -> int:
 
 
 def cmd_spark(args) -> int:
-    from wavepipe.local.engine_server import LocalEngine
-
     settings = _settings(args)
     if settings.spark_remote and args.action not in ("status", "serve"):  # serve: the remote server itself
         print(
@@ -82,7 +94,6 @@ def cmd_spark(args) -> int:
 
 
 def cmd_spark_cluster(args) -> int:
-    from wavepipe.local.spark_cluster import LocalSparkCluster
 
     settings = _settings(args)
     cluster = LocalSparkCluster(settings.home / "spark", port=args.port, workers=args.workers)
@@ -160,7 +171,6 @@ def _say_produced(settings, sent, name: str, seconds: float) -> None:
 
 
 def _print_report(report: dict) -> None:
-    from wavepipe.status import describe_move
 
     t, outcome = report["totals"], report.get("outcome") or {}
     window = report.get("window")
@@ -242,14 +252,11 @@ def _set_aside_lines(report: dict) -> list[str]:
 
 
 def cmd_run(args) -> int:
-    from wavepipe.contracts.plan import RunRequest
     from wavepipe.pipeline import ValidationFailedError, run_once
 
     settings = _settings(args)
     window = None
     if args.window:
-        from wavepipe.contracts.plan import parse_datetime
-
         try:
             window = (parse_datetime(args.window[0]), parse_datetime(args.window[1]))
         except ValueError as exc:
@@ -274,7 +281,6 @@ def cmd_follow(args) -> int:
     """Micro-batches back to back while the group lags (``wavepipe.follow``). The first SIGTERM or
     Ctrl-C ends the loop after the micro-batch in flight; a second one stops it at once (the
     next start resumes that micro-batch)."""
-    from wavepipe.follow import FollowOptions, GroupBusyError, follow
     from wavepipe.pipeline import ValidationFailedError
 
     settings = _settings(args).replace(topic=args.topic, group=args.group)
@@ -330,8 +336,6 @@ def cmd_status(args) -> int:
     """Like ``kafka-consumer-groups --describe``: per partition the committed offset, the end, the
     lag, the chunks pending there and any move by someone else; then runs and validation
     (``wavepipe.status``; ``--json``: that document)."""
-    from wavepipe.status import group_status, status_lines
-
     settings = _settings(args)
     doc = group_status(settings, args.topic or settings.topic, args.group or settings.group)
     print(_as_json(doc) if args.json else "\n".join(status_lines(doc)))
@@ -340,8 +344,6 @@ def cmd_status(args) -> int:
 
 def cmd_check(args) -> int:
     """Every configured service tried as a run uses it (``wavepipe.checks``), one line each."""
-    from wavepipe.checks import check_all
-
     settings = _settings(args)
     checks = check_all(settings)
     if args.json:
@@ -356,8 +358,6 @@ def cmd_check(args) -> int:
 
 def cmd_table(args) -> int:
     """Maintenance of the output tables: status (from their logs), optimize, vacuum, repair."""
-    from wavepipe import maintenance
-
     settings = _settings(args)
     tables = maintenance.pick_tables(args.table)
     if args.action == "status" and args.json:
@@ -418,14 +418,11 @@ def cmd_rewind(args) -> int:
 
 
 def cmd_airflow(args) -> int:
-    from wavepipe.local.airflow import run_cli
 
     return run_cli(_settings(args), args)
 
 
 def cmd_demo(args) -> int:
-    from wavepipe.demo import run_demo
-    from wavepipe.local.airflow import dags_test
 
     return run_demo(_settings(args), count=args.count, waveform_bytes=args.waveform_bytes, dags_test=dags_test)
 
@@ -434,8 +431,6 @@ def cmd_setup(args) -> int:
     """Resolve everything that is not a Python package: the Kafka, Delta Lake, S3, GCS and
     benchmark jars, wavepipe's LogStore, with ``--object-store`` the local object store's server, and with
     ``--emulators`` the GCS and Azure emulators."""
-    from wavepipe.local.jars import gcs_jars, kafka_jars, logstore_jar, s3_jars, spark_jars
-
     settings = _settings(args)
     print(f"Kafka jars: {kafka_jars(settings.jars_dir)}")
     print(f"Spark jars: {', '.join(p.name for p in spark_jars(settings.jars_dir))}")
@@ -444,15 +439,10 @@ def cmd_setup(args) -> int:
     )
     print(f"GCS jar (Google's Hadoop connector, shaded): {', '.join(p.name for p in gcs_jars(settings.jars_dir))}")
     if args.object_store:
-        from wavepipe.local.objectstore import weed_binary
-
         print(f"object store (SeaweedFS): {weed_binary(settings.tools_dir)}")
     if args.emulators:
-        from wavepipe.local.cloud_emulators import prepare
-
         made = prepare(settings)
         print(f"GCS emulator (fake-gcs-server): {made['gcs']}; Azure emulator (Azurite): {made['azure']}")
-    from wavepipe.bench.systems import resolve_spark_kafka_jars
 
     print(f"Benchmark jars (Spark's Kafka source): {resolve_spark_kafka_jars(settings)}")
     print(f"tables: {_repair_tables(settings)}")
@@ -462,8 +452,6 @@ def cmd_setup(args) -> int:
 def _repair_tables(settings) -> str:
     """``wavepipe table repair`` of the home's tables, as an upgrade does it (runs never mend
     what an earlier wavepipe wrote), in a line; a store that does not answer is named, not fatal."""
-    from wavepipe import maintenance, storage
-
     try:
         done = maintenance.repair(settings)
     except storage.STORAGE_ERRORS as exc:
@@ -473,7 +461,6 @@ def _repair_tables(settings) -> str:
 
 
 def cmd_bench(args) -> int:
-    from wavepipe.bench.lifecycle import stopping_what_it_starts
 
     with stopping_what_it_starts():  # SIGTERM, Ctrl-C or a failure: what it started is stopped
         return _bench(args)
@@ -481,9 +468,6 @@ def cmd_bench(args) -> int:
 
 def _bench(args) -> int:
     from pathlib import Path
-
-    from wavepipe.bench.runner import BenchOptions, run_bench, save
-    from wavepipe.bench.systems import SYSTEMS
 
     if args.refresh_docs:
         return _bench_refresh_docs()
@@ -523,7 +507,6 @@ def _bench(args) -> int:
     results = run_bench(settings, options)
     paths = save(results, options.out_dir)
     failed = [m for m in results["measurements"] if m["error"]]
-    from wavepipe.bench.results import goals
 
     print()
     for name, met, numbers in goals(results):
@@ -540,8 +523,6 @@ def _bench(args) -> int:
 
 
 def _bench_refresh_docs() -> int:
-    from wavepipe.bench.figures import refresh_pages
-    from wavepipe.contracts.config import source_checkout
 
     root = source_checkout()
     if root is None:
@@ -562,9 +543,6 @@ def _bench_command(args) -> str:
 
 def _bench_trickle(settings, args) -> int:
     from pathlib import Path
-
-    from wavepipe.bench import trickle
-    from wavepipe.bench.results import default_results_dir
 
     options = trickle.TrickleOptions(command=_bench_command(args))
     if args.quick:
@@ -596,9 +574,6 @@ def _bench_trickle(settings, args) -> int:
 def _bench_table_layout(settings, args) -> int:
     from pathlib import Path
 
-    from wavepipe.bench import table_layout
-    from wavepipe.bench.results import default_results_dir
-
     command = _bench_command(args)
     out = Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else default_results_dir())
     exactly_once = True
@@ -617,9 +592,6 @@ def _bench_table_layout(settings, args) -> int:
 def _bench_txn_state(settings, args) -> int:
     from pathlib import Path
 
-    from wavepipe.bench import txn_state
-    from wavepipe.bench.results import default_results_dir
-
     out = Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else default_results_dir())
     result = txn_state.measure(settings, txn_state.TxnStateSize.quick() if args.quick else txn_state.TxnStateSize())
     print(txn_state.to_markdown(result))
@@ -631,9 +603,6 @@ def _bench_txn_state(settings, args) -> int:
 def _bench_consume_scaling(settings, args) -> int:
     import tempfile
     from pathlib import Path
-
-    from wavepipe.bench import consume_scaling
-    from wavepipe.bench.results import default_results_dir
 
     total = (args.large_mib or (16 if args.quick else 1024)) * 2**20
     out = Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else default_results_dir())
@@ -671,9 +640,6 @@ def _positive(text: str) -> int:
 
 def _epoch_ns(text: str) -> int:
     """An argparse type: an ISO 8601 time (UTC when it names no zone) as UTC epoch nanoseconds."""
-    from wavepipe.contracts.plan import parse_datetime
-    from wavepipe.contracts.protocol import epoch_ns
-
     try:
         return epoch_ns(parse_datetime(text))
     except UsageError as exc:
@@ -1069,6 +1035,7 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    engine_client.serve_locally(LocalEngine)  # a run without spark_remote starts this home's engine
     try:
         return args.func(args)
     except UsageError as exc:

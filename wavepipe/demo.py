@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from wavepipe import storage
 from wavepipe.contracts.config import Settings
+from wavepipe.contracts.protocol import checksum
 
 
 def run_demo(settings: Settings, *, count: int, waveform_bytes: int, dags_test: Callable) -> int:
@@ -121,8 +122,6 @@ def _check_output(settings: Settings, sent) -> list[str]:
 def _check_with_delta_rs(settings: Settings, sent) -> list[str]:
     """The same table read by delta-rs (the reader of Polars and most Python tools), not Spark:
     each sent waveform once, its payload bit-exact (sha256)."""
-    from wavepipe.contracts.protocol import checksum
-
     ids = sorted({s.waveform_id for s in sent})
     try:
         table = storage.delta_table(settings.output_table)

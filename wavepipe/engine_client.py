@@ -4,7 +4,9 @@ A run's Spark work (reassemble, validate, publish) runs in the run's own process
 Connect client: it attaches in well under a second to a server that is already warm (JVM, Delta,
 Python workers), where a spark-submit app pays 8-16 s of start-up every time.
 
-* Locally, the server is this home's ``wavepipe.local.engine_server.LocalEngine``, started on demand.
+* Locally, the server is this home's own engine, started on demand: the drivers (the CLI, the
+  Airflow operators, the benchmark) install ``wavepipe.local.engine_server.LocalEngine`` with
+  ``serve_locally``, so the run reaches it without importing the local development servers.
 * Elsewhere, ``spark_remote`` (``sc://host:port``, or in Airflow the apache-spark provider's
   ``spark_connect`` Connection) names the cluster's server.
 * ``spark_engine = "submit"`` keeps the old path: one spark-submit app per step.
@@ -28,23 +30,85 @@ import contextlib
 import hashlib
 import logging
 import os
+import socket
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import urlparse
 
 import tenacity
 
-from wavepipe import storage, waiting
-from wavepipe.contracts.config import Settings, redact_url
+from wavepipe import faults, storage, waiting
+from wavepipe.contracts.config import Settings, SettingsError, redact_url
 from wavepipe.contracts.runfiles import read_json_or, write_json_atomic
-from wavepipe.local.engine_server import CONNECT_TIMEOUT_S, DEFAULT_PORT, EngineUnavailableError, LocalEngine, accepts
+from wavepipe.spark_launch import current_phase, local_session
 
 log = logging.getLogger("wavepipe.engine")
+
+#: Spark Connect's port when a URL names none.
+DEFAULT_PORT = 15002
+#: Seconds a TCP connection to the engine may take to open.
+CONNECT_TIMEOUT_S = 5.0
+
+
+class EngineUnavailableError(ConnectionError):
+    """The Spark Connect server cannot be reached; the message says what to start or fix."""
+
+
+class OwnEngine(Protocol):
+    """This home's own engine, as a run uses it when ``spark_remote`` is not set."""
+
+    log_file: Path
+
+    def ensure_up(self, restart: bool = True) -> str:
+        """Its URL, started (or, with ``restart``, restarted when idle and due) first if need be."""
+
+    def in_use(self) -> contextlib.AbstractContextManager:
+        """Held while a step works on it: no restart meanwhile."""
+
+    def pid(self) -> int | None: ...
+
+    def running(self, pid: int) -> bool:
+        """Whether ``pid`` is still this engine's server."""
+
+    def ui_url(self) -> str | None: ...
+
+    def renew_session(self, session_id: str) -> None:
+        """Attach every later step to ``session_id`` (the server closed the old one)."""
+
+
+_own_engine: Callable[[Settings], OwnEngine] | None = None
+
+
+def serve_locally(engine: Callable[[Settings], OwnEngine]) -> None:
+    """Let runs in this process start and use ``engine(settings)`` when ``spark_remote`` is not
+    set. Called by the drivers; the run itself never imports the local development servers."""
+    global _own_engine
+    _own_engine = engine
+
+
+def own_engine(settings: Settings) -> OwnEngine:
+    """The home's own engine (``serve_locally``); a one-line refusal where this process has none."""
+    if _own_engine is None:
+        raise EngineUnavailableError(
+            "no Spark engine: spark_remote is not set and this process starts no local engine; set spark_remote "
+            "(in Airflow, the Connection wavepipe_spark) or run through `wavepipe` or wavepipe's Airflow operators"
+        )
+    return _own_engine(settings)
+
+
+def accepts(host: str, port: int, timeout: float) -> bool:
+    """Whether a TCP connection to ``host:port`` opens within ``timeout`` seconds."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def shared_session_id(key: str) -> str:
@@ -83,7 +147,7 @@ def remote_url(settings: Settings, restart: bool = True) -> tuple[str, str]:
             f"check that the Spark Connect server {redact_url(settings.spark_remote)} is up and reachable (the "
             "spark_remote setting, or the Airflow Connection wavepipe_spark)"
         )
-    return LocalEngine(settings).ensure_up(
+    return own_engine(settings).ensure_up(
         restart
     ), "start it with `wavepipe spark up` (its log is under <home>/spark-connect/)"
 
@@ -104,12 +168,7 @@ def _renew(settings: Settings) -> None:
         known[_url_key(settings.spark_remote)] = new
         write_json_atomic(path, known)
     else:
-        engine = LocalEngine(settings)
-        with engine._lifecycle_lock():
-            state = engine.state()
-            if state:
-                state["session_id"] = new
-                write_json_atomic(engine.state_file, state)
+        own_engine(settings).renew_session(new)
 
 
 def require_reachable(settings: Settings) -> None:
@@ -199,9 +258,7 @@ def _closed_session(exc: BaseException) -> bool:
 def attached(settings: Settings) -> Iterator[object]:
     """A Spark Connect session on the engine for the duration of a step (one per process and
     server, reused). The session is never released: other runs share it."""
-    from wavepipe import faults
-
-    engine = None if settings.spark_remote else LocalEngine(settings)
+    engine = None if settings.spark_remote else own_engine(settings)
     remote_url(settings)  # starts a local server that is down; may restart an idle one that holds too much
     with engine.in_use() if engine else contextlib.nullcontext():
         # as it is now that no restart can happen under this step (started again if it stopped
@@ -213,8 +270,6 @@ def attached(settings: Settings) -> Iterator[object]:
             spark = _session(url)
         except Exception as exc:
             if "INVALID_CONNECT_URL" in str(exc):
-                from wavepipe.contracts.config import SettingsError
-
                 raise SettingsError(
                     f"spark_remote {redact_url(settings.spark_remote)}: Spark Connect refuses it "
                     f"({redact_url(str(exc).splitlines()[0])})"
@@ -265,13 +320,10 @@ def lost(spark) -> bool:
 
 
 @contextlib.contextmanager
-def _watched(engine: LocalEngine | None, spark) -> Iterator[dict]:
+def _watched(engine: OwnEngine | None, spark) -> Iterator[dict]:
     """While a step runs on this home's engine: a JVM that exits is noticed within ``WATCH_S``,
     and the session's channel is closed so the step's call fails at once instead of retrying a
     server that is gone. Yields what it saw (``pid``: the JVM that exited)."""
-    from wavepipe.local.engine_server import SERVER_CLASS
-    from wavepipe.local.processes import alive
-
     died: dict = {}
     pid = engine.pid() if engine else None
     if pid is None:
@@ -282,7 +334,7 @@ def _watched(engine: LocalEngine | None, spark) -> Iterator[dict]:
 
     def watch() -> None:
         while not stop.wait(WATCH_S):
-            if not alive(pid, SERVER_CLASS):
+            if not engine.running(pid):
                 died["pid"] = pid
                 _lost.add(spark)
                 _close_quietly(spark)
@@ -292,7 +344,7 @@ def _watched(engine: LocalEngine | None, spark) -> Iterator[dict]:
     try:
         yield died
     except BaseException:
-        if not alive(pid, SERVER_CLASS):  # it went before the watch looked again
+        if not engine.running(pid):  # it went before the watch looked again
             died["pid"] = pid
         raise
     finally:
@@ -313,8 +365,6 @@ _STOPPED = ("SparkContext was shut down", "SparkContext has been shutdown", "Spa
 
 def _lost_reason(exc: BaseException, died: dict, address: str) -> str | None:
     """How the step's engine went away, in words, or None when ``exc`` is another failure."""
-    from wavepipe.spark_launch import current_phase
-
     text = f"{exc!r} {exc}"
     during = f"during Spark step {current_phase() or 'the step'}"
     if died.get("pid"):
@@ -326,7 +376,7 @@ def _lost_reason(exc: BaseException, died: dict, address: str) -> str | None:
     return None
 
 
-def _lost_message(reason: str, engine: LocalEngine | None) -> str:
+def _lost_message(reason: str, engine: OwnEngine | None) -> str:
     where = f"the engine's log: {engine.log_file}" if engine else "check the Spark Connect server (spark_remote)"
     return (
         f"{reason}. Nothing the step wrote was committed, and the run's plan and staged chunks are kept: run it "
@@ -380,7 +430,7 @@ def counted_jobs(spark, settings: Settings, into: dict) -> Iterator[None]:
     finally:
         with contextlib.suppress(Exception):
             spark.removeTag(tag)
-        ui = (settings.spark_ui.rstrip("/") or None) if settings.spark_remote else LocalEngine(settings).ui_url()
+        ui = (settings.spark_ui.rstrip("/") or None) if settings.spark_remote else own_engine(settings).ui_url()
         into["jobs"] = _listed_jobs(ui, tag) if ui else None
 
 
@@ -550,7 +600,6 @@ def table_session(settings: Settings) -> Iterator[object]:
         with attached(settings) as spark:
             yield spark
         return
-    from wavepipe.spark_launch import local_session
 
     spark = local_session(settings, "wavepipe-read")
     try:

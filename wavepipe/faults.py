@@ -117,7 +117,7 @@ def kill_spark_app() -> None:
     """SIGKILL every process of the session this Spark app runs in (``wavepipe.spark_launch.submit`` and
     ``wavepipe.engine_client`` start spark-submit as a session leader); in a step attached to a local
     engine, that engine's. Refuse anywhere else (it would be a test runner)."""
-    from wavepipe.local import processes
+    from wavepipe import processes
 
     sid = os.getsid(0)
     if not processes.alive(sid, "org.apache.spark.deploy.SparkSubmit"):

@@ -36,7 +36,8 @@ from wavepipe import waiting
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import BUGS, UsageError
 from wavepipe.contracts.plan import ActiveRunError
-from wavepipe.contracts.runfiles import RunStore, StepBusyError
+from wavepipe.run_store import RunStore
+from wavepipe.state import StepBusyError
 
 log = logging.getLogger("wavepipe.follow")
 

@@ -28,10 +28,12 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from urllib.parse import unquote
 
-from wavepipe import storage
+from wavepipe import delta_protocol, engine_client, storage
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import UsageError, did_you_mean
-from wavepipe.contracts.runfiles import RunStore
+from wavepipe.delta_protocol import RepairError
+from wavepipe.run_store import RunStore
+from wavepipe.spark_apps.app import output_lock
 
 log = logging.getLogger("wavepipe.maintenance")
 
@@ -157,7 +159,6 @@ def _last(state, operation: str) -> str | None:
 
 
 def _unreadable_note(path: str) -> str:
-    from wavepipe import delta_protocol
 
     try:
         problems = delta_protocol.schema_problems(path)
@@ -251,9 +252,6 @@ def status(settings: Settings, tables: list[str] | None = None) -> list[TableSta
 def _writing(settings: Settings, what: str) -> Iterator[object]:
     """A Spark session that holds the output tables as their sole writer (as a run's Spark step
     does): waits for a run's step that holds them, interrupts what a dead one left running."""
-    from wavepipe import engine_client
-    from wavepipe.spark_apps.app import output_lock
-
     with output_lock(settings, RunStore(settings)):
         log.info("%s: holding the tables in %s", what, settings.tables_dir)
         with engine_client.table_session(settings) as spark, engine_client.sole_writer(spark, settings):
@@ -457,7 +455,6 @@ def layout() -> list[str]:
 def _relayout(spark, path: str) -> dict:
     """Rewrite the waveforms table partitioned by ``layout()`` in one commit, clustered by
     ``CLUSTER_BY`` within each day (the rows, their columns and the history are kept)."""
-    from wavepipe.delta_protocol import RepairError
     from wavepipe.spark_apps.tables import delta_log, delta_writer, read_delta
 
     before = delta_log(path)
@@ -492,9 +489,6 @@ def repair(settings: Settings, *, tables: list[str] | None = None, dry_run: bool
     one commit) if an earlier wavepipe partitioned it by source and day. What an earlier wavepipe
     left is mended here, never by a run (a run meeting it is refused, naming this command).
     Holds the tables' lock as optimize does: safe beside runs. ``dry_run``: only say what it would do."""
-    from wavepipe import delta_protocol
-    from wavepipe.spark_apps.app import output_lock
-
     done = []
     for name, path in _existing(settings, tables, done):
         with output_lock(settings, RunStore(settings)):
@@ -514,7 +508,6 @@ def repair(settings: Settings, *, tables: list[str] | None = None, dry_run: bool
 def _add_columns(name: str, path: str, dry_run: bool) -> list[str]:
     """The columns table ``name`` at ``path`` lacks of those this wavepipe writes into it, added
     (unless ``dry_run``) in one metadata-only commit."""
-    from wavepipe import delta_protocol
     from wavepipe.spark_apps.publish import EMPTY_TABLES
     from wavepipe.spark_apps.tables import add_columns
 
@@ -528,7 +521,6 @@ def _add_columns(name: str, path: str, dry_run: bool) -> list[str]:
 
 
 def _partition_columns(path: str) -> list[str]:
-    from wavepipe import delta_protocol
 
     if storage.is_remote(path):  # written with the protocol's types: delta-rs reads it
         return list(storage.delta_table(path).metadata().partition_columns)

@@ -25,7 +25,8 @@ import json
 import re
 from pathlib import Path
 
-from wavepipe.contracts.runfiles import RunStore, html_path
+from wavepipe.contracts.runfiles import html_path
+from wavepipe.run_store import RunStore
 
 #: Runs whose pages the run state keeps (the Data Docs index lists the last 200 results).
 PAGES_KEPT = 200

@@ -25,19 +25,24 @@ from datetime import datetime
 from pathlib import Path
 from typing import Unpack
 
-from wavepipe import pages, report_html, spark_launch, storage
+from wavepipe import engine_client, pages, report_html, spark_launch, storage
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import BUGS, UsageError
 from wavepipe.contracts.plan import ActiveRunError, RunPlan, RunRequest, as_utc, new_run_id, run_request, safe_run_id
 from wavepipe.contracts.report import (
     build_report,
+    describe_safely,
     failed_expectations,
     spark_jobs_summary,
     validation_trend,
     with_description,
 )
-from wavepipe.contracts.runfiles import RunStore, Step, html_path, json_path, staged_paths
+from wavepipe.contracts.runfiles import Step, html_path, json_path
 from wavepipe.contracts.steps import ReadStats, Reassembled, Validated
+from wavepipe.delta_txn import dead_letters_of
+from wavepipe.faults import failpoint
+from wavepipe.run_store import Run, RunStore, staged_paths
+from wavepipe.spark_apps.app import output_lock
 
 log = logging.getLogger(__name__)
 # found through the package (a checkout's spark_apps/ or an installed wheel's), so spark-submit
@@ -119,10 +124,10 @@ def _note_failure(settings: Settings, run_id: str, step: str, request: dict) -> 
         log.warning("run %s: could not note its failure (%s): %s", run_id, reason, noted)
 
 
-def _timed(store: RunStore, run_id: str, step: str, began: float) -> None:
-    timings = store.load_step(run_id, Step.TIMINGS) or {}
+def _timed(run: Run, step: str, began: float) -> None:
+    timings = dict(run.raw(Step.TIMINGS) or {})
     timings[step] = round(time.monotonic() - began, 3)
-    store.save_step(run_id, Step.TIMINGS, timings)
+    run.record(Step.TIMINGS, timings)
 
 
 @_noted_on_failure("plan")
@@ -150,7 +155,7 @@ def plan_step(settings: Settings, run_id: str, **request: Unpack[RunRequest]) ->
             plan = plan_window_run(settings, run_id, start=window[0], end=window[1], topic=topic, group=group)
         else:
             plan = plan_run(settings, run_id, **request)
-    _timed(RunStore(settings), plan.run_id, "plan", began)
+    _timed(Run(RunStore(settings), plan), "plan", began)
     return plan
 
 
@@ -205,7 +210,9 @@ def partition_ranges(partitions: list[int], limit: int = 200) -> str:
     return text[: max(0, limit - len(tail))].rsplit(",", 1)[0] + tail
 
 
-def consume_step(settings: Settings, run_id: str, partition: int) -> dict:
+def consume_step(settings: Settings, run_id: str, partition: int, plan: RunPlan | None = None) -> dict:
+    """Read and stage ``partition``'s planned range (``plan``: the run's, when the caller has it;
+    else it is read); a summary of what was read."""
     from wavepipe.consumers.reader import read_range
 
     run_id = safe_run_id(run_id)
@@ -214,7 +221,7 @@ def consume_step(settings: Settings, run_id: str, partition: int) -> dict:
         for stale in (Step.REASSEMBLE, Step.VALIDATE):  # made from the staged files this step replaces
             store.clear_step(run_id, stale)
         began = time.monotonic()
-        stats = read_range(settings, run_id, partition)  # records its own timing
+        stats = read_range(settings, run_id, partition, plan)  # records its own timing
     # began/ended: this machine's monotonic clock, comparable between the readers of one step
     return {
         "partition": partition,
@@ -229,7 +236,7 @@ def consume_step(settings: Settings, run_id: str, partition: int) -> dict:
 
 
 @_noted_on_failure("consume")
-def consume_all(settings: Settings, run_id: str, partitions: list[int]) -> list[dict]:
+def consume_all(settings: Settings, run_id: str, partitions: list[int], plan: RunPlan | None = None) -> list[dict]:
     """The consume step of each partition, ``settings.consume_parallelism`` at a time.
 
     Each partition is read in a process of its own (the reader is CPU-bound in Python), started
@@ -237,14 +244,16 @@ def consume_all(settings: Settings, run_id: str, partitions: list[int]) -> list[
     ``spawn``, a script calling this needs an ``if __name__ == "__main__":`` guard); a small plan
     (``consume_in_process_max_records``) is read by threads of this process instead. One failed
     partition fails the call after the others finish; their staged files stay valid for the retry.
+    ``plan``: the run's, when the caller has it (else it is read once, here).
     """
     workers = max(1, min(settings.consume_parallelism, len(partitions)))
+    plan = plan or _require_plan(RunStore(settings), safe_run_id(run_id))
     if workers == 1:
-        return [consume_step(settings, run_id, p) for p in partitions]
+        return [consume_step(settings, run_id, p, plan) for p in partitions]
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
-    planned = {r.partition: r.size for r in _require_plan(RunStore(settings), safe_run_id(run_id)).ranges}
+    planned = {r.partition: r.size for r in plan.ranges}
     small = sum(planned.get(p, 0) for p in partitions) <= settings.consume_in_process_max_records
     if settings.consume_in_process_max_records and small:
         pool = ThreadPoolExecutor(workers, thread_name_prefix=f"wavepipe-reader-{run_id}")
@@ -254,7 +263,7 @@ def consume_all(settings: Settings, run_id: str, partitions: list[int]) -> list[
             workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_logging, initargs=(level,)
         )
     with pool:
-        futures = [pool.submit(consume_step, settings, run_id, p) for p in partitions]
+        futures = [pool.submit(consume_step, settings, run_id, p, plan) for p in partitions]
         results, errors = [], []
         for partition, future in zip(partitions, futures, strict=True):
             try:
@@ -278,15 +287,16 @@ def _worker_logging(level: int) -> None:
 
 @_noted_on_failure("reassemble")
 def reassemble_step(
-    settings: Settings, run_id: str, *, validate: bool = False, defer_description: bool = False
+    settings: Settings, run_id: str, *, validate: bool = False, defer_description: bool = False, run: Run | None = None
 ) -> Reassembled | None:
     """Run the Spark app on the run's staged chunks (nothing when the run read nothing); it writes
     the run's candidate tables. ``validate``: then validate and publish in the same Spark session
-    (as ``validate_step`` would, without starting a second one; ``defer_description``: as it)."""
-    store, plan = _spark_step(settings, run_id)
-    if plan is None:
+    (as ``validate_step`` would, without starting a second one; ``defer_description``: as it).
+    ``run``: the run as this process has it (else it is loaded)."""
+    run = _spark_run(settings, run_id, run)
+    if run is None:
         return None
-    run_id = plan.run_id
+    store, run_id = run.store, run.run_id
     began = time.monotonic()
     with store.step_lock(run_id, Step.RUN):
         if settings.spark_engine == "submit":
@@ -300,31 +310,35 @@ def reassemble_step(
                 *(["--validate"] if validate else []),
                 staged_bytes=store.staged_bytes(run_id),
             )
+            run.forget(Step.REASSEMBLE, Step.VALIDATE)  # recorded by the app's own process
         else:
-            _on_engine(settings, store, plan, "reassemble", validate=validate, defer=defer_description)
-    _timed(store, run_id, "reassemble", began)
-    result = store.load_result(run_id, Step.REASSEMBLE, Reassembled)
+            _on_engine(run, "reassemble", validate=validate, defer=defer_description)
+    _timed(run, "reassemble", began)
+    result = run.result(Step.REASSEMBLE, Reassembled)
     if result is None:
         raise RuntimeError(f"the Spark app finished but left no result for run {run_id}")
     if validate:
-        _check_validation(settings, store, plan)
+        _check_validation(run)
     return result
 
 
 @_noted_on_failure("validate")
-def validate_step(settings: Settings, run_id: str, *, defer_description: bool = False) -> Validated | None:
+def validate_step(
+    settings: Settings, run_id: str, *, defer_description: bool = False, run: Run | None = None
+) -> Validated | None:
     """Run the expectation suites on the run's manifest and staged chunks; publish the
     output if all hold, else raise ``ValidationFailedError`` naming the failed expectations (the
     run stays unpublished and uncommitted; retry this step after fixing the data or the config).
     What only describes a published run is made after its publish, or with ``defer_description``
-    left in this process for ``describe_step`` after its commit (the engine attached here only)."""
-    store, plan = _spark_step(settings, run_id)
-    if plan is None:
+    left in this process for ``describe_step`` after its commit (the engine attached here only).
+    ``run``: the run as this process has it (else it is loaded)."""
+    run = _spark_run(settings, run_id, run)
+    if run is None:
         return None
-    run_id = plan.run_id
-    if store.load_result(run_id, Step.REASSEMBLE, Reassembled) is None:
+    store, run_id = run.store, run.run_id
+    if run.result(Step.REASSEMBLE, Reassembled) is None:
         raise RuntimeError(f"run {run_id}: no reassembly result; run the reassemble step first")
-    done = store.load_result(run_id, Step.VALIDATE, Validated)  # a reassembly clears it
+    done = run.result(Step.VALIDATE, Validated)  # a reassembly clears it
     if done is not None and done.success and done.published:
         log.info("run %s: validated and published by its reassemble step; nothing left to do", run_id)
         return done
@@ -334,27 +348,25 @@ def validate_step(settings: Settings, run_id: str, *, defer_description: bool = 
             spark_launch.submit(
                 settings, ENGINE_APP, "--run-id", run_id, "--step", "validate", staged_bytes=store.staged_bytes(run_id)
             )
+            run.forget(Step.VALIDATE)  # recorded by the app's own process
         else:
-            _on_engine(settings, store, plan, "validate", defer=defer_description)
-    _timed(store, run_id, "validate", began)
-    return _check_validation(settings, store, plan)
+            _on_engine(run, "validate", defer=defer_description)
+    _timed(run, "validate", began)
+    return _check_validation(run)
 
 
-def _on_engine(
-    settings: Settings, store: RunStore, plan: RunPlan, step: str, *, validate: bool = False, defer: bool = False
-) -> None:
+def _on_engine(run: Run, step: str, *, validate: bool = False, defer: bool = False) -> None:
     """Run ``step`` (``reassemble``, then validate too if ``validate``; or ``validate``) in this
     process, attached to the Spark engine (``wavepipe.engine_client``), holding the output tables'
     lock; ``defer``: the published run's description waits for its commit (``describe_step``)."""
-    from wavepipe import engine_client
     from wavepipe.spark_apps import engine_run
-    from wavepipe.spark_apps.app import output_lock
 
     if validate or step == "validate":
         engine_run.import_in_background()
-    staged = store.staged_bytes(plan.run_id)
+    settings, plan = run.settings, run.plan
+    staged = run.store.staged_bytes(plan.run_id)
     jobs: dict = {}
-    with output_lock(settings, store), _jobs_recorded(store, plan.run_id, step, jobs):
+    with output_lock(settings, run.store), _jobs_recorded(run, step, jobs):
         began = time.monotonic()
         with (
             engine_client.attached(settings) as session,
@@ -367,48 +379,46 @@ def _on_engine(
             log.info("run %s: attached to the Spark engine in %.2fs", plan.run_id, attach_s)
             try:
                 if step == "reassemble":
-                    engine_run.reassemble_and_save(
-                        session, settings, store, plan, validate=validate, session_s=attach_s, defer=defer
-                    )
+                    engine_run.reassemble_and_save(session, run, validate=validate, session_s=attach_s, defer=defer)
                 else:
-                    engine_run.validate_and_publish(session, settings, plan, defer=defer)
+                    engine_run.validate_and_publish(session, run, defer=defer)
             except BaseException as exc:
                 engine_client.after_failure(session, exc)
                 raise
 
 
 @contextlib.contextmanager
-def _jobs_recorded(store: RunStore, run_id: str, step: str, jobs: dict):
+def _jobs_recorded(run: Run, step: str, jobs: dict):
     """After an engine step, successful or not: the Spark jobs it started (``jobs["jobs"]``, as
     ``engine_client.counted_jobs`` found them) recorded under the step's name for the run's report."""
     try:
         yield
     finally:
         if "jobs" in jobs:
-            recorded = store.load_step(run_id, Step.SPARK_JOBS) or {}
+            recorded = dict(run.raw(Step.SPARK_JOBS) or {})
             recorded[step] = jobs["jobs"]
-            store.save_step(run_id, Step.SPARK_JOBS, recorded)
+            run.record(Step.SPARK_JOBS, recorded)
 
 
-def _spark_step(settings: Settings, run_id: str) -> tuple[RunStore, RunPlan | None]:
-    """The run's store and plan; no plan when the run read nothing new (no Spark app to start)."""
-    store = RunStore(settings)
-    plan = _require_plan(store, safe_run_id(run_id))
-    if not partitions_to_read(plan):
-        log.info("run %s read nothing new: no Spark app", plan.run_id)
-        return store, None
-    return store, plan
+def _spark_run(settings: Settings, run_id: str, run: Run | None) -> Run | None:
+    """The run (``run``, else loaded); None when it read nothing new (no Spark app to start)."""
+    run = run or _require_run(settings, run_id)
+    if not partitions_to_read(run.plan):
+        log.info("run %s read nothing new: no Spark app", run.run_id)
+        return None
+    return run
 
 
-def _check_validation(settings: Settings, store: RunStore, plan: RunPlan) -> Validated:
-    validation = store.load_result(plan.run_id, Step.VALIDATE, Validated)
+def _check_validation(run: Run) -> Validated:
+    plan = run.plan
+    validation = run.result(Step.VALIDATE, Validated)
     if validation is None:
         raise RuntimeError(f"run {plan.run_id}: the validation app finished but left no result")
     if validation.success:
         return validation
-    report = _report(store, plan, _recorded(store, plan), validation=validation)
+    report = _report(run, _recorded(run), validation=validation)
     report["status"] = "validation_failed"
-    page = _write_report(settings, report)
+    page = _write_report(run.settings, report)
     lines = failed_expectations(validation.suites, gating_only=True)
     raise ValidationFailedError(
         f"run {plan.run_id} failed validation ({len(lines)} expectation(s)); nothing was published and no "
@@ -424,7 +434,6 @@ def _write_report(settings: Settings, report: dict) -> Path:
     run: when one fails, ``report["notes"]`` says so (in the JSON, and on a plain page with the
     notes and the report) and the run goes on."""
     from wavepipe.consumers.planner import lanes
-    from wavepipe.contracts.report import describe_safely
 
     notes = report.setdefault("notes", [])
     trend = describe_safely(notes, "the validation trend", validation_trend, settings, groups=lanes(report["group"]))
@@ -466,19 +475,18 @@ class _Recorded:
     timings: dict
 
 
-def _recorded(store: RunStore, plan: RunPlan) -> _Recorded:
-    consumed = {r.partition: store.load_result(plan.run_id, Step.consume(r), ReadStats) for r in plan.ranges}
+def _recorded(run: Run) -> _Recorded:
+    consumed = {r.partition: run.result(Step.consume(r), ReadStats) for r in run.plan.ranges}
     return _Recorded(
         {p: read for p, read in consumed.items() if read is not None},
-        store.load_result(plan.run_id, Step.REASSEMBLE, Reassembled),
-        store.load_result(plan.run_id, Step.VALIDATE, Validated),
-        store.load_step(plan.run_id, Step.TIMINGS) or {},
+        run.result(Step.REASSEMBLE, Reassembled),
+        run.result(Step.VALIDATE, Validated),
+        dict(run.raw(Step.TIMINGS) or {}),
     )
 
 
-def _report(
-    store: RunStore, plan: RunPlan, recorded: _Recorded, *, validation: Validated | None, skipped: str | None = None
-) -> dict:
+def _report(run: Run, recorded: _Recorded, *, validation: Validated | None, skipped: str | None = None) -> dict:
+    plan = run.plan
     report = build_report(
         plan, recorded.consumed, recorded.reassembled, recorded.timings, skipped_reason=skipped, validation=validation
     )
@@ -488,17 +496,17 @@ def _report(
         report["new_group_start"] = plan.new_group_start
     if plan.recovered:  # a run whose publish is in the tables but whose Kafka commit was lost
         report["recovered"] = plan.recovered
-    report["spark_jobs"] = spark_jobs_summary(store.load_step(plan.run_id, Step.SPARK_JOBS) or {})
+    report["spark_jobs"] = spark_jobs_summary(run.raw(Step.SPARK_JOBS) or {})
     return report
 
 
 @_noted_on_failure("commit")
-def commit_step(settings: Settings, run_id: str) -> dict:
-    """Check the accounting, commit the safe offsets, release the group, publish the report."""
-    run_id = safe_run_id(run_id)
-    store = RunStore(settings)
-    with store.step_lock(run_id, Step.RUN):
-        return _commit(settings, store, run_id)
+def commit_step(settings: Settings, run_id: str, *, run: Run | None = None) -> dict:
+    """Check the accounting, commit the safe offsets, release the group, publish the report.
+    ``run``: the run as this process has it (else it is loaded)."""
+    run = run or _require_run(settings, run_id)
+    with run.store.step_lock(run.run_id, Step.RUN):
+        return _commit(run)
 
 
 def _new_dead_letters(store: RunStore, plan: RunPlan, published: dict[int, list[list[int]]]):
@@ -516,8 +524,6 @@ def _new_dead_letters(store: RunStore, plan: RunPlan, published: dict[int, list[
             for batch in pq.ParquetFile(storage.open_input(path)).iter_batches(batch_size=256):
                 yield from batch.filter(_outside(batch.column("offset"), intervals)).to_pylist()
     if plan.recovered:  # the run whose Kafka commit was lost: its dead letters never went out
-        from wavepipe.delta_txn import dead_letters_of
-
         yield from dead_letters_of(store.settings.dead_letter_table, plan.recovered["run_id"])
 
 
@@ -532,19 +538,19 @@ def _outside(offsets, intervals: list[tuple[int, int]]):
     return pc.invert(inside)
 
 
-def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
-    plan = _require_plan(store, run_id)
+def _commit(run: Run) -> dict:
+    settings, store, plan, run_id = run.settings, run.store, run.plan, run.run_id
     holder = store.active_run(plan.group)
     if holder != run_id:
-        return _committed_before(settings, store, plan, holder)
+        return _committed_before(run, holder)
     began = time.monotonic()
     to_read = partitions_to_read(plan)
-    recorded = _recorded(store, plan)
+    recorded = _recorded(run)
     validation = _published_result(plan, recorded, to_read)
     skipped = None if to_read else nothing_to_read(plan)
-    report = _report(store, plan, recorded, validation=validation, skipped=skipped)
+    report = _report(run, recorded, validation=validation, skipped=skipped)
     if report["balance_errors"]:
-        store.save_step(run_id, Step.REPORT, report)
+        run.record(Step.REPORT, report)
         raise AccountingError(
             f"run {run_id}: the counts do not add up, so no offset was committed: "
             + "; ".join(report["balance_errors"])
@@ -558,14 +564,15 @@ def _commit(settings: Settings, store: RunStore, run_id: str) -> dict:
         report["commit"] = _commit_idle(settings, store, plan)
     if not plan.is_window:
         _lag_after(settings, plan, report)
-    _timed(store, run_id, "commit", began)
-    return _finish(settings, store, plan, report, skipped)
+    _timed(run, "commit", began)
+    return _finish(run, report, skipped)
 
 
-def _committed_before(settings: Settings, store: RunStore, plan: RunPlan, holder: str | None) -> dict:
+def _committed_before(run: Run, holder: str | None) -> dict:
     """A commit step of a run that no longer holds its group: its report when it committed
     already (a retry of a commit that went through), else an error (abandoned or superseded)."""
-    done = store.load_step(plan.run_id, Step.REPORT)
+    settings, plan = run.settings, run.plan
+    done = run.raw(Step.REPORT)
     if _committed(done):
         written = json_path(settings, plan.run_id).exists()
         return {
@@ -604,7 +611,6 @@ def _published_result(plan: RunPlan, recorded: _Recorded, to_read: list[int]) ->
 def _commit_offsets(settings: Settings, store: RunStore, plan: RunPlan, report: dict) -> dict:
     """The safe offsets to the group (if it is still where the plan saw it); where this home continues from."""
     from wavepipe.consumers.committer import OffsetsMovedError, commit_safe_offsets
-    from wavepipe.faults import failpoint
 
     safe = {int(p): part["safe_offset"] for p, part in report["partitions"].items()}
     failpoint("commit.before_offsets")
@@ -636,13 +642,15 @@ def _commit_idle(settings: Settings, store: RunStore, plan: RunPlan) -> dict:
     return commit
 
 
-def _finish(settings: Settings, store: RunStore, plan: RunPlan, report: dict, skipped: str | None) -> dict:
+def _finish(run: Run, report: dict, skipped: str | None) -> dict:
     """The committed run's report saved and written (an idle run: a line of the group's history
-    instead), its group released and its staged copies removed."""
-    run_id = plan.run_id
-    report["timings_s"].update(store.load_step(run_id, Step.TIMINGS) or {})
+    instead), its group released and its staged copies removed. The report counts the reads and
+    writes of the run's state this process made (``state_io``)."""
+    settings, store, plan, run_id = run.settings, run.store, run.plan, run.run_id
+    report["timings_s"].update(run.raw(Step.TIMINGS) or {})
     report["status"] = "window_replaced" if plan.is_window else "committed"
-    store.save_step(run_id, Step.REPORT, report)
+    report["state_io"] = run.state_io()
+    run.record(Step.REPORT, report)
     quiet = not (plan.is_window or plan.moved or plan.lost or plan.new_group_start or plan.recovered)
     if skipped and quiet:
         # an idle run: one line of history for the group instead of a report (96 a day at the schedule)
@@ -720,21 +728,25 @@ def run_steps(settings: Settings, plan: RunPlan, *, describe: bool = True) -> di
     threshold was relaxed) without reassembling, a published one only commits. What only
     describes the run is made after its commit (``describe_step``), or, without ``describe``, left
     waiting in this process for the caller's ``describe_step`` (``follow`` makes several at once).
-    Returns the commit's report."""
-    store = RunStore(settings)
-    with store.step_lock(plan.run_id, Step.RUN):
-        staged = [p for p in partitions_to_read(plan) if _is_staged(store, plan, p)]
+    Returns the commit's report. The run is one value through its steps: its plan is not read
+    again."""
+    run = Run(RunStore(settings), plan)
+    with run.store.step_lock(plan.run_id, Step.RUN):
+        staged = [p for p in partitions_to_read(plan) if _is_staged(run, p)]
         if staged:
             log.info("run %s: partitions %s were staged by an earlier attempt; not read again", plan.run_id, staged)
+        to_read = [p for p in partitions_to_read(plan) if p not in staged]
         with _engine_ready(settings, needed=bool(partitions_to_read(plan))):
-            consume_all(settings, plan.run_id, [p for p in partitions_to_read(plan) if p not in staged])
-        validated = store.load_result(plan.run_id, Step.VALIDATE, Validated)
+            consume_all(settings, plan.run_id, to_read, plan)
+        # the readers recorded their ranges, and cleared what was made from the files they replaced
+        run.forget(Step.REASSEMBLE, Step.VALIDATE, *(Step.consume(r) for r in plan.ranges if r.partition in to_read))
+        validated = run.result(Step.VALIDATE, Validated)
         try:
-            if store.load_result(plan.run_id, Step.REASSEMBLE, Reassembled) is None:
-                reassemble_step(settings, plan.run_id, validate=True, defer_description=True)
+            if run.result(Step.REASSEMBLE, Reassembled) is None:
+                reassemble_step(settings, plan.run_id, validate=True, defer_description=True, run=run)
             elif not (validated and validated.success and validated.published):
-                validate_step(settings, plan.run_id, defer_description=True)
-            report = commit_step(settings, plan.run_id)
+                validate_step(settings, plan.run_id, defer_description=True, run=run)
+            report = commit_step(settings, plan.run_id, run=run)
         except BaseException:
             _forget_description(plan.run_id)  # the run did not commit: its retry describes its own publish
             raise
@@ -782,18 +794,17 @@ def _engine_ready(settings: Settings, *, needed: bool):
     if not needed or settings.spark_engine != "connect":
         yield
         return
-    from wavepipe import engine_client
-    from wavepipe.local.engine_server import LocalEngine
 
     if settings.spark_remote:
         engine_client.require_reachable(settings)
         yield
         return
+    engine = engine_client.own_engine(settings)
     errors: list[BaseException] = []
 
     def start() -> None:
         try:
-            LocalEngine(settings).ensure_up()
+            engine.ensure_up()
         except BaseException as exc:
             errors.append(exc)
 
@@ -813,12 +824,12 @@ def _same_window(plan: RunPlan, window: tuple[datetime, datetime] | None) -> boo
     return [datetime.fromisoformat(plan.window[k]) for k in ("start", "end")] == [as_utc(t) for t in window]
 
 
-def _is_staged(store: RunStore, plan: RunPlan, partition: int) -> bool:
+def _is_staged(run: Run, partition: int) -> bool:
     """The partition's range was read completely by an earlier attempt (its result is recorded
     only after its staged files are in place, and they stay until the run commits)."""
-    r = plan.range_for(partition)
-    chunks, dead = staged_paths(store, plan.run_id, r)
-    read = store.load_result(plan.run_id, Step.consume(r), ReadStats)
+    r = run.plan.range_for(partition)
+    chunks, dead = staged_paths(run.store, run.run_id, r)
+    read = run.result(Step.consume(r), ReadStats)
     return read is not None and storage.exists(chunks) and storage.exists(dead)
 
 
@@ -913,3 +924,8 @@ def _require_plan(store: RunStore, run_id: str) -> RunPlan:
     if plan is None:
         raise RuntimeError(f"run {run_id} has no plan under {store.runs_location}; run the plan step first")
     return plan
+
+
+def _require_run(settings: Settings, run_id: str) -> Run:
+    store = RunStore(settings)
+    return Run(store, _require_plan(store, safe_run_id(run_id)))

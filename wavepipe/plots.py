@@ -19,10 +19,13 @@ import pyarrow.compute as pc
 from wavepipe import storage
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.plan import RunPlan
+from wavepipe.contracts.protocol import rebuild
 from wavepipe.contracts.report import describe_safely
-from wavepipe.contracts.runfiles import RunStore, plot_path
+from wavepipe.contracts.runfiles import plot_path
+from wavepipe.run_store import RunStore
 from wavepipe.spark_apps.assembly import assemble_arrow, assemble_file
 from wavepipe.spark_apps.reassemble import SHUFFLED, STAGED, chunk_files, staged_chunk_files
+from wavepipe.spark_apps.tables import added_files
 
 # matplotlib's warnings about a hostile waveform (e.g. identical axis limits of a one-sample one)
 # say nothing the plot does not show. Filtered here once, not with warnings.catch_warnings(): the
@@ -278,8 +281,6 @@ def waveforms_figure(rows: list, rule: str | None = None):
     from matplotlib import dates as mdates
     from matplotlib.figure import Figure
 
-    from wavepipe.contracts.protocol import rebuild
-
     shown = [(r.get("shown") or list(range(r["channels"])))[:PLOT_CHANNELS] for r in rows]
     heights = [2.2 if len(s) <= 2 else 1.4 + 0.3 * len(s) for s in shown]
     fig = Figure(figsize=(8, sum(heights) + (0.4 if rule else 0)))
@@ -505,8 +506,6 @@ def plot_flagged(settings: Settings, run_id: str, version: int) -> str | None:
     channels that break it (``flagged_channels``) and the rules in its title; read from the files
     that commit added (only the row groups that hold them: no Spark job). Returns its path (None:
     none to draw)."""
-    from wavepipe.spark_apps.tables import added_files
-
     table = settings.output_table
     index = []
     for f in added_files(table, version):

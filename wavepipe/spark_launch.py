@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from wavepipe import storage
 from wavepipe.contracts.config import Settings
-from wavepipe.local.jars import RESOURCES, spark_jars
+from wavepipe.jars import RESOURCES, gcs_jars, logstore_jar, s3_jars, spark_jars
 
 log = logging.getLogger("wavepipe.spark")
 
@@ -86,9 +87,6 @@ def spark_conf(settings: Settings, *, small_run: bool = False) -> dict[str, str]
 def _s3_conf(settings: Settings) -> dict[str, str]:
     """With a location on an object store, or an S3 endpoint set (``storage.reaches_s3``): S3A's
     jars and settings, and wavepipe's LogStore."""
-    from wavepipe import storage
-    from wavepipe.local.jars import logstore_jar, s3_jars
-
     if not storage.reaches_s3(settings):
         return {}
     jars = [*spark_jars(settings.jars_dir), *s3_jars(settings.jars_dir), logstore_jar(settings.jars_dir)]
@@ -98,9 +96,6 @@ def _s3_conf(settings: Settings) -> dict[str, str]:
 def _gcs_conf(settings: Settings, conf: dict) -> dict[str, str]:
     """With the tables or staging on GCS (``storage.reaches_gcs``): Google's connector, added to
     the jars ``conf`` has, and its settings."""
-    from wavepipe import storage
-    from wavepipe.local.jars import gcs_jars
-
     if not storage.reaches_gcs(settings):
         return {}
     jars = [*str(conf.get("spark.jars", "")).split(","), *(str(j) for j in gcs_jars(settings.jars_dir))]
@@ -157,8 +152,6 @@ def _local_env(settings: Settings) -> dict[str, str]:
     loopback, the driver binds to loopback only (it would pick the first interface otherwise,
     which a loopback cluster may not reach). With a location on S3, the S3 keys (no command line
     shows them)."""
-    from wavepipe import storage
-
     master = settings.spark_master
     loopback = master.startswith(("spark://127.0.0.1:", "spark://localhost:"))
     env = {"SPARK_LOCAL_IP": "127.0.0.1"} if master.startswith("local") or loopback else {}

@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import socket
-import tempfile
 import threading
 import time
 import uuid
@@ -35,6 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import tenacity
+
+from wavepipe import storage, waiting
+from wavepipe.contracts.runfiles import write_bytes_atomic
 
 log = logging.getLogger(__name__)
 
@@ -106,26 +108,6 @@ def lease_verdict(lease: dict, now: float) -> str:
     if not isinstance(lease.get("expires_at"), int | float) or lease["expires_at"] < now:
         return "expired"
     return "orphaned" if process_gone(lease.get("host"), lease.get("pid")) else "held"
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` so that readers see the old file or the new one, never a part (fsync + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 class LocalState:
@@ -224,7 +206,6 @@ class ObjectState:
     APPEND_TRIES = 8
 
     def __init__(self, uri: str, lease_s: float):
-        from wavepipe import storage
 
         self.uri = uri.rstrip("/")
         self.lease_s = lease_s
@@ -314,8 +295,6 @@ class _Answering:
         def answered(*args, **kwargs):
             from obstore.exceptions import BaseError
 
-            from wavepipe import storage
-
             try:
                 return call(*args, **kwargs)
             except Exception as exc:
@@ -380,8 +359,6 @@ class Lease:
         """Every third of the term until released. A store that fails (``STORAGE_ERRORS``) is
         tried again before the lease runs out; any other error stops the renewal, logged once with
         its traceback (the lease then runs out within its term)."""
-        from wavepipe import storage, waiting
-
         while not self._stop.wait(self.lease_s / 3):
             try:
                 etag = self.store.put_if(self.key, self._body(), self.etag)
@@ -421,8 +398,6 @@ class Lease:
 
 def open_state(settings) -> LocalState | ObjectState:
     """The run state of ``settings``: ``state_uri`` on an object store, else the ``home`` folder."""
-    from wavepipe import storage
-
     if storage.is_remote(settings.state_uri):
         return ObjectState(settings.state_uri, settings.state_lease_s)
     return LocalState(Path(settings.state_uri) if settings.state_uri else settings.home)

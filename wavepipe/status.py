@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from wavepipe.contracts.config import Settings
+from wavepipe.contracts.config import Settings, redact_url
 from wavepipe.contracts.errors import UsageError
+from wavepipe.contracts.report import validation_trend
+from wavepipe.contracts.runfiles import html_path
 
 #: The document's version: a key is only ever added; a removed or renamed one bumps it.
 STATUS_VERSION = 1
@@ -22,8 +24,7 @@ def group_status(settings: Settings, topic: str, group: str) -> dict[str, Any]:
     from wavepipe.consumers.kafka_admin import committed_positions, list_offsets, partitions_of
     from wavepipe.consumers.planner import lanes as lanes_of
     from wavepipe.consumers.planner import new_group_message, offsets_moved
-    from wavepipe.contracts.report import validation_trend
-    from wavepipe.contracts.runfiles import RunStore
+    from wavepipe.run_store import RunStore
 
     store = RunStore(settings)
     parts = partitions_of(settings, topic)
@@ -59,8 +60,6 @@ def group_status(settings: Settings, topic: str, group: str) -> dict[str, Any]:
 
 def engine_line(settings: Settings) -> str:
     """Where the runs' Spark work goes, and this home's engine's state (no call to a remote one)."""
-    from wavepipe.contracts.config import redact_url
-
     if settings.spark_engine == "submit":
         return f"Spark: a spark-submit app per step, master {settings.spark_master}"
     if settings.spark_remote:
@@ -86,8 +85,6 @@ def _partition(p: int, committed: int | None, end: int, last: dict | None, move:
 def last_runs(settings: Settings, reports: list[dict], failures: list[dict], last: int = 8) -> list[dict[str, Any]]:
     """The ``last`` runs, oldest first, each by its latest outcome: its report (committed, or a
     window replaced) or the step that failed and why."""
-    from wavepipe.contracts.runfiles import html_path
-
     latest: dict[str, dict[str, Any]] = {}
     entries = [(rep.get("reported_at", ""), rep["run_id"], _from_report(rep)) for rep in reports]
     entries += [

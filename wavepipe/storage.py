@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
-from wavepipe.local import cloud_access, objectstore_access
+from wavepipe import cloud_access, objectstore_access
 
 #: URI schemes of object stores, and which store each names (Spark names S3 ``s3a``, every other
 #: client ``s3``; Azure's Data Lake URIs ``abfs``/``abfss``, obstore's and delta-rs's ``az``).

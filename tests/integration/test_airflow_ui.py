@@ -39,11 +39,11 @@ from tests.helpers import (
     trigger_run,
     wait_for_runs,
 )
+from wavepipe import processes
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets, partitions_of
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.contracts.plan import safe_run_id
 from wavepipe.local import airflow as local
-from wavepipe.local import processes
 from wavepipe.local.kafka import free_port
 from wavepipe.pipeline import run_once
 from wavepipe.plugins.airflow_dags import SINGLE_RUNS_ONLY

@@ -11,8 +11,8 @@ import pytest
 from tests.helpers import run_cli
 from wavepipe.consumers.kafka_admin import ensure_topic
 from wavepipe.consumers.planner import WindowError, backfill_lane
-from wavepipe.contracts.runfiles import RunStore
 from wavepipe.pipeline import run_once
+from wavepipe.run_store import RunStore
 
 
 def test_a_window_that_is_empty_or_has_not_closed_is_refused(settings):

@@ -15,7 +15,7 @@ from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.consumers.reader import read_range
 from wavepipe.contracts.plan import ActiveRunError
-from wavepipe.contracts.runfiles import RunStore, staged_paths
+from wavepipe.run_store import RunStore, staged_paths
 
 pytestmark = pytest.mark.integration
 
@@ -96,6 +96,10 @@ def test_waveform_split_across_run_end_is_emitted_once_in_the_next_run(settings,
     produce_in_order(settings, [x[0], w[0], x[1], x[2]])  # w's other chunks are not sent yet
 
     first = pipeline.run_once(settings, run_id="first")
+    # one value through its steps: the planner's look for an earlier plan of that id is the one
+    # read of the plan in this process, and the report counts the state's reads and writes
+    assert first["state_io"]["plan_reads"] == 1 and first["state_io"]["plan_writes"] == 1, first["state_io"]
+    assert first["state_io"]["writes"] > 0
     p0 = first["partitions"]["0"]
     assert (p0["output"], p0["pending"], p0["safe_offset"]) == (3, 1, 1)
     assert first["waveforms"] == {"output_new": 1, "pending": 1}

@@ -14,9 +14,8 @@ import time
 import pyarrow as pa
 import pytest
 
-from wavepipe import storage
+from wavepipe import cloud_access, storage
 from wavepipe.contracts.config import load_settings
-from wavepipe.local import cloud_access
 from wavepipe.local.cloud_emulators import BUCKET, AzureEmulator, GCSEmulator
 from wavepipe.local.kafka import free_port
 
@@ -105,7 +104,7 @@ def test_a_replace_of_a_stale_version_is_refused_even_when_its_bytes_are_the_sam
 
 def test_of_workers_racing_to_claim_one_group_exactly_one_wins_and_no_appended_line_is_lost(on_store, prefix, tmp_path):
     from wavepipe.contracts.plan import ActiveRunError
-    from wavepipe.contracts.runfiles import RunStore
+    from wavepipe.run_store import RunStore
 
     state = prefix("state")
     stores = [RunStore(load_settings(home=tmp_path / f"w{i}", state_uri=state, **on_store)) for i in range(6)]
@@ -241,7 +240,7 @@ def test_bounded_runs_of_two_workers_keep_their_state_on_the_store_and_publish_e
     from tests.helpers import make_settings, run_cli
     from wavepipe.consumers.kafka_admin import ensure_topic
     from wavepipe.consumers.producer import produce_demo
-    from wavepipe.contracts.runfiles import RunStore
+    from wavepipe.run_store import RunStore
 
     state = prefix("state")
     settings = make_settings(tmp_path / "a", kafka, engine, state_uri=state, **on_store)

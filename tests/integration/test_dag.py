@@ -14,8 +14,8 @@ import pytest
 from tests.helpers import output_rows, run_cli_json
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
-from wavepipe.contracts.runfiles import RunStore
 from wavepipe.local.airflow import dags_test
+from wavepipe.run_store import RunStore
 from wavepipe.spark_launch import settings_env
 
 pytestmark = pytest.mark.integration

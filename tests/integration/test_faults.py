@@ -29,9 +29,9 @@ from wavepipe import maintenance, pipeline
 from wavepipe.consumers.kafka_admin import admin_client, committed_offsets, ensure_topic, list_offsets
 from wavepipe.consumers.planner import RetentionGapError
 from wavepipe.contracts.config import load_settings
-from wavepipe.contracts.runfiles import RunStore
 from wavepipe.delta_txn import app_id
 from wavepipe.local.engine_server import LocalEngine
+from wavepipe.run_store import RunStore
 from wavepipe.spark_apps.tables import delta_version
 
 pytestmark = pytest.mark.integration

@@ -98,7 +98,7 @@ def test_a_run_retried_after_a_killed_reader_and_a_window_run_need_no_shared_dis
     from tests.helpers import assert_delta_rs_reads_as_spark, produce_in_order, quarter_hour_ago, waveform_records
     from wavepipe import storage
     from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
-    from wavepipe.contracts.runfiles import RunStore
+    from wavepipe.run_store import RunStore
 
     on_host, observer = apart
     storage.configure(observer)

@@ -25,7 +25,7 @@ from tests.helpers import assert_accounted, output_rows, read_topic, run_cli, st
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.contracts.config import load_settings
-from wavepipe.contracts.runfiles import RunStore
+from wavepipe.run_store import RunStore
 
 pytestmark = pytest.mark.integration
 

@@ -30,10 +30,10 @@ from wavepipe.consumers.lag import group_lag
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.consumers.rewind import RewindTarget, execute_rewind, plan_rewind
 from wavepipe.contracts.config import SettingsError, load_settings
-from wavepipe.contracts.runfiles import RunStore
 from wavepipe.local.kafka import CONSUMER_GROUPS_TOOL, Listener, LocalKafka, free_port, sasl_listener
 from wavepipe.local.tls import broker_ssl_properties, client_ssl_config, make_certificates
 from wavepipe.pipeline import run_once
+from wavepipe.run_store import RunStore
 
 pytestmark = pytest.mark.integration
 

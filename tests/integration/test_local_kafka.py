@@ -7,7 +7,7 @@ import socket
 import pytest
 
 from wavepipe.contracts.config import load_settings
-from wavepipe.local.jars import SetupError
+from wavepipe.jars import SetupError
 from wavepipe.local.kafka import LocalKafka, free_port
 
 pytestmark = pytest.mark.integration

@@ -90,7 +90,7 @@ def test_of_workers_racing_to_claim_one_group_in_the_bucket_exactly_one_wins(opt
     failure lines, added at once, are all kept. A state in a bucket that does not exist fails in
     a line that names it."""
     from wavepipe.contracts.plan import ActiveRunError
-    from wavepipe.contracts.runfiles import RunStore
+    from wavepipe.run_store import RunStore
 
     state = _prefix("state")
     stores = [RunStore(_state_on_store(options, tmp_path, f"w{i}", state_uri=state)) for i in range(6)]
@@ -126,7 +126,7 @@ def test_a_step_lease_in_the_bucket_is_renewed_while_held_and_taken_over_only_on
     another worker is refused, naming the holder; a lease whose holder on another host stopped
     renewing is taken over once it ran out; one whose holder on this host was killed, at once."""
     from tests.helpers import start_python
-    from wavepipe.contracts.runfiles import RunStore
+    from wavepipe.run_store import RunStore
 
     state = _prefix("state")
     one, other = (RunStore(_state_on_store(options, tmp_path, n, state_uri=state, state_lease_s=3)) for n in "ab")
@@ -134,7 +134,7 @@ def test_a_step_lease_in_the_bucket_is_renewed_while_held_and_taken_over_only_on
     def contend(settings, wait_s: float = 0, hold_s: float = 0) -> subprocess.Popen:
         """Another process taking step 'run' of run r: it says ``held`` or why it could not."""
         code = (
-            "import time; from wavepipe.contracts.runfiles import RunStore; from wavepipe.contracts.config import "
+            "import time; from wavepipe.run_store import RunStore; from wavepipe.contracts.config import "
             f"load_settings\ntry:\n  with RunStore(load_settings()).lock('runs/r/.run.lock', 'run r', {wait_s}):\n"
             f"    print('held', flush=True); time.sleep({hold_s})\nexcept Exception as exc: print(exc, flush=True)"
         )
@@ -458,7 +458,7 @@ def test_a_reader_killed_mid_upload_leaves_no_staged_object_and_the_retry_stages
     from tests.helpers import make_settings, rows_by_id, run_cli, start_cli
     from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
     from wavepipe.consumers.producer import produce_demo
-    from wavepipe.contracts.runfiles import RunStore
+    from wavepipe.run_store import RunStore
 
     staging = _prefix("staging")
     settings = make_settings(tmp_path / "home", kafka, s3_engine, **_on_store(options, _prefix("lake"), staging))
@@ -556,7 +556,7 @@ def test_two_runs_of_one_group_on_two_workers_at_once_publish_each_waveform_once
     from tests.helpers import make_settings, rows_by_id
     from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
     from wavepipe.consumers.producer import produce_demo
-    from wavepipe.contracts.runfiles import RunStore
+    from wavepipe.run_store import RunStore
 
     first = make_settings(tmp_path / "a", kafka, s3_engine, **_on_store(options, _prefix("lake"), _prefix("staging")))
     second = first.replace(home=tmp_path / "b")

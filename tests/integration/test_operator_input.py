@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, TopicPartition
 from tests.helpers import produce_in_order, waveform_records
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.contracts.config import PROJECT_ROOT
-from wavepipe.contracts.runfiles import RunStore
+from wavepipe.run_store import RunStore
 from wavepipe.spark_launch import settings_env
 
 pytestmark = pytest.mark.integration

@@ -28,13 +28,12 @@ from tests.helpers import (
     waveform_records,
     with_headers,
 )
-from wavepipe import pages
+from wavepipe import pages, processes
 from wavepipe.consumers.kafka_admin import ensure_topic
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.contracts.config import load_settings
 from wavepipe.contracts.plan import safe_run_id
 from wavepipe.local import airflow as local
-from wavepipe.local import processes
 from wavepipe.local.kafka import free_port
 from wavepipe.local.objectstore import LocalObjectStore
 from wavepipe.offline_docs import SITE_FOLDER

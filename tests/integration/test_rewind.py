@@ -30,8 +30,8 @@ from wavepipe.consumers.rewind import (
     execute_rewind,
     plan_rewind,
 )
-from wavepipe.contracts.runfiles import RunStore
 from wavepipe.local.kafka import CONSUMER_GROUPS_TOOL
+from wavepipe.run_store import RunStore
 
 pytestmark = pytest.mark.integration
 

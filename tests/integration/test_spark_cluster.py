@@ -14,9 +14,9 @@ import urllib.request
 import pytest
 
 from tests.helpers import produce_in_order, run_cli, waveform_records, with_headers
+from wavepipe import processes
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
-from wavepipe.local import processes
 from wavepipe.local.airflow import dags_test
 from wavepipe.local.kafka import free_port
 from wavepipe.local.spark_cluster import LocalSparkCluster

@@ -27,11 +27,12 @@ from wavepipe import pipeline
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.contracts.report import validation_trend
-from wavepipe.contracts.runfiles import RunStore, Step, html_path, json_path
+from wavepipe.contracts.runfiles import Step, html_path, json_path
 from wavepipe.contracts.steps import Reassembled
 from wavepipe.engine_client import EngineLostError
 from wavepipe.local.engine_server import LocalEngine
 from wavepipe.offline_docs import remote_urls
+from wavepipe.run_store import RunStore
 from wavepipe.spark_apps.tables import delta_version
 
 pytestmark = pytest.mark.integration
@@ -333,7 +334,7 @@ def test_a_staged_chunk_damaged_after_it_was_read_publishes_nothing_and_the_retr
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from wavepipe.contracts.runfiles import staged_paths
+    from wavepipe.run_store import staged_paths
     from wavepipe.spark_apps.publish import StagedChunksChangedError
 
     ensure_topic(settings, partitions=1)

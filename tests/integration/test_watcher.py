@@ -19,10 +19,10 @@ from tests.helpers import airflow_api, airflow_cli, make_settings, otlp_metrics_
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets, partitions_of
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.contracts.plan import safe_run_id
-from wavepipe.contracts.runfiles import RunStore
 from wavepipe.local import airflow as local
 from wavepipe.local.kafka import free_port
 from wavepipe.pipeline import run_once
+from wavepipe.run_store import RunStore
 
 pytestmark = pytest.mark.integration
 

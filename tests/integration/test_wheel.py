@@ -191,7 +191,7 @@ def test_the_release_files_are_complete(release):
         "wavepipe/spark_apps/reassemble.py",
         "wavepipe/plugins/airflow_dags.py",
         "wavepipe/contracts/runfiles.py",
-        "wavepipe/local/processes.py",
+        "wavepipe/processes.py",
         "wavepipe/resources/report.html.j2",
         "wavepipe/dags/wavepipe_ingest.py",
         "wavepipe/resources/kafka-pom.xml",
@@ -212,7 +212,7 @@ def test_the_installed_package_runs_without_the_source_tree(installed):
             venv / "bin" / "python",
             "-c",
             "import json, wavepipe, wavepipe.spark_apps.reassemble as r, wavepipe.contracts.config as c, "
-            "wavepipe.pipeline as p, wavepipe.local.airflow as l, wavepipe.local.jars as j\n"
+            "wavepipe.pipeline as p, wavepipe.local.airflow as l, wavepipe.jars as j\n"
             "print(json.dumps({'package': wavepipe.__file__, 'app': r.__file__, 'checkout': str(c.source_checkout()), "
             "'home': str(c.load_settings().home), 'jars': str(c.load_settings().jars_dir), "
             "'engine_app': str(p.ENGINE_APP), 'dags': str(l.DAGS_FOLDER), "

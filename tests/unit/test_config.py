@@ -125,7 +125,7 @@ def test_a_small_run_gets_the_short_lived_jvm_options_and_a_large_one_the_defaul
 
 
 def test_staged_bytes_counts_the_runs_chunk_and_dead_letter_files(tmp_path):
-    from wavepipe.contracts.runfiles import RunStore
+    from wavepipe.run_store import RunStore
 
     store = RunStore(load_settings(home=tmp_path))
     assert store.staged_bytes("r1") == 0  # nothing staged yet

@@ -243,7 +243,7 @@ def test_the_data_docs_of_several_runs_are_built_at_once_each_run_keeping_its_ow
     """A follow loop's micro-batches since the last description: one build (the index once), and
     each run's summaries link its own pages, which the run state keeps for it."""
     from wavepipe import pages as run_pages
-    from wavepipe.contracts.runfiles import RunStore
+    from wavepipe.run_store import RunStore
     from wavepipe.spark_apps import validate
 
     checked = pd.DataFrame(

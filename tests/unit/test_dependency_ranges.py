@@ -10,7 +10,7 @@ from importlib import metadata
 import pytest
 
 from tests.compat import lowest_pins
-from wavepipe.local.jars import DELTA_FOR_SPARK, SetupError, delta_build, installed_pyspark, pyspark_problem
+from wavepipe.jars import DELTA_FOR_SPARK, SetupError, delta_build, installed_pyspark, pyspark_problem
 
 
 def test_the_oldest_set_pins_each_lower_bound_and_skips_extras():

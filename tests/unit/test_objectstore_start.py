@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from wavepipe.jars import SetupError
 from wavepipe.local import objectstore
-from wavepipe.local.jars import SetupError
 from wavepipe.local.objectstore import START_TRIES, LocalObjectStore, PortTakenError
 
 

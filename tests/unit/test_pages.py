@@ -12,7 +12,8 @@ import pytest
 
 from wavepipe import pages, pipeline
 from wavepipe.contracts.config import load_settings
-from wavepipe.contracts.runfiles import RunStore, html_path, json_path
+from wavepipe.contracts.runfiles import html_path, json_path
+from wavepipe.run_store import RunStore
 from wavepipe.state import LocalState
 from wavepipe.storage import StorageUnavailableError
 

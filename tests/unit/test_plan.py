@@ -2,7 +2,7 @@ import pytest
 
 from wavepipe.contracts.config import load_settings
 from wavepipe.contracts.plan import ActiveRunError, OffsetRange, RunPlan, run_request, safe_run_id
-from wavepipe.contracts.runfiles import RunStore
+from wavepipe.run_store import RunStore
 
 
 def test_plan_round_trips_through_its_file(tmp_path):

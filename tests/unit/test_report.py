@@ -226,8 +226,8 @@ def test_a_refused_run_is_noted_for_the_home_not_as_a_failure_and_status_lists_i
     import pytest
 
     from wavepipe.contracts.errors import UsageError
-    from wavepipe.contracts.runfiles import RunStore
     from wavepipe.pipeline import plan_step
+    from wavepipe.run_store import RunStore
     from wavepipe.status import status_lines
 
     settings = load_settings(home=tmp_path, topic="t", group="g")

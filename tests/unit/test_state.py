@@ -206,7 +206,7 @@ def test_the_reports_in_the_state_are_listed_oldest_first_and_what_is_not_one_is
     import json
 
     from wavepipe.contracts.config import load_settings
-    from wavepipe.contracts.runfiles import RunStore
+    from wavepipe.run_store import RunStore
 
     store = RunStore(load_settings(home=tmp_path))
     folder = store.settings.reports_dir

@@ -6,8 +6,9 @@ from pathlib import Path
 import pytest
 
 from wavepipe.contracts.config import load_settings
-from wavepipe.contracts.runfiles import RunStore, Step
+from wavepipe.contracts.runfiles import Step
 from wavepipe.contracts.steps import PartitionAccount, ReadStats, Reassembled, WindowRows
+from wavepipe.run_store import RunStore
 
 
 def test_a_reassembly_comes_back_with_its_partition_numbers(tmp_path):

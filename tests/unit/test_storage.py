@@ -179,8 +179,7 @@ def test_local_s3_options_are_the_home_object_stores_and_storage_does_not_import
     import ast
     import stat
 
-    from wavepipe import storage
-    from wavepipe.local import objectstore_access
+    from wavepipe import objectstore_access, storage
     from wavepipe.local.objectstore import LocalObjectStore
 
     settings = load_settings(home=tmp_path, tables_uri="s3://lake/tables", s3_endpoint="local", object_store_port=18333)
@@ -202,7 +201,7 @@ def test_local_s3_options_are_the_home_object_stores_and_storage_does_not_import
 
 def test_a_runs_staged_files_are_named_under_its_staging_wherever_it_is(tmp_path):
     from wavepipe.contracts.plan import OffsetRange
-    from wavepipe.contracts.runfiles import RunStore
+    from wavepipe.run_store import RunStore
 
     rng = OffsetRange("t", 0, 5, 9)
     local = RunStore(load_settings(home=tmp_path))

@@ -1,11 +1,11 @@
-"""``wavepipe.local.processes.supervise``: a local Airflow service that crashes after running a
+"""``wavepipe.processes.supervise``: a local Airflow service that crashes after running a
 while is started again; one that fails at its start, stops cleanly or is killed is not."""
 
 from __future__ import annotations
 
 import sys
 
-from wavepipe.local.processes import supervise
+from wavepipe.processes import supervise
 
 
 def _service(tmp_path, body: str) -> list[str]:

@@ -35,6 +35,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from wavepipe.contracts.errors import UsageError, did_you_mean
+from wavepipe.contracts.kafka_callbacks import refused_callbacks
 from wavepipe.contracts.quality import DEFAULT_RULES, QualityRule, parse_rules
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -188,8 +189,6 @@ def _table(value: Any) -> Any:
 
 def _callbacks_import(value: dict[str, Any]) -> dict[str, Any]:
     """Kafka callbacks given by dotted path import to callables here (else refused, naming them)."""
-    from wavepipe.contracts.kafka_callbacks import refused_callbacks
-
     why = refused_callbacks(value)
     if why:
         raise PydanticCustomError("kafka_callback", why)

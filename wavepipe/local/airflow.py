@@ -12,9 +12,12 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
+from wavepipe import processes
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import UsageError
-from wavepipe.local import processes
+from wavepipe.contracts.kafka_callbacks import CALLBACK_KEYS
+from wavepipe.contracts.plan import parse_datetime
+from wavepipe.local.kafka import free_port
 from wavepipe.spark_launch import settings_env
 
 #: The DAG files ``wavepipe airflow up`` serves: the package's ``wavepipe.dags`` (a checkout's dags/,
@@ -52,8 +55,6 @@ def callbacks_allowed(settings: Settings) -> dict[str, str]:
     """The Kafka callbacks the settings name (dotted paths, the operator's own config), added to
     the apache-kafka provider's ``[apache_kafka] callback_allowlist``: the Connection
     ``sync_kafka_connection`` writes from these settings is then accepted."""
-    from wavepipe.contracts.kafka_callbacks import CALLBACK_KEYS
-
     paths = [settings.kafka_client_config[k] for k in CALLBACK_KEYS if settings.kafka_client_config.get(k)]
     if not paths:
         return {}
@@ -194,8 +195,6 @@ def admin_password(settings: Settings) -> str:
 def log_server_ports(settings: Settings) -> dict[str, int]:
     """The ports of the scheduler's and the triggerer's log servers: free ports chosen on the first
     `up` of this home and kept (Airflow's fixed defaults, 8793 and 8794, would clash between homes)."""
-    from wavepipe.local.kafka import free_port
-
     path = settings.airflow_home / "log_server_ports.json"
     if path.exists():
         return json.loads(path.read_text())
@@ -763,8 +762,6 @@ def backfill(
     ``failed`` or ``missing``: none), as the dialog's choice. Says how many runs it created and
     why any window was skipped; 1 when none was created. Dates that are not ISO-8601 are a
     ``UsageError`` before any service is asked."""
-    from wavepipe.contracts.plan import parse_datetime
-
     out = out or _say
     body = {
         "dag_id": dag_id,
@@ -822,8 +819,6 @@ def _iso(when: str) -> str:
 
 def _instant(when: str):
     """An instant the REST API wrote (``Z`` or ``+00:00``), as an aware datetime."""
-    from wavepipe.contracts.plan import parse_datetime
-
     return parse_datetime(when.replace("Z", "+00:00"))
 
 

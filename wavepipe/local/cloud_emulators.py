@@ -32,10 +32,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from wavepipe.local import cloud_access, processes
-from wavepipe.local.jars import SetupError, require_tool
+from wavepipe import cloud_access, processes
+from wavepipe.jars import SetupError, require_tool
 from wavepipe.local.kafka import port_is_free
 from wavepipe.local.objectstore import go_module_source, run_go
+from wavepipe.waiting import wait_until
 
 FAKE_GCS_MODULE = "github.com/fsouza/fake-gcs-server"
 FAKE_GCS_VERSION = "v1.56.1"
@@ -216,7 +217,6 @@ class Emulator:
 
     def wait_ready(self, proc: subprocess.Popen | None = None, timeout: float = READY_TIMEOUT_S) -> None:
         """Until ``BUCKET`` is made (or found) through the API."""
-        from wavepipe.waiting import wait_until
 
         def answers() -> bool:
             if proc is not None and proc.poll() is not None:

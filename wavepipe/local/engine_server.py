@@ -15,7 +15,6 @@ import hashlib
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,30 +23,25 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from wavepipe import processes, storage
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.runfiles import read_json_or, write_json_atomic
-from wavepipe.local import processes
-from wavepipe.local.jars import SetupError, require_tool
+from wavepipe.engine_client import EngineUnavailableError, accepts
+from wavepipe.jars import SetupError, require_tool
+from wavepipe.local.kafka import free_port, port_is_free
+from wavepipe.spark_launch import _local_env, pyspark_bin, spark_conf, with_task_retries, without_connect_mode
 
 log = logging.getLogger("wavepipe.local.engine_server")
 
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 HOST = "127.0.0.1"
-#: Spark Connect's port when a URL names none
-DEFAULT_PORT = 15002
 #: Seconds a fresh server gets to answer; it starts in 6-9 s on 2 cores when the machine is quiet.
 READY_TIMEOUT_S = 180.0
-#: Seconds to wait for a TCP connection to the server before saying it is down.
-CONNECT_TIMEOUT_S = 5.0
 #: A server's log is moved aside (one older copy kept) when a start finds it larger than this.
 LOG_ROTATE_BYTES = 50 * 1024 * 1024
 #: Marks every process of a server started here (its JVM, its Python workers): a ``kill-app``
 #: failpoint stops exactly those.
 APP_MARKER = "WAVEPIPE_SPARK_APP"
-
-
-class EngineUnavailableError(ConnectionError):
-    """The Spark Connect server cannot be reached; the message says what to start or fix."""
 
 
 @dataclass
@@ -124,7 +118,6 @@ class LocalEngine:
         return f"http://{HOST}:{port}" if port and self.pid() else None
 
     def command(self, port: int, host: str = HOST, ui_port: int | None = None) -> list[str]:
-        from wavepipe.spark_launch import pyspark_bin, spark_conf, with_task_retries
 
         conf = spark_conf(self.settings)
         if ui_port:  # the job list runs report (``engine.spark_jobs``); few jobs kept, so little memory
@@ -164,7 +157,6 @@ class LocalEngine:
             return self._start()
 
     def _start(self) -> str:
-        from wavepipe.local.kafka import free_port, port_is_free
 
         require_tool("java", "Install Java 17 (apt-get install openjdk-17-jre-headless).")
         port = self.settings.spark_connect_port or free_port()
@@ -226,8 +218,6 @@ class LocalEngine:
         travel with a run's work; Connect mode would turn spark-submit into a client; an engine
         started by an Airflow task is this home's, like one from `wavepipe spark up`, and outlives
         `wavepipe airflow down`)."""
-        from wavepipe.spark_launch import _local_env, without_connect_mode
-
         env = {
             **without_connect_mode(os.environ),
             **_local_env(self.settings),
@@ -348,6 +338,18 @@ class LocalEngine:
         ):
             yield
 
+    def running(self, pid: int) -> bool:
+        """Whether ``pid`` is still a Spark Connect server (the one this home started)."""
+        return processes.alive(pid, SERVER_CLASS)
+
+    def renew_session(self, session_id: str) -> None:
+        """Attach every later step to ``session_id`` (the server closed the one it had)."""
+        with self._lifecycle_lock():
+            state = self.state()
+            if state:
+                state["session_id"] = session_id
+                write_json_atomic(self.state_file, state)
+
     def in_use(self):
         """Held (shared) while a step works on the server: no automatic restart happens under it,
         and ``down`` and ``restart`` wait for it (unless forced)."""
@@ -390,7 +392,6 @@ class LocalEngine:
             return self.url()
 
     def _s3_reach(self) -> str:
-        from wavepipe import storage
 
         return storage.engine_reach(self.settings)
 
@@ -462,15 +463,6 @@ def _listens(sid: int, port: int) -> bool:
         except psutil.Error:
             continue
     return False
-
-
-def accepts(host: str, port: int, timeout: float) -> bool:
-    """Whether a TCP connection to ``host:port`` opens within ``timeout`` seconds."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def _tail(path: Path, lines: int = 3) -> str:

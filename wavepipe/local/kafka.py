@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wavepipe.local import processes
-from wavepipe.local.jars import RESOURCES, SetupError, kafka_jars, require_tool
+from wavepipe import processes
+from wavepipe.jars import RESOURCES, SetupError, kafka_jars, require_tool
+from wavepipe.waiting import wait_until
 
 READY_TIMEOUT_S = 90.0
 
@@ -382,7 +383,6 @@ class LocalKafka:
         from confluent_kafka import KafkaException
 
         from wavepipe.consumers.kafka_admin import new_admin
-        from wavepipe.waiting import wait_until
 
         admin = new_admin(self.client_config())  # connection refused while it starts: DEBUG lines only
 

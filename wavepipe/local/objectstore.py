@@ -24,10 +24,11 @@ from pathlib import Path
 
 import tenacity
 
-from wavepipe.local import objectstore_access, processes
-from wavepipe.local.jars import SetupError, require_tool
+from wavepipe import objectstore_access, processes
+from wavepipe.jars import SetupError, require_tool
 from wavepipe.local.kafka import free_port, port_is_free
 from wavepipe.storage import S3Options, open_store
+from wavepipe.waiting import wait_until
 
 #: The SeaweedFS release wavepipe's tests and ``make demo`` use (the Go module proxy's newest).
 WEED_MODULE = "github.com/seaweedfs/seaweedfs"
@@ -233,8 +234,6 @@ class LocalObjectStore:
         makes the bucket: the local identity is an admin, and SeaweedFS makes a missing bucket on
         an admin's first upload)."""
         from obstore.exceptions import BaseError
-
-        from wavepipe.waiting import wait_until
 
         store = open_store(f"s3://{self.bucket}", S3Options(**self.client_options()))
 

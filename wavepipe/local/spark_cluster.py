@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from wavepipe import processes
 from wavepipe.contracts.runfiles import read_json_or
-from wavepipe.local import processes
-from wavepipe.local.jars import SetupError, require_tool
+from wavepipe.jars import SetupError, require_tool
 from wavepipe.local.kafka import free_port, port_is_free
 from wavepipe.spark_launch import pyspark_bin
 

@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from wavepipe.local.jars import SetupError, require_tool
+from wavepipe.jars import SetupError, require_tool
 
 DAYS = 30
 

@@ -13,39 +13,31 @@ missing raises ``MissingExtraError`` naming the extra to install (``wavepipe[sei
 from __future__ import annotations
 
 import hashlib
-import importlib
 import logging
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from types import ModuleType
 
 import numpy as np
 
 from wavepipe.contracts.protocol import MAX_ID_BYTES, MAX_NAME_BYTES, Extension, split_waveform
+from wavepipe.recordings.extras import EXTRAS, MissingExtraError, require
 
-# read.py imports nothing of this package at import time; the package's ``read`` is the function
-# (``from wavepipe.recordings.read import ...`` reaches the module)
+# the package's ``read`` is the function (``from wavepipe.recordings.read import ...`` reaches the module)
 from wavepipe.recordings.read import Waveform, read
 
-__all__ = ["MissingExtraError", "Recording", "Skipped", "Waveform", "read", "require", "short_text", "waveform_id_for"]
+__all__ = [
+    "EXTRAS",
+    "MissingExtraError",
+    "Recording",
+    "Skipped",
+    "Waveform",
+    "read",
+    "require",
+    "short_text",
+    "waveform_id_for",
+]
 
 log = logging.getLogger(__name__)
-
-#: The extra that installs each optional package.
-EXTRAS = {"obspy": "seismic", "soundfile": "audio", "wfdb": "ecg", "xarray": "xarray"}
-
-
-class MissingExtraError(ImportError):
-    """An optional package a recordings function needs is not installed; the message names the extra."""
-
-
-def require(module: str) -> ModuleType:
-    """The optional package ``module`` (a key of ``EXTRAS``), imported; ``MissingExtraError`` if absent."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        extra = EXTRAS[module]
-        raise MissingExtraError(f"{module} is not installed: pip install 'wavepipe[{extra}]'") from exc
 
 
 @dataclass(frozen=True, eq=False)

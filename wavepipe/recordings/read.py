@@ -18,6 +18,8 @@ import numpy as np
 
 from wavepipe.contracts.plan import parse_datetime
 from wavepipe.contracts.protocol import MAX_TIME_US, Extension, end_us, epoch_ns, rebuild
+from wavepipe.recordings.extras import require
+from wavepipe.storage import delta_table
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -175,8 +177,6 @@ class _Bounds:
 
 def _open_table(table_uri: str, storage_options: dict[str, str] | None):
     if storage_options is None:
-        from wavepipe.storage import delta_table
-
         return delta_table(table_uri)
     from deltalake import DeltaTable
 
@@ -244,8 +244,6 @@ def to_xarray(waveform: Waveform):
     (``datetime64[ns]``) and ``channel`` (names, or ``"0"``, ``"1"``...); attrs ``source``,
     ``waveform_id``, ``sample_rate`` and, where the table has them, ``units``, ``calibration``,
     ``baseline`` (lists, one per channel), ``network``, ``station``, ``location``, ``format``."""
-    from wavepipe.recordings import require
-
     xarray = require("xarray")
     ext = waveform.extension
     attrs: dict[str, Any] = {

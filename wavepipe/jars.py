@@ -13,7 +13,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-RESOURCES = Path(__file__).resolve().parents[1] / "resources"
+RESOURCES = Path(__file__).resolve().parent / "resources"
 
 #: The Delta Lake release resolved for each Spark minor version wavepipe supports: the newest with
 #: a Maven Central build for that Spark (``io.delta:delta-spark_<minor>_2.13``). Spark 4.3 has none
