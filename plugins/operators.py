@@ -20,14 +20,13 @@ from typing import Any, NoReturn
 from airflow.sdk import Asset, AssetAlias, BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
-from wavepipe import engine_client, pipeline
+from wavepipe import pipeline
 from wavepipe.contracts.config import SettingsError, check_settings
 from wavepipe.contracts.errors import UsageError, did_you_mean
 from wavepipe.contracts.plan import ActiveRunError, as_utc, parse_datetime
 from wavepipe.contracts.runfiles import Step
 from wavepipe.contracts.steps import Validated, to_record
 from wavepipe.follow import FollowOptions, follow
-from wavepipe.local.engine_server import LocalEngine
 from wavepipe.plugins import lineage, metrics
 from wavepipe.plugins.assets import published_extra, quality_asset, quality_extra, table_assets
 from wavepipe.plugins.hooks import SPARK_CONN_ID, WavepipeHook
@@ -39,8 +38,6 @@ from wavepipe.run_store import RunStore
 REFUSAL_LINE_CHARS = 72
 #: Seconds between a waiting window run's attempts to take its group's backfill lane.
 WINDOW_LANE_RETRY_S = 30
-
-engine_client.serve_locally(LocalEngine)  # a task's run without spark_remote starts this home's engine
 
 
 def int_or_none(value: Any, name: str) -> int | None:

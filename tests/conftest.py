@@ -30,13 +30,8 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 import pytest
 
 from tests.helpers import make_settings
-from wavepipe import engine_client
 from wavepipe.contracts.config import Settings, load_settings
 from wavepipe.local.engine_server import LocalEngine
-
-# the tests drive a run's steps as the CLI and the operators do: without spark_remote, a run starts
-# its home's own engine
-engine_client.serve_locally(LocalEngine)
 
 #: Test files that take longest (real Airflow, many Spark runs), started first so that the two
 #: workers of ``make test`` (pytest-xdist, one file per worker at a time) finish close together.

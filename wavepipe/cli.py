@@ -12,7 +12,7 @@ import threading
 import time
 from datetime import UTC, datetime
 
-from wavepipe import __version__, engine_client, maintenance, storage
+from wavepipe import __version__, maintenance, storage
 from wavepipe.bench import consume_scaling, table_layout, trickle, txn_state
 from wavepipe.bench.figures import refresh_pages
 from wavepipe.bench.lifecycle import stopping_what_it_starts
@@ -1035,7 +1035,6 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    engine_client.serve_locally(LocalEngine)  # a run without spark_remote starts this home's engine
     try:
         return args.func(args)
     except UsageError as exc:

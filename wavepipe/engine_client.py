@@ -4,9 +4,9 @@ A run's Spark work (reassemble, validate, publish) runs in the run's own process
 Connect client: it attaches in well under a second to a server that is already warm (JVM, Delta,
 Python workers), where a spark-submit app pays 8-16 s of start-up every time.
 
-* Locally, the server is this home's own engine, started on demand: the drivers (the CLI, the
-  Airflow operators, the benchmark) install ``wavepipe.local.engine_server.LocalEngine`` with
-  ``serve_locally``, so the run reaches it without importing the local development servers.
+* Locally, the server is this home's own engine, started on demand: the package's
+  ``wavepipe.engines`` entry point ``local`` names it (``wavepipe.local.engine_server.LocalEngine``),
+  so the run reaches it without importing the local development servers.
 * Elsewhere, ``spark_remote`` (``sc://host:port``, or in Airflow the apache-spark provider's
   ``spark_connect`` Connection) names the cluster's server.
 * ``spark_engine = "submit"`` keeps the old path: one spark-submit app per step.
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -37,6 +38,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Iterator
 from datetime import datetime
+from importlib import metadata
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlparse
@@ -82,24 +84,24 @@ class OwnEngine(Protocol):
         """Attach every later step to ``session_id`` (the server closed the old one)."""
 
 
-_own_engine: Callable[[Settings], OwnEngine] | None = None
+#: The entry point group and name of the engine a run uses when ``spark_remote`` is not set.
+ENGINES, OWN = "wavepipe.engines", "local"
 
 
-def serve_locally(engine: Callable[[Settings], OwnEngine]) -> None:
-    """Let runs in this process start and use ``engine(settings)`` when ``spark_remote`` is not
-    set. Called by the drivers; the run itself never imports the local development servers."""
-    global _own_engine
-    _own_engine = engine
+@functools.cache
+def _own_engine() -> Callable[[Settings], OwnEngine]:
+    found = metadata.entry_points(group=ENGINES, name=OWN)
+    if not found:
+        raise EngineUnavailableError(
+            f"no Spark engine: spark_remote is not set and the installed wavepipe names no {ENGINES} entry point "
+            f"{OWN!r}; set spark_remote (in Airflow, the Connection wavepipe_spark), or reinstall wavepipe"
+        )
+    return next(iter(found)).load()
 
 
 def own_engine(settings: Settings) -> OwnEngine:
-    """The home's own engine (``serve_locally``); a one-line refusal where this process has none."""
-    if _own_engine is None:
-        raise EngineUnavailableError(
-            "no Spark engine: spark_remote is not set and this process starts no local engine; set spark_remote "
-            "(in Airflow, the Connection wavepipe_spark) or run through `wavepipe` or wavepipe's Airflow operators"
-        )
-    return _own_engine(settings)
+    """This home's own engine (the ``wavepipe.engines`` entry point ``local``)."""
+    return _own_engine()(settings)
 
 
 def accepts(host: str, port: int, timeout: float) -> bool:
