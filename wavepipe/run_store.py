@@ -35,32 +35,10 @@ def digest_path(store: RunStore, run_id: str, rng: OffsetRange) -> str:
     return store.staged(run_id, "digests", rng)
 
 
-#: Runs whose state reads and writes this process counts (``state_io``): the latest ones.
+#: Runs whose state reads and writes this process counts (``RunStore.state_io``): the latest ones.
 COUNTED_RUNS = 256
-_io: collections.OrderedDict[str, collections.Counter] = collections.OrderedDict()
+_io: collections.OrderedDict[tuple[str, str], collections.Counter] = collections.OrderedDict()
 _io_lock = threading.Lock()
-
-
-def _count(key: str, what: str) -> None:
-    """Count a read or write of ``key`` when it is a run's (``runs/<run_id>/...``)."""
-    if not key.startswith("runs/"):
-        return
-    run_id, _, name = key[len("runs/") :].partition("/")
-    with _io_lock:
-        counts = _io.setdefault(run_id, collections.Counter())
-        _io.move_to_end(run_id)
-        counts[what] += 1
-        if name == "plan.json":
-            counts[f"plan_{what}"] += 1
-        while len(_io) > COUNTED_RUNS:
-            _io.popitem(last=False)
-
-
-def state_io(run_id: str) -> dict[str, int]:
-    """The reads and writes of run ``run_id``'s state this process made (its plan's apart)."""
-    with _io_lock:
-        counts = collections.Counter(_io.get(run_id, {}))
-    return {name: counts[name] for name in ("plan_reads", "reads", "writes", "plan_writes")}
 
 
 #: Failed steps a group's history keeps (``RunStore.record_failure``), and refused runs the home's.
@@ -85,8 +63,29 @@ class RunStore:
     def _group_key(group: str, name: str) -> str:
         return f"groups/{safe_run_id(group)}/{name}"
 
+    def _count(self, key: str, what: str) -> None:
+        """Count a read or write of ``key`` when it is a run's (``runs/<run_id>/...``), per state
+        location: two homes may have runs of the same id."""
+        if not key.startswith("runs/"):
+            return
+        run_id, _, name = key[len("runs/") :].partition("/")
+        with _io_lock:
+            counts = _io.setdefault((self.runs_location, run_id), collections.Counter())
+            _io.move_to_end((self.runs_location, run_id))
+            counts[what] += 1
+            if name == "plan.json":
+                counts[f"plan_{what}"] += 1
+            while len(_io) > COUNTED_RUNS:
+                _io.popitem(last=False)
+
+    def state_io(self, run_id: str) -> dict[str, int]:
+        """The reads and writes of run ``run_id``'s state this process made (its plan's apart)."""
+        with _io_lock:
+            counts = collections.Counter(_io.get((self.runs_location, run_id), {}))
+        return {name: counts[name] for name in ("plan_reads", "reads", "writes", "plan_writes")}
+
     def _get(self, key: str, default: Any = None) -> Any:
-        _count(key, "reads")
+        self._count(key, "reads")
         data = self.state.read(key)
         return default if data is None else json.loads(data)
 
@@ -98,7 +97,7 @@ class RunStore:
             return default
 
     def _put(self, key: str, data: Any) -> None:
-        _count(key, "writes")
+        self._count(key, "writes")
         self.state.write(key, json_bytes(data))
 
     def where(self, run_id: str, step: str) -> str:
@@ -147,7 +146,7 @@ class RunStore:
 
     # --- plans and the group's claim -----------------------------------------------------------
     def has_plan(self, run_id: str) -> bool:
-        _count(self._run_key(run_id, "plan.json"), "reads")
+        self._count(self._run_key(run_id, "plan.json"), "reads")
         return self.state.exists(self._run_key(run_id, "plan.json"))
 
     def load_plan(self, run_id: str) -> RunPlan | None:
@@ -398,4 +397,4 @@ class Run:
         self.plan = plan
 
     def state_io(self) -> dict[str, int]:
-        return state_io(self.run_id)
+        return self.store.state_io(self.run_id)

@@ -9,6 +9,7 @@ heavy or optional package its importer does not load already."""
 from __future__ import annotations
 
 import ast
+import functools
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,6 +95,7 @@ class Edge:
         return f"{self.source}:{self.line} -> {self.target}"
 
 
+@functools.cache
 def _modules() -> dict[str, Path]:
     """Every module of the installed package, by import name, from the folders pyproject maps."""
     mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
@@ -105,11 +107,8 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-MODULES = _modules()
-
-
 def _resolve(name: str) -> str | None:
-    while name and name not in MODULES:
+    while name and name not in _modules():
         name = name.rpartition(".")[0]
     return name or None
 
@@ -136,13 +135,14 @@ def _targets(module: str, path: Path, node: ast.AST) -> list[str]:
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
         parts = package.split(".")[: len(package.split(".")) - node.level + 1]
         base = ".".join(parts + ([base] if base else []))
-    return [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+    return [f"{base}.{alias.name}" if f"{base}.{alias.name}" in _modules() else base for alias in node.names]
 
 
+@functools.cache
 def _graph() -> tuple[list[Edge], dict[str, set[str]]]:
     """wavepipe's own import edges, and each module's top-level third-party packages."""
     edges, external = [], {}
-    for module, path in MODULES.items():
+    for module, path in _modules().items():
         external[module] = set()
         for node, local in _imports(ast.parse(path.read_text())):
             for target in _targets(module, path, node):
@@ -154,7 +154,8 @@ def _graph() -> tuple[list[Edge], dict[str, set[str]]]:
     return edges, external
 
 
-EDGES, EXTERNAL = _graph()
+def _edges() -> list[Edge]:
+    return _graph()[0]
 
 
 def layer(module: str) -> int:
@@ -172,9 +173,9 @@ def _loads(module: str) -> set[str]:
         if current in seen:
             continue
         seen.add(current)
-        packages |= EXTERNAL[current]
-        todo += [e.target for e in EDGES if e.source == current and not e.local]
-        todo += [p for p in _parents(current) if p in MODULES]
+        packages |= _graph()[1][current]
+        todo += [e.target for e in _edges() if e.source == current and not e.local]
+        todo += [p for p in _parents(current) if p in _modules()]
     return packages
 
 
@@ -184,18 +185,18 @@ def _parents(module: str) -> list[str]:
 
 
 def test_every_module_has_a_layer():
-    assert [m for m in MODULES if not any(m == p or m.startswith(p + ".") for _, ps in LAYERS for p in ps)] == []
+    assert [m for m in _modules() if not any(m == p or m.startswith(p + ".") for _, ps in LAYERS for p in ps)] == []
 
 
 def test_no_module_imports_a_higher_layer():
-    upward = [f"{e} ({LAYERS[layer(e.source)][0]} imports {LAYERS[layer(e.target)][0]})" for e in EDGES
+    upward = [f"{e} ({LAYERS[layer(e.source)][0]} imports {LAYERS[layer(e.target)][0]})" for e in _edges()
               if layer(e.target) > layer(e.source)]  # fmt: skip
     assert upward == []
 
 
 def test_nothing_below_the_drivers_imports_the_local_servers():
     drivers = [name for name, _ in LAYERS].index("drivers")
-    wrong = [str(e) for e in EDGES if e.target.startswith("wavepipe.local") and layer(e.source) < drivers]
+    wrong = [str(e) for e in _edges() if e.target.startswith("wavepipe.local") and layer(e.source) < drivers]
     assert wrong == []
 
 
@@ -205,7 +206,7 @@ def test_a_function_local_import_defers_a_heavy_package():
     its importer does not load already; anywhere else it is an import that belongs at the top (or
     a cycle that a layer should break)."""
     needless = []
-    for edge in EDGES:
+    for edge in _edges():
         if edge.local and edge.target not in OPTIONAL and not (_loads(edge.target) - _loads(edge.source)) & HEAVY:
             needless.append(str(edge))
     assert needless == []
@@ -213,4 +214,4 @@ def test_a_function_local_import_defers_a_heavy_package():
 
 def test_the_check_reads_function_local_imports():
     """The graph holds imports made inside functions, so the checks above see them."""
-    assert any(e.local for e in EDGES) and any(not e.local for e in EDGES)
+    assert any(e.local for e in _edges()) and any(not e.local for e in _edges())

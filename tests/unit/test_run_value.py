@@ -8,7 +8,7 @@ from wavepipe.contracts.config import load_settings
 from wavepipe.contracts.plan import OffsetRange, RunPlan
 from wavepipe.contracts.runfiles import Step
 from wavepipe.contracts.steps import ReadStats
-from wavepipe.run_store import Run, RunStore, state_io
+from wavepipe.run_store import Run, RunStore
 
 PLAN = RunPlan("value-1", "t", "g", "now", (OffsetRange("t", 0, 10, 20),))
 READ = Step.consume(PLAN.ranges[0])
@@ -23,6 +23,7 @@ def _stored(tmp_path, run_id: str = "value-1") -> RunStore:
 
 def test_a_loaded_run_reads_its_plan_once_and_each_record_once(tmp_path):
     store = _stored(tmp_path)
+    state_io = store.state_io
     before = state_io("value-1")
     run = Run.load(store.settings, "value-1")
     assert run is not None and run.plan.ranges == PLAN.ranges
@@ -36,6 +37,7 @@ def test_a_loaded_run_reads_its_plan_once_and_each_record_once(tmp_path):
 
 def test_what_a_run_records_it_keeps_and_a_forgotten_record_is_read_again(tmp_path):
     store = _stored(tmp_path, "value-2")
+    state_io = store.state_io
     run = Run.load(store.settings, "value-2")
     run.record(Step.TIMINGS, {"plan": 0.5})
     reads = state_io("value-2")["reads"]
@@ -54,7 +56,7 @@ def test_a_run_without_a_plan_is_none_and_a_new_plan_is_saved_and_kept(tmp_path)
     run = Run(store, PLAN)
     run.replan(RunPlan("value-1", "t", "g", "now", PLAN.ranges, txn_version=3))
     assert run.plan.txn_version == 3 and store.load_plan("value-1").txn_version == 3
-    assert state_io("value-1")["plan_writes"] >= 1
+    assert store.state_io("value-1")["plan_writes"] == 1
 
 
 def test_the_counts_are_kept_for_the_latest_runs_only(tmp_path, monkeypatch):
@@ -64,4 +66,10 @@ def test_the_counts_are_kept_for_the_latest_runs_only(tmp_path, monkeypatch):
     store = RunStore(load_settings(home=tmp_path))
     for run_id in ("old", "mid", "new"):
         store.load_plan(run_id)
-    assert state_io("old")["reads"] == 0 and state_io("new")["reads"] == 1
+    assert store.state_io("old")["reads"] == 0 and store.state_io("new")["reads"] == 1
+
+
+def test_runs_of_one_id_in_two_homes_are_counted_apart(tmp_path):
+    one, other = (RunStore(load_settings(home=tmp_path / name)) for name in ("one", "other"))
+    one.load_plan("same")
+    assert one.state_io("same")["plan_reads"] == 1 and other.state_io("same")["plan_reads"] == 0
