@@ -33,9 +33,12 @@ DATA_PATH = (
     "wavepipe/faults.py",
     "wavepipe/follow.py",
     "wavepipe/pages.py",
+    "wavepipe/local/engine_server.py",  # each engine step makes sure the home's engine is up
     "wavepipe/pipeline.py",
     "wavepipe/plots.py",
+    "wavepipe/processes.py",
     "wavepipe/report_html.py",
+    "wavepipe/run_store.py",
     "wavepipe/spark_launch.py",
     "wavepipe/state.py",
     "wavepipe/storage.py",

@@ -28,8 +28,11 @@ from wavepipe.bench.results import chart, default_results_dir, markdown
 from wavepipe.bench.systems import LABELS, ON_ENGINE, SYSTEMS, Ranges, resolve_spark_kafka_jars, wavepipe_run
 from wavepipe.bench.workloads import KiB, MiB, SignalPool, Workload, default_workloads, produce_backlog
 from wavepipe.contracts.config import Settings, source_checkout
+from wavepipe.engine_client import attached
 from wavepipe.jars import RESOURCES, delta_build, installed_pyspark
+from wavepipe.local.engine_server import LocalEngine
 from wavepipe.local.kafka import LocalKafka
+from wavepipe.local.objectstore import LocalObjectStore
 
 log = logging.getLogger("wavepipe.bench")
 CEILINGS = ("ceiling_kcat", "ceiling_confluent")
@@ -101,7 +104,6 @@ class Measurement:
 
 def run_bench(settings: Settings, options: BenchOptions) -> dict:
     from wavepipe.consumers.kafka_admin import ensure_topic
-    from wavepipe.local.engine_server import LocalEngine
 
     began = time.monotonic()  # "in all": the engine's cold start and warm-up included
     # in SYSTEMS' order whatever the order asked: the ceilings first, then wavepipe and the run
@@ -210,7 +212,6 @@ def with_object_store(settings: Settings) -> Settings:
     engine that can reach it (its S3A jars and settings come with ``s3_endpoint``)."""
     if settings.s3_endpoint and settings.s3_endpoint != "local":
         return settings
-    from wavepipe.local.objectstore import LocalObjectStore
 
     store = LocalObjectStore.from_settings(settings)
     log.info("%s", lifecycle.start("the object store", store))
@@ -231,8 +232,6 @@ def measure_engine_start(settings: Settings) -> dict | None:
     where the engine is busy with someone's step (it is not stopped under a run)."""
     if settings.spark_engine != "connect" or settings.spark_remote:
         return None
-    from wavepipe.engine_client import attached
-    from wavepipe.local.engine_server import LocalEngine
 
     engine = LocalEngine(settings)
     if engine.pid() is not None:
@@ -386,8 +385,6 @@ def _delete_prefix(prefix: str) -> None:
 
 def _engine_pid(settings: Settings) -> int | None:
     """The pid of the local Spark engine wavepipe's runs attach to (None: none on this machine)."""
-    from wavepipe.local.engine_server import LocalEngine
-
     return LocalEngine(settings).pid() if settings.spark_engine == "connect" and not settings.spark_remote else None
 
 

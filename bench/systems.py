@@ -19,6 +19,7 @@ from wavepipe import spark_launch
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.plan import new_run_id
 from wavepipe.jars import installed_pyspark, resolve_jars, spark_jars
+from wavepipe.run_store import Run, RunStore
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).resolve().parent
@@ -160,7 +161,7 @@ def wavepipe_run(
     a small plan by default, in threads of its own process (``consume_in_process_max_records``)."""
     from wavepipe.pipeline import (
         commit_step,
-        consume_all,
+        consume_run,
         describe_step,
         partitions_to_read,
         plan_step,
@@ -191,11 +192,12 @@ def wavepipe_run(
             f"wavepipe planned {planned}, the benchmark expected {ranges}: did something else write to topic {topic}?"
         )
     stages["plan"], t = time.monotonic() - t, time.monotonic()
-    consume_all(s, plan.run_id, partitions_to_read(plan))
+    run = Run(RunStore(s), plan)  # one value through the steps, as run_steps passes it
+    consume_run(run, partitions_to_read(plan))
     stages["consume"], t = time.monotonic() - t, time.monotonic()
-    result = reassemble_step(s, plan.run_id, validate=True, defer_description=True)
+    result = reassemble_step(s, plan.run_id, validate=True, defer_description=True, run=run)
     stages["reassemble + validate"], t = time.monotonic() - t, time.monotonic()
-    report = commit_step(s, plan.run_id)
+    report = commit_step(s, plan.run_id, run=run)
     stages["commit"], t = time.monotonic() - t, time.monotonic()
     (report,) = describe_step(s, [report])
     stages[DESCRIBE_STAGE] = time.monotonic() - t

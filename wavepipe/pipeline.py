@@ -281,6 +281,16 @@ def consume_all(settings: Settings, run_id: str, partitions: list[int], plan: Ru
     return results
 
 
+def consume_run(run: Run, partitions: list[int]) -> list[dict]:
+    """``consume_all`` for a run this process holds: its readers get its plan, and what they
+    recorded or cleared (each range's record, the results made from the files they replaced) is
+    read again when next asked."""
+    read = consume_all(run.settings, run.run_id, partitions, run.plan)
+    consumed = (Step.consume(r) for r in run.plan.ranges if r.partition in partitions)
+    run.forget(Step.REASSEMBLE, Step.VALIDATE, *consumed)
+    return read
+
+
 def _worker_logging(level: int) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -735,11 +745,8 @@ def run_steps(settings: Settings, plan: RunPlan, *, describe: bool = True) -> di
         staged = [p for p in partitions_to_read(plan) if _is_staged(run, p)]
         if staged:
             log.info("run %s: partitions %s were staged by an earlier attempt; not read again", plan.run_id, staged)
-        to_read = [p for p in partitions_to_read(plan) if p not in staged]
         with _engine_ready(settings, needed=bool(partitions_to_read(plan))):
-            consume_all(settings, plan.run_id, to_read, plan)
-        # the readers recorded their ranges, and cleared what was made from the files they replaced
-        run.forget(Step.REASSEMBLE, Step.VALIDATE, *(Step.consume(r) for r in plan.ranges if r.partition in to_read))
+            consume_run(run, [p for p in partitions_to_read(plan) if p not in staged])
         validated = run.result(Step.VALIDATE, Validated)
         try:
             if run.result(Step.REASSEMBLE, Reassembled) is None:
