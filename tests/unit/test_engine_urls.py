@@ -167,3 +167,24 @@ def test_the_job_list_is_asked_again_after_a_quick_failure_never_after_a_timeout
 
     monkeypatch.setattr(engine_client, "spark_jobs", down)
     assert engine_client._listed_jobs("http://ui", "t") is None and len(calls) == 2 and slept == [1]
+
+
+def test_the_own_engine_is_the_packages_entry_point_and_its_absence_is_one_line(tmp_path, monkeypatch):
+    """Without spark_remote a run uses the engine the installed package names (``wavepipe.engines``:
+    ``local``); an install that names none is refused in a line saying what to set."""
+    from wavepipe import engine_client
+    from wavepipe.engine_client import EngineUnavailableError, own_engine
+    from wavepipe.local.engine_server import LocalEngine
+
+    settings = load_settings(home=tmp_path)
+    engine_client._own_engine.cache_clear()
+    assert isinstance(own_engine(settings), LocalEngine)
+    monkeypatch.setattr(engine_client.metadata, "entry_points", lambda **_: [])
+    engine_client._own_engine.cache_clear()
+    try:
+        with pytest.raises(EngineUnavailableError, match="set spark_remote") as refused:
+            own_engine(settings)
+        assert "\n" not in str(refused.value)
+    finally:
+        monkeypatch.undo()
+        engine_client._own_engine.cache_clear()
