@@ -29,6 +29,7 @@ from confluent_kafka import TopicPartition
 
 from wavepipe.consumers.kafka_admin import committed_positions, group_consumer, new_producer, offsets_client
 from wavepipe.contracts.config import Settings
+from wavepipe.contracts.errors import ConflictError, StepFailedError, UnavailableError
 from wavepipe.contracts.plan import RunPlan
 from wavepipe.run_store import RunStore
 
@@ -41,11 +42,11 @@ METADATA_MAX_CHARS = 1024
 Intervals = list[list[int]]
 
 
-class OffsetsMovedError(RuntimeError):
+class OffsetsMovedError(ConflictError):
     """The group is not where this run can commit from: the run can never commit."""
 
 
-class DeadLetterPublishError(RuntimeError):
+class DeadLetterPublishError(UnavailableError):
     """Dead letters could not be published; nothing was committed and a retry may succeed."""
 
 
@@ -106,7 +107,7 @@ def ledger_published(settings: Settings, topic: str) -> dict[int, Intervals]:
         mine = store.ledger(topic).get(settings.dead_letter_topic, {})
         return {int(p): merge_intervals(v) for p, v in mine.items()}
     except (ValueError, TypeError, AttributeError) as exc:
-        raise RuntimeError(
+        raise StepFailedError(
             f"the dead-letter ledger {store.state.where(f'dead-letters/{topic}.json')} cannot be read ({exc}); "
             "nothing was published or committed. It lists the offsets whose dead letters are on the dead-letter "
             "topic already: repair it, or delete it to rely on the committed offsets' metadata alone (after a "

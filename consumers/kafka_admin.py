@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
 from wavepipe.contracts.config import Settings
-from wavepipe.contracts.errors import UsageError, did_you_mean
+from wavepipe.contracts.errors import UnavailableError, UsageError, did_you_mean
 from wavepipe.contracts.kafka_callbacks import resolved
 
 log = logging.getLogger(__name__)
@@ -107,16 +107,16 @@ def retrying(call: Callable[[], T], what: str, attempts: int = 20, pause_s: floa
     )(call)
 
 
-class KafkaAuthenticationError(ConnectionError):
+class KafkaAuthenticationError(UnavailableError):
     """The cluster refused the client's credentials (``kafka_client_config``)."""
 
 
-class KafkaTlsError(ConnectionError):
+class KafkaTlsError(UnavailableError):
     """The TLS handshake with the cluster failed (a CA that did not sign the brokers'
     certificates, a client certificate the brokers refuse)."""
 
 
-class KafkaUnreachableError(ConnectionError):
+class KafkaUnreachableError(UnavailableError):
     """No broker of the bootstrap servers answered: down, or the address is wrong."""
 
 

@@ -13,7 +13,7 @@ from wavepipe.consumers.boundaries import scan_boundaries
 from wavepipe.consumers.committer import committed_run_id, tables_committed_to
 from wavepipe.consumers.kafka_admin import admin_client, committed_positions, list_offsets, partitions_of
 from wavepipe.contracts.config import Settings
-from wavepipe.contracts.errors import UsageError, closest
+from wavepipe.contracts.errors import BUGS, StepFailedError, UsageError, closest
 from wavepipe.contracts.plan import OffsetRange, RunPlan, RunRequest, as_utc, parse_datetime, run_request
 from wavepipe.faults import failpoint
 from wavepipe.maintenance import table_paths
@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 PLANNING_GRACE_S = 300.0
 
 
-class RetentionGapError(RuntimeError):
+class RetentionGapError(StepFailedError):
     """The group's committed offset points at data the topic no longer retains."""
 
 
@@ -355,6 +355,8 @@ def _lost_commit(
     positions = {p: (committed[p], committed_by[p]) for p in committed}
     try:
         newest = delta_txn.published_runs(settings.output_table, delta_txn.app_id(group, topic), commits=50)
+    except BUGS:
+        raise
     except Exception as exc:  # a table delta-rs cannot read: Kafka's offsets stand, as before
         log.warning("run %s: could not read the output table's log for unfinished commits: %s", run_id, exc)
         return None

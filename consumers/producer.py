@@ -20,6 +20,7 @@ from confluent_kafka import KafkaError, Message
 
 from wavepipe.consumers.kafka_admin import new_producer, require_reachable
 from wavepipe.contracts.config import Settings
+from wavepipe.contracts.errors import UnavailableError
 from wavepipe.contracts.protocol import Extension, checksum, epoch_ns, split_waveform
 from wavepipe.recordings import Skipped
 from wavepipe.recordings.files import expand, recordings
@@ -41,8 +42,8 @@ class ProducedWaveform:
     chunks: int
 
 
-class DeliveryError(RuntimeError):
-    pass
+class DeliveryError(UnavailableError):
+    """Records the brokers did not acknowledge; sending them again is safe (ids are content hashes)."""
 
 
 class ChunkProducer:

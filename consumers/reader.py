@@ -25,6 +25,7 @@ from wavepipe.consumers.staging import (
     dead_letter_row,
 )
 from wavepipe.contracts.config import Settings
+from wavepipe.contracts.errors import StepFailedError
 from wavepipe.contracts.plan import OffsetRange, RunPlan
 from wavepipe.contracts.protocol import ProtocolError, parse_chunk
 from wavepipe.contracts.rows import DEAD_LETTER_SCHEMA
@@ -37,8 +38,8 @@ log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 5.0
 
 
-class ReaderError(RuntimeError):
-    pass
+class ReaderError(StepFailedError):
+    """A partition's range could not be read as planned; the message says why."""
 
 
 def read_range(settings: Settings, run_id: str, partition: int, plan: RunPlan | None = None) -> ReadStats:

@@ -47,6 +47,7 @@ from wavepipe.consumers.kafka_admin import (
     retrying,
 )
 from wavepipe.contracts.config import Settings
+from wavepipe.contracts.errors import BUGS, ConflictError, StepFailedError, UsageError
 from wavepipe.contracts.plan import ActiveRunError, parse_datetime
 from wavepipe.run_store import RunStore
 
@@ -56,7 +57,7 @@ MODES = ("earliest", "latest", "offset", "datetime", "shift", "duration")
 AUDIT_FILE = "rewinds.jsonl"
 
 
-class RewindRefused(RuntimeError):
+class RewindRefused(UsageError):
     """The rewind must not be applied now; the message says why and what to do. ``plan`` is the
     dry-run plan when one could be made (so a refused dry run still shows its table)."""
 
@@ -505,7 +506,9 @@ def execute_rewind(
                 message=f"{exc}; committed offsets afterwards: { {p: offset for p, (offset, _) in now.items()} }",
             ),
         )
-        raise RuntimeError(
+        if isinstance(exc, BUGS):  # audited as unknown above; a defect is raised as itself
+            raise
+        raise StepFailedError(
             f"rewind {audit_id} of group {plan.group!r} did not finish ({exc}); "
             "the group may or may not have moved: check `wavepipe status`, then plan the rewind "
             "again"
@@ -573,7 +576,7 @@ def _apply(
     )
     path = append_audit(settings, record)
     if wrong:
-        raise RuntimeError(
+        raise ConflictError(
             f"rewind {audit_id}: the committed offsets are not what was set ({'; '.join(wrong)}); "
             f"another client moved the group meanwhile. See {path}; check `wavepipe status` and "
             "plan the rewind again"

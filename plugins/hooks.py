@@ -9,6 +9,7 @@ import os
 from airflow.sdk import BaseHook
 
 from wavepipe.contracts.config import Settings, load_settings, redact_url
+from wavepipe.contracts.errors import BUGS
 from wavepipe.plugins.connections import SPARK_CONNECT_TYPES, WavepipeSparkConnectHook, kafka_config_of
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,8 @@ class WavepipeHook(BaseHook):
     def _connection(self, conn_id: str):
         try:
             return self.get_connection(conn_id)
+        except BUGS:
+            raise
         except Exception as exc:
             env = f"AIRFLOW_CONN_{conn_id.upper()}"
             if os.environ.get(env):  # defined, but Airflow could not read it: never fall back silently

@@ -76,5 +76,5 @@ def send(metrics: Mapping[str, tuple[str, float]], *, dag_id: str, topic: str | 
                     stats.gauge(name, value, tags=with_tags)
                 else:
                     stats.timing(name, value, tags=with_tags)
-    except Exception as exc:
+    except Exception as exc:  # metrics only describe the run
         log.warning("could not send the run's metrics: %s", exc)

@@ -22,7 +22,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleExcept
 
 from wavepipe import pipeline
 from wavepipe.contracts.config import SettingsError, check_settings
-from wavepipe.contracts.errors import UsageError, did_you_mean
+from wavepipe.contracts.errors import UsageError, ValidationFailedError, did_you_mean
 from wavepipe.contracts.plan import ActiveRunError, as_utc, parse_datetime
 from wavepipe.contracts.runfiles import Step
 from wavepipe.contracts.steps import Validated, to_record
@@ -171,7 +171,7 @@ class WavepipeOperator(BaseOperator):
         self._validation_seen(settings, run_id)
         try:
             plan = RunStore(settings).load_plan(run_id)
-        except Exception:  # the failure itself is what the task reports
+        except Exception:  # only describes (the metric's tags): the failure itself is what the task reports
             plan = None
         topic, group = (plan.topic, plan.group) if plan else (settings.topic, settings.group)
         metrics.send({"validation_failed": ("count", 1)}, dag_id=self.dag_id, topic=topic, group=group, log=self.log)
@@ -180,7 +180,7 @@ class WavepipeOperator(BaseOperator):
         """The Data Docs link of the run's recorded validation (never fails the task)."""
         try:
             validated = RunStore(settings).load_result(run_id, Step.VALIDATE, Validated)
-        except Exception as exc:
+        except Exception as exc:  # only describes: the link
             self.log.warning("no Data Docs link: %s", exc)
             return
         self._shows_validation(settings, to_record(validated) if validated else None)
@@ -299,7 +299,7 @@ class PlanOperator(WavepipeOperator):
         except UsageError as exc:
             try:
                 pipeline.note_refusal(self.settings(), context["run_id"], asked, exc)
-            except Exception as noted:  # e.g. the Connection is broken too: the refusal still stands
+            except Exception as noted:  # only describes (the Connection may be broken too): the refusal stands
                 self.log.warning("the refusal could not be noted for `wavepipe status`: %s", noted)
             self.refuse(exc)
 
@@ -387,7 +387,7 @@ class ReassembleOperator(WavepipeOperator):
         run_id = self.run_id(settings, context)
         try:
             result = pipeline.reassemble_step(settings, run_id, validate=self.validate)
-        except pipeline.ValidationFailedError as exc:
+        except ValidationFailedError as exc:
             self._validation_failed(settings, run_id)
             raise AirflowFailException(str(exc)) from exc
         if result and self.validate:
@@ -411,7 +411,7 @@ class ValidateOperator(WavepipeOperator):
         run_id = self.run_id(settings, context)
         try:
             result = pipeline.validate_step(settings, run_id)
-        except pipeline.ValidationFailedError as exc:
+        except ValidationFailedError as exc:
             self._validation_failed(settings, run_id)
             raise AirflowFailException(str(exc)) from exc
         if result:
@@ -515,7 +515,7 @@ class RunOperator(PlanOperator, CommitOperator):
         settings, plan = self.plan(context)
         try:
             report = pipeline.run_steps(settings, plan)
-        except pipeline.ValidationFailedError as exc:
+        except ValidationFailedError as exc:
             self._validation_failed(settings, plan.run_id)
             raise AirflowFailException(str(exc)) from exc
         return self.committed(context, report, settings)
@@ -550,7 +550,7 @@ class FollowOperator(RunOperator):
             )
         except UsageError as exc:
             self.refuse(exc)
-        except pipeline.ValidationFailedError as exc:
+        except ValidationFailedError as exc:
             raise AirflowFailException(str(exc)) from exc
         self.log.info("%d micro-batch(es); ended: %s", len(done.batches), done.ended)
         return {"micro_batches": done.batches, "ended": done.ended}

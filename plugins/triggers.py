@@ -168,7 +168,7 @@ class GroupLagTrigger(BaseEventTrigger):
         if probe is not None:
             try:
                 await sync_to_async(probe.close, thread_sensitive=False)()
-            except Exception as exc:  # a client that will not close must not end the watcher
+            except Exception as exc:  # only describes: a client that will not close must not end the watcher
                 log.warning("closing the lag probe of %r: %s", self.group, exc)
 
     async def cleanup(self) -> None:

@@ -33,7 +33,7 @@ from pyspark.sql import functions as F
 
 from wavepipe import delta_txn, storage
 from wavepipe.contracts.config import Settings
-from wavepipe.contracts.errors import CandidatesMismatchError
+from wavepipe.contracts.errors import CandidatesMismatchError, ConflictError
 from wavepipe.contracts.plan import RunPlan
 from wavepipe.contracts.protocol import MIN_TIME_US
 from wavepipe.contracts.runfiles import Step
@@ -111,7 +111,7 @@ TIMES = pa.schema([("source", pa.string()), ("start_time", _STAMP), ("end_time",
 PUBLISHED = ("waveforms", "quarantine", "dead_letter")
 
 
-class StagedChunksChangedError(RuntimeError):
+class StagedChunksChangedError(ConflictError):
     """A staged chunk file changed on disk after its reader hashed it: nothing of the run's
     waveforms was published, and its staged copies were removed so a retry reads them again."""
 

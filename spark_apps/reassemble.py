@@ -44,6 +44,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from wavepipe import storage
+from wavepipe.contracts.errors import StepFailedError
 from wavepipe.contracts.plan import RunPlan, utc_now
 from wavepipe.contracts.rows import DEAD_LETTER_SCHEMA, QUALITY_NAMES
 from wavepipe.contracts.runfiles import Step
@@ -312,7 +313,7 @@ def staged_chunk_files(store: RunStore, plan: RunPlan) -> list[str]:
     staged = {p.rpartition("/")[2].removesuffix(".parquet") for p in chunk_paths}
     missing = [r.name for r in plan.ranges if r.size and r.name not in staged]
     if missing:
-        raise RuntimeError(f"run {plan.run_id}: ranges not staged yet: {', '.join(missing)}; run their consume step")
+        raise StepFailedError(f"run {plan.run_id}: ranges not staged yet: {', '.join(missing)}; run their consume step")
     return chunk_paths
 
 

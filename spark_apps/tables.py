@@ -35,6 +35,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from wavepipe import storage
+from wavepipe.contracts.errors import BUGS
 from wavepipe.delta_files import NULL_PARTITION, add_action_fields, partition_values
 from wavepipe.delta_txn import Txn
 from wavepipe.faults import failpoint
@@ -209,6 +210,8 @@ def delta_log(path: str, *, history: bool = False) -> DeltaLog | None:
         for info in table.history(HISTORY_COMMITS) if history else ():
             if info.get("operation"):
                 state.last.setdefault(info["operation"], int(info.get("timestamp") or 0))
+    except BUGS:
+        raise
     except Exception as exc:  # a log delta-rs cannot read: the callers fall back to Spark or say so
         log.warning("delta-rs cannot read the table %s: %s", path, str(exc).splitlines()[0])
         return None
@@ -273,29 +276,16 @@ def replace_predicate(
 COMMIT_TRIES = 3
 
 
-def is_commit_conflict(exc: BaseException) -> bool:
-    """Whether ``exc`` is delta-rs refusing a commit because another writer committed first: the
-    same transaction, or the table's creation."""
-    from deltalake.exceptions import CommitFailedError, DeltaError
-
-    # A commit that lost to another is typed (CommitFailedError). A table created by another
-    # writer since this one found none is not: delta-rs (1.x) raises its generic DeltaTableError
-    # ("A Delta Lake table already exists at that location."), which the Python binding turns into
-    # a plain DeltaError (only "not a table", protocol and commit errors get their own types), so
-    # that one is told by its text.
-    return isinstance(exc, CommitFailedError) or (isinstance(exc, DeltaError) and "already exists" in str(exc))
-
-
 def _committing(path: str) -> tenacity.Retrying:
     """Tries of a publish to table ``path`` (``COMMIT_TRIES`` in all) while its commit meets
-    another writer's (``is_commit_conflict``); any other error, or the last try's, is raised."""
+    another writer's (``storage.is_commit_conflict``); any other error, or the last try's, is raised."""
 
     def say(state: tenacity.RetryCallState) -> None:
         first = str(state.outcome.exception()).splitlines()[0]
         log.warning("%s: another writer committed first (%s); deciding again from the table as it is now", path, first)
 
     return tenacity.Retrying(
-        retry=tenacity.retry_if_exception(is_commit_conflict),
+        retry=tenacity.retry_if_exception(storage.is_commit_conflict),
         stop=tenacity.stop_after_attempt(COMMIT_TRIES),
         before_sleep=say,
         reraise=True,
@@ -357,7 +347,7 @@ def append_new(
     see none of them; files of a write killed before it are never part of the table and
     ``wavepipe table vacuum`` removes them.
 
-    A commit that meets another writer's (``is_commit_conflict``) is tried again, up to
+    A commit that meets another writer's (``storage.is_commit_conflict``) is tried again, up to
     ``COMMIT_TRIES`` in all, against the table as it is then, with the files already written: no
     second Spark job. Unless the table now holds ``txn`` (a twin committed the run: nothing is
     committed, the files are left to ``wavepipe table vacuum``), or holds some of the files' keys:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from wavepipe import storage
 from wavepipe.contracts.config import Settings, redact_url
+from wavepipe.contracts.errors import BUGS
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ def _tried(service: str, attempt: Callable[[], Check], fix: str) -> Check:
     is wavepipe's own (those say what to do)."""
     try:
         return attempt()
+    except BUGS:
+        raise
     except Exception as exc:
         first = redact_url(str(exc).splitlines()[0][:400]) if str(exc) else type(exc).__name__
         said = type(exc).__module__.startswith("wavepipe.")

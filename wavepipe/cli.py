@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from datetime import UTC, datetime
 
 from wavepipe import __version__, maintenance, storage
@@ -21,12 +22,12 @@ from wavepipe.bench.runner import BenchOptions, run_bench, save
 from wavepipe.bench.systems import SYSTEMS, resolve_spark_kafka_jars
 from wavepipe.checks import check_all
 from wavepipe.contracts.config import Settings, load_settings, redact_url, source_checkout
-from wavepipe.contracts.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, EXIT_VALIDATION, UsageError
+from wavepipe.contracts.errors import BUGS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError, WavepipeError
 from wavepipe.contracts.plan import RunRequest, parse_datetime
 from wavepipe.contracts.protocol import epoch_ns
 from wavepipe.demo import run_demo
-from wavepipe.follow import FollowOptions, GroupBusyError, follow
-from wavepipe.jars import SetupError, gcs_jars, kafka_jars, logstore_jar, s3_jars, spark_jars
+from wavepipe.follow import FollowOptions, follow
+from wavepipe.jars import gcs_jars, kafka_jars, logstore_jar, s3_jars, spark_jars
 from wavepipe.local.airflow import dags_test, run_cli
 from wavepipe.local.cloud_emulators import emulators, prepare
 from wavepipe.local.engine_server import LocalEngine
@@ -139,9 +140,9 @@ def _produce_files(settings, args) -> int:
         produced = produce_files(
             settings, args.files, group_components=args.group_components, start_ns=args.start, progress=progress
         )
-    except (FileNotFoundError, ImportError) as exc:
+    except FileNotFoundError as exc:
         print(f"wavepipe produce: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     for path, reason in produced.skipped:
         print(f"skipped (no waveform): {path}: {reason}", file=sys.stderr)
     for path, reason in produced.failed:
@@ -252,7 +253,7 @@ def _set_aside_lines(report: dict) -> list[str]:
 
 
 def cmd_run(args) -> int:
-    from wavepipe.pipeline import ValidationFailedError, run_once
+    from wavepipe.pipeline import run_once
 
     settings = _settings(args)
     window = None
@@ -263,13 +264,9 @@ def cmd_run(args) -> int:
             raise UsageError(f"--window: {exc}") from None
         if args.new_group_start:
             raise UsageError("--new-group-start applies to incremental runs, not to --window")
-    try:
-        # the run's options are the flags of the same names (``wavepipe run --help``)
-        request = {name: getattr(args, name) for name in RunRequest.__annotations__ if name != "window"}
-        report = run_once(settings, run_id=args.run_id, window=window, **request)
-    except ValidationFailedError as exc:
-        print(f"wavepipe run: {exc}", file=sys.stderr)
-        return EXIT_VALIDATION
+    # the run's options are the flags of the same names (``wavepipe run --help``)
+    request = {name: getattr(args, name) for name in RunRequest.__annotations__ if name != "window"}
+    report = run_once(settings, run_id=args.run_id, window=window, **request)
     if args.json:
         print(_as_json(report))
     else:
@@ -281,8 +278,6 @@ def cmd_follow(args) -> int:
     """Micro-batches back to back while the group lags (``wavepipe.follow``). The first SIGTERM or
     Ctrl-C ends the loop after the micro-batch in flight; a second one stops it at once (the
     next start resumes that micro-batch)."""
-    from wavepipe.pipeline import ValidationFailedError
-
     settings = _settings(args).replace(topic=args.topic, group=args.group)
     options = FollowOptions(
         poll_s=args.poll,
@@ -307,14 +302,7 @@ def cmd_follow(args) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, on_signal)
     print(f"wavepipe follow: group {settings.group!r} on {settings.topic}, polling its lag every {args.poll:g} s")
-    try:
-        done = follow(settings, options, stop)
-    except GroupBusyError as exc:
-        print(f"wavepipe follow: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except ValidationFailedError as exc:
-        print(f"wavepipe follow: {exc}", file=sys.stderr)
-        return EXIT_VALIDATION
+    done = follow(settings, options, stop)
     new = sum(b["new"] for b in done.batches)
     print(f"wavepipe follow: {len(done.batches)} micro-batch(es), {new} new waveforms; ended: {done.ended}")
     return EXIT_OK
@@ -1037,22 +1025,24 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
         return args.func(args)
-    except UsageError as exc:
+    except WavepipeError as exc:
         if args.verbose:
             raise
-        print(f"wavepipe {args.command}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except SetupError as exc:
-        print(f"wavepipe {args.command}: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        said = " failed" if exc.exit_code == EXIT_FAILED else ""
+        print(f"wavepipe {args.command}{said}: {exc}", file=sys.stderr)
+        return exc.exit_code
     except KeyboardInterrupt as exc:
         print(f"wavepipe {args.command}: {exc or 'interrupted'}; a retry resumes where it stopped", file=sys.stderr)
         return 130
-    except Exception as exc:
+    except BUGS as exc:  # a defect of wavepipe: its traceback, never a line that reads like the world's fault
+        traceback.print_exc()
+        print(f"wavepipe {args.command}: a defect of wavepipe ({type(exc).__name__}, traceback above)", file=sys.stderr)
+        return EXIT_FAILED
+    except Exception as exc:  # another library's error that wavepipe does not translate yet
         if args.verbose:
             raise
         print(
-            f"wavepipe {args.command} failed: {exc or 'unexpected error (run with -v for the traceback)'}",
+            f"wavepipe {args.command} failed: {exc or type(exc).__name__} (run with -v for the traceback)",
             file=sys.stderr,
         )
         return EXIT_FAILED

@@ -30,6 +30,7 @@ from pathlib import Path
 import tenacity
 
 from wavepipe import storage
+from wavepipe.contracts.errors import StepFailedError
 
 log = logging.getLogger("wavepipe.delta_protocol")
 
@@ -44,7 +45,7 @@ _DECIMAL = re.compile(r"decimal\(\s*\d+\s*,\s*\d+\s*\)")
 _BINARY_COLLATED = re.compile(r"string\s+collate\s+(?:[\w]+\.)*utf8_binary", re.IGNORECASE)
 
 
-class RepairError(RuntimeError):
+class RepairError(StepFailedError):
     """A table's log cannot be repaired here (what to do is in the message)."""
 
 

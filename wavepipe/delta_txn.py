@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from wavepipe import storage
+from wavepipe.contracts.errors import BUGS
 from wavepipe.contracts.plan import RunPlan
 
 log = logging.getLogger("wavepipe.delta_txn")
@@ -64,11 +65,10 @@ def next_version(paths: Iterable[str], txn_app_id: str) -> int:
     for path in paths:
         try:
             versions.append(txn_version(path, txn_app_id))
-        except Exception as exc:
-            raise RuntimeError(
-                f"the Delta table {path} cannot be read to find the group's last transaction ({exc}); "
-                "run `wavepipe table repair`, then retry"
-            ) from exc
+        except BUGS:
+            raise
+        except Exception as exc:  # delta-rs's or the store's: translated by storage
+            raise storage.delta_error(exc, str(path), "reading the group's last transaction") from exc
     return max(versions, default=0) + 1
 
 

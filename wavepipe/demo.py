@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from wavepipe import storage
 from wavepipe.contracts.config import Settings
+from wavepipe.contracts.errors import BUGS
 from wavepipe.contracts.protocol import checksum
 
 
@@ -126,6 +127,8 @@ def _check_with_delta_rs(settings: Settings, sent) -> list[str]:
     try:
         table = storage.delta_table(settings.output_table)
         rows = table.to_pyarrow_table(columns=["waveform_id", "payload"], filters=[("waveform_id", "in", ids)])
+    except BUGS:
+        raise
     except Exception as exc:
         return [f"delta-rs cannot read the output table ({str(exc).splitlines()[0]}): run `wavepipe table repair`"]
     found: dict[str, list[str]] = {}

@@ -47,6 +47,7 @@ import tenacity
 
 from wavepipe import faults, storage, waiting
 from wavepipe.contracts.config import Settings, SettingsError, redact_url
+from wavepipe.contracts.errors import BUGS, EngineGoneError, UnavailableError
 from wavepipe.contracts.runfiles import read_json_or, write_json_atomic
 from wavepipe.spark_launch import current_phase, local_session
 
@@ -58,7 +59,7 @@ DEFAULT_PORT = 15002
 CONNECT_TIMEOUT_S = 5.0
 
 
-class EngineUnavailableError(ConnectionError):
+class EngineUnavailableError(UnavailableError):
     """The Spark Connect server cannot be reached; the message says what to start or fix."""
 
 
@@ -203,6 +204,8 @@ def _session(url: str):
                 _ = spark.version  # one round trip: a server restarted since has another session
                 _sessions[url] = spark
                 return spark
+            except BUGS:
+                raise
             except Exception as exc:
                 log.info(
                     "the Spark engine's session of this process is gone (%s): attaching again",
@@ -270,6 +273,8 @@ def attached(settings: Settings) -> Iterator[object]:
         host, port = _host_port(url)
         try:
             spark = _session(url)
+        except BUGS:
+            raise
         except Exception as exc:
             if "INVALID_CONNECT_URL" in str(exc):
                 raise SettingsError(
@@ -305,7 +310,7 @@ def attached(settings: Settings) -> Iterator[object]:
             faults.attached_engine(None)
 
 
-class EngineLostError(EngineUnavailableError):
+class EngineLostError(EngineUnavailableError, EngineGoneError):
     """The engine died, was stopped or stopped answering during a step; the message is one line
     that says what happened and what to run next."""
 

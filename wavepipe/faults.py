@@ -23,6 +23,8 @@ import os
 import signal
 import time
 
+from wavepipe.contracts.errors import StepFailedError
+
 ENV = "WAVEPIPE_FAILPOINTS"
 POINTS = {
     "plan.after_claim": "the plan step, after it claimed the group, before it asked Kafka for offsets",
@@ -40,7 +42,7 @@ POINTS = {
 }
 
 
-class InjectedFault(RuntimeError):
+class InjectedFault(StepFailedError):
     """Raised by a ``raise`` failpoint."""
 
 

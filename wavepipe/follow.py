@@ -34,7 +34,7 @@ import tenacity
 
 from wavepipe import waiting
 from wavepipe.contracts.config import Settings
-from wavepipe.contracts.errors import BUGS, UsageError
+from wavepipe.contracts.errors import BUGS, ConflictError, UsageError
 from wavepipe.contracts.plan import ActiveRunError
 from wavepipe.run_store import RunStore
 from wavepipe.state import StepBusyError
@@ -51,7 +51,7 @@ SAME_BACKLOG_S = 60.0
 BUG_HINT = "trying again fails the same way; the run resumes from where it stopped once the cause is fixed"
 
 
-class GroupBusyError(RuntimeError):
+class GroupBusyError(ConflictError):
     """Another process runs this group's micro-batches (a second follow loop, a DAG run)."""
 
 

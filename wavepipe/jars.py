@@ -13,6 +13,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from wavepipe.contracts.errors import StepFailedError
+
 RESOURCES = Path(__file__).resolve().parent / "resources"
 
 #: The Delta Lake release resolved for each Spark minor version wavepipe supports: the newest with
@@ -21,7 +23,7 @@ RESOURCES = Path(__file__).resolve().parent / "resources"
 DELTA_FOR_SPARK = {"4.1": "4.4.0", "4.2": "4.4.0"}
 
 
-class SetupError(RuntimeError):
+class SetupError(StepFailedError):
     """Something the machine must provide is missing; the message says what to do."""
 
 

@@ -27,7 +27,15 @@ from typing import Unpack
 
 from wavepipe import engine_client, pages, report_html, spark_launch, storage
 from wavepipe.contracts.config import Settings
-from wavepipe.contracts.errors import BUGS, UsageError
+from wavepipe.contracts.errors import (
+    BUGS,
+    ConflictError,
+    StepFailedError,
+    UnavailableError,
+    UsageError,
+    ValidationFailedError,
+    WavepipeError,
+)
 from wavepipe.contracts.plan import ActiveRunError, RunPlan, RunRequest, as_utc, new_run_id, run_request, safe_run_id
 from wavepipe.contracts.report import (
     build_report,
@@ -51,12 +59,8 @@ SPARK_APPS = Path(next(iter(importlib.import_module("wavepipe.spark_apps").__pat
 ENGINE_APP = SPARK_APPS / "engine_run.py"
 
 
-class AccountingError(RuntimeError):
-    pass
-
-
-class ValidationFailedError(RuntimeError):
-    """The run's output broke an expectation: nothing was published and no offset moved."""
+class AccountingError(StepFailedError):
+    """What the run read, staged and published does not add up: nothing was committed."""
 
 
 def _noted_on_failure(step: str):
@@ -104,7 +108,7 @@ def note_refusal(settings: Settings, run_id: str, request: dict, reason: BaseExc
             request.get("group") or settings.group,
             first_line(reason),
         )
-    except Exception as noted:
+    except Exception as noted:  # only describes: the refusal stands whether or not it is noted
         log.warning("run %s: could not note its refusal (%s): %s", run_id, first_line(reason), noted)
 
 
@@ -271,14 +275,27 @@ def consume_all(settings: Settings, run_id: str, partitions: list[int], plan: Ru
             except BUGS:  # a defect of wavepipe's reader: raised with its traceback, not a partition's line
                 raise
             except Exception as exc:
-                errors.append(f"partition {partition}: {exc}")
+                errors.append((partition, exc))
     if errors:
-        raise RuntimeError(
-            f"run {run_id}: consuming failed for "
-            + "; ".join(errors)
-            + ". The plan is kept: a retry re-reads the same planned ranges."
-        )
+        raise consume_failure(settings, run_id, errors)
     return results
+
+
+def consume_failure(settings: Settings, run_id: str, errors: list[tuple[int, Exception]]) -> WavepipeError:
+    """One error for the partitions whose consume step failed, of the kind of theirs the run acts
+    on (the object store first, in the one line ``storage.unreachable`` gives), in one line: the
+    partitions that failed alike, then the error they share."""
+    alike: dict[str, list[int]] = {}
+    for partition, exc in errors:
+        alike.setdefault(storage.first_line(exc), []).append(partition)
+    said = "; ".join(f"partition{'s' * (len(ps) > 1)} {', '.join(map(str, ps))}: {line}" for line, ps in alike.items())
+    kept = "The plan and the staged files are kept: a retry re-reads only what is missing."
+    if any(storage.store_failed(exc) for _, exc in errors):
+        why = storage.unreachable(settings) or said
+        return storage.StorageUnavailableError(f"run {run_id}: consuming failed: {why}")
+    kinds = [k for k in (UnavailableError, ConflictError) if all(isinstance(exc, k) for _, exc in errors)]
+    kind = kinds[0] if kinds else StepFailedError
+    return kind(f"run {run_id}: consuming failed for {said}. {kept}")
 
 
 def consume_run(run: Run, partitions: list[int]) -> list[dict]:
@@ -326,7 +343,7 @@ def reassemble_step(
     _timed(run, "reassemble", began)
     result = run.result(Step.REASSEMBLE, Reassembled)
     if result is None:
-        raise RuntimeError(f"the Spark app finished but left no result for run {run_id}")
+        raise StepFailedError(f"the Spark app finished but left no result for run {run_id}")
     if validate:
         _check_validation(run)
     return result
@@ -347,7 +364,7 @@ def validate_step(
         return None
     store, run_id = run.store, run.run_id
     if run.result(Step.REASSEMBLE, Reassembled) is None:
-        raise RuntimeError(f"run {run_id}: no reassembly result; run the reassemble step first")
+        raise StepFailedError(f"run {run_id}: no reassembly result; run the reassemble step first")
     done = run.result(Step.VALIDATE, Validated)  # a reassembly clears it
     if done is not None and done.success and done.published:
         log.info("run %s: validated and published by its reassemble step; nothing left to do", run_id)
@@ -423,7 +440,7 @@ def _check_validation(run: Run) -> Validated:
     plan = run.plan
     validation = run.result(Step.VALIDATE, Validated)
     if validation is None:
-        raise RuntimeError(f"run {plan.run_id}: the validation app finished but left no result")
+        raise StepFailedError(f"run {plan.run_id}: the validation app finished but left no result")
     if validation.success:
         return validation
     report = _report(run, _recorded(run), validation=validation)
@@ -590,7 +607,7 @@ def _committed_before(run: Run, holder: str | None) -> dict:
             "report_path": str(json_path(settings, plan.run_id)) if written else None,
             "report_html": str(html_path(settings, plan.run_id)) if written else None,
         }
-    raise RuntimeError(
+    raise ConflictError(
         f"run {plan.run_id} no longer holds group {plan.group!r} (active: {holder or 'none'}); it was "
         "abandoned or superseded, so it must not commit. Start a new run."
     )
@@ -602,14 +619,14 @@ def _published_result(plan: RunPlan, recorded: _Recorded, to_read: list[int]) ->
     run_id = plan.run_id
     for r in plan.ranges:
         if r.partition in to_read and r.partition not in recorded.consumed:
-            raise RuntimeError(f"run {run_id}: partition {r.partition} was never consumed; run its consume step")
+            raise StepFailedError(f"run {run_id}: partition {r.partition} was never consumed; run its consume step")
     if not to_read:
         return None
     if recorded.reassembled is None:
-        raise RuntimeError(f"run {run_id}: no reassembly result; run the reassemble step")
+        raise StepFailedError(f"run {run_id}: no reassembly result; run the reassemble step")
     validation = recorded.validated
     if not (validation and validation.success and validation.published):
-        raise RuntimeError(
+        raise StepFailedError(
             f"run {run_id}: its output was not validated and published"
             + (" (validation failed)" if validation else "")
             + "; run the validate step first. "
@@ -687,7 +704,7 @@ def _lag_after(settings: Settings, plan: RunPlan, report: dict) -> None:
 
     try:
         latest = list_offsets(settings, plan.topic, [r.partition for r in plan.ranges], OffsetSpec.latest())
-    except Exception as exc:
+    except Exception as exc:  # only describes the committed run (its lag)
         log.warning("run %s: could not read the end offsets for the lag after the commit: %s", plan.run_id, exc)
         latest = {}
     ends = {str(r.partition): r.end for r in plan.ranges}
@@ -929,7 +946,7 @@ def _give_up_replaced(settings: Settings, run_id: str) -> None:
 def _require_plan(store: RunStore, run_id: str) -> RunPlan:
     plan = store.load_plan(run_id)
     if plan is None:
-        raise RuntimeError(f"run {run_id} has no plan under {store.runs_location}; run the plan step first")
+        raise StepFailedError(f"run {run_id} has no plan under {store.runs_location}; run the plan step first")
     return plan
 
 

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from wavepipe import state, storage
 from wavepipe.contracts.config import Settings
+from wavepipe.contracts.errors import StepFailedError
 from wavepipe.contracts.plan import ActiveRunError, OffsetRange, RunPlan, safe_run_id, utc_now
 from wavepipe.contracts.runfiles import Step, json_bytes, json_path, write_json_atomic
 from wavepipe.contracts.steps import from_record, to_record
@@ -323,7 +324,7 @@ class RunStore:
                 why = f"{'.'.join(map(str, problem['loc'])) or 'the record'}: {problem['msg']}"
             else:
                 why = f"not JSON: {exc}"
-            raise RuntimeError(
+            raise StepFailedError(
                 f"run {run_id}: {self.where(run_id, step)} is not a {step} record this wavepipe reads ({why}); "
                 f"run the run's {step.split('-')[0]} step again"
             ) from None

@@ -17,6 +17,7 @@ from typing import Any
 
 from wavepipe import storage
 from wavepipe.contracts.config import Settings
+from wavepipe.contracts.errors import StepFailedError
 from wavepipe.jars import RESOURCES, gcs_jars, logstore_jar, s3_jars, spark_jars
 
 log = logging.getLogger("wavepipe.spark")
@@ -199,7 +200,7 @@ def submit(settings: Settings, app: Path, *args: str, staged_bytes: int | None =
         for relay in relays:
             relay.join(RELAY_DRAIN_S)  # a grandchild may still hold the pipe: do not wait for it
     if proc.returncode != 0:
-        raise RuntimeError(
+        raise StepFailedError(
             f"Spark app {app.name} failed with exit code {proc.returncode}; its log is above. "
             "The run's plan and staged files are kept: fix the cause and retry the step."
         )

@@ -36,6 +36,7 @@ from typing import Any
 import tenacity
 
 from wavepipe import storage, waiting
+from wavepipe.contracts.errors import ConflictError
 from wavepipe.contracts.runfiles import write_bytes_atomic
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ log = logging.getLogger(__name__)
 LOCK_RETRY_S = 1.0
 
 
-class StepBusyError(RuntimeError):
+class StepBusyError(ConflictError):
     """The same step of the same run is executing in another process right now."""
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from wavepipe import cloud_access, objectstore_access
+from wavepipe.contracts.errors import BUGS, StepFailedError, UnavailableError, WavepipeError
 
 #: URI schemes of object stores, and which store each names (Spark names S3 ``s3a``, every other
 #: client ``s3``; Azure's Data Lake URIs ``abfs``/``abfss``, obstore's and delta-rs's ``az``).
@@ -151,11 +152,11 @@ def engine_reach(settings) -> str:
     return hashlib.sha256(f"{s3_reach(settings)}|{gcs}".encode()).hexdigest()[:16]
 
 
-class StorageUnavailableError(RuntimeError):
+class StorageUnavailableError(UnavailableError):
     """The object store a step reads or writes did not answer; the message says what to check."""
 
 
-class TableNeedsRepairError(RuntimeError):
+class TableNeedsRepairError(StepFailedError):
     """A table an earlier wavepipe wrote, in a form this one does not read or write (types the
     Delta protocol does not define, columns it lacks): ``wavepipe table repair`` mends it."""
 
@@ -178,6 +179,13 @@ _STORAGE_MARKERS = (
 )
 
 
+def store_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` is the storage failing (an object store not answering, a local disk's
+    error), not another service that is also unavailable (a broker, the engine)."""
+    own = isinstance(exc, StorageUnavailableError) or not isinstance(exc, WavepipeError)
+    return own and (isinstance(exc, STORAGE_ERRORS) or is_storage_error(exc))
+
+
 def is_storage_error(exc: BaseException) -> bool:
     """Whether ``exc`` (or what it was raised from) is an object store's failure."""
     seen = exc
@@ -196,6 +204,8 @@ def unreachable(settings) -> str | None:
     try:
         where = next(uri for uri in locations(settings) if is_remote(uri))
         open_store(where, options_for(settings, store_kind(where))).list_keys(".wavepipe-probe")
+    except BUGS:
+        raise
     except Exception as exc:  # any failure to answer: said below, with its first line
         kind = store_kind(where)
         first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
@@ -564,6 +574,23 @@ def log_versions(uri: str) -> list[int]:
     return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())
 
 
+def delta_error(exc: Exception, uri: str, doing: str) -> Exception:
+    """delta-rs's (or the object store's) ``exc`` while ``doing`` at table ``uri``, as one of
+    wavepipe's kinds: the store not answering (``StorageUnavailableError``, saying what to check),
+    a table to repair as it was; anything else a step failure naming the table and the repair."""
+    if isinstance(exc, WavepipeError):
+        return exc
+    if is_storage_error(exc):
+        return StorageUnavailableError(f"{doing} at {uri}: the object store failed ({first_line(exc)})")
+    return StepFailedError(f"{doing} at {uri} failed ({first_line(exc)}); run `wavepipe table repair`, then retry")
+
+
+def first_line(exc: BaseException) -> str:
+    """``exc``'s first line (its type's name when it has none), at most 300 characters."""
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
 def delta_table(uri: str, **kwargs):
     """delta-rs's ``DeltaTable`` at ``uri``, reached with the configured options."""
     from deltalake import DeltaTable
@@ -581,6 +608,19 @@ def delta_table(uri: str, **kwargs):
             f"{uri}: an earlier wavepipe wrote types the Delta protocol does not define "
             f"({str(exc).splitlines()[0]}); run `wavepipe table repair`, then retry"
         ) from None
+
+
+def is_commit_conflict(exc: BaseException) -> bool:
+    """Whether ``exc`` is delta-rs refusing a commit because another writer committed first: the
+    same transaction, or the table's creation."""
+    from deltalake.exceptions import CommitFailedError, DeltaError
+
+    # A commit that lost to another is typed (CommitFailedError). A table created by another
+    # writer since this one found none is not: delta-rs (1.x) raises its generic DeltaTableError
+    # ("A Delta Lake table already exists at that location."), which the Python binding turns into
+    # a plain DeltaError (only "not a table", protocol and commit errors get their own types), so
+    # that one is told by its text.
+    return isinstance(exc, CommitFailedError) or (isinstance(exc, DeltaError) and "already exists" in str(exc))
 
 
 def delta_write_options(uri: str) -> dict[str, str] | None:

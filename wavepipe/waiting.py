@@ -37,6 +37,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from wavepipe.contracts.errors import BUGS, UnavailableError
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -44,7 +46,7 @@ T = TypeVar("T")
 RetryOn = tuple[type[BaseException], ...] | Callable[[BaseException], bool]
 
 
-class WaitError(RuntimeError):
+class WaitError(UnavailableError):
     """A wait ended without what it waited for: it timed out, or its check failed with an error
     that waiting longer cannot fix. The message is one line: what was awaited, why it stopped,
     what to do next."""
@@ -86,9 +88,9 @@ def wait_until(
 ) -> T:
     """``check()``'s first truthy result, asked every ``poll_s`` for up to ``timeout_s`` seconds
     (at least once). Guarantees: only exceptions ``retry_on`` matches are retried; ``error``
-    raised by ``check`` passes through; any other exception ends the wait at once, logged once
-    with its traceback and raised as ``error`` from it; a timeout raises ``error`` naming ``what``
-    and the last expected error. Never catches ``BaseException`` (Ctrl-C ends the wait)."""
+    raised by ``check`` and a defect of wavepipe (``BUGS``) pass through as themselves; any other
+    exception ends the wait at once, logged once with its traceback and raised as ``error`` from
+    it; a timeout raises ``error`` naming ``what`` and the last expected error. Never catches ``BaseException`` (Ctrl-C ends the wait)."""
     deadline = time.monotonic() + timeout_s
     last: BaseException | None = None
     while True:
@@ -96,7 +98,7 @@ def wait_until(
             result = check()
             if result:
                 return result
-        except error:
+        except (error, *BUGS):  # a defect of the check is raised as itself, never as a wait that ended
             raise
         except Exception as exc:
             if not expected(exc, retry_on):

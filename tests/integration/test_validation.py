@@ -26,6 +26,7 @@ from tests.unit.test_report_html import parse_numbers
 from wavepipe import pipeline
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
+from wavepipe.contracts.errors import ValidationFailedError
 from wavepipe.contracts.report import validation_trend
 from wavepipe.contracts.runfiles import Step, html_path, json_path
 from wavepipe.contracts.steps import Reassembled
@@ -178,7 +179,7 @@ def test_a_run_that_quarantines_too_large_a_share_commits_nothing_until_the_limi
     sent = produce_demo(settings, count=6, target_bytes=16 * 1024)
     produce_in_order(settings, [(b"junk", [], b"no headers at all")], partition=0)
 
-    with pytest.raises(pipeline.ValidationFailedError) as failed:
+    with pytest.raises(ValidationFailedError) as failed:
         pipeline.run_once(settings, run_id="gate")
     message = str(failed.value)
     audio = sum(1 for s in sent if "audio" in s.waveform_id)

@@ -26,7 +26,8 @@ from pyspark.sql import types as T
 from tests.helpers import commit_meanwhile
 from wavepipe.delta_txn import Txn
 from wavepipe.spark_apps import tables
-from wavepipe.spark_apps.tables import COMMIT_TRIES, append_new, decided_again_on_conflict, is_commit_conflict
+from wavepipe.spark_apps.tables import COMMIT_TRIES, append_new, decided_again_on_conflict
+from wavepipe.storage import is_commit_conflict
 
 
 def _publish(failures: list[BaseException]):

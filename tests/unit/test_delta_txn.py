@@ -8,6 +8,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.transaction import CommitProperties, Transaction
 
 from wavepipe import delta_txn
+from wavepipe.contracts.errors import StepFailedError
 from wavepipe.contracts.plan import OffsetRange, RunPlan
 
 APP = delta_txn.app_id("g", "t")
@@ -56,7 +57,7 @@ def test_a_table_that_cannot_be_read_is_named(tmp_path):
     log = tmp_path / "t" / "_delta_log"
     log.mkdir(parents=True)
     (log / "00000000000000000000.json").write_text("not json\n")
-    with pytest.raises(RuntimeError, match="table repair"):
+    with pytest.raises(StepFailedError, match=r"reading the group's last transaction at .*/t failed .*table repair"):
         delta_txn.next_version([tmp_path / "t"], APP)
 
 

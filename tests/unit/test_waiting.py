@@ -43,22 +43,35 @@ class _Records(logging.Handler):
         return sum(text in r.getMessage() for r in self.records)
 
 
-def test_a_check_that_raises_a_bug_ends_the_wait_at_once_with_its_traceback_logged_once():
+def test_a_check_that_raises_a_bug_ends_the_wait_at_once_raised_as_itself():
     calls = []
 
     def check():
         calls.append(1)
         return "a" / "b"  # the probe's bug: TypeError
 
-    with _Records("wavepipe.waiting") as logs, pytest.raises(WaitError) as raised:
+    with _Records("wavepipe.waiting") as logs, pytest.raises(TypeError, match="unsupported operand"):
         wait_until(check, 60, "the broker to answer", retry_on=(ConnectionError,), hint="see its log /x.log")
     assert len(calls) == 1, "a bug is not asked again"
+    assert not logs.errors(), "a defect is not said as a wait that ended (a WaitError is a service's unavailability)"
+
+
+def test_a_check_that_raises_an_unexpected_error_ends_the_wait_with_its_traceback_logged_once():
+    calls = []
+
+    def check():
+        calls.append(1)
+        raise KeyError("no such partition")  # not BUGS, not what the wait retries
+
+    with _Records("wavepipe.waiting") as logs, pytest.raises(WaitError) as raised:
+        wait_until(check, 60, "the broker to answer", retry_on=(ConnectionError,), hint="see its log /x.log")
+    assert len(calls) == 1, "not asked again"
     message = str(raised.value)
-    assert message.startswith("stopped waiting for the broker to answer: TypeError: unsupported operand")
+    assert message.startswith("stopped waiting for the broker to answer: KeyError: 'no such partition'")
     assert message.endswith("; see its log /x.log") and "\n" not in message
-    assert isinstance(raised.value.__cause__, TypeError)
+    assert isinstance(raised.value.__cause__, KeyError)
     (logged,) = logs.errors()
-    assert logged.getMessage() == message and logged.exc_info[0] is TypeError
+    assert logged.getMessage() == message and logged.exc_info[0] is KeyError
 
 
 def test_an_expected_error_is_retried_until_the_timeout_which_names_what_was_awaited():

@@ -23,9 +23,54 @@ EXIT_VALIDATION = 3
 BUGS = (TypeError, AttributeError, NameError, ImportError, AssertionError)
 
 
-class UsageError(ValueError):
-    """Input from a user (flag, setting, DAG param, trigger conf) that is refused before anything
-    runs; the message names where the value came from and the rule it breaks."""
+class WavepipeError(Exception):
+    """The root of every error wavepipe raises on purpose. Its kind (the subclasses below) is what
+    a run, a task or the CLI acts on; ``exit_code`` is what the CLI exits with. Another library's
+    error becomes one of these in one place per library (``storage`` for object stores and
+    delta-rs, ``engine_client`` for Spark Connect, ``consumers.kafka_admin`` for Kafka); anything
+    else that reaches a driver is a bug or an untranslated failure, said as such."""
+
+    exit_code = EXIT_FAILED
+
+
+class UsageError(WavepipeError, ValueError):
+    """Refused: input from a user (flag, setting, DAG param, trigger conf) that is refused before
+    anything runs; the message names where the value came from and the rule it breaks. Trying
+    again without changing it fails the same way."""
+
+    exit_code = EXIT_USAGE
+
+
+class UnavailableError(WavepipeError, ConnectionError):
+    """A service (broker, object store, engine, database) did not answer: nothing was committed,
+    and trying again once it answers is safe; the message names the service, where it is and the
+    command that checks or starts it."""
+
+
+class EngineGoneError(UnavailableError):
+    """The Spark engine (or this process's session on it) went away mid-step: the step's writes
+    were not committed, and the step may be run again on a new session."""
+
+
+class ConflictError(WavepipeError, RuntimeError):
+    """Another run or worker holds, or has changed, what this one needs (a lease, the group's
+    offsets, the staged chunks): the message says whether to wait or what was done instead."""
+
+
+class BadRecordError(WavepipeError, ValueError):
+    """One input record (or file) is malformed: it becomes a dead letter (or a refused file) with
+    this message as its reason, and the run goes on."""
+
+
+class StepFailedError(WavepipeError, RuntimeError):
+    """A step could not finish for a reason of its own (accounting that does not add up, a table
+    that needs repair, a setup that could not be made); the message says what to do next."""
+
+
+class ValidationFailedError(WavepipeError, RuntimeError):
+    """The run's output broke an expectation: nothing was published and no offset moved."""
+
+    exit_code = EXIT_VALIDATION
 
 
 def closest(word: str, choices, n: int = 3, cutoff: float = 0.6) -> list[str]:
@@ -42,6 +87,6 @@ def did_you_mean(word: str, choices) -> str:
     return f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
-class CandidatesMismatchError(RuntimeError):
+class CandidatesMismatchError(StepFailedError):
     """A run's candidate tables are not what its reassembly's result says it wrote: run the
     reassemble step again."""

@@ -13,13 +13,15 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from wavepipe.contracts.errors import UsageError
+
 #: librdkafka (confluent-kafka) properties whose values are callables: the apache-kafka
 #: provider's ``CALLBACK_CONFIG_KEYS`` (a unit test keeps the two equal; this module does not
 #: import Airflow, as reader processes do not).
 CALLBACK_KEYS = ("error_cb", "throttle_cb", "stats_cb", "log_cb", "oauth_cb", "on_commit")
 
 
-class CallbackError(ValueError):
+class CallbackError(UsageError):
     """A callback property whose value is not the dotted path of an importable callable."""
 
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypedDict
 
-from wavepipe.contracts.errors import UsageError
+from wavepipe.contracts.errors import ConflictError, UsageError
 
 
 @dataclass(frozen=True)
@@ -168,7 +168,7 @@ def run_request(fields: dict[str, Any]) -> RunRequest:
     return RunRequest(**fields)
 
 
-class ActiveRunError(RuntimeError):
+class ActiveRunError(ConflictError):
     """Another run of the same group is planned and not committed yet."""
 
 

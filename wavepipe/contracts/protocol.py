@@ -23,6 +23,8 @@ from datetime import UTC, datetime
 
 import numpy as np
 
+from wavepipe.contracts.errors import BadRecordError
+
 PROTOCOL_VERSION = 1
 
 H_VERSION = "wp-version"
@@ -72,7 +74,7 @@ NUMERIC_KINDS = frozenset("iufc")
 MAX_ID_BYTES = 256
 
 
-class ProtocolError(ValueError):
+class ProtocolError(BadRecordError):
     """A record does not follow the chunk protocol; ``reason`` is a stable, short code."""
 
     def __init__(self, reason: str, detail: str):

@@ -6,11 +6,13 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from wavepipe.contracts.errors import UsageError
+
 #: The extra that installs each optional package.
 EXTRAS = {"obspy": "seismic", "soundfile": "audio", "wfdb": "ecg", "xarray": "xarray"}
 
 
-class MissingExtraError(ImportError):
+class MissingExtraError(UsageError, ImportError):
     """An optional package a recordings function needs is not installed; the message names the extra."""
 
 
