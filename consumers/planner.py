@@ -8,7 +8,7 @@ from typing import Unpack
 
 from confluent_kafka.admin import OffsetSpec
 
-from wavepipe import delta_txn
+from wavepipe import delta_txn, storage
 from wavepipe.consumers.boundaries import scan_boundaries
 from wavepipe.consumers.committer import committed_run_id, tables_committed_to
 from wavepipe.consumers.kafka_admin import admin_client, committed_positions, list_offsets, partitions_of
@@ -378,7 +378,7 @@ def _next_txn(settings: Settings, group: str, topic: str) -> int | None:
     table cannot be read yet (one an earlier wavepipe wrote: the publish repairs it, then asks)."""
     try:
         return delta_txn.next_version(table_paths(settings).values(), delta_txn.app_id(group, topic))
-    except RuntimeError as exc:
+    except (StepFailedError, storage.StorageUnavailableError) as exc:  # storage.delta_error's kinds
         log.warning("%s; the run's transaction version is chosen when it publishes", exc)
         return None
 

@@ -47,7 +47,7 @@ from wavepipe.consumers.kafka_admin import (
     retrying,
 )
 from wavepipe.contracts.config import Settings
-from wavepipe.contracts.errors import BUGS, ConflictError, StepFailedError, UsageError
+from wavepipe.contracts.errors import BUGS, EXIT_USAGE, ConflictError, StepFailedError
 from wavepipe.contracts.plan import ActiveRunError, parse_datetime
 from wavepipe.run_store import RunStore
 
@@ -57,9 +57,13 @@ MODES = ("earliest", "latest", "offset", "datetime", "shift", "duration")
 AUDIT_FILE = "rewinds.jsonl"
 
 
-class RewindRefused(UsageError):
-    """The rewind must not be applied now; the message says why and what to do. ``plan`` is the
-    dry-run plan when one could be made (so a refused dry run still shows its table)."""
+class RewindRefused(ConflictError):
+    """The rewind must not be applied now (consumers of the group are live, a run of it is in
+    flight, the group moved since the plan); the message says why and what to do. ``plan`` is the
+    dry-run plan when one could be made (so a refused dry run still shows its table). Nothing
+    changed: the CLI exits 2."""
+
+    exit_code = EXIT_USAGE
 
     def __init__(self, message: str, plan: RewindPlan | None = None):
         super().__init__(message)
