@@ -10,6 +10,7 @@ twice), and commit checks the group's offsets against the plan just before commi
 
 from __future__ import annotations
 
+import functools
 import os
 import textwrap
 from collections.abc import Mapping
@@ -22,7 +23,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleExcept
 
 from wavepipe import pipeline
 from wavepipe.contracts.config import SettingsError, check_settings
-from wavepipe.contracts.errors import UsageError, ValidationFailedError, did_you_mean
+from wavepipe.contracts.errors import BUGS, UsageError, ValidationFailedError, did_you_mean
 from wavepipe.contracts.plan import ActiveRunError, as_utc, parse_datetime
 from wavepipe.contracts.runfiles import Step
 from wavepipe.contracts.steps import Validated, to_record
@@ -121,6 +122,23 @@ def plain_settings(values: Mapping[str, Any] | None, where: str) -> dict[str, An
                 f"run in other working folders than the DAG file is parsed in), got {plain[name]!r}"
             )
     return plain
+
+
+def defects_fail_at_once(execute):
+    """An operator's ``execute`` whose defects of wavepipe (``BUGS``: a ``TypeError``, ...) fail
+    the task at once: Airflow's retries are for a world that may change, and a defect would only
+    fail the same way again. The defect's traceback stays in the task log (the exception's cause)."""
+
+    @functools.wraps(execute)
+    def execute_once(self, context):
+        try:
+            return execute(self, context)
+        except BUGS as exc:
+            raise AirflowFailException(
+                f"a defect of wavepipe ({type(exc).__name__}: {exc}); not retried: its traceback is above"
+            ) from exc
+
+    return execute_once
 
 
 class WavepipeOperator(BaseOperator):
@@ -270,6 +288,7 @@ class PlanOperator(WavepipeOperator):
         self.topic, self.group, self.max_records, self.max_bytes = topic, group, max_records, max_bytes
         self.skip_lost_offsets, self.new_group_start = skip_lost_offsets, new_group_start
 
+    @defects_fail_at_once
     def execute(self, context) -> list[list[int]]:
         settings, plan = self.plan(context)
         groups = pipeline.partition_groups(plan, settings.consume_tasks)
@@ -363,6 +382,7 @@ class ConsumeOperator(WavepipeOperator):
         parts = self.partitions
         return [int(parts)] if isinstance(parts, (int, str)) else [int(p) for p in parts]
 
+    @defects_fail_at_once
     def execute(self, context) -> list[dict]:
         partitions = self._partition_list()
         self.log.info("reading partitions %s", partitions)
@@ -382,6 +402,7 @@ class ReassembleOperator(WavepipeOperator):
         super().__init__(**kwargs)
         self.validate = validate
 
+    @defects_fail_at_once
     def execute(self, context) -> dict | None:
         settings = self.settings()
         run_id = self.run_id(settings, context)
@@ -406,6 +427,7 @@ class ValidateOperator(WavepipeOperator):
 
     operator_extra_links = (DataDocsLink(),)
 
+    @defects_fail_at_once
     def execute(self, context) -> dict | None:
         settings = self.settings()
         run_id = self.run_id(settings, context)
@@ -451,6 +473,7 @@ class CommitOperator(WavepipeOperator):
                 f"through, got {len(aliases)}"
             )
 
+    @defects_fail_at_once
     def execute(self, context) -> str:
         settings = self.settings()
         return self.committed(context, pipeline.commit_step(settings, self.run_id(settings, context)), settings)
@@ -511,6 +534,7 @@ class RunOperator(PlanOperator, CommitOperator):
     ``CommitOperator``'s. A retry resumes the run at its first unfinished step (its plan is
     frozen, partitions staged by the failed try are not read again)."""
 
+    @defects_fail_at_once
     def execute(self, context) -> str | None:
         settings, plan = self.plan(context)
         try:
@@ -535,6 +559,7 @@ class FollowOperator(RunOperator):
         self.follow_s, self.poll_s = follow_s, poll_s
         self._stop = None
 
+    @defects_fail_at_once
     def execute(self, context) -> Any:
         import threading
 

@@ -226,3 +226,21 @@ def _with_func(parser, func):
         for sub in action.choices.values():
             sub.set_defaults(func=func)
     return parser
+
+
+def test_an_airflow_task_fails_a_defect_at_once_and_leaves_the_rest_to_its_retries():
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from wavepipe.plugins.operators import defects_fail_at_once
+
+    @defects_fail_at_once
+    def execute(_self, context):
+        raise context
+
+    with pytest.raises(AirflowFailException, match=r"a defect of wavepipe \(TypeError: boom\); not retried") as failed:
+        execute(None, TypeError("boom"))
+    assert isinstance(failed.value.__cause__, TypeError)
+    down = UnavailableError("the broker did not answer")
+    with pytest.raises(UnavailableError) as raised:
+        execute(None, down)
+    assert raised.value is down
