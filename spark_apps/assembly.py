@@ -29,11 +29,11 @@ import pyarrow.parquet as pq
 
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.protocol import checksum, output_facts
-from wavepipe.contracts.quality import QualityRule, flags
+from wavepipe.contracts.quality import QualityRule
 from wavepipe.contracts.rows import QUALITY_FIELDS, ROW_FACTS
 from wavepipe.delta_files import NULL_PARTITION
 from wavepipe.faults import failpoint
-from wavepipe.spark_apps.quality import batch_metrics
+from wavepipe.spark_apps.quality import batch_metrics, flags
 from wavepipe.storage import (
     StoreOptions,
     arrow_filesystem,

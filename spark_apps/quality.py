@@ -24,9 +24,14 @@ per waveform.
 
 from __future__ import annotations
 
+import fnmatch
+from collections.abc import Mapping, Sequence
+
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from wavepipe.contracts.quality import QualityRule
 from wavepipe.contracts.rows import QC_FIELDS, QC_NAMES
 
 #: A spike is further than this many scaled MADs (1.4826 x MAD: a normal distribution's sigma)
@@ -333,3 +338,44 @@ def _source_entry(grouped: dict, rule_names: list[str]) -> dict:
         "max_clipped_share": number("max_clipped_share_max") or 0.0,
         "max_latency_s": number("max_latency_s_max"),
     }
+
+
+def flags(rules: Sequence[QualityRule], sources: Sequence[str], columns: Mapping[str, pa.Array]) -> pa.ListArray:
+    """Per row (of ``sources`` and the quality ``columns``: name -> its Arrow column), the names of
+    the ``rules`` it breaks, in the rules' order (a row not measured: an empty list)."""
+    hits = np.zeros((len(sources), len(rules)), bool)  # a row per row, a column per rule
+    for i, rule in enumerate(rules):
+        hits[:, i] = _matching(rule.sources, sources) & _breaks(rule, columns[rule.metric])
+    offsets = np.zeros(len(sources) + 1, np.int32)
+    np.cumsum(hits.sum(axis=1), out=offsets[1:])
+    names = np.array([rule.name for rule in rules] or [""], object)[np.nonzero(hits)[1]]  # row by row, in rule order
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(names, pa.string()))
+
+
+def _matching(pattern: str, sources: Sequence[str]) -> np.ndarray:
+    if pattern == "*":
+        return np.ones(len(sources), bool)
+    matches = {s: fnmatch.fnmatchcase(s, pattern) for s in set(sources)}
+    return np.array([matches[s] for s in sources], bool)
+
+
+def _breaks(rule: QualityRule, column: pa.Array) -> np.ndarray:
+    """Per row of ``column`` (a per channel list, or one value a row), whether any value breaks
+    ``rule``; a null breaks nothing."""
+    rows = np.zeros(len(column), bool)
+    if pa.types.is_list(column.type):
+        parents = pc.list_parent_indices(column).to_numpy()
+        values = pc.list_flatten(column)
+    else:
+        parents, values = np.arange(len(column)), column
+    if rule.boolean:
+        hit = values.fill_null(False).to_numpy(zero_copy_only=False)
+    else:
+        v = values.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
+        hit = np.zeros(len(v), bool)
+        if rule.above is not None:
+            hit |= v > rule.above
+        if rule.below is not None:
+            hit |= v < rule.below
+    rows[parents[hit]] = True
+    return rows

@@ -126,7 +126,8 @@ def test_gaps_to_the_previous_waveform_of_the_source_in_the_run_or_before_it():
 
 
 def test_rules_flag_rows_by_source_and_threshold():
-    from wavepipe.contracts.quality import DEFAULT_RULES, flags, parse_rules
+    from wavepipe.contracts.quality import DEFAULT_RULES, parse_rules
+    from wavepipe.spark_apps.quality import flags
 
     rules = parse_rules([*DEFAULT_RULES, {"name": "late_iu", "metric": "latency_s", "above": 300, "sources": "IU.*"}])
     waveforms = [

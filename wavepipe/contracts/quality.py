@@ -10,16 +10,11 @@ fails a run, nor holds back its commit.
 
 from __future__ import annotations
 
-import fnmatch
 import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from wavepipe.contracts.rows import QUALITY_FIELDS
 
@@ -58,7 +53,15 @@ class QualityRule:
     def breaking(self, values: Sequence[Any]) -> list[int]:
         """The channels (their places) whose value in ``values`` (a row's per channel list of
         ``metric``) breaks the rule."""
-        return [i for i, v in enumerate(values) if v is not None and bool(_breaks(self, pa.array([v]))[0])]
+        return [i for i, v in enumerate(values) if v is not None and self.broken_by(v)]
+
+    def broken_by(self, value: Any) -> bool:
+        """Whether one measured value breaks the rule (as ``spark_apps.quality.flags`` decides for
+        a column: a boolean metric when true, else a value above ``above`` or below ``below``)."""
+        if self.boolean:
+            return bool(value)
+        v = float(value)
+        return (self.above is not None and v > self.above) or (self.below is not None and v < self.below)
 
     def explain(self, row: Mapping[str, Any]) -> str:
         """How ``row`` (a published row's columns: ``metric``, ``channel_names``) breaks the rule,
@@ -139,44 +142,3 @@ def _rule(entry: Mapping[str, Any]) -> QualityRule:
     if not rule.boolean and all(v is None for v in bounds.values()):
         raise ValueError(f"{metric} needs a threshold: above, below or both")
     return rule
-
-
-def flags(rules: Sequence[QualityRule], sources: Sequence[str], columns: Mapping[str, pa.Array]) -> pa.ListArray:
-    """Per row (of ``sources`` and the quality ``columns``: name -> its Arrow column), the names of
-    the ``rules`` it breaks, in the rules' order (a row not measured: an empty list)."""
-    hits = np.zeros((len(sources), len(rules)), bool)  # a row per row, a column per rule
-    for i, rule in enumerate(rules):
-        hits[:, i] = _matching(rule.sources, sources) & _breaks(rule, columns[rule.metric])
-    offsets = np.zeros(len(sources) + 1, np.int32)
-    np.cumsum(hits.sum(axis=1), out=offsets[1:])
-    names = np.array([rule.name for rule in rules] or [""], object)[np.nonzero(hits)[1]]  # row by row, in rule order
-    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(names, pa.string()))
-
-
-def _matching(pattern: str, sources: Sequence[str]) -> np.ndarray:
-    if pattern == "*":
-        return np.ones(len(sources), bool)
-    matches = {s: fnmatch.fnmatchcase(s, pattern) for s in set(sources)}
-    return np.array([matches[s] for s in sources], bool)
-
-
-def _breaks(rule: QualityRule, column: pa.Array) -> np.ndarray:
-    """Per row of ``column`` (a per channel list, or one value a row), whether any value breaks
-    ``rule``; a null breaks nothing."""
-    rows = np.zeros(len(column), bool)
-    if pa.types.is_list(column.type):
-        parents = pc.list_parent_indices(column).to_numpy()
-        values = pc.list_flatten(column)
-    else:
-        parents, values = np.arange(len(column)), column
-    if rule.boolean:
-        hit = values.fill_null(False).to_numpy(zero_copy_only=False)
-    else:
-        v = values.cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False)
-        hit = np.zeros(len(v), bool)
-        if rule.above is not None:
-            hit |= v > rule.above
-        if rule.below is not None:
-            hit |= v < rule.below
-    rows[parents[hit]] = True
-    return rows
