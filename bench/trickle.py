@@ -359,7 +359,7 @@ STEPS = {
     "consume": "consume_max",
     "Spark job": "spark_spark_app_s",
     "expectations": "validate_expectations_s",
-    "publish": "validate_publish_s",
+    "publish": "publish_total_s",
     "commit, report": "commit",
     "describe (plots, Data Docs; after the commit)": "describe",
 }

@@ -167,8 +167,11 @@ def release_stale_claim(store: RunStore, group: str, run_id: str) -> None:
         store.discard_staging(holder)
 
 
-def plan_run(settings: Settings, run_id: str, **request: Unpack[RunRequest]) -> RunPlan:
-    """The frozen plan of ``run_id``: loaded if it exists, else planned now and stored first.
+def plan_run(
+    settings: Settings, run_id: str, *, known: RunPlan | None = None, **request: Unpack[RunRequest]
+) -> RunPlan:
+    """The frozen plan of ``run_id``: loaded if it exists (``known``: as the caller read it), else
+    planned now and stored first.
 
     Per partition, ``start`` is the group's committed offset and ``end`` is the last stable offset
     now (what a read_committed reader can reach), capped per partition. A group with no committed
@@ -187,7 +190,7 @@ def plan_run(settings: Settings, run_id: str, **request: Unpack[RunRequest]) -> 
     max_records, max_bytes = request.get("max_records"), request.get("max_bytes")
     skip_lost_offsets, new_group_start = request.get("skip_lost_offsets", False), request.get("new_group_start")
     store = RunStore(settings)
-    existing = store.load_plan(run_id)
+    existing = known if known is not None and known.run_id == run_id else store.load_plan(run_id)
     if existing is not None:
         store.claim_group(existing.group, run_id)
         log.info("run %s: reusing its frozen plan (%d offsets)", run_id, existing.total_offsets)

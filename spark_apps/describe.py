@@ -21,17 +21,19 @@ from dataclasses import dataclass
 from wavepipe import plots
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.report import describe_safely
-from wavepipe.contracts.steps import Validated
+from wavepipe.contracts.steps import Published, Validated
 from wavepipe.spark_apps.validate import DataDocs, build_data_docs
 
 
 @dataclass
 class Description:
-    """What describes run ``result.run_id`` (its validation record as published): the waveforms
+    """What describes run ``result.run_id`` (its validation record, and what it published): the waveforms
     its plot draws, its Data Docs to build and its ``notes``, which the record keeps."""
 
     settings: Settings
     result: Validated
+    #: its publish (None: nothing published)
+    published: Published | None
     picked: plots.Picked
     docs: DataDocs
     notes: list[str]
@@ -61,13 +63,14 @@ def make(descriptions: list[Description]) -> list[Validated]:
 
 
 def _flagged_plot(d: Description) -> None:
-    """The plot of the waveforms the run published flagged, when there are any, in its quality."""
-    quality, version = d.result.quality, d.result.output_table_version
+    """The plot of the waveforms the run published flagged, when there are any (``flagged_plot``)."""
+    quality = d.published.quality if d.published else None
+    version = d.published.output_table_version if d.published else None
     if not (d.settings.quality_metrics and quality and quality.get("flagged") and version is not None):
         return
     t = time.monotonic()
     what = "the plot of the flagged waveforms"
-    quality["plot"] = describe_safely(d.notes, what, plots.plot_flagged, d.settings, d.result.run_id, version)
+    d.result.flagged_plot = describe_safely(d.notes, what, plots.plot_flagged, d.settings, d.result.run_id, version)
     d.result.timings["flagged_plot_s"] = time.monotonic() - t
 
 

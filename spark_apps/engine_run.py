@@ -28,7 +28,7 @@ from wavepipe import plots
 from wavepipe.contracts.errors import CandidatesMismatchError
 from wavepipe.contracts.report import append_validation_history, describe_safely
 from wavepipe.contracts.runfiles import Step
-from wavepipe.contracts.steps import Reassembled, Validated
+from wavepipe.contracts.steps import Published, Reassembled, Validated
 from wavepipe.run_store import Run
 from wavepipe.spark_apps import describe, publish, reassemble, validate
 from wavepipe.spark_apps.app import load_run, output_lock
@@ -71,7 +71,7 @@ def validate_and_publish(
     either way. What only describes the run (``describe``) is made after the publish, or with
     ``defer`` left for this process's commit to make after it (``describe.defer``)."""
     settings, store, plan = run.settings, run.store, run.plan
-    run.clear(Step.VALIDATE)
+    run.clear(Step.VALIDATE, Step.PUBLISH)
     notes: list[str] = []  # what could not be described; never a reason to fail the run
     with phase("validate"):
         reassembled = validate.check_candidates(spark, run, reassembled)
@@ -79,16 +79,15 @@ def validate_and_publish(
     result = verdict.result
     # the plot's waveforms, read from the staged files beside the publish (drawn later)
     fetching = beside(lambda: plots.read_picks(verdict.to_publish.waveforms, store, plan, notes), "wavepipe-plot")
-    if result.success:
-        _publish(spark, run, reassembled, verdict, fetching, notes)
-    else:  # nothing published: the page still names what the run would have set aside
+    published = _publish(spark, run, reassembled, verdict, fetching, notes) if result.success else None
+    if published is None:  # nothing published: the page still names what the run would have set aside
         result.named = describe_safely(
             notes, "naming the quarantined waveforms", publish.named_in_run, store, plan, verdict.to_publish.rejection
         )
     result.timings, result.notes = {k: round(v, 3) for k, v in result.timings.items()}, notes
-    describe_safely(notes, "the validation history", append_validation_history, settings, result)
-    description = describe.Description(settings, result, fetching()[0], verdict.docs, notes)
-    if defer and result.published:
+    describe_safely(notes, "the validation history", append_validation_history, settings, result, published)
+    description = describe.Description(settings, result, published, fetching()[0], verdict.docs, notes)
+    if defer and published is not None:
         describe.defer(description)
     else:
         describe.make([description])
@@ -97,30 +96,26 @@ def validate_and_publish(
     return result
 
 
-def _publish(spark, run: Run, reassembled: Reassembled, verdict, fetching, notes) -> None:
-    """Publish ``verdict``'s waveforms and record it in its result: the tables' versions, what a
-    quality rule held back, the published waveforms' quality summary (the commit's asset event
-    carries it). ``fetching``: the plot's read of the staged files, waited for before a changed
-    staged file makes the publish remove them."""
-    result, timings = verdict.result, verdict.result.timings
+def _publish(spark, run: Run, reassembled: Reassembled, verdict, fetching, notes) -> Published:
+    """Publish ``verdict``'s waveforms and record the run's ``publish`` step: the tables'
+    versions, what a quality rule held back, the published waveforms' quality summary (the
+    commit's asset event carries it). ``fetching``: the plot's read of the staged files, waited
+    for before a changed staged file makes the publish remove them."""
     t = time.monotonic()
     with phase("publish"):
         done = publish.publish(spark, run, reassembled, verdict.to_publish, fetching)
-    result.published = True
-    result.output_table_version, result.table_versions = done.output_version, done.table_versions
-    result.replaced_rows = done.replaced_rows
-    result.quarantined = result.quarantined.plus(done.held)
-    result.named = done.named
-    timings["publish_s"] = time.monotonic() - t
-    timings["qc_table_s"] = done.qc_s
+    done.timings["total_s"] = time.monotonic() - t
     if not verdict.to_publish.all_there and len(verdict.to_publish.waveforms):
         t = time.monotonic()
-        result.quality = describe_safely(
-            notes, "the quality summary", publish.quality_summary, run.settings, done.output_version
+        done.quality = describe_safely(
+            notes, "the quality summary", publish.quality_summary, run.settings, done.output_table_version
         )
-        timings["quality_summary_s"] = time.monotonic() - t
-        if result.quality is not None:
-            result.quality["qc_hours"] = done.qc_hours
+        done.timings["quality_summary_s"] = time.monotonic() - t
+        if done.quality is not None:
+            done.quality["qc_hours"] = done.qc_hours
+    done.timings = {k: round(v, 3) for k, v in done.timings.items()}
+    run.record(Step.PUBLISH, done)
+    return done
 
 
 def beside(work: Callable[[], T], name: str) -> Callable[[], tuple[T, float]]:
@@ -189,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
             result.timings["session_stop_s"] = round(time.monotonic() - began, 3)
             run.record(Step.REASSEMBLE, result)
         else:
-            print(json.dumps({"success": validated.success, "published": validated.published}))
+            published = run.result(Step.PUBLISH, Published) is not None
+            print(json.dumps({"success": validated.success, "published": published}))
     return 0
 
 

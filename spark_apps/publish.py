@@ -22,7 +22,6 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import PurePosixPath
 
 import pandas as pd
@@ -37,7 +36,7 @@ from wavepipe.contracts.errors import CandidatesMismatchError, ConflictError
 from wavepipe.contracts.plan import RunPlan
 from wavepipe.contracts.protocol import MIN_TIME_US
 from wavepipe.contracts.runfiles import Step
-from wavepipe.contracts.steps import Named, Reassembled, ValidationQuarantine, WindowRows
+from wavepipe.contracts.steps import Named, Published, Reassembled, WindowRows
 from wavepipe.delta_files import partition_values
 from wavepipe.delta_txn import Txn
 from wavepipe.faults import failpoint
@@ -116,25 +115,6 @@ class StagedChunksChangedError(ConflictError):
     waveforms was published, and its staged copies were removed so a retry reads them again."""
 
 
-@dataclass
-class Published:
-    """The output table's version after the publish, each published table's version (what an
-    asset event names) and, for a window run, the output rows its commit replaced (None: Delta
-    did not say)."""
-
-    output_version: int | None
-    table_versions: dict[str, int | None]
-    replaced_rows: int | None = None
-    #: the ``qc`` table's rows the run wrote (None: an earlier attempt of the run wrote them)
-    qc_hours: int | None = 0
-    #: the waveforms a quarantining quality rule held back, and where their records went
-    held: ValidationQuarantine = dataclasses.field(default_factory=ValidationQuarantine)
-    #: seconds the ``qc`` table's update took (within the publish)
-    qc_s: float = 0.0
-    #: the quarantined waveforms and dead letters the run published, by name (None: not known)
-    named: Named | None = None
-
-
 def publish(
     spark: SparkSession,
     run: Run,
@@ -192,7 +172,7 @@ def publish_run(spark: SparkSession, run: Run, reassembled: Reassembled, what: T
         began = time.monotonic()
         hours = update_qc(settings, plan, touched, txn) if settings.quality_metrics else 0
         names = named_safely(_with_rows(small["quarantine"], held.rows), small["dead_letter"])
-        return Published(version, {}, replaced, hours, held.moved, time.monotonic() - began, names)
+        return _published(plan, version, hours, held.moved, names, began, replaced_rows=replaced)
     source = None if what.all_there or not len(what.waveforms) else _waveform_files(spark, store, plan, what.waveforms)
     if source is not None:
         keys, partition_by = TABLE_KEYS["waveforms"]
@@ -208,7 +188,21 @@ def publish_run(spark: SparkSession, run: Run, reassembled: Reassembled, what: T
     began = time.monotonic()
     hours = update_qc(settings, plan, run_times(what.waveforms), txn) if settings.quality_metrics else 0
     names = named_safely(small["quarantine"], small["dead_letter"])
-    return Published(delta_version(settings.output_table), {}, None, hours, held.moved, time.monotonic() - began, names)
+    return _published(plan, delta_version(settings.output_table), hours, held.moved, names, began)
+
+
+def _published(plan: RunPlan, version: int | None, hours, held, names, qc_began: float, **more) -> Published:
+    """The run's ``Published`` record as its commits left it (``qc_began``: when the ``qc``
+    table's update began)."""
+    return Published(
+        run_id=plan.run_id,
+        output_table_version=version,
+        qc_hours=hours,
+        held=held,
+        named=names,
+        timings={"qc_table_s": time.monotonic() - qc_began},
+        **more,
+    )
 
 
 def named_safely(quarantine: pa.Table | None, dead_letter: pa.Table | None) -> Named | None:
@@ -525,4 +519,4 @@ def read_again(run: Run) -> None:
     """Forget the run's staged copies and every result made from them: its next attempt reads its
     planned ranges again (Kafka holds the records; the plan is kept)."""
     run.store.discard_staging(run.run_id)
-    run.clear(*(Step.consume(r) for r in run.plan.ranges), Step.REASSEMBLE, Step.VALIDATE)
+    run.clear(*(Step.consume(r) for r in run.plan.ranges), Step.REASSEMBLE, Step.VALIDATE, Step.PUBLISH)

@@ -241,7 +241,7 @@ def reassemble_run(spark: SparkSession, run: Run) -> tuple[Reassembled, pa.Table
     chunk_paths = staged_chunk_files(store, plan)
     # the candidates are made again from the staged chunks: an earlier result, and any validation
     # of it, is void until this one is saved (after every candidate table is written)
-    run.clear(Step.REASSEMBLE, Step.VALIDATE)
+    run.clear(Step.REASSEMBLE, Step.VALIDATE, Step.PUBLISH)
     candidates = store.candidate_dir(plan.run_id)
     storage.delete_tree(candidates)
     timings: dict[str, float] = {}

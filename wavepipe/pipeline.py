@@ -46,7 +46,7 @@ from wavepipe.contracts.report import (
     with_description,
 )
 from wavepipe.contracts.runfiles import Step, html_path, json_path
-from wavepipe.contracts.steps import ReadStats, Reassembled, Validated
+from wavepipe.contracts.steps import Published, ReadStats, Reassembled, Validated
 from wavepipe.delta_txn import dead_letters_of
 from wavepipe.faults import failpoint
 from wavepipe.run_store import Run, RunStore, staged_paths
@@ -134,12 +134,18 @@ def _timed(run: Run, step: str, began: float) -> None:
     run.record(Step.TIMINGS, timings)
 
 
-@_noted_on_failure("plan")
 def plan_step(settings: Settings, run_id: str, **request: Unpack[RunRequest]) -> RunPlan:
     """Freeze the run's ranges: from the group's committed offsets (incremental; a group without
     any starts at ``new_group_start``), or, with ``window=(start, end)``, the offsets of that time
     window (a backfill: see ``plan_window_run``), as the run ``window_run_id`` names (the plan's
     ``run_id``)."""
+    return _planned(settings, run_id, **request).plan
+
+
+@_noted_on_failure("plan")
+def _planned(settings: Settings, run_id: str, known: RunPlan | None = None, **request: Unpack[RunRequest]) -> Run:
+    """``plan_step``'s run, as the value its next steps take (``known``: the plan of ``run_id``
+    if the caller read it already, so it is not read again)."""
     from wavepipe.consumers.planner import plan_run, plan_window_run
 
     request = run_request(request)
@@ -158,9 +164,10 @@ def plan_step(settings: Settings, run_id: str, **request: Unpack[RunRequest]) ->
             run_id = window_run_id(settings, run_id, window)
             plan = plan_window_run(settings, run_id, start=window[0], end=window[1], topic=topic, group=group)
         else:
-            plan = plan_run(settings, run_id, **request)
-    _timed(Run(RunStore(settings), plan), "plan", began)
-    return plan
+            plan = plan_run(settings, run_id, known=known, **request)
+    run = Run(RunStore(settings), plan)
+    _timed(run, "plan", began)
+    return run
 
 
 def partitions_to_read(plan: RunPlan) -> list[int]:
@@ -222,7 +229,7 @@ def consume_step(settings: Settings, run_id: str, partition: int, plan: RunPlan 
     run_id = safe_run_id(run_id)
     store = RunStore(settings)
     with store.step_lock(run_id, Step.consume_lock(partition)):
-        for stale in (Step.REASSEMBLE, Step.VALIDATE):  # made from the staged files this step replaces
+        for stale in (Step.REASSEMBLE, Step.VALIDATE, Step.PUBLISH):  # made from the staged files this step replaces
             store.clear_step(run_id, stale)
         began = time.monotonic()
         stats = read_range(settings, run_id, partition, plan)  # records its own timing
@@ -304,7 +311,7 @@ def consume_run(run: Run, partitions: list[int]) -> list[dict]:
     read again when next asked."""
     read = consume_all(run.settings, run.run_id, partitions, run.plan)
     consumed = (Step.consume(r) for r in run.plan.ranges if r.partition in partitions)
-    run.forget(Step.REASSEMBLE, Step.VALIDATE, *consumed)
+    run.forget(Step.REASSEMBLE, Step.VALIDATE, Step.PUBLISH, *consumed)
     return read
 
 
@@ -337,7 +344,7 @@ def reassemble_step(
                 *(["--validate"] if validate else []),
                 staged_bytes=store.staged_bytes(run_id),
             )
-            run.forget(Step.REASSEMBLE, Step.VALIDATE)  # recorded by the app's own process
+            run.forget(Step.REASSEMBLE, Step.VALIDATE, Step.PUBLISH)  # recorded by the app's own process
         else:
             _on_engine(run, "reassemble", validate=validate, defer=defer_description)
     _timed(run, "reassemble", began)
@@ -366,7 +373,7 @@ def validate_step(
     if run.result(Step.REASSEMBLE, Reassembled) is None:
         raise StepFailedError(f"run {run_id}: no reassembly result; run the reassemble step first")
     done = run.result(Step.VALIDATE, Validated)  # a reassembly clears it
-    if done is not None and done.success and done.published:
+    if done is not None and done.success and run.result(Step.PUBLISH, Published) is not None:
         log.info("run %s: validated and published by its reassemble step; nothing left to do", run_id)
         return done
     began = time.monotonic()
@@ -375,7 +382,7 @@ def validate_step(
             spark_launch.submit(
                 settings, ENGINE_APP, "--run-id", run_id, "--step", "validate", staged_bytes=store.staged_bytes(run_id)
             )
-            run.forget(Step.VALIDATE)  # recorded by the app's own process
+            run.forget(Step.VALIDATE, Step.PUBLISH)  # recorded by the app's own process
         else:
             _on_engine(run, "validate", defer=defer_description)
     _timed(run, "validate", began)
@@ -499,6 +506,7 @@ class _Recorded:
     consumed: dict[int, ReadStats]
     reassembled: Reassembled | None
     validated: Validated | None
+    published: Published | None
     timings: dict
 
 
@@ -508,6 +516,7 @@ def _recorded(run: Run) -> _Recorded:
         {p: read for p, read in consumed.items() if read is not None},
         run.result(Step.REASSEMBLE, Reassembled),
         run.result(Step.VALIDATE, Validated),
+        run.result(Step.PUBLISH, Published),
         dict(run.raw(Step.TIMINGS) or {}),
     )
 
@@ -515,7 +524,13 @@ def _recorded(run: Run) -> _Recorded:
 def _report(run: Run, recorded: _Recorded, *, validation: Validated | None, skipped: str | None = None) -> dict:
     plan = run.plan
     report = build_report(
-        plan, recorded.consumed, recorded.reassembled, recorded.timings, skipped_reason=skipped, validation=validation
+        plan,
+        recorded.consumed,
+        recorded.reassembled,
+        recorded.timings,
+        skipped_reason=skipped,
+        validation=validation,
+        published=recorded.published if validation else None,
     )
     if plan.moved:  # the group was moved by someone else since this home's last commit
         report["moved"] = {str(p): move for p, move in plan.moved.items()}
@@ -625,7 +640,7 @@ def _published_result(plan: RunPlan, recorded: _Recorded, to_read: list[int]) ->
     if recorded.reassembled is None:
         raise StepFailedError(f"run {run_id}: no reassembly result; run the reassemble step")
     validation = recorded.validated
-    if not (validation and validation.success and validation.published):
+    if not (validation and validation.success and recorded.published is not None):
         raise StepFailedError(
             f"run {run_id}: its output was not validated and published"
             + (" (validation failed)" if validation else "")
@@ -734,18 +749,18 @@ def run_once(
     request = run_request(request)
     store = RunStore(settings)
     group = request["group"] = request.get("group") or settings.group
-    window = request.get("window")
+    window, known = request.get("window"), None
     if run_id is None:
         active = store.active_run(backfill_lane(group) if window else group)
         active_plan = store.load_plan(active) if active is not None else None
         if active_plan is not None and _same_window(active_plan, window):
             log.info("resuming unfinished run %s of group %s", active, group)
-            run_id = active
+            run_id, known = active, active_plan
         else:
             run_id = new_run_id()
     run_id = safe_run_id(run_id)
     with store.step_lock(run_id, Step.RUN):
-        return run_steps(settings, plan_step(settings, run_id, **request), describe=describe)
+        return _run_steps(_planned(settings, run_id, known=known, **request), describe=describe)
 
 
 def run_steps(settings: Settings, plan: RunPlan, *, describe: bool = True) -> dict:
@@ -757,7 +772,11 @@ def run_steps(settings: Settings, plan: RunPlan, *, describe: bool = True) -> di
     waiting in this process for the caller's ``describe_step`` (``follow`` makes several at once).
     Returns the commit's report. The run is one value through its steps: its plan is not read
     again."""
-    run = Run(RunStore(settings), plan)
+    return _run_steps(Run(RunStore(settings), plan), describe=describe)
+
+
+def _run_steps(run: Run, *, describe: bool) -> dict:
+    settings, plan = run.settings, run.plan
     with run.store.step_lock(plan.run_id, Step.RUN):
         staged = [p for p in partitions_to_read(plan) if _is_staged(run, p)]
         if staged:
@@ -768,7 +787,7 @@ def run_steps(settings: Settings, plan: RunPlan, *, describe: bool = True) -> di
         try:
             if run.result(Step.REASSEMBLE, Reassembled) is None:
                 reassemble_step(settings, plan.run_id, validate=True, defer_description=True, run=run)
-            elif not (validated and validated.success and validated.published):
+            elif not (validated and validated.success and run.result(Step.PUBLISH, Published) is not None):
                 validate_step(settings, plan.run_id, defer_description=True, run=run)
             report = commit_step(settings, plan.run_id, run=run)
         except BaseException:
@@ -951,5 +970,9 @@ def _require_plan(store: RunStore, run_id: str) -> RunPlan:
 
 
 def _require_run(settings: Settings, run_id: str) -> Run:
-    store = RunStore(settings)
-    return Run(store, _require_plan(store, safe_run_id(run_id)))
+    run = Run.load(settings, run_id)
+    if run is None:
+        raise StepFailedError(
+            f"run {run_id} has no plan under {RunStore(settings).runs_location}; run the plan step first"
+        )
+    return run

@@ -15,6 +15,8 @@ from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.consumers.reader import read_range
 from wavepipe.contracts.plan import ActiveRunError
+from wavepipe.contracts.runfiles import Step
+from wavepipe.contracts.steps import Published
 from wavepipe.run_store import RunStore, staged_paths
 
 pytestmark = pytest.mark.integration
@@ -100,6 +102,9 @@ def test_waveform_split_across_run_end_is_emitted_once_in_the_next_run(settings,
     # read of the plan in this process, and the report counts the state's reads and writes
     assert first["state_io"]["plan_reads"] == 1 and first["state_io"]["plan_writes"] == 1, first["state_io"]
     assert first["state_io"]["writes"] > 0
+    # the publish is a step of its own: its record names the tables' versions the report gives
+    done = RunStore(settings).load_result("first", Step.PUBLISH, Published)
+    assert done.table_versions == first["table_versions"] and done.output_table_version == first["output_table_version"]
     p0 = first["partitions"]["0"]
     assert (p0["output"], p0["pending"], p0["safe_offset"]) == (3, 1, 1)
     assert first["waveforms"] == {"output_new": 1, "pending": 1}

@@ -159,6 +159,7 @@ def test_crash_after_the_output_is_durable_then_a_rerun_adds_nothing_twice(reque
 
     report = pipeline.run_once(settings)  # resumes the group's unfinished run at its first unfinished step
     assert report["run_id"] == "crash"
+    assert report["state_io"]["plan_reads"] == 1, "the resumed run's plan is read once, by run_once"
     assert report["waveforms"] == {"output_new": 6}, "its own waveforms, published once, by this run"
     assert_accounted(spark, settings, report)
     _assert_output(spark, settings, expected)

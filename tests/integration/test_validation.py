@@ -29,7 +29,7 @@ from wavepipe.consumers.producer import produce_demo
 from wavepipe.contracts.errors import ValidationFailedError
 from wavepipe.contracts.report import validation_trend
 from wavepipe.contracts.runfiles import Step, html_path, json_path
-from wavepipe.contracts.steps import Reassembled
+from wavepipe.contracts.steps import Published, Reassembled
 from wavepipe.engine_client import EngineLostError
 from wavepipe.local.engine_server import LocalEngine
 from wavepipe.offline_docs import remote_urls
@@ -386,7 +386,8 @@ def test_a_staged_chunk_damaged_after_it_was_read_publishes_nothing_and_the_retr
     assert killed.pid() is None
     pipeline.reassemble_step(own_engine, "damaged")
     assert killed.pid() is not None
-    assert pipeline.validate_step(settings, "damaged").published
+    assert pipeline.validate_step(settings, "damaged").success
+    assert RunStore(settings).load_result("damaged", Step.PUBLISH, Published).table_versions["waveforms"] is not None
     report = pipeline.commit_step(settings, "damaged")
     assert_accounted(spark, settings, report)
     out = spark.read.format("delta").load(str(settings.output_table))

@@ -6,19 +6,22 @@ from __future__ import annotations
 import pytest
 
 from wavepipe.contracts.config import load_settings
-from wavepipe.contracts.steps import Validated, ValidatedRows
+from wavepipe.contracts.steps import Published, Validated, ValidatedRows
 from wavepipe.spark_apps import describe
 
 
 def _description(settings, run_id: str, flagged: int = 0) -> describe.Description:
     result = Validated(
         run_id=run_id, group="g", topic="t", checked_at="now", suite_version=1, success=True, suites=[],
-        data_docs_index="", rows=ValidatedRows(waveforms=1, waveform_bytes=1, staged_records=1), thresholds={}, published=True, output_table_version=3,
-        quality={"flagged": flagged} if flagged is not None else None, timings={"publish_s": 0.1234},
+        data_docs_index="", rows=ValidatedRows(waveforms=1, waveform_bytes=1, staged_records=1), thresholds={},
+        timings={"expectations_s": 0.1234},
     )  # fmt: skip
+    published = Published(
+        run_id=run_id, output_table_version=3, quality={"flagged": flagged} if flagged is not None else None
+    )
     notes: list[str] = []
     return describe.Description(
-        settings, result, describe.plots.Picked([{"waveform_id": run_id}], "rule"), run_id, notes
+        settings, result, published, describe.plots.Picked([{"waveform_id": run_id}], "rule"), run_id, notes
     )
 
 
@@ -43,11 +46,11 @@ def test_several_runs_are_described_at_once_with_the_plots_of_the_last(made):
     assert calls["docs"] == [["r1", "r2", "r3"]], "one Data Docs build for all of them"
     assert calls["plot"] == ["r3"] and calls["flagged"] == ["r3"]
     assert [r.data_docs_index for r in results] == [f"file:///docs/r{i}/index.html" for i in (1, 2, 3)]
-    assert results[2].plot == "p.png" and results[2].quality["plot"] == "f.png" and results[2].notes == []
+    assert results[2].plot == "p.png" and results[2].flagged_plot == "f.png" and results[2].notes == []
     for r in results[:2]:
-        assert r.plot is None and "plot" not in r.quality
+        assert r.plot is None and r.flagged_plot is None
         assert r.notes == ["described with run r3: its plots show that run's waveforms, not this one's"]
-    assert results[0].timings["publish_s"] == 0.123 and "data_docs_s" in results[0].timings
+    assert results[0].timings["expectations_s"] == 0.123 and "data_docs_s" in results[0].timings
     assert describe.make([]) == []
 
 

@@ -4,7 +4,7 @@ from wavepipe.consumers.planner import record_cap
 from wavepipe.contracts.config import load_settings
 from wavepipe.contracts.plan import OffsetRange, RunPlan
 from wavepipe.contracts.report import build_report
-from wavepipe.contracts.steps import ReadStats, Reassembled, Validated, from_record
+from wavepipe.contracts.steps import Published, ReadStats, Reassembled, Validated, from_record
 
 PLAN = RunPlan("r1", "t", "g", "now", (OffsetRange("t", 0, 10, 20), OffsetRange("t", 1, 0, 5)))
 
@@ -35,7 +35,8 @@ def reassembled(partitions: dict) -> Reassembled:
 
 
 def validated(**fields) -> Validated:
-    """A validate record of run r1 with ``fields``."""
+    """A validate record of run r1 with ``fields`` (each a field of ``Validated``)."""
+    assert set(fields) <= {f.name for f in dataclasses.fields(Validated)}, fields
     record = {
         "run_id": "r1",
         "group": "g",
@@ -49,6 +50,12 @@ def validated(**fields) -> Validated:
         "thresholds": {},
     }
     return from_record(Validated, record | fields)
+
+
+def published(**fields) -> Published:
+    """A publish record of run r1 with ``fields`` (each a field of ``Published``)."""
+    assert set(fields) <= {f.name for f in dataclasses.fields(Published)}, fields
+    return from_record(Published, {"run_id": "r1", "output_table_version": 4} | fields)
 
 
 CONSUMED = {

@@ -4,7 +4,7 @@ import html
 import json
 from html.parser import HTMLParser
 
-from tests.unit.test_report import CONSUMED, PLAN, _reassembled, validated
+from tests.unit.test_report import CONSUMED, PLAN, _reassembled, published, validated
 from wavepipe import report_html
 from wavepipe.contracts.report import build_report, failed_expectations, spark_jobs_summary
 
@@ -51,7 +51,6 @@ VALIDATION = {
     "suite_version": 1,
     "checked_at": "2026-11-22T00:00:00Z",
     "data_docs_index": "file:///d/index.html",
-    "published": False,
     "plot": None,
     "thresholds": {},
     "rows": {"waveforms": 11, "waveform_bytes": 1100, "staged_records": 15},
@@ -89,13 +88,14 @@ VALIDATION = {
 }
 
 
-def _report(validation=VALIDATION, commit=None):
+def _report(validation=VALIDATION, commit=None, publish=None):
     report = build_report(
         PLAN,
         CONSUMED,
         _reassembled(dead_letter=1),
         {"plan": 0.1, "reassemble": 9.5},
         validation=validated(**validation),
+        published=publish,
     )
     if commit:
         report["commit"] = commit
@@ -157,7 +157,7 @@ def test_a_per_waveform_failure_shows_as_quarantine_not_as_a_failed_run():
         {**VALIDATION["suites"][0], "success": True, "failed_count": 0, "failed": []},
         {**VALIDATION["suites"][1], "success": False, "failed_count": 1, "failed": VALIDATION["suites"][0]["failed"]},
     ]
-    report = _report({**VALIDATION, "success": True, "published": True, "suites": suites})
+    report = _report({**VALIDATION, "success": True, "suites": suites}, publish=published())
     html = report_html.render(report, trend=[])
     assert "validation failed" not in html and "quarantines the waveform" in html
     assert '<tr class="warn"><td class="t">expect_column_values_to_be_between</td>' in html
@@ -236,9 +236,13 @@ def test_the_page_leads_with_waveforms_and_states_what_bounded_the_run():
     assert "Capped at" in page and "records per partition" in page and "Incremental" in page
 
     window = {"start": "2026-11-20T00:00:00+00:00", "end": "2026-11-20T00:15:00+00:00", "offsets": {"0": [10, 20]}}
-    published = validated(replaced_rows=18, published=True)
     report = build_report(
-        dataclasses.replace(PLAN, window=window), CONSUMED, result, {"plan": 0.1}, validation=published
+        dataclasses.replace(PLAN, window=window),
+        CONSUMED,
+        result,
+        {"plan": 0.1},
+        validation=validated(),
+        published=published(replaced_rows=18),
     )
     assert report["outcome"]["rewritten"] == 20 and report["outcome"]["replaced"] == 18 and report["window"] == window
     assert report["outcome"]["new"] == 0
@@ -295,7 +299,12 @@ def test_the_cli_summary_says_what_the_page_leads_with(capsys):
     assert "20 new waveforms, 2 pending, 2 quarantined, 1 records dead-lettered" in line
     window = {"start": "a", "end": "b", "offsets": {"0": [10, 20], "1": [0, 5]}}
     report = build_report(
-        dataclasses.replace(PLAN, window=window), CONSUMED, result, {"plan": 0.1}, validation=validated(replaced_rows=7)
+        dataclasses.replace(PLAN, window=window),
+        CONSUMED,
+        result,
+        {"plan": 0.1},
+        validation=validated(),
+        published=published(replaced_rows=7),
     )
     _print_report(report)
     out = capsys.readouterr().out

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pyarrow as pa
 
-from tests.unit.test_report import CONSUMED, PLAN, _reassembled, validated
+from tests.unit.test_report import CONSUMED, PLAN, _reassembled, published, validated
 from tests.unit.test_report_html import _lookup, parse_numbers
 from wavepipe import report_html
 from wavepipe.consumers.staging import dead_letter_row
@@ -98,13 +98,20 @@ def test_a_producers_long_text_is_cut_in_the_report_not_in_the_table():
 def _report(quarantine=None, dead=None, *, waveforms=None, success=True, window=None, replaced=None, **p0):
     result = _reassembled(dead_letter=1, **p0)
     result.waveforms = waveforms or {"output_new": 3, "quarantined:too_large": 3}
-    fields = {"success": success, "thresholds": THRESHOLDS, "published": success}
+    fields, done = {"success": success, "thresholds": THRESHOLDS}, {}
     if quarantine is not None or dead is not None:
-        fields["named"] = dataclasses.asdict(named(quarantine, dead))
+        (done if success else fields)["named"] = dataclasses.asdict(named(quarantine, dead))
     if replaced is not None:
-        fields["replaced_rows"] = replaced
+        done["replaced_rows"] = replaced
     plan = dataclasses.replace(PLAN, window=window) if window else PLAN
-    report = build_report(plan, CONSUMED, result, {"plan": 0.1}, validation=validated(**fields))
+    report = build_report(
+        plan,
+        CONSUMED,
+        result,
+        {"plan": 0.1},
+        validation=validated(**fields),
+        published=published(**done) if success else None,
+    )
     return json.loads(json.dumps(report))  # as the page is made again from the JSON twin
 
 

@@ -20,9 +20,11 @@ from wavepipe.contracts.runfiles import history_path
 from wavepipe.contracts.steps import (
     Named,
     PartitionAccount,
+    Published,
     ReadStats,
     Reassembled,
     Validated,
+    ValidationQuarantine,
     settled,
     to_record,
 )
@@ -36,7 +38,6 @@ VALIDATION_IN_REPORT = (
     "suites",
     "rows",
     "data_docs_index",
-    "published",
     "plot",
     "thresholds",
     "notes",
@@ -74,8 +75,24 @@ def describe_safely(
         return None
 
 
-def append_validation_history(settings: Settings, validation: Validated) -> None:
-    """One line per validation attempt: the trend of pass/fail and counts over runs."""
+def quarantined(validation: Validated | None, published: Published | None) -> ValidationQuarantine | None:
+    """The new waveforms the run quarantined after its reassembly: those a per-waveform
+    expectation failed, and those a quarantining quality rule held back at the publish."""
+    if validation is None:
+        return None
+    return validation.quarantined.plus(published.held) if published else validation.quarantined
+
+
+def validation_entry(validation: Validated, published: Published | None) -> dict[str, Any]:
+    """The report's ``validation``: what it keeps of the record, whether the run was published,
+    and what validation and the publish quarantined."""
+    entry = {k: v for k, v in to_record(validation).items() if k in VALIDATION_IN_REPORT}
+    return {**entry, "published": published is not None, "quarantined": to_record(quarantined(validation, published))}
+
+
+def append_validation_history(settings: Settings, validation: Validated, published: Published | None = None) -> None:
+    """One line per validation attempt: the trend of pass/fail and counts over runs
+    (``published``: its publish, whose quality rules may have held some back)."""
     entry = {
         "run_id": validation.run_id,
         "group": validation.group,
@@ -85,7 +102,7 @@ def append_validation_history(settings: Settings, validation: Validated) -> None
         "suite_version": validation.suite_version,
         "waveforms": validation.rows.waveforms,
         "staged_records": validation.rows.staged_records,
-        "quarantined": sum(validation.quarantined.waveforms.values()),
+        "quarantined": sum(quarantined(validation, published).waveforms.values()),
         "evaluated": sum(s["evaluated"] for s in validation.suites),
         "failed": sum(s["failed_count"] for s in validation.suites),
         "failed_expectations": sorted(
@@ -215,15 +232,18 @@ def _timings(
     partitions: dict[str, dict],
     reassembled: Reassembled | None,
     validation: Validated | None,
+    published: Published | None,
 ) -> dict[str, float]:
     """The steps' seconds, the readers' sum and maximum (they may run in parallel, one mapped task
-    each), and the Spark and validation steps' own timers (``spark_``, ``validate_``)."""
+    each), and the Spark, validation and publish steps' own timers (``spark_``, ``validate_``,
+    ``publish_``)."""
     out = {k: round(v, 3) for k, v in timings.items()}
     read_seconds = [part["read_seconds"] for part in partitions.values()]
     out["consume_sum"] = round(sum(read_seconds), 3)
     out["consume_max"] = round(max(read_seconds, default=0.0), 3)
     out.update({f"spark_{k}": v for k, v in (reassembled.timings if reassembled else {}).items()})
     out.update({f"validate_{k}": v for k, v in (validation.timings if validation else {}).items()})
+    out.update({f"publish_{k}": v for k, v in (published.timings if published else {}).items()})
     return out
 
 
@@ -235,11 +255,13 @@ def build_report(
     *,
     skipped_reason: str | None = None,
     validation: Validated | None = None,
+    published: Published | None = None,
 ) -> dict[str, Any]:
     """Merge what each step recorded into one report (commit fields are added by the commit).
     The report is the run's JSON document: its partitions are keyed by their number as text.
-    Waveforms that validation quarantined are accounted as quarantined (``settled``)."""
-    reassembled = settled(reassembled, validation.quarantined if validation else None)
+    Waveforms that validation or the publish quarantined are accounted as quarantined (``settled``)."""
+    reassembled = settled(reassembled, quarantined(validation, published))
+    named = published.named if published else validation.named if validation else None
     partitions = {str(r.partition): _partition_entry(plan, r, consumed, reassembled) for r in plan.ranges}
     totals = {key: sum(part.get(key, 0) for part in partitions.values()) for key in _SUMMED}
     totals["lost"] = sum(to - start for start, to in plan.lost.values())
@@ -258,26 +280,24 @@ def build_report(
             dict(reassembled.waveforms) if reassembled else {},
             totals["dead_letter"],
             window=plan.is_window,
-            replaced_rows=validation.replaced_rows if validation else None,
+            replaced_rows=published.replaced_rows if published else None,
         ),
         # what bounded the run: a cap on the records read per partition, a time window
         "caps": {k: v for k, v in plan.caps.items() if v},
         "window": plan.window,
         # how the new waveforms were verified: hashed by their reader as it staged them, or by Spark
         "verified": dict(reassembled.verified) if reassembled else {},
-        "output_table_version": validation.output_table_version if validation else None,
-        "table_versions": dict(validation.table_versions) if validation else {},
-        "validation": None
-        if validation is None
-        else {k: v for k, v in to_record(validation).items() if k in VALIDATION_IN_REPORT},
+        "output_table_version": published.output_table_version if published else None,
+        "table_versions": dict(published.table_versions) if published else {},
+        "validation": None if validation is None else validation_entry(validation, published),
         # what the published waveforms' measured quality says (docs/quality.md); None: not measured
-        "quality": validation.quality if validation else None,
+        "quality": published.quality if published else None,
         # the quarantined waveforms and dead letters by name, the first few (``steps.Named``);
-        # None: not known (not validated yet, or an earlier wavepipe's record)
-        "named": named_record(validation.named) if validation and validation.named else None,
+        # None: not known (not validated yet)
+        "named": named_record(named) if named else None,
         # what could not be described (a plot, Data Docs, the page, the trend): never a failure
         "notes": list(validation.notes) if validation else [],
-        "timings_s": _timings(timings, partitions, reassembled, validation),
+        "timings_s": _timings(timings, partitions, reassembled, validation, published),
     }
     wall = sum(timings.get(k, 0.0) for k in ("plan", "reassemble", "validate")) + report["timings_s"]["consume_sum"]
     report["throughput_mb_s"] = round(totals["payload_bytes_read"] / 1e6 / wall, 2) if wall > 0 else None
@@ -289,10 +309,12 @@ def with_description(report: dict[str, Any], validation: Validated) -> dict[str,
     """``report`` with its run's validation as described after the commit (``spark_apps.describe``:
     the plot, the Data Docs' links, the flagged plot in the quality, their notes and timings)."""
     timings = {f"validate_{k}": v for k, v in validation.timings.items()}
+    described = {k: v for k, v in to_record(validation).items() if k in VALIDATION_IN_REPORT and k != "quarantined"}
+    quality = report.get("quality")
     return {
         **report,
-        "validation": {k: v for k, v in to_record(validation).items() if k in VALIDATION_IN_REPORT},
-        "quality": validation.quality,
+        "validation": {**(report.get("validation") or {}), **described},
+        "quality": {**quality, "plot": validation.flagged_plot} if quality and validation.flagged_plot else quality,
         "notes": list(dict.fromkeys([*report.get("notes", []), *validation.notes])),
         "timings_s": {**report.get("timings_s", {}), **timings},
     }

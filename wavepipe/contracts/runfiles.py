@@ -41,6 +41,7 @@ class Step:
     RUN = "run"
     REASSEMBLE = "reassemble"
     VALIDATE = "validate"
+    PUBLISH = "publish"
     REPORT = "report"
     #: seconds each step took, added to the report
     TIMINGS = "timings"

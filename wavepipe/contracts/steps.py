@@ -168,7 +168,7 @@ class ValidatedRows:
 
 @dataclass(kw_only=True)
 class Validated:
-    """The ``validate`` record: the suites' outcome and whether the output was published."""
+    """The ``validate`` record: the suites' outcome (a run may be published only if it passed)."""
 
     run_id: str
     group: str
@@ -182,23 +182,45 @@ class Validated:
     rows: ValidatedRows
     thresholds: dict[str, Any]
     plot: str | None = None
-    published: bool = False
+    #: the plot of the published waveforms a quality rule flagged (made after the commit)
+    flagged_plot: str | None = None
+    #: the output table's version the validation checked against
     output_table_version: int | None = None
-    #: each output table's version once the run's publish committed (what an asset event names)
-    table_versions: dict[str, int | None] = field(default_factory=dict)
-    #: a window run: the output table's rows its window's commit replaced (None: Delta did not say)
-    replaced_rows: int | None = None
     timings: dict[str, float] = field(default_factory=dict)
     #: what could not be described (the plot, Data Docs, the trend): never a failure
     notes: list[str] = field(default_factory=list)
-    #: the new waveforms a per-waveform expectation or a quality rule quarantined instead of publishing
+    #: the new waveforms a per-waveform expectation quarantined instead of publishing
     quarantined: ValidationQuarantine = field(default_factory=ValidationQuarantine)
+    #: a run that failed validation: the waveforms and dead letters it would have set aside, by
+    #: name (a published run's are its ``Published.named``); None: not known
+    named: Named | None = None
+
+
+@dataclass(kw_only=True)
+class Published:
+    """The ``publish`` record: what the run's publish committed, recorded once its commits are
+    done (a publish that died before it is done again: its commits carry the group's
+    transaction, so nothing is added twice)."""
+
+    run_id: str
+    #: the output table's version after the run's commit
+    output_table_version: int | None
+    #: each published table's version after the publish (what an asset event names)
+    table_versions: dict[str, int | None] = field(default_factory=dict)
+    #: a window run: the output table's rows its window's commit replaced (None: Delta did not say)
+    replaced_rows: int | None = None
+    #: the ``qc`` table's rows the run wrote (None: an earlier attempt of the run wrote them)
+    qc_hours: int | None = 0
+    #: the waveforms a quarantining quality rule held back, and where their records went
+    held: ValidationQuarantine = field(default_factory=ValidationQuarantine)
+    #: the quarantined waveforms and dead letters the run published, by name (None: not known)
+    named: Named | None = None
     #: what the published waveforms' measured quality says (``spark_apps.quality.summarize``);
     #: None: not measured
     quality: dict[str, Any] | None = None
-    #: the quarantined waveforms and dead letters by name, as the run published them (or, a
-    #: run that failed validation, would have); None: not known (an earlier wavepipe's record)
-    named: Named | None = None
+    #: ``total_s`` (the publish, the ``qc`` table's update within it: ``qc_table_s``), then
+    #: ``quality_summary_s``
+    timings: dict[str, float] = field(default_factory=dict)
 
 
 def settled(reassembled: Reassembled | None, moved: ValidationQuarantine | None) -> Reassembled | None:
