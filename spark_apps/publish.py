@@ -142,7 +142,7 @@ def publish(
     ensure_tables(settings, table_paths(settings))  # those no row has reached yet
     # under the output lock: a table's version now is the run's own commit where it put rows
     versions = {
-        name: done.output_version if name == "waveforms" else delta_version(path)
+        name: done.output_table_version if name == "waveforms" else delta_version(path)
         for name, path in table_paths(settings).items()
     }
     return dataclasses.replace(done, table_versions=versions)
