@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import deltalake
 import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import Producer
@@ -105,6 +106,7 @@ def test_waveform_split_across_run_end_is_emitted_once_in_the_next_run(settings,
     # the publish is a step of its own: its record names the tables' versions the report gives
     done = RunStore(settings).load_result("first", Step.PUBLISH, Published)
     assert done.table_versions == first["table_versions"] and done.output_table_version == first["output_table_version"]
+    assert deltalake.DeltaTable(str(settings.output_table)).version() == done.output_table_version  # delta-rs agrees
     p0 = first["partitions"]["0"]
     assert (p0["output"], p0["pending"], p0["safe_offset"]) == (3, 1, 1)
     assert first["waveforms"] == {"output_new": 1, "pending": 1}
