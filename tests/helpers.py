@@ -139,6 +139,27 @@ def start_cli(settings: Settings, *args: str, failpoints: str | None = None):
     return start_python(settings, code, failpoints, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def when_stopped(proc, timeout: float = 240):
+    """The process of ``proc``'s tree that a ``stop`` failpoint froze (``psutil.Process``), once
+    one is; it goes on after a ``SIGCONT``. Fails when ``proc`` ends or ``timeout`` passes first."""
+    import time
+
+    import psutil
+
+    began = time.monotonic()
+    while time.monotonic() - began < timeout:
+        assert proc.poll() is None, f"ended before its failpoint stopped it: {proc.communicate()[0][-2000:]}"
+        try:
+            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+            frozen = [p for p in tree if p.status() == psutil.STATUS_STOPPED]
+        except psutil.NoSuchProcess:
+            frozen = []
+        if frozen:
+            return frozen[0]
+        time.sleep(0.1)
+    raise AssertionError(f"no failpoint stopped it within {timeout:.0f}s")
+
+
 def run_cli(settings: Settings, *args: str, failpoints: str | None = None, timeout: float = 600) -> tuple[int, str]:
     """``start_cli`` to the end: (return code, output)."""
     proc = start_cli(settings, *args, failpoints=failpoints)

@@ -12,7 +12,9 @@ these, or several joined by ``+`` (``sleep:3+kill-app``):
   (``wavepipe.engine_client``), the engine (JVM and Python workers), after which the step fails as it
   does when its server dies (``InjectedFault``);
 * ``raise``: raise ``InjectedFault`` (a clean failure of the step);
-* ``sleep:<seconds>``: pause, e.g. to restart the broker under a running reader.
+* ``sleep:<seconds>``: pause, e.g. to restart the broker under a running reader;
+* ``stop``: SIGSTOP this process: it stays frozen where it is until a SIGCONT, so a test can
+  change the world (kill a store, a broker) at exactly that point.
 
 Unset, a failpoint costs one dict lookup. The names are listed in ``POINTS``.
 """
@@ -56,8 +58,10 @@ def parse(spec: str) -> dict[str, tuple[int, str]]:
         if not sep or name not in POINTS:
             raise ValueError(f"failpoint {item!r}: expected <name>[@<hit>]=<action> with name in {sorted(POINTS)}")
         for step in action.split("+"):
-            if step not in ("kill", "kill-app", "raise") and not (step.startswith("sleep:") and _is_number(step[6:])):
-                raise ValueError(f"failpoint {item!r}: action must be kill, kill-app, raise or sleep:<seconds>")
+            if step not in ("kill", "kill-app", "raise", "stop") and not (
+                step.startswith("sleep:") and _is_number(step[6:])
+            ):
+                raise ValueError(f"failpoint {item!r}: action must be kill, kill-app, raise, stop or sleep:<seconds>")
         points[name] = (int(hit) if hit else 1, action)
     return points
 
@@ -111,6 +115,8 @@ def failpoint(name: str, spec: str | None = None, scope: str = "") -> None:
             kill_spark_app()
         elif step == "raise":
             raise InjectedFault(f"failpoint {name} (hit {hit})")
+        elif step == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
         else:
             time.sleep(float(step[6:]))
 

@@ -6,9 +6,10 @@ from wavepipe import faults
 
 
 def test_parse_names_hits_and_chained_actions():
-    assert faults.parse("consume.record@3=kill, commit.before_offsets=sleep:1.5+raise") == {
+    assert faults.parse("consume.record@3=kill, commit.before_offsets=sleep:1.5+raise, plan.after_claim=stop") == {
         "consume.record": (3, "kill"),
         "commit.before_offsets": (1, "sleep:1.5+raise"),
+        "plan.after_claim": (1, "stop"),
     }
 
 
