@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from confluent_kafka import TopicPartition
 
-from wavepipe.consumers.kafka_admin import committed_positions, group_consumer, new_producer, offsets_client
+from wavepipe.consumers.kafka_admin import answering, committed_positions, group_consumer, new_producer, offsets_client
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import ConflictError, StepFailedError, UnavailableError
 from wavepipe.contracts.plan import RunPlan
@@ -222,7 +222,8 @@ def _refuse_if_moved(plan: RunPlan, before: dict[int, int | None], safe: dict[in
 
 
 def _commit_plain(settings: Settings, plan: RunPlan, to_commit: list[TopicPartition]) -> None:
-    result = offsets_client(settings, plan.group).commit(offsets=to_commit, asynchronous=False)
+    with answering(settings.bootstrap_servers, f"commit of group {plan.group!r}"):
+        result = offsets_client(settings, plan.group).commit(offsets=to_commit, asynchronous=False)
     failed = [f"{tp.topic}[{tp.partition}]: {tp.error}" for tp in result or [] if tp.error is not None]
     if failed:
         raise OffsetsMovedError(f"commit of run {plan.run_id} failed for {', '.join(failed)}")

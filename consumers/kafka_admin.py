@@ -9,11 +9,12 @@ answered this process yet gets ``FIRST_CONTACT_TIMEOUT_S`` to do so (``require_r
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import tenacity
@@ -87,9 +88,10 @@ def new_admin(config: Mapping[str, Any], **own: Callable[..., Any]) -> AdminClie
     return AdminClient(client_config(config, **own))
 
 
-def retrying(call: Callable[[], T], what: str, attempts: int = 20, pause_s: float = 0.5) -> T:
+def retrying(call: Callable[[], T], what: str, servers: str, attempts: int = 20, pause_s: float = 0.5) -> T:
     """``call()``, retried while Kafka reports a quick transient error (a coordinator still
-    loading, a leader moving); any other error, or the last attempt's, is raised."""
+    loading, a leader moving); no broker of ``servers`` answering is ``KafkaUnreachableError``
+    (``answering``); any other error, or the last attempt's, is raised."""
 
     def transient(exc: BaseException) -> bool:
         return isinstance(exc, KafkaException) and exc.args[0].code() in _TRANSIENT
@@ -98,13 +100,40 @@ def retrying(call: Callable[[], T], what: str, attempts: int = 20, pause_s: floa
         err = state.outcome.exception().args[0]
         log.info("%s: %s (attempt %d/%d), retrying", what, err.str(), state.attempt_number, attempts)
 
-    return tenacity.Retrying(
-        retry=tenacity.retry_if_exception(transient),
-        stop=tenacity.stop_after_attempt(attempts),
-        wait=tenacity.wait_fixed(pause_s),
-        before_sleep=say,
-        reraise=True,
-    )(call)
+    with answering(servers, what):
+        return tenacity.Retrying(
+            retry=tenacity.retry_if_exception(transient),
+            stop=tenacity.stop_after_attempt(attempts),
+            wait=tenacity.wait_fixed(pause_s),
+            before_sleep=say,
+            reraise=True,
+        )(call)
+
+
+#: What librdkafka says when no broker answered a request: it timed out, or the connection failed.
+_NO_ANSWER = {
+    KafkaError._TIMED_OUT,
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._RESOLVE,
+    KafkaError.REQUEST_TIMED_OUT,
+}
+
+
+@contextlib.contextmanager
+def answering(servers: str, what: str) -> Iterator[None]:
+    """Kafka's error for ``what`` when no broker of ``servers`` answered it, as
+    ``KafkaUnreachableError`` in one line (``unreachable_message``: the servers and how to start
+    or point at a cluster); any other error as it is."""
+    began = time.monotonic()
+    try:
+        yield
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args else None
+        if not isinstance(err, KafkaError) or err.code() not in _NO_ANSWER:
+            raise
+        why = f"{what}: {err.str()}"
+        raise KafkaUnreachableError(unreachable_message(servers, why, time.monotonic() - began)) from None
 
 
 class KafkaAuthenticationError(UnavailableError):
@@ -329,7 +358,7 @@ def list_offsets(
         futures = client.list_offsets(request, isolation_level=isolation, request_timeout=TIMEOUT_S)
         return {tp.partition: fut.result(timeout=TIMEOUT_S + 5).offset for tp, fut in futures.items()}
 
-    return retrying(fetch, f"offsets of {topic}")
+    return retrying(fetch, f"offsets of {topic}", settings.bootstrap_servers)
 
 
 def committed_offsets(settings: Settings, group: str, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:
@@ -354,7 +383,7 @@ def committed_positions(
             out[tp.partition] = (tp.offset if tp.offset >= 0 else None, tp.metadata or None)
         return out
 
-    return retrying(fetch, f"committed offsets of group {group!r}")
+    return retrying(fetch, f"committed offsets of group {group!r}", settings.bootstrap_servers)
 
 
 _TRANSIENT = {

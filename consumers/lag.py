@@ -204,7 +204,11 @@ class LagProbe:
         if self._admin is None:
             self._admin = admin_client(self.settings)
         wanted = [TopicPartition(self.topic, p) for p in partitions]
-        result = retrying(lambda: consumer.committed(wanted, timeout=TIMEOUT_S), f"committed offsets of {self.group!r}")
+        result = retrying(
+            lambda: consumer.committed(wanted, timeout=TIMEOUT_S),
+            f"committed offsets of {self.group!r}",
+            self.settings.bootstrap_servers,
+        )
         committed = {tp.partition: (tp.offset if tp.offset >= 0 else None) for tp in result}
         end = list_offsets(self.settings, self.topic, partitions, OffsetSpec.latest(), admin=self._admin)
         if any(offset is None for offset in committed.values()):

@@ -246,7 +246,7 @@ def group_members(settings: Settings, group: str) -> tuple[str, list[str]]:
         return admin.describe_consumer_groups([group], request_timeout=TIMEOUT_S)[group].result(timeout=TIMEOUT_S + 5)
 
     try:
-        desc = retrying(fetch, f"describe group {group!r}")
+        desc = retrying(fetch, f"describe group {group!r}", settings.bootstrap_servers)
     except KafkaException as exc:
         if exc.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND:
             return "DEAD", []

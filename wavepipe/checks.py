@@ -119,7 +119,8 @@ def check_location(settings: Settings, name: str, uri: str) -> Check:
         return Check(name, True, f"{uri}: written, {made}read back and deleted in {time.monotonic() - began:.2f}s")
 
     settings_hint = storage.KIND_SETTINGS.get(kind or "s3")
-    own = storage.own_store(settings, kind or "s3")
+    own = storage.own_command(settings, kind or "s3")
+    own = f" (`{own}` for this home's own)" if own else ""
     return _tried(name, attempt, f"check the store{own}, that the bucket exists, and the {settings_hint} settings")
 
 

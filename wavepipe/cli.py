@@ -175,6 +175,10 @@ def _print_report(report: dict) -> None:
 
     t, outcome = report["totals"], report.get("outcome") or {}
     window = report.get("window")
+    if report.get("committed_by_other"):
+        print(
+            f"run {report['run_id']} was committed by another worker while this one ran; this attempt changed nothing:"
+        )
     if report.get("skipped"):
         print(f"run {report['run_id']}: {report['skipped']}; nothing read, nothing written")
     else:
@@ -1023,6 +1027,8 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    # httpx logs a line per request (the engine's job list, a run's): nothing a user acts on
+    logging.getLogger("httpx").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         return args.func(args)
     except WavepipeError as exc:

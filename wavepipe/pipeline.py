@@ -35,6 +35,7 @@ from wavepipe.contracts.errors import (
     UsageError,
     ValidationFailedError,
     WavepipeError,
+    first_line,
 )
 from wavepipe.contracts.plan import ActiveRunError, RunPlan, RunRequest, as_utc, new_run_id, run_request, safe_run_id
 from wavepipe.contracts.report import (
@@ -92,12 +93,6 @@ def _noted_on_failure(step: str):
     return wrap
 
 
-def first_line(reason: BaseException | str) -> str:
-    """A reason in one line of at most 300 characters, as the group's history keeps it."""
-    text = str(reason).strip()
-    return (text.splitlines() or [type(reason).__name__])[0][:300]
-
-
 def note_refusal(settings: Settings, run_id: str, request: dict, reason: BaseException | str) -> None:
     """Note a refused run (``RunStore.record_refusal``) with the topic and group it asked for;
     noting it never hides the refusal itself."""
@@ -109,7 +104,7 @@ def note_refusal(settings: Settings, run_id: str, request: dict, reason: BaseExc
             first_line(reason),
         )
     except Exception as noted:  # only describes: the refusal stands whether or not it is noted
-        log.warning("run %s: could not note its refusal (%s): %s", run_id, first_line(reason), noted)
+        log.warning("run %s: could not note its refusal in the run state (%s)", run_id, storage.briefly(noted))
 
 
 def _note_failure(settings: Settings, run_id: str, step: str, request: dict) -> None:
@@ -125,7 +120,7 @@ def _note_failure(settings: Settings, run_id: str, step: str, request: dict) -> 
         group = plan.group if plan else backfill_lane(group) if window else group
         store.record_failure(group, run_id, step, reason)
     except Exception as noted:  # describing a failure must not hide it
-        log.warning("run %s: could not note its failure (%s): %s", run_id, reason, noted)
+        log.warning("run %s: could not note its failure in the run state (%s)", run_id, storage.briefly(noted))
 
 
 def _timed(run: Run, step: str, began: float) -> None:
@@ -294,7 +289,7 @@ def consume_failure(settings: Settings, run_id: str, errors: list[tuple[int, Exc
     partitions that failed alike, then the error they share."""
     alike: dict[str, list[int]] = {}
     for partition, exc in errors:
-        alike.setdefault(storage.first_line(exc), []).append(partition)
+        alike.setdefault(first_line(exc), []).append(partition)
     said = "; ".join(f"partition{'s' * (len(ps) > 1)} {', '.join(map(str, ps))}: {line}" for line, ps in alike.items())
     kept = "The plan and the staged files are kept: a retry re-reads only what is missing."
     if any(storage.store_failed(exc) for _, exc in errors):
@@ -778,22 +773,53 @@ def run_steps(settings: Settings, plan: RunPlan, *, describe: bool = True) -> di
 def _run_steps(run: Run, *, describe: bool) -> dict:
     settings, plan = run.settings, run.plan
     with run.store.step_lock(plan.run_id, Step.RUN):
-        staged = [p for p in partitions_to_read(plan) if _is_staged(run, p)]
-        if staged:
-            log.info("run %s: partitions %s were staged by an earlier attempt; not read again", plan.run_id, staged)
-        with _engine_ready(settings, needed=bool(partitions_to_read(plan))):
-            consume_run(run, [p for p in partitions_to_read(plan) if p not in staged])
-        validated = run.result(Step.VALIDATE, Validated)
         try:
-            if run.result(Step.REASSEMBLE, Reassembled) is None:
-                reassemble_step(settings, plan.run_id, validate=True, defer_description=True, run=run)
-            elif not (validated and validated.success and run.result(Step.PUBLISH, Published) is not None):
-                validate_step(settings, plan.run_id, defer_description=True, run=run)
-            report = commit_step(settings, plan.run_id, run=run)
-        except BaseException:
+            report = _steps_to_commit(run)
+        except BUGS:
+            _forget_description(plan.run_id)
+            raise
+        except Exception:
             _forget_description(plan.run_id)  # the run did not commit: its retry describes its own publish
+            report = _committed_meanwhile(run)
+            if report is None:
+                raise
+            return report
+        except BaseException:
+            _forget_description(plan.run_id)
             raise
     return describe_step(settings, [report])[0] if describe else report
+
+
+def _steps_to_commit(run: Run) -> dict:
+    """The run's steps from its first without a result up to its commit's report."""
+    settings, plan = run.settings, run.plan
+    staged = [p for p in partitions_to_read(plan) if _is_staged(run, p)]
+    if staged:
+        log.info("run %s: partitions %s were staged by an earlier attempt; not read again", plan.run_id, staged)
+    with _engine_ready(settings, needed=bool(partitions_to_read(plan))):
+        consume_run(run, [p for p in partitions_to_read(plan) if p not in staged])
+    validated = run.result(Step.VALIDATE, Validated)
+    if run.result(Step.REASSEMBLE, Reassembled) is None:
+        reassemble_step(settings, plan.run_id, validate=True, defer_description=True, run=run)
+    elif not (validated and validated.success and run.result(Step.PUBLISH, Published) is not None):
+        validate_step(settings, plan.run_id, defer_description=True, run=run)
+    return commit_step(settings, plan.run_id, run=run)
+
+
+def _committed_meanwhile(run: Run) -> dict | None:
+    """The run's report when another worker committed it while this process ran its steps (on an
+    object store, after this one stalled past its lease): this process's step then failed on what
+    that commit removed (its staged files, its claim), and there is nothing left to do. None when
+    the run is not committed, or the state cannot say."""
+    run.forget(Step.REPORT)
+    try:
+        done = run.raw(Step.REPORT)
+    except (WavepipeError, OSError):  # the state did not answer: the step's own failure stands
+        return None
+    if not _committed(done):
+        return None
+    log.warning("run %s was committed by another worker while this one ran: nothing is left to do", run.run_id)
+    return {**_committed_before(run, None), "committed_by_other": True}
 
 
 def describe_step(settings: Settings, reports: list[dict]) -> list[dict]:

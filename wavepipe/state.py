@@ -301,12 +301,8 @@ class _Answering:
             except Exception as exc:
                 if not (isinstance(exc, BaseError) or storage.is_storage_error(exc)):
                     raise
-                first = str(exc).splitlines()[0][:300]
-                raise storage.StorageUnavailableError(
-                    f"the run state's object store ({self._uri}) failed: {first}. Check that the store answers and "
-                    f"the bucket exists, and the {storage.KIND_SETTINGS[storage.store_kind(self._uri)]} settings, then "
-                    "run again: the run resumes from its plan and staged files"
-                ) from None
+                said = storage.store_down(self._uri, exc, what="the run state's object store")
+                raise storage.StorageUnavailableError(said) from None
 
         return answered
 
@@ -371,7 +367,7 @@ class Lease:
                     )
                     waiting.stopped(exc, f"the lease {self.key} to be renewed", hint)
                     return
-                log.warning("could not renew the lease %s (%s); trying again", self.key, exc)
+                log.warning("could not renew the lease %s (%s); trying again", self.key, storage.briefly(exc))
                 continue
             if etag is None:
                 log.error(
@@ -394,7 +390,12 @@ class Lease:
             if found is not None and found[1] == self.etag:
                 self.store.delete(self.key)
         except Exception as exc:  # the store did not answer: the step's own outcome stands
-            log.warning("could not let go of the lease %s (%s); it runs out within %.0fs", self.key, exc, self.lease_s)
+            log.warning(
+                "could not let go of the lease %s (%s); it runs out within %.0fs",
+                self.key,
+                storage.briefly(exc),
+                self.lease_s,
+            )
 
 
 def open_state(settings) -> LocalState | ObjectState:

@@ -19,11 +19,12 @@ An object store has no rename and no lock; what needs one is a conditional write
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
 from wavepipe import cloud_access, objectstore_access
-from wavepipe.contracts.errors import BUGS, StepFailedError, UnavailableError, WavepipeError
+from wavepipe.contracts.errors import BUGS, StepFailedError, UnavailableError, WavepipeError, first_line
 
 #: URI schemes of object stores, and which store each names (Spark names S3 ``s3a``, every other
 #: client ``s3``; Azure's Data Lake URIs ``abfs``/``abfss``, obstore's and delta-rs's ``az``).
@@ -197,39 +198,75 @@ def is_storage_error(exc: BaseException) -> bool:
 
 
 def unreachable(settings) -> str | None:
-    """Why the tables' object store cannot be used now, in one line with what to do; None when
+    """Why the tables' object store cannot be used now, in one line (``store_down``); None when
     it answers (or the tables are local)."""
     if not uses_object_store(settings):
         return None
+    where = next(uri for uri in locations(settings) if is_remote(uri))
     try:
-        where = next(uri for uri in locations(settings) if is_remote(uri))
         open_store(where, options_for(settings, store_kind(where))).list_keys(".wavepipe-probe")
     except BUGS:
         raise
-    except Exception as exc:  # any failure to answer: said below, with its first line
-        kind = store_kind(where)
-        first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-        return (
-            f"the object store at {_endpoint_name(settings, kind)} did not answer ({first}). Nothing the step wrote "
-            "was committed, and the run's plan and staged chunks are kept: check the store"
-            f"{own_store(settings, kind)} and the {KIND_SETTINGS[kind]} settings, then run it again (`wavepipe "
-            "run` resumes the run; in Airflow, clear the failed task)"
-        )
+    except Exception as exc:  # any failure to answer: said in one line
+        return store_down(where, exc, settings)
     return None
 
 
-def _endpoint_name(settings, kind: str) -> str:
-    """Where the settings' store of ``kind`` is, for a message: its endpoint, or the cloud's name."""
-    endpoint = {"s3": settings.s3_endpoint, "gcs": settings.gcs_endpoint, "azure": settings.azure_endpoint}[kind]
-    return endpoint or {"s3": "AWS S3", "gcs": "Google Cloud Storage", "azure": "Azure Blob Storage"}[kind]
+#: Where each store of the process's settings is, and the command that checks it (``configure``).
+_reach: dict[str, tuple[str, str]] = {}
+
+_CLOUDS = {"s3": "AWS S3", "gcs": "Google Cloud Storage", "azure": "Azure Blob Storage"}
 
 
-def own_store(settings, kind: str) -> str:
-    """How to look at this home's own server of store ``kind``, when the settings use it ("": they don't)."""
+def store_down(uri: str, exc: BaseException, settings=None, what: str = "the object store") -> str:
+    """One line for ``what`` (the object store of ``uri``) failing with ``exc``: where the store
+    is, what it said (``said_by_store``), the command that checks it, and how to go on.
+    ``settings``: the settings that reach it (default: the ones this process was configured with)."""
+    kind = store_kind(uri)
+    where, check = _reach_of(settings, kind) if settings is not None else _reach.get(kind, (_CLOUDS[kind], ""))
+    return (
+        f"{what} at {where} did not answer ({said_by_store(exc)}): check it with "
+        f"{check or '`wavepipe check`'}, then run again; the run resumes where it stopped and still publishes "
+        "each waveform once (`wavepipe run`; in Airflow, clear the failed task)"
+    )
+
+
+def _reach_of(settings, kind: str) -> tuple[str, str]:
+    """Where ``settings``' store of ``kind`` is (its endpoint, or the cloud's name) and the command that checks it."""
+    endpoint = getattr(options_for(settings, kind), "endpoint", "") or _CLOUDS[kind]
+    own = own_command(settings, kind)
+    return endpoint, f"`{own}`" if own else f"`wavepipe check` and the {KIND_SETTINGS[kind]} settings"
+
+
+_OBJECT_STORE_SAID = re.compile(
+    r"Error performing (?P<method>[A-Z]+) (?P<url>\S+) in [^,]*, after (?P<tries>\d+) retries.*?- (?P<why>[^-].*)$"
+)
+
+
+def said_by_store(exc: BaseException) -> str:
+    """What an object store's client said in ``exc``, in a few words: obstore's and delta-rs's
+    "Error performing GET http://... in 515ms, after 3 retries, max_retries: 3, ... - HTTP error:
+    error sending request" becomes "GET /bucket/key: HTTP error: error sending request (3 retries)"."""
+    line = first_line(exc)
+    found = _OBJECT_STORE_SAID.search(line)
+    if found is None:
+        return line[:200]
+    return f"{found['method']} {urlparse(found['url']).path}: {found['why'].strip()} ({found['tries']} retries)"
+
+
+def briefly(exc: BaseException) -> str:
+    """``exc`` in a few words, for a warning beside a failure that says the rest: a store that did
+    not answer is "the object store did not answer" (the failure's own line says where and what to
+    do), anything else its first line."""
+    return "the object store did not answer" if isinstance(exc, StorageUnavailableError) else first_line(exc)
+
+
+def own_command(settings, kind: str) -> str:
+    """The command that checks this home's own server of store ``kind``, when the settings use it ("": they don't)."""
     if kind == "s3" and settings.s3_endpoint == "local":
-        return " (`wavepipe objectstore status` for this home's own)"
+        return "wavepipe objectstore status"
     if {"gcs": settings.gcs_endpoint, "azure": settings.azure_endpoint}.get(kind) == "local":
-        return f" (`wavepipe emulator status {kind}` for this home's own)"
+        return f"wavepipe emulator status {kind}"
     return ""
 
 
@@ -377,6 +414,7 @@ def configure(settings) -> None:
     table is read. A store no location of ``settings`` is on keeps the options it had."""
     kinds = {store_kind(uri) for uri in locations(settings)} - {None}
     _configured.update({kind: options_for(settings, kind) for kind in kinds})
+    _reach.update({kind: _reach_of(settings, kind) for kind in kinds})
 
 
 def configured_options(uri: str) -> StoreOptions | None:
@@ -581,14 +619,8 @@ def delta_error(exc: Exception, uri: str, doing: str) -> Exception:
     if isinstance(exc, WavepipeError):
         return exc
     if is_storage_error(exc):
-        return StorageUnavailableError(f"{doing} at {uri}: the object store failed ({first_line(exc)})")
+        return StorageUnavailableError(f"{doing} at {uri}: {store_down(uri, exc)}")
     return StepFailedError(f"{doing} at {uri} failed ({first_line(exc)}); run `wavepipe table repair`, then retry")
-
-
-def first_line(exc: BaseException) -> str:
-    """``exc``'s first line (its type's name when it has none), at most 300 characters."""
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
 
 
 def delta_table(uri: str, **kwargs):

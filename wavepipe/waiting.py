@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from wavepipe.contracts.errors import BUGS, UnavailableError
+from wavepipe.contracts.errors import BUGS, UnavailableError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,7 @@ def expected(exc: BaseException, retry_on: RetryOn) -> bool:
 
 def _line(exc: BaseException) -> str:
     """``exc``'s type and the first line of its message, shortened."""
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
+    return f"{type(exc).__name__}: {first_line(exc)}"
 
 
 def stopped(exc: BaseException, what: str, hint: str = "", error: type[Exception] = WaitError) -> Exception:

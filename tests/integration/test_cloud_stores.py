@@ -221,7 +221,7 @@ def test_wavepipe_check_proves_the_stores_conditional_writes_in_one_line(kind, o
     dead = {key: value.replace(f":{_port(value)}", f":{free_port()}") for key, value in on_store.items()}
     said = storage.unreachable(load_settings(home=tmp_path, state_uri=state, **dead))
     assert said.startswith(f"the object store at {dead[f'{kind}_endpoint']} did not answer"), said
-    assert f"and the {kind}_* settings, then run it again" in said, said
+    assert f"check it with `wavepipe check` and the {kind}_* settings, then run again" in said, said
 
 
 def _port(value: str) -> str:

@@ -24,6 +24,7 @@ from tests.helpers import (
     start_cli,
     start_python,
     waveform_records,
+    when_stopped,
 )
 from wavepipe import maintenance, pipeline
 from wavepipe.consumers.kafka_admin import admin_client, committed_offsets, ensure_topic, list_offsets
@@ -286,6 +287,36 @@ def test_broker_restarted_during_a_run(settings, spark, own_kafka):
     assert_accounted(spark, settings, report)
     _assert_output(spark, settings, expected)
     assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: 20, 1: 20}
+
+
+@pytest.mark.parametrize("where", ["plan.after_claim", "commit.before_offsets"])
+def test_the_broker_down_when_a_step_asks_it_fails_the_step_in_one_line_and_the_rerun_commits_once(
+    settings, spark, own_kafka, where
+):
+    """The broker stops while the run is frozen at a step that asks it next (the plan's offsets,
+    the commit's check of the group's offsets): the run fails with exit 1 in one line naming the
+    bootstrap servers, the request, and `wavepipe kafka up`, instead of librdkafka's bare
+    ``KafkaError{code=_TIMED_OUT...}``. With the broker back, `wavepipe run` commits each waveform once."""
+    settings = settings.replace(bootstrap_servers=own_kafka.bootstrap)
+    ensure_topic(settings)
+    expected = _produce(settings, 4, partitions=(0, 1))
+    run = start_cli(settings, "run", failpoints=f"{where}=stop")
+    frozen = when_stopped(run)
+    own_kafka.down()
+    frozen.resume()
+    try:
+        out, _ = run.communicate(timeout=300)
+    finally:
+        own_kafka.up()
+    said = [line for line in out.splitlines() if line.startswith("wavepipe run failed: ")]
+    assert run.returncode == 1 and len(said) == 1, out[-3000:]
+    assert f"Kafka at {own_kafka.bootstrap} did not answer in " in said[0], said[0]
+    assert "`wavepipe kafka up`" in said[0] and "KafkaError{" not in out, out[-3000:]
+
+    code, out = run_cli(settings, "run")
+    assert code == 0, out[-3000:]
+    _assert_output(spark, settings, expected)
+    assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: 8, 1: 8}
 
 
 @pytest.mark.parametrize("same_run", [False, True], ids=["two-run-ids", "one-run-id-twice"])

@@ -435,7 +435,7 @@ def test_the_store_down_at_the_publish_fails_the_run_visibly_and_the_retry_publi
     killed = time.monotonic()
     out, _ = run.communicate(timeout=300)
     assert run.returncode != 0, out
-    assert f"the object store at {options.endpoint} did not answer" in out and "run it again" in out, out[-2000:]
+    assert f"the object store at {options.endpoint} did not answer" in out and "then run again" in out, out[-2000:]
     assert time.monotonic() - killed < 90, "a store that does not answer fails the step in seconds, not minutes"
     store.up()
     assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: None, 1: None}
@@ -446,6 +446,98 @@ def test_the_store_down_at_the_publish_fails_the_run_visibly_and_the_retry_publi
     rows = rows_by_id(s3_spark, settings)
     assert {k: v[0] for k, v in rows.items()} == {w.waveform_id: w.checksum for w in sent}
     assert len({k.split("/")[0] for k in bucket.list_keys() if k.startswith("wavepipe-append-")}) == 2
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "plan.after_claim",
+        "consume.record@2",
+        "reassemble.after_write",
+        "publish.before_commit",
+        "commit.before_offsets",
+    ],
+)
+def test_the_store_dying_in_any_step_fails_it_in_one_line_that_names_the_store_and_the_rerun_publishes_once(
+    where, kafka, s3_engine, s3_spark, store, options, tmp_path
+):
+    """The object store holding the tables, the staging and the run state dies at a point of
+    each step (the run frozen there by a failpoint, the store killed, the run let go on): the run
+    fails with exit 1 in one line that names the store's endpoint, what it said in a few words,
+    and the command that checks it; no object store client's debug dump reaches the output, and
+    the warnings beside it do not repeat the line. Once the store is back, `wavepipe run` resumes
+    the run and publishes each waveform once, and the group's offsets end at the plan's end."""
+    from tests.helpers import make_settings, rows_by_id, run_cli, start_cli, when_stopped
+    from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
+    from wavepipe.consumers.producer import produce_demo
+    from wavepipe.run_store import RunStore
+
+    on_store = _on_store(options, _prefix("lake"), _prefix("staging"))
+    settings = make_settings(tmp_path / "home", kafka, s3_engine, state_uri=_prefix("state"), **on_store)
+    ensure_topic(settings)
+    sent = produce_demo(settings, count=4, target_bytes=16 * 1024)
+    run = start_cli(settings, "run", "--run-id", "dies", failpoints=f"{where}=stop")
+    frozen = when_stopped(run)
+    store.kill()
+    frozen.resume()
+    try:
+        out, _ = run.communicate(timeout=300)
+    finally:
+        store.up()
+    said = [line for line in out.splitlines() if line.startswith("wavepipe run failed: ")]
+    assert run.returncode == 1 and len(said) == 1, out[-3000:]
+    assert f"object store at {options.endpoint} did not answer (" in said[0], said[0]
+    assert "check it with `wavepipe check` and the s3_* settings, then run again" in said[0], said[0]
+    assert "Debug source" not in out and "retry_timeout" not in out, out[-3000:]
+    assert sum("did not answer (" in line for line in out.splitlines()) == 1, out[-3000:]
+
+    code, out = run_cli(settings, "run")
+    assert code == 0, out[-3000:]
+    rows = rows_by_id(s3_spark, settings)
+    assert {k: v[0] for k, v in rows.items()} == {w.waveform_id: w.checksum for w in sent}
+    store_of_runs = RunStore(settings)  # the run (a new one, when the store died before its plan was saved)
+    plan = store_of_runs.load_plan(store_of_runs.reports()[-1]["run_id"])
+    assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {
+        r.partition: r.end for r in plan.ranges
+    }
+
+
+def test_a_run_taken_over_after_its_lease_ran_out_ends_when_the_holder_commits_it_saying_so(
+    kafka, s3_engine, s3_spark, options, tmp_path
+):
+    """The run state on the store with a 3 s lease: run A stalls (frozen by a failpoint) after
+    its reassembly, past its lease; `wavepipe run` again (B) takes the run over, and stalls
+    after its own reassembly; A goes on and commits the run. B then finds the staged files
+    gone: it says that another worker committed the run and exits 0, changing nothing. Each
+    waveform is published once, and the offsets end at the plan's end."""
+    from tests.helpers import make_settings, rows_by_id, start_cli, when_stopped
+    from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
+    from wavepipe.consumers.producer import produce_demo
+    from wavepipe.run_store import RunStore
+
+    on_store = _on_store(options, _prefix("lake"), _prefix("staging"))
+    settings = make_settings(tmp_path / "a", kafka, s3_engine, state_uri=_prefix("state"), state_lease_s=3, **on_store)
+    ensure_topic(settings)
+    sent = produce_demo(settings, count=4, target_bytes=16 * 1024)
+    stall = "reassemble.after_write=stop"
+    first = start_cli(settings, "run", "--run-id", "taken", failpoints=stall)
+    first_frozen = when_stopped(first)
+    time.sleep(settings.state_lease_s + 2)  # its lease runs out
+    second = start_cli(settings.replace(home=tmp_path / "b"), "run", failpoints=stall)
+    second_frozen = when_stopped(second)
+    first_frozen.resume()
+    out, _ = first.communicate(timeout=300)
+    assert first.returncode == 0, out[-3000:]
+    second_frozen.resume()
+    out, _ = second.communicate(timeout=300)
+    assert second.returncode == 0, out[-3000:]
+    assert "run taken was committed by another worker while this one ran" in out, out[-3000:]
+    rows = rows_by_id(s3_spark, settings)
+    assert {k: v[0] for k, v in rows.items()} == {w.waveform_id: w.checksum for w in sent}
+    plan = RunStore(settings).load_plan("taken")
+    assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {
+        r.partition: r.end for r in plan.ranges
+    }
 
 
 def test_a_reader_killed_mid_upload_leaves_no_staged_object_and_the_retry_stages_and_publishes_once(

@@ -238,3 +238,48 @@ def test_spark_reaches_gcs_through_googles_connector_authenticated_as_the_settin
     assert not reaches_gcs(state_only) and engine_reach(state_only) == s3_reach(state_only) == ""
     tables = state_only.replace(tables_uri="gs://lake/tables")
     assert reaches_gcs(tables) and engine_reach(tables) not in ("", engine_reach(tables.replace(gcs_emulator_port=1)))
+
+
+OBSTORE_SAID = (
+    "Generic S3 error: Error performing GET http://127.0.0.1:39209/wavepipe/state/groups/g/active.json in "
+    "515.5ms, after 3 retries, max_retries: 3, retry_timeout: 20s  - HTTP error: error sending request"
+)
+
+
+def test_what_an_object_store_client_said_is_a_few_words_and_anything_else_its_first_line():
+    from wavepipe.storage import said_by_store
+
+    assert said_by_store(OSError(OBSTORE_SAID + "\nDebug source: ...")) == (
+        "GET /wavepipe/state/groups/g/active.json: HTTP error: error sending request (3 retries)"
+    )
+    assert said_by_store(OSError("Connection refused\nat line 2")) == "Connection refused"
+    assert said_by_store(TimeoutError()) == "TimeoutError"
+
+
+@pytest.mark.parametrize(
+    ("changes", "where", "check"),
+    [
+        ({"s3_endpoint": "local"}, "http://127.0.0.1:", "`wavepipe objectstore status`"),
+        ({"s3_endpoint": "https://minio.example:9000"}, "https://minio.example:9000", "`wavepipe check` and the s3_*"),
+        ({"s3_endpoint": ""}, "AWS S3", "`wavepipe check` and the s3_* settings"),
+    ],
+)
+def test_a_store_that_does_not_answer_is_one_line_naming_where_it_is_and_the_command_that_checks_it(
+    tmp_path, changes, where, check
+):
+    from wavepipe.storage import store_down
+
+    settings = load_settings(home=tmp_path, tables_uri="s3://lake/t", **changes)
+    said = store_down("s3://lake/t", OSError(OBSTORE_SAID), settings)
+    assert "\n" not in said and f"the object store at {where}" in said and f"check it with {check}" in said, said
+    assert "(GET /wavepipe/state/groups/g/active.json: HTTP error: error sending request (3 retries))" in said
+
+
+@pytest.mark.parametrize("kind", ["gcs", "azure"])
+def test_this_homes_own_emulator_is_checked_by_its_status_command(tmp_path, kind):
+    from wavepipe.storage import store_down
+
+    uri = {"gcs": "gs://lake/t", "azure": "az://lake/t"}[kind]
+    settings = load_settings(home=tmp_path, tables_uri=uri, **{f"{kind}_endpoint": "local"})
+    said = store_down(uri, OSError("refused"), settings, what="the run state's object store")
+    assert said.startswith("the run state's object store at ") and f"`wavepipe emulator status {kind}`" in said, said

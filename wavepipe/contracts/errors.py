@@ -23,6 +23,12 @@ EXIT_VALIDATION = 3
 BUGS = (TypeError, AttributeError, NameError, ImportError, AssertionError)
 
 
+def first_line(reason: BaseException | str) -> str:
+    """A reason in one line of at most 300 characters (an exception without text: its type's name)."""
+    text = str(reason).strip().splitlines()
+    return text[0][:300] if text else type(reason).__name__
+
+
 class WavepipeError(Exception):
     """The root of every error wavepipe raises on purpose. Its kind (the subclasses below) is what
     a run, a task or the CLI acts on; ``exit_code`` is what the CLI exits with. Another library's
