@@ -219,15 +219,15 @@ _CLOUDS = {"s3": "AWS S3", "gcs": "Google Cloud Storage", "azure": "Azure Blob S
 
 
 def store_down(uri: str, exc: BaseException, settings=None, what: str = "the object store") -> str:
-    """One line for ``what`` (the object store of ``uri``) failing with ``exc``: where the store
-    is, what it said (``said_by_store``), the command that checks it, and how to go on.
+    """One line for ``what`` (the object store of ``uri``) failing on ``uri`` with ``exc``: where
+    the store is, what it said (``said_by_store``), the command that checks it, and how to go on.
     ``settings``: the settings that reach it (default: the ones this process was configured with)."""
     kind = store_kind(uri)
     where, check = _reach_of(settings, kind) if settings is not None else _reach.get(kind, (_CLOUDS[kind], ""))
     return (
-        f"{what} at {where} did not answer ({said_by_store(exc)}): check it with "
-        f"{check or '`wavepipe check`'}, then run again; the run resumes where it stopped and still publishes "
-        "each waveform once (`wavepipe run`; in Airflow, clear the failed task)"
+        f"{what} at {where} failed on {uri} ({said_by_store(exc)}). Check it with {check or '`wavepipe check`'}, "
+        "and that the bucket exists, then run again: the run resumes where it stopped and still publishes each "
+        "waveform once (`wavepipe run`; in Airflow, clear the failed task)"
     )
 
 
@@ -239,7 +239,7 @@ def _reach_of(settings, kind: str) -> tuple[str, str]:
 
 
 _OBJECT_STORE_SAID = re.compile(
-    r"Error performing (?P<method>[A-Z]+) (?P<url>\S+) in [^,]*, after (?P<tries>\d+) retries.*?- (?P<why>[^-].*)$"
+    r"Error performing (?P<method>[A-Z]+) (?P<url>\S+) in [\d.]+\w*(?:, after (?P<tries>\d+) retries)?[^-]*(?:- (?P<why>.*))?$"
 )
 
 
@@ -251,7 +251,8 @@ def said_by_store(exc: BaseException) -> str:
     found = _OBJECT_STORE_SAID.search(line)
     if found is None:
         return line[:200]
-    return f"{found['method']} {urlparse(found['url']).path}: {found['why'].strip()} ({found['tries']} retries)"
+    tries = f" ({found['tries']} retries)" if found["tries"] else ""
+    return f"{found['method']} {urlparse(found['url']).path}: {(found['why'] or 'no answer').strip()}{tries}"
 
 
 def briefly(exc: BaseException) -> str:

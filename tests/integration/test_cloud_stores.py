@@ -123,7 +123,7 @@ def test_of_workers_racing_to_claim_one_group_exactly_one_wins_and_no_appended_l
     _at_once(len(stores), lambda i: stores[i].record_failure("g", f"run-{i}", "plan", "lost the claim"))
     assert sorted(f["run_id"] for f in stores[0].failures("g")) == [f"run-{i}" for i in range(len(stores))]
     typo = prefix("state").replace(f"://{BUCKET}/", "://no-such-bucket-here/")
-    with pytest.raises(storage.StorageUnavailableError, match=r"failed: .*the bucket exists"):
+    with pytest.raises(storage.StorageUnavailableError, match=r"failed on .*the bucket exists"):
         RunStore(load_settings(home=tmp_path / "typo", state_uri=typo, **on_store)).reports()
 
 
@@ -220,8 +220,8 @@ def test_wavepipe_check_proves_the_stores_conditional_writes_in_one_line(kind, o
     assert missing.ok is False and f"{kind}_* settings" in missing.line and "\n" not in missing.line, missing
     dead = {key: value.replace(f":{_port(value)}", f":{free_port()}") for key, value in on_store.items()}
     said = storage.unreachable(load_settings(home=tmp_path, state_uri=state, **dead))
-    assert said.startswith(f"the object store at {dead[f'{kind}_endpoint']} did not answer"), said
-    assert f"check it with `wavepipe check` and the {kind}_* settings, then run again" in said, said
+    assert said.startswith(f"the object store at {dead[f'{kind}_endpoint']} failed on "), said
+    assert f"Check it with `wavepipe check` and the {kind}_* settings, and that the bucket exists" in said, said
 
 
 def _port(value: str) -> str:

@@ -254,6 +254,10 @@ def test_what_an_object_store_client_said_is_a_few_words_and_anything_else_its_f
     )
     assert said_by_store(OSError("Connection refused\nat line 2")) == "Connection refused"
     assert said_by_store(TimeoutError()) == "TimeoutError"
+    azure = (
+        "Generic MicrosoftAzure error: Error performing list request: Error performing GET http://h:1/a/b?x=1 in 5ms"
+    )
+    assert said_by_store(OSError(azure)) == "GET /a/b: no answer"
 
 
 @pytest.mark.parametrize(
@@ -271,7 +275,8 @@ def test_a_store_that_does_not_answer_is_one_line_naming_where_it_is_and_the_com
 
     settings = load_settings(home=tmp_path, tables_uri="s3://lake/t", **changes)
     said = store_down("s3://lake/t", OSError(OBSTORE_SAID), settings)
-    assert "\n" not in said and f"the object store at {where}" in said and f"check it with {check}" in said, said
+    assert "\n" not in said and f"the object store at {where}" in said and f"Check it with {check}" in said, said
+    assert " failed on s3://lake/t (" in said and "and that the bucket exists, then run again" in said, said
     assert "(GET /wavepipe/state/groups/g/active.json: HTTP error: error sending request (3 retries))" in said
 
 
