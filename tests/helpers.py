@@ -160,6 +160,28 @@ def when_stopped(proc, timeout: float = 240):
     raise AssertionError(f"no failpoint stopped it within {timeout:.0f}s")
 
 
+def let_go(proc, timeout: float = 300) -> str:
+    """Let ``proc`` run to its end, resuming it whenever a ``stop`` failpoint froze it again (a
+    point counted per reader, such as ``consume.record``, stops the run once for each reader that
+    reaches it); its output."""
+    import subprocess
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return proc.communicate(timeout=1)[0]
+        except subprocess.TimeoutExpired:
+            assert time.monotonic() < deadline, f"still running after {timeout:.0f}s"
+        try:
+            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+            [p.resume() for p in tree if p.status() == psutil.STATUS_STOPPED]
+        except psutil.NoSuchProcess:
+            pass
+
+
 def run_cli(settings: Settings, *args: str, failpoints: str | None = None, timeout: float = 600) -> tuple[int, str]:
     """``start_cli`` to the end: (return code, output)."""
     proc = start_cli(settings, *args, failpoints=failpoints)

@@ -467,7 +467,7 @@ def test_the_store_dying_in_any_step_fails_it_in_one_line_that_names_the_store_a
     and the command that checks it; no object store client's debug dump reaches the output, and
     the warnings beside it do not repeat the line. Once the store is back, `wavepipe run` resumes
     the run and publishes each waveform once, and the group's offsets end at the plan's end."""
-    from tests.helpers import make_settings, rows_by_id, run_cli, start_cli, when_stopped
+    from tests.helpers import let_go, make_settings, rows_by_id, run_cli, start_cli, when_stopped
     from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
     from wavepipe.consumers.producer import produce_demo
     from wavepipe.run_store import RunStore
@@ -481,7 +481,7 @@ def test_the_store_dying_in_any_step_fails_it_in_one_line_that_names_the_store_a
     store.kill()
     frozen.resume()
     try:
-        out, _ = run.communicate(timeout=300)
+        out = let_go(run)
     finally:
         store.up()
     said = [line for line in out.splitlines() if line.startswith("wavepipe run failed: ")]
