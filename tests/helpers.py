@@ -139,21 +139,26 @@ def start_cli(settings: Settings, *args: str, failpoints: str | None = None):
     return start_python(settings, code, failpoints, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def when_stopped(proc, timeout: float = 240):
-    """The process of ``proc``'s tree that a ``stop`` failpoint froze (``psutil.Process``), once
-    one is; it goes on after a ``SIGCONT``. Fails when ``proc`` ends or ``timeout`` passes first."""
-    import time
-
+def _frozen(proc) -> list:
+    """The processes of ``proc``'s tree that a ``stop`` failpoint froze (``psutil.Process``)."""
     import psutil
+
+    try:
+        tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        return [p for p in tree if p.status() == psutil.STATUS_STOPPED]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def when_stopped(proc, timeout: float = 240):
+    """The process of ``proc``'s tree that a ``stop`` failpoint froze, once one is; it goes on
+    after a ``SIGCONT`` (``resume()``). Fails when ``proc`` ends or ``timeout`` passes first."""
+    import time
 
     began = time.monotonic()
     while time.monotonic() - began < timeout:
         assert proc.poll() is None, f"ended before its failpoint stopped it: {proc.communicate()[0][-2000:]}"
-        try:
-            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-            frozen = [p for p in tree if p.status() == psutil.STATUS_STOPPED]
-        except psutil.NoSuchProcess:
-            frozen = []
+        frozen = _frozen(proc)
         if frozen:
             return frozen[0]
         time.sleep(0.1)
@@ -164,6 +169,7 @@ def let_go(proc, timeout: float = 300) -> str:
     """Let ``proc`` run to its end, resuming it whenever a ``stop`` failpoint froze it again (a
     point counted per reader, such as ``consume.record``, stops the run once for each reader that
     reaches it); its output."""
+    import contextlib
     import subprocess
     import time
 
@@ -175,11 +181,9 @@ def let_go(proc, timeout: float = 300) -> str:
             return proc.communicate(timeout=1)[0]
         except subprocess.TimeoutExpired:
             assert time.monotonic() < deadline, f"still running after {timeout:.0f}s"
-        try:
-            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-            [p.resume() for p in tree if p.status() == psutil.STATUS_STOPPED]
-        except psutil.NoSuchProcess:
-            pass
+        for frozen in _frozen(proc):
+            with contextlib.suppress(psutil.NoSuchProcess):  # it ended meanwhile
+                frozen.resume()
 
 
 def run_cli(settings: Settings, *args: str, failpoints: str | None = None, timeout: float = 600) -> tuple[int, str]:
