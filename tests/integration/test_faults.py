@@ -316,6 +316,7 @@ def test_the_broker_down_when_a_step_asks_it_fails_the_step_in_one_line_and_the_
     code, out = run_cli(settings, "run")
     assert code == 0, out[-3000:]
     _assert_output(spark, settings, expected)
+    assert assert_delta_rs_reads_as_spark(spark, settings.output_table) == len(expected)  # an independent reader
     assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {0: 8, 1: 8}
 
 

@@ -467,7 +467,15 @@ def test_the_store_dying_in_any_step_fails_it_in_one_line_that_names_the_store_a
     and the command that checks it; no object store client's debug dump reaches the output, and
     the warnings beside it do not repeat the line. Once the store is back, `wavepipe run` resumes
     the run and publishes each waveform once, and the group's offsets end at the plan's end."""
-    from tests.helpers import let_go, make_settings, rows_by_id, run_cli, start_cli, when_stopped
+    from tests.helpers import (
+        assert_delta_rs_reads_as_spark,
+        let_go,
+        make_settings,
+        rows_by_id,
+        run_cli,
+        start_cli,
+        when_stopped,
+    )
     from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
     from wavepipe.consumers.producer import produce_demo
     from wavepipe.run_store import RunStore
@@ -495,6 +503,7 @@ def test_the_store_dying_in_any_step_fails_it_in_one_line_that_names_the_store_a
     assert code == 0, out[-3000:]
     rows = rows_by_id(s3_spark, settings)
     assert {k: v[0] for k, v in rows.items()} == {w.waveform_id: w.checksum for w in sent}
+    assert assert_delta_rs_reads_as_spark(s3_spark, settings.output_table) == len(sent)  # an independent reader
     store_of_runs = RunStore(settings)  # the run (a new one, when the store died before its plan was saved)
     plan = store_of_runs.load_plan(store_of_runs.reports()[-1]["run_id"])
     assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {
@@ -510,7 +519,7 @@ def test_a_run_taken_over_after_its_lease_ran_out_ends_when_the_holder_commits_i
     after its own reassembly; A goes on and commits the run. B then finds the staged files
     gone: it says that another worker committed the run and exits 0, changing nothing. Each
     waveform is published once, and the offsets end at the plan's end."""
-    from tests.helpers import make_settings, rows_by_id, start_cli, when_stopped
+    from tests.helpers import assert_delta_rs_reads_as_spark, make_settings, rows_by_id, start_cli, when_stopped
     from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
     from wavepipe.consumers.producer import produce_demo
     from wavepipe.run_store import RunStore
@@ -534,6 +543,7 @@ def test_a_run_taken_over_after_its_lease_ran_out_ends_when_the_holder_commits_i
     assert "run taken was committed by another worker while this one ran" in out, out[-3000:]
     rows = rows_by_id(s3_spark, settings)
     assert {k: v[0] for k, v in rows.items()} == {w.waveform_id: w.checksum for w in sent}
+    assert assert_delta_rs_reads_as_spark(s3_spark, settings.output_table) == len(sent)  # an independent reader
     plan = RunStore(settings).load_plan("taken")
     assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == {
         r.partition: r.end for r in plan.ranges
