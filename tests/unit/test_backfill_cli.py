@@ -8,7 +8,7 @@ import pytest
 
 from wavepipe.cli import main
 from wavepipe.contracts.errors import EXIT_USAGE
-from wavepipe.local.airflow import skipped_windows
+from wavepipe.local.airflow import runs_made_by, skipped_windows
 
 W1, W2, W3 = (f"2026-11-25T10:{m}:00+00:00" for m in ("00", "15", "30"))
 
@@ -24,6 +24,19 @@ def test_skipped_windows_name_their_run_and_why():
         f"{W2}: backfill__b (running): it is running now",
     ]
     assert skipped_windows([W1, W3], [W1, W3], {}, "all") == []
+
+
+def test_a_backfills_own_runs_are_those_queued_since_it_was_made():
+    """Its new runs and those it cleared to run again; not an earlier backfill's, nor another
+    kind of run (the REST API writes instants with ``Z`` or ``+00:00``)."""
+    backfill = {"created_at": "2026-11-25T11:00:00.5Z"}
+    runs = [
+        {"logical_date": "2026-11-25T10:00:00Z", "run_type": "backfill", "queued_at": "2026-11-25T11:00:00.6Z"},
+        {"logical_date": W2, "run_type": "backfill", "queued_at": "2026-11-25T10:59:00+00:00"},  # an earlier one's
+        {"logical_date": W3, "run_type": "manual", "queued_at": "2026-11-25T11:00:01Z"},
+        {"logical_date": W3, "run_type": "backfill", "queued_at": None},
+    ]
+    assert list(runs_made_by(backfill, runs)) == [W1]
 
 
 @pytest.mark.parametrize(
@@ -110,7 +123,7 @@ def _runs(*queued_at: str) -> tuple[str, int, dict]:
     return (
         "/dags/wavepipe_ingest/dagRuns?",
         200,
-        {"dag_runs": [{"run_type": "backfill", "queued_at": q} for q in queued_at]},
+        {"dag_runs": [{"logical_date": W1, "run_type": "backfill", "queued_at": q} for q in queued_at]},
     )
 
 

@@ -629,16 +629,16 @@ REPROCESS = {"missing": "none", "failed": "failed", "all": "completed"}
 LOCKED_TRIES = 30
 
 
-def _api(settings: Settings, token: str, path: str, body: dict | None = None):
+def _api(settings: Settings, token: str, path: str, body: dict | None = None, method: str | None = None):
     """One REST call as ``(status, answer)``; on SQLite (this machine's metadata DB) a write that
     meets the scheduler's lock answers 503 and is tried again for up to half a minute."""
-    return _api_tried(settings, token, path, body)[:2]
+    return _api_tried(settings, token, path, body, method)[:2]
 
 
-def _api_tried(settings: Settings, token: str, path: str, body: dict | None = None):
-    """``_api``'s call, and whether any try of it met the lock (a refused write may have left
-    something behind)."""
-    url, method = f"{airflow_url(settings)}/api/v2{path}", "POST" if body else "GET"
+def _api_tried(settings: Settings, token: str, path: str, body: dict | None = None, method: str | None = None):
+    """``_api``'s call (a POST with ``body``, else a GET, unless ``method`` says), and whether any
+    try of it met the lock (a refused write may have left something behind)."""
+    url, method = f"{airflow_url(settings)}/api/v2{path}", method or ("POST" if body else "GET")
     status, answer = _http_json(url, method=method, body=body, token=token)
     locked = _locked(status, answer)
     for _ in range(LOCKED_TRIES):
@@ -699,16 +699,72 @@ def _open_backfill_like(settings: Settings, token: str, body: dict) -> dict | No
 
 def _has_runs(settings: Settings, token: str, body: dict, backfill: dict) -> bool:
     """Whether DAG runs of ``backfill``'s windows were queued since it was made (its own runs)."""
-    made = _instant(backfill["created_at"])
+    return bool(runs_made_by(backfill, _runs_in(settings, token, body)))
+
+
+def _runs_in(settings: Settings, token: str, body: dict) -> list[dict]:
+    """The DAG runs of ``body``'s DAG whose logical dates are in its range, as the REST API lists them."""
     path = (
         f"/dags/{quote(body['dag_id'])}/dagRuns?limit=1000&logical_date_gte={quote(body['from_date'])}"
         f"&logical_date_lte={quote(body['to_date'])}"
     )
-    runs = _api(settings, token, path)[1]
-    return any(
-        r.get("run_type") == "backfill" and r.get("queued_at") and _instant(r["queued_at"]) >= made
-        for r in (runs.get("dag_runs", []) if isinstance(runs, dict) else [])
-    )
+    status, runs = _api(settings, token, path)
+    return runs.get("dag_runs", []) if status == 200 and isinstance(runs, dict) else []
+
+
+def runs_made_by(backfill: dict, runs: list[dict]) -> dict[str, dict]:
+    """Of ``runs``, ``backfill``'s own by logical date: the backfill runs queued since it was made
+    (those it created, and those it cleared to run again)."""
+    made = _instant(backfill["created_at"])
+    return {
+        _iso(r["logical_date"]): r
+        for r in runs
+        if r.get("run_type") == "backfill" and r.get("queued_at") and _instant(r["queued_at"]) >= made
+    }
+
+
+#: How often a backfill made short of its dry run's windows is made again before the user is told.
+REMAKE_TRIES = 3
+
+
+def made_whole(settings: Settings, token: str, body: dict, created: dict, chosen: list[str], out):
+    """``created``, a backfill just made of ``body``, once it has a run for each window of ``chosen``
+    (its dry run's), as ``(status, backfill, missing windows)``. On SQLite a creation that met the
+    lock part-way may keep only some of its runs (Airflow's clean-up of it is best effort): a short
+    one is cancelled before any more of its runs start, and made again, up to ``REMAKE_TRIES`` times."""
+    missing, ran = _missing(settings, token, body, created, chosen), set()
+    for _ in range(REMAKE_TRIES):
+        if not missing:
+            break
+        out(
+            f"backfill {created['id']} of {body['dag_id']} was made with {len(chosen) - len(missing)} of "
+            f"{len(chosen)} window runs (no run for {', '.join(missing)}): cancelling it and making it again"
+        )
+        ran |= _cancel(settings, token, body, created)
+        status, created = create_backfill(settings, token, body)
+        if status != 200:
+            return status, created, missing
+        missing = [when for when in _missing(settings, token, body, created, chosen) if when not in ran]
+    return 200, created, missing
+
+
+def _missing(settings: Settings, token: str, body: dict, backfill: dict, chosen: list[str]) -> list[str]:
+    """The windows of ``chosen`` that ``backfill`` has no run for."""
+    return sorted(set(chosen) - set(runs_made_by(backfill, _runs_in(settings, token, body))))
+
+
+def _cancel(settings: Settings, token: str, body: dict, backfill: dict) -> set[str]:
+    """Cancel ``backfill``: paused first, so none of its queued runs starts; cancelling fails them.
+    A "missing runs" backfill made again would skip those failed runs, which never ran, so they
+    are deleted. The windows whose runs had started (they go on) are returned."""
+    where = f"/backfills/{backfill['id']}"
+    _api(settings, token, f"{where}/pause", method="PUT")
+    own = runs_made_by(backfill, _runs_in(settings, token, body))
+    _api(settings, token, f"{where}/cancel", method="PUT")
+    never_ran = [run["dag_run_id"] for run in own.values() if run["state"] == "queued"]
+    for run_id in never_ran if body.get("reprocess_behavior", "none") == "none" else []:
+        _api(settings, token, f"/dags/{quote(body['dag_id'])}/dagRuns/{quote(run_id)}", method="DELETE")
+    return {when for when, run in own.items() if run["state"] != "queued"}
 
 
 def _detail(body) -> str:
@@ -782,13 +838,7 @@ def backfill(
             return _refused(dag_id, status, answer, out)
         found[behavior] = [_iso(b["logical_date"]) for b in answer["backfills"]]
     chosen = found[REPROCESS[reprocess]]
-    status, listed = _api(
-        settings,
-        token,
-        f"/dags/{dag_id}/dagRuns?limit=1000&logical_date_gte={quote(body['from_date'])}"
-        f"&logical_date_lte={quote(body['to_date'])}",
-    )
-    runs = {_iso(r["logical_date"]): r for r in listed.get("dag_runs", [])} if status == 200 else {}
+    runs = {_iso(r["logical_date"]): r for r in _runs_in(settings, token, body)}
     skipped = skipped_windows(found["completed"], chosen, runs, reprocess)
     if not chosen:
         out(
@@ -801,8 +851,17 @@ def backfill(
             out("  `--reprocess all` reprocesses windows whatever runs they had")
         return 1
     status, created = create_backfill(settings, token, body)
+    if status == 200:
+        status, created, missing = made_whole(settings, token, body, created, chosen, out)
     if status != 200:
         return _refused(dag_id, status, created, out)
+    if missing:
+        out(
+            f"backfill {created['id']} of {dag_id} has no run for {len(missing)} window(s) after {REMAKE_TRIES} "
+            f"tries: {', '.join(missing)}. Once it is complete, `wavepipe airflow backfill --from-date {missing[0]} "
+            f"--to-date {missing[-1]} --reprocess missing` makes them"
+        )
+        return 1
     out(f"backfill {created['id']} of {dag_id}: {len(chosen)} window run(s) created, from {chosen[0]} to {chosen[-1]}")
     if skipped:
         out(f"{len(skipped)} window(s) skipped:")
