@@ -84,13 +84,28 @@ def _noted_on_failure(step: str):
             except UsageError as exc:
                 note_refusal(settings, run_id, kwargs, exc)
                 raise
-            except Exception:
+            except Exception as exc:
                 _note_failure(settings, run_id, step, kwargs)
+                if storage.no_space(exc):
+                    raise storage.disk_full(settings, _step_writes(settings, run_id, step)) from exc
                 raise
 
         return run
 
     return wrap
+
+
+def _step_writes(settings: Settings, run_id: str, step: str) -> int | None:
+    """About how many bytes ``step`` writes: the run's staged bytes for the engine's steps (their
+    tables are about as large), else None (a reader's records are not known before they are read)."""
+    if step not in ("reassemble", "validate"):
+        return None
+    try:
+        return RunStore(settings).staged_bytes(safe_run_id(run_id))
+    except BUGS:
+        raise
+    except Exception:  # only describes the failure, which stands
+        return None
 
 
 def note_refusal(settings: Settings, run_id: str, request: dict, reason: BaseException | str) -> None:
@@ -295,7 +310,11 @@ def consume_failure(settings: Settings, run_id: str, errors: list[tuple[int, Exc
     if any(storage.store_failed(exc) for _, exc in errors):
         why = storage.unreachable(settings) or said
         return storage.StorageUnavailableError(f"run {run_id}: consuming failed: {why}")
-    kinds = [k for k in (UnavailableError, ConflictError) if all(isinstance(exc, k) for _, exc in errors)]
+    kinds = [
+        k
+        for k in (storage.DiskFullError, UnavailableError, ConflictError)
+        if all(isinstance(exc, k) for _, exc in errors)
+    ]
     kind = kinds[0] if kinds else StepFailedError
     return kind(f"run {run_id}: consuming failed for {said}. {kept}")
 

@@ -231,6 +231,71 @@ def store_down(uri: str, exc: BaseException, settings=None, what: str = "the obj
     )
 
 
+class DiskFullError(UnavailableError):
+    """A local disk a run writes to is full; the message names it, its free space and what to do."""
+
+
+#: How a full disk reads in an error's text: Python's ``OSError``, pyarrow's, the JVM's ``IOException``.
+_NO_SPACE = ("No space left on device", "[Errno 28]", "[errno 28]")
+
+
+def no_space(exc: BaseException) -> bool:
+    """Whether ``exc``, or what it was raised from, is a full local disk."""
+    seen = exc
+    while seen is not None and not any(marker in f"{seen}" for marker in _NO_SPACE):
+        seen = seen.__cause__ or seen.__context__
+    return seen is not None
+
+
+def disk_full(settings, needed: int | None = None) -> DiskFullError:
+    """One line for a full local disk (``no_space``): of the disks the run's local locations are
+    on, the one with the least free space (named by its first location), that space, what the
+    step writes (``needed`` bytes, when known), the settings that move what is on it, and how to go on."""
+    import os
+    import shutil
+
+    by_disk: dict[int, list[tuple[str, str]]] = {}
+    for path, setting in _local_places(settings):
+        by_disk.setdefault(os.stat(_existing(path)).st_dev, []).append((path, setting))
+    usage, places = min(
+        ((shutil.disk_usage(_existing(on_disk[0][0])), on_disk) for on_disk in by_disk.values()),
+        key=lambda found: found[0].free,
+    )
+    names = [setting for _, setting in places]
+    moved = ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else names[0]
+    need = f"; this step writes about {_mib(needed)} there" if needed else ""
+    return DiskFullError(
+        f"no space left on the disk of {places[0][0]} ({_mib(usage.free)} free of {_mib(usage.total)}{need}). "
+        f"Free space there, or give {moved} a location with room, then run again: the run resumes where it "
+        "stopped and still publishes each waveform once"
+    )
+
+
+def _local_places(settings) -> list[tuple[str, str]]:
+    """Each local location a run writes, with the setting that moves it (the home holds the rest)."""
+    places = [
+        (settings.tables_location, "tables_uri"),
+        (settings.staging_location, "staging_uri"),
+        (settings.state_uri or str(settings.home), "state_uri"),
+        (str(settings.home), "the home (--home)"),
+    ]
+    return [(path, setting) for path, setting in places if not is_remote(path)]
+
+
+def _existing(path: str) -> str:
+    """``path``, or its nearest folder that exists (what ``shutil.disk_usage`` can ask)."""
+    from pathlib import Path
+
+    found = Path(path)
+    while not found.exists() and found != found.parent:
+        found = found.parent
+    return str(found)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
 def _reach_of(settings, kind: str) -> tuple[str, str]:
     """Where ``settings``' store of ``kind`` is (its endpoint, or the cloud's name) and the command that checks it."""
     endpoint = getattr(options_for(settings, kind), "endpoint", "") or _CLOUDS[kind]

@@ -37,7 +37,7 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
-@pytest.mark.parametrize(("setting", "step"), [("staging_uri", "consuming"), ("tables_uri", "publish")])
+@pytest.mark.parametrize(("setting", "step"), [("staging_uri", "consume"), ("tables_uri", "publish")])
 def test_a_full_disk_commits_nothing_and_the_run_resumes_once_space_is_freed(
     settings, spark, small_disk, setting, step
 ):
@@ -47,7 +47,12 @@ def test_a_full_disk_commits_nothing_and_the_run_resumes_once_space_is_freed(
     produce_demo(full, count=6, target_bytes=400 * 1024)
 
     code, out = run_cli(full, "run")
-    assert code == 1 and "No space left on device" in out, out
+    # one line: the location, its free space (and what the engine's step writes), the setting that moves it
+    (line,) = [said for said in out.splitlines() if "wavepipe run failed" in said or "Traceback" in said] or [out]
+    assert code == 1 and line.startswith("wavepipe run failed: "), out
+    assert f"no space left on the disk of {where / 'lake'} (" in line and " free of 8.0 MiB" in line, line
+    assert f"give {setting} a location with room, then run again" in line, line
+    assert ("this step writes about" in line) == (step == "publish"), line
     (failed,) = re.findall(r"run (\S+): planned", out)
     assert committed_offsets(full, full.group, full.topic, [0, 1]) == {0: None, 1: None}, out
 

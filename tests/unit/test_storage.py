@@ -288,3 +288,31 @@ def test_this_homes_own_emulator_is_checked_by_its_status_command(tmp_path, kind
     settings = load_settings(home=tmp_path, tables_uri=uri, **{f"{kind}_endpoint": "local"})
     said = store_down(uri, OSError("refused"), settings, what="the run state's object store")
     assert said.startswith("the run state's object store at ") and f"`wavepipe emulator status {kind}`" in said, said
+
+
+def test_a_full_disk_is_named_by_the_fullest_local_location_with_its_setting(tmp_path):
+    """``no_space`` reads ENOSPC from Python's, pyarrow's and the JVM's wording, through an error's
+    causes; ``disk_full`` names the run's local location with the least free space (a remote one
+    is never asked) and what the step writes there."""
+    from wavepipe.storage import disk_full, no_space
+
+    try:
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError as inner:
+            raise RuntimeError("the engine's step failed") from inner
+    except RuntimeError as outer:
+        assert no_space(outer)
+    assert no_space(OSError("[Errno 28] Error writing bytes to file. Detail: [errno 28] No space left on device"))
+    assert no_space(RuntimeError("java.io.IOException: No space left on device"))
+    assert not no_space(OSError(13, "Permission denied")) and not no_space(ValueError("28 chunks"))
+
+    settings = load_settings(home=tmp_path / "home", tables_uri="s3://lake/t")
+    line = str(disk_full(settings, 3 * 2**20))
+    assert line.startswith(
+        f"no space left on the disk of {settings.staging_dir} ("
+    )  # not created yet: its folder asked
+    assert "MiB free of" in line and "this step writes about 3.0 MiB there" in line, line
+    # one disk holds staging, state and home here: each setting that moves some of it is named
+    assert "give staging_uri, state_uri or the home (--home) a location with room" in line, line
+    assert "s3://" not in line, line
