@@ -15,8 +15,9 @@ nothing twice:
 What those pages load (Bootstrap, jQuery, GX's images) is not copied: the API server serves it
 from the installed packages (``wavepipe.offline_docs.asset``).
 
-The state keeps the pages of the last ``PAGES_KEPT`` runs: a run that keeps its page removes
-those of older runs (their JSON reports stay, for ``wavepipe status``).
+The state keeps the pages and JSON reports of the last ``PAGES_KEPT`` runs: a run that keeps its
+page removes those of older runs (a group's last committed run, which ``wavepipe status`` reads, is
+kept in the group's own state).
 """
 
 from __future__ import annotations
@@ -105,12 +106,13 @@ def keep_page(store: RunStore, run_id: str) -> None:
 
 
 def prune(store: RunStore, kept: int = PAGES_KEPT) -> list[str]:
-    """Remove the pages of every run but the ``kept`` whose pages were kept last (their JSON
-    reports stay); returns the run ids whose pages went."""
+    """Remove the pages and JSON reports of every run but the ``kept`` whose were kept last (a
+    group's last committed run stays in its own state, ``RunStore.last_committed``); returns the
+    run ids that went."""
     runs: dict[str, float] = {}
     for key, modified in store.state.listing("reports"):
         name = key.rpartition("/")[2]
-        for suffix in (".html", OWN_PAGES):
+        for suffix in (".html", OWN_PAGES, ".json"):
             if name.endswith(suffix):
                 run_id = name.removesuffix(suffix)
                 runs[run_id] = max(runs.get(run_id, modified), modified)
@@ -120,6 +122,7 @@ def prune(store: RunStore, kept: int = PAGES_KEPT) -> list[str]:
             store.state.delete(data_docs_key(path))
         store.state.delete(report_key(f"{run_id}.html"))
         store.state.delete(_own_key(run_id))
+        store.state.delete(report_key(f"{run_id}.json"))
     return gone
 
 

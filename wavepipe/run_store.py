@@ -257,6 +257,16 @@ class RunStore:
         write_json_atomic(json_path(self.settings, report["run_id"]), report)
         if not self.in_home(f"reports/{report['run_id']}.json"):
             self._put(f"reports/{report['run_id']}.json", report)
+        if report.get("commit") and report.get("group") and report.get("topic"):
+            self._put(self._last_committed_key(report["group"], report["topic"]), report)
+
+    def last_committed(self, group: str, topic: str) -> dict | None:
+        """The report of the group's last run that committed offsets of ``topic`` (kept in the
+        group's state: the reports themselves go with their pages, ``pages.prune``)."""
+        return self._get_or(self._last_committed_key(group, topic), None)
+
+    def _last_committed_key(self, group: str, topic: str) -> str:
+        return self._group_key(group, f"last-committed-{safe_run_id(topic)}.json")
 
     def in_home(self, key: str) -> bool:
         """Whether the state's ``key`` is the home's own file of that path (the state is the

@@ -38,7 +38,7 @@ def group_status(settings: Settings, topic: str, group: str) -> dict[str, Any]:
     # pending waveforms wait right after the committed offset: the last committed run's report
     # names them, if the group is still where that run left it (else a rewind or another tool
     # moved it and they are unknown until the next run)
-    last = next((rep for rep in reversed(reports) if rep.get("group") == group and rep.get("commit")), None)
+    last = store.last_committed(group, topic)
     moved = offsets_moved(store, store.previous_ranges(group, topic), positions)
     return {
         "status_version": STATUS_VERSION,

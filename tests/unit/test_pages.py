@@ -89,7 +89,8 @@ def test_a_state_apart_from_the_home_keeps_each_runs_pages_and_the_last_runs_onl
     assert pages.prune(store, kept=2) == ["run_1"]
     assert state.read("reports/run_1.html") is None and state.read("reports/run_1.data-docs") is None
     assert state.read(pages.data_docs_key(RESULT)) is None
-    assert state.read("reports/run_1.json") is not None  # the report stays (wavepipe status)
+    assert state.read("reports/run_1.json") is None  # its report goes too: the state stays bounded
+    assert state.read("reports/run_2.json") is not None
     assert state.read("reports/run_2.html") and state.read(pages.data_docs_key(RESULT.replace("run_1", "run_2")))
     assert state.read(pages.data_docs_key("index.html")) is not None
     assert pages.prune(store, kept=2) == []

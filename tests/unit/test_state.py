@@ -219,3 +219,23 @@ def test_the_reports_in_the_state_are_listed_oldest_first_and_what_is_not_one_is
         os.utime(path, (1000 + i, 1000 + i))
     (folder / "validation_history.jsonl").write_text("{}\n")
     assert [r["run_id"] for r in store.reports()] == ["b", "a"]
+
+
+def test_a_groups_last_committed_run_outlives_its_pruned_report(tmp_path):
+    """``wavepipe status`` reads a group's last committed run from the group's state, per topic:
+    the reports themselves go with their pages once newer runs fill the state."""
+    from wavepipe import pages
+    from wavepipe.contracts.config import load_settings
+    from wavepipe.run_store import RunStore
+
+    store = RunStore(load_settings(home=tmp_path / "worker", state_uri=str(tmp_path / "state")))
+    committed = {"run_id": "r1", "group": "g", "topic": "t", "commit": {"0": {"after": 5}}}
+    store.save_report(committed)
+    store.save_report({"run_id": "r2", "group": "g", "topic": "t", "commit": {}})  # a window run: no offsets
+    store.save_report({"run_id": "r3", "group": "g", "topic": "other", "commit": {"0": {"after": 1}}})
+    for i, run_id in enumerate(("r1", "r2", "r3")):  # saved in this order
+        os.utime(tmp_path / "state" / "reports" / f"{run_id}.json", (1000 + i, 1000 + i))
+    assert pages.prune(store, kept=1) == ["r2", "r1"]
+    assert [r["run_id"] for r in store.reports()] == ["r3"]
+    assert store.last_committed("g", "t") == committed and store.last_committed("g", "other")["run_id"] == "r3"
+    assert store.last_committed("g", "nothing-yet") is None and store.last_committed("h", "t") is None
