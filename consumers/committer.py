@@ -311,31 +311,32 @@ def _commit_in_transaction(
     )
     consumer = group_consumer(settings, plan.group)
     try:
-        producer.init_transactions(TIMEOUT_S)
-        producer.begin_transaction()
-        counts: dict[int, int] = {}
-        for row in dead_letters:
-            key, value, headers = dead_letter_record(row)
-            while True:
-                try:
-                    producer.produce(
-                        settings.dead_letter_topic, value=value, key=key, headers=headers, on_delivery=delivered
-                    )
-                    break
-                except BufferError:  # the local queue is full: let deliveries drain
-                    producer.poll(1)
-            producer.poll(0)
-            counts[row["partition"]] = counts.get(row["partition"], 0) + 1
-        remaining = producer.flush(TIMEOUT_S)
-        if errors or remaining:
-            producer.abort_transaction(TIMEOUT_S)
-            raise DeadLetterPublishError(
-                f"run {plan.run_id}: {len(errors) + remaining} dead letters were not delivered to "
-                f"{settings.dead_letter_topic} ({errors[0] if errors else 'timed out'}); nothing was committed. "
-                "Check the topic (does it exist? is its max.message.bytes large enough?) and retry the commit."
-            )
-        producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), TIMEOUT_S)
-        producer.commit_transaction(TIMEOUT_S)
-        return counts
+        with answering(settings.bootstrap_servers, f"transactional commit of group {plan.group!r}"):
+            producer.init_transactions(TIMEOUT_S)
+            producer.begin_transaction()
+            counts: dict[int, int] = {}
+            for row in dead_letters:
+                key, value, headers = dead_letter_record(row)
+                while True:
+                    try:
+                        producer.produce(
+                            settings.dead_letter_topic, value=value, key=key, headers=headers, on_delivery=delivered
+                        )
+                        break
+                    except BufferError:  # the local queue is full: let deliveries drain
+                        producer.poll(1)
+                producer.poll(0)
+                counts[row["partition"]] = counts.get(row["partition"], 0) + 1
+            remaining = producer.flush(TIMEOUT_S)
+            if errors or remaining:
+                producer.abort_transaction(TIMEOUT_S)
+                raise DeadLetterPublishError(
+                    f"run {plan.run_id}: {len(errors) + remaining} dead letters were not delivered to "
+                    f"{settings.dead_letter_topic} ({errors[0] if errors else 'timed out'}); nothing was committed. "
+                    "Check the topic (does it exist? is its max.message.bytes large enough?) and retry the commit."
+                )
+            producer.send_offsets_to_transaction(offsets, consumer.consumer_group_metadata(), TIMEOUT_S)
+            producer.commit_transaction(TIMEOUT_S)
+            return counts
     finally:
         consumer.close()

@@ -14,7 +14,8 @@ these, or several joined by ``+`` (``sleep:3+kill-app``):
 * ``raise``: raise ``InjectedFault`` (a clean failure of the step);
 * ``sleep:<seconds>``: pause, e.g. to restart the broker under a running reader;
 * ``stop``: SIGSTOP this process: it stays frozen where it is until a SIGCONT, so a test can
-  change the world (kill a store, a broker) at exactly that point.
+  change the world (kill a store, a broker) at exactly that point. A point reached by each reader
+  (``consume.record``) counts its hits per reader process, so it stops the run once per reader.
 
 Unset, a failpoint costs one dict lookup. The names are listed in ``POINTS``.
 """

@@ -223,6 +223,8 @@ def store_down(uri: str, exc: BaseException, settings=None, what: str = "the obj
     the store is, what it said (``said_by_store``), the command that checks it, and how to go on.
     ``settings``: the settings that reach it (default: the ones this process was configured with)."""
     kind = store_kind(uri)
+    if kind is None:  # a local path: its disk's own error says what happened
+        return f"{uri} failed: {first_line(exc)}. Check that it is writable and has room, then run again"
     where, check = _reach_of(settings, kind) if settings is not None else _reach.get(kind, (_CLOUDS[kind], ""))
     return (
         f"{what} at {where} failed on {uri} ({said_by_store(exc)}). Check it with {check or '`wavepipe check`'}, "
@@ -312,7 +314,7 @@ def said_by_store(exc: BaseException) -> str:
     """What an object store's client said in ``exc``, in a few words: obstore's and delta-rs's
     "Error performing GET http://... in 515ms, after 3 retries, max_retries: 3, ... - HTTP error:
     error sending request" becomes "GET /bucket/key: HTTP error: error sending request (3 retries)"."""
-    line = first_line(exc)
+    line = first_line(exc, limit=None)  # whole: a long key must not cut off what the store said
     found = _OBJECT_STORE_SAID.search(line)
     if found is None:
         return line[:200]

@@ -258,6 +258,18 @@ def test_what_an_object_store_client_said_is_a_few_words_and_anything_else_its_f
         "Generic MicrosoftAzure error: Error performing list request: Error performing GET http://h:1/a/b?x=1 in 5ms"
     )
     assert said_by_store(OSError(azure)) == "GET /a/b: no answer"
+    long_key = OBSTORE_SAID.replace("active.json", "k" * 400 + ".json")  # what the store said comes last
+    assert said_by_store(OSError(long_key)).endswith(".json: HTTP error: error sending request (3 retries)")
+
+
+def test_a_local_location_is_never_named_as_an_object_store(tmp_path):
+    from wavepipe.storage import store_down
+
+    said = store_down(str(tmp_path / "state"), OSError(13, "Permission denied"), load_settings(home=tmp_path))
+    assert (
+        said
+        == f"{tmp_path / 'state'} failed: [Errno 13] Permission denied. Check that it is writable and has room, then run again"
+    )
 
 
 @pytest.mark.parametrize(

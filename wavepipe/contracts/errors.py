@@ -23,10 +23,10 @@ EXIT_VALIDATION = 3
 BUGS = (TypeError, AttributeError, NameError, ImportError, AssertionError)
 
 
-def first_line(reason: BaseException | str) -> str:
-    """A reason in one line of at most 300 characters (an exception without text: its type's name)."""
+def first_line(reason: BaseException | str, limit: int | None = 300) -> str:
+    """A reason in one line of at most ``limit`` characters (an exception without text: its type's name)."""
     text = str(reason).strip().splitlines()
-    return text[0][:300] if text else type(reason).__name__
+    return text[0][:limit] if text else type(reason).__name__
 
 
 class WavepipeError(Exception):
