@@ -23,7 +23,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleExcept
 
 from wavepipe import pipeline
 from wavepipe.contracts.config import SettingsError, check_settings
-from wavepipe.contracts.errors import BUGS, UsageError, ValidationFailedError, did_you_mean
+from wavepipe.contracts.errors import BUGS, CommittedElsewhereError, UsageError, ValidationFailedError, did_you_mean
 from wavepipe.contracts.plan import ActiveRunError, as_utc, parse_datetime
 from wavepipe.contracts.runfiles import Step
 from wavepipe.contracts.steps import Validated, to_record
@@ -127,12 +127,15 @@ def plain_settings(values: Mapping[str, Any] | None, where: str) -> dict[str, An
 def defects_fail_at_once(execute):
     """An operator's ``execute`` whose defects of wavepipe (``BUGS``: a ``TypeError``, ...) fail
     the task at once: Airflow's retries are for a world that may change, and a defect would only
-    fail the same way again. The defect's traceback stays in the task log (the exception's cause)."""
+    fail the same way again. The defect's traceback stays in the task log (the exception's cause).
+    A step whose run another worker committed meanwhile skips the task, saying so: nothing is left to do."""
 
     @functools.wraps(execute)
     def execute_once(self, context):
         try:
             return execute(self, context)
+        except CommittedElsewhereError as exc:
+            raise AirflowSkipException(str(exc)) from None
         except BUGS as exc:
             raise AirflowFailException(
                 f"a defect of wavepipe ({type(exc).__name__}: {exc}); not retried: its traceback is above"
@@ -241,6 +244,15 @@ class WavepipeOperator(BaseOperator):
         """The wavepipe run this DAG run's steps work on (the plan step chose it:
         ``pipeline.window_run_id``)."""
         return pipeline.current_run_id(settings, context["run_id"])
+
+    def uncommitted_run_id(self, settings, context) -> str:
+        """``run_id``, unless that run is committed already (another worker committed it while
+        this task waited or was retried): the task is then skipped, saying so, with nothing read
+        or written again."""
+        run_id = self.run_id(settings, context)
+        if pipeline.is_committed(settings, run_id):
+            raise AirflowSkipException(f"run {run_id} is committed already: its {self.task_id} has nothing left to do")
+        return run_id
 
     def arg(self, context, name: str, param: str | None = None) -> Any:
         """The task's argument ``name`` when it was given, else the run's param ``param`` (default:
@@ -387,7 +399,7 @@ class ConsumeOperator(WavepipeOperator):
         partitions = self._partition_list()
         self.log.info("reading partitions %s", partitions)
         settings = self.settings()
-        return pipeline.consume_all(settings, self.run_id(settings, context), partitions)
+        return pipeline.consume_all(settings, self.uncommitted_run_id(settings, context), partitions)
 
 
 class ReassembleOperator(WavepipeOperator):
@@ -405,7 +417,7 @@ class ReassembleOperator(WavepipeOperator):
     @defects_fail_at_once
     def execute(self, context) -> dict | None:
         settings = self.settings()
-        run_id = self.run_id(settings, context)
+        run_id = self.uncommitted_run_id(settings, context)
         try:
             result = pipeline.reassemble_step(settings, run_id, validate=self.validate)
         except ValidationFailedError as exc:
@@ -430,7 +442,7 @@ class ValidateOperator(WavepipeOperator):
     @defects_fail_at_once
     def execute(self, context) -> dict | None:
         settings = self.settings()
-        run_id = self.run_id(settings, context)
+        run_id = self.uncommitted_run_id(settings, context)
         try:
             result = pipeline.validate_step(settings, run_id)
         except ValidationFailedError as exc:

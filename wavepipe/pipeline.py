@@ -29,6 +29,7 @@ from wavepipe import engine_client, pages, report_html, spark_launch, storage
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import (
     BUGS,
+    CommittedElsewhereError,
     ConflictError,
     StepFailedError,
     UnavailableError,
@@ -85,6 +86,11 @@ def _noted_on_failure(step: str):
                 note_refusal(settings, run_id, kwargs, exc)
                 raise
             except Exception as exc:
+                if step in _UNDONE_BY_A_COMMIT and is_committed(settings, run_id):
+                    raise CommittedElsewhereError(
+                        f"run {run_id} was committed by another worker while this one ran; this attempt changed "
+                        f"nothing ({step}: {first_line(exc)})"
+                    ) from exc
                 _note_failure(settings, run_id, step, kwargs)
                 if storage.no_space(exc):
                     raise storage.disk_full(settings, _step_writes(settings, run_id, step)) from exc
@@ -93,6 +99,19 @@ def _noted_on_failure(step: str):
         return run
 
     return wrap
+
+
+#: The steps that fail on what a commit removes (the run's staged files, its claim) when another
+#: worker commits their run while they run.
+_UNDONE_BY_A_COMMIT = ("consume", "reassemble", "validate")
+
+
+def is_committed(settings: Settings, run_id: str) -> bool:
+    """Whether the run's report record says it committed (False when the state cannot say)."""
+    try:
+        return _committed(RunStore(settings).load_step(safe_run_id(run_id), Step.REPORT))
+    except (WavepipeError, OSError):  # the state did not answer: the step's own failure stands
+        return False
 
 
 def _step_writes(settings: Settings, run_id: str, step: str) -> int | None:
@@ -302,6 +321,9 @@ def consume_failure(settings: Settings, run_id: str, errors: list[tuple[int, Exc
     """One error for the partitions whose consume step failed, of the kind of theirs the run acts
     on (the object store first, in the one line ``storage.unreachable`` gives), in one line: the
     partitions that failed alike, then the error they share."""
+    elsewhere = [exc for _, exc in errors if isinstance(exc, CommittedElsewhereError)]
+    if elsewhere:
+        return elsewhere[0]
     alike: dict[str, list[int]] = {}
     for partition, exc in errors:
         alike.setdefault(first_line(exc), []).append(partition)

@@ -244,3 +244,40 @@ def test_an_airflow_task_fails_a_defect_at_once_and_leaves_the_rest_to_its_retri
     with pytest.raises(UnavailableError) as raised:
         execute(None, down)
     assert raised.value is down
+
+
+def test_a_step_that_fails_on_a_run_committed_meanwhile_says_so_and_its_task_is_skipped(tmp_path):
+    """A step fails on what another worker's commit removed: it is not a failure of the run (none
+    is noted) but ``CommittedElsewhereError``, which skips an Airflow task; a step of a run that
+    did not commit fails as it did, noted in the group's history."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
+    from wavepipe import pipeline
+    from wavepipe.contracts.config import load_settings
+    from wavepipe.contracts.errors import CommittedElsewhereError
+    from wavepipe.contracts.runfiles import Step
+    from wavepipe.plugins.operators import defects_fail_at_once
+    from wavepipe.run_store import RunStore
+
+    settings = load_settings(home=tmp_path)
+    store = RunStore(settings)
+
+    @pipeline._noted_on_failure("reassemble")
+    def reassemble(_settings, _run_id):
+        raise FileNotFoundError("staging/run_a/chunks/p0.parquet")
+
+    with pytest.raises(FileNotFoundError):
+        reassemble(settings, "run_a")
+    assert not pipeline.is_committed(settings, "run_a") and [f["step"] for f in store.failures(settings.group)]
+    store.save_step("run_a", Step.REPORT, {"run_id": "run_a", "commit": {"0": {"after": 3}}})
+    assert pipeline.is_committed(settings, "run_a")
+    with pytest.raises(CommittedElsewhereError, match=r"run run_a was committed by another worker .*p0\.parquet"):
+        reassemble(settings, "run_a")
+    assert len(store.failures(settings.group)) == 1  # not noted again
+
+    @defects_fail_at_once
+    def execute(_self, _context):
+        reassemble(settings, "run_a")
+
+    with pytest.raises(AirflowSkipException, match="this attempt changed nothing"):
+        execute(None, None)

@@ -63,6 +63,12 @@ class ConflictError(WavepipeError, RuntimeError):
     offsets, the staged chunks): the message says whether to wait or what was done instead."""
 
 
+class CommittedElsewhereError(ConflictError):
+    """A step found its run committed by another worker meanwhile (it failed on what that commit
+    removed): nothing is left to do, and nothing was changed. ``wavepipe run`` exits 0 with the
+    run's report; an Airflow task is skipped."""
+
+
 class BadRecordError(WavepipeError, ValueError):
     """One input record (or file) is malformed: it becomes a dead letter (or a refused file) with
     this message as its reason, and the run goes on."""
