@@ -520,7 +520,9 @@ def test_a_backfill_made_short_of_its_windows_is_made_again_whole(airflow, api):
             assert sorted(runs) == chosen and {r["state"] for r in runs.values()} == {"queued"}, runs
             assert api.get(f"/api/v2/backfills/{made['id']}").json()["completed_at"], "the short one is not open"
             assert api.put(f"/api/v2/backfills/{whole['id']}/cancel").status_code == 200
-    finally:
+    finally:  # no run of these windows is left (cancelled, they failed) for the tests after this one
+        for run in local._runs_in(settings, token, body):
+            api.delete(f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run['dag_run_id'])}")
         api.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": paused})
 
 
