@@ -505,7 +505,7 @@ def test_a_backfill_made_short_of_its_windows_is_made_again_whole(airflow, api):
             assert len(chosen) == 3, dry
             status, made = local.create_backfill(settings, token, asked)
             assert status == 200, made
-            cut = local.runs_made_by(made, local._runs_in(settings, token, asked))[chosen[1]]
+            cut = local.runs_made_by(made, local.runs_in(settings, token, asked))[chosen[1]]
             assert cut["state"] == "queued", cut
             deleted = api.delete(f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(cut['dag_run_id'])}")
             assert deleted.status_code == 204, deleted.text
@@ -516,12 +516,12 @@ def test_a_backfill_made_short_of_its_windows_is_made_again_whole(airflow, api):
                 f"backfill {made['id']} of {DAG_ID} was made with 2 of 3 window runs (no run for {chosen[1]}): "
                 "cancelling it and making it again"
             ]
-            runs = local.runs_made_by(whole, local._runs_in(settings, token, asked))
+            runs = local.runs_made_by(whole, local.runs_in(settings, token, asked))
             assert sorted(runs) == chosen and {r["state"] for r in runs.values()} == {"queued"}, runs
             assert api.get(f"/api/v2/backfills/{made['id']}").json()["completed_at"], "the short one is not open"
             assert api.put(f"/api/v2/backfills/{whole['id']}/cancel").status_code == 200
     finally:  # no run of these windows is left (cancelled, they failed) for the tests after this one
-        for run in local._runs_in(settings, token, body):
+        for run in local.runs_in(settings, token, body):
             api.delete(f"/api/v2/dags/{DAG_ID}/dagRuns/{quote(run['dag_run_id'])}")
         api.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": paused})
 

@@ -44,7 +44,7 @@ def test_a_full_disk_commits_nothing_and_the_run_resumes_once_space_is_freed(
     where, filler = small_disk
     full = settings.replace(**{setting: str(where / "lake")})
     ensure_topic(full, partitions=2)
-    produce_demo(full, count=6, target_bytes=400 * 1024)
+    sent = produce_demo(full, count=6, target_bytes=400 * 1024)
 
     code, out = run_cli(full, "run")
     # one line: the location, its free space (and what the engine's step writes), the setting that moves it
@@ -60,8 +60,9 @@ def test_a_full_disk_commits_nothing_and_the_run_resumes_once_space_is_freed(
     code, out = run_cli(full, "run")
     assert code == 0 and f"resuming unfinished run {failed}" in out, out
     assert f"run {failed}: 6 new waveforms" in out, out
-    ids = [row[0] for row in output_rows(spark, full)]
-    assert len(ids) == len(set(ids)) == 6
+    rows = output_rows(spark, full)  # each produced waveform once, bit-exact, from the resumed run
+    assert {wid: checksum for wid, checksum, _, _ in rows} == {w.waveform_id: w.checksum for w in sent}
+    assert len(rows) == len(sent) and all(checksum == sha and run_id == failed for _, checksum, sha, run_id in rows)
     assert assert_delta_rs_reads_as_spark(spark, full.output_table) == 6
     ends = list_offsets(full, full.topic, [0, 1], OffsetSpec.latest())
     assert committed_offsets(full, full.group, full.topic, [0, 1]) == ends

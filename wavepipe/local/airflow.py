@@ -699,10 +699,10 @@ def _open_backfill_like(settings: Settings, token: str, body: dict) -> dict | No
 
 def _has_runs(settings: Settings, token: str, body: dict, backfill: dict) -> bool:
     """Whether DAG runs of ``backfill``'s windows were queued since it was made (its own runs)."""
-    return bool(runs_made_by(backfill, _runs_in(settings, token, body)))
+    return bool(runs_made_by(backfill, runs_in(settings, token, body)))
 
 
-def _runs_in(settings: Settings, token: str, body: dict) -> list[dict]:
+def runs_in(settings: Settings, token: str, body: dict) -> list[dict]:
     """The DAG runs of ``body``'s DAG whose logical dates are in its range, as the REST API lists them."""
     path = (
         f"/dags/{quote(body['dag_id'])}/dagRuns?limit=1000&logical_date_gte={quote(body['from_date'])}"
@@ -750,7 +750,7 @@ def made_whole(settings: Settings, token: str, body: dict, created: dict, chosen
 
 def _missing(settings: Settings, token: str, body: dict, backfill: dict, chosen: list[str]) -> list[str]:
     """The windows of ``chosen`` that ``backfill`` has no run for."""
-    return sorted(set(chosen) - set(runs_made_by(backfill, _runs_in(settings, token, body))))
+    return sorted(set(chosen) - set(runs_made_by(backfill, runs_in(settings, token, body))))
 
 
 def _cancel(settings: Settings, token: str, body: dict, backfill: dict) -> set[str]:
@@ -759,7 +759,7 @@ def _cancel(settings: Settings, token: str, body: dict, backfill: dict) -> set[s
     are deleted. The windows whose runs had started (they go on) are returned."""
     where = f"/backfills/{backfill['id']}"
     _api(settings, token, f"{where}/pause", method="PUT")
-    own = runs_made_by(backfill, _runs_in(settings, token, body))
+    own = runs_made_by(backfill, runs_in(settings, token, body))
     _api(settings, token, f"{where}/cancel", method="PUT")
     never_ran = [run["dag_run_id"] for run in own.values() if run["state"] == "queued"]
     for run_id in never_ran if body.get("reprocess_behavior", "none") == "none" else []:
@@ -838,7 +838,7 @@ def backfill(
             return _refused(dag_id, status, answer, out)
         found[behavior] = [_iso(b["logical_date"]) for b in answer["backfills"]]
     chosen = found[REPROCESS[reprocess]]
-    runs = {_iso(r["logical_date"]): r for r in _runs_in(settings, token, body)}
+    runs = {_iso(r["logical_date"]): r for r in runs_in(settings, token, body)}
     skipped = skipped_windows(found["completed"], chosen, runs, reprocess)
     if not chosen:
         out(
