@@ -348,17 +348,21 @@ def list_offsets(
     spec: OffsetSpec,
     isolation: IsolationLevel = IsolationLevel.READ_COMMITTED,
     admin: AdminClient | None = None,
+    timeout_s: float = TIMEOUT_S,
+    attempts: int = 20,
 ) -> dict[int, int]:
     """Per partition, the offset ``spec`` names (earliest, latest = last stable offset, ...);
-    ``admin``: a client to ask (one that polls often keeps its own), else a new one."""
+    ``admin``: a client to ask (one that polls often keeps its own), else a new one. A request
+    waits up to ``timeout_s`` (a leader that died is waited for until then) and is made up to
+    ``attempts`` times while Kafka answers with a transient error."""
     request = {TopicPartition(topic, p): spec for p in partitions}
 
     def fetch() -> dict[int, int]:
         client = admin or admin_client(settings)  # keep it alive until the futures resolve
-        futures = client.list_offsets(request, isolation_level=isolation, request_timeout=TIMEOUT_S)
-        return {tp.partition: fut.result(timeout=TIMEOUT_S + 5).offset for tp, fut in futures.items()}
+        futures = client.list_offsets(request, isolation_level=isolation, request_timeout=timeout_s)
+        return {tp.partition: fut.result(timeout=timeout_s + 5).offset for tp, fut in futures.items()}
 
-    return retrying(fetch, f"offsets of {topic}", settings.bootstrap_servers)
+    return retrying(fetch, f"offsets of {topic}", settings.bootstrap_servers, attempts=attempts)
 
 
 def committed_offsets(settings: Settings, group: str, topic: str, partitions: Iterable[int]) -> dict[int, int | None]:

@@ -745,18 +745,30 @@ def _finish(run: Run, report: dict, skipped: str | None) -> dict:
     return report
 
 
+#: How long the commit waits for the end offsets that its report's lag is measured against.
+LAG_TIMEOUT_S = 5.0
+
+
 def _lag_after(settings: Settings, plan: RunPlan, report: dict) -> None:
     """Per partition, the records after the committed offset at commit time, and of those the
     ones after the run's planned end (``unplanned``: a cap, or data that came after the plan);
     None if unknown."""
+    from confluent_kafka import KafkaException
     from confluent_kafka.admin import OffsetSpec
 
     from wavepipe.consumers.kafka_admin import list_offsets
 
-    try:
-        latest = list_offsets(settings, plan.topic, [r.partition for r in plan.ranges], OffsetSpec.latest())
-    except Exception as exc:  # only describes the committed run (its lag)
-        log.warning("run %s: could not read the end offsets for the lag after the commit: %s", plan.run_id, exc)
+    partitions = [r.partition for r in plan.ranges]
+    try:  # only describes the committed run: asked once, briefly (a leader that just died is not waited for)
+        latest = list_offsets(
+            settings, plan.topic, partitions, OffsetSpec.latest(), timeout_s=LAG_TIMEOUT_S, attempts=1
+        )
+    except (KafkaException, UnavailableError, TimeoutError) as exc:
+        log.warning(
+            "run %s: the lag after the commit is unknown: Kafka did not give the end offsets (%s)",
+            plan.run_id,
+            first_line(exc),
+        )
         latest = {}
     ends = {str(r.partition): r.end for r in plan.ranges}
     for p, part in report["partitions"].items():

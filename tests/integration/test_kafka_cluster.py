@@ -2,12 +2,15 @@
 started by ``wavepipe.local.kafka.LocalKafkaCluster``) whose client listener takes SASL/PLAIN only:
 every Kafka client wavepipe makes (producer, planner, readers, committer, transactional dead-letter
 publisher) must carry ``kafka_client_config``; a wrong password fails at once, naming the
-authentication failure; and a ``wavepipe run`` (CLI subprocess, real Spark) whose partition leader
-is SIGKILLed while its reader pauses mid-range still ends with every waveform once and bit-exact,
-offsets committed at the planned ends and the accounting balanced. The cluster is this module's
-own (the session's single broker is not started). Run it alone with
-``.venv/bin/pytest tests/integration/test_kafka_cluster.py -v`` (2-3 minutes on two cores, most of
-it Spark; 6-8 minutes when the machine is busy with other work).
+authentication failure; and a ``wavepipe run`` (CLI subprocess, real Spark) still ends with every
+waveform once and bit-exact, offsets committed at the planned ends, each dead letter once on its
+topic and the accounting balanced, at most one rerun later, when a node is SIGKILLed under it: the
+partition leader while its reader pauses mid-range, the transaction coordinator while the commit's
+transaction is sending dead letters, and the group coordinator as a plain commit starts. Each test
+brings the killed node back and waits until every partition is fully replicated again. The
+cluster is this module's own (the session's single broker is not started). Run it alone with
+``.venv/bin/pytest tests/integration/test_kafka_cluster.py -v`` (4-6 minutes on two cores, most of
+it Spark; twice that when the machine is busy with other work).
 """
 
 from __future__ import annotations
@@ -18,10 +21,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaException, Producer, TopicCollection
+from confluent_kafka import IsolationLevel, KafkaException, Producer, TopicCollection
 from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 
-from tests.helpers import assert_accounted, output_rows, read_topic, run_cli, start_cli
+from tests.helpers import assert_accounted, output_rows, read_topic, run_cli, start_cli, when_stopped
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.contracts.config import load_settings
@@ -57,6 +60,7 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture
 def cluster_settings(cluster, engine, tmp_path):
+    cluster.up()  # brings back a node an earlier test killed
     tag = uuid.uuid4().hex[:8]
     return load_settings(
         home=tmp_path / "home",
@@ -85,21 +89,23 @@ def cluster_settings(cluster, engine, tmp_path):
 
 def _create_topics(settings, *specs: tuple[str, int]) -> None:
     """Topics created by wavepipe with three replicas and min.insync.replicas=2 (the settings
-    ``topic_replication_factor`` and ``topic_config``), once every partition has a leader."""
+    ``topic_replication_factor`` and ``topic_config``), once every partition of them and of Kafka's
+    internal topics is fully replicated (a node an earlier test killed has caught up)."""
     for name, partitions in specs:
         ensure_topic(settings, name, partitions)
     admin = AdminClient(settings.kafka_config())
     [configs] = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, settings.topic)]).values()
     assert configs.result(timeout=60)["min.insync.replicas"].value == "2"
-    deadline = time.monotonic() + 60
-    while not all(_has_leaders(settings, name) for name, _ in specs):
-        assert time.monotonic() < deadline, "the new topics got no leaders"
+    internal = [t for t in ("__consumer_offsets", "__transaction_state") if t in admin.list_topics(timeout=30).topics]
+    deadline = time.monotonic() + 120
+    while not all(_fully_replicated(settings, name) for name in [*internal, *(name for name, _ in specs)]):
+        assert time.monotonic() < deadline, "the topics did not get a leader and three in-sync replicas in 120 s"
         time.sleep(0.5)
 
 
-def _has_leaders(settings, topic: str) -> bool:
+def _fully_replicated(settings, topic: str) -> bool:
     try:
-        return all(p["leader"] is not None for p in _describe(settings, topic).values())
+        return all(p["leader"] is not None and len(p["isr"]) == 3 for p in _describe(settings, topic).values())
     except KafkaException:  # not known to every broker yet
         return False
 
@@ -163,26 +169,9 @@ def test_partition_leader_killed_mid_range_then_the_run_completes_exactly_once(c
     assert before[target]["isr"] and len(before[target]["replicas"]) == 3, before
     assert cluster.kill(killed) is not None and cluster.node_pids()[killed] is None
 
-    out, _ = run.communicate(timeout=600)
-    attempts = 1
-    if run.returncode != 0:  # allowed: a clean failure naming the cause, then the retry completes
-        assert "wavepipe run failed" in out, out[-3000:]
-        retry = start_cli(settings, "run")
-        out, _ = retry.communicate(timeout=600)
-        attempts = 2
-        assert retry.returncode == 0, out[-3000:]
+    attempts = _finished(settings, run)
     run_seconds = time.monotonic() - began
-
-    report = json.loads((settings.reports_dir / "failover.json").read_text())
-    assert report["status"] == "committed", report["status"]
-    assert_accounted(spark, settings, report)
-    assert report["waveforms"] == {"output_new": len(sent)}
-    assert report["totals"]["dead_letter"] == 1
-    rows = output_rows(spark, settings)
-    assert {r[0]: r[1] for r in rows} == {s.waveform_id: s.checksum for s in sent}, "each waveform exactly once"
-    assert all(r[1] == r[2] for r in rows), "payloads must be bit-exact"
-    assert {int(p): part["end"] for p, part in report["partitions"].items()} == ends
-    assert committed_offsets(settings, settings.group, settings.topic, [0, 1]) == ends
+    report = _assert_once(spark, settings, "failover", sent, ends, dead_letters=1)
     [dead] = read_topic(settings, settings.dead_letter_topic)  # published in the commit's transaction
     assert dead[0] == b"not a chunk" and dead[1]["wp-dlq-reason"]
 
@@ -193,4 +182,137 @@ def test_partition_leader_killed_mid_range_then_the_run_completes_exactly_once(c
         f"killed node {killed}, leader of partition {target} ({ends[target]} offsets); leaders now "
         f"{ ({p: d['leader'] for p, d in after.items()}) }; {attempts} attempt(s) in {run_seconds:.0f}s; reads took "
         f"{ ({p: part['read_seconds'] for p, part in report['partitions'].items()}) }s"
+    )
+
+
+def _finished(settings, run, timeout: float = 600) -> int:
+    """Wait for ``run`` to end; if it failed, it must say so in a line, and one ``wavepipe run``
+    must then complete it. The number of attempts it took."""
+    out, _ = run.communicate(timeout=timeout)
+    if run.returncode == 0:
+        return 1
+    assert "wavepipe run failed" in out, out[-3000:]  # a clean failure naming the cause
+    code, out = run_cli(settings, "run", timeout=timeout)
+    assert code == 0, out[-3000:]
+    return 2
+
+
+def _assert_once(spark, settings, run_id: str, sent, ends: dict[int, int], dead_letters: int) -> dict:
+    """Run ``run_id`` committed every waveform once and bit-exact, its offsets at the planned
+    ``ends`` (as Kafka reports the group's) and ``dead_letters`` once on their topic; its report."""
+    report = json.loads((settings.reports_dir / f"{run_id}.json").read_text())
+    assert report["status"] == "committed", report["status"]
+    assert_accounted(spark, settings, report)
+    assert report["waveforms"] == {"output_new": len(sent)}
+    assert report["totals"]["dead_letter"] == dead_letters
+    rows = output_rows(spark, settings)
+    assert {r[0]: r[1] for r in rows} == {s.waveform_id: s.checksum for s in sent}, "each waveform exactly once"
+    assert all(r[1] == r[2] for r in rows), "payloads must be bit-exact"
+    assert {int(p): part["end"] for p, part in report["partitions"].items()} == ends
+    assert committed_offsets(settings, settings.group, settings.topic, sorted(ends)) == ends
+    if settings.dead_letter_topic:
+        on_topic = read_topic(settings, settings.dead_letter_topic)  # committed records only
+        origins = [dict(headers)["wp-dlq-origin"] for _, headers in on_topic]
+        assert len(origins) == len(set(origins)) == dead_letters, (
+            f"{len(origins)} dead letters, {len(set(origins))} origins"
+        )
+    return report
+
+
+def _java_hash(text: str) -> int:
+    """Java's ``String.hashCode`` of an ASCII ``text``, as a signed 32-bit integer."""
+    h = 0
+    for ch in text:
+        h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def _coordinator(settings, internal_topic: str, key: str) -> int:
+    """The node that coordinates ``key`` (a group id or transactional id): the leader of its
+    partition of ``internal_topic`` (Kafka's ``Utils.abs(key.hashCode()) % partitions``)."""
+    partitions = _describe(settings, internal_topic)
+    h = _java_hash(key)
+    return partitions[(0 if h == -(1 << 31) else abs(h)) % len(partitions)]["leader"]
+
+
+def _produce_with_junk(settings, count: int, junk: int, junk_bytes: int = 0):
+    """``count`` demo waveforms over both partitions, then ``junk`` records that are not chunks
+    (dead letters) of ``junk_bytes`` each on partition 0; what was sent, and the partitions' ends."""
+    sent = produce_demo(settings, count=count, target_bytes=256 * 1024, batch=f"cluster-{settings.topic}")
+    producer = Producer(settings.kafka_config(**{"enable.idempotence": True, "acks": "all"}))
+    for i in range(junk):
+        producer.produce(settings.topic, value=b"not a chunk".ljust(junk_bytes, b"."), key=b"junk%d" % i, partition=0)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    return sent, list_offsets(settings, settings.topic, [0, 1], OffsetSpec.latest())
+
+
+def test_transaction_coordinator_killed_mid_transaction_then_each_dead_letter_is_on_its_topic_once(
+    cluster, cluster_settings, spark
+):
+    """The run commits 60 dead letters of 256 KiB with its offsets in one transaction; once the
+    first of them is on the dead-letter topic (uncommitted) and before the last is, the node that
+    coordinates the transaction is SIGKILLed. The transaction completes on the new coordinator,
+    or is aborted and one rerun commits it: either way each dead letter is on the topic once."""
+    settings, junk = cluster_settings, 60
+    _create_topics(settings, (settings.topic, 2), (settings.dead_letter_topic, 1))
+    sent, ends = _produce_with_junk(settings, 6, junk, junk_bytes=256 * 1024)
+    run = start_cli(settings, "run", "--run-id", "txn", failpoints="commit.before_offsets=stop")
+    frozen = when_stopped(run)
+    # Kafka makes its transaction state topic at the first transaction: made now, and whole
+    Producer(settings.kafka_config(**{"transactional.id": f"first-{settings.group}"})).init_transactions(60)
+    _create_topics(settings)
+    coordinator = _coordinator(settings, "__transaction_state", f"wavepipe-commit-{settings.group}")
+
+    frozen.resume()
+    began, seen = time.monotonic(), 0
+    while seen == 0:  # the transaction is open once a dead letter is on the topic, uncommitted
+        assert time.monotonic() - began < 120 and run.poll() is None, "no dead letter was sent"
+        [seen] = _uncommitted_end(settings).values()
+        time.sleep(0.02)
+    assert cluster.kill(coordinator) is not None
+    killed_at = time.monotonic()
+    assert seen < junk, f"all {seen} dead letters were sent before the kill: not mid-transaction"
+    attempts = _finished(settings, run)
+    recovery = time.monotonic() - killed_at
+
+    _assert_once(spark, settings, "txn", sent, ends, dead_letters=junk)
+    now = _coordinator(settings, "__transaction_state", f"wavepipe-commit-{settings.group}")
+    assert now not in (None, coordinator), now
+    print(
+        f"killed node {coordinator} (transaction coordinator) after {seen} of {junk} dead letters; "
+        f"{attempts} attempt(s), {recovery:.1f}s from the kill to the commit"
+    )
+
+
+def _uncommitted_end(settings) -> dict[int, int]:
+    return list_offsets(
+        settings, settings.dead_letter_topic, [0], OffsetSpec.latest(), isolation=IsolationLevel.READ_UNCOMMITTED
+    )
+
+
+def test_group_coordinator_killed_as_the_commit_starts_then_the_offsets_are_committed_once(
+    cluster, cluster_settings, spark
+):
+    """A plain commit (no dead-letter topic): the run is frozen just before it commits its offsets,
+    the node that coordinates its group is SIGKILLed, and the run goes on: the commit finds the new
+    coordinator, or fails in one line and one rerun commits."""
+    settings = cluster_settings.replace(dead_letter_topic="")
+    _create_topics(settings, (settings.topic, 2))
+    sent, ends = _produce_with_junk(settings, 8, 0)
+    run = start_cli(settings, "run", "--run-id", "group", failpoints="commit.before_offsets=stop")
+    frozen = when_stopped(run)
+    coordinator = _coordinator(settings, "__consumer_offsets", settings.group)
+
+    assert cluster.kill(coordinator) is not None
+    killed_at = time.monotonic()
+    frozen.resume()
+    attempts = _finished(settings, run)
+    recovery = time.monotonic() - killed_at
+
+    _assert_once(spark, settings, "group", sent, ends, dead_letters=0)
+    assert _coordinator(settings, "__consumer_offsets", settings.group) not in (None, coordinator)
+    print(
+        f"killed node {coordinator} (group coordinator) as the commit started; "
+        f"{attempts} attempt(s), {recovery:.1f}s from the kill to the commit"
     )

@@ -162,3 +162,31 @@ def test_a_run_counts_what_a_cap_left_apart_from_what_came_after_its_plan(monkey
     assert report["partitions"]["0"] == {"lag_after": 22, "unplanned": 20, "left_by_cap": 15}
     assert report["partitions"]["1"] == {"lag_after": 2, "unplanned": 2, "left_by_cap": 0}
     assert pipeline.left_by_cap(report) == 15
+
+
+def test_end_offsets_kafka_does_not_give_leave_the_lag_unknown_and_a_bug_is_raised(monkeypatch, tmp_path):
+    """The lag after a commit only describes the run: Kafka not giving the end offsets (a leader
+    that just died, asked once and briefly) leaves it unknown; a mistake in the call is raised."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from wavepipe import pipeline
+    from wavepipe.consumers import kafka_admin
+    from wavepipe.contracts.config import load_settings
+    from wavepipe.contracts.plan import OffsetRange, RunPlan
+
+    plan = RunPlan.new("r1", "t", "g", [OffsetRange("t", 0, 0, 10)], latest={0: 10})
+    asked = []
+
+    def timed_out(*args, **kwargs):
+        asked.append(kwargs)
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
+
+    report = {"partitions": {"0": {}}, "commit": {"0": {"after": 10}}}
+    monkeypatch.setattr(kafka_admin, "list_offsets", timed_out)
+    pipeline._lag_after(load_settings(home=tmp_path), plan, report)
+    assert report["partitions"]["0"] == {"lag_after": None, "unplanned": None, "left_by_cap": 0}
+    assert asked == [{"timeout_s": pipeline.LAG_TIMEOUT_S, "attempts": 1}]
+
+    monkeypatch.setattr(kafka_admin, "list_offsets", lambda *a, **k: {}.missing)
+    with pytest.raises(AttributeError):
+        pipeline._lag_after(load_settings(home=tmp_path), plan, report)
