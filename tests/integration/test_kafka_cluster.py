@@ -28,6 +28,7 @@ from tests.helpers import assert_accounted, output_rows, read_topic, run_cli, st
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.contracts.config import load_settings
+from wavepipe.local.kafka import CONSUMER_GROUPS_TOOL
 from wavepipe.run_store import RunStore
 
 pytestmark = pytest.mark.integration
@@ -235,6 +236,29 @@ def _coordinator(settings, internal_topic: str, key: str) -> int:
     return partitions[(0 if h == -(1 << 31) else abs(h)) % len(partitions)]["leader"]
 
 
+TRANSACTIONS_TOOL = "org.apache.kafka.tools.TransactionsCommand"
+
+
+def _tool_coordinator(cluster, settings, tmp_path, main_class: str, *args: str) -> int:
+    """The coordinator id Kafka's own tool reports (``CoordinatorId`` of a transaction, the
+    ``COORDINATOR (ID)`` of a group), over the SASL listener."""
+    config = tmp_path / "tool.properties"
+    config.write_text(
+        "security.protocol=SASL_PLAINTEXT\nsasl.mechanism=PLAIN\nsasl.jaas.config="
+        f'org.apache.kafka.common.security.plain.PlainLoginModule required username="{USER}" password="{PASSWORD}";\n'
+    )
+    node = next(n for n in cluster.nodes.values() if n.pid() is not None)
+    said = node.tool(
+        main_class, "--bootstrap-server", settings.bootstrap_servers, "--command-config", str(config), *args
+    )
+    assert said.returncode == 0, said.stderr[-2000:]
+    lines = [line.split() for line in said.stdout.splitlines() if line.strip()]
+    if main_class == TRANSACTIONS_TOOL:  # a header row, then the transaction's row
+        return int(lines[1][lines[0].index("CoordinatorId")])
+    [row] = [line for line in said.stdout.splitlines() if settings.group in line]
+    return int(row.split("(")[1].split(")")[0])  # "host:port (id)"
+
+
 def _produce_with_junk(settings, count: int, junk: int, junk_bytes: int = 0):
     """``count`` demo waveforms over both partitions, then ``junk`` records that are not chunks
     (dead letters) of ``junk_bytes`` each on partition 0; what was sent, and the partitions' ends."""
@@ -248,7 +272,7 @@ def _produce_with_junk(settings, count: int, junk: int, junk_bytes: int = 0):
 
 
 def test_transaction_coordinator_killed_mid_transaction_then_each_dead_letter_is_on_its_topic_once(
-    cluster, cluster_settings, spark
+    cluster, cluster_settings, spark, tmp_path
 ):
     """The run commits 60 dead letters of 256 KiB with its offsets in one transaction; once the
     first of them is on the dead-letter topic (uncommitted) and before the last is, the node that
@@ -277,8 +301,13 @@ def test_transaction_coordinator_killed_mid_transaction_then_each_dead_letter_is
     recovery = time.monotonic() - killed_at
 
     _assert_once(spark, settings, "txn", sent, ends, dead_letters=junk)
-    now = _coordinator(settings, "__transaction_state", f"wavepipe-commit-{settings.group}")
+    tid = f"wavepipe-commit-{settings.group}"
+    now = _coordinator(settings, "__transaction_state", tid)
     assert now not in (None, coordinator), now
+    # the coordinator computed as Kafka does is the one Kafka's own tool reports
+    assert (
+        _tool_coordinator(cluster, settings, tmp_path, TRANSACTIONS_TOOL, "describe", "--transactional-id", tid) == now
+    )
     print(
         f"killed node {coordinator} (transaction coordinator) after {seen} of {junk} dead letters; "
         f"{attempts} attempt(s), {recovery:.1f}s from the kill to the commit"
@@ -292,7 +321,7 @@ def _uncommitted_end(settings) -> dict[int, int]:
 
 
 def test_group_coordinator_killed_as_the_commit_starts_then_the_offsets_are_committed_once(
-    cluster, cluster_settings, spark
+    cluster, cluster_settings, spark, tmp_path
 ):
     """A plain commit (no dead-letter topic): the run is frozen just before it commits its offsets,
     the node that coordinates its group is SIGKILLed, and the run goes on: the commit finds the new
@@ -311,7 +340,10 @@ def test_group_coordinator_killed_as_the_commit_starts_then_the_offsets_are_comm
     recovery = time.monotonic() - killed_at
 
     _assert_once(spark, settings, "group", sent, ends, dead_letters=0)
-    assert _coordinator(settings, "__consumer_offsets", settings.group) not in (None, coordinator)
+    now = _coordinator(settings, "__consumer_offsets", settings.group)
+    assert now not in (None, coordinator), now
+    described = ("--describe", "--group", settings.group, "--state")
+    assert _tool_coordinator(cluster, settings, tmp_path, CONSUMER_GROUPS_TOOL, *described) == now
     print(
         f"killed node {coordinator} (group coordinator) as the commit started; "
         f"{attempts} attempt(s), {recovery:.1f}s from the kill to the commit"
