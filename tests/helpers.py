@@ -12,6 +12,7 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import numpy as np
@@ -421,12 +422,20 @@ def trigger_run(api, dag_id: str, conf: dict) -> str:
     return trigger.json()["dag_run_id"]
 
 
+def run_state(api, dag_id: str, run_id: str) -> str:
+    """A DAG run's state, or what the API answered instead (on SQLite a read can meet the lock of
+    a write: asked again by the caller's next poll)."""
+    answer = api.get(f"/api/v2/dags/{dag_id}/dagRuns/{quote(run_id)}")
+    state = answer.json().get("state") if answer.status_code == 200 else None
+    return state or f"not answered ({answer.status_code}: {answer.text[:120]})"
+
+
 def wait_for_runs(api, dag_id: str, run_ids: list[str], timeout_s: float = RUN_TIMEOUT_S) -> dict[str, str]:
     """Poll the DAG runs until each succeeded or failed; print their tasks' states every 15 s."""
     began, last_print, states = time.monotonic(), 0.0, {}
     while True:
         elapsed = time.monotonic() - began
-        states = {r: api.get(f"/api/v2/dags/{dag_id}/dagRuns/{r}").json()["state"] for r in run_ids}
+        states = {r: run_state(api, dag_id, r) for r in run_ids}
         if all(s in ("success", "failed") for s in states.values()):
             return states
         if elapsed - last_print >= 15:

@@ -194,3 +194,41 @@ def test_an_empty_backfill_never_closed_gives_back_the_refusal(monkeypatch):
     clock = iter(range(0, 1000, 40))
     monkeypatch.setattr(airflow.time, "monotonic", lambda: next(clock))
     assert airflow.create_backfill(None, "token", BODY, wait_s=150) == (409, BUSY)
+
+
+def test_a_refusal_by_a_failed_try_airflow_is_deleting_is_tried_again(monkeypatch):
+    """Seen in a clean-clone run: the locked try's backfill was gone from the list (Airflow's own
+    clean-up deleted it), yet the next try was refused while the deletion was not yet committed."""
+    from wavepipe.local.airflow import create_backfill
+
+    calls = _scripted_api(
+        monkeypatch,
+        [
+            ("/backfills", 503, LOCKED),
+            ("/backfills", 409, BUSY),
+            _listed(),  # no backfill of the DAG is open: the refusal saw the one being deleted
+            ("/backfills", 409, BUSY),
+            _listed(),
+            ("/backfills", 200, {"id": 8}),
+        ],
+    )
+    assert create_backfill(None, "token", BODY) == (200, {"id": 8})
+    assert [c[0] for c in calls].count("POST") == 4
+
+
+def test_after_a_locked_try_a_refusal_by_another_open_backfill_is_given_back(monkeypatch):
+    from wavepipe.local.airflow import create_backfill
+
+    theirs = _backfill(None, id=9, from_date=W2)
+    calls = _scripted_api(
+        monkeypatch,
+        [
+            ("/backfills", 503, LOCKED),
+            ("/backfills", 409, BUSY),
+            _listed(theirs),
+            ("/backfills", 409, BUSY),
+            _listed(theirs),
+        ],
+    )
+    assert create_backfill(None, "token", BODY) == (409, BUSY)
+    assert [c[0] for c in calls].count("POST") == 3

@@ -656,6 +656,11 @@ def _locked(status: int, answer) -> bool:
     return status == 503 or (status == 500 and isinstance(detail, dict) and detail.get("reason") == "Database error")
 
 
+#: How long after a locked try its backfill is looked for. Seen on SQLite: the try answered 503,
+#: the next was refused (409) and the backfill was listed with its runs, and a tenth of a second
+#: later Airflow's clean-up had deleted it, and with it a run it had cleared to reprocess.
+SETTLE_S = 5.0
+
 #: How long a backfill left open by our own refused try is waited for (the scheduler closes one
 #: without runs on its next check of backfills, every 30 s of its loop).
 ORPHAN_WAIT_S = 150.0
@@ -668,10 +673,11 @@ def create_backfill(settings: Settings, token: str, body: dict, *, wait_s: float
     "already a running backfill". Only then, for a refusal our own try may have caused: an open
     backfill of exactly this request that has runs is ours (it is returned, never made twice);
     one without runs is what a failed try left (Airflow's clean-up is best effort), so once the
-    scheduler has closed it the request is tried once more."""
+    scheduler has closed it the request is tried again (``_tried_again``)."""
     status, answer, locked = _api_tried(settings, token, "/backfills", body)
     if status != 409 or not locked:
         return status, answer
+    time.sleep(SETTLE_S)  # Airflow's clean-up of the locked try may still be deleting what it made
     mine = _open_backfill_like(settings, token, body)
     if mine is not None and _has_runs(settings, token, body, mine):
         return 200, mine  # made by the try that was answered "database is locked"
@@ -679,20 +685,45 @@ def create_backfill(settings: Settings, token: str, body: dict, *, wait_s: float
     while mine is not None and time.monotonic() - began < wait_s:
         time.sleep(2)
         mine = _open_backfill_like(settings, token, body)
-    return _api(settings, token, "/backfills", body) if mine is None else (status, answer)
+    return _tried_again(settings, token, body) if mine is None else (status, answer)
+
+
+#: How often a backfill refused while no open backfill of its DAG is listed is tried again, and
+#: the pause between tries (the refusal saw a failed try's backfill before Airflow deleted it).
+REFUSED_TRIES, REFUSED_PAUSE_S = 5, 3.0
+
+
+def _tried_again(settings: Settings, token: str, body: dict):
+    """``POST /backfills`` once more after our own try's leftover is gone. Airflow deletes a failed
+    try's backfill in its own clean-up, so a 409 met while no backfill of the DAG is listed open
+    saw that one before it went: the request is tried again, a few seconds apart. A 409 while
+    another backfill is open is the user's to resolve, and is returned."""
+    status, answer = _api(settings, token, "/backfills", body)
+    for _ in range(REFUSED_TRIES):
+        if status != 409 or open_backfills(settings, token, body["dag_id"]):
+            break
+        time.sleep(REFUSED_PAUSE_S)
+        status, answer = _api(settings, token, "/backfills", body)
+    return status, answer
+
+
+def open_backfills(settings: Settings, token: str, dag_id: str) -> list[dict]:
+    """The backfills of ``dag_id`` not completed, as the REST API lists them."""
+    listed = _api(settings, token, f"/backfills?dag_id={quote(dag_id)}&limit=1000")[1]
+    backfills = listed.get("backfills", []) if isinstance(listed, dict) else []
+    return [backfill for backfill in backfills if not backfill.get("completed_at")]
 
 
 def _open_backfill_like(settings: Settings, token: str, body: dict) -> dict | None:
     """The open backfill of ``body``'s DAG made for exactly ``body``'s request, if there is one."""
-    listed = _api(settings, token, f"/backfills?dag_id={quote(body['dag_id'])}&limit=1000")[1]
-    for backfill in listed.get("backfills", []) if isinstance(listed, dict) else []:
+    for backfill in open_backfills(settings, token, body["dag_id"]):
         same = (_instant(backfill["from_date"]), _instant(backfill["to_date"])) == (
             _instant(body["from_date"]),
             _instant(body["to_date"]),
         )
         same = same and (backfill.get("dag_run_conf") or {}) == (body.get("dag_run_conf") or {})
         same = same and backfill.get("reprocess_behavior") == body.get("reprocess_behavior", "none")
-        if same and not backfill.get("completed_at"):
+        if same:
             return backfill
     return None
 
