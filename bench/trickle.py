@@ -22,12 +22,14 @@ Each output is checked: every waveform once, its payload's sha256 as produced.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import statistics
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -124,7 +126,9 @@ class DeltaWatcher:
                 continue
             now = time.time()
             entry = storage.read_text(storage.join(logdir, name))
-            adds = [json.loads(line)["add"]["path"] for line in entry.splitlines() if '"add"' in line]
+            actions = [json.loads(line) for line in entry.splitlines() if '"add"' in line]
+            # a compaction's adds rewrite rows already seen (dataChange false): not new rows
+            adds = [a["add"]["path"] for a in actions if "add" in a and a["add"].get("dataChange", True)]
             self._read(adds, now)
             self._done.add(name)
             self.commits += 1
@@ -190,7 +194,7 @@ def _produce(settings: Settings, topic: str, schedule: list[float], options: Tri
     return sent
 
 
-def _latencies(sent: list[Sent], watcher: DeltaWatcher) -> dict:
+def latencies(sent: list[Sent], watcher: DeltaWatcher) -> dict:
     """Freshness of each sent waveform, and the exactly-once check."""
     lat = [watcher.seen[s.waveform_id][0] - s.acked for s in sent if s.waveform_id in watcher.seen]
     missing = [s.waveform_id for s in sent if s.waveform_id not in watcher.seen]
@@ -200,7 +204,7 @@ def _latencies(sent: list[Sent], watcher: DeltaWatcher) -> dict:
         for s in sent
         if s.waveform_id in watcher.checksums and watcher.checksums[s.waveform_id] != s.checksum
     ]
-    stats = _stats(lat)
+    stats = stats_of(lat)
     return {
         **stats,
         "waveforms": len(sent),
@@ -217,7 +221,7 @@ def _latencies(sent: list[Sent], watcher: DeltaWatcher) -> dict:
     }
 
 
-def _stats(values: list[float]) -> dict:
+def stats_of(values: list[float]) -> dict:
     if not values:
         return {"p50_s": None, "p95_s": None, "max_s": None, "mean_s": None}
     ordered = sorted(values)
@@ -249,26 +253,56 @@ def _wavepipe_system(
     """One home, topic and group with its own Spark engine and Airflow services, the modes sent
     one after the other (a warm-up first): their ``results``, and for the event-driven DAG the
     ``watcher_load`` measured on its idle topic before them."""
-    from wavepipe.consumers.kafka_admin import ensure_topic
-    from wavepipe.local import airflow as local
-    from wavepipe.local.engine_server import LocalEngine
-    from wavepipe.local.kafka import free_port
-    from wavepipe.pipeline import run_once
-
     system = "wavepipe_follow" if follow_s else "wavepipe"
-    s = settings.replace(
-        home=work / system,
-        topic=f"trickle-{system}-{stamp}",
-        group=f"trickle-{system}-{stamp}",
+    s = system_settings(settings, work / system, f"trickle-{system}-{stamp}", follow_s, options.watch_poll_s)
+    used = {}
+
+    def idle_load(api: AirflowApi) -> None:  # a paused DAG's watcher does not run
+        if not follow_s and options.watcher_load_s:
+            wait_until(api.has_dag, 180, "the ingest DAG to be parsed")
+            used["not-watching"] = _triggerer_cpu(s, options.watcher_load_s)
+
+    with airflow_running(s, system, before_unpause=idle_load) as api:
+        if used:
+            used["watching"] = _triggerer_cpu(s, options.watcher_load_s)
+        with DeltaWatcher(s.output_table) as watcher:
+            warm = _produce(s, s.topic, [0.0] * options.warmup, options, f"warm-{stamp}")
+            watcher.wait_for([w.waveform_id for w in warm], options.drain_s, f"{system} warm-up")
+            results = [_wavepipe_mode(s, options, api, watcher, stamp, mode) for mode in options.modes]
+    return {"results": results, "watcher_load": _load(used, options) if used else None}
+
+
+def system_settings(settings: Settings, home: Path, name: str, follow_s: float, watch_poll_s: float) -> Settings:
+    """The settings of a measured wavepipe: its own ``home``, topic and group ``name``, the ingest
+    DAG's watcher starting a run on any record (``follow_s``: its follow task), its own Airflow port
+    and Spark Connect engine."""
+    from wavepipe.local.kafka import free_port
+
+    return settings.replace(
+        home=home,
+        topic=name,
+        group=name,
         follow_s=follow_s,
         new_group_start="earliest",
         watch_records=1,
-        watch_poll_s=options.watch_poll_s,
+        watch_poll_s=watch_poll_s,
         airflow_port=free_port(),
         spark_remote="",
         spark_engine="connect",
         spark_connect_port=0,
     )
+
+
+@contextlib.contextmanager
+def airflow_running(s: Settings, system: str, before_unpause=None) -> Iterator[AirflowApi]:
+    """The topic of ``s``, its home's Spark engine and Airflow services started, the ingest DAG
+    unpaused (``before_unpause(api)`` first) with its lag watcher running and no run in flight;
+    everything it started is stopped however the block ends."""
+    from wavepipe.consumers.kafka_admin import ensure_topic
+    from wavepipe.local import airflow as local
+    from wavepipe.local.engine_server import LocalEngine
+    from wavepipe.pipeline import run_once
+
     ensure_topic(s, partitions=2)
     log.info("%s: starting this home's Spark engine and Airflow", system)
     try:
@@ -276,29 +310,21 @@ def _wavepipe_system(
         run_once(s)  # the group's offsets exist; nothing to read yet
         if local.up(s, out=log.info) != 0:
             raise RuntimeError(f"`wavepipe airflow up` failed; see {s.airflow_home / 'logs'}")
-        api = _Api(s)
-        used = {}
-        if not follow_s and options.watcher_load_s:  # a paused DAG's watcher does not run
-            wait_until(api.has_dag, 180, "the ingest DAG to be parsed")
-            used["not-watching"] = _triggerer_cpu(s, options.watcher_load_s)
+        api = AirflowApi(s)
+        if before_unpause:
+            before_unpause(api)
         api.call("PATCH", "/api/v2/dags/wavepipe_ingest", {"is_paused": False})
         triggerer = local.log_file(s, "triggerer")
         wait_until(lambda: f"watching group {s.group!r}" in triggerer.read_text(), 180, "the lag watcher to start")
         wait_until(lambda: api.settled(), 300, "any run at unpause to finish")
-        if used:
-            used["watching"] = _triggerer_cpu(s, options.watcher_load_s)
-        with DeltaWatcher(s.output_table) as watcher:
-            warm = _produce(s, s.topic, [0.0] * options.warmup, options, f"warm-{stamp}")
-            watcher.wait_for([w.waveform_id for w in warm], options.drain_s, f"{system} warm-up")
-            results = [_wavepipe_mode(s, options, api, watcher, stamp, mode) for mode in options.modes]
-        return {"results": results, "watcher_load": _load(used, options) if used else None}
+        yield api
     finally:
         local.down(s, out=log.info)
         LocalEngine(s).down(force=True)
 
 
 def _wavepipe_mode(
-    s: Settings, options: TrickleOptions, api: _Api, watcher: DeltaWatcher, stamp: str, mode: str
+    s: Settings, options: TrickleOptions, api: AirflowApi, watcher: DeltaWatcher, stamp: str, mode: str
 ) -> dict:
     """One mode's sends on a running system, its freshness and the runs that served it."""
     system = "wavepipe_follow" if s.follow_s else "wavepipe"
@@ -313,7 +339,7 @@ def _wavepipe_mode(
     if not s.follow_s:
         wait_until(lambda: api.settled(), 300, "this mode's runs to finish")
     runs = [r for r in api.runs() if r["dag_run_id"] not in runs_before]
-    result = _latencies(sent, watcher)
+    result = latencies(sent, watcher)
     # a follow task describes its micro-batches after their commits, every few seconds: wait for that
     wait_until(lambda: _described(_run_reports(s, began, ended)), 60, "this mode's runs to be described")
     reports = _run_reports(s, began, ended)
@@ -393,7 +419,7 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
 
-class _Api:
+class AirflowApi:
     def __init__(self, settings: Settings):
         from wavepipe.local import airflow as local
 
@@ -522,7 +548,7 @@ def _streaming_mode(
     sent = _produce(s, topic, options.schedule(mode), options, f"s{mode}-{stamp}")
     watcher.wait_for([w.waveform_id for w in sent], options.drain_s, f"streaming {mode}")
     ended = max(watcher.seen.get(w.waveform_id, [time.time()])[0] for w in sent)
-    result = _latencies(sent, watcher)
+    result = latencies(sent, watcher)
     batches = watcher.commits - commits_before
     result.update(
         system="spark_streaming",

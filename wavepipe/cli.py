@@ -14,7 +14,7 @@ import traceback
 from datetime import UTC, datetime
 
 from wavepipe import __version__, maintenance, storage
-from wavepipe.bench import consume_scaling, table_layout, trickle, txn_state
+from wavepipe.bench import consume_scaling, soak, table_layout, trickle, txn_state
 from wavepipe.bench.figures import refresh_pages
 from wavepipe.bench.lifecycle import stopping_what_it_starts
 from wavepipe.bench.results import default_results_dir, goals
@@ -468,6 +468,8 @@ def _bench(args) -> int:
         return _bench_consume_scaling(settings, args)
     if args.trickle:
         return _bench_trickle(settings, args)
+    if args.soak:
+        return _bench_soak(settings, args)
     if args.table_layout:
         return _bench_table_layout(settings, args)
     if args.txn_state:
@@ -561,6 +563,27 @@ def _bench_trickle(settings, args) -> int:
         print(f"  {'n/a ' if met is None else ('met ' if met else 'MISS')} {name}: {numbers}")
     print(f"results: {', '.join(map(str, paths))}")
     return 0 if all(r["exactly_once"] for r in result["results"]) else 1
+
+
+def _bench_soak(settings, args) -> int:
+    from pathlib import Path
+
+    options = soak.SoakOptions(command=_bench_command(args))
+    if args.minutes is not None:
+        if args.minutes < 1:
+            print("wavepipe bench: --minutes must be at least 1", file=sys.stderr)
+            return 2
+        options.minutes = float(args.minutes)
+    elif args.quick:
+        options.minutes = 3.0
+    out = Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else default_results_dir())
+    result = soak.run_soak(settings, options)
+    paths = soak.save(result, out)
+    print(soak.to_markdown(result))
+    for name, met, numbers in soak.goals(result):
+        print(f"  {'n/a ' if met is None else ('met ' if met else 'MISS')} {name}: {numbers}")
+    print(f"results: {', '.join(map(str, paths))}")
+    return 0 if result["exactly_once"] else 1
 
 
 def _bench_table_layout(settings, args) -> int:
@@ -996,6 +1019,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="only the table-layout benchmark: 200 micro-batch appends against one batch, a typical read before "
         "and after `wavepipe table optimize`; results in docs/benchmarks/table-layout.*",
     )
+    b.add_argument(
+        "--soak",
+        action="store_true",
+        help="only the soak: the ingest DAG's follow task through the real Airflow services for --minutes, with a "
+        "trickle, bursts and hostile waveforms and a maintenance run half-way; memory per process, the run "
+        "state's and tables' files and freshness over time; results in docs/benchmarks/soak.*",
+    )
+    b.add_argument("--minutes", type=float, help="--soak: how long the producer sends (default 30; 3 with --quick)")
     b.add_argument("--seconds", type=int, help="--trickle: how long each system is sent to, per mode (default 180)")
     b.add_argument(
         "--refresh-docs",

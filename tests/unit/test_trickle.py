@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from wavepipe.bench.trickle import DeltaWatcher, Sent, TrickleOptions, _latencies, _stats, goals, save
+from wavepipe.bench.trickle import DeltaWatcher, Sent, TrickleOptions, goals, latencies, save, stats_of
 
 
 def test_the_schedules_send_one_a_second_or_bursts():
@@ -17,8 +17,8 @@ def test_the_schedules_send_one_a_second_or_bursts():
 
 
 def test_percentiles():
-    assert _stats([]) == {"p50_s": None, "p95_s": None, "max_s": None, "mean_s": None}
-    stats = _stats([float(i) for i in range(1, 101)])
+    assert stats_of([]) == {"p50_s": None, "p95_s": None, "max_s": None, "mean_s": None}
+    stats = stats_of([float(i) for i in range(1, 101)])
     assert (stats["p50_s"], stats["p95_s"], stats["max_s"]) == (50.5, 95.0, 100.0)
 
 
@@ -27,12 +27,12 @@ def test_exactly_once_counts_what_is_missing_doubled_or_wrong(tmp_path):
     watcher.seen = {"a": [10.0], "b": [12.0, 30.0], "c": [15.0]}
     watcher.checksums = {"a": "sha256:1", "b": "sha256:2", "c": "sha256:x"}
     sent = [Sent("a", "sha256:1", 8.0), Sent("b", "sha256:2", 9.0), Sent("c", "sha256:3", 10.0), Sent("d", "", 11.0)]
-    result = _latencies(sent, watcher)
+    result = latencies(sent, watcher)
     assert (result["readable"], result["missing"], result["doubled"], result["checksum_mismatch"]) == (3, 1, 1, 1)
     assert not result["exactly_once"] and result["max_s"] == 5.0
     assert result["series"] == [[0.0, 2.0], [1.0, 3.0], [2.0, 5.0]]
     watcher.seen, watcher.checksums = {"a": [10.0]}, {"a": "sha256:1"}
-    assert _latencies(sent[:1], watcher)["exactly_once"]
+    assert latencies(sent[:1], watcher)["exactly_once"]
 
 
 def test_the_page_states_the_goals_and_a_chart_failure_loses_nothing(tmp_path, monkeypatch):
