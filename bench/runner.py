@@ -452,6 +452,18 @@ def _delete_topic(settings: Settings, topic: str) -> None:
         log.warning("could not delete topic %s (%s); delete it by hand to free disk", topic, exc)
 
 
+def run_header(benchmark: str, stamp: str, began: float, options) -> dict:
+    """What a benchmark mode's result opens with: its name, when it started, its seconds (from the
+    ``time.monotonic()`` of ``began``), its options and the machine."""
+    return {
+        "benchmark": benchmark,
+        "started": stamp,
+        "seconds": round(time.monotonic() - began, 1),
+        "options": dict(options.__dict__),
+        "machine": machine_info(),
+    }
+
+
 def machine_info() -> dict:
     from importlib.metadata import version
 

@@ -81,7 +81,7 @@ class Hostile:
 def run_soak(settings: Settings, options: SoakOptions) -> dict:
     """The soak on this home's broker, in a home of its own under ``<home>/bench``."""
     from wavepipe.bench import lifecycle
-    from wavepipe.bench.runner import machine_info
+    from wavepipe.bench.runner import run_header
     from wavepipe.local.kafka import LocalKafka
 
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
@@ -100,11 +100,7 @@ def run_soak(settings: Settings, options: SoakOptions) -> dict:
         maintenance = _maintenance_outcome(api, maintenance, options.drain_s)
         checked = _checked(s, sent, hostile, watcher)
     return {
-        "benchmark": "soak",
-        "started": stamp,
-        "seconds": round(time.monotonic() - began, 1),
-        "options": dict(options.__dict__),
-        "machine": machine_info(),
+        **run_header("soak", stamp, began, options),
         "minutes": options.minutes,
         **summary(options, sampler.samples, checked),
         "maintenance": maintenance,
@@ -157,20 +153,13 @@ def _raw_producer(s: Settings):
 def _send_hostile(s: Settings, raw, w, number: int) -> Hostile:
     """``w`` sent hostile: its chunks with one payload byte changed after the checksum was taken
     (even ``number``), or a record with no chunk headers in its place (odd)."""
+    from wavepipe.consumers.producer import facts_of
     from wavepipe.contracts.protocol import split_waveform
 
     if number % 2:
         raw.produce(s.topic, value=b"not a chunk: " + w.waveform_id.encode(), key=w.waveform_id.encode())
         return Hostile(w.waveform_id, "junk")
-    records = split_waveform(
-        w.samples,
-        waveform_id=w.waveform_id,
-        sample_rate=w.sample_rate,
-        start_time=w.start_ns,
-        source=w.source,
-        chunk_size=s.chunk_size,
-        extension=w.extension,
-    )
+    records = split_waveform(w.samples, chunk_size=s.chunk_size, **facts_of(w))
     for i, (key, headers, value) in enumerate(records):
         if i == 0:
             value = bytes([value[0] ^ 0xFF]) + value[1:]

@@ -280,7 +280,7 @@ def _append_batches(spark, path: Path, options: LayoutOptions, batches: int, par
 
 def run_layout(settings: Settings, options: LayoutOptions) -> dict:
     from wavepipe import engine_client, maintenance
-    from wavepipe.bench.runner import machine_info
+    from wavepipe.bench.runner import run_header
     from wavepipe.local.engine_server import LocalEngine
     from wavepipe.spark_apps.tables import TABLE_KEYS, delta_writer, read_delta
 
@@ -336,11 +336,7 @@ def run_layout(settings: Settings, options: LayoutOptions) -> dict:
         state["day_vs_one_batch"] = round(state["day_median_s"] / day, 2) if day else None
         state["dedupe_vs_one_batch"] = round(state["dedupe_median_s"] / dedupe, 2) if dedupe else None
     return {
-        "benchmark": "table_layout",
-        "started": stamp,
-        "seconds": round(time.monotonic() - began, 1),
-        "options": dict(options.__dict__),
-        "machine": machine_info(),
+        **run_header("table_layout", stamp, began, options),
         "append_s": commits["seconds"],
         "commits": commits,
         "one_batch_write_s": round(one_batch_s, 1),

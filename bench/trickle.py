@@ -577,7 +577,7 @@ LABELS = {
 
 
 def run_trickle(settings: Settings, options: TrickleOptions) -> dict:
-    from wavepipe.bench.runner import machine_info
+    from wavepipe.bench.runner import run_header
     from wavepipe.local.kafka import LocalKafka
 
     began = time.monotonic()
@@ -594,11 +594,7 @@ def run_trickle(settings: Settings, options: TrickleOptions) -> dict:
         load = out.get("watcher_load") or load
     return {
         "watcher_load": load,
-        "benchmark": "trickle",
-        "started": stamp,
-        "seconds": round(time.monotonic() - began, 1),
-        "options": dict(options.__dict__),
-        "machine": machine_info(),
+        **run_header("trickle", stamp, began, options),
         "results": measured,
     }
 

@@ -112,14 +112,7 @@ class ChunkProducer:
     def send_waveform(self, waveform: DemoWaveform | Recording) -> ProducedWaveform:
         """``send`` of a waveform that carries its facts: a ``DemoWaveform`` or a recording read
         from a file (samples, id, rate, ``start_ns``, source and extension)."""
-        return self.send(
-            waveform.samples,
-            waveform_id=waveform.waveform_id,
-            sample_rate=waveform.sample_rate,
-            start_time=waveform.start_ns,
-            source=waveform.source,
-            extension=waveform.extension,
-        )
+        return self.send(waveform.samples, **facts_of(waveform))
 
     def flush(self, timeout: float = 120.0) -> None:
         remaining = self._producer.flush(timeout)
@@ -303,3 +296,14 @@ def produce_files(
 
 def manifest_lines(sent: list[ProducedWaveform]) -> list[dict]:
     return [asdict(s) for s in sent]
+
+
+def facts_of(waveform: DemoWaveform | Recording) -> dict:
+    """What ``split_waveform`` (and ``ChunkProducer.send``) take of a waveform besides its samples."""
+    return {
+        "waveform_id": waveform.waveform_id,
+        "sample_rate": waveform.sample_rate,
+        "start_time": waveform.start_ns,
+        "source": waveform.source,
+        "extension": waveform.extension,
+    }

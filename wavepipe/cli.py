@@ -536,7 +536,6 @@ def _bench_command(args) -> str:
 
 
 def _bench_trickle(settings, args) -> int:
-    from pathlib import Path
 
     options = trickle.TrickleOptions(command=_bench_command(args))
     if args.quick:
@@ -555,18 +554,28 @@ def _bench_trickle(settings, args) -> int:
                 file=sys.stderr,
             )
             return 2
-    out = Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else default_results_dir())
     result = trickle.run_trickle(settings, options)
-    paths = trickle.save(result, out)
-    print(trickle.to_markdown(result))
-    for name, met, numbers in trickle.goals(result):
-        print(f"  {'n/a ' if met is None else ('met ' if met else 'MISS')} {name}: {numbers}")
-    print(f"results: {', '.join(map(str, paths))}")
+    _saved_and_said(trickle, result, _bench_out(settings, args))
     return 0 if all(r["exactly_once"] for r in result["results"]) else 1
 
 
-def _bench_soak(settings, args) -> int:
+def _bench_out(settings, args):
+    """Where a benchmark mode saves its results: ``--out``, a quick run's folder, or the default."""
     from pathlib import Path
+
+    return Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else default_results_dir())
+
+
+def _saved_and_said(bench, result: dict, out) -> None:
+    """A benchmark mode's ``result`` saved in ``out`` (``bench.save``), its page and goals printed."""
+    paths = bench.save(result, out)
+    print(bench.to_markdown(result))
+    for name, met, numbers in bench.goals(result):
+        print(f"  {'n/a ' if met is None else ('met ' if met else 'MISS')} {name}: {numbers}")
+    print(f"results: {', '.join(map(str, paths))}")
+
+
+def _bench_soak(settings, args) -> int:
 
     options = soak.SoakOptions(command=_bench_command(args))
     if args.minutes is not None:
@@ -576,21 +585,15 @@ def _bench_soak(settings, args) -> int:
         options.minutes = float(args.minutes)
     elif args.quick:
         options.minutes = 3.0
-    out = Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else default_results_dir())
     result = soak.run_soak(settings, options)
-    paths = soak.save(result, out)
-    print(soak.to_markdown(result))
-    for name, met, numbers in soak.goals(result):
-        print(f"  {'n/a ' if met is None else ('met ' if met else 'MISS')} {name}: {numbers}")
-    print(f"results: {', '.join(map(str, paths))}")
+    _saved_and_said(soak, result, _bench_out(settings, args))
     return 0 if result["exactly_once"] else 1
 
 
 def _bench_table_layout(settings, args) -> int:
-    from pathlib import Path
 
     command = _bench_command(args)
-    out = Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else default_results_dir())
+    out = _bench_out(settings, args)
     exactly_once = True
     for options in table_layout.cases(args.quick, command):
         result = table_layout.run_layout(settings, options)
@@ -605,9 +608,8 @@ def _bench_table_layout(settings, args) -> int:
 
 
 def _bench_txn_state(settings, args) -> int:
-    from pathlib import Path
 
-    out = Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else default_results_dir())
+    out = _bench_out(settings, args)
     result = txn_state.measure(settings, txn_state.TxnStateSize.quick() if args.quick else txn_state.TxnStateSize())
     print(txn_state.to_markdown(result))
     paths = txn_state.save(result, out)
@@ -620,7 +622,7 @@ def _bench_consume_scaling(settings, args) -> int:
     from pathlib import Path
 
     total = (args.large_mib or (16 if args.quick else 1024)) * 2**20
-    out = Path(args.out) if args.out else (settings.home / "bench" / "quick" if args.quick else default_results_dir())
+    out = _bench_out(settings, args)
     with tempfile.TemporaryDirectory(
         prefix="consume-scaling-", dir=settings.home if settings.home.exists() else None
     ) as tmp:
