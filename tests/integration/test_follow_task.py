@@ -5,8 +5,10 @@ served by `wavepipe airflow up` (api-server, scheduler, dag-processor, triggerer
 from __future__ import annotations
 
 import json
+import re
 import time
 
+import psutil
 import pytest
 from confluent_kafka.admin import OffsetSpec
 
@@ -95,3 +97,40 @@ def test_one_follow_task_publishes_each_burst_as_its_own_micro_batch(airflow, sp
     rows = output_rows(spark, settings)
     assert sorted((r[0], r[1]) for r in rows) == sorted((s.waveform_id, s.checksum) for s in sent)
     assert all(r[1] == r[2] for r in rows)
+
+
+def test_a_triggerer_killed_while_it_watches_is_named_by_status_and_up_publishes_its_backlog_once(airflow, spark):
+    """Issue 62: the triggerer holding the lag watcher killed with SIGKILL (as the OOM killer does).
+    Records sent meanwhile start no run; `wavepipe airflow status` names the triggerer as stopped
+    and the command that starts it; `wavepipe airflow up` starts it alone, Airflow hands the dead
+    triggerer's watcher to it, and the backlog is published once, bit-exact."""
+    settings, api = airflow
+    assert api.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False}).status_code == 200
+    _wait("no run in flight", lambda: all(r["state"] in ("success", "failed") for r in _runs(api)))
+    _wait("the watcher to start", lambda: f"watching group {settings.group!r}" in _triggerer_log(settings))
+    others = {name: pid for name, pid in local.running(settings).items() if name != "triggerer"}
+    (triggerer,) = psutil.Process(local.running(settings)["triggerer"]).children()  # under its supervisor
+    triggerer.kill()
+    triggerer.wait(30)
+
+    code, out, _ = airflow_cli(settings, "status")
+    assert code == 1 and re.search(r"triggerer\s+stopped", out) and "`wavepipe airflow up`" in out, out
+    before = {r["dag_run_id"] for r in _runs(api)}
+    sent = produce_demo(settings, count=2, target_bytes=32 * 1024)
+    time.sleep(10)  # a watcher polls every 0.5 s: with none, no run starts
+    assert {r["dag_run_id"] for r in _runs(api)} == before, "a run started with no triggerer"
+    assert not _caught_up(settings)
+
+    began = time.monotonic()
+    code, out, _ = airflow_cli(settings, "up")
+    assert code == 0 and "started triggerer" in out, out
+    assert {name: pid for name, pid in local.running(settings).items() if name != "triggerer"} == others, out
+    _wait("the backlog to be committed", lambda: _caught_up(settings))
+    progress(f"triggerer killed: its backlog committed {time.monotonic() - began:.1f}s after `wavepipe airflow up`")
+    rows = [r for r in output_rows(spark, settings) if r[0] in {s.waveform_id for s in sent}]
+    assert sorted((r[0], r[1]) for r in rows) == sorted((s.waveform_id, s.checksum) for s in sent), rows
+    assert all(r[1] == r[2] for r in rows)
+
+
+def _triggerer_log(settings) -> str:
+    return local.log_file(settings, "triggerer").read_text(errors="replace")

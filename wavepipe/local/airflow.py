@@ -614,11 +614,11 @@ def status(settings: Settings, *, out=None) -> int:
         out(f"{airflow_url(settings)}: {'healthy' if not bad else 'unhealthy: ' + ', '.join(bad)}")
         out(f"  user: {ADMIN_USER}; password in {passwords_file(settings)}")
     else:
-        out(
-            f"{airflow_url(settings)}: not answering"
-            + ("" if all(state.values()) else " (start it with `wavepipe airflow up`)")
-        )
-    return 0 if all(state.values()) else 1
+        out(f"{airflow_url(settings)}: not answering")
+    stopped = [name for name, pid in state.items() if not pid]
+    if stopped:
+        out(f"stopped: {', '.join(stopped)}; `wavepipe airflow up` starts what is stopped (the rest goes on)")
+    return 0 if not stopped else 1
 
 
 #: ``wavepipe airflow backfill --reprocess``: the UI dialog's choices, as Airflow names them.
