@@ -19,6 +19,7 @@ what they grew in the first); and the series behind them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
 import threading
@@ -172,27 +173,26 @@ def _start_maintenance(api, at: float) -> dict:
     api.call("PATCH", f"/api/v2/dags/{MAINTENANCE_DAG}", {"is_paused": False})
     run = api.call("POST", f"/api/v2/dags/{MAINTENANCE_DAG}/dagRuns", {"logical_date": None})
     log.info("  soak: the maintenance DAG triggered at %.0f s (%s)", at, run["dag_run_id"])
-    return {"dag_run_id": run["dag_run_id"], "triggered_at_s": round(at, 1), "started": time.monotonic()}
+    return {"dag_run_id": run["dag_run_id"], "triggered_at_s": round(at, 1)}
 
 
 def _maintenance_outcome(api, maintenance: dict, timeout_s: float) -> dict | None:
-    """The maintenance run's state once it ended (or as it is after ``timeout_s``), and the
-    seconds from its trigger to its end."""
+    """The maintenance run's state once it ended (or as it is after ``timeout_s``), and its
+    seconds from start to end as Airflow recorded them (None while it has not ended)."""
     from wavepipe.waiting import WaitError
 
     if not maintenance:
         return None
     path = f"/api/v2/dags/{MAINTENANCE_DAG}/dagRuns/{maintenance['dag_run_id']}"
-    try:
+    with contextlib.suppress(WaitError):  # said by its state: the soak's numbers are kept either way
         wait_until(lambda: api.call("GET", path)["state"] in ("success", "failed"), timeout_s, "the maintenance run")
-        seconds = round(time.monotonic() - maintenance["started"], 1)
-    except WaitError:
-        seconds = None
+    run = api.call("GET", path)
+    ran = [datetime.fromisoformat(run[k]) for k in ("start_date", "end_date") if run.get(k)]
     return {
         "dag_run_id": maintenance["dag_run_id"],
         "triggered_at_s": maintenance["triggered_at_s"],
-        "state": api.call("GET", path)["state"],
-        "seconds": seconds,
+        "state": run["state"],
+        "seconds": round((ran[1] - ran[0]).total_seconds(), 1) if len(ran) == 2 else None,
     }
 
 
@@ -476,12 +476,22 @@ def to_markdown(result: dict, chart_name: str = "soak.png") -> str:
             for m in result["freshness_per_minute"]
         ),
         "",
-        f"Maintenance run: {result['maintenance']}.",
+        _maintenance_line(result["maintenance"]),
         "",
         f"![soak]({chart_name})",
         "",
     ]
     return "\n".join(lines)
+
+
+def _maintenance_line(run: dict | None) -> str:
+    if not run:
+        return "No maintenance run was triggered (the soak ended before its middle)."
+    took = f" in {run['seconds']:g} s" if run.get("seconds") is not None else ""
+    return (
+        f"The `{MAINTENANCE_DAG}` run {run['dag_run_id']}, triggered {run['triggered_at_s']:g} s into the "
+        f"soak: {run['state']}{took}."
+    )
 
 
 def chart(result: dict, path: Path) -> None:

@@ -80,7 +80,7 @@ def test_the_page_lists_every_role_and_a_chart_failure_loses_nothing(tmp_path, m
         "options": {"command": "wavepipe bench --soak --minutes 3"},
         "minutes": 3.0,
         "started": "x",
-        "maintenance": {"state": "success", "seconds": 40.0},
+        "maintenance": {"dag_run_id": "manual__1", "triggered_at_s": 90.0, "state": "success", "seconds": 40.0},
     }
     monkeypatch.setattr(soak, "chart", lambda r, p: 1 / 0)
     paths = save(result, tmp_path)
@@ -88,3 +88,4 @@ def test_the_page_lists_every_role_and_a_chart_failure_loses_nothing(tmp_path, m
     page = paths[-1].read_text()
     assert "| follow_task | 100.0 | 100.0 | 0.0 |" in page and "| state `runs` | 5 -> 5 |" in page
     assert "| 1 | 2 | 1.5 | 2.0 |" in page  # minute 1: two waveforms
+    assert "run manual__1, triggered 90 s into the soak: success in 40 s." in page
