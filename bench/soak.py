@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from wavepipe.bench import trickle
+from wavepipe.bench import lifecycle, trickle
 from wavepipe.contracts.config import Settings
-from wavepipe.waiting import wait_until
+from wavepipe.maintenance import table_paths
+from wavepipe.waiting import WaitError, wait_until
 
 log = logging.getLogger("wavepipe.bench.soak")
 #: The soak's goals (issue 62): each role's RSS grows less than this after the warm-up, and the
@@ -81,7 +82,6 @@ class Hostile:
 
 def run_soak(settings: Settings, options: SoakOptions) -> dict:
     """The soak on this home's broker, in a home of its own under ``<home>/bench``."""
-    from wavepipe.bench import lifecycle
     from wavepipe.bench.runner import run_header
     from wavepipe.local.kafka import LocalKafka
 
@@ -179,8 +179,6 @@ def _start_maintenance(api, at: float) -> dict:
 def _maintenance_outcome(api, maintenance: dict, timeout_s: float) -> dict | None:
     """The maintenance run's state once it ended (or as it is after ``timeout_s``), and its
     seconds from start to end as Airflow recorded them (None while it has not ended)."""
-    from wavepipe.waiting import WaitError
-
     if not maintenance:
         return None
     path = f"/api/v2/dags/{MAINTENANCE_DAG}/dagRuns/{maintenance['dag_run_id']}"
@@ -228,8 +226,6 @@ class Sampler:
             self._stop.wait(self.sample_s)
 
     def sample(self, t: float) -> dict:
-        from wavepipe.maintenance import table_paths
-
         home = self.settings.home
         return {
             "t": t,
