@@ -13,6 +13,7 @@ import pytest
 from confluent_kafka.admin import OffsetSpec
 
 from tests.helpers import airflow_api, airflow_cli, assert_accounted, make_settings, output_rows, progress
+from wavepipe import processes
 from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets, partitions_of
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.local import airflow as local
@@ -109,9 +110,11 @@ def test_a_triggerer_killed_while_it_watches_is_named_by_status_and_up_publishes
     _wait("no run in flight", lambda: all(r["state"] in ("success", "failed") for r in _runs(api)))
     _wait("the watcher to start", lambda: f"watching group {settings.group!r}" in _triggerer_log(settings))
     others = {name: pid for name, pid in local.running(settings).items() if name != "triggerer"}
-    (triggerer,) = psutil.Process(local.running(settings)["triggerer"]).children()  # under its supervisor
+    supervisor = psutil.Process(local.running(settings)["triggerer"])
+    (triggerer,) = supervisor.children()
     triggerer.kill()
     triggerer.wait(30)
+    left = processes.in_group(supervisor.pid)  # its log server outlives it
 
     code, out, _ = airflow_cli(settings, "status")
     assert code == 1 and re.search(r"triggerer\s+stopped", out) and "`wavepipe airflow up`" in out, out
@@ -124,6 +127,8 @@ def test_a_triggerer_killed_while_it_watches_is_named_by_status_and_up_publishes
     began = time.monotonic()
     code, out, _ = airflow_cli(settings, "up")
     assert code == 0 and "started triggerer" in out, out
+    assert not processes.in_group(supervisor.pid), f"the killed triggerer's {left} still run: {out}"
+    assert bool(left) == (f"stopped what the last triggerer (pid {supervisor.pid}) left running" in out), out
     assert {name: pid for name, pid in local.running(settings).items() if name != "triggerer"} == others, out
     _wait("the backlog to be committed", lambda: _caught_up(settings))
     progress(f"triggerer killed: its backlog committed {time.monotonic() - began:.1f}s after `wavepipe airflow up`")

@@ -478,6 +478,7 @@ def up(settings: Settings, *, timeout_s: float = READY_TIMEOUT_S, out=None) -> i
         if state[name]:
             out(f"{name} already running (pid {state[name]})")
             continue
+        _stop_leftovers(settings, name, out)
         log = log_file(settings, name)
         with open(log, "ab") as sink:
             proc = subprocess.Popen(
@@ -523,6 +524,17 @@ def up(settings: Settings, *, timeout_s: float = READY_TIMEOUT_S, out=None) -> i
     out(f"Airflow is ready at {url} ({time.monotonic() - began:.0f}s)")
     _print_login(settings, out)
     return 0
+
+
+def _stop_leftovers(settings: Settings, name: str, out) -> None:
+    """Stop what a killed service left in its process group (the triggerer's and the scheduler's
+    log server outlive a SIGKILL of their service and keep its port). Linux gives no new process
+    the id of a group that still has members, so they are the dead service's."""
+    pid = _read_pid(settings, name)
+    left = processes.in_group(pid) if pid is not None else []
+    if left:
+        _stop_group(pid, grace_s=10)
+        out(f"stopped what the last {name} (pid {pid}) left running: pids {', '.join(map(str, left))}")
 
 
 def _print_login(settings: Settings, out) -> None:
