@@ -536,7 +536,6 @@ def _bench_command(args) -> str:
 
 
 def _bench_trickle(settings, args) -> int:
-
     options = trickle.TrickleOptions(command=_bench_command(args))
     if args.quick:
         options.seconds, options.drain_s, options.watcher_load_s = 20.0, 240.0, 20.0
@@ -576,7 +575,6 @@ def _saved_and_said(bench, result: dict, out) -> None:
 
 
 def _bench_soak(settings, args) -> int:
-
     options = soak.SoakOptions(command=_bench_command(args))
     if args.minutes is not None:
         if args.minutes < 1:
@@ -591,7 +589,6 @@ def _bench_soak(settings, args) -> int:
 
 
 def _bench_table_layout(settings, args) -> int:
-
     command = _bench_command(args)
     out = _bench_out(settings, args)
     exactly_once = True
@@ -608,7 +605,6 @@ def _bench_table_layout(settings, args) -> int:
 
 
 def _bench_txn_state(settings, args) -> int:
-
     out = _bench_out(settings, args)
     result = txn_state.measure(settings, txn_state.TxnStateSize.quick() if args.quick else txn_state.TxnStateSize())
     print(txn_state.to_markdown(result))
