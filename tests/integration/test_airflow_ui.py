@@ -843,4 +843,6 @@ def test_down_stops_every_process(airflow):
     assert _processes_of(settings, sessions) == {}
     assert not list(settings.airflow_home.glob("*.pid"))
     code, status, _ = airflow_cli(settings, "status")
-    assert code == 1 and status.count("stopped") == 4 and "not answering" in status, status
+    assert code == 1 and len(re.findall(r"^\S+ +stopped +log: ", status, re.M)) == 4, status
+    stopped = ", ".join(local.PROCESSES)
+    assert "not answering" in status and f"stopped: {stopped}; `wavepipe airflow up` starts" in status, status

@@ -629,7 +629,8 @@ def status(settings: Settings, *, out=None) -> int:
         out(f"{airflow_url(settings)}: not answering")
     stopped = [name for name, pid in state.items() if not pid]
     if stopped:
-        out(f"stopped: {', '.join(stopped)}; `wavepipe airflow up` starts what is stopped (the rest goes on)")
+        rest = " (what runs goes on)" if len(stopped) < len(state) else ""
+        out(f"stopped: {', '.join(stopped)}; `wavepipe airflow up` starts {'them' if stopped[1:] else 'it'}{rest}")
     return 0 if not stopped else 1
 
 
