@@ -577,8 +577,8 @@ def _saved_and_said(bench, result: dict, out) -> None:
 def _bench_soak(settings, args) -> int:
     options = soak.SoakOptions(command=_bench_command(args))
     if args.minutes is not None:
-        if args.minutes < 1:
-            print("wavepipe bench: --minutes must be at least 1", file=sys.stderr)
+        if not args.minutes >= 1:  # nan too
+            print(f"wavepipe bench: --minutes must be at least 1, got {args.minutes}", file=sys.stderr)
             return 2
         options.minutes = float(args.minutes)
     elif args.quick:
