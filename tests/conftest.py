@@ -42,6 +42,7 @@ LONGEST_FIRST = [  # by their times in a two-worker run
     "test_bad_input.py",
     "test_airflow_ui.py",
     "test_bounded_run.py",
+    "test_airflow_kills.py",  # Airflow services killed under three runs
     "test_dag.py",
     "test_rewind.py",
     "test_spark_cluster.py",

@@ -123,6 +123,8 @@ KAFKA_CONN_ID = "wavepipe_kafka"
 #: Tasks running at once in the local Airflow: 2 cores, and each Spark task is ``local[2]`` itself.
 LOCAL_PARALLELISM = 2
 READY_TIMEOUT_S = 240.0
+#: How often the local scheduler looks for tasks a dead scheduler left running (Airflow: 300 s).
+ORPHAN_CHECK_S = 30
 
 
 def _say(message: str) -> None:
@@ -230,6 +232,11 @@ def server_env(settings: Settings) -> dict[str, str]:
         "AIRFLOW__API__SECRET_KEY": secrets["secret_key"],
         "AIRFLOW__API_AUTH__JWT_SECRET": secrets["jwt_secret"],
         "AIRFLOW__TRIGGERER__CAPACITY": "50",
+        # A scheduler killed under a running task: `up` stops what it left (the task included,
+        # if it does not end in _stop_leftovers' grace), and the new scheduler resets that task
+        # for Airflow's retry at its next check once the dead one's heartbeat is 30 s old (the
+        # default check, every 300 s, left the run waiting five minutes).
+        "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": str(ORPHAN_CHECK_S),
         # Tasks and the triggerer are found (and their logs fetched while they run) on loopback,
         # where their log servers listen (see run_service).
         "AIRFLOW__CORE__HOSTNAME_CALLABLE": f"{__name__}.loopback_hostname",
