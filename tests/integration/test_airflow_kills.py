@@ -22,12 +22,8 @@ from wavepipe.local.kafka import free_port
 pytestmark = pytest.mark.integration
 
 DAG_ID = "wavepipe_ingest"
-#: Where each task of a run freezes (SIGSTOP), so that a service is killed at exactly that step;
-#: the commit step then works on for ``COMMIT_S``, so that `wavepipe airflow up` meets it running.
-COMMIT_S = 15
-STOPS = (
-    f"plan.after_claim=stop,consume.record=stop,publish.before_commit=stop,commit.before_offsets=stop+sleep:{COMMIT_S}"
-)
+#: Where each task of a run freezes (SIGSTOP), so that a service is killed at exactly that step.
+STOPS = "plan.after_claim=stop,consume.record=stop,publish.before_commit=stop,commit.before_offsets=stop"
 #: The task that each failpoint of ``STOPS`` freezes in.
 TASK_AT = {"plan": "plan", "consume": "consume", "publish": "validate", "commit": "commit"}
 #: The ingest DAG's tasks, sorted.
@@ -74,24 +70,34 @@ def _task_of(api, run_id: str, proc: psutil.Process) -> str:
 
 def _kill_service(settings, service: str) -> None:
     """SIGKILL ``service``'s Airflow process: the child of wavepipe's supervisor (the scheduler,
-    the triggerer), else the service's own process."""
+    the triggerer), whose log then names the command that starts it again, else the service's
+    own process."""
     proc = psutil.Process(local.running(settings)[service])
-    if "run_service" in " ".join(proc.cmdline()):
-        (proc,) = proc.children()
+    supervisor = proc if "run_service" in " ".join(proc.cmdline()) else None
+    if supervisor:
+        (proc,) = supervisor.children()
     proc.kill()
     proc.wait(30)
+    if supervisor:
+        supervisor.wait(30)
+        log = local.log_file(settings, service).read_text(errors="replace")
+        assert local.killed_line(service, -9) in log, log[-2000:]  # the tasks it left may still log
 
 
-def _kill_then_up(settings, service: str, frozen: psutil.Process, settle_s: float) -> None:
-    """Kill ``service`` while ``frozen`` is in its step, let the task go on for ``settle_s``
-    without it; `wavepipe airflow status` must then name it stopped and the command that starts
-    it, and `wavepipe airflow up` must start it."""
+def _kill_then_up(settings, service: str, frozen: psutil.Process, in_step: bool) -> None:
+    """Kill ``service`` while ``frozen`` is in its step; `wavepipe airflow status` must then name
+    it stopped and the command that starts it, and `wavepipe airflow up` must start it. The task
+    goes on at once and ends its step without the service, or, ``in_step``, only after `up`, so
+    that `up` meets it in its step."""
     _kill_service(settings, service)
-    frozen.resume()
-    time.sleep(settle_s)
+    if not in_step:
+        frozen.resume()
+        time.sleep(3)
     code, out, _ = airflow_cli(settings, "status")
     assert code == 1 and re.search(rf"{service}\s+stopped", out) and "`wavepipe airflow up`" in out, out
     assert f"started {service}" in _up(settings)
+    if in_step:
+        frozen.resume()
 
 
 def _drive(settings, api, run_id: str, kills: dict[str, str]) -> float:
@@ -115,8 +121,7 @@ def _drive(settings, api, run_id: str, kills: dict[str, str]) -> float:
         if killed == "task":
             frozen.kill()
         elif killed:
-            # in commit `up` meets the task still working (COMMIT_S); elsewhere it has ended its step
-            _kill_then_up(settings, killed, frozen, settle_s=0 if task == "commit" else 3)
+            _kill_then_up(settings, killed, frozen, in_step=task == "commit")
         else:
             frozen.resume()
     assert not pending, f"never frozen in {sorted(pending)}"
@@ -150,8 +155,9 @@ def _run_with_kills(airflow, spark, kills: dict[str, str]):
 
 def test_the_scheduler_killed_in_consume_publish_and_commit_ends_the_run_exactly_once(airflow, spark):
     """In consume and publish, the task ends its step while no scheduler runs, and the scheduler
-    that `up` starts goes on from there; in commit, `up` stops the task the dead scheduler left
-    running (as a service manager restarting it would), and Airflow's retry commits the run."""
+    that `up` starts goes on from there. In commit, `up` stops what the dead scheduler left (as a
+    service manager restarting it would), the task's supervisor with it: the task commits but
+    cannot report it, and Airflow's retry finds the run committed."""
     kills = {"consume": "scheduler", "publish": "scheduler", "commit": "scheduler"}
     tries, seconds = _run_with_kills(airflow, spark, kills)
     # the stopped commit is reset at the new scheduler's orphan check (every ORPHAN_CHECK_S, once

@@ -114,6 +114,8 @@ def test_a_triggerer_killed_while_it_watches_is_named_by_status_and_up_publishes
     (triggerer,) = supervisor.children()
     triggerer.kill()
     triggerer.wait(30)
+    supervisor.wait(30)
+    assert local.killed_line("triggerer", -9) in _triggerer_log(settings)
     left = processes.in_group(supervisor.pid)  # its log server outlives it
 
     code, out, _ = airflow_cli(settings, "status")

@@ -287,14 +287,16 @@ def run_service() -> None:
     Supervised: a scheduler or triggerer whose loop dies on an error it does not handle (on
     SQLite, a backfill whose creation the API rolled back under the scheduler's update ends the
     scheduler with ``StaleDataError``) is started again, so queued runs do not wait for a
-    scheduler that is gone."""
+    scheduler that is gone. One ended by a signal from outside stays down until ``up``, which
+    the last line of its log names."""
     if os.environ.get(SUPERVISED) != "1":
         os.environ[SUPERVISED] = "1"
-        sys.exit(
-            processes.supervise(
-                [sys.executable, "-c", f"from {__name__} import run_service; run_service()", *sys.argv[1:]]
-            )
+        code = processes.supervise(
+            [sys.executable, "-c", f"from {__name__} import run_service; run_service()", *sys.argv[1:]]
         )
+        if code < 0:  # a signal from outside (the OOM killer, a user): `down` would have ended this process too
+            print(killed_line(sys.argv[1], code), flush=True)
+        sys.exit(code)
     import airflow.utils.serve_logs as serve_logs
     from airflow.__main__ import main
 
@@ -302,6 +304,15 @@ def run_service() -> None:
     if sys.argv[1:2] == ["scheduler"]:
         preload_task_modules()
     sys.exit(main())
+
+
+def killed_line(service: str, code: int) -> str:
+    """What a supervised service's log says last when a signal ended it (``code`` < 0)."""
+    import signal
+
+    return (
+        f"wavepipe: airflow {service} was ended by {signal.Signals(-code).name}; `wavepipe airflow up` starts it again"
+    )
 
 
 #: What a wavepipe task imports to run (Great Expectations alone takes about 3 s).
