@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import re
 import time
+import uuid
 
 import psutil
 import pytest
@@ -60,12 +61,15 @@ def _frozen_or_none(settings) -> psutil.Process | None:
     return None
 
 
-def _task_of(api, run_id: str, proc: psutil.Process) -> str:
-    """The task id of the frozen ``proc`` (its title names its task instance's id)."""
+def _task_of(api, run_id: str, proc: psutil.Process) -> str | None:
+    """The task id of the frozen ``proc`` in run ``run_id`` (its title, or its parent's, names its
+    task instance's id); "" for another run's (a tick of the DAG's 15-minute clock), None when
+    the API did not answer (on SQLite a read can meet a write's lock)."""
     titles = " ".join([*proc.cmdline(), *(" ".join(p.cmdline()) for p in proc.parents())])
-    tis = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances").json()["task_instances"]
-    (task,) = {t["task_id"] for t in tis if t["id"] in titles}
-    return task
+    answer = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances")
+    if answer.status_code != 200:
+        return None
+    return next((t["task_id"] for t in answer.json()["task_instances"] if t["id"] in titles), "")
 
 
 def _kill_service(settings, service: str) -> None:
@@ -114,6 +118,8 @@ def _drive(settings, api, run_id: str, kills: dict[str, str]) -> float:
             time.sleep(0.3)
             continue
         task = _task_of(api, run_id, frozen)
+        if task is None:
+            continue
         killed = pending.pop(task, None)
         if killed:
             progress(f"{killed} killed while {task} ran")
@@ -144,9 +150,14 @@ def _assert_exactly_once(settings, api, spark, run_id: str, sent) -> list[tuple[
 
 
 def _run_with_kills(airflow, spark, kills: dict[str, str]):
-    settings, api = airflow
+    """A run of three waveforms on a topic and group of its own (the clock's runs read the
+    services' own, empty topic), with ``kills`` (``_drive``)."""
+    defaults, api = airflow
+    tag = uuid.uuid4().hex[:6]
+    settings = defaults.replace(topic=f"{defaults.topic}-{tag}", group=f"{defaults.group}-{tag}")
+    ensure_topic(settings)
     sent = produce_demo(settings, count=3, target_bytes=32 * 1024)
-    run_id = trigger_run(api, DAG_ID, {})
+    run_id = trigger_run(api, DAG_ID, {"topic": settings.topic, "group": settings.group})
     seconds = _drive(settings, api, run_id, kills)
     tries = _assert_exactly_once(settings, api, spark, run_id, sent)
     progress(f"{kills}: the run ended {seconds:.1f}s after the last kill; tasks {tries}")

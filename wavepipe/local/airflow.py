@@ -232,10 +232,10 @@ def server_env(settings: Settings) -> dict[str, str]:
         "AIRFLOW__API__SECRET_KEY": secrets["secret_key"],
         "AIRFLOW__API_AUTH__JWT_SECRET": secrets["jwt_secret"],
         "AIRFLOW__TRIGGERER__CAPACITY": "50",
-        # A scheduler killed under a running task: `up` stops what it left (the task included,
-        # if it does not end in _stop_leftovers' grace), and the new scheduler resets that task
-        # for Airflow's retry at its next check once the dead one's heartbeat is 30 s old (the
-        # default check, every 300 s, left the run waiting five minutes).
+        # A scheduler killed under a running task: `up` stops what it left, the task's supervisor
+        # included (_stop_leftovers), so the task cannot report its end; the new scheduler resets
+        # it for Airflow's retry at its first check after the dead one's heartbeat is 30 s old
+        # (the default check, every 300 s, left the run waiting five minutes).
         "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": str(ORPHAN_CHECK_S),
         # Tasks and the triggerer are found (and their logs fetched while they run) on loopback,
         # where their log servers listen (see run_service).
