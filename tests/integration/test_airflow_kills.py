@@ -119,6 +119,7 @@ def _drive(settings, api, run_id: str, kills: dict[str, str]) -> float:
             continue
         task = _task_of(api, run_id, frozen)
         if task is None:
+            time.sleep(0.3)
             continue
         killed = pending.pop(task, None)
         if killed:
