@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import math
 import signal
 import sys
 import threading
@@ -577,8 +578,8 @@ def _saved_and_said(bench, result: dict, out) -> None:
 def _bench_soak(settings, args) -> int:
     options = soak.SoakOptions(command=_bench_command(args))
     if args.minutes is not None:
-        if not args.minutes >= 1:  # nan too
-            print(f"wavepipe bench: --minutes must be at least 1, got {args.minutes}", file=sys.stderr)
+        if not 1 <= args.minutes < math.inf:  # nan and inf too
+            print(f"wavepipe bench: --minutes must be at least 1 and finite, got {args.minutes}", file=sys.stderr)
             return 2
         options.minutes = float(args.minutes)
     elif args.quick:

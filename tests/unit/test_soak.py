@@ -93,10 +93,12 @@ def test_the_page_lists_every_role_and_a_chart_failure_loses_nothing(tmp_path, m
     assert "run manual__1, triggered 90 s into the soak: success in 40 s." in page
 
 
-@pytest.mark.parametrize("minutes", ["0.5", "-3", "nan"])
-def test_a_soak_shorter_than_a_minute_or_not_a_number_is_refused_before_anything_starts(minutes, tmp_path, capsys):
+@pytest.mark.parametrize("minutes", ["0.5", "-3", "nan", "inf"])
+def test_a_soak_shorter_than_a_minute_endless_or_not_a_number_is_refused_before_anything_starts(
+    minutes, tmp_path, capsys
+):
     from wavepipe.cli import main
 
     assert main(["--home", str(tmp_path), "bench", "--soak", "--minutes", minutes]) == 2
-    assert "--minutes must be at least 1" in capsys.readouterr().err
+    assert f"--minutes must be at least 1 and finite, got {float(minutes)}" in capsys.readouterr().err
     assert not (tmp_path / "bench").exists()
