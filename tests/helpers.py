@@ -19,7 +19,7 @@ import numpy as np
 from confluent_kafka import Producer
 
 from wavepipe import storage
-from wavepipe.consumers.kafka_admin import new_consumer, new_producer
+from wavepipe.consumers.kafka_admin import committed_offsets, list_offsets, new_consumer, new_producer, partitions_of
 from wavepipe.contracts.config import Settings, load_settings
 from wavepipe.contracts.protocol import checksum, split_waveform
 from wavepipe.local import airflow as local
@@ -99,6 +99,16 @@ def output_rows(spark, settings: Settings):
     )
 
 
+def offsets_at_end(settings: Settings) -> bool:
+    """Whether the group's committed offsets are at the end of each partition of its topic, as
+    Kafka's admin API reports both."""
+    from confluent_kafka.admin import OffsetSpec
+
+    parts = partitions_of(settings, settings.topic)
+    ends = list_offsets(settings, settings.topic, parts, OffsetSpec.latest())
+    return committed_offsets(settings, settings.group, settings.topic, parts) == ends
+
+
 def committed_metadata(settings: Settings, partition: int = 0) -> dict:
     """The metadata wavepipe stored with the group's committed offset (run id, planned end)."""
     import json
@@ -140,8 +150,9 @@ def start_cli(settings: Settings, *args: str, failpoints: str | None = None):
     return start_python(settings, code, failpoints, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _frozen(proc) -> list:
-    """The processes of ``proc``'s tree that a ``stop`` failpoint froze (``psutil.Process``)."""
+def frozen_in(proc) -> list:
+    """The processes of ``proc``'s tree (anything with a ``pid``) that a ``stop`` failpoint froze
+    (``psutil.Process``)."""
     import psutil
 
     try:
@@ -159,7 +170,7 @@ def when_stopped(proc, timeout: float = 240):
     began = time.monotonic()
     while time.monotonic() - began < timeout:
         assert proc.poll() is None, f"ended before its failpoint stopped it: {proc.communicate()[0][-2000:]}"
-        frozen = _frozen(proc)
+        frozen = frozen_in(proc)
         if frozen:
             return frozen[0]
         time.sleep(0.1)
@@ -182,7 +193,7 @@ def let_go(proc, timeout: float = 300) -> str:
             return proc.communicate(timeout=1)[0]
         except subprocess.TimeoutExpired:
             assert time.monotonic() < deadline, f"still running after {timeout:.0f}s"
-        for frozen in _frozen(proc):
+        for frozen in frozen_in(proc):
             with contextlib.suppress(psutil.NoSuchProcess):  # it ended meanwhile
                 frozen.resume()
 

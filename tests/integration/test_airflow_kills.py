@@ -12,10 +12,20 @@ import uuid
 
 import psutil
 import pytest
-from confluent_kafka.admin import OffsetSpec
 
-from tests.helpers import airflow_api, airflow_cli, make_settings, output_rows, progress, run_state, trigger_run
-from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets, partitions_of
+from tests.helpers import (
+    airflow_api,
+    airflow_cli,
+    assert_delta_rs_reads_as_spark,
+    frozen_in,
+    make_settings,
+    offsets_at_end,
+    output_rows,
+    progress,
+    run_state,
+    trigger_run,
+)
+from wavepipe.consumers.kafka_admin import ensure_topic
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.local import airflow as local
 from wavepipe.local.kafka import free_port
@@ -55,9 +65,8 @@ def _frozen_or_none(settings) -> psutil.Process | None:
     """A process under the services that a ``stop`` failpoint froze, if one is."""
     for pid in filter(None, local.running(settings).values()):
         with contextlib.suppress(psutil.Error):
-            for proc in psutil.Process(pid).children(recursive=True):
-                if proc.status() == psutil.STATUS_STOPPED:
-                    return proc
+            for proc in frozen_in(psutil.Process(pid)):
+                return proc
     return None
 
 
@@ -139,9 +148,8 @@ def _assert_exactly_once(settings, api, spark, run_id: str, sent) -> list[tuple[
     """The run succeeded, every waveform sent is published once and bit-exact, the offsets are at
     the topic's end; the run's (task, state, try) list."""
     assert run_state(api, DAG_ID, run_id) == "success", f"task logs under {settings.airflow_home / 'logs'}"
-    parts = partitions_of(settings, settings.topic)
-    ends = list_offsets(settings, settings.topic, parts, OffsetSpec.latest())
-    assert committed_offsets(settings, settings.group, settings.topic, parts) == ends
+    assert offsets_at_end(settings)
+    assert_delta_rs_reads_as_spark(spark, settings.output_table)
     ids = {s.waveform_id for s in sent}
     rows = [r for r in output_rows(spark, settings) if r[0] in ids]
     assert sorted((r[0], r[1]) for r in rows) == sorted((s.waveform_id, s.checksum) for s in sent), rows

@@ -22,7 +22,6 @@ from urllib.parse import quote
 import httpx
 import psutil
 import pytest
-from confluent_kafka.admin import OffsetSpec
 
 from tests.helpers import (
     RUN_TIMEOUT_S,
@@ -30,6 +29,7 @@ from tests.helpers import (
     airflow_cli,
     headless_chromium,
     make_settings,
+    offsets_at_end,
     output_rows,
     produce_two_windows,
     progress,
@@ -40,7 +40,7 @@ from tests.helpers import (
     wait_for_runs,
 )
 from wavepipe import processes
-from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets, partitions_of
+from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.contracts.plan import safe_run_id
 from wavepipe.local import airflow as local
@@ -280,9 +280,7 @@ def test_a_run_triggered_through_the_rest_api_ingests_and_commits(airflow, api, 
     rows = output_rows(spark, settings)
     assert sorted((r[0], r[1]) for r in rows) == sorted((s.waveform_id, s.checksum) for s in sent)
     assert all(r[1] == r[2] for r in rows) and {r[3] for r in rows} == {safe_run_id(run_id)}
-    parts = partitions_of(settings, settings.topic)
-    ends = list_offsets(settings, settings.topic, parts, OffsetSpec.latest())
-    assert committed_offsets(settings, settings.group, settings.topic, parts) == ends
+    assert offsets_at_end(settings)
     _assert_published_events(api, settings, run_id, report)
     _assert_lineage(observers[1], settings, run_id, report)
     _assert_the_task_links_open_the_run_page_and_data_docs(api, run_id, report)

@@ -10,11 +10,18 @@ import time
 
 import psutil
 import pytest
-from confluent_kafka.admin import OffsetSpec
 
-from tests.helpers import airflow_api, airflow_cli, assert_accounted, make_settings, output_rows, progress
+from tests.helpers import (
+    airflow_api,
+    airflow_cli,
+    assert_accounted,
+    make_settings,
+    offsets_at_end,
+    output_rows,
+    progress,
+)
 from wavepipe import processes
-from wavepipe.consumers.kafka_admin import committed_offsets, ensure_topic, list_offsets, partitions_of
+from wavepipe.consumers.kafka_admin import ensure_topic
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.local import airflow as local
 from wavepipe.local.kafka import free_port
@@ -64,12 +71,6 @@ def _runs(api) -> list[dict]:
     return response.json()["dag_runs"]
 
 
-def _caught_up(settings) -> bool:
-    parts = partitions_of(settings, settings.topic)
-    ends = list_offsets(settings, settings.topic, parts, OffsetSpec.latest())
-    return committed_offsets(settings, settings.group, settings.topic, parts) == ends
-
-
 def test_one_follow_task_publishes_each_burst_as_its_own_micro_batch(airflow, spark):
     settings, api = airflow
     assert api.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False}).status_code == 200
@@ -78,10 +79,10 @@ def test_one_follow_task_publishes_each_burst_as_its_own_micro_batch(airflow, sp
 
     first = produce_demo(settings, count=3, target_bytes=32 * 1024)
     (run,) = _wait("a run started by the watcher", lambda: _runs(api))
-    _wait("the first burst to be committed", lambda: _caught_up(settings))
+    _wait("the first burst to be committed", lambda: offsets_at_end(settings))
     second = produce_demo(settings, count=2, target_bytes=32 * 1024)
     acked = time.time()
-    _wait("the second burst to be committed", lambda: _caught_up(settings))
+    _wait("the second burst to be committed", lambda: offsets_at_end(settings))
     progress(f"second burst committed {time.time() - acked:.1f}s after its ack, by the running follow task")
     state = api.get(f"/api/v2/dags/{DAG_ID}/dagRuns/{run['dag_run_id']}").json()["state"]
     assert state == "running", "both bursts were published while the first DAG run's follow task ran"
@@ -124,7 +125,7 @@ def test_a_triggerer_killed_while_it_watches_is_named_by_status_and_up_publishes
     sent = produce_demo(settings, count=2, target_bytes=32 * 1024)
     time.sleep(10)  # a watcher polls every 0.5 s: with none, no run starts
     assert {r["dag_run_id"] for r in _runs(api)} == before, "a run started with no triggerer"
-    assert not _caught_up(settings)
+    assert not offsets_at_end(settings)
 
     began = time.monotonic()
     code, out, _ = airflow_cli(settings, "up")
@@ -132,7 +133,7 @@ def test_a_triggerer_killed_while_it_watches_is_named_by_status_and_up_publishes
     assert not processes.in_group(supervisor.pid), f"the killed triggerer's {left} still run: {out}"
     assert bool(left) == (f"stopped what the last triggerer (pid {supervisor.pid}) left running" in out), out
     assert {name: pid for name, pid in local.running(settings).items() if name != "triggerer"} == others, out
-    _wait("the backlog to be committed", lambda: _caught_up(settings))
+    _wait("the backlog to be committed", lambda: offsets_at_end(settings))
     progress(f"triggerer killed: its backlog committed {time.monotonic() - began:.1f}s after `wavepipe airflow up`")
     rows = [r for r in output_rows(spark, settings) if r[0] in {s.waveform_id for s in sent}]
     assert sorted((r[0], r[1]) for r in rows) == sorted((s.waveform_id, s.checksum) for s in sent), rows
