@@ -14,7 +14,8 @@ The result (``soak.json``): ``minutes``; ``growth_after_warmup`` per role (its R
 window over its RSS in the first window after the warm-up, minus one); ``exactly_once`` (every
 good waveform once and bit-exact, every hostile one quarantined or dead-lettered and none
 published); ``state_bounded`` (the run state's files grew in the last window by at most a tenth of
-what they grew in the first); and the series behind them.
+what they grew in the first); ``freshness_ratio`` (the p95 of what was sent in the last window of
+sending over that of the first window after the warm-up); and the series behind them.
 """
 
 from __future__ import annotations
@@ -353,7 +354,8 @@ def summary(options: SoakOptions, samples: list[dict], checked: dict) -> dict:
     state = [(x["t"], sum(x["state"][f]["files"] for f in STATE_FOLDERS if f != "staging")) for x in samples]
     grew_first, grew_last = (_at(state, b) - _at(state, a) for a, b in (first, last))
     fresh = checked["freshness"]
-    p95 = [_p95([lat for t, lat in fresh if a <= t <= b]) for a, b in (first, last)]
+    sending = (options.minutes * 60 - window, options.minutes * 60)  # the drain after it sends nothing
+    p95 = [_p95([lat for t, lat in fresh if a <= t <= b]) for a, b in (first, sending)]
     return {
         "growth_after_warmup": growth,
         "exactly_once": checked["exactly_once"],

@@ -69,6 +69,12 @@ def test_growth_after_the_warmup_compares_the_first_and_last_windows(tmp_path):
     assert [met for _, met, _ in goals(leaking)][1:3] == [False, False]
 
 
+def test_the_last_freshness_window_ends_with_the_sending_not_with_the_drain_after_it():
+    drained = summary(SoakOptions(minutes=3), _samples(lambda t: 100.0, lambda t: 50, end=300), CHECKED)
+    assert drained["windows_s"]["end"] == 300  # memory and files: up to the last sample
+    assert drained["freshness_p95_s"] == {"first_window": 2.0, "last_window": 3.0}, drained["freshness_p95_s"]
+
+
 def test_the_state_pruned_at_a_cap_is_bounded():
     capped = summary(SoakOptions(minutes=3), _samples(lambda t: 100.0, lambda t: min(10 * t, 1000)), CHECKED)
     assert capped["state_files_grew"] == {"first_window": 400, "last_window": 0} and capped["state_bounded"]
