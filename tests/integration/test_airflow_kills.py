@@ -28,6 +28,7 @@ from tests.helpers import (
 from wavepipe.consumers.kafka_admin import ensure_topic
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.local import airflow as local
+from wavepipe.local.airflow_service import killed_line
 from wavepipe.local.kafka import free_port
 
 pytestmark = pytest.mark.integration
@@ -82,19 +83,15 @@ def _task_of(api, run_id: str, proc: psutil.Process) -> str | None:
 
 
 def _kill_service(settings, service: str) -> None:
-    """SIGKILL ``service``'s Airflow process: the child of wavepipe's supervisor (the scheduler,
-    the triggerer), whose log then names the command that starts it again, else the service's
-    own process."""
-    proc = psutil.Process(local.running(settings)[service])
-    supervisor = proc if "run_service" in " ".join(proc.cmdline()) else None
-    if supervisor:
-        (proc,) = supervisor.children()
+    """SIGKILL ``service``'s Airflow process, the child of wavepipe's supervisor, whose log then
+    names the command that starts it again."""
+    supervisor = psutil.Process(local.running(settings)[service])
+    (proc,) = supervisor.children()
     proc.kill()
     proc.wait(30)
-    if supervisor:
-        supervisor.wait(30)
-        log = local.log_file(settings, service).read_text(errors="replace")
-        assert local.killed_line(service, -9) in log, log[-2000:]  # the tasks it left may still log
+    supervisor.wait(30)
+    log = local.log_file(settings, service).read_text(errors="replace")
+    assert killed_line(service, -9) in log, log[-2000:]  # the tasks it left may still log
 
 
 def _kill_then_up(settings, service: str, frozen: psutil.Process, in_step: bool) -> None:

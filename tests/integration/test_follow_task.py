@@ -24,6 +24,7 @@ from wavepipe import processes
 from wavepipe.consumers.kafka_admin import ensure_topic
 from wavepipe.consumers.producer import produce_demo
 from wavepipe.local import airflow as local
+from wavepipe.local.airflow_service import killed_line
 from wavepipe.local.kafka import free_port
 from wavepipe.pipeline import run_once
 
@@ -116,7 +117,7 @@ def test_a_triggerer_killed_while_it_watches_is_named_by_status_and_up_publishes
     triggerer.kill()
     triggerer.wait(30)
     supervisor.wait(30)
-    assert local.killed_line("triggerer", -9) in _triggerer_log(settings)
+    assert killed_line("triggerer", -9) in _triggerer_log(settings)
     left = processes.in_group(supervisor.pid)  # its log server outlives it
 
     code, out, _ = airflow_cli(settings, "status")

@@ -31,3 +31,23 @@ def test_a_crash_at_start_or_a_kill_ends_the_supervision_with_its_code(tmp_path)
     killed = _service(tmp_path, "time.sleep(0.3); os.kill(os.getpid(), 9)")
     assert supervise(killed, min_uptime_s=0.1, say=lambda *a, **k: None) == -9
     assert (tmp_path / "starts").read_text() == "2", "a killed service was stopped by someone: not restarted"
+
+
+def test_every_local_airflow_service_runs_under_a_supervisor_that_loads_nothing_heavy(tmp_path):
+    import subprocess
+
+    from wavepipe.contracts.config import Settings
+    from wavepipe.local import airflow as local
+    from wavepipe.local.airflow_service import killed_line
+
+    commands = local._commands(Settings(home=tmp_path))
+    assert set(commands) == set(local.PROCESSES)
+    assert all("run_service()" in argv[2] and argv[3] == name for name, argv in commands.items()), commands
+    probe = (
+        "import sys, wavepipe.local.airflow_service; print(sorted({'airflow', 'pyarrow', 'numpy'} & set(sys.modules)))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]", loaded  # four supervisors: about 17 MiB each, not 76
+    assert killed_line("api-server", -9) == (
+        "wavepipe: airflow api-server was ended by SIGKILL; `wavepipe airflow up` starts it again"
+    )
