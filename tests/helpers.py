@@ -589,3 +589,21 @@ def commit_meanwhile(monkeypatch, commit) -> None:
             pending.pop()()
 
     monkeypatch.setattr(tables, "failpoint", failpoint)
+
+
+def assert_prune_keeps_the_newest_runs_and_the_one_holding_its_group(store) -> None:
+    """``RunStore.prune_runs`` on ``store``'s state (a folder or a bucket): of six runs made in
+    order (a store's times may tie to the second: the ids then order them), kept=2 keeps the two
+    newest and the failed run that still holds its group; the committed, the abandoned and the
+    never-planned ones go, each wholly, and a second prune finds nothing more."""
+    for run_id, group in [("r1", "g"), ("r2", "g2"), ("r3", "g"), ("r4", None), ("r5", "g"), ("r6", "g")]:
+        if group:
+            store.state.write(f"runs/{run_id}/plan.json", json.dumps({"group": group}).encode())
+            store.state.write(f"runs/{run_id}/report.json", b"{}")
+        else:
+            store.state.write(f"runs/{run_id}/run.lock", b"")
+    store.claim_group("g2", "r2")  # failed: it waits for its retry
+    assert store.prune_runs(kept=2) == ["r4", "r3", "r1"]
+    assert sorted(store.state.folders("runs")) == ["r2", "r5", "r6"]
+    assert store.state.read("runs/r1/report.json") is None and store.state.read("runs/r2/plan.json") is not None
+    assert store.prune_runs(kept=2) == []

@@ -722,7 +722,8 @@ def _commit_idle(settings: Settings, store: RunStore, plan: RunPlan) -> dict:
 
 def _finish(run: Run, report: dict, skipped: str | None) -> dict:
     """The committed run's report saved and written (an idle run: a line of the group's history
-    instead), its group released and its staged copies removed. The report counts the reads and
+    instead), its group released, its staged copies removed and the state of runs before the last
+    ``RUNS_KEPT`` with it (``RunStore.prune_runs``). The report counts the reads and
     writes of the run's state this process made (``state_io``)."""
     settings, store, plan, run_id = run.settings, run.store, run.plan, run.run_id
     report["timings_s"].update(run.raw(Step.TIMINGS) or {})
@@ -742,6 +743,10 @@ def _finish(run: Run, report: dict, skipped: str | None) -> dict:
     store.release_group(plan.group, run_id)
     # The staged copies served their purpose: the data is in the tables and still in Kafka.
     store.discard_staging(run_id)
+    try:
+        store.prune_runs()
+    except storage.STORAGE_ERRORS as exc:  # housekeeping: the next committed run tries again
+        log.warning("could not remove older runs' state (%s); the next committed run tries again", storage.briefly(exc))
     return report
 
 

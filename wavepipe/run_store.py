@@ -44,6 +44,9 @@ _io_lock = threading.Lock()
 
 #: Failed steps a group's history keeps (``RunStore.record_failure``), and refused runs the home's.
 FAILURES_KEPT = 50
+#: Runs whose state (``runs/<run_id>/``) is kept, as many as their pages (``pages.PAGES_KEPT``);
+#: an older one is removed unless it still holds its group (``RunStore.prune_runs``).
+RUNS_KEPT = 200
 
 
 class RunStore:
@@ -139,11 +142,33 @@ class RunStore:
 
     def _sweep_spool(self, run_id: str) -> None:
         """Delete what killed readers of this worker left in its spool before an upload: of
-        ``run_id``, and of runs that have finished since (resumed by another worker)."""
+        ``run_id``, and of runs that have finished since (resumed by another worker) or whose
+        state is gone (``prune_runs``)."""
         spool = self.settings.spool_dir
         for folder in sorted(spool.iterdir()) if spool.is_dir() else []:
-            if folder.name == run_id or self.load_step(folder.name, Step.REPORT) is not None:
+            if folder.name == run_id or self._finished_or_pruned(folder.name):
                 storage.delete_tree(str(folder))
+
+    def _finished_or_pruned(self, run_id: str) -> bool:
+        return self.load_step(run_id, Step.REPORT) is not None or not self.has_plan(run_id)
+
+    # --- the runs kept --------------------------------------------------------------------------
+    def prune_runs(self, kept: int = RUNS_KEPT) -> list[str]:
+        """Remove the state of every run but the ``kept`` whose state changed last, except a run
+        that still holds its group (it failed and waits for its retry or ``abandon``): a committed
+        or abandoned run needs it no more. An Airflow run cleared after that plans again, as a
+        new run. Returns the run ids that went."""
+        runs = self.state.folders("runs")
+        older = sorted(runs, key=lambda run_id: (runs[run_id], run_id), reverse=True)[kept:]
+        gone = [run_id for run_id in older if not self._holds_its_group(run_id)]
+        for run_id in gone:
+            self.state.delete_folder(f"runs/{run_id}")
+        return gone
+
+    def _holds_its_group(self, run_id: str) -> bool:
+        plan = self._get_or(self._run_key(run_id, "plan.json"), None)
+        group = plan.get("group") if isinstance(plan, dict) else None
+        return isinstance(group, str) and self.active_run(group) == run_id
 
     # --- plans and the group's claim -----------------------------------------------------------
     def has_plan(self, run_id: str) -> bool:

@@ -156,6 +156,17 @@ class LocalState:
             return []
         return [(f"{prefix.rstrip('/')}/{p.name}", p.stat().st_mtime) for p in folder.iterdir() if p.is_file()]
 
+    def folders(self, prefix: str) -> dict[str, float]:
+        """Each folder directly under ``prefix``: when an entry of it was last added, replaced or
+        removed (a write's rename changes its folder's time)."""
+        folder = self.root / prefix
+        return {p.name: p.stat().st_mtime for p in folder.iterdir() if p.is_dir()} if folder.is_dir() else {}
+
+    def delete_folder(self, prefix: str) -> None:
+        import shutil
+
+        shutil.rmtree(self.root / prefix, ignore_errors=True)
+
     def append(self, key: str, line: str, keep: int) -> None:
         """Add ``line`` to the text at ``key``, keeping about its last ``keep`` lines."""
         path = self.root / key
@@ -239,6 +250,21 @@ class ObjectState:
             for m in self._store.list_meta(folder)
             if "/" not in m["path"][len(folder) :]
         ]
+
+    def folders(self, prefix: str) -> dict[str, float]:
+        """Each "folder" directly under ``prefix`` (the first part of a longer key): its newest
+        object's time."""
+        folder = prefix.rstrip("/") + "/"
+        found: dict[str, float] = {}
+        for m in self._store.list_meta(folder):
+            name, nested, _ = m["path"][len(folder) :].partition("/")
+            if nested:
+                found[name] = max(found.get(name, 0.0), m["last_modified"].timestamp())
+        return found
+
+    def delete_folder(self, prefix: str) -> None:
+        for m in self._store.list_meta(prefix.rstrip("/") + "/"):
+            self._store.delete(m["path"])
 
     def append(self, key: str, line: str, keep: int) -> None:
         """Add ``line`` to the text at ``key``, keeping its last ``keep`` lines: a conditional

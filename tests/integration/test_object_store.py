@@ -119,6 +119,14 @@ def test_of_workers_racing_to_claim_one_group_in_the_bucket_exactly_one_wins(opt
         nowhere.reports()  # (SeaweedFS makes a bucket on a first PUT, where AWS answers NoSuchBucket)
 
 
+def test_the_run_state_in_the_bucket_keeps_the_newest_runs_and_any_that_still_holds_its_group(options, tmp_path):
+    from tests.helpers import assert_prune_keeps_the_newest_runs_and_the_one_holding_its_group
+    from wavepipe.run_store import RunStore
+
+    store = RunStore(_state_on_store(options, tmp_path, "w", state_uri=_prefix("state")))
+    assert_prune_keeps_the_newest_runs_and_the_one_holding_its_group(store)
+
+
 def test_a_step_lease_in_the_bucket_is_renewed_while_held_and_taken_over_only_once_its_holder_is_gone(
     options, tmp_path
 ):

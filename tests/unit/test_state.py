@@ -239,3 +239,11 @@ def test_a_groups_last_committed_run_outlives_its_pruned_report(tmp_path):
     assert [r["run_id"] for r in store.reports()] == ["r3"]
     assert store.last_committed("g", "t") == committed and store.last_committed("g", "other")["run_id"] == "r3"
     assert store.last_committed("g", "nothing-yet") is None and store.last_committed("h", "t") is None
+
+
+def test_the_state_keeps_the_newest_runs_and_any_that_still_holds_its_group(tmp_path):
+    from tests.helpers import assert_prune_keeps_the_newest_runs_and_the_one_holding_its_group
+    from wavepipe.contracts.config import load_settings
+    from wavepipe.run_store import RunStore
+
+    assert_prune_keeps_the_newest_runs_and_the_one_holding_its_group(RunStore(load_settings(home=tmp_path)))
