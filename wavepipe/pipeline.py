@@ -289,32 +289,44 @@ def consume_all(settings: Settings, run_id: str, partitions: list[int], plan: Ru
     workers = max(1, min(settings.consume_parallelism, len(partitions)))
     plan = plan or _require_plan(RunStore(settings), safe_run_id(run_id))
     if workers == 1:
-        return [consume_step(settings, run_id, p, plan) for p in partitions]
+        steps = [functools.partial(consume_step, settings, run_id, p, plan) for p in partitions]
+        results, errors = _gathered(partitions, steps)
+    else:
+        with _reader_pool(settings, run_id, plan, partitions, workers) as pool:
+            futures = [pool.submit(consume_step, settings, run_id, p, plan) for p in partitions]
+            results, errors = _gathered(partitions, [f.result for f in futures])
+    if errors:
+        raise consume_failure(settings, run_id, errors)
+    return results
+
+
+def _reader_pool(settings: Settings, run_id: str, plan: RunPlan, partitions: list[int], workers: int):
+    """Threads of this process for a small plan, else ``spawn``ed processes (see ``consume_all``)."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
     planned = {r.partition: r.size for r in plan.ranges}
     small = sum(planned.get(p, 0) for p in partitions) <= settings.consume_in_process_max_records
     if settings.consume_in_process_max_records and small:
-        pool = ThreadPoolExecutor(workers, thread_name_prefix=f"wavepipe-reader-{run_id}")
-    else:
-        level = logging.getLogger().getEffectiveLevel()
-        pool = ProcessPoolExecutor(
-            workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_logging, initargs=(level,)
-        )
-    with pool:
-        futures = [pool.submit(consume_step, settings, run_id, p, plan) for p in partitions]
-        results, errors = [], []
-        for partition, future in zip(partitions, futures, strict=True):
-            try:
-                results.append(future.result())
-            except BUGS:  # a defect of wavepipe's reader: raised with its traceback, not a partition's line
-                raise
-            except Exception as exc:
-                errors.append((partition, exc))
-    if errors:
-        raise consume_failure(settings, run_id, errors)
-    return results
+        return ThreadPoolExecutor(workers, thread_name_prefix=f"wavepipe-reader-{run_id}")
+    level = logging.getLogger().getEffectiveLevel()
+    return ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_logging, initargs=(level,)
+    )
+
+
+def _gathered(partitions: list[int], steps: list) -> tuple[list[dict], list[tuple[int, Exception]]]:
+    """Each partition's result, or its error: every step is waited for (or run) whichever failed
+    before it. A defect of wavepipe's reader is raised with its traceback, not as a partition's line."""
+    results, errors = [], []
+    for partition, step in zip(partitions, steps, strict=True):
+        try:
+            results.append(step())
+        except BUGS:
+            raise
+        except Exception as exc:
+            errors.append((partition, exc))
+    return results, errors
 
 
 def consume_failure(settings: Settings, run_id: str, errors: list[tuple[int, Exception]]) -> WavepipeError:

@@ -457,17 +457,18 @@ def test_the_store_down_at_the_publish_fails_the_run_visibly_and_the_retry_publi
 
 
 @pytest.mark.parametrize(
-    "where",
+    ("where", "readers"),
     [
-        "plan.after_claim",
-        "consume.record@2",
-        "reassemble.after_write",
-        "publish.before_commit",
-        "commit.before_offsets",
+        ("plan.after_claim", 2),
+        ("consume.record@2", 2),
+        ("consume.record@2", 1),  # one reader: the partitions read one after the other, as a mapped task reads its one
+        ("reassemble.after_write", 2),
+        ("publish.before_commit", 2),
+        ("commit.before_offsets", 2),
     ],
 )
 def test_the_store_dying_in_any_step_fails_it_in_one_line_that_names_the_store_and_the_rerun_publishes_once(
-    where, kafka, s3_engine, s3_spark, store, options, tmp_path
+    where, readers, kafka, s3_engine, s3_spark, store, options, tmp_path
 ):
     """The object store holding the tables, the staging and the run state dies at a point of
     each step (the run frozen there by a failpoint, the store killed, the run let go on): the run
@@ -489,12 +490,11 @@ def test_the_store_dying_in_any_step_fails_it_in_one_line_that_names_the_store_a
     from wavepipe.run_store import RunStore
 
     on_store = _on_store(options, _prefix("lake"), _prefix("staging"))
-    settings = make_settings(tmp_path / "home", kafka, s3_engine, state_uri=_prefix("state"), **on_store)
+    settings = make_settings(
+        tmp_path / "home", kafka, s3_engine, state_uri=_prefix("state"), consume_parallelism=readers, **on_store
+    )
     ensure_topic(settings)
-    # 8, not 4: all on one partition is 1 in 128, not 1 in 8. A run that reads one partition only
-    # still says a reader's store failure raw (`consume_all` reads it without `consume_failure`):
-    # an open bug, issue 62.
-    sent = produce_demo(settings, count=8, target_bytes=16 * 1024)
+    sent = produce_demo(settings, count=8, target_bytes=16 * 1024)  # 8: both partitions read (all on one: 1 in 128)
     run = start_cli(settings, "run", "--run-id", "dies", failpoints=f"{where}=stop")
     frozen = when_stopped(run)
     store.kill()
