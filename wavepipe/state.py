@@ -21,6 +21,7 @@ give the same guarantees by different means:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -151,16 +152,23 @@ class LocalState:
 
     def listing(self, prefix: str) -> list[tuple[str, float]]:
         """``(key, modified epoch seconds)`` of each entry directly under folder ``prefix``."""
-        folder = self.root / prefix
-        if not folder.is_dir():
-            return []
-        return [(f"{prefix.rstrip('/')}/{p.name}", p.stat().st_mtime) for p in folder.iterdir() if p.is_file()]
+        return [(f"{prefix.rstrip('/')}/{name}", t) for name, t in self._entries(prefix, files=True)]
 
     def folders(self, prefix: str) -> dict[str, float]:
         """Each folder directly under ``prefix``: when an entry of it was last added, replaced or
         removed (a write's rename changes its folder's time)."""
-        folder = self.root / prefix
-        return {p.name: p.stat().st_mtime for p in folder.iterdir() if p.is_dir()} if folder.is_dir() else {}
+        return dict(self._entries(prefix, files=False))
+
+    def _entries(self, prefix: str, files: bool) -> list[tuple[str, float]]:
+        """The files (or folders) directly under ``prefix`` with their times; one another process
+        removes meanwhile is left out."""
+        found = []
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(self.root / prefix) as entries:
+            for entry in entries:
+                with contextlib.suppress(FileNotFoundError):
+                    if entry.is_file() if files else entry.is_dir():
+                        found.append((entry.name, entry.stat().st_mtime))
+        return found
 
     def delete_folder(self, prefix: str) -> None:
         import shutil
