@@ -14,6 +14,7 @@ the history line) degrades to a line in the result's ``notes``.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -309,13 +310,41 @@ def build_data_docs(runs: list[DataDocs]) -> list[str]:
     return [index] * len(runs)
 
 
+def _bound_results(store, kept: int) -> int:
+    """Remove from GX's validation results ``store`` the results of all runs but the ``kept``
+    that validated last (GX lists the whole store at each build, and removes the page of a
+    result that is gone); how many went."""
+    keys = store.list_keys()
+    last: dict[str, str] = {}
+    for key in keys:
+        run = key.run_id
+        last[run.run_name] = max(last.get(run.run_name, ""), run.run_time.isoformat())
+    newest = set(sorted(last, key=lambda name: (last[name], name), reverse=True)[:kept])
+    gone = [key for key in keys if key.run_id.run_name not in newest]
+    for key in gone:
+        store.remove_key(key)
+    if gone and getattr(store.store_backend, "full_base_directory", None):  # a folder (file context)
+        _remove_empty_folders(Path(store.store_backend.full_base_directory))
+    return len(gone)
+
+
+def _remove_empty_folders(root: Path) -> None:
+    """Each empty folder under ``root``, deepest first (GX's file stores leave a removed key's)."""
+    for folder, _, _ in os.walk(root, topdown=False):
+        if folder != str(root) and not os.listdir(folder):
+            os.rmdir(folder)
+
+
 def _local(url: str) -> Path:
     return Path(unquote(urlparse(url).path))
 
 
 def _build_docs(context, identifiers: list) -> tuple[dict, str]:
     """Build the pages of the stored results ``identifiers`` and the index once: each one's page
-    URL (None: not built) and the index URL; a local site's pages load their scripts from it."""
+    URL (None: not built) and the index URL; a local site's pages load their scripts from it.
+    GX's store keeps the results of the last ``pages.PAGES_KEPT`` runs, so the index, which GX
+    rebuilds from every stored result, drops the pages of the others."""
+    removed = _bound_results(context.validation_results_store, run_pages.PAGES_KEPT)
     context.build_data_docs(resource_identifiers=identifiers)
     pages = {}
     for identifier in identifiers:
@@ -325,6 +354,8 @@ def _build_docs(context, identifiers: list) -> tuple[dict, str]:
     index = index_url[0]["site_url"] if index_url else ""
     if index.startswith("file://"):  # GX's pages load their styles and scripts from CDNs
         localize_site(_local(index).parent, [_local(u) for u in [index, *pages.values()] if u])
+        if removed:  # GX removed their pages, but not the folders it made for them
+            _remove_empty_folders(_local(index).parent / "validations")
     return pages, index
 
 

@@ -17,7 +17,8 @@ from the installed packages (``wavepipe.offline_docs.asset``).
 
 The state keeps the pages and JSON reports of the last ``PAGES_KEPT`` runs: a run that keeps its
 page removes those of older runs (a group's last committed run, which ``wavepipe status`` reads, is
-kept in the group's own state).
+kept in the group's own state), and their plots (``reports/<run_id>/``); a worker's home apart from
+the state keeps its own copies of the last ``PAGES_KEPT`` likewise.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from wavepipe.contracts.runfiles import html_path
 from wavepipe.run_store import RunStore
+from wavepipe.state import LocalState
 
 #: Runs whose pages the run state keeps (the Data Docs index lists the last 200 results).
 PAGES_KEPT = 200
@@ -40,6 +42,8 @@ OWN_PAGES = ".data-docs"
 
 #: A run's page or report file name: a safe run id, ``.html`` or ``.json``.
 _REPORT_NAME = re.compile(r"[A-Za-z0-9_.+-]+\.(html|json)")
+#: A run's plot folder under ``reports/``: a safe run id.
+_PLOTS_NAME = re.compile(r"[A-Za-z0-9_.+-]+")
 #: One folder or file name of a path in the Data Docs site.
 _SITE_NAME = re.compile(r"[\w.+=@,~-]+")
 #: A Data Docs URL as a worker's GX writes it: ``file://<its gx_dir>/<SITE_IN_GX>/``, then the path.
@@ -93,24 +97,26 @@ def keep_data_docs(store: RunStore, run_id: str, site: Path, pages: list[Path]) 
         _copy(store, page, data_docs_key(path))
         if path != "index.html":
             own.append(path)
-    store.state.write(_own_key(run_id), json.dumps(sorted({*_own_pages(store, run_id), *own})).encode())
+    store.state.write(_own_key(run_id), json.dumps(sorted({*_own_pages(store.state, run_id), *own})).encode())
 
 
 def keep_page(store: RunStore, run_id: str) -> None:
     """Keep the run's page (if one was made) in the run state, then remove the pages of the runs
-    before the last ``PAGES_KEPT``."""
+    before the last ``PAGES_KEPT`` there, and in the worker's home when that is apart."""
     page = html_path(store.settings, run_id)
     if page.is_file():
         _copy(store, page, report_key(page.name))
-    prune(store)
+    prune(store.state)
+    if not store.in_home("reports"):
+        prune(LocalState(store.settings.home))
 
 
-def prune(store: RunStore, kept: int = PAGES_KEPT) -> list[str]:
-    """Remove the pages and JSON reports of every run but the ``kept`` whose were kept last (a
-    group's last committed run stays in its own state, ``RunStore.last_committed``); returns the
-    run ids that went."""
-    runs: dict[str, float] = {}
-    for key, modified in store.state.listing("reports"):
+def prune(state, kept: int = PAGES_KEPT) -> list[str]:
+    """Remove from ``state`` (a run state, or a home as ``LocalState``) the pages, JSON reports
+    and plots of every run but the ``kept`` whose were kept last (a group's last committed run
+    stays in its own state, ``RunStore.last_committed``); returns the run ids that went."""
+    runs = {name: t for name, t in state.folders("reports").items() if _PLOTS_NAME.fullmatch(name)}
+    for key, modified in state.listing("reports"):
         name = key.rpartition("/")[2]
         for suffix in (".html", OWN_PAGES, ".json"):
             if name.endswith(suffix):
@@ -118,11 +124,12 @@ def prune(store: RunStore, kept: int = PAGES_KEPT) -> list[str]:
                 runs[run_id] = max(runs.get(run_id, modified), modified)
     gone = sorted(runs, key=lambda run_id: (runs[run_id], run_id), reverse=True)[kept:]
     for run_id in gone:
-        for path in _own_pages(store, run_id):
-            store.state.delete(data_docs_key(path))
-        store.state.delete(report_key(f"{run_id}.html"))
-        store.state.delete(_own_key(run_id))
-        store.state.delete(report_key(f"{run_id}.json"))
+        for path in _own_pages(state, run_id):
+            state.delete(data_docs_key(path))
+        state.delete(report_key(f"{run_id}.html"))
+        state.delete(_own_key(run_id))
+        state.delete(report_key(f"{run_id}.json"))
+        state.delete_folder(f"reports/{run_id}")
     return gone
 
 
@@ -136,11 +143,11 @@ def _own_key(run_id: str) -> str:
     return f"reports/{run_id}{OWN_PAGES}"
 
 
-def _own_pages(store: RunStore, run_id: str) -> list[str]:
-    """The site paths of the run's own Data Docs pages kept so far (what is not one is left out:
-    the list is only ever written whole, but may have been edited)."""
+def _own_pages(state, run_id: str) -> list[str]:
+    """The site paths of the run's own Data Docs pages kept so far in ``state`` (what is not one
+    is left out: the list is only ever written whole, but may have been edited)."""
     try:
-        found = json.loads(store.state.read(_own_key(run_id)) or b"[]")
+        found = json.loads(state.read(_own_key(run_id)) or b"[]")
     except ValueError:
         return []
     return [p for p in found if isinstance(p, str) and _is_site_path(p)] if isinstance(found, list) else []

@@ -239,14 +239,9 @@ def test_times_pandas_cannot_hold_are_counted_outside_never_raised():
     assert observed_value("expect_column_values_to_be_between", bounds, only).endswith("; 2 outside")
 
 
-def test_the_data_docs_of_several_runs_are_built_at_once_each_run_keeping_its_own_pages(tmp_path):
-    """A follow loop's micro-batches since the last description: one build (the index once), and
-    each run's summaries link its own pages, which the run state keeps for it."""
-    from wavepipe import pages as run_pages
-    from wavepipe.run_store import RunStore
-    from wavepipe.spark_apps import validate
-
-    checked = pd.DataFrame(
+def _one_waveform() -> pd.DataFrame:
+    """A run's checked frame of one good waveform."""
+    return pd.DataFrame(
         {
             "waveform_id": ["w"],
             "checksum": ["sha256:a"],
@@ -258,6 +253,16 @@ def test_the_data_docs_of_several_runs_are_built_at_once_each_run_keeping_its_ow
             "published_by_other_run": [False],
         }
     )
+
+
+def test_the_data_docs_of_several_runs_are_built_at_once_each_run_keeping_its_own_pages(tmp_path):
+    """A follow loop's micro-batches since the last description: one build (the index once), and
+    each run's summaries link its own pages, which the run state keeps for it."""
+    from wavepipe import pages as run_pages
+    from wavepipe.run_store import RunStore
+    from wavepipe.spark_apps import validate
+
+    checked = _one_waveform()
     settings = load_settings(home=str(tmp_path / "home"))
     runs = {}
     for run_id in ("r1", "r2"):
@@ -272,6 +277,29 @@ def test_the_data_docs_of_several_runs_are_built_at_once_each_run_keeping_its_ow
         links = [Path(unquote(urlparse(s["data_docs"]).path)) for s in docs.summaries]
         assert len(links) == 2 and all(link.is_file() for link in links), links
         assert run_id in links[0].as_posix()
-        kept = run_pages._own_pages(store, run_id)
+        kept = run_pages._own_pages(store.state, run_id)
         assert kept and all(run_id in k for k in kept), kept
     assert validate.build_data_docs([]) == []
+
+
+def test_gx_keeps_the_results_of_the_last_runs_only_and_their_pages_go_with_them(tmp_path, monkeypatch):
+    """GX lists its whole results store at each build: it keeps the last runs' results
+    (``pages.PAGES_KEPT``), and the site drops the pages of the others."""
+    from wavepipe import pages as run_pages
+    from wavepipe.spark_apps import validate
+
+    monkeypatch.setattr(run_pages, "PAGES_KEPT", 2)
+    checked = _one_waveform()
+    settings = load_settings(home=str(tmp_path / "home"))
+    judge = lambda rejected: expectations.run_frame({"output_new": 1}, judged_from=1)  # noqa: E731
+    site = run_pages.data_docs_root(settings) / "validations"
+
+    def runs_with(folder: Path) -> set[str]:
+        return {p.name for p in folder.glob("*/*/*") if p.is_dir()}
+
+    for run_id in ("r1", "r2", "r3"):
+        docs = validate.run_suites(settings, run_id, checked, judge, NOW, [])[2]
+        assert validate.build_data_docs([docs])[0].startswith("file://") and docs.notes == []
+    assert runs_with(settings.gx_dir / "uncommitted" / "validations") == {"r2", "r3"}
+    assert runs_with(site) == {"r2", "r3"}
+    assert "r1/" not in (site.parent / "index.html").read_text() and "r3/" in (site.parent / "index.html").read_text()

@@ -12,7 +12,7 @@ import pytest
 
 from wavepipe import pages, pipeline
 from wavepipe.contracts.config import load_settings
-from wavepipe.contracts.runfiles import html_path, json_path
+from wavepipe.contracts.runfiles import html_path, json_path, plot_path
 from wavepipe.run_store import RunStore
 from wavepipe.state import LocalState
 from wavepipe.storage import StorageUnavailableError
@@ -61,16 +61,24 @@ def _site(settings, run_id: str) -> list[Path]:
 
 
 def _run(store: RunStore, run_id: str, at: float) -> None:
-    """What a run writes: its Data Docs (validate step), its page and report (commit step)."""
+    """What a run writes: its Data Docs (validate step), its plot, page and report (commit step)."""
     built = _site(store.settings, run_id)
     pages.keep_data_docs(store, run_id, built[0].parent, built)
     page = html_path(store.settings, run_id)
-    page.parent.mkdir(parents=True, exist_ok=True)
+    plot = plot_path(store.settings, run_id)
+    plot.parent.mkdir(parents=True, exist_ok=True)
+    plot.write_bytes(b"\x89PNG")
     page.write_text(f"<h1>{run_id}</h1>")
     pages.keep_page(store, run_id)
     store.save_report({"run_id": run_id})
     for key in (f"reports/{run_id}.html", f"reports/{run_id}{pages.OWN_PAGES}"):
         os.utime(Path(store.state.where(key)), (at, at))
+    for path in (page, json_path(store.settings, run_id), plot.parent):  # the worker's own copies
+        os.utime(path, (at, at))
+
+
+def _home_reports(store: RunStore) -> list[str]:
+    return sorted(p.name for p in store.settings.reports_dir.iterdir())
 
 
 def test_a_state_apart_from_the_home_keeps_each_runs_pages_and_the_last_runs_only(tmp_path):
@@ -86,14 +94,19 @@ def test_a_state_apart_from_the_home_keeps_each_runs_pages_and_the_last_runs_onl
     assert state.read(pages.data_docs_key("index.html")) == b"<p>index.html of run_3</p>"  # as the last run left it
     assert json.loads(state.read("reports/run_3.data-docs")) == [RESULT.replace("run_1", "run_3")]
 
-    assert pages.prune(store, kept=2) == ["run_1"]
+    assert pages.prune(store.state, kept=2) == ["run_1"]
     assert state.read("reports/run_1.html") is None and state.read("reports/run_1.data-docs") is None
     assert state.read(pages.data_docs_key(RESULT)) is None
     assert state.read("reports/run_1.json") is None  # its report goes too: the state stays bounded
     assert state.read("reports/run_2.json") is not None
     assert state.read("reports/run_2.html") and state.read(pages.data_docs_key(RESULT.replace("run_1", "run_2")))
     assert state.read(pages.data_docs_key("index.html")) is not None
-    assert pages.prune(store, kept=2) == []
+    assert pages.prune(store.state, kept=2) == []
+
+    home = LocalState(store.settings.home)  # the worker's own copies are bounded alike
+    assert _home_reports(store) == [*(f"run_{i}{end}" for i in (1, 2, 3) for end in ("", ".html", ".json"))]
+    assert pages.prune(home, kept=2) == ["run_1"]
+    assert _home_reports(store) == [*(f"run_{i}{end}" for i in (2, 3) for end in ("", ".html", ".json"))]
 
 
 def test_a_retried_validation_adds_its_pages_to_the_runs_own(tmp_path):
@@ -107,7 +120,7 @@ def test_a_retried_validation_adds_its_pages_to_the_runs_own(tmp_path):
     own = json.loads(store.state.read("reports/run_1.data-docs"))
     assert own == sorted([RESULT, RESULT.replace("20261126T225540", "20261126T230000")])
     store.state.write("reports/run_1.data-docs", b'[1, "../../etc", "' + RESULT.encode() + b'"]')
-    assert pages._own_pages(store, "run_1") == [RESULT]  # an edited list: only site paths are taken
+    assert pages._own_pages(store.state, "run_1") == [RESULT]  # an edited list: only site paths are taken
 
 
 def test_a_state_that_is_the_home_holds_nothing_twice(tmp_path):
@@ -117,6 +130,10 @@ def test_a_state_that_is_the_home_holds_nothing_twice(tmp_path):
     assert store.state.where(pages.data_docs_key(RESULT)) == str(pages.data_docs_root(store.settings) / RESULT)
     assert store.state.read(pages.data_docs_key(RESULT)) is not None
     assert sorted(p.name for p in (tmp_path / "home").iterdir()) == ["gx", "reports"]
+    _run(store, "run_2", at=1_000_001)
+    assert pages.prune(store.state, kept=1) == ["run_1"]  # its plot goes with its page
+    assert _home_reports(store) == ["run_2", "run_2.data-docs", "run_2.html", "run_2.json"]
+    assert store.state.read(pages.data_docs_key(RESULT)) is None
 
 
 def _report(settings, run_id: str) -> dict:

@@ -235,7 +235,7 @@ def test_a_groups_last_committed_run_outlives_its_pruned_report(tmp_path):
     store.save_report({"run_id": "r3", "group": "g", "topic": "other", "commit": {"0": {"after": 1}}})
     for i, run_id in enumerate(("r1", "r2", "r3")):  # saved in this order
         os.utime(tmp_path / "state" / "reports" / f"{run_id}.json", (1000 + i, 1000 + i))
-    assert pages.prune(store, kept=1) == ["r2", "r1"]
+    assert pages.prune(store.state, kept=1) == ["r2", "r1"]
     assert [r["run_id"] for r in store.reports()] == ["r3"]
     assert store.last_committed("g", "t") == committed and store.last_committed("g", "other")["run_id"] == "r3"
     assert store.last_committed("g", "nothing-yet") is None and store.last_committed("h", "t") is None
