@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import statistics
 import threading
 import time
@@ -299,15 +300,15 @@ def _follow_processes(procs: list, follow_ti: str) -> set[int]:
 
 
 def files_under(folder: Path) -> dict[str, int]:
-    """The files under ``folder`` and their bytes (0 and 0 when it does not exist)."""
+    """The files under ``folder`` and their bytes (0 and 0 when it does not exist). A folder or
+    file removed while it is walked (a run's folder pruned) is left out: ``os.walk`` skips a
+    folder it cannot list."""
     files = size = 0
-    for path in folder.rglob("*") if folder.exists() else ():
-        try:
-            if path.is_file():
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                size += os.stat(os.path.join(parent, name)).st_size
                 files += 1
-                size += path.stat().st_size
-        except OSError:  # removed while walked
-            continue
     return {"files": files, "bytes": size}
 
 

@@ -108,3 +108,35 @@ def test_a_soak_shorter_than_a_minute_endless_or_not_a_number_is_refused_before_
     assert main(["--home", str(tmp_path), "bench", "--soak", "--minutes", minutes]) == 2
     assert f"--minutes must be at least 1 and finite, got {float(minutes)}" in capsys.readouterr().err
     assert not (tmp_path / "bench").exists()
+
+
+def test_the_files_under_a_folder_are_counted_while_its_folders_are_removed_and_made(tmp_path):
+    """The sampler walks the run state while runs prune their folders: a folder removed under the
+    walk is left out, never an error that stops the soak (it stopped one, 20 minutes in)."""
+    import shutil
+    import threading
+
+    from wavepipe.bench.soak import files_under
+
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "plan.json").write_bytes(b"12345")
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            for i in range(20):
+                (tmp_path / f"run_{i}" / "steps").mkdir(parents=True, exist_ok=True)
+                (tmp_path / f"run_{i}" / "steps" / "x.json").write_bytes(b"x")
+            for i in range(20):
+                shutil.rmtree(tmp_path / f"run_{i}", ignore_errors=True)
+
+    churner = threading.Thread(target=churn)
+    churner.start()
+    try:
+        counts = [files_under(tmp_path) for _ in range(300)]
+    finally:
+        stop.set()
+        churner.join()
+    assert all(1 <= c["files"] <= 21 and c["bytes"] >= 5 for c in counts), counts[:5]
+    assert files_under(tmp_path) == {"files": 1, "bytes": 5}
+    assert files_under(tmp_path / "missing") == {"files": 0, "bytes": 0}
