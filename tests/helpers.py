@@ -605,5 +605,7 @@ def assert_prune_keeps_the_newest_runs_and_the_one_holding_its_group(store) -> N
     store.claim_group("g2", "r2")  # failed: it waits for its retry
     assert store.prune_runs(kept=2) == ["r4", "r3", "r1"]
     assert sorted(store.state.folders("runs")) == ["r2", "r5", "r6"]
+    files, folders = store.state.entries("runs/r2")  # a folder's files and folders from one listing
+    assert {"runs/r2/plan.json", "runs/r2/report.json"} <= {key for key, _ in files} and folders == {}
     assert store.state.read("runs/r1/report.json") is None and store.state.read("runs/r2/plan.json") is not None
     assert store.prune_runs(kept=2) == []

@@ -115,8 +115,9 @@ def prune(state, kept: int = PAGES_KEPT) -> list[str]:
     """Remove from ``state`` (a run state, or a home as ``LocalState``) the pages, JSON reports
     and plots of every run but the ``kept`` whose were kept last (a group's last committed run
     stays in its own state, ``RunStore.last_committed``); returns the run ids that went."""
-    runs = {name: t for name, t in state.folders("reports").items() if _PLOTS_NAME.fullmatch(name)}
-    for key, modified in state.listing("reports"):
+    files, folders = state.entries("reports")
+    runs = {name: t for name, t in folders.items() if _PLOTS_NAME.fullmatch(name)}
+    for key, modified in files:
         name = key.rpartition("/")[2]
         for suffix in (".html", OWN_PAGES, ".json"):
             if name.endswith(suffix):

@@ -152,23 +152,25 @@ class LocalState:
 
     def listing(self, prefix: str) -> list[tuple[str, float]]:
         """``(key, modified epoch seconds)`` of each entry directly under folder ``prefix``."""
-        return [(f"{prefix.rstrip('/')}/{name}", t) for name, t in self._entries(prefix, files=True)]
+        return self.entries(prefix)[0]
 
     def folders(self, prefix: str) -> dict[str, float]:
         """Each folder directly under ``prefix``: when an entry of it was last added, replaced or
         removed (a write's rename changes its folder's time)."""
-        return dict(self._entries(prefix, files=False))
+        return self.entries(prefix)[1]
 
-    def _entries(self, prefix: str, files: bool) -> list[tuple[str, float]]:
-        """The files (or folders) directly under ``prefix`` with their times; one another process
+    def entries(self, prefix: str) -> tuple[list[tuple[str, float]], dict[str, float]]:
+        """``listing`` and ``folders`` of ``prefix`` from one look at it; an entry another process
         removes meanwhile is left out."""
-        found = []
-        with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(self.root / prefix) as entries:
-            for entry in entries:
+        files, folders = [], {}
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError), os.scandir(self.root / prefix) as found:
+            for entry in found:
                 with contextlib.suppress(FileNotFoundError):
-                    if entry.is_file() if files else entry.is_dir():
-                        found.append((entry.name, entry.stat().st_mtime))
-        return found
+                    if entry.is_dir():
+                        folders[entry.name] = entry.stat().st_mtime
+                    elif entry.is_file():
+                        files.append((f"{prefix.rstrip('/')}/{entry.name}", entry.stat().st_mtime))
+        return files, folders
 
     def delete_folder(self, prefix: str) -> None:
         import shutil
@@ -252,23 +254,25 @@ class ObjectState:
         return self._store.head(key) is not None
 
     def listing(self, prefix: str) -> list[tuple[str, float]]:
-        folder = prefix.rstrip("/") + "/"
-        return [
-            (m["path"], m["last_modified"].timestamp())
-            for m in self._store.list_meta(folder)
-            if "/" not in m["path"][len(folder) :]
-        ]
+        return self.entries(prefix)[0]
 
     def folders(self, prefix: str) -> dict[str, float]:
         """Each "folder" directly under ``prefix`` (the first part of a longer key): its newest
         object's time."""
+        return self.entries(prefix)[1]
+
+    def entries(self, prefix: str) -> tuple[list[tuple[str, float]], dict[str, float]]:
+        """``listing`` and ``folders`` of ``prefix`` from one listing of the store."""
         folder = prefix.rstrip("/") + "/"
-        found: dict[str, float] = {}
+        files, folders = [], {}
         for m in self._store.list_meta(folder):
             name, nested, _ = m["path"][len(folder) :].partition("/")
+            modified = m["last_modified"].timestamp()
             if nested:
-                found[name] = max(found.get(name, 0.0), m["last_modified"].timestamp())
-        return found
+                folders[name] = max(folders.get(name, 0.0), modified)
+            else:
+                files.append((m["path"], modified))
+        return files, folders
 
     def delete_folder(self, prefix: str) -> None:
         for m in self._store.list_meta(prefix.rstrip("/") + "/"):

@@ -37,6 +37,10 @@ def test_an_append_keeps_the_last_lines_and_a_listing_names_files_only(tmp_path)
     (tmp_path / "groups" / "g" / "sub").mkdir()
     assert [key for key, _ in state.listing("groups/g")] == ["groups/g/failed.jsonl"]
     assert state.listing("nothing/here") == []
+    files, folders = state.entries("groups/g")  # both from one look
+    assert [key for key, _ in files] == ["groups/g/failed.jsonl"] and list(folders) == ["sub"]
+    assert folders == state.folders("groups/g") and files == state.listing("groups/g")
+    assert state.entries("nothing/here") == ([], {})
 
 
 def test_a_lock_is_refused_to_another_process_and_free_once_its_holder_exits(tmp_path):
