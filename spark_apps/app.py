@@ -25,11 +25,9 @@ def load_run(run_id: str, log: logging.Logger) -> Run | None:
 OUTPUT_LOCK_WAIT_S = 1800.0
 
 
-def output_lock(settings: Settings, store: RunStore):
+def output_lock(settings: Settings, store: RunStore, wait_s: float = OUTPUT_LOCK_WAIT_S, what: str = "a Spark app"):
     """Held for a Spark app's life, per output table folder: an app whose launching step died
     keeps running (it has its own session); a retry, a new run after `wavepipe abandon`, or a
-    backfill beside the incremental runs waits here (up to ``OUTPUT_LOCK_WAIT_S``) instead of
-    writing beside it."""
-    return store.lock(
-        "tables/.reassemble.lock", f"a Spark app writing {settings.tables_location}", wait_s=OUTPUT_LOCK_WAIT_S
-    )
+    backfill beside the incremental runs waits here (up to ``wait_s``) instead of writing beside
+    it. ``what``: who holds it, as a waiting step names it."""
+    return store.lock("tables/.reassemble.lock", f"{what} writing {settings.tables_location}", wait_s=wait_s)

@@ -248,6 +248,86 @@ def status(settings: Settings, tables: list[str] | None = None) -> list[TableSta
     return [table_status(name, paths[name]) for name in pick_tables(tables)]
 
 
+#: ``compact_small``: a file under this size is small, and the rewritten ones are about this size.
+SMALL_FILE_BYTES = 64 * 2**20
+
+
+def small_files_per_partition(state, small_bytes: int = SMALL_FILE_BYTES) -> dict[str, int]:
+    """Per partition (as ``files_per_partition``), its live files under ``small_bytes``."""
+    counts: dict[str, int] = {}
+    for p, (size, _) in state.files.items():
+        if size < small_bytes:
+            counts[state.partition_of[p]] = counts.get(state.partition_of[p], 0) + 1
+    return counts
+
+
+def crowded_partitions(state, min_files: int, small_bytes: int = SMALL_FILE_BYTES) -> list[str]:
+    """The partitions holding ``min_files`` small files or more (none when ``min_files`` is 0)."""
+    counts = small_files_per_partition(state, small_bytes)
+    return sorted(p for p, n in counts.items() if min_files and n >= min_files)
+
+
+def tables_written(outcome: dict) -> list[str]:
+    """The tables a committed run's ``outcome`` (its report's) added rows to: its waveforms and
+    their ``qc`` hours, its quarantined waveforms, its dead letters."""
+    written = (outcome.get("new") or 0) + (outcome.get("rewritten") or 0)
+    wrote = {
+        "waveforms": written,
+        "qc": written,
+        "quarantine": outcome.get("quarantined") or 0,
+        "dead_letter": outcome.get("dead_letter_records") or 0,
+    }
+    return [name for name in TABLES if wrote[name]]
+
+
+def compact_small(settings: Settings, names: list[str]) -> list[dict]:
+    """After a run's commit: in each table of ``names``, each partition holding
+    ``compact_after_files`` small files or more has them rewritten into few (delta-rs's compaction:
+    one commit per partition that changes no row, no Spark job). Only then is the tables' lock
+    taken, and only if it is free at once (a run's step or the maintenance DAG holding it: nothing
+    is done, the next run tries again), so no run writes meanwhile. Returns what each compaction did."""
+    crowded = _crowded(settings, names)  # read from the logs, no lock: most runs stop here
+    if not crowded:
+        return []
+    paths, done = table_paths(settings), []
+    with output_lock(settings, RunStore(settings), wait_s=0.0, what="a run's compaction"):
+        for name, folder in _crowded(settings, sorted({name for name, _ in crowded})):  # as they are now
+            done.append({"table": name, "partition": folder, **_compact_partition(paths[name], folder)})
+    return done
+
+
+def _crowded(settings: Settings, names: list[str]) -> list[tuple[str, str]]:
+    """``(table, partition)`` of each partition of tables ``names`` that ``compact_small`` rewrites."""
+    from wavepipe.spark_apps.tables import delta_log
+
+    if not settings.compact_after_files:
+        return []
+    paths, found = table_paths(settings), []
+    for name in names:
+        state = delta_log(paths[name])  # None: no table yet, or one delta-rs cannot read
+        if state is not None:
+            found += [(name, folder) for folder in crowded_partitions(state, settings.compact_after_files)]
+    return found
+
+
+def _compact_partition(path: str, folder: str) -> dict:
+    """delta-rs's compaction of the partition ``folder`` of the table at ``path``, one task."""
+    began = time.monotonic()
+    values = _partition_values(folder)
+    table = storage.delta_table(path)
+    metrics = table.optimize.compact(
+        partition_filters=[(k, "=", v) for k, v in values.items()] or None,
+        target_size=SMALL_FILE_BYTES,
+        max_concurrent_tasks=1,
+    )
+    return {
+        "files_removed": int(metrics["numFilesRemoved"]),
+        "files_added": int(metrics["numFilesAdded"]),
+        "version": table.version(),
+        "seconds": round(time.monotonic() - began, 3),
+    }
+
+
 @contextlib.contextmanager
 def _writing(settings: Settings, what: str) -> Iterator[object]:
     """A Spark session that holds the output tables as their sole writer (as a run's Spark step

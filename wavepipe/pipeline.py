@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Unpack
 
-from wavepipe import engine_client, pages, report_html, spark_launch, storage
+from wavepipe import engine_client, maintenance, pages, report_html, spark_launch, storage
 from wavepipe.contracts.config import Settings
 from wavepipe.contracts.errors import (
     BUGS,
@@ -53,6 +53,7 @@ from wavepipe.delta_txn import dead_letters_of
 from wavepipe.faults import failpoint
 from wavepipe.run_store import Run, RunStore, staged_paths
 from wavepipe.spark_apps.app import output_lock
+from wavepipe.state import StepBusyError
 
 log = logging.getLogger(__name__)
 # found through the package (a checkout's spark_apps/ or an installed wheel's), so spark-submit
@@ -755,11 +756,50 @@ def _finish(run: Run, report: dict, skipped: str | None) -> dict:
     store.release_group(plan.group, run_id)
     # The staged copies served their purpose: the data is in the tables and still in Kafka.
     store.discard_staging(run_id)
+    _compact_after(run, report)
     try:
         store.prune_runs()
     except storage.STORAGE_ERRORS as exc:  # housekeeping: the next committed run tries again
         log.warning("could not remove older runs' state (%s); the next committed run tries again", storage.briefly(exc))
     return report
+
+
+def _compact_after(run: Run, report: dict) -> None:
+    """Housekeeping after the commit: the small files of the tables the run wrote to, compacted
+    where a partition holds many (``maintenance.compact_small``) and said on its report. It never
+    fails the committed run: busy tables or a failure leave it to the next run."""
+    from deltalake.exceptions import DeltaError
+
+    names = maintenance.tables_written(report["outcome"])
+    if not (names and run.settings.compact_after_files):
+        return
+    began = time.monotonic()
+    try:
+        done = maintenance.compact_small(run.settings, names)
+    except StepBusyError:
+        log.info("run %s: the tables are busy; the next run compacts their small files", run.run_id)
+        return
+    except (*storage.STORAGE_ERRORS, DeltaError) as exc:
+        log.warning(
+            "run %s: its tables' small files were not compacted (%s); the next run tries again",
+            run.run_id,
+            storage.briefly(exc),
+        )
+        return
+    if done:
+        report["compacted"] = done
+        report["timings_s"]["compact"] = round(time.monotonic() - began, 3)
+        run.record(Step.REPORT, {k: v for k, v in report.items() if k not in ("report_path", "report_html")})
+        for d in done:
+            log.info(
+                "run %s: compacted %s %s: %d small files into %d in %.2fs",
+                run.run_id,
+                d["table"],
+                d["partition"] or "(unpartitioned)",
+                d["files_removed"],
+                d["files_added"],
+                d["seconds"],
+            )
 
 
 #: How long the commit waits for the end offsets that its report's lag is measured against.

@@ -13,13 +13,16 @@ from tests.helpers import (
     assert_output_unique,
     output_rows,
     progress,
+    published_tables,
     start_python,
 )
 from wavepipe import maintenance
 from wavepipe.consumers.kafka_admin import ensure_topic
 from wavepipe.consumers.producer import produce_demo
+from wavepipe.contracts.runfiles import Step
 from wavepipe.local.airflow import dags_test
 from wavepipe.pipeline import run_once
+from wavepipe.run_store import RunStore
 
 pytestmark = pytest.mark.integration
 
@@ -118,3 +121,42 @@ def test_compaction_and_vacuum_while_runs_publish_lose_and_double_nothing(settin
     assert "did you mean 'tables'" in log and "new_state=skipped" in log, log[-3000:]
     assert "new_state=failed" not in log and "up_for_retry" not in log.lower(), log[-3000:]
     assert maintenance.status(settings, ["waveforms"])[0].version == after.version
+
+
+def test_runs_compact_the_small_files_they_add_and_lose_nothing(settings, spark):
+    """With ``compact_after_files`` 3, the commit of the run that leaves a partition with three
+    small files rewrites them into one (delta-rs, no Spark job): every waveform once and bit-exact
+    after it, read alike by Spark and delta-rs, and the group's transaction still refuses a second
+    publish of a run it holds."""
+    from wavepipe import delta_txn
+    from wavepipe.spark_apps.tables import delta_log
+
+    ensure_topic(settings)
+    s = settings.replace(new_group_start="earliest", compact_after_files=3)
+    sent, reports = [], []
+    for batch in range(4):
+        sent += produce_demo(s, count=2, target_bytes=16 * 1024, batch=f"compact-{batch}")
+        reports.append(run_once(s))
+        assert reports[-1]["waveforms"]["output_new"] == 2, reports[-1]["waveforms"]
+    compacted = [{d["table"] for d in r.get("compacted", [])} for r in reports]
+    progress(f"tables compacted by each run's commit: {compacted}")
+    assert compacted[:2] == [set(), set()] and "waveforms" in compacted[2], compacted
+    for d in reports[2]["compacted"]:
+        assert d["files_removed"] >= 3 and d["files_added"] >= 1, d
+    assert reports[2]["timings_s"]["compact"] > 0
+    saved = RunStore(s).load_step(reports[2]["run_id"], Step.REPORT)
+    assert saved["compacted"] == reports[2]["compacted"]  # in the run's own record too
+    for path in published_tables(s).values():
+        assert maintenance.crowded_partitions(delta_log(path), 3) == [], path
+
+    rows = output_rows(spark, settings)
+    assert sorted((r[0], r[1]) for r in rows) == sorted((w.waveform_id, w.checksum) for w in sent)
+    assert all(r[1] == r[2] for r in rows)
+    assert_output_unique(spark, settings)
+    assert assert_delta_rs_reads_as_spark(spark, settings.output_table) == len(sent)
+    assert assert_delta_rs_reads_as_spark(spark, settings.qc_table) > 0
+    # the rewrite kept the group's Delta transaction: the last run's version is still there
+    app = delta_txn.app_id(s.group, s.topic)
+    last = RunStore(s).load_plan(reports[-1]["run_id"])
+    assert last.txn_version > 0 and delta_txn.txn_version(settings.output_table, app) == last.txn_version
+    assert delta_txn.published_runs(settings.output_table, app)[0]["run_id"] == reports[-1]["run_id"]

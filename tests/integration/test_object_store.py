@@ -380,7 +380,8 @@ def test_a_bounded_run_stages_and_publishes_in_the_bucket_that_delta_rs_reads_th
 def test_a_rewind_and_a_window_run_on_the_bucket_keep_each_waveform_once(kafka, s3_engine, s3_spark, options, tmp_path):
     """Exactly once with the tables and the staging on S3: a rewind re-reads every offset and publishes nothing
     again (the group's transaction is in the bucket's log); a window run replaces the window's
-    rows in one commit (Spark's, through wavepipe's LogStore), the same bytes, once each."""
+    rows in one commit (Spark's, through wavepipe's LogStore), the same bytes, once each; a run's
+    compaction of its small files (delta-rs's commit in the bucket) loses and doubles none."""
     from datetime import timedelta
 
     from tests.helpers import (
@@ -415,6 +416,15 @@ def test_a_rewind_and_a_window_run_on_the_bucket_keep_each_waveform_once(kafka, 
     after = rows_by_id(s3_spark, settings)
     assert {k: v[:2] for k, v in after.items()} == {k: v[:2] for k, v in first.items()}  # same bytes, once
     assert assert_delta_rs_reads_as_spark(s3_spark, settings.output_table) == 3
+    # one more run leaves two small files in the day's partition: its commit compacts them in the bucket
+    records, _ = waveform_records("w3", 4, seed=3)
+    produce_in_order(settings, records, when=t0 + timedelta(minutes=4))
+    more = run_once(settings.replace(compact_after_files=2))
+    assert more["waveforms"] == {"output_new": 1}
+    assert [(d["table"], d["files_removed"], d["files_added"]) for d in more["compacted"]] == [("waveforms", 2, 1)]
+    last = rows_by_id(s3_spark, settings)
+    assert {k: v[:2] for k, v in last.items() if k != "w3"} == {k: v[:2] for k, v in first.items()}
+    assert assert_delta_rs_reads_as_spark(s3_spark, settings.output_table) == 4
 
 
 def test_the_store_down_at_the_publish_fails_the_run_visibly_and_the_retry_publishes_once(

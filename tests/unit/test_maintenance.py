@@ -163,3 +163,57 @@ def test_optimize_rewrites_only_partitions_of_several_files_and_says_why_not(tmp
     _append(settings.quarantine_table, {"waveform_id": ["q"], "reason": ["r"]}, partition_by=())
     (result,) = maintenance.optimize(settings, tables=["quarantine"])
     assert result["skipped"] == "1 partition(s), 1 file(s): each holds one file, nothing to compact"
+
+
+def test_a_run_compacts_only_partitions_crowded_with_small_files(tmp_path):
+    """After a commit, a partition holding ``compact_after_files`` small files is rewritten into
+    one (delta-rs, rows unchanged), one with fewer is left, and busy tables are not waited for."""
+    import fcntl
+
+    from deltalake import DeltaTable
+
+    from wavepipe.run_store import RunStore
+    from wavepipe.spark_apps.tables import delta_log
+    from wavepipe.state import StepBusyError
+
+    settings = load_settings(home=tmp_path).replace(compact_after_files=3)
+    table = settings.output_table
+    for i in range(4):
+        _append(table, {"waveform_id": [f"w{i}"], "source": ["a"], "date": ["2026-11-29"]})
+    _append(table, {"waveform_id": ["old"], "source": ["a"], "date": ["2026-11-28"]})
+    _append(table, {"waveform_id": ["old2"], "source": ["a"], "date": ["2026-11-28"]})
+    state = delta_log(table)
+    assert maintenance.small_files_per_partition(state) == {"date=2026-11-29": 4, "date=2026-11-28": 2}
+    assert maintenance.small_files_per_partition(state, small_bytes=1) == {}
+    assert maintenance.crowded_partitions(state, 3) == ["date=2026-11-29"]
+    assert maintenance.crowded_partitions(state, 0) == []  # off
+    rows = sorted(DeltaTable(str(table)).to_pyarrow_table()["waveform_id"].to_pylist())
+
+    lock = RunStore(settings).state.root / "tables/.reassemble.lock"  # as another process holds it
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as held, pytest.raises(StepBusyError, match="a run's compaction"):
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        maintenance.compact_small(settings, ["waveforms"])
+    assert delta_log(table).version == state.version  # nothing waited for, nothing written
+
+    (done,) = maintenance.compact_small(settings, ["waveforms", "qc"])  # no qc table yet: nothing
+    assert done["table"] == "waveforms" and done["partition"] == "date=2026-11-29"
+    assert (done["files_removed"], done["files_added"], done["version"]) == (4, 1, state.version + 1)
+    after = DeltaTable(str(table))
+    assert sorted(after.to_pyarrow_table()["waveform_id"].to_pylist()) == rows
+    assert after.history(1)[0]["operation"] == "OPTIMIZE"
+    assert maintenance.files_per_partition(delta_log(table)) == {"date=2026-11-29": 1, "date=2026-11-28": 2}
+    assert maintenance.compact_small(settings, ["waveforms"]) == []  # nothing crowded any more
+    assert maintenance.compact_small(settings.replace(compact_after_files=0), ["waveforms"]) == []
+
+
+def test_the_tables_a_run_wrote_to_are_named_from_its_outcome():
+    outcome = {"new": 0, "rewritten": 0, "quarantined": 0, "dead_letter_records": 0}
+    assert maintenance.tables_written(outcome) == []
+    assert maintenance.tables_written({**outcome, "new": 2}) == ["waveforms", "qc"]
+    assert maintenance.tables_written({**outcome, "rewritten": 1, "dead_letter_records": 3}) == [
+        "waveforms",
+        "dead_letter",
+        "qc",
+    ]
+    assert maintenance.tables_written({**outcome, "quarantined": 1, "replaced": None}) == ["quarantine"]

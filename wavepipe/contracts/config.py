@@ -467,6 +467,11 @@ class Settings(BaseModel):
     #: under 168 (Delta's own safety check) such a reader can fail. wavepipe's runs never do: the
     #: vacuum waits for their Spark steps (docs/operations.md, "Table maintenance").
     table_retention_hours: Annotated[Number, Field(ge=0, le=87_600), Rule("must be 0 to 87600 hours")] = 168.0
+    #: After a run's commit, a partition of a table the run wrote to that holds this many files
+    #: under 64 MiB has them rewritten into few (delta-rs, no Spark job; ``maintenance.compact_small``),
+    #: so that micro-batches keep a run's reads of its tables from growing with the files they
+    #: add. 0: off (only ``wavepipe table optimize`` and the maintenance DAG compact).
+    compact_after_files: Annotated[Count, Field(ge=0, le=100_000), Rule("must be 0 (off) or a number of files")] = 16
     #: Where the output tables live: empty for ``<home>/tables``, or ``s3://bucket/prefix`` (an object
     #: store, reached as ``s3_endpoint`` says). Readers (Spark, delta-rs, Trino) open the tables there.
     tables_uri: Annotated[str, _check(_location), Rule(LOCATION_RULE)] = ""
