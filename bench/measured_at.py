@@ -34,6 +34,7 @@ DATA_PATH = (
     "wavepipe/follow.py",
     "wavepipe/pages.py",
     "wavepipe/local/engine_server.py",  # each engine step makes sure the home's engine is up
+    "wavepipe/maintenance.py",  # a run's commit compacts the small files of its tables
     "wavepipe/pipeline.py",
     "wavepipe/plots.py",
     "wavepipe/processes.py",
