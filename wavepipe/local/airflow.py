@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
@@ -335,6 +336,27 @@ def health(settings: Settings) -> dict | None:
     return body if status == 200 and isinstance(body, dict) else None
 
 
+def dag_files() -> list[str]:
+    """The names of the DAG files ``up`` serves (``DAGS_FOLDER``)."""
+    return sorted(p.name for p in DAGS_FOLDER.glob("*.py") if p.name != "__init__.py")
+
+
+def unparsed_dag_files(settings: Settings) -> list[str]:
+    """The DAG files of which the metadata DB holds no DAG yet: the DAG processor has not parsed
+    them, and the API answers 404 for their DAGs. All of them while a writer holds the DB's lock;
+    none when the DB cannot say (not made, or not Airflow 3's layout): nothing to wait for then."""
+    import sqlite3
+
+    try:
+        uri = f"file:{settings.airflow_home / 'airflow.db'}?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=5)) as db:
+            found = {row[0] for row in db.execute("SELECT relative_fileloc FROM dag WHERE NOT is_stale")}
+    except sqlite3.OperationalError as exc:
+        busy = getattr(exc, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+        return dag_files() if busy else []
+    return [name for name in dag_files() if name not in found]
+
+
 def unhealthy(report: dict) -> list[str]:
     parts = ("metadatabase", "scheduler", "triggerer", "dag_processor")
     return [p for p in parts if (report.get(p) or {}).get("status") != "healthy"]
@@ -438,6 +460,8 @@ def up(settings: Settings, *, timeout_s: float = READY_TIMEOUT_S, out=None) -> i
             return 1
         report = health(settings)
         waiting = unhealthy(report) if report is not None else ["api-server"]
+        if not waiting and unparsed_dag_files(settings):  # healthy, but its DAGs not there yet: a 404
+            waiting = [f"the DAG processor to parse {', '.join(unparsed_dag_files(settings))}"]
         if not waiting:
             break
         if elapsed > timeout_s:
