@@ -460,8 +460,9 @@ def up(settings: Settings, *, timeout_s: float = READY_TIMEOUT_S, out=None) -> i
             return 1
         report = health(settings)
         waiting = unhealthy(report) if report is not None else ["api-server"]
-        if not waiting and unparsed_dag_files(settings):  # healthy, but its DAGs not there yet: a 404
-            waiting = [f"the DAG processor to parse {', '.join(unparsed_dag_files(settings))}"]
+        unparsed = [] if waiting else unparsed_dag_files(settings)  # healthy, its DAGs not there yet: a 404
+        if unparsed:
+            waiting = [f"the DAG processor to parse {', '.join(unparsed)}"]
         if not waiting:
             break
         if elapsed > timeout_s:
